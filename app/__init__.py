@@ -1,0 +1,1 @@
+"""Flower glue: ServerApp, ClientApp, run/node config parsing, MLflow tracking."""

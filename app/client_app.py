@@ -1,0 +1,114 @@
+"""ClientApp: what a hospital's SuperNode runs for each train / evaluate message.
+
+Reads the site from node_config (:class:`app.site_config.SiteConfig`), loads the
+site's studies once per process, trains tau local steps from the received global
+model and replies with the update ``delta = x_global - x_local`` (the sign
+convention of DESIGN.md) and metrics. Only weights and aggregate metrics leave
+the site: no paths, no per-patient outputs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import zlib
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from app.run_config import RunConfig
+from app.site_config import SiteConfig
+from clients.device import ComputeDevice, select_device
+from clients.pe_seg_task import PESegSettings, PESegTask
+from strategies import message_keys as keys
+
+app = ClientApp()
+
+# Progress lines of the site trainers (the root logger stays at Flower's level).
+_progress = logging.getLogger("clients")
+if not _progress.handlers:
+    _handler = logging.StreamHandler()
+    _handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(message)s"))
+    _progress.addHandler(_handler)
+    _progress.setLevel(logging.INFO)
+
+_TASKS: dict[tuple[str, PESegSettings], PESegTask] = {}
+_COMPUTE: list[ComputeDevice] = []
+
+
+def _compute() -> ComputeDevice:
+    if not _COMPUTE:
+        _COMPUTE.append(select_device())
+    return _COMPUTE[0]
+
+
+def _site_task(context: Context) -> tuple[RunConfig, SiteConfig, PESegTask]:
+    """Parse the configs and return the site's task, loaded once per process."""
+    config = RunConfig.from_mapping(context.run_config)
+    site = SiteConfig.from_node_config(context.node_config, config.data_root)
+    settings = PESegSettings(image_size=config.image_size, slab_slices=config.slab_slices,
+                             batch_size=config.batch_size)
+    key = (str(site.data_path), settings)
+    if key not in _TASKS:
+        _TASKS[key] = PESegTask(site.data_path, settings)
+    return config, site, _TASKS[key]
+
+
+def _site_record(site: SiteConfig) -> ConfigRecord:
+    return ConfigRecord({keys.SITE_NAME: site.name})
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    """Train tau local steps and reply with the update and metrics."""
+    config, site, task = _site_task(context)
+    instruction = msg.content[keys.CONFIG]
+    server_round = int(instruction[keys.SERVER_ROUND])
+    steps = int(instruction.get("local-steps", config.local_steps))
+    lr = float(instruction.get("lr", config.lr))
+    momentum = float(instruction.get("momentum", config.momentum))
+    global_state = msg.content[keys.ARRAYS].to_torch_state_dict()
+    model = task.build_model()
+    model.load_state_dict(global_state)
+    seed = (config.seed * 1_000_003 + server_round * 7_919 + zlib.crc32(site.name.encode())) % 2**31
+    started = time.monotonic()
+    result = task.train(model, steps=steps, lr=lr, momentum=momentum, compute=_compute(),
+                        seed=seed, label=f"{site.name} round {server_round}")
+    local_state = model.state_dict()
+    delta = {
+        name: (value.numpy() - local_state[name].detach().cpu().numpy()).astype(
+            value.numpy().dtype, copy=False)
+        for name, value in global_state.items()
+    }
+    metrics = MetricRecord({
+        keys.NUM_EXAMPLES: len(task.train_set),
+        keys.STEPS: result.steps_done,
+        keys.TRAIN_LOSS: result.mean_loss,
+        keys.INITIAL_LOSS: result.initial_loss,
+        keys.TRAIN_SECONDS: time.monotonic() - started,
+        keys.STUDIES_SKIPPED: len(task.report.skipped),
+    })
+    content = RecordDict({
+        keys.DELTA: ArrayRecord([np.ascontiguousarray(a) for a in delta.values()]),
+        keys.METRICS: metrics,
+        keys.SITE: _site_record(site),
+    })
+    return Message(content, reply_to=msg)
+
+
+@app.evaluate()
+def evaluate(msg: Message, context: Context) -> Message:
+    """Evaluate the received global model on the site's validation studies."""
+    _, site, task = _site_task(context)
+    model = task.build_model()
+    model.load_state_dict(msg.content[keys.ARRAYS].to_torch_state_dict())
+    result = task.evaluate(model, _compute())
+    metrics = MetricRecord({
+        keys.NUM_EXAMPLES: result.num_examples,
+        keys.VAL_LOSS: result.loss,
+        keys.VAL_DICE: result.dice,
+        "val-studies": result.num_studies,
+    })
+    content = RecordDict({keys.METRICS: metrics, keys.SITE: _site_record(site)})
+    return Message(content, reply_to=msg)

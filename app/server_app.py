@@ -1,0 +1,93 @@
+"""ServerApp: the coordinating site's side of a federation.
+
+Builds the initial global model, runs :class:`FederatedStrategy` for the
+configured rounds, logs every round to MLflow through
+:class:`app.tracking.FederationTracker`, prints progress and a final summary,
+and stores the final global model in MLflow.
+"""
+
+from __future__ import annotations
+
+import time
+from logging import INFO
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context
+from flwr.serverapp import Grid, ServerApp
+from flwr.supercore import log
+
+from app.run_config import RunConfig
+from app.tracking import FederationTracker
+from models.unet25d import make_unet25d
+from strategies import message_keys as keys
+from strategies.federated_strategy import FederatedStrategy
+from strategies.round_report import RoundReport
+
+app = ServerApp()
+
+
+def _progress_line(report: RoundReport, num_rounds: int) -> str:
+    train = report.train_aggregate.get(keys.TRAIN_LOSS, float("nan"))
+    dice = report.evaluate_aggregate.get(keys.VAL_DICE, float("nan"))
+    sites = ", ".join(f"{s} {m.get(keys.VAL_DICE, float('nan')):.3f}"
+                      for s, m in sorted(report.evaluate.items()))
+    dropped = "; ".join(f"{s}: {r}" for s, r in
+                        {**report.train_dropped, **report.evaluate_dropped}.items()) or "none"
+    return (f"Round {report.server_round}/{num_rounds}: train loss {train:.4f} | "
+            f"val Dice {dice:.4f} ({sites}) | {report.seconds:.1f} s | dropped: {dropped}")
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Run the federation described by the run config."""
+    config = RunConfig.from_mapping(context.run_config)
+    torch.manual_seed(config.seed)
+    model = make_unet25d(slab_slices=config.slab_slices)
+    tracker = FederationTracker(config.task, config.tracking_uri, config.artifact_root,
+                                config.experiment)
+    run_id = tracker.start(
+        run_name=f"{config.task}-{time.strftime('%Y%m%d-%H%M%S')}",
+        params=config.as_params(),
+        tags={"flwr.run-id": str(context.run_id), "task": config.task},
+    )
+    log(INFO, "MLflow run %s in experiment '%s' at %s", run_id, tracker.experiment_name,
+        tracker.tracking_uri)
+    strategy = FederatedStrategy(
+        min_nodes=config.min_nodes,
+        fraction_train=config.fraction_train,
+        node_wait_timeout=config.node_wait_timeout,
+        seed=config.seed,
+    )
+    train_config = ConfigRecord({"local-steps": config.local_steps, "lr": config.lr,
+                                 "momentum": config.momentum})
+
+    def on_round_end(report: RoundReport) -> None:
+        tracker.log_round(report)
+        log(INFO, "%s", _progress_line(report, config.num_server_rounds))
+
+    started = time.monotonic()
+    status = "FAILED"
+    try:
+        result = strategy.start(
+            grid=grid,
+            initial_arrays=ArrayRecord(model.state_dict()),
+            num_rounds=config.num_server_rounds,
+            timeout=config.round_timeout,
+            train_config=train_config,
+            on_round_end=on_round_end,
+        )
+        model.load_state_dict(result.arrays.to_torch_state_dict())
+        example = np.zeros((1, config.slab_slices, config.image_size, config.image_size),
+                           dtype=np.float32)
+        model_uri = tracker.log_model(model, example)
+        status = "FINISHED"
+    finally:
+        tracker.finish(status)
+    log(INFO, "")
+    log(INFO, "Federation finished in %.1f s", time.monotonic() - started)
+    for server_round, report in sorted(strategy.reports.items()):
+        log(INFO, "  round %d: val Dice %.4f", server_round,
+            report.evaluate_aggregate.get(keys.VAL_DICE, float("nan")))
+    log(INFO, "MLflow run %s (experiment '%s', store %s); model %s", run_id,
+        tracker.experiment_name, tracker.tracking_uri, model_uri)

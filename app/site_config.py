@@ -1,0 +1,53 @@
+"""Where a site's data and state live, from the SuperNode's node_config.
+
+A hospital's SuperNode is started with ``--node-config`` giving
+``data-path`` (its site folder, with ``manifest.csv``), ``state-dir`` (where
+site state persists across restarts) and ``site-name``. In simulation Flower
+gives only ``partition-id``; it is mapped to the synthetic hospital
+``<data-root>/hospital-<id>`` of the run config.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["SiteConfig", "SiteConfigError"]
+
+
+class SiteConfigError(ValueError):
+    """The node_config does not say where the site's data is."""
+
+
+@dataclass(frozen=True)
+class SiteConfig:
+    """Site-specific paths and name."""
+
+    name: str
+    data_path: Path
+    state_dir: Path
+
+    @classmethod
+    def from_node_config(cls, node_config: Mapping[str, Any], data_root: str) -> SiteConfig:
+        """Resolve the site from ``node_config`` (deployment) or ``partition-id`` (simulation)."""
+        if "data-path" in node_config:
+            data_path = Path(str(node_config["data-path"]))
+            if not data_path.is_absolute():
+                raise SiteConfigError(
+                    f"node_config data-path must be absolute, got {str(data_path)!r}")
+            name = str(node_config.get("site-name", data_path.name))
+            state = Path(str(node_config.get("state-dir", data_path / ".fedmed-state")))
+            return cls(name=name, data_path=data_path, state_dir=state)
+        if "partition-id" in node_config:
+            if not data_root:
+                raise SiteConfigError(
+                    "simulation needs run-config 'data-root' (absolute path of the "
+                    "synthetic hospitals); `make simulate` sets it")
+            name = f"hospital-{int(node_config['partition-id']):02d}"
+            data_path = Path(data_root) / name
+            return cls(name=name, data_path=data_path, state_dir=data_path / ".fedmed-state")
+        raise SiteConfigError(
+            "node_config has neither 'data-path' (deployment) nor 'partition-id' "
+            f"(simulation): {dict(node_config)}")

@@ -1,0 +1,150 @@
+"""Benchmark the update codecs of ``strategies.compression`` on one CPU core.
+
+For each codec spec, encode and decode a random 30M-parameter float32 update
+(the size of a mid-sized 3D segmentation network), take the best of a few
+repeats, and report
+
+* encode / decode time (s) and throughput in MB/s of *dense float32 input*
+  (``4 * d / (t_encode + t_decode)``, MB = 10**6 bytes),
+* payload bytes and compression ratio (dense fp32 bytes / payload bytes),
+* relative reconstruction error ``||decode(encode(v)) - v|| / ||v||``.
+
+Results go to ``bench/results/codec_throughput.json`` and a table is printed.
+Usage::
+
+    python bench/codec_throughput.py [--size 30000000] [--repeats 3]
+
+Threads are limited to one (BLAS/OpenMP env vars set before numpy loads) and,
+where the OS allows it, the process is pinned to a single core.
+"""
+
+from __future__ import annotations
+
+import os
+
+_THREAD_VARS = (
+    "OMP_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+)
+for _var in _THREAD_VARS:
+    os.environ[_var] = "1"
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from strategies.compression import decode, encode  # noqa: E402
+
+SPECS = [
+    "none", "fp16", "topk:0.01", "topk:0.001", "topk:0.1",
+    "randk:0.01", "qsgd:4", "qsgd:16", "qsgd:127", "sign",
+]
+DEFAULT_OUTPUT = ROOT / "bench" / "results" / "codec_throughput.json"
+
+
+def pin_to_one_core() -> int | None:
+    """Pin this process to one CPU core; return it (None if unsupported)."""
+    if not hasattr(os, "sched_setaffinity"):
+        return None
+    core = min(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {core})
+    return core
+
+
+def measure(
+    vec: np.ndarray, spec: str, repeats: int, seed: int = 1
+) -> dict[str, float | int | str]:
+    """Best-of-``repeats`` encode and decode times and payload statistics."""
+    best_encode = best_decode = float("inf")
+    payload = out = None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        payload = encode(vec, spec, seed=seed)
+        middle = time.perf_counter()
+        out = decode(payload, spec, vec.size, seed=seed)
+        end = time.perf_counter()
+        best_encode = min(best_encode, middle - start)
+        best_decode = min(best_decode, end - middle)
+        del out
+    assert payload is not None
+    out = decode(payload, spec, vec.size, seed=seed)
+    dense_bytes = 4 * vec.size
+    error = np.linalg.norm((out - vec).astype(np.float64))
+    rel_error = float(error / np.linalg.norm(vec.astype(np.float64)))
+    return {
+        "spec": spec,
+        "encode_s": best_encode,
+        "decode_s": best_decode,
+        "encode_MBps": dense_bytes / best_encode / 1e6,
+        "decode_MBps": dense_bytes / best_decode / 1e6,
+        "throughput_MBps": dense_bytes / (best_encode + best_decode) / 1e6,
+        "payload_bytes": int(payload.size),
+        "compression_ratio": dense_bytes / payload.size,
+        "relative_error": rel_error,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", type=int, default=30_000_000, help="update length d")
+    parser.add_argument("--repeats", type=int, default=3, help="repeats per codec (best is kept)")
+    parser.add_argument("--specs", nargs="*", default=SPECS, help="codec specs to run")
+    parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="JSON output path")
+    args = parser.parse_args(argv)
+
+    core = pin_to_one_core()
+    vec = np.random.default_rng(0).standard_normal(args.size, dtype=np.float32)
+    started = time.perf_counter()
+    results = [measure(vec, spec, args.repeats) for spec in args.specs]
+    report = {
+        "benchmark": "codec_throughput",
+        "size": args.size,
+        "dense_bytes": 4 * args.size,
+        "distribution": "standard normal float32, seed 0",
+        "repeats": args.repeats,
+        "timing": "best of repeats; throughput = dense fp32 bytes / (encode + decode), MB = 1e6 bytes",
+        "threads": 1,
+        "pinned_core": core,
+        "cpu": platform.processor() or platform.machine(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "wall_s": time.perf_counter() - started,
+        "results": results,
+    }
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(report, indent=2) + "\n")
+
+    header = (
+        f"{'spec':<12} {'enc ms':>8} {'dec ms':>8} {'MB/s':>8} {'payload B':>12} "
+        f"{'ratio':>8} {'rel err':>8}"
+    )
+    print(
+        f"d = {args.size:,} float32 ({4 * args.size / 1e6:.0f} MB dense), 1 thread, "
+        f"core {core}, best of {args.repeats}"
+    )
+    print(header)
+    print("-" * len(header))
+    for r in results:
+        print(
+            f"{r['spec']:<12} {r['encode_s'] * 1e3:8.1f} {r['decode_s'] * 1e3:8.1f} "
+            f"{r['throughput_MBps']:8.0f} {r['payload_bytes']:12,d} {r['compression_ratio']:8.1f} "
+            f"{r['relative_error']:8.4f}"
+        )
+    print(f"wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

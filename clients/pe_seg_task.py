@@ -1,0 +1,189 @@
+"""The PE segmentation task of a site: data, model, loss, local training, metrics.
+
+Ties the site's studies (DICOM series + NIfTI PE masks, :mod:`clients.pe_studies`)
+to the 2.5D U-Net (:func:`models.unet25d.make_unet25d`): 9-slice slabs in,
+centre-slice mask out. Loss is MONAI's soft Dice loss (Milletari et al., V-Net,
+3DV 2016, eq. 1) computed over the whole batch, so slices without emboli do not
+produce undefined per-slice terms; the validation metric is MONAI's Dice
+(per study, on the 3D mask assembled from the centre-slice predictions).
+No Flower imports: the ClientApp calls this.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from monai.losses import DiceCELoss, DiceLoss
+from monai.metrics import DiceMetric
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, WeightedRandomSampler
+
+from clients.device import ComputeDevice
+from clients.pe_studies import LoadReport, load_site_studies
+from clients.slabs import SlabDataset
+from clients.trainer import TrainResult, train_steps
+from models.unet25d import make_unet25d
+
+__all__ = ["PESegSettings", "EvalResult", "SiteDataError", "PESegTask"]
+
+log = logging.getLogger(__name__)
+
+
+class SiteDataError(RuntimeError):
+    """A site has no usable studies for the requested split."""
+
+
+@dataclass(frozen=True)
+class PESegSettings:
+    """Task settings (from the run config).
+
+    ``positive_fraction`` is the expected share of training slabs whose centre
+    slice contains PE (emboli fill well under 1% of slices' pixels, so uniform
+    sampling would show the network almost only empty targets).
+    """
+
+    image_size: int = 64
+    slab_slices: int = 9
+    batch_size: int = 8
+    positive_fraction: float = 0.5
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """Validation of a model on a site's held-out studies."""
+
+    num_examples: int
+    loss: float
+    dice: float
+    num_studies: int
+
+
+class _RandomFlips(Dataset):
+    """Random in-plane flips of (slab, mask) pairs: left-right and anterior-posterior.
+
+    Cheap augmentation against the small study counts of a single hospital; the
+    slab order (through-plane) is never flipped.
+    """
+
+    def __init__(self, base: Dataset, seed: int) -> None:
+        self.base = base
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        image, target = self.base[i]
+        flips = torch.rand(2, generator=self.generator) < 0.5
+        dims = [d for d, flip in zip((-1, -2), flips.tolist()) if flip]
+        if dims:
+            image, target = image.flip(dims), target.flip(dims)
+        return image, target
+
+
+class PESegTask:
+    """One site's PE segmentation data and the operations on it.
+
+    Parameters
+    ----------
+    site_dir : Path
+        The site folder holding ``manifest.csv``.
+    settings : PESegSettings
+        Sizes and sampling.
+
+    Raises
+    ------
+    SiteDataError
+        If the site has no usable training study.
+    """
+
+    def __init__(self, site_dir: Path, settings: PESegSettings) -> None:
+        self.site_dir = Path(site_dir)
+        self.settings = settings
+        train, train_report = load_site_studies(self.site_dir, split="train")
+        val, val_report = load_site_studies(self.site_dir, split="val")
+        self.report = LoadReport(
+            loaded=train_report.loaded + val_report.loaded,
+            skipped={**train_report.skipped, **val_report.skipped},
+        )
+        if not train:
+            raise SiteDataError(
+                f"{self.site_dir}: no usable training study "
+                f"({len(self.report.skipped)} skipped: {self.report.skipped})")
+        size, slab = settings.image_size, settings.slab_slices
+        self.train_set = SlabDataset(train, slab=slab, image_size=size)
+        self.val_set = SlabDataset(val, slab=slab, image_size=size) if val else None
+        log.info("%s: %d train slabs (%d with PE), %d val slabs, %d studies skipped",
+                 self.site_dir.name, len(self.train_set), self.train_set.num_positive_slices,
+                 len(self.val_set) if self.val_set else 0, len(self.report.skipped))
+
+    def build_model(self) -> nn.Module:
+        """A fresh 2.5D U-Net for this task's slab size."""
+        return make_unet25d(slab_slices=self.settings.slab_slices)
+
+    @staticmethod
+    def loss_fn() -> nn.Module:
+        """Soft Dice loss on logits, pooled over the batch."""
+        return DiceCELoss(sigmoid=True, batch=True)
+
+    def _train_loader(self, seed: int) -> DataLoader:
+        dataset = self.train_set
+        positives = set(dataset.positive_indices)
+        n_pos, n = len(positives), len(dataset)
+        weights = torch.ones(n, dtype=torch.double)
+        if 0 < n_pos < n:
+            frac = self.settings.positive_fraction
+            weights[list(positives)] = frac / n_pos
+            neg = [i for i in range(n) if i not in positives]
+            weights[neg] = (1.0 - frac) / (n - n_pos)
+        generator = torch.Generator().manual_seed(seed)
+        sampler = WeightedRandomSampler(weights, num_samples=n, replacement=True,
+                                        generator=generator)
+        return DataLoader(_RandomFlips(dataset, seed + 1), batch_size=self.settings.batch_size, sampler=sampler,
+                          drop_last=n >= self.settings.batch_size)
+
+    def train(
+        self, model: nn.Module, steps: int, lr: float, momentum: float,
+        compute: ComputeDevice, seed: int, deadline: float | None = None, label: str = "",
+    ) -> TrainResult:
+        """Run ``steps`` SGD(+momentum) steps on the site's training slabs."""
+        torch.manual_seed(seed)
+        model.to(compute.device)
+        optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+        return train_steps(model, self._train_loader(seed), self.loss_fn(), optimizer,
+                           steps, compute, deadline=deadline, label=label)
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module, compute: ComputeDevice) -> EvalResult:
+        """Dice per validation study (3D, from centre-slice predictions), mean over studies.
+
+        Raises
+        ------
+        SiteDataError
+            If the site has no usable validation study.
+        """
+        if self.val_set is None:
+            raise SiteDataError(f"{self.site_dir}: no usable validation study")
+        model.to(compute.device).eval()
+        loss_fn = self.loss_fn()
+        loader = DataLoader(self.val_set, batch_size=max(self.settings.batch_size, 16))
+        preds, targets, loss_sum, batches = [], [], 0.0, 0
+        for x, y in loader:
+            x, y = x.to(compute.device), y.to(compute.device)
+            logits = model(x).float()
+            loss_sum += float(loss_fn(logits, y))
+            batches += 1
+            preds.append((logits > 0).to(torch.uint8).cpu())
+            targets.append(y.to(torch.uint8).cpu())
+        pred, target = torch.cat(preds)[:, 0], torch.cat(targets)[:, 0]
+        metric = DiceMetric(include_background=True, reduction="mean", ignore_empty=False)
+        owners = [self.val_set.location(i)[0] for i in range(len(self.val_set))]
+        for study_id in self.val_set.study_ids:
+            rows = torch.tensor([i for i, owner in enumerate(owners) if owner == study_id])
+            metric(y_pred=pred[rows][None, None], y=target[rows][None, None])
+        dice = float(metric.aggregate())
+        return EvalResult(num_examples=len(self.val_set), loss=loss_sum / max(batches, 1),
+                          dice=dice, num_studies=len(self.val_set.study_ids))

@@ -1,0 +1,1 @@
+"""Network definitions (pure torch / MONAI; no Flower)."""

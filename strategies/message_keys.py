@@ -1,0 +1,32 @@
+"""Names of the records and metrics exchanged between the ServerApp and the sites.
+
+One place for the message contract, shared by the ClientApp (which builds the
+replies) and the strategy (which validates them), so the two cannot drift.
+
+A train instruction carries ``arrays`` (the global model) and ``config``.
+A train reply carries ``delta`` (the update x_global - x_local, same layout as the
+global model), ``metrics`` and ``site`` (a ConfigRecord with the site's name).
+An evaluate reply carries ``metrics`` and ``site``.
+"""
+
+ARRAYS = "arrays"
+CONFIG = "config"
+DELTA = "delta"
+METRICS = "metrics"
+SITE = "site"
+
+SITE_NAME = "name"
+SERVER_ROUND = "server-round"
+
+NUM_EXAMPLES = "num-examples"
+STEPS = "steps"
+TRAIN_LOSS = "train-loss"
+INITIAL_LOSS = "initial-loss"
+TRAIN_SECONDS = "train-seconds"
+STUDIES_SKIPPED = "studies-skipped"
+
+VAL_LOSS = "val-loss"
+VAL_DICE = "val-dice"
+
+TRAIN_REQUIRED = (NUM_EXAMPLES, STEPS, TRAIN_LOSS)
+EVALUATE_REQUIRED = (NUM_EXAMPLES,)

@@ -1,0 +1,150 @@
+"""Validation of site replies: a malformed reply is dropped, never crashes a round.
+
+Flower's own strategies raise on replies with inconsistent keys, which ends the
+whole federation because of one bad site. Here every reply is checked on its
+own (records present, required metrics finite, update arrays matching the
+global model's count, shapes and dtypes, all entries finite) and turned into a
+typed value, or into an :class:`InvalidReplyError` whose message says why.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+
+from strategies import message_keys as keys
+
+__all__ = [
+    "InvalidReplyError",
+    "TrainReply",
+    "EvaluateReply",
+    "site_name",
+    "parse_train_reply",
+    "parse_evaluate_reply",
+]
+
+
+class InvalidReplyError(ValueError):
+    """A site's reply cannot be used; the message gives the reason."""
+
+
+@dataclass(frozen=True)
+class TrainReply:
+    """A validated train reply."""
+
+    node_id: int
+    site: str
+    delta: list[np.ndarray]
+    num_examples: int
+    steps: int
+    train_loss: float
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EvaluateReply:
+    """A validated evaluate reply."""
+
+    node_id: int
+    site: str
+    num_examples: int
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def site_name(message: Message) -> str:
+    """The site name a reply declares, or ``node-<id>`` when it declares none."""
+    fallback = f"node-{message.metadata.src_node_id}"
+    if not message.has_content():
+        return fallback
+    record = message.content.get(keys.SITE)
+    if isinstance(record, ConfigRecord) and isinstance(record.get(keys.SITE_NAME), str):
+        return str(record[keys.SITE_NAME]) or fallback
+    return fallback
+
+
+def _metrics(message: Message, required: tuple[str, ...]) -> dict[str, float]:
+    if message.has_error():
+        raise InvalidReplyError(f"site reported an error: {message.error.reason}")
+    record = message.content.get(keys.METRICS)
+    if not isinstance(record, MetricRecord):
+        raise InvalidReplyError(f"missing MetricRecord '{keys.METRICS}'")
+    missing = [k for k in required if k not in record]
+    if missing:
+        raise InvalidReplyError(f"missing metrics {missing}")
+    values: dict[str, float] = {}
+    for name, value in record.items():
+        if isinstance(value, list):
+            continue
+        if not math.isfinite(float(value)):
+            raise InvalidReplyError(f"metric '{name}' is not finite ({value})")
+        values[name] = float(value)
+    if values[keys.NUM_EXAMPLES] <= 0 or values[keys.NUM_EXAMPLES] != int(values[keys.NUM_EXAMPLES]):
+        raise InvalidReplyError(
+            f"'{keys.NUM_EXAMPLES}' must be a positive integer, got {values[keys.NUM_EXAMPLES]}"
+        )
+    return values
+
+
+def _delta(message: Message, reference: list[np.ndarray]) -> list[np.ndarray]:
+    record = message.content.get(keys.DELTA)
+    if not isinstance(record, ArrayRecord):
+        raise InvalidReplyError(f"missing ArrayRecord '{keys.DELTA}'")
+    try:
+        arrays = record.to_numpy_ndarrays()
+    except Exception as exc:  # noqa: BLE001 - any decoding failure makes the reply unusable
+        raise InvalidReplyError(f"'{keys.DELTA}' cannot be decoded: {exc}") from exc
+    if len(arrays) != len(reference):
+        raise InvalidReplyError(
+            f"update has {len(arrays)} arrays, the global model has {len(reference)}"
+        )
+    for i, (got, ref) in enumerate(zip(arrays, reference)):
+        if got.shape != ref.shape:
+            raise InvalidReplyError(f"array {i}: shape {got.shape}, expected {ref.shape}")
+        if got.dtype != ref.dtype:
+            raise InvalidReplyError(f"array {i}: dtype {got.dtype}, expected {ref.dtype}")
+        if np.issubdtype(got.dtype, np.floating) and not np.isfinite(got).all():
+            raise InvalidReplyError(f"array {i}: contains NaN or infinite values")
+    return arrays
+
+
+def parse_train_reply(message: Message, reference: list[np.ndarray]) -> TrainReply:
+    """Validate a train reply against the global model ``reference``.
+
+    Raises
+    ------
+    InvalidReplyError
+        With the reason the reply is unusable.
+    """
+    metrics = _metrics(message, keys.TRAIN_REQUIRED)
+    steps = metrics[keys.STEPS]
+    if steps < 0 or steps != int(steps):
+        raise InvalidReplyError(f"'{keys.STEPS}' must be a non-negative integer, got {steps}")
+    return TrainReply(
+        node_id=message.metadata.src_node_id,
+        site=site_name(message),
+        delta=_delta(message, reference),
+        num_examples=int(metrics[keys.NUM_EXAMPLES]),
+        steps=int(steps),
+        train_loss=metrics[keys.TRAIN_LOSS],
+        metrics=metrics,
+    )
+
+
+def parse_evaluate_reply(message: Message) -> EvaluateReply:
+    """Validate an evaluate reply.
+
+    Raises
+    ------
+    InvalidReplyError
+        With the reason the reply is unusable.
+    """
+    metrics = _metrics(message, keys.EVALUATE_REQUIRED)
+    return EvaluateReply(
+        node_id=message.metadata.src_node_id,
+        site=site_name(message),
+        num_examples=int(metrics[keys.NUM_EXAMPLES]),
+        metrics=metrics,
+    )

@@ -1,0 +1,41 @@
+"""What happened in one federated round, for tracking and progress output."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["RoundReport"]
+
+
+@dataclass
+class RoundReport:
+    """Per-round record filled by the strategy and read by the tracker.
+
+    Attributes
+    ----------
+    server_round : int
+        Round number, from 1.
+    train : dict[str, dict[str, float]]
+        Per site name, the metrics of its accepted train reply.
+    train_dropped : dict[str, str]
+        Per site name (or ``node-<id>``), why its train reply was dropped.
+    train_aggregate : dict[str, float]
+        Example-weighted train metrics over the accepted replies.
+    evaluate : dict[str, dict[str, float]]
+        Per site name, its validation metrics on the new global model.
+    evaluate_dropped : dict[str, str]
+        Per site, why its evaluate reply was dropped.
+    evaluate_aggregate : dict[str, float]
+        Example-weighted validation metrics.
+    seconds : float
+        Wall time of the round (train + evaluate).
+    """
+
+    server_round: int
+    train: dict[str, dict[str, float]] = field(default_factory=dict)
+    train_dropped: dict[str, str] = field(default_factory=dict)
+    train_aggregate: dict[str, float] = field(default_factory=dict)
+    evaluate: dict[str, dict[str, float]] = field(default_factory=dict)
+    evaluate_dropped: dict[str, str] = field(default_factory=dict)
+    evaluate_aggregate: dict[str, float] = field(default_factory=dict)
+    seconds: float = 0.0
