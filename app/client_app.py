@@ -14,16 +14,30 @@ import time
 import zlib
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import (
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    Error,
+    Message,
+    MetricRecord,
+    RecordDict,
+)
 from flwr.clientapp import ClientApp
 
 from app.run_config import RunConfig
-from app.site_config import SiteConfig
+from app.site_config import SiteConfig, SiteConfigError
 from clients.device import ComputeDevice, select_device
-from clients.pe_seg_task import PESegSettings, PESegTask
+from clients.errors import StudyError
+from clients.pe_seg_task import PESegSettings, PESegTask, SiteDataError
 from strategies import message_keys as keys
 
 app = ClientApp()
+log = logging.getLogger("clients.site")
+
+# Errors meaning "this site has no usable data": answered with a sanitised error reply.
+_DATA_ERRORS = (SiteDataError, StudyError, SiteConfigError)
+SITE_DATA_ERROR_CODE = 4001
 
 # Progress lines of the site trainers (the root logger stays at Flower's level).
 _progress = logging.getLogger("clients")
@@ -59,10 +73,28 @@ def _site_record(site: SiteConfig) -> ConfigRecord:
     return ConfigRecord({keys.SITE_NAME: site.name})
 
 
+def _site_error(msg: Message, context: Context, exc: Exception) -> Message:
+    """Reply with an error that names the site but no file path or patient detail.
+
+    The full message (with paths) stays in the site's own log.
+    """
+    log.error("site data unusable: %s", exc)
+    try:
+        name = SiteConfig.from_node_config(context.node_config, str(
+            context.run_config.get("data-root", ""))).name
+    except SiteConfigError:
+        name = f"node-{context.node_id}"
+    reason = f"site {name}: {type(exc).__name__}: no usable data (details in the site's log)"
+    return Message(Error(code=SITE_DATA_ERROR_CODE, reason=reason), reply_to=msg)
+
+
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     """Train tau local steps and reply with the update and metrics."""
-    config, site, task = _site_task(context)
+    try:
+        config, site, task = _site_task(context)
+    except _DATA_ERRORS as exc:
+        return _site_error(msg, context, exc)
     instruction = msg.content[keys.CONFIG]
     server_round = int(instruction[keys.SERVER_ROUND])
     steps = int(instruction.get("local-steps", config.local_steps))
@@ -76,11 +108,12 @@ def train(msg: Message, context: Context) -> Message:
     result = task.train(model, steps=steps, lr=lr, momentum=momentum, compute=_compute(),
                         seed=seed, label=f"{site.name} round {server_round}")
     local_state = model.state_dict()
-    delta = {
-        name: (value.numpy() - local_state[name].detach().cpu().numpy()).astype(
-            value.numpy().dtype, copy=False)
+    # delta = x_global - x_local, in the global model's order and dtypes (0-d kept 0-d).
+    delta = [
+        np.asarray(value.numpy() - local_state[name].detach().cpu().numpy(),
+                   dtype=value.numpy().dtype)
         for name, value in global_state.items()
-    }
+    ]
     metrics = MetricRecord({
         keys.NUM_EXAMPLES: len(task.train_set),
         keys.STEPS: result.steps_done,
@@ -90,7 +123,7 @@ def train(msg: Message, context: Context) -> Message:
         keys.STUDIES_SKIPPED: len(task.report.skipped),
     })
     content = RecordDict({
-        keys.DELTA: ArrayRecord([np.ascontiguousarray(a) for a in delta.values()]),
+        keys.DELTA: ArrayRecord(delta),
         keys.METRICS: metrics,
         keys.SITE: _site_record(site),
     })
@@ -100,10 +133,13 @@ def train(msg: Message, context: Context) -> Message:
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     """Evaluate the received global model on the site's validation studies."""
-    _, site, task = _site_task(context)
-    model = task.build_model()
-    model.load_state_dict(msg.content[keys.ARRAYS].to_torch_state_dict())
-    result = task.evaluate(model, _compute())
+    try:
+        _, site, task = _site_task(context)
+        model = task.build_model()
+        model.load_state_dict(msg.content[keys.ARRAYS].to_torch_state_dict())
+        result = task.evaluate(model, _compute())
+    except _DATA_ERRORS as exc:
+        return _site_error(msg, context, exc)
     metrics = MetricRecord({
         keys.NUM_EXAMPLES: result.num_examples,
         keys.VAL_LOSS: result.loss,

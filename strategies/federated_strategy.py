@@ -219,7 +219,7 @@ class FederatedStrategy(Strategy):
             return None, None
         self._empty_rounds = 0
         delta = fedavg_delta([r.delta for r in accepted], [r.num_examples for r in accepted])
-        updated = [(g - d).astype(g.dtype, copy=False) for g, d in zip(self._global, delta)]
+        updated = [np.asarray(g - d).astype(g.dtype, copy=False) for g, d in zip(self._global, delta)]
         report.train_aggregate = _aggregate_metrics(
             [(r.metrics, r.num_examples) for r in accepted])
         log(INFO, "aggregate_train: %d accepted, %d dropped", len(accepted),

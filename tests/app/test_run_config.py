@@ -1,0 +1,71 @@
+"""Run-config and node-config parsing: typed values and clear errors."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from app.run_config import RunConfig, RunConfigError
+from app.site_config import SiteConfig, SiteConfigError
+
+PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
+
+
+def test_pyproject_defaults_are_valid_and_complete():
+    defaults = tomllib.loads(PYPROJECT.read_text())["tool"]["flwr"]["app"]["config"]
+    config = RunConfig.from_mapping(defaults)
+    assert config == RunConfig()  # the dataclass defaults mirror pyproject.toml
+    assert set(config.as_params()) == set(defaults)
+
+
+def test_int_widens_to_float_and_values_are_kept():
+    config = RunConfig.from_mapping({"lr": 1, "local-steps": 7, "data-root": "/abs/data"})
+    assert config.lr == 1.0 and isinstance(config.lr, float)
+    assert config.local_steps == 7 and config.data_root == "/abs/data"
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"local-step": 3}, "unknown run-config keys"),
+        ({"local-steps": 2.5}, "'local-steps' must be int"),
+        ({"local-steps": True}, "'local-steps' must be int"),
+        ({"local-steps": 0}, "'local-steps' must be > 0"),
+        ({"momentum": 1.0}, "momentum must be in"),
+        ({"slab-slices": 4}, "slab-slices must be odd"),
+        ({"image-size": 60}, "multiple of 8"),
+        ({"task": "brain"}, "task must be one of"),
+        ({"data-root": "data/synthetic"}, "must be an absolute path"),
+    ],
+)
+def test_bad_values_name_the_key(values, message):
+    with pytest.raises(RunConfigError, match=message):
+        RunConfig.from_mapping(values)
+
+
+def test_simulation_maps_partition_to_hospital():
+    site = SiteConfig.from_node_config({"partition-id": 1, "num-partitions": 3}, "/data/syn")
+    assert site.name == "hospital-01"
+    assert site.data_path == Path("/data/syn/hospital-01")
+
+
+def test_deployment_node_config_wins():
+    site = SiteConfig.from_node_config(
+        {"data-path": "/srv/pe", "state-dir": "/var/lib/fedmed", "site-name": "st-olav"}, "")
+    assert (site.name, site.data_path, site.state_dir) == (
+        "st-olav", Path("/srv/pe"), Path("/var/lib/fedmed"))
+
+
+@pytest.mark.parametrize(
+    ("node_config", "root", "message"),
+    [
+        ({"data-path": "relative/pe"}, "", "must be absolute"),
+        ({"partition-id": 0}, "", "needs run-config 'data-root'"),
+        ({}, "/data", "neither 'data-path'"),
+    ],
+)
+def test_bad_node_config(node_config, root, message):
+    with pytest.raises(SiteConfigError, match=message):
+        SiteConfig.from_node_config(node_config, root)

@@ -1,0 +1,119 @@
+"""End to end: real SuperLink, real `flwr run`, real DICOM/NIfTI sites, real MLflow store.
+
+Each test runs ``python -m app.simulate`` (what ``make simulate`` runs) in a
+subprocess with its own FLWR_HOME, data and sqlite MLflow store, then reads the
+results back from MLflow.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from clients.synthetic_ct import generate_federation
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.integration
+
+
+def _simulate(tmp: Path, data_root: Path, sites: int, rounds: int) -> subprocess.CompletedProcess:
+    tracking = f"sqlite:///{tmp / 'mlflow.db'}"
+    command = [
+        sys.executable, "-m", "app.simulate",
+        "--data-root", str(data_root), "--sites", str(sites),
+        "--tracking-uri", tracking, "--artifact-root", str(tmp / "artifacts"),
+        "--flwr-home", str(tmp / "flwr-home"), "--log-dir", str(tmp / "logs"),
+        "--timeout", "540",
+        "-c", f"num-server-rounds={rounds}", "-c", "local-steps=2", "-c", "image-size=32",
+        "-c", "batch-size=4", "-c", f"min-nodes={sites}", "-c", "node-wait-timeout=60",
+        "-c", "experiment=e2e",
+    ]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=600, check=False)
+    if result.returncode != 0:
+        print(result.stdout[-8000:], result.stderr[-4000:])
+    return result
+
+
+def _mlflow_run(tmp: Path):
+    mlflow.set_tracking_uri(f"sqlite:///{tmp / 'mlflow.db'}")
+    client = MlflowClient()
+    experiment = client.get_experiment_by_name("e2e")
+    runs = client.search_runs([experiment.experiment_id])
+    assert len(runs) == 1
+    return client, runs[0]
+
+
+def _steps(client: MlflowClient, run_id: str, key: str) -> list[int]:
+    return sorted(m.step for m in client.get_metric_history(run_id, key))
+
+
+@pytest.fixture(scope="module")
+def two_hospitals(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("hospitals")
+    generate_federation(root, num_sites=2, seed=3, image_size=32)
+    return root
+
+
+def test_two_sites_two_rounds_tracked_in_mlflow(tmp_path, two_hospitals):
+    result = _simulate(tmp_path, two_hospitals, sites=2, rounds=2)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "status: finished:completed" in result.stdout
+    assert "Federation summary" in result.stdout
+
+    client, run = _mlflow_run(tmp_path)
+    run_id = run.info.run_id
+    assert run.info.status == "FINISHED"
+    assert run.data.params["num-server-rounds"] == "2"
+    assert run.data.params["local-steps"] == "2"
+    for key in ("eval/val-dice", "train/train-loss", "round-seconds"):
+        assert _steps(client, run_id, key) == [1, 2], key
+    for site in ("hospital-00", "hospital-01"):
+        for key in ("val-dice", "train-loss", "steps"):
+            assert _steps(client, run_id, f"site/{site}/{key}") == [1, 2]
+    dice = client.get_metric_history(run_id, "eval/val-dice")
+    assert all(0.0 <= m.value <= 1.0 for m in dice)
+    steps = client.get_metric_history(run_id, f"site/hospital-00/steps")
+    assert all(m.value == 2 for m in steps)
+
+    models = client.search_logged_models(experiment_ids=[run.info.experiment_id])
+    assert [m.source_run_id for m in models] == [run_id]
+    model = mlflow.pytorch.load_model(models[0].model_uri)
+    out = model(torch.zeros(1, 9, 32, 32))
+    assert tuple(out.shape) == (1, 1, 32, 32)
+    assert np.isfinite(out.detach().numpy()).all()
+    # Nothing left running: no process of this federation (they all name its log dir).
+    processes = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert str(tmp_path / "logs") not in processes
+
+
+def test_a_site_without_data_is_dropped_and_the_run_completes(tmp_path, two_hospitals):
+    data_root = tmp_path / "data"
+    shutil.copytree(two_hospitals, data_root)
+    broken = data_root / "hospital-02"
+    broken.mkdir()
+    (broken / "manifest.csv").write_text("this,is,not\na,manifest,file\n")
+    result = _simulate(tmp_path, data_root, sites=3, rounds=2)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+    client, run = _mlflow_run(tmp_path)
+    run_id = run.info.run_id
+    assert [m.value for m in client.get_metric_history(run_id, "replies-dropped")] == [1.0, 1.0]
+    assert [m.value for m in client.get_metric_history(run_id, "replies-accepted")] == [2.0, 2.0]
+    assert _steps(client, run_id, "eval/val-dice") == [1, 2]
+    local = client.download_artifacts(run_id, "rounds/round-001-dropped.json", str(tmp_path))
+    dropped = json.loads(Path(local).read_text())
+    reasons = " ".join(dropped.values())
+    assert "site hospital-02: ManifestError" in reasons
+    assert str(data_root) not in reasons  # no site path leaves the site

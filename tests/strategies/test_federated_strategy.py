@@ -1,0 +1,156 @@
+"""FederatedStrategy against an in-memory grid: messages, validation, FedAvg, waits."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flwr.app import (
+    ArrayRecord,
+    ConfigRecord,
+    Error,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
+
+from flwr.supercore.task_identity import TaskIdentity
+
+from strategies import message_keys as keys
+from strategies.federated_strategy import FederatedStrategy, NoValidRepliesError
+from strategies.node_wait import NodeWaitTimeout, wait_for_nodes
+
+
+@pytest.fixture(autouse=True)
+def server_identity():
+    """Flower needs the identity of the running task to create messages."""
+    saved = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 42, 1
+    yield
+    TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = saved
+
+
+class FakeGrid:
+    """The part of flwr's Grid the strategy uses: node ids."""
+
+    def __init__(self, nodes: list[int]) -> None:
+        self.nodes = nodes
+
+    def get_node_ids(self) -> list[int]:
+        return list(self.nodes)
+
+
+GLOBAL = [np.array([1.0, 2.0], dtype=np.float32), np.array([[3.0]], dtype=np.float32),
+          np.array(7, dtype=np.int64)]
+
+
+def _global_record() -> ArrayRecord:
+    return ArrayRecord([a.copy() for a in GLOBAL])
+
+
+def _reply(instruction: Message, delta: list[np.ndarray] | None, metrics: dict | None,
+           site: str) -> Message:
+    content = RecordDict({keys.SITE: ConfigRecord({keys.SITE_NAME: site})})
+    if delta is not None:
+        content[keys.DELTA] = ArrayRecord(delta)
+    if metrics is not None:
+        content[keys.METRICS] = MetricRecord(metrics)
+    return Message(content, reply_to=instruction)
+
+
+def _train_metrics(n: int, loss: float = 0.5) -> dict:
+    return {keys.NUM_EXAMPLES: n, keys.STEPS: 3, keys.TRAIN_LOSS: loss}
+
+
+def _configured(strategy: FederatedStrategy, nodes: list[int]) -> list[Message]:
+    grid = FakeGrid(nodes)
+    config = ConfigRecord({"lr": 0.1})
+    messages = list(strategy.configure_train(1, _global_record(), config, grid))
+    # Flower stamps ids when it pushes messages; do the same so replies can refer to them.
+    for i, m in enumerate(messages):
+        m.metadata.__dict__["_message_id"] = f"msg-{i}"
+        m.metadata.__dict__["_src_node_id"] = 1
+    return messages
+
+
+def test_each_site_gets_its_own_content_and_config():
+    strategy = FederatedStrategy(min_nodes=2, node_wait_timeout=1)
+    messages = _configured(strategy, [11, 12, 13])
+    assert sorted(m.metadata.dst_node_id for m in messages) == [11, 12, 13]
+    assert all(m.metadata.message_type == MessageType.TRAIN for m in messages)
+    contents = {id(m.content) for m in messages}
+    configs = {id(m.content[keys.CONFIG]) for m in messages}
+    assert len(contents) == 3 and len(configs) == 3
+    messages[0].content[keys.CONFIG]["lr"] = 99.0
+    assert messages[1].content[keys.CONFIG]["lr"] == 0.1
+    assert all(m.content[keys.CONFIG][keys.SERVER_ROUND] == 1 for m in messages)
+
+
+def test_fedavg_of_updates_with_bad_replies_dropped():
+    strategy = FederatedStrategy(min_nodes=2, node_wait_timeout=1)
+    m = _configured(strategy, [1, 2, 3, 4, 5, 6])
+    d1 = [np.array([1.0, 1.0], np.float32), np.array([[2.0]], np.float32), np.array(-1, np.int64)]
+    d2 = [np.array([4.0, -2.0], np.float32), np.array([[-1.0]], np.float32), np.array(-1, np.int64)]
+    nan = [d1[0] * np.nan, d1[1], d1[2]]
+    wrong_shape = [np.zeros(3, np.float32), d1[1], d1[2]]
+    replies = [
+        _reply(m[0], d1, _train_metrics(1), "site-a"),
+        _reply(m[1], d2, _train_metrics(3), "site-b"),
+        _reply(m[2], nan, _train_metrics(5), "site-nan"),
+        _reply(m[3], wrong_shape, _train_metrics(5), "site-shape"),
+        _reply(m[4], d1, {keys.NUM_EXAMPLES: 5}, "site-missing"),
+        Message(Error(code=0, reason="boom: disk full"), reply_to=m[5]),
+    ]
+    arrays, metrics = strategy.aggregate_train(1, replies)
+    # p = (1/4, 3/4): delta = (3.25, -1.25), [[-0.25]], -1 ; x - delta
+    new = arrays.to_numpy_ndarrays()
+    np.testing.assert_allclose(new[0], [1.0 - 3.25, 2.0 + 1.25])
+    np.testing.assert_allclose(new[1], [[3.25]])
+    assert new[2] == 8 and new[2].dtype == np.int64
+    report = strategy.reports[1]
+    assert set(report.train) == {"site-a", "site-b"}
+    dropped = report.train_dropped
+    assert "NaN" in dropped["site-nan"]
+    assert "shape" in dropped["site-shape"]
+    assert "missing metrics" in dropped["site-missing"]
+    assert "boom: disk full" in dropped["node-6"]
+    assert metrics[keys.NUM_EXAMPLES] == 4.0
+    assert metrics[keys.TRAIN_LOSS] == pytest.approx(0.5)
+
+
+def test_missing_replies_are_recorded_as_timeouts():
+    strategy = FederatedStrategy(min_nodes=1, node_wait_timeout=1)
+    m = _configured(strategy, [1, 2])
+    d = [np.zeros(2, np.float32), np.zeros((1, 1), np.float32), np.array(0, np.int64)]
+    strategy.aggregate_train(1, [_reply(m[0], d, _train_metrics(2), "site-a")])
+    assert strategy.reports[1].train_dropped == {"node-2": "no reply before the round timeout"}
+
+
+def test_rounds_without_usable_replies_keep_the_model_then_abort():
+    strategy = FederatedStrategy(min_nodes=1, node_wait_timeout=1, max_empty_rounds=2)
+    m = _configured(strategy, [1])
+    assert strategy.aggregate_train(1, []) == (None, None)
+    m = _configured(strategy, [1])
+    with pytest.raises(NoValidRepliesError, match="2 consecutive rounds"):
+        strategy.aggregate_train(2, [])
+
+
+def test_evaluate_metrics_are_example_weighted():
+    strategy = FederatedStrategy(min_nodes=2, node_wait_timeout=1)
+    grid = FakeGrid([1, 2])
+    messages = list(strategy.configure_evaluate(1, _global_record(), ConfigRecord(), grid))
+    for i, m in enumerate(messages):
+        m.metadata.__dict__["_message_id"] = f"e-{i}"
+    replies = [
+        _reply(messages[0], None, {keys.NUM_EXAMPLES: 10, keys.VAL_DICE: 0.2}, "a"),
+        _reply(messages[1], None, {keys.NUM_EXAMPLES: 30, keys.VAL_DICE: 0.6}, "b"),
+    ]
+    metrics = strategy.aggregate_evaluate(1, replies)
+    assert metrics[keys.VAL_DICE] == pytest.approx(0.5)
+    assert strategy.reports[1].evaluate["b"][keys.VAL_DICE] == pytest.approx(0.6)
+
+
+def test_node_wait_is_bounded():
+    with pytest.raises(NodeWaitTimeout, match="only 1 of the required 3 sites"):
+        wait_for_nodes(FakeGrid([5]), min_nodes=3, timeout=0.2, poll_interval=0.05)
+    assert wait_for_nodes(FakeGrid([2, 1]), min_nodes=2, timeout=0.2) == [1, 2]
