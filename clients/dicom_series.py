@@ -1,0 +1,273 @@
+"""Read one CT DICOM series (one file per slice) into a Hounsfield-unit volume.
+
+The slices are ordered by the projection of ``ImagePositionPatient`` onto the
+slice normal ``n = row_dir x col_dir`` (the cross product of the two
+``ImageOrientationPatient`` direction cosines), never by file name or
+``InstanceNumber``. The slice step ``dz`` is measured from those positions;
+``SliceThickness`` is a reconstruction parameter and may differ from the step.
+Stored values are mapped to HU with ``HU = stored * RescaleSlope +
+RescaleIntercept`` (DICOM PS3.3 C.11.1.1.2, modality LUT).
+
+A series that cannot be turned into a regular grid (duplicate or missing
+slices, uneven steps, mixed geometry) raises :class:`DicomSeriesError` naming
+the offending file or folder: silently resampling such a series would hide a
+data problem from the site.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pydicom
+from pydicom.dataset import FileDataset
+
+from clients.errors import DicomSeriesError
+
+__all__ = ["CTVolume", "read_dicom_series", "list_series_files"]
+
+#: Largest step, as a multiple of the median step, that is still "one step".
+MISSING_SLICE_FACTOR = 1.5
+#: Positions closer than this along the normal (mm) are the same slice.
+DUPLICATE_TOLERANCE_MM = 1e-3
+_ORIENTATION_ATOL = 1e-4
+_SPACING_ATOL_MM = 1e-4
+
+
+@dataclass(frozen=True, eq=False)
+class CTVolume:
+    """A CT volume on a regular grid, in Hounsfield units.
+
+    Attributes
+    ----------
+    hu : np.ndarray
+        ``float32`` array ``(z, y, x)``: slices sorted by ascending position
+        along the slice normal, rows, columns.
+    spacing : tuple of float
+        ``(dz, dy, dx)`` in mm; ``dz`` is the median step between slice
+        positions, ``(dy, dx)`` is ``PixelSpacing`` (row spacing, column spacing).
+    origin : tuple of float
+        ``ImagePositionPatient`` (LPS, mm) of the first (lowest) slice: the
+        centre of voxel ``(0, 0, 0)``.
+    orientation : tuple of float
+        ``ImageOrientationPatient``: the direction of increasing column index
+        (first three values) and of increasing row index (last three), LPS.
+    """
+
+    hu: np.ndarray
+    spacing: tuple[float, float, float]
+    origin: tuple[float, float, float]
+    orientation: tuple[float, ...]
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """Shape ``(z, y, x)`` of the volume."""
+        z, y, x = self.hu.shape
+        return int(z), int(y), int(x)
+
+    @property
+    def slice_normal(self) -> np.ndarray:
+        """Unit slice normal ``row_dir x col_dir`` (LPS)."""
+        row_dir = np.asarray(self.orientation[:3], dtype=np.float64)
+        col_dir = np.asarray(self.orientation[3:6], dtype=np.float64)
+        normal = np.cross(row_dir, col_dir)
+        return normal / np.linalg.norm(normal)
+
+    def affine_lps(self) -> np.ndarray:
+        """Voxel-to-patient affine in DICOM LPS coordinates.
+
+        Returns
+        -------
+        np.ndarray
+            ``4 x 4`` matrix mapping the index vector ``(i, j, k, 1)`` with
+            ``i`` = column (x), ``j`` = row (y), ``k`` = slice (z) - i.e.
+            ``hu[k, j, i]`` - to LPS millimetres. Gantry tilt is not modelled
+            (the reader rejects series whose positions leave the normal axis).
+        """
+        dz, dy, dx = self.spacing
+        affine = np.eye(4)
+        affine[:3, 0] = np.asarray(self.orientation[:3], dtype=np.float64) * dx
+        affine[:3, 1] = np.asarray(self.orientation[3:6], dtype=np.float64) * dy
+        affine[:3, 2] = self.slice_normal * dz
+        affine[:3, 3] = self.origin
+        return affine
+
+
+def list_series_files(folder: Path) -> list[Path]:
+    """List the candidate slice files of a series folder.
+
+    Any regular, non-hidden file counts (real series often have no ``.dcm``
+    extension); sub-folders are ignored.
+
+    Parameters
+    ----------
+    folder : Path
+        The series folder.
+
+    Returns
+    -------
+    list of Path
+        The files, sorted by name (the order carries no meaning).
+
+    Raises
+    ------
+    DicomSeriesError
+        If ``folder`` does not exist, is not a folder or holds no file.
+    """
+    folder = Path(folder)
+    if not folder.exists():
+        raise DicomSeriesError(folder, "DICOM series folder does not exist")
+    if not folder.is_dir():
+        raise DicomSeriesError(folder, "expected a DICOM series folder, found a file")
+    files = sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
+    if not files:
+        raise DicomSeriesError(folder, "no DICOM files in the series folder (it is empty)")
+    return files
+
+
+def _read_slice(path: Path) -> tuple[FileDataset, np.ndarray]:
+    """Read one slice file: its header and its pixels rescaled to HU."""
+    try:
+        ds = pydicom.dcmread(path)
+    except Exception as exc:  # pydicom raises many types for corrupt input
+        raise DicomSeriesError(path, f"not a readable DICOM file ({type(exc).__name__}: {exc})") from exc
+    if "PixelData" not in ds:
+        raise DicomSeriesError(path, "DICOM file has no pixel data (not an image)")
+    missing = [
+        kw
+        for kw in ("ImagePositionPatient", "ImageOrientationPatient", "PixelSpacing", "Rows", "Columns")
+        if kw not in ds or ds[kw].value in (None, "")
+    ]
+    if missing:
+        raise DicomSeriesError(path, f"missing required attribute(s) {', '.join(missing)}")
+    if int(ds.get("NumberOfFrames", 1) or 1) != 1:
+        raise DicomSeriesError(path, "multi-frame images are not supported (expected one slice per file)")
+    if int(ds.get("SamplesPerPixel", 1)) != 1:
+        raise DicomSeriesError(path, "not a grayscale image (SamplesPerPixel != 1)")
+    try:
+        pixels = ds.pixel_array
+    except Exception as exc:
+        raise DicomSeriesError(path, f"cannot decode pixel data ({type(exc).__name__}: {exc})") from exc
+    if pixels.shape != (int(ds.Rows), int(ds.Columns)):
+        raise DicomSeriesError(path, f"pixel data shape {pixels.shape} != Rows x Columns ({ds.Rows}, {ds.Columns})")
+    slope = float(ds.get("RescaleSlope", 1.0) or 1.0)
+    intercept = float(ds.get("RescaleIntercept", 0.0) or 0.0)
+    hu = pixels.astype(np.float32) * np.float32(slope) + np.float32(intercept)
+    return ds, hu
+
+
+def _check_same(name: str, values: list[np.ndarray], files: list[Path], atol: float) -> None:
+    """Raise naming the first file whose ``name`` differs from the first file's."""
+    for value, path in zip(values[1:], files[1:]):
+        if value.shape != values[0].shape or not np.allclose(value, values[0], atol=atol, rtol=0.0):
+            raise DicomSeriesError(
+                path, f"inconsistent {name} in the series: {value.tolist()} vs {values[0].tolist()} in {files[0].name}"
+            )
+
+
+def read_dicom_series(folder: Path, *, spacing_tolerance: float = 0.02) -> CTVolume:
+    """Read a CT DICOM series folder into a sorted HU volume.
+
+    Parameters
+    ----------
+    folder : Path
+        Folder holding exactly one series, one slice per file (any file name;
+        hidden files are skipped).
+    spacing_tolerance : float, optional
+        Largest allowed relative deviation of a slice step from the median
+        step (plus 0.01 mm for float rounding). Default 2 %.
+
+    Returns
+    -------
+    CTVolume
+        The volume, slices in ascending order along the slice normal.
+
+    Raises
+    ------
+    DicomSeriesError
+        On an empty or missing folder; an unreadable, non-DICOM or non-image
+        file; slices of different series, orientation, size or pixel spacing;
+        positions off the normal axis; duplicate slice positions; a missing
+        slice (a step larger than 1.5 x the median step); or uneven steps.
+    """
+    folder = Path(folder)
+    files = list_series_files(folder)
+    headers: list[FileDataset] = []
+    slices: list[np.ndarray] = []
+    for path in files:
+        ds, hu = _read_slice(path)
+        headers.append(ds)
+        slices.append(hu)
+
+    series_uids = [str(ds.get("SeriesInstanceUID", "")) for ds in headers]
+    for uid, path in zip(series_uids, files):
+        if uid != series_uids[0]:
+            raise DicomSeriesError(path, f"belongs to another series ({uid} vs {series_uids[0]} in {files[0].name})")
+
+    orientations = [np.asarray([float(v) for v in ds.ImageOrientationPatient]) for ds in headers]
+    if orientations[0].shape != (6,):
+        raise DicomSeriesError(files[0], f"ImageOrientationPatient must have 6 values, got {orientations[0].tolist()}")
+    _check_same("ImageOrientationPatient", orientations, files, _ORIENTATION_ATOL)
+    _check_same("Rows x Columns", [np.asarray(s.shape) for s in slices], files, 0.0)
+    spacings = [np.asarray([float(v) for v in ds.PixelSpacing]) for ds in headers]
+    _check_same("PixelSpacing", spacings, files, _SPACING_ATOL_MM)
+    dy, dx = (float(v) for v in spacings[0])
+    if dy <= 0 or dx <= 0:
+        raise DicomSeriesError(files[0], f"PixelSpacing must be positive, got {spacings[0].tolist()}")
+
+    orientation = orientations[0]
+    normal = np.cross(orientation[:3], orientation[3:])
+    norm = float(np.linalg.norm(normal))
+    if norm < 1e-3:
+        raise DicomSeriesError(files[0], f"degenerate ImageOrientationPatient {orientation.tolist()}")
+    normal /= norm
+    positions = np.asarray([[float(v) for v in ds.ImagePositionPatient] for ds in headers])
+    along = positions @ normal
+    order = np.argsort(along, kind="stable")
+    along = along[order]
+    positions = positions[order]
+    files = [files[i] for i in order]
+    slices = [slices[i] for i in order]
+
+    # Positions must differ only along the normal (no gantry tilt, no mixed stacks).
+    off_axis = positions - positions[0] - np.outer(along - along[0], normal)
+    worst = int(np.argmax(np.linalg.norm(off_axis, axis=1)))
+    if np.linalg.norm(off_axis[worst]) > 0.5 * min(dx, dy):
+        raise DicomSeriesError(
+            files[worst],
+            "ImagePositionPatient is off the slice-normal axis of the series (gantry tilt or mixed stacks)",
+        )
+
+    steps = np.diff(along)
+    for k, step in enumerate(steps):
+        if step < DUPLICATE_TOLERANCE_MM:
+            raise DicomSeriesError(
+                files[k + 1], f"duplicate slice position {along[k + 1]:.3f} mm (same as {files[k].name})"
+            )
+    if len(steps) == 0:
+        dz = float(headers[0].get("SliceThickness", 1.0) or 1.0)
+    else:
+        dz = float(np.median(steps))
+        for k, step in enumerate(steps):
+            if step > MISSING_SLICE_FACTOR * dz:
+                raise DicomSeriesError(
+                    folder,
+                    f"missing slice(s) between {files[k].name} ({along[k]:.3f} mm) and {files[k + 1].name} "
+                    f"({along[k + 1]:.3f} mm): step {step:.3f} mm vs median step {dz:.3f} mm",
+                )
+        tolerance = spacing_tolerance * dz + 0.01
+        for k, step in enumerate(steps):
+            if abs(step - dz) > tolerance:
+                raise DicomSeriesError(
+                    files[k + 1],
+                    f"inconsistent slice spacing: step {step:.3f} mm from {files[k].name} vs median step {dz:.3f} mm",
+                )
+
+    hu = np.stack(slices).astype(np.float32, copy=False)
+    return CTVolume(
+        hu=hu,
+        spacing=(dz, dy, dx),
+        origin=tuple(float(v) for v in positions[0]),  # type: ignore[arg-type]
+        orientation=tuple(float(v) for v in orientation),
+    )

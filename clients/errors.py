@@ -1,0 +1,51 @@
+"""Typed errors raised by the site-side data layer.
+
+Every error names the offending file (or folder) and the reason, so a site
+operator can fix the data without reading a traceback. The hierarchy lets a
+loader skip one bad study (:class:`StudyError` and its subclasses) while a
+broken site manifest (:class:`ManifestError`) stops the whole site.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class StudyError(Exception):
+    """A study (or a file belonging to it) cannot be used.
+
+    Parameters
+    ----------
+    path : Path
+        The offending file or folder.
+    reason : str
+        A short human-readable explanation.
+
+    Attributes
+    ----------
+    path : Path
+        The offending file or folder.
+    reason : str
+        A short human-readable explanation.
+    """
+
+    def __init__(self, path: Path | str, reason: str) -> None:
+        self.path = Path(path)
+        self.reason = reason
+        super().__init__(f"{self.path}: {reason}")
+
+    def __reduce__(self) -> tuple[type, tuple[Path, str]]:
+        # Keep the two-argument constructor picklable (multiprocessing, Ray).
+        return (type(self), (self.path, self.reason))
+
+
+class DicomSeriesError(StudyError):
+    """A DICOM series folder or one of its files is unusable."""
+
+
+class MaskError(StudyError):
+    """A NIfTI mask is unreadable or does not match its image volume."""
+
+
+class ManifestError(StudyError):
+    """A site manifest is missing or malformed; the whole site is unusable."""

@@ -1,0 +1,150 @@
+"""The per-site study manifest (``manifest.csv``).
+
+A site folder holds ``manifest.csv`` with the header ``study_id,split,image,mask``:
+one row per study, ``split`` is ``train`` or ``val``, ``image`` is the DICOM
+series folder and ``mask`` the NIfTI label file, both relative to the site
+folder (POSIX separators). The manifest is the site's table of contents: if it
+is missing or malformed the site is unusable (:class:`ManifestError`); a
+listed study whose files are bad is only skipped later by the study loader.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from clients.errors import ManifestError
+
+__all__ = ["MANIFEST_NAME", "MANIFEST_COLUMNS", "SPLITS", "StudyEntry", "read_manifest", "write_manifest"]
+
+MANIFEST_NAME = "manifest.csv"
+MANIFEST_COLUMNS = ("study_id", "split", "image", "mask")
+SPLITS = ("train", "val")
+
+
+@dataclass(frozen=True)
+class StudyEntry:
+    """One manifest row, with paths resolved against the site folder.
+
+    Attributes
+    ----------
+    study_id : str
+        Site-unique study identifier (never leaves the site).
+    split : str
+        ``"train"`` or ``"val"``.
+    image_dir : Path
+        Absolute path of the DICOM series folder.
+    mask_path : Path
+        Absolute path of the NIfTI mask.
+    """
+
+    study_id: str
+    split: str
+    image_dir: Path
+    mask_path: Path
+
+
+def read_manifest(site_dir: Path) -> list[StudyEntry]:
+    """Read and validate ``site_dir / manifest.csv``.
+
+    Parameters
+    ----------
+    site_dir : Path
+        The site folder.
+
+    Returns
+    -------
+    list of StudyEntry
+        The rows in file order, with absolute paths. The files themselves are
+        not checked here.
+
+    Raises
+    ------
+    ManifestError
+        If the manifest is missing or unreadable, its header is not
+        ``study_id,split,image,mask``, a row has the wrong number of fields,
+        an empty field, an unknown split, or a duplicate study id (the
+        message gives the line number).
+    """
+    site_dir = Path(site_dir).resolve()
+    path = site_dir / MANIFEST_NAME
+    if not path.is_file():
+        raise ManifestError(path, "site manifest is missing")
+    try:
+        with path.open(newline="", encoding="utf-8") as handle:
+            rows = list(csv.reader(handle))
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise ManifestError(path, f"cannot read the manifest ({type(exc).__name__}: {exc})") from exc
+    if not rows:
+        raise ManifestError(path, f"manifest is empty; expected the header {','.join(MANIFEST_COLUMNS)}")
+    header = tuple(cell.strip() for cell in rows[0])
+    if header != MANIFEST_COLUMNS:
+        raise ManifestError(path, f"bad header {','.join(header)!r}; expected {','.join(MANIFEST_COLUMNS)!r}")
+
+    entries: list[StudyEntry] = []
+    seen: set[str] = set()
+    for line, row in enumerate(rows[1:], start=2):
+        if not any(cell.strip() for cell in row):
+            continue  # tolerate blank lines
+        if len(row) != len(MANIFEST_COLUMNS):
+            raise ManifestError(path, f"line {line}: expected {len(MANIFEST_COLUMNS)} fields, got {len(row)}")
+        study_id, split, image, mask = (cell.strip() for cell in row)
+        for name, value in zip(MANIFEST_COLUMNS, (study_id, split, image, mask)):
+            if not value:
+                raise ManifestError(path, f"line {line}: empty {name}")
+        if split not in SPLITS:
+            raise ManifestError(path, f"line {line}: bad split {split!r}; expected one of {', '.join(SPLITS)}")
+        if study_id in seen:
+            raise ManifestError(path, f"line {line}: duplicate study_id {study_id!r}")
+        seen.add(study_id)
+        entries.append(StudyEntry(study_id, split, site_dir / image, site_dir / mask))
+    return entries
+
+
+def write_manifest(site_dir: Path, entries: Iterable[StudyEntry]) -> Path:
+    """Write ``site_dir / manifest.csv`` with paths relative to ``site_dir``.
+
+    Parameters
+    ----------
+    site_dir : Path
+        The site folder (created if needed).
+    entries : iterable of StudyEntry
+        The studies; their paths may be absolute or relative to ``site_dir``.
+
+    Returns
+    -------
+    Path
+        The manifest file.
+
+    Raises
+    ------
+    ValueError
+        On an unknown split, an empty or duplicate study id.
+    """
+    site_dir = Path(site_dir)
+    site_dir.mkdir(parents=True, exist_ok=True)
+    root = site_dir.resolve()
+
+    def relative(target: Path) -> str:
+        target = Path(target)
+        absolute = target if target.is_absolute() else root / target
+        return Path(os.path.relpath(absolute, root)).as_posix()
+
+    rows: list[list[str]] = []
+    seen: set[str] = set()
+    for entry in entries:
+        if entry.split not in SPLITS:
+            raise ValueError(f"study {entry.study_id!r}: bad split {entry.split!r}; expected one of {SPLITS}")
+        if not entry.study_id or entry.study_id in seen:
+            raise ValueError(f"empty or duplicate study_id {entry.study_id!r}")
+        seen.add(entry.study_id)
+        rows.append([entry.study_id, entry.split, relative(entry.image_dir), relative(entry.mask_path)])
+    path = site_dir / MANIFEST_NAME
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle, lineterminator="\n")
+        writer.writerow(MANIFEST_COLUMNS)
+        writer.writerows(rows)
+    return path
