@@ -12,8 +12,8 @@ STAMP        := $(VENV)/.installed
 
 TASK         ?= pe-seg
 SITES        ?= 3
-ROUNDS       ?= 5
-STEPS        ?= 25
+ROUNDS       ?= 6
+STEPS        ?= 200
 SEED         ?= 0
 IMAGE_SIZE   ?= 64
 RUN_CONFIG   ?=

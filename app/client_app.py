@@ -100,13 +100,14 @@ def train(msg: Message, context: Context) -> Message:
     steps = int(instruction.get("local-steps", config.local_steps))
     lr = float(instruction.get("lr", config.lr))
     momentum = float(instruction.get("momentum", config.momentum))
+    optimizer = str(instruction.get("optimizer", config.optimizer))
     global_state = msg.content[keys.ARRAYS].to_torch_state_dict()
     model = task.build_model()
     model.load_state_dict(global_state)
     seed = (config.seed * 1_000_003 + server_round * 7_919 + zlib.crc32(site.name.encode())) % 2**31
     started = time.monotonic()
     result = task.train(model, steps=steps, lr=lr, momentum=momentum, compute=_compute(),
-                        seed=seed, label=f"{site.name} round {server_round}")
+                        seed=seed, optimizer=optimizer, label=f"{site.name} round {server_round}")
     local_state = model.state_dict()
     # delta = x_global - x_local, in the global model's order and dtypes (0-d kept 0-d).
     delta = [

@@ -12,7 +12,9 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RunConfig", "RunConfigError", "TASKS"]
+from clients.pe_seg_task import OPTIMIZERS
+
+__all__ = ["RunConfig", "RunConfigError", "TASKS", "OPTIMIZERS"]
 
 TASKS = ("pe-seg",)
 
@@ -26,10 +28,11 @@ class RunConfig:
     """Settings of one federation (see pyproject.toml for the defaults)."""
 
     task: str = "pe-seg"
-    num_server_rounds: int = 3
-    local_steps: int = 25
+    num_server_rounds: int = 6
+    local_steps: int = 200
     batch_size: int = 8
-    lr: float = 0.05
+    optimizer: str = "adam"
+    lr: float = 0.003
     momentum: float = 0.9
     image_size: int = 64
     slab_slices: int = 9
@@ -76,6 +79,8 @@ class RunConfig:
         for name in positive:
             if getattr(self, name) <= 0:
                 raise RunConfigError(f"run-config '{name.replace('_', '-')}' must be > 0")
+        if self.optimizer not in OPTIMIZERS:
+            raise RunConfigError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
         if not 0.0 <= self.momentum < 1.0:
             raise RunConfigError(f"momentum must be in [0, 1), got {self.momentum}")
         if not 0.0 < self.fraction_train <= 1.0:

@@ -60,7 +60,7 @@ def main(grid: Grid, context: Context) -> None:
         seed=config.seed,
     )
     train_config = ConfigRecord({"local-steps": config.local_steps, "lr": config.lr,
-                                 "momentum": config.momentum})
+                                 "momentum": config.momentum, "optimizer": config.optimizer})
 
     def on_round_end(report: RoundReport) -> None:
         tracker.log_round(report)

@@ -27,7 +27,8 @@ from clients.slabs import SlabDataset
 from clients.trainer import TrainResult, train_steps
 from models.unet25d import make_unet25d
 
-__all__ = ["PESegSettings", "EvalResult", "SiteDataError", "PESegTask"]
+__all__ = ["PESegSettings", "EvalResult", "SiteDataError", "PESegTask", "make_optimizer",
+           "OPTIMIZERS"]
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,18 @@ class EvalResult:
     loss: float
     dice: float
     num_studies: int
+
+
+OPTIMIZERS = ("sgd", "adam")
+
+
+def make_optimizer(name: str, params, lr: float, momentum: float) -> torch.optim.Optimizer:
+    """Local optimiser by name: ``sgd`` (heavy-ball momentum) or ``adam``."""
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=momentum)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr, betas=(momentum, 0.999))
+    raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {name!r}")
 
 
 class _RandomFlips(Dataset):
@@ -147,13 +160,19 @@ class PESegTask:
 
     def train(
         self, model: nn.Module, steps: int, lr: float, momentum: float,
-        compute: ComputeDevice, seed: int, deadline: float | None = None, label: str = "",
+        compute: ComputeDevice, seed: int, optimizer: str = "adam",
+        deadline: float | None = None, label: str = "",
     ) -> TrainResult:
-        """Run ``steps`` SGD(+momentum) steps on the site's training slabs."""
+        """Run ``steps`` local optimiser steps on the site's training slabs.
+
+        ``optimizer`` is ``"sgd"`` (heavy-ball ``momentum``, PyTorch style) or
+        ``"adam"`` (Kingma & Ba 2015; ``momentum`` is its beta1). The optimiser
+        state is fresh every round, as in FedAvg with local Adam.
+        """
         torch.manual_seed(seed)
         model.to(compute.device)
-        optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
-        return train_steps(model, self._train_loader(seed), self.loss_fn(), optimizer,
+        opt = make_optimizer(optimizer, model.parameters(), lr, momentum)
+        return train_steps(model, self._train_loader(seed), self.loss_fn(), opt,
                            steps, compute, deadline=deadline, label=label)
 
     @torch.no_grad()
