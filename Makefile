@@ -3,6 +3,8 @@
 #                   run the federation in Flower's simulation engine (CPU is fine)
 #   make test       install if needed, run all tests
 # Overrides: make simulate ROUNDS=2 SITES=2 STEPS=10 RUN_CONFIG="lr=0.02 batch-size=4"
+#            make simulate PRESET=configs/pe-seg-quick.toml
+# Unset ROUNDS/STEPS/IMAGE_SIZE/TASK fall back to the preset, then to pyproject.toml.
 
 SHELL        := /bin/bash
 PYTHON       ?= python3.11
@@ -10,12 +12,13 @@ VENV         := $(CURDIR)/.venv
 PY           := $(VENV)/bin/python
 STAMP        := $(VENV)/.installed
 
-TASK         ?= pe-seg
 SITES        ?= 3
-ROUNDS       ?= 6
-STEPS        ?= 200
 SEED         ?= 0
-IMAGE_SIZE   ?= 64
+TASK         ?=
+ROUNDS       ?=
+STEPS        ?=
+IMAGE_SIZE   ?=
+PRESET       ?=
 RUN_CONFIG   ?=
 DATA_DIR     ?= $(CURDIR)/data/synthetic-seed$(SEED)
 TRACKING_URI ?= $(if $(MLFLOW_TRACKING_URI),$(MLFLOW_TRACKING_URI),sqlite:///$(CURDIR)/mlflow.db)
@@ -50,9 +53,10 @@ $(DATA_DIR)/.sites-$(SITES): | $(STAMP)
 simulate: install data
 	$(PY) -m app.simulate --data-root $(DATA_DIR) --sites $(SITES) \
 		--tracking-uri "$(TRACKING_URI)" --artifact-root $(ARTIFACT_ROOT) \
-		-c task=$(TASK) -c num-server-rounds=$(ROUNDS) -c local-steps=$(STEPS) \
-		-c seed=$(SEED) -c image-size=$(IMAGE_SIZE) \
-		-c min-nodes=$(SITES) $(foreach kv,$(RUN_CONFIG),-c $(kv))
+		$(if $(PRESET),--preset $(abspath $(PRESET))) \
+		$(if $(TASK),-c task=$(TASK)) $(if $(ROUNDS),-c num-server-rounds=$(ROUNDS)) \
+		$(if $(STEPS),-c local-steps=$(STEPS)) $(if $(IMAGE_SIZE),-c image-size=$(IMAGE_SIZE)) \
+		-c seed=$(SEED) -c min-nodes=$(SITES) $(foreach kv,$(RUN_CONFIG),-c $(kv))
 
 # pytest's exit code 5 (no test collected) is reported, not treated as a failure.
 test: install

@@ -17,6 +17,7 @@ import re
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 from app.flower_processes import (
@@ -40,11 +41,22 @@ def _toml_value(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+def _toml_literal(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return _toml_value(str(value))
+
+
 def build_run_config(overrides: list[str], data_root: Path, tracking_uri: str,
-                     artifact_root: Path) -> str:
-    """The ``--run-config`` string: paths made absolute here, plus user overrides."""
+                     artifact_root: Path, preset: Path | None = None) -> str:
+    """The ``--run-config`` string: absolute paths, then the preset file, then overrides."""
     values = {"data-root": str(data_root.resolve()), "tracking-uri": tracking_uri,
               "artifact-root": str(artifact_root.resolve())}
+    if preset is not None:
+        with open(preset, "rb") as handle:
+            values.update({k: _toml_literal(v) for k, v in tomllib.load(handle).items()})
     for item in overrides:
         if "=" not in item:
             raise SystemExit(f"run-config override must be key=value, got {item!r}")
@@ -94,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpus-per-site", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=3600.0,
                         help="seconds before the run is abandoned")
+    parser.add_argument("--preset", type=Path, default=None,
+                        help="TOML file of run-config values (e.g. configs/pe-seg-quick.toml)")
     parser.add_argument("-c", "--run-config", action="append", default=[],
                         metavar="KEY=VALUE", help="run-config override (repeatable)")
     args = parser.parse_args(argv)
@@ -106,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     flwr_home = args.flwr_home.resolve()
     run_config = build_run_config(args.run_config, args.data_root, args.tracking_uri,
-                                  args.artifact_root)
+                                  args.artifact_root, args.preset)
     started = time.monotonic()
     link = SuperLinkProcess.start_simulation(flwr_home, args.log_dir.resolve())
     try:
