@@ -85,9 +85,12 @@ def _print_summary(tracking_uri: str, flwr_run_id: int, seconds: float) -> None:
         values = ", ".join(f"r{m.step} {m.value:.4f}" for m in history)
         print(f"{label:>10} per round: {values}")
     experiment = client.get_experiment(run.info.experiment_id)
-    skipped = client.get_metric_history(run.info.run_id, "train/studies-skipped")
+    skipped = {key.split("/")[1]: int(value) for key, value in run.data.metrics.items()
+               if key.startswith("site/") and key.endswith("/studies-skipped")}
     if skipped:
-        print(f"studies skipped by the readers (mean over sites): {skipped[-1].value:g}")
+        detail = ", ".join(f"{site} {count}" for site, count in sorted(skipped.items()))
+        print(f"studies skipped by the readers: {sum(skipped.values())} ({detail}; "
+              "reasons in each site's log)")
     print(f"MLflow: experiment '{experiment.name}', run {run.info.run_id} "
           f"({run.info.run_name}), store {tracking_uri}")
     print("open it with: make mlflow-ui")
