@@ -41,7 +41,8 @@ install: $(STAMP)
 # machine's local wheel folder and never resolves a CUDA build.
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[test]"
+	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[test]" \
+		2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
 	@touch $@
 
 data: $(DATA_DIR)/.sites-$(SITES)

@@ -31,6 +31,7 @@ from clients.device import ComputeDevice, select_device
 from clients.errors import StudyError
 from clients.pe_seg_task import PESegSettings, PESegTask, SiteDataError
 from strategies import message_keys as keys
+from strategies.aggregation import local_solver_norm
 
 app = ClientApp()
 log = logging.getLogger("clients.site")
@@ -97,17 +98,25 @@ def train(msg: Message, context: Context) -> Message:
         return _site_error(msg, context, exc)
     instruction = msg.content[keys.CONFIG]
     server_round = int(instruction[keys.SERVER_ROUND])
-    steps = int(instruction.get("local-steps", config.local_steps))
-    lr = float(instruction.get("lr", config.lr))
-    momentum = float(instruction.get("momentum", config.momentum))
-    optimizer = str(instruction.get("optimizer", config.optimizer))
+    steps = int(instruction.get(keys.LOCAL_STEPS, config.local_steps))
+    cap = int(context.node_config.get("max-local-steps", 0))
+    if cap > 0:
+        steps = min(steps, cap)
+    budget = float(instruction.get(keys.TIME_BUDGET, config.time_budget))
+    deadline = time.monotonic() + budget if budget > 0 else None
     global_state = msg.content[keys.ARRAYS].to_torch_state_dict()
     model = task.build_model()
     model.load_state_dict(global_state)
     seed = (config.seed * 1_000_003 + server_round * 7_919 + zlib.crc32(site.name.encode())) % 2**31
     started = time.monotonic()
-    result = task.train(model, steps=steps, lr=lr, momentum=momentum, compute=_compute(),
-                        seed=seed, optimizer=optimizer, label=f"{site.name} round {server_round}")
+    result = task.train(model, steps=steps, lr=config.lr, momentum=config.momentum,
+                        compute=_compute(), seed=seed, optimizer=config.optimizer,
+                        deadline=deadline, proximal_mu=config.proximal_mu,
+                        label=f"{site.name} round {server_round}")
+    # ||a||_1 of the solver actually run (partial work included), for FedNova.
+    a_norm = local_solver_norm(
+        result.steps_done, momentum=config.momentum if config.optimizer == "sgd" else 0.0,
+        lr=config.lr, proximal_mu=config.proximal_mu)
     local_state = model.state_dict()
     # delta = x_global - x_local, in the global model's order and dtypes (0-d kept 0-d).
     delta = [
@@ -120,6 +129,7 @@ def train(msg: Message, context: Context) -> Message:
         keys.STEPS: result.steps_done,
         keys.TRAIN_LOSS: result.mean_loss,
         keys.INITIAL_LOSS: result.initial_loss,
+        keys.A_NORM: a_norm,
         keys.TRAIN_SECONDS: time.monotonic() - started,
         keys.STUDIES_SKIPPED: len(task.report.skipped),
     })

@@ -3,12 +3,15 @@
 Every run setting the ServerApp and ClientApp use comes through
 :meth:`RunConfig.from_mapping`, which checks types and ranges and fails with a
 :class:`RunConfigError` naming the key, instead of a KeyError deep in a round.
+Keys are spelled as in pyproject.toml: dashes (``local-steps``) and, for the
+strategy plug-ins and the round policy, dotted groups (``strategy.aggregator``,
+``round.deadline``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import Field, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +26,14 @@ class RunConfigError(ValueError):
     """A run-config value is missing, of the wrong type or out of range."""
 
 
+def _key(f: Field) -> str:
+    return f.metadata.get("key", f.name.replace("_", "-"))
+
+
+def _dotted(key: str, default: Any) -> Any:
+    return field(default=default, metadata={"key": key})
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """Settings of one federation (see pyproject.toml for the defaults)."""
@@ -34,6 +45,8 @@ class RunConfig:
     optimizer: str = "adam"
     lr: float = 0.003
     momentum: float = 0.9
+    proximal_mu: float = 0.0
+    time_budget: float = 0.0
     image_size: int = 64
     slab_slices: int = 9
     data_root: str = ""
@@ -45,21 +58,30 @@ class RunConfig:
     node_wait_timeout: float = 120.0
     round_timeout: float = 600.0
     seed: int = 0
+    strategy_aggregator: str = _dotted("strategy.aggregator", "fedavg")
+    strategy_schedule: str = _dotted("strategy.schedule", "fixed")
+    strategy_selector: str = _dotted("strategy.selector", "uniform")
+    strategy_server_momentum: float = _dotted("strategy.server-momentum", 0.0)
+    strategy_tau_min: int = _dotted("strategy.tau-min", 1)
+    strategy_tau_max: int = _dotted("strategy.tau-max", 0)
+    strategy_loss_smoothing: float = _dotted("strategy.loss-smoothing", 0.5)
+    round_deadline: float = _dotted("round.deadline", 0.0)
+    round_quorum: int = _dotted("round.quorum", 0)
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> RunConfig:
-        """Build from Flower's run_config (keys with dashes, e.g. ``local-steps``).
+        """Build from Flower's run_config (keys such as ``local-steps``, ``round.quorum``).
 
         Unknown keys are rejected so that a typo cannot silently keep a default.
         """
-        known = {f.name.replace("_", "-"): f for f in fields(cls)}
+        known = {_key(f): f for f in fields(cls)}
         unknown = sorted(set(values) - set(known))
         if unknown:
             raise RunConfigError(f"unknown run-config keys {unknown}; known: {sorted(known)}")
         kwargs: dict[str, Any] = {}
         for key, value in values.items():
             f = known[key]
-            kind = type(cls.__dataclass_fields__[f.name].default)
+            kind = type(f.default)
             if kind is float and isinstance(value, int) and not isinstance(value, bool):
                 value = float(value)
             if not isinstance(value, kind) or isinstance(value, bool):
@@ -70,32 +92,51 @@ class RunConfig:
         config.validate()
         return config
 
+    def _fail(self, name: str, rule: str) -> None:
+        key = _key(self.__dataclass_fields__[name])
+        raise RunConfigError(f"run-config '{key}' {rule}, got {getattr(self, name)!r}")
+
     def validate(self) -> None:
         """Check ranges and cross-field rules."""
         if self.task not in TASKS:
-            raise RunConfigError(f"task must be one of {TASKS}, got {self.task!r}")
-        positive = ("num_server_rounds", "local_steps", "batch_size", "image_size",
-                    "min_nodes", "node_wait_timeout", "round_timeout", "lr")
-        for name in positive:
-            if getattr(self, name) <= 0:
-                raise RunConfigError(f"run-config '{name.replace('_', '-')}' must be > 0")
+            self._fail("task", f"must be one of {TASKS}")
         if self.optimizer not in OPTIMIZERS:
-            raise RunConfigError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
-        if not 0.0 <= self.momentum < 1.0:
-            raise RunConfigError(f"momentum must be in [0, 1), got {self.momentum}")
+            self._fail("optimizer", f"must be one of {OPTIMIZERS}")
+        for name in ("num_server_rounds", "local_steps", "batch_size", "image_size",
+                     "min_nodes", "node_wait_timeout", "round_timeout", "lr",
+                     "strategy_tau_min"):
+            if getattr(self, name) <= 0:
+                self._fail(name, "must be > 0")
+        for name in ("proximal_mu", "time_budget", "round_deadline", "round_quorum",
+                     "strategy_tau_max"):
+            if getattr(self, name) < 0:
+                self._fail(name, "must be >= 0")
+        for name in ("momentum", "strategy_server_momentum", "strategy_loss_smoothing"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                self._fail(name, "must be in [0, 1)")
         if not 0.0 < self.fraction_train <= 1.0:
-            raise RunConfigError(f"fraction-train must be in (0, 1], got {self.fraction_train}")
+            self._fail("fraction_train", "must be in (0, 1]")
         if self.slab_slices < 1 or self.slab_slices % 2 == 0:
-            raise RunConfigError(f"slab-slices must be odd and >= 1, got {self.slab_slices}")
+            self._fail("slab_slices", "must be odd and >= 1")
         if self.image_size % 8:
-            raise RunConfigError(f"image-size must be a multiple of 8, got {self.image_size}")
+            self._fail("image_size", "must be a multiple of 8")
+        if self.strategy_tau_max and self.strategy_tau_max < self.strategy_tau_min:
+            self._fail("strategy_tau_max", "must be 0 (no cap) or >= strategy.tau-min")
+        if self.strategy_aggregator == "fednova" and self.optimizer != "sgd":
+            self._fail("strategy_aggregator",
+                       "'fednova' needs optimizer = \"sgd\": its solver norm ||a||_1 is "
+                       "defined for SGD, heavy-ball momentum and proximal local solvers "
+                       "(Wang et al. 2020), not Adam;")
+        if self.proximal_mu and self.optimizer != "sgd":
+            self._fail("proximal_mu", "needs optimizer = \"sgd\"")
+        if self.proximal_mu and self.momentum:
+            self._fail("proximal_mu", "with momentum > 0 is not supported; set momentum = 0")
         for name in ("data_root", "artifact_root"):
             value = getattr(self, name)
             if value and not Path(value).is_absolute():
-                raise RunConfigError(
-                    f"run-config '{name.replace('_', '-')}' must be an absolute path, got "
-                    f"{value!r}: Flower's daemons do not run in the project directory")
+                self._fail(name, "must be an absolute path (Flower's daemons do not run in "
+                                 "the project directory)")
 
     def as_params(self) -> dict[str, Any]:
         """Flat ``{key: value}`` with the run-config spelling, for MLflow params."""
-        return {k.replace("_", "-"): v for k, v in asdict(self).items()}
+        return {_key(f): getattr(self, f.name) for f in fields(self)}

@@ -13,7 +13,7 @@ from logging import INFO
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context
+from flwr.app import ArrayRecord, Context
 from flwr.serverapp import Grid, ServerApp
 from flwr.supercore import log
 
@@ -22,9 +22,33 @@ from app.tracking import FederationTracker
 from models.unet25d import make_unet25d
 from strategies import message_keys as keys
 from strategies.federated_strategy import FederatedStrategy
+from strategies.registry import AGGREGATORS, SCHEDULES, SELECTORS
+from strategies.round_policy import RoundPolicy
 from strategies.round_report import RoundReport
 
 app = ServerApp()
+
+
+def build_strategy(config: RunConfig) -> FederatedStrategy:
+    """Compose the strategy from the plug-ins named in the run config."""
+    aggregator_options = ({"server_momentum": config.strategy_server_momentum}
+                          if config.strategy_aggregator == "fednova" else {})
+    schedule_options = {"tau0": config.local_steps}
+    if config.strategy_schedule == "adacomm":
+        schedule_options.update(tau_min=config.strategy_tau_min,
+                                tau_max=config.strategy_tau_max or None,
+                                smoothing=config.strategy_loss_smoothing)
+    return FederatedStrategy(
+        aggregator=AGGREGATORS.create(config.strategy_aggregator, **aggregator_options),
+        schedule=SCHEDULES.create(config.strategy_schedule, **schedule_options),
+        selector=SELECTORS.create(config.strategy_selector, fraction=config.fraction_train,
+                                  min_nodes=config.min_nodes, seed=config.seed),
+        policy=RoundPolicy(deadline=config.round_deadline, quorum=config.round_quorum,
+                           timeout=config.round_timeout),
+        min_nodes=config.min_nodes,
+        node_wait_timeout=config.node_wait_timeout,
+        time_budget=config.time_budget,
+    )
 
 
 def _progress_line(report: RoundReport, num_rounds: int) -> str:
@@ -34,8 +58,13 @@ def _progress_line(report: RoundReport, num_rounds: int) -> str:
                       for s, m in sorted(report.evaluate.items()))
     dropped = "; ".join(f"{s}: {r}" for s, r in
                         {**report.train_dropped, **report.evaluate_dropped}.items()) or "none"
+    taus = ",".join(str(int(m.get(keys.STEPS, 0))) for _, m in sorted(report.train.items()))
+    tau_eff = report.strategy.get("tau-eff")
+    tau = f"tau {report.schedule_tau} (done {taus}" + (
+        f", tau_eff {tau_eff:.1f})" if tau_eff is not None else ")")
     return (f"Round {report.server_round}/{num_rounds}: train loss {train:.4f} | "
-            f"val Dice {dice:.4f} ({sites}) | {report.seconds:.1f} s | dropped: {dropped}")
+            f"val Dice {dice:.4f} ({sites}) | {tau} | {report.seconds:.1f} s | "
+            f"dropped: {dropped}")
 
 
 @app.main()
@@ -53,14 +82,7 @@ def main(grid: Grid, context: Context) -> None:
     )
     log(INFO, "MLflow run %s in experiment '%s' at %s", run_id, tracker.experiment_name,
         tracker.tracking_uri)
-    strategy = FederatedStrategy(
-        min_nodes=config.min_nodes,
-        fraction_train=config.fraction_train,
-        node_wait_timeout=config.node_wait_timeout,
-        seed=config.seed,
-    )
-    train_config = ConfigRecord({"local-steps": config.local_steps, "lr": config.lr,
-                                 "momentum": config.momentum, "optimizer": config.optimizer})
+    strategy = build_strategy(config)
 
     def on_round_end(report: RoundReport) -> None:
         tracker.log_round(report)
@@ -73,8 +95,6 @@ def main(grid: Grid, context: Context) -> None:
             grid=grid,
             initial_arrays=ArrayRecord(model.state_dict()),
             num_rounds=config.num_server_rounds,
-            timeout=config.round_timeout,
-            train_config=train_config,
             on_round_end=on_round_end,
         )
         model.load_state_dict(result.arrays.to_torch_state_dict())

@@ -99,7 +99,12 @@ class FederationTracker:
         step = report.server_round
         metrics: dict[str, float] = {"round-seconds": report.seconds,
                                      "replies-accepted": float(len(report.train)),
-                                     "replies-dropped": float(len(report.train_dropped))}
+                                     "replies-dropped": float(len(report.train_dropped)),
+                                     "replies-late": float(report.missing.get("train", 0)),
+                                     "late-arrivals": float(len(report.late_arrivals)),
+                                     "strategy/schedule-tau": float(report.schedule_tau)}
+        for name, value in report.strategy.items():
+            metrics[metric_key("strategy", name)] = value
         for name, value in report.train_aggregate.items():
             metrics[metric_key("train", name)] = value
         for name, value in report.evaluate_aggregate.items():
@@ -113,6 +118,8 @@ class FederationTracker:
         mlflow.log_metrics(metrics, step=step)
         dropped = {f"train/{s}": r for s, r in report.train_dropped.items()}
         dropped.update({f"evaluate/{s}": r for s, r in report.evaluate_dropped.items()})
+        if report.late_arrivals:
+            dropped["late-arrivals"] = ", ".join(report.late_arrivals)
         if dropped:
             mlflow.log_dict(dropped, f"rounds/round-{step:03d}-dropped.json")
 

@@ -161,7 +161,7 @@ class PESegTask:
     def train(
         self, model: nn.Module, steps: int, lr: float, momentum: float,
         compute: ComputeDevice, seed: int, optimizer: str = "adam",
-        deadline: float | None = None, label: str = "",
+        deadline: float | None = None, label: str = "", proximal_mu: float = 0.0,
     ) -> TrainResult:
         """Run ``steps`` local optimiser steps on the site's training slabs.
 
@@ -173,7 +173,8 @@ class PESegTask:
         model.to(compute.device)
         opt = make_optimizer(optimizer, model.parameters(), lr, momentum)
         return train_steps(model, self._train_loader(seed), self.loss_fn(), opt,
-                           steps, compute, deadline=deadline, label=label)
+                           steps, compute, deadline=deadline, label=label,
+                           proximal_mu=proximal_mu)
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, compute: ComputeDevice) -> EvalResult:

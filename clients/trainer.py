@@ -80,6 +80,7 @@ def train_steps(
     deadline: float | None = None,
     progress_every: int = 10,
     label: str = "",
+    proximal_mu: float = 0.0,
 ) -> TrainResult:
     """Run ``steps`` optimiser steps of ``model`` on ``batches``.
 
@@ -103,6 +104,10 @@ def train_steps(
         Log a progress line every this many steps.
     label : str
         Prefix of the progress lines (e.g. the site name).
+    proximal_mu : float
+        FedProx proximal term ``mu/2 ||w - w_0||^2`` around the received model
+        ``w_0`` (Li et al., "Federated optimization in heterogeneous networks",
+        MLSys 2020, eq. 2); 0 disables it.
 
     Raises
     ------
@@ -120,6 +125,7 @@ def train_steps(
         else nullcontext()
     )
     model.train()
+    anchor = ([p.detach().clone() for p in model.parameters()] if proximal_mu > 0 else [])
     start = time.monotonic()
     loss_sum = torch.zeros((), device=device)
     initial_loss = math.nan
@@ -133,6 +139,9 @@ def train_steps(
         optimizer.zero_grad(set_to_none=True)
         with autocast:
             loss = loss_fn(model(x), y)
+        if anchor:
+            loss = loss + 0.5 * proximal_mu * sum(
+                (p - a).pow(2).sum() for p, a in zip(model.parameters(), anchor))
         if done == 0:
             initial_loss = float(loss.detach())
             if not math.isfinite(initial_loss):

@@ -1,19 +1,24 @@
-"""The product's Flower strategy: robust rounds around the pure aggregation core.
+"""The product's Flower strategy: one class composed of plug-ins.
 
-Built on :class:`flwr.serverapp.strategy.Strategy` (Message API). Compared with
-Flower's ``FedAvg`` it
+Built on :class:`flwr.serverapp.strategy.Strategy` (Message API) and composed of
+
+* an **aggregator** (``fedavg`` | ``fednova``, :mod:`strategies.plugins`),
+* a **local-steps schedule** (``fixed`` | ``adacomm``) that sets tau per round,
+* a **client selector** (``uniform``),
+* a **round policy** (deadline and quorum, :mod:`strategies.round_policy`),
+
+each chosen by name from the run config through :mod:`strategies.registry`.
+Compared with Flower's ``FedAvg`` it
 
 * waits a bounded time for sites to connect (:func:`wait_for_nodes`) instead of
   forever;
 * sends every site its own fresh ``RecordDict`` and ``ConfigRecord`` (Flower's
   FedAvg shares one content object between all train messages);
-* receives *updates* ``delta_i = x_global - x_local_i`` and aggregates them with
-  :func:`strategies.aggregation.fedavg_delta`, ``x <- x - sum_i p_i delta_i``,
-  ``p_i = n_i / sum_j n_j`` over the accepted replies (McMahan et al., AISTATS
-  2017, eq. in Alg. 1 written in update form);
+* receives *updates* ``delta_i = x_global - x_local_i`` and applies the
+  aggregator's ``Delta`` as ``x <- x - Delta``;
 * validates every reply on its own and drops a malformed one (missing keys,
   wrong shapes, NaN, site error) with a logged reason, so one bad site never
-  crashes the federation;
+  crashes the federation; stragglers past the deadline are dropped and logged;
 * records a :class:`RoundReport` per round and hands it to an observer (the
   ServerApp logs it to MLflow).
 """
@@ -21,7 +26,6 @@ Flower's ``FedAvg`` it
 from __future__ import annotations
 
 import math
-import random
 import time
 from collections.abc import Callable, Iterable
 from logging import INFO, WARNING
@@ -41,7 +45,6 @@ from flwr.serverapp.strategy import Result, Strategy
 from flwr.supercore import log
 
 from strategies import message_keys as keys
-from strategies.aggregation import fedavg_delta
 from strategies.node_wait import wait_for_nodes
 from strategies.replies import (
     EvaluateReply,
@@ -51,6 +54,7 @@ from strategies.replies import (
     parse_train_reply,
     site_name,
 )
+from strategies.round_policy import RoundPolicy, collect_replies
 from strategies.round_report import RoundReport
 
 __all__ = ["FederatedStrategy", "NoValidRepliesError"]
@@ -79,82 +83,92 @@ def _aggregate_metrics(metrics: list[tuple[dict[str, float], int]]) -> dict[str,
 
 
 class FederatedStrategy(Strategy):
-    """FedAvg over site updates, with bounded waits and per-reply validation.
+    """Plug-in composed strategy with bounded waits and per-reply validation.
 
     Parameters
     ----------
+    aggregator : object
+        ``aggregate(replies) -> (delta arrays, info dict)`` and ``state()``.
+    schedule : object
+        ``tau`` (local steps for the next round), ``observe(replies) -> info``
+        and ``state()``.
+    selector : object
+        ``select(server_round, node_ids) -> node_ids``.
+    policy : RoundPolicy
+        Deadline, quorum and hard timeout of each round.
     min_nodes : int
         Sites that must be connected before a round starts.
-    fraction_train : float
-        Fraction of connected sites sampled for training (at least ``min_nodes``).
     fraction_evaluate : float
         Fraction of connected sites asked to evaluate (0 disables).
     node_wait_timeout : float
         Seconds to wait for ``min_nodes`` sites before failing.
+    time_budget : float
+        Per-round wall-clock budget sent to sites (0 = none): a site stops local
+        training after it and reports the steps it actually did.
     max_empty_rounds : int
         Abort after this many consecutive rounds without one usable reply.
-    seed : int
-        Seed of the site sampling (reproducible rounds).
     """
 
     def __init__(
         self,
         *,
+        aggregator,
+        schedule,
+        selector,
+        policy: RoundPolicy | None = None,
         min_nodes: int = 2,
-        fraction_train: float = 1.0,
         fraction_evaluate: float = 1.0,
         node_wait_timeout: float = 120.0,
+        time_budget: float = 0.0,
         max_empty_rounds: int = 3,
-        seed: int = 0,
     ) -> None:
         if min_nodes < 1:
             raise ValueError(f"min_nodes must be >= 1, got {min_nodes}")
-        for name, value in (("fraction_train", fraction_train),
-                            ("fraction_evaluate", fraction_evaluate)):
-            if not 0.0 <= value <= 1.0:
-                raise ValueError(f"{name} must be in [0, 1], got {value}")
-        if fraction_train == 0.0:
-            raise ValueError("fraction_train must be > 0")
+        if not 0.0 <= fraction_evaluate <= 1.0:
+            raise ValueError(f"fraction_evaluate must be in [0, 1], got {fraction_evaluate}")
+        self.aggregator = aggregator
+        self.schedule = schedule
+        self.selector = selector
+        self.policy = policy or RoundPolicy()
         self.min_nodes = min_nodes
-        self.fraction_train = fraction_train
         self.fraction_evaluate = fraction_evaluate
         self.node_wait_timeout = node_wait_timeout
+        self.time_budget = time_budget
         self.max_empty_rounds = max_empty_rounds
-        self._rng = random.Random(seed)
         self._keys: list[str] = []
         self._global: list[np.ndarray] = []
         self._sent: dict[int, str] = {}
         self._site_of: dict[int, str] = {}
+        self._late_ids: set[str] = set()
         self._empty_rounds = 0
         self.reports: dict[int, RoundReport] = {}
 
     # ------------------------------------------------------------------ helpers
     def summary(self) -> None:
         """Log the strategy's configuration."""
-        log(INFO, "\t├──> Aggregation: FedAvg over updates (fedavg_delta)")
-        log(INFO, "\t├──> Sites: min %d, fraction train %.2f, evaluate %.2f",
-            self.min_nodes, self.fraction_train, self.fraction_evaluate)
-        log(INFO, "\t└──> Wait for sites: at most %.0f s", self.node_wait_timeout)
+        log(INFO, "\t├──> Aggregator: %s | schedule: %s (tau %d) | selector: %s",
+            type(self.aggregator).__name__, type(self.schedule).__name__,
+            self.schedule.tau, type(self.selector).__name__)
+        log(INFO, "\t├──> Round policy: deadline %.0f s, quorum %s, timeout %.0f s",
+            self.policy.deadline, self.policy.quorum or "all", self.policy.timeout)
+        log(INFO, "\t└──> Sites: min %d; wait for them at most %.0f s",
+            self.min_nodes, self.node_wait_timeout)
 
     def _report(self, server_round: int) -> RoundReport:
         return self.reports.setdefault(server_round, RoundReport(server_round))
-
-    def _sample(self, grid: Grid, fraction: float) -> list[int]:
-        nodes = wait_for_nodes(grid, self.min_nodes, self.node_wait_timeout)
-        count = min(len(nodes), max(self.min_nodes, math.ceil(fraction * len(nodes))))
-        return sorted(self._rng.sample(nodes, count))
 
     def _label(self, node_id: int) -> str:
         return self._site_of.get(node_id, f"node-{node_id}")
 
     def _messages(
         self, node_ids: list[int], arrays: ArrayRecord, config: ConfigRecord,
-        server_round: int, message_type: str,
+        server_round: int, message_type: str, extra: dict | None = None,
     ) -> list[Message]:
         messages = []
         for node_id in node_ids:
             site_config = ConfigRecord(dict(config))
             site_config[keys.SERVER_ROUND] = server_round
+            site_config.update(extra or {})
             content = RecordDict({keys.ARRAYS: arrays, keys.CONFIG: site_config})
             messages.append(Message(content=content, dst_node_id=node_id,
                                     message_type=message_type))
@@ -180,33 +194,38 @@ class FederatedStrategy(Strategy):
         for node, name in self._sent.items():
             if node not in answered:
                 label = self._site_of.get(node, name)
-                dropped[label] = "no reply before the round timeout"
-                log(WARNING, "%s: no reply from %s before the timeout", stage, label)
+                dropped[label] = "no reply before the round closed (deadline or timeout)"
+                log(WARNING, "%s: no reply from %s before the round closed", stage, label)
         return accepted
 
     # -------------------------------------------------------------------- train
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """Sample sites and send each its own copy of the instruction."""
+        """Select sites and send each its own instruction with this round's tau."""
         self._keys = list(arrays.keys())
         self._global = arrays.to_numpy_ndarrays()
-        node_ids = self._sample(grid, self.fraction_train)
-        log(INFO, "configure_train: %d sites selected of %d connected", len(node_ids),
-            len(list(grid.get_node_ids())))
-        return self._messages(node_ids, arrays, config, server_round, MessageType.TRAIN)
+        nodes = wait_for_nodes(grid, self.min_nodes, self.node_wait_timeout)
+        node_ids = self.selector.select(server_round, nodes)
+        log(INFO, "configure_train: %d sites selected of %d connected, tau %d",
+            len(node_ids), len(nodes), self.schedule.tau)
+        extra = {keys.LOCAL_STEPS: int(self.schedule.tau),
+                 keys.TIME_BUDGET: float(self.time_budget)}
+        return self._messages(node_ids, arrays, config, server_round, MessageType.TRAIN, extra)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Validate replies, FedAvg the accepted updates, apply to the global model."""
+        """Validate replies, aggregate the accepted updates, apply to the global model."""
         report = self._report(server_round)
+        report.schedule_tau = int(self.schedule.tau)
         accepted: list[TrainReply] = self._collect(
             replies, report.train_dropped,
             lambda m: parse_train_reply(m, self._global), "aggregate_train",
         )
         for reply in accepted:
             report.train[reply.site] = dict(reply.metrics)
+        report.strategy.update(self.schedule.observe(accepted))
         if not accepted:
             self._empty_rounds += 1
             log(WARNING, "aggregate_train: no usable reply in round %d; model unchanged",
@@ -218,8 +237,10 @@ class FederatedStrategy(Strategy):
                 )
             return None, None
         self._empty_rounds = 0
-        delta = fedavg_delta([r.delta for r in accepted], [r.num_examples for r in accepted])
-        updated = [np.asarray(g - d).astype(g.dtype, copy=False) for g, d in zip(self._global, delta)]
+        delta, info = self.aggregator.aggregate(accepted)
+        report.strategy.update(info)
+        updated = [np.asarray(g - d).astype(g.dtype, copy=False)
+                   for g, d in zip(self._global, delta)]
         report.train_aggregate = _aggregate_metrics(
             [(r.metrics, r.num_examples) for r in accepted])
         log(INFO, "aggregate_train: %d accepted, %d dropped", len(accepted),
@@ -235,8 +256,11 @@ class FederatedStrategy(Strategy):
         if self.fraction_evaluate == 0.0:
             self._sent = {}
             return []
-        node_ids = self._sample(grid, self.fraction_evaluate)
-        return self._messages(node_ids, arrays, config, server_round, MessageType.EVALUATE)
+        nodes = wait_for_nodes(grid, self.min_nodes, self.node_wait_timeout)
+        count = min(len(nodes), max(self.min_nodes,
+                                    math.ceil(self.fraction_evaluate * len(nodes))))
+        return self._messages(nodes[:count], arrays, config, server_round,
+                              MessageType.EVALUATE)
 
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]
@@ -254,6 +278,29 @@ class FederatedStrategy(Strategy):
         return MetricRecord({k: float(v) for k, v in report.evaluate_aggregate.items()})
 
     # -------------------------------------------------------------------- loop
+    def _is_valid(self, stage: str, message: Message) -> bool:
+        """Whether a reply counts towards the quorum (same checks as aggregation)."""
+        try:
+            if stage == "train":
+                parse_train_reply(message, self._global)
+            else:
+                parse_evaluate_reply(message)
+        except InvalidReplyError:
+            return False
+        return True
+
+    def _exchange(self, grid: Grid, messages: Iterable[Message], report: RoundReport,
+                  stage: str) -> list[Message]:
+        collected = collect_replies(grid, messages, self.policy,
+                                    lambda m: self._is_valid(stage, m), self._late_ids)
+        for late in collected.late:
+            name = site_name(late) if late.has_content() else self._label(
+                late.metadata.src_node_id)
+            report.late_arrivals.append(name)
+            log(WARNING, "%s: late reply from %s (an earlier round) dropped", stage, name)
+        report.missing[stage] = len(collected.missing)
+        return collected.replies
+
     # pylint: disable=too-many-arguments
     def start(
         self,
@@ -266,9 +313,10 @@ class FederatedStrategy(Strategy):
         evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
         on_round_end: RoundObserver | None = None,
     ) -> Result:
-        """Run ``num_rounds`` rounds; ``timeout`` bounds each send-and-receive.
+        """Run ``num_rounds`` rounds under the round policy.
 
-        Same contract as :meth:`Strategy.start`, plus ``on_round_end``, called
+        Same contract as :meth:`Strategy.start` (``timeout`` is ignored: the
+        :class:`RoundPolicy` bounds every wait), plus ``on_round_end``, called
         with the round's :class:`RoundReport` after each round.
         """
         log(INFO, "Starting %s strategy:", type(self).__name__)
@@ -281,17 +329,18 @@ class FederatedStrategy(Strategy):
             log(INFO, "")
             log(INFO, "[ROUND %d/%d]", server_round, num_rounds)
             started = time.monotonic()
-            replies = grid.send_and_receive(
-                self.configure_train(server_round, arrays, train_config, grid),
-                timeout=timeout)
+            report = self._report(server_round)
+            replies = self._exchange(
+                grid, self.configure_train(server_round, arrays, train_config, grid),
+                report, "train")
             new_arrays, train_metrics = self.aggregate_train(server_round, replies)
             if new_arrays is not None:
                 arrays = result.arrays = new_arrays
             if train_metrics is not None:
                 result.train_metrics_clientapp[server_round] = train_metrics
-            replies = grid.send_and_receive(
-                self.configure_evaluate(server_round, arrays, evaluate_config, grid),
-                timeout=timeout)
+            replies = self._exchange(
+                grid, self.configure_evaluate(server_round, arrays, evaluate_config, grid),
+                report, "evaluate")
             eval_metrics = self.aggregate_evaluate(server_round, replies)
             if eval_metrics is not None:
                 result.evaluate_metrics_clientapp[server_round] = eval_metrics
@@ -299,7 +348,6 @@ class FederatedStrategy(Strategy):
                 central = evaluate_fn(server_round, arrays)
                 if central is not None:
                     result.evaluate_metrics_serverapp[server_round] = central
-            report = self._report(server_round)
             report.seconds = time.monotonic() - started
             if on_round_end is not None:
                 on_round_end(report)

@@ -17,16 +17,19 @@ SITE = "site"
 
 SITE_NAME = "name"
 SERVER_ROUND = "server-round"
+LOCAL_STEPS = "local-steps"
+TIME_BUDGET = "time-budget"
 
 NUM_EXAMPLES = "num-examples"
 STEPS = "steps"
 TRAIN_LOSS = "train-loss"
 INITIAL_LOSS = "initial-loss"
+A_NORM = "a-norm"
 TRAIN_SECONDS = "train-seconds"
 STUDIES_SKIPPED = "studies-skipped"
 
 VAL_LOSS = "val-loss"
 VAL_DICE = "val-dice"
 
-TRAIN_REQUIRED = (NUM_EXAMPLES, STEPS, TRAIN_LOSS)
+TRAIN_REQUIRED = (NUM_EXAMPLES, STEPS, TRAIN_LOSS, INITIAL_LOSS, A_NORM)
 EVALUATE_REQUIRED = (NUM_EXAMPLES,)

@@ -29,6 +29,15 @@ class RoundReport:
         Example-weighted validation metrics.
     seconds : float
         Wall time of the round (train + evaluate).
+    schedule_tau : int
+        Local steps the schedule asked for this round.
+    strategy : dict[str, float]
+        Plug-in values to track (e.g. ``tau-eff``, ``schedule-tau``, ``global-loss``).
+    missing : dict[str, int]
+        Per stage (``train``, ``evaluate``), selected sites with no reply when the
+        round closed.
+    late_arrivals : list[str]
+        Sites whose reply to an earlier round arrived during this one (dropped).
     """
 
     server_round: int
@@ -39,3 +48,7 @@ class RoundReport:
     evaluate_dropped: dict[str, str] = field(default_factory=dict)
     evaluate_aggregate: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
+    schedule_tau: int = 0
+    strategy: dict[str, float] = field(default_factory=dict)
+    missing: dict[str, int] = field(default_factory=dict)
+    late_arrivals: list[str] = field(default_factory=list)

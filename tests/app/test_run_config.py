@@ -13,8 +13,18 @@ from app.site_config import SiteConfig, SiteConfigError
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 
 
+def _flatten(table: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in table.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
 def test_pyproject_defaults_are_valid_and_complete():
-    defaults = tomllib.loads(PYPROJECT.read_text())["tool"]["flwr"]["app"]["config"]
+    defaults = _flatten(tomllib.loads(PYPROJECT.read_text())["tool"]["flwr"]["app"]["config"])
     config = RunConfig.from_mapping(defaults)
     assert config == RunConfig()  # the dataclass defaults mirror pyproject.toml
     assert set(config.as_params()) == set(defaults)
@@ -33,16 +43,29 @@ def test_int_widens_to_float_and_values_are_kept():
         ({"local-steps": 2.5}, "'local-steps' must be int"),
         ({"local-steps": True}, "'local-steps' must be int"),
         ({"local-steps": 0}, "'local-steps' must be > 0"),
-        ({"momentum": 1.0}, "momentum must be in"),
-        ({"slab-slices": 4}, "slab-slices must be odd"),
+        ({"momentum": 1.0}, "'momentum' must be in"),
+        ({"slab-slices": 4}, "'slab-slices' must be odd"),
         ({"image-size": 60}, "multiple of 8"),
-        ({"task": "brain"}, "task must be one of"),
+        ({"task": "brain"}, "'task' must be one of"),
         ({"data-root": "data/synthetic"}, "must be an absolute path"),
+        ({"strategy.aggregator": "fednova"}, "'fednova' needs optimizer"),
+        ({"proximal-mu": 0.01}, "needs optimizer"),
+        ({"round.quorum": -1}, "'round.quorum' must be >= 0"),
+        ({"strategy.tau-min": 4, "strategy.tau-max": 2}, "tau-max"),
     ],
 )
 def test_bad_values_name_the_key(values, message):
     with pytest.raises(RunConfigError, match=message):
         RunConfig.from_mapping(values)
+
+
+def test_dotted_strategy_keys():
+    config = RunConfig.from_mapping({"strategy.aggregator": "fednova", "optimizer": "sgd",
+                                     "strategy.schedule": "adacomm", "round.deadline": 30,
+                                     "round.quorum": 2})
+    assert (config.strategy_aggregator, config.strategy_schedule) == ("fednova", "adacomm")
+    assert config.round_deadline == 30.0 and config.round_quorum == 2
+    assert config.as_params()["strategy.aggregator"] == "fednova"
 
 
 def test_simulation_maps_partition_to_hospital():

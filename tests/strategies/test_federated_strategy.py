@@ -19,6 +19,16 @@ from flwr.supercore.task_identity import TaskIdentity
 from strategies import message_keys as keys
 from strategies.federated_strategy import FederatedStrategy, NoValidRepliesError
 from strategies.node_wait import NodeWaitTimeout, wait_for_nodes
+from strategies.registry import AGGREGATORS, SCHEDULES, SELECTORS, PluginError
+
+
+def make_strategy(min_nodes: int = 2, aggregator: str = "fedavg", schedule: str = "fixed",
+                  **kwargs) -> FederatedStrategy:
+    return FederatedStrategy(
+        aggregator=AGGREGATORS.create(aggregator),
+        schedule=SCHEDULES.create(schedule, tau0=8),
+        selector=SELECTORS.create("uniform", min_nodes=min_nodes),
+        min_nodes=min_nodes, node_wait_timeout=1, **kwargs)
 
 
 @pytest.fixture(autouse=True)
@@ -58,8 +68,10 @@ def _reply(instruction: Message, delta: list[np.ndarray] | None, metrics: dict |
     return Message(content, reply_to=instruction)
 
 
-def _train_metrics(n: int, loss: float = 0.5) -> dict:
-    return {keys.NUM_EXAMPLES: n, keys.STEPS: 3, keys.TRAIN_LOSS: loss}
+def _train_metrics(n: int, loss: float = 0.5, steps: int = 3, a_norm: float = 3.0,
+                   initial_loss: float = 1.0) -> dict:
+    return {keys.NUM_EXAMPLES: n, keys.STEPS: steps, keys.TRAIN_LOSS: loss,
+            keys.INITIAL_LOSS: initial_loss, keys.A_NORM: a_norm}
 
 
 def _configured(strategy: FederatedStrategy, nodes: list[int]) -> list[Message]:
@@ -74,7 +86,7 @@ def _configured(strategy: FederatedStrategy, nodes: list[int]) -> list[Message]:
 
 
 def test_each_site_gets_its_own_content_and_config():
-    strategy = FederatedStrategy(min_nodes=2, node_wait_timeout=1)
+    strategy = make_strategy(min_nodes=2)
     messages = _configured(strategy, [11, 12, 13])
     assert sorted(m.metadata.dst_node_id for m in messages) == [11, 12, 13]
     assert all(m.metadata.message_type == MessageType.TRAIN for m in messages)
@@ -84,10 +96,11 @@ def test_each_site_gets_its_own_content_and_config():
     messages[0].content[keys.CONFIG]["lr"] = 99.0
     assert messages[1].content[keys.CONFIG]["lr"] == 0.1
     assert all(m.content[keys.CONFIG][keys.SERVER_ROUND] == 1 for m in messages)
+    assert all(m.content[keys.CONFIG][keys.LOCAL_STEPS] == 8 for m in messages)
 
 
 def test_fedavg_of_updates_with_bad_replies_dropped():
-    strategy = FederatedStrategy(min_nodes=2, node_wait_timeout=1)
+    strategy = make_strategy(min_nodes=2)
     m = _configured(strategy, [1, 2, 3, 4, 5, 6])
     d1 = [np.array([1.0, 1.0], np.float32), np.array([[2.0]], np.float32), np.array(-1, np.int64)]
     d2 = [np.array([4.0, -2.0], np.float32), np.array([[-1.0]], np.float32), np.array(-1, np.int64)]
@@ -119,15 +132,16 @@ def test_fedavg_of_updates_with_bad_replies_dropped():
 
 
 def test_missing_replies_are_recorded_as_timeouts():
-    strategy = FederatedStrategy(min_nodes=1, node_wait_timeout=1)
+    strategy = make_strategy(min_nodes=1)
     m = _configured(strategy, [1, 2])
     d = [np.zeros(2, np.float32), np.zeros((1, 1), np.float32), np.array(0, np.int64)]
     strategy.aggregate_train(1, [_reply(m[0], d, _train_metrics(2), "site-a")])
-    assert strategy.reports[1].train_dropped == {"node-2": "no reply before the round timeout"}
+    assert strategy.reports[1].train_dropped == {
+        "node-2": "no reply before the round closed (deadline or timeout)"}
 
 
 def test_rounds_without_usable_replies_keep_the_model_then_abort():
-    strategy = FederatedStrategy(min_nodes=1, node_wait_timeout=1, max_empty_rounds=2)
+    strategy = make_strategy(min_nodes=1, max_empty_rounds=2)
     m = _configured(strategy, [1])
     assert strategy.aggregate_train(1, []) == (None, None)
     m = _configured(strategy, [1])
@@ -136,7 +150,7 @@ def test_rounds_without_usable_replies_keep_the_model_then_abort():
 
 
 def test_evaluate_metrics_are_example_weighted():
-    strategy = FederatedStrategy(min_nodes=2, node_wait_timeout=1)
+    strategy = make_strategy(min_nodes=2)
     grid = FakeGrid([1, 2])
     messages = list(strategy.configure_evaluate(1, _global_record(), ConfigRecord(), grid))
     for i, m in enumerate(messages):
@@ -154,3 +168,54 @@ def test_node_wait_is_bounded():
     with pytest.raises(NodeWaitTimeout, match="only 1 of the required 3 sites"):
         wait_for_nodes(FakeGrid([5]), min_nodes=3, timeout=0.2, poll_interval=0.05)
     assert wait_for_nodes(FakeGrid([2, 1]), min_nodes=2, timeout=0.2) == [1, 2]
+
+
+@pytest.mark.parametrize(("aggregator", "expected"), [("fedavg", 0.30), ("fednova", 0.0)])
+def test_hand_computed_fedavg_and_fednova(aggregator, expected):
+    """Scalar model, F_i(x) = g_i x, eta 0.1, p = (.5, .5), tau = (2, 8), g = (1, -1), x = 0.
+
+    Local SGD gives delta_i = eta tau_i g_i = (0.2, -0.8): FedAvg moves x to
+    -(0.5 * 0.2 - 0.5 * 0.8) = +0.30; FedNova normalises by ||a_i|| = tau_i and
+    rescales by tau_eff = 5, which gives exactly 0.0 (Wang et al. 2020, Sec. 3).
+    """
+    strategy = FederatedStrategy(aggregator=AGGREGATORS.create(aggregator),
+                                 schedule=SCHEDULES.create("fixed", tau0=2),
+                                 selector=SELECTORS.create("uniform", min_nodes=2),
+                                 min_nodes=2, node_wait_timeout=1)
+    grid = FakeGrid([1, 2])
+    messages = list(strategy.configure_train(1, ArrayRecord([np.zeros(1)]), ConfigRecord(),
+                                             grid))
+    for i, m in enumerate(messages):
+        m.metadata.__dict__["_message_id"] = f"m-{i}"
+    replies = [
+        _reply(messages[0], [np.array([0.2])], _train_metrics(10, steps=2, a_norm=2.0), "a"),
+        _reply(messages[1], [np.array([-0.8])], _train_metrics(10, steps=8, a_norm=8.0), "b"),
+    ]
+    arrays, _ = strategy.aggregate_train(1, replies)
+    assert arrays.to_numpy_ndarrays()[0][0] == pytest.approx(expected, abs=1e-12)
+    if aggregator == "fednova":
+        assert strategy.reports[1].strategy["tau-eff"] == pytest.approx(5.0)
+
+
+def test_adacomm_schedule_follows_the_global_loss():
+    schedule = SCHEDULES.create("adacomm", tau0=8, tau_min=1, smoothing=0.0)
+    first = [_fake_reply(initial_loss=2.0)]
+    assert schedule.observe(first)["schedule-tau"] == 8
+    assert schedule.observe([_fake_reply(initial_loss=0.5)])["schedule-tau"] == 4  # sqrt(1/4)*8
+    capped = SCHEDULES.create("adacomm", tau0=8, tau_min=6, smoothing=0.0)
+    capped.observe(first)
+    assert capped.observe([_fake_reply(initial_loss=0.02)])["schedule-tau"] == 6
+
+
+def test_unknown_plugin_names_list_the_known_ones():
+    with pytest.raises(PluginError, match=r"unknown aggregator 'fedsgd'; choose one of \['fedavg', 'fednova'\]"):
+        AGGREGATORS.create("fedsgd")
+    with pytest.raises(PluginError, match="server momentum"):
+        AGGREGATORS.create("fednova", server_momentum=1.5)
+
+
+def _fake_reply(initial_loss: float):
+    from strategies.replies import TrainReply  # noqa: PLC0415
+
+    return TrainReply(node_id=1, site="s", delta=[], num_examples=10, steps=1, train_loss=1.0,
+                      metrics={keys.INITIAL_LOSS: initial_loss})

@@ -1,0 +1,24 @@
+"""Fixed local work: every selected site runs ``tau0`` local steps each round."""
+
+from __future__ import annotations
+
+from strategies.registry import SCHEDULES
+from strategies.replies import TrainReply
+
+
+@SCHEDULES.register("fixed")
+class FixedSchedule:
+    """Constant tau (the local-update SGD of McMahan et al. 2017)."""
+
+    def __init__(self, tau0: int, **_: object) -> None:
+        if tau0 < 1:
+            raise ValueError(f"tau0 must be >= 1, got {tau0}")
+        self.tau = tau0
+
+    def observe(self, replies: list[TrainReply]) -> dict[str, float]:
+        """Nothing adapts; returns the tau in force."""
+        return {"schedule-tau": float(self.tau)}
+
+    def state(self) -> dict:
+        """Server state to checkpoint."""
+        return {"tau": self.tau}

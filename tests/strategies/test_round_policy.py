@@ -1,0 +1,96 @@
+"""Deadline and quorum: a stalled site does not hold the round; its late reply is logged."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.supercore.task_identity import TaskIdentity
+
+from strategies.round_policy import RoundPolicy, collect_replies
+
+
+@pytest.fixture(autouse=True)
+def server_identity():
+    saved = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 42, 1
+    yield
+    TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = saved
+
+
+class TimedGrid:
+    """Nodes answer after a per-node delay (None: never)."""
+
+    def __init__(self, delays: dict[int, float | None]) -> None:
+        self.delays = delays
+        self.sent: dict[str, tuple[Message, float]] = {}
+
+    def push_messages(self, messages):
+        ids = []
+        for message in messages:
+            mid = f"id-{len(self.sent)}"
+            message.metadata.__dict__["_message_id"] = mid
+            self.sent[mid] = (message, time.monotonic())
+            ids.append(mid)
+        return ids
+
+    def pull_messages(self, message_ids):
+        out = []
+        for mid in message_ids:
+            message, sent_at = self.sent[mid]
+            delay = self.delays[message.metadata.dst_node_id]
+            if delay is not None and time.monotonic() - sent_at >= delay:
+                reply = Message(RecordDict({"metrics": MetricRecord({"x": 1.0})}),
+                                reply_to=message)
+                reply.metadata.__dict__["_src_node_id"] = message.metadata.dst_node_id
+                out.append(reply)
+        return out
+
+
+def _messages(nodes):
+    return [Message(RecordDict({"config": ConfigRecord()}), dst_node_id=n,
+                    message_type="train") for n in nodes]
+
+
+def test_quorum_at_the_deadline_closes_the_round_without_the_straggler():
+    grid = TimedGrid({1: 0.0, 2: 0.0, 3: 0.6})
+    late: set[str] = set()
+    policy = RoundPolicy(deadline=0.2, quorum=2, timeout=5.0, poll_interval=0.02)
+    got = collect_replies(grid, _messages([1, 2, 3]), policy, lambda m: True, late)
+    assert sorted(r.metadata.src_node_id for r in got.replies) == [1, 2]
+    assert got.missing == [3]
+    assert got.seconds < 0.6
+    time.sleep(0.7)
+    nxt = collect_replies(grid, [], policy, lambda m: True, late)
+    assert [r.metadata.src_node_id for r in nxt.late] == [3]
+    assert late == set()
+
+
+def test_without_quorum_it_waits_past_the_deadline_until_the_timeout():
+    grid = TimedGrid({1: 0.0, 2: None})
+    policy = RoundPolicy(deadline=0.05, quorum=2, timeout=0.3, poll_interval=0.02)
+    got = collect_replies(grid, _messages([1, 2]), policy, lambda m: True, set())
+    assert [r.metadata.src_node_id for r in got.replies] == [1]
+    assert got.missing == [2]
+    assert got.seconds >= 0.3
+
+
+def test_invalid_replies_do_not_count_towards_the_quorum():
+    grid = TimedGrid({1: 0.0, 2: 0.0, 3: 0.3})
+    policy = RoundPolicy(deadline=0.05, quorum=2, timeout=5.0, poll_interval=0.02)
+    got = collect_replies(grid, _messages([1, 2, 3]), policy,
+                          lambda m: m.metadata.src_node_id != 2, set())
+    assert len(got.replies) == 3  # waited for node 3 since node 2's reply was invalid
+
+
+def test_everyone_answers_returns_at_once():
+    grid = TimedGrid({1: 0.0, 2: 0.0})
+    got = collect_replies(grid, _messages([1, 2]), RoundPolicy(timeout=5.0, poll_interval=0.02),
+                          lambda m: True, set())
+    assert got.missing == [] and got.seconds < 0.5
+
+
+def test_bad_policy():
+    with pytest.raises(ValueError):
+        RoundPolicy(deadline=-1)
