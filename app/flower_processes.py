@@ -47,6 +47,7 @@ def flower_env(flwr_home: Path, extra: dict[str, str] | None = None) -> dict[str
         "FLWR_TELEMETRY_ENABLED": "0",
         "FLWR_DISABLE_UPDATE_CHECK": "1",
         "RAY_USAGE_STATS_ENABLED": "0",
+        "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
         "PYTHONUNBUFFERED": "1",
     })
     bin_dir = str(Path(sys.executable).parent)

@@ -26,7 +26,8 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.integration
 
 
-def _simulate(tmp: Path, data_root: Path, sites: int, rounds: int) -> subprocess.CompletedProcess:
+def _simulate(tmp: Path, data_root: Path, sites: int, rounds: int,
+              extra: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     tracking = f"sqlite:///{tmp / 'mlflow.db'}"
     command = [
         sys.executable, "-m", "app.simulate",
@@ -38,6 +39,8 @@ def _simulate(tmp: Path, data_root: Path, sites: int, rounds: int) -> subprocess
         "-c", "batch-size=4", "-c", f"min-nodes={sites}", "-c", "node-wait-timeout=60",
         "-c", "experiment=e2e",
     ]
+    for item in extra:
+        command += ["-c", item]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
                             timeout=600, check=False)
@@ -98,13 +101,16 @@ def test_two_sites_two_rounds_tracked_in_mlflow(tmp_path, two_hospitals):
     assert str(tmp_path / "logs") not in processes
 
 
-def test_a_site_without_data_is_dropped_and_the_run_completes(tmp_path, two_hospitals):
+def test_fednova_adacomm_quorum_round_survives_a_failing_site(tmp_path, two_hospitals):
+    """FedNova + AdaComm + deadline/quorum, with a third site whose data is broken."""
     data_root = tmp_path / "data"
     shutil.copytree(two_hospitals, data_root)
     broken = data_root / "hospital-02"
     broken.mkdir()
     (broken / "manifest.csv").write_text("this,is,not\na,manifest,file\n")
-    result = _simulate(tmp_path, data_root, sites=3, rounds=2)
+    result = _simulate(tmp_path, data_root, sites=3, rounds=2, extra=(
+        "strategy.aggregator=fednova", "optimizer=sgd", "lr=0.05", "momentum=0.5",
+        "strategy.schedule=adacomm", "round.deadline=5", "round.quorum=2"))
     assert result.returncode == 0, result.stderr[-2000:]
 
     client, run = _mlflow_run(tmp_path)
@@ -112,6 +118,13 @@ def test_a_site_without_data_is_dropped_and_the_run_completes(tmp_path, two_hosp
     assert [m.value for m in client.get_metric_history(run_id, "replies-dropped")] == [1.0, 1.0]
     assert [m.value for m in client.get_metric_history(run_id, "replies-accepted")] == [2.0, 2.0]
     assert _steps(client, run_id, "eval/val-dice") == [1, 2]
+    assert run.data.params["strategy.aggregator"] == "fednova"
+    # tau_eff = sum_i p_i ||a_i||_1 with heavy-ball 0.5 over 2 steps: 1 + 1.5 = 2.5
+    tau_eff = client.get_metric_history(run_id, "strategy/tau-eff")
+    assert [m.step for m in tau_eff] == [1, 2]
+    assert tau_eff[0].value == pytest.approx(2.5)
+    assert _steps(client, run_id, "strategy/schedule-tau") == [1, 2]
+    assert _steps(client, run_id, "strategy/global-loss") == [1, 2]
     local = client.download_artifacts(run_id, "rounds/round-001-dropped.json", str(tmp_path))
     dropped = json.loads(Path(local).read_text())
     reasons = " ".join(dropped.values())
