@@ -15,6 +15,7 @@ import zlib
 
 import numpy as np
 from flwr.app import (
+    Array,
     ArrayRecord,
     ConfigRecord,
     Context,
@@ -30,8 +31,11 @@ from app.site_config import SiteConfig, SiteConfigError
 from clients.device import ComputeDevice, select_device
 from clients.errors import StudyError
 from clients.pe_seg_task import PESegSettings, PESegTask, SiteDataError
+from clients.site_state import SiteStateStore
 from strategies import message_keys as keys
 from strategies.aggregation import local_solver_norm
+from strategies.compression import ErrorFeedback, parse_spec
+from strategies.update_codec import pack_update
 
 app = ClientApp()
 log = logging.getLogger("clients.site")
@@ -89,6 +93,37 @@ def _site_error(msg: Message, context: Context, exc: Exception) -> Message:
     return Message(Error(code=SITE_DATA_ERROR_CODE, reason=reason), reply_to=msg)
 
 
+def _encode_update(delta: list[np.ndarray], instruction: ConfigRecord, site: SiteConfig,
+                   context: Context) -> tuple[dict[str, np.ndarray], float]:
+    """Pack the update with the round's codec; keep the error-feedback residual.
+
+    The residual ``e`` (EF-SGD: z = e + delta, send C(z), e <- z - decode(C(z)))
+    lives in ``context.state`` for this SuperNode process and on the site's disk
+    (``state-dir``/<federation>/), so it survives a SuperNode restart. Returns
+    the arrays to send and ||e||_2 after this round.
+    """
+    spec = str(instruction.get(keys.CODEC, "none"))
+    seed = int(instruction.get(keys.CODEC_SEED, 0))
+    lossy = parse_spec(spec).name != "none"
+    if not (lossy and bool(instruction.get(keys.ERROR_FEEDBACK, True))):
+        return pack_update(delta, spec, seed), 0.0
+    federation = str(instruction.get(keys.FEDERATION, "")) or f"run-{context.run_id}"
+    state_key = f"ef-residual:{federation}"
+    store = SiteStateStore(site.state_dir)
+    feedback = ErrorFeedback(spec)
+    if state_key in context.state:
+        feedback.load_state(context.state[state_key].to_numpy_ndarrays()[0])
+    else:
+        saved = store.load(federation, "ef-residual")
+        if saved is not None:
+            feedback.load_state(saved)
+    arrays = pack_update(delta, spec, seed, feedback)
+    residual = feedback.state()
+    context.state[state_key] = ArrayRecord([residual])
+    store.save(federation, "ef-residual", residual)
+    return arrays, float(np.linalg.norm(residual))
+
+
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     """Train tau local steps and reply with the update and metrics."""
@@ -124,7 +159,9 @@ def train(msg: Message, context: Context) -> Message:
                    dtype=value.numpy().dtype)
         for name, value in global_state.items()
     ]
+    arrays, residual_norm = _encode_update(delta, instruction, site, context)
     metrics = MetricRecord({
+        keys.RESIDUAL_NORM: residual_norm,
         keys.NUM_EXAMPLES: len(task.train_set),
         keys.STEPS: result.steps_done,
         keys.TRAIN_LOSS: result.mean_loss,
@@ -134,7 +171,7 @@ def train(msg: Message, context: Context) -> Message:
         keys.STUDIES_SKIPPED: len(task.report.skipped),
     })
     content = RecordDict({
-        keys.DELTA: ArrayRecord(delta),
+        keys.DELTA: ArrayRecord({name: Array(a) for name, a in arrays.items()}),
         keys.METRICS: metrics,
         keys.SITE: _site_record(site),
     })

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from clients.pe_seg_task import OPTIMIZERS
+from strategies.compression import parse_spec
 
 __all__ = ["RunConfig", "RunConfigError", "TASKS", "OPTIMIZERS"]
 
@@ -65,6 +66,8 @@ class RunConfig:
     strategy_tau_min: int = _dotted("strategy.tau-min", 1)
     strategy_tau_max: int = _dotted("strategy.tau-max", 0)
     strategy_loss_smoothing: float = _dotted("strategy.loss-smoothing", 0.5)
+    strategy_codec: str = _dotted("strategy.codec", "none")
+    strategy_error_feedback: bool = _dotted("strategy.error-feedback", True)
     round_deadline: float = _dotted("round.deadline", 0.0)
     round_quorum: int = _dotted("round.quorum", 0)
 
@@ -84,7 +87,7 @@ class RunConfig:
             kind = type(f.default)
             if kind is float and isinstance(value, int) and not isinstance(value, bool):
                 value = float(value)
-            if not isinstance(value, kind) or isinstance(value, bool):
+            if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
                 raise RunConfigError(
                     f"run-config '{key}' must be {kind.__name__}, got {value!r}")
             kwargs[f.name] = value
@@ -127,6 +130,10 @@ class RunConfig:
                        "'fednova' needs optimizer = \"sgd\": its solver norm ||a||_1 is "
                        "defined for SGD, heavy-ball momentum and proximal local solvers "
                        "(Wang et al. 2020), not Adam;")
+        try:
+            parse_spec(self.strategy_codec)
+        except ValueError as exc:
+            self._fail("strategy_codec", f"is not a valid codec spec ({exc})")
         if self.proximal_mu and self.optimizer != "sgd":
             self._fail("proximal_mu", "needs optimizer = \"sgd\"")
         if self.proximal_mu and self.momentum:

@@ -29,8 +29,11 @@ from strategies.round_report import RoundReport
 app = ServerApp()
 
 
-def build_strategy(config: RunConfig) -> FederatedStrategy:
-    """Compose the strategy from the plug-ins named in the run config."""
+def build_strategy(config: RunConfig, federation: str = "") -> FederatedStrategy:
+    """Compose the strategy from the plug-ins named in the run config.
+
+    ``federation`` (the MLflow run id) keys the sites' persistent state.
+    """
     aggregator_options = ({"server_momentum": config.strategy_server_momentum}
                           if config.strategy_aggregator == "fednova" else {})
     schedule_options = {"tau0": config.local_steps}
@@ -48,6 +51,10 @@ def build_strategy(config: RunConfig) -> FederatedStrategy:
         min_nodes=config.min_nodes,
         node_wait_timeout=config.node_wait_timeout,
         time_budget=config.time_budget,
+        codec=config.strategy_codec,
+        error_feedback=config.strategy_error_feedback,
+        federation=federation,
+        seed=config.seed,
     )
 
 
@@ -62,8 +69,13 @@ def _progress_line(report: RoundReport, num_rounds: int) -> str:
     tau_eff = report.strategy.get("tau-eff")
     tau = f"tau {report.schedule_tau} (done {taus}" + (
         f", tau_eff {tau_eff:.1f})" if tau_eff is not None else ")")
+    traffic = ""
+    if "bytes-up" in report.strategy:
+        traffic = (f" | up {report.strategy['bytes-up'] / 1e3:.0f} kB "
+                   f"(x{report.strategy.get('uplink-ratio', 0):.0f} smaller than dense), "
+                   f"down {report.strategy['bytes-down'] / 1e3:.0f} kB")
     return (f"Round {report.server_round}/{num_rounds}: train loss {train:.4f} | "
-            f"val Dice {dice:.4f} ({sites}) | {tau} | {report.seconds:.1f} s | "
+            f"val Dice {dice:.4f} ({sites}) | {tau}{traffic} | {report.seconds:.1f} s | "
             f"dropped: {dropped}")
 
 
@@ -82,7 +94,7 @@ def main(grid: Grid, context: Context) -> None:
     )
     log(INFO, "MLflow run %s in experiment '%s' at %s", run_id, tracker.experiment_name,
         tracker.tracking_uri)
-    strategy = build_strategy(config)
+    strategy = build_strategy(config, federation=run_id)
 
     def on_round_end(report: RoundReport) -> None:
         tracker.log_round(report)

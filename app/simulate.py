@@ -84,6 +84,14 @@ def _print_summary(tracking_uri: str, flwr_run_id: int, seconds: float) -> None:
         history = sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.step)
         values = ", ".join(f"r{m.step} {m.value:.4f}" for m in history)
         print(f"{label:>10} per round: {values}")
+    totals = {key: sum(m.value for m in client.get_metric_history(run.info.run_id, key))
+              for key in ("strategy/bytes-up", "strategy/bytes-down", "strategy/dense-bytes")}
+    rounds = len(client.get_metric_history(run.info.run_id, "strategy/bytes-up"))
+    if rounds:
+        up, down = totals["strategy/bytes-up"], totals["strategy/bytes-down"]
+        print(f"bytes on the wire over {rounds} rounds: up {up / 1e6:.2f} MB, "
+              f"down {down / 1e6:.2f} MB (one dense fp32 update: "
+              f"{totals['strategy/dense-bytes'] / rounds / 1e6:.2f} MB)")
     experiment = client.get_experiment(run.info.experiment_id)
     skipped = {key.split("/")[1]: int(value) for key, value in run.data.metrics.items()
                if key.startswith("site/") and key.endswith("/studies-skipped")}

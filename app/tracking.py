@@ -115,6 +115,9 @@ class FederationTracker:
         for site, values in report.evaluate.items():
             for name, value in values.items():
                 metrics[metric_key("site", site, name)] = value
+        for site, values in report.traffic.items():
+            for name, value in values.items():
+                metrics[metric_key("site", site, name)] = value
         mlflow.log_metrics(metrics, step=step)
         dropped = {f"train/{s}": r for s, r in report.train_dropped.items()}
         dropped.update({f"evaluate/{s}": r for s, r in report.evaluate_dropped.items()})

@@ -56,6 +56,9 @@ from strategies.replies import (
 )
 from strategies.round_policy import RoundPolicy, collect_replies
 from strategies.round_report import RoundReport
+from strategies.compression import derive_seed, parse_spec
+from strategies.update_codec import dense_bytes
+from strategies.wire_bytes import wire_size
 
 __all__ = ["FederatedStrategy", "NoValidRepliesError"]
 
@@ -105,6 +108,15 @@ class FederatedStrategy(Strategy):
     time_budget : float
         Per-round wall-clock budget sent to sites (0 = none): a site stops local
         training after it and reports the steps it actually did.
+    codec : str
+        Update codec spec for the uplink (:mod:`strategies.compression`).
+    error_feedback : bool
+        Whether sites keep an error-feedback residual for lossy codecs.
+    federation : str
+        Stable id of the federation (the MLflow run id); sites key their
+        persistent state (residuals) by it.
+    seed : int
+        Base of the per-round, per-site codec seeds (``randk``, ``qsgd``).
     max_empty_rounds : int
         Abort after this many consecutive rounds without one usable reply.
     """
@@ -120,6 +132,10 @@ class FederatedStrategy(Strategy):
         fraction_evaluate: float = 1.0,
         node_wait_timeout: float = 120.0,
         time_budget: float = 0.0,
+        codec: str = "none",
+        error_feedback: bool = True,
+        federation: str = "",
+        seed: int = 0,
         max_empty_rounds: int = 3,
     ) -> None:
         if min_nodes < 1:
@@ -134,7 +150,13 @@ class FederatedStrategy(Strategy):
         self.fraction_evaluate = fraction_evaluate
         self.node_wait_timeout = node_wait_timeout
         self.time_budget = time_budget
+        self.codec = str(parse_spec(codec))
+        self.error_feedback = error_feedback
+        self.federation = federation
+        self.seed = seed
         self.max_empty_rounds = max_empty_rounds
+        self._codec_seeds: dict[int, int] = {}
+        self._down_bytes: dict[int, int] = {}
         self._keys: list[str] = []
         self._global: list[np.ndarray] = []
         self._sent: dict[int, str] = {}
@@ -162,13 +184,14 @@ class FederatedStrategy(Strategy):
 
     def _messages(
         self, node_ids: list[int], arrays: ArrayRecord, config: ConfigRecord,
-        server_round: int, message_type: str, extra: dict | None = None,
+        server_round: int, message_type: str,
+        extra: Callable[[int], dict] | None = None,
     ) -> list[Message]:
         messages = []
         for node_id in node_ids:
             site_config = ConfigRecord(dict(config))
             site_config[keys.SERVER_ROUND] = server_round
-            site_config.update(extra or {})
+            site_config.update(extra(node_id) if extra else {})
             content = RecordDict({keys.ARRAYS: arrays, keys.CONFIG: site_config})
             messages.append(Message(content=content, dst_node_id=node_id,
                                     message_type=message_type))
@@ -209,9 +232,23 @@ class FederatedStrategy(Strategy):
         node_ids = self.selector.select(server_round, nodes)
         log(INFO, "configure_train: %d sites selected of %d connected, tau %d",
             len(node_ids), len(nodes), self.schedule.tau)
-        extra = {keys.LOCAL_STEPS: int(self.schedule.tau),
-                 keys.TIME_BUDGET: float(self.time_budget)}
-        return self._messages(node_ids, arrays, config, server_round, MessageType.TRAIN, extra)
+        self._codec_seeds = {n: derive_seed(self.seed, server_round, n) for n in node_ids}
+
+        def extra(node_id: int) -> dict:
+            return {keys.LOCAL_STEPS: int(self.schedule.tau),
+                    keys.TIME_BUDGET: float(self.time_budget),
+                    keys.CODEC: self.codec, keys.ERROR_FEEDBACK: self.error_feedback,
+                    keys.CODEC_SEED: self._codec_seeds[node_id],
+                    keys.FEDERATION: self.federation}
+
+        messages = self._messages(node_ids, arrays, config, server_round, MessageType.TRAIN,
+                                  extra)
+        self._down_bytes = {m.metadata.dst_node_id: wire_size(m.content) for m in messages}
+        return messages
+
+    def _parse_train(self, message: Message) -> TrainReply:
+        seed = self._codec_seeds.get(message.metadata.src_node_id, 0)
+        return parse_train_reply(message, self._global, self.codec, seed)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -221,10 +258,22 @@ class FederatedStrategy(Strategy):
         report.schedule_tau = int(self.schedule.tau)
         accepted: list[TrainReply] = self._collect(
             replies, report.train_dropped,
-            lambda m: parse_train_reply(m, self._global), "aggregate_train",
+            self._parse_train, "aggregate_train",
         )
+        dense = float(dense_bytes(self._global))
+        for node, sent in self._down_bytes.items():
+            report.traffic.setdefault(self._label(node), {})["bytes-down"] = float(sent)
         for reply in accepted:
             report.train[reply.site] = dict(reply.metrics)
+            traffic = report.traffic.setdefault(reply.site, {})
+            traffic["bytes-up"] = float(reply.wire_bytes)
+            traffic["uplink-ratio"] = dense / max(reply.wire_bytes, 1)
+        ups = [t["bytes-up"] for t in report.traffic.values() if "bytes-up" in t]
+        downs = [t["bytes-down"] for t in report.traffic.values() if "bytes-down" in t]
+        report.strategy.update({"bytes-up": float(sum(ups)), "bytes-down": float(sum(downs)),
+                                "dense-bytes": dense})
+        if ups:
+            report.strategy["uplink-ratio"] = dense * len(ups) / sum(ups)
         report.strategy.update(self.schedule.observe(accepted))
         if not accepted:
             self._empty_rounds += 1
@@ -282,7 +331,7 @@ class FederatedStrategy(Strategy):
         """Whether a reply counts towards the quorum (same checks as aggregation)."""
         try:
             if stage == "train":
-                parse_train_reply(message, self._global)
+                self._parse_train(message)
             else:
                 parse_evaluate_reply(message)
         except InvalidReplyError:

@@ -4,8 +4,9 @@ One place for the message contract, shared by the ClientApp (which builds the
 replies) and the strategy (which validates them), so the two cannot drift.
 
 A train instruction carries ``arrays`` (the global model) and ``config``.
-A train reply carries ``delta`` (the update x_global - x_local, same layout as the
-global model), ``metrics`` and ``site`` (a ConfigRecord with the site's name).
+A train reply carries ``delta`` (the update x_global - x_local packed by
+:mod:`strategies.update_codec`: one encoded ``payload`` plus raw integer
+buffers), ``metrics`` and ``site`` (a ConfigRecord with the site's name).
 An evaluate reply carries ``metrics`` and ``site``.
 """
 
@@ -19,6 +20,10 @@ SITE_NAME = "name"
 SERVER_ROUND = "server-round"
 LOCAL_STEPS = "local-steps"
 TIME_BUDGET = "time-budget"
+CODEC = "codec"
+ERROR_FEEDBACK = "error-feedback"
+CODEC_SEED = "codec-seed"
+FEDERATION = "federation"
 
 NUM_EXAMPLES = "num-examples"
 STEPS = "steps"
@@ -27,6 +32,7 @@ INITIAL_LOSS = "initial-loss"
 A_NORM = "a-norm"
 TRAIN_SECONDS = "train-seconds"
 STUDIES_SKIPPED = "studies-skipped"
+RESIDUAL_NORM = "residual-norm"
 
 VAL_LOSS = "val-loss"
 VAL_DICE = "val-dice"

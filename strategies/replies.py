@@ -16,6 +16,8 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 
 from strategies import message_keys as keys
+from strategies.update_codec import UpdateFormatError, unpack_update
+from strategies.wire_bytes import wire_size
 
 __all__ = [
     "InvalidReplyError",
@@ -42,6 +44,7 @@ class TrainReply:
     steps: int
     train_loss: float
     metrics: dict[str, float] = field(default_factory=dict)
+    wire_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -88,30 +91,31 @@ def _metrics(message: Message, required: tuple[str, ...]) -> dict[str, float]:
     return values
 
 
-def _delta(message: Message, reference: list[np.ndarray]) -> list[np.ndarray]:
+def _delta(message: Message, reference: list[np.ndarray], codec: str,
+           seed: int) -> list[np.ndarray]:
     record = message.content.get(keys.DELTA)
     if not isinstance(record, ArrayRecord):
         raise InvalidReplyError(f"missing ArrayRecord '{keys.DELTA}'")
     try:
-        arrays = record.to_numpy_ndarrays()
+        arrays = {name: array.numpy() for name, array in record.items()}
     except Exception as exc:  # noqa: BLE001 - any decoding failure makes the reply unusable
         raise InvalidReplyError(f"'{keys.DELTA}' cannot be decoded: {exc}") from exc
-    if len(arrays) != len(reference):
-        raise InvalidReplyError(
-            f"update has {len(arrays)} arrays, the global model has {len(reference)}"
-        )
-    for i, (got, ref) in enumerate(zip(arrays, reference)):
-        if got.shape != ref.shape:
-            raise InvalidReplyError(f"array {i}: shape {got.shape}, expected {ref.shape}")
-        if got.dtype != ref.dtype:
-            raise InvalidReplyError(f"array {i}: dtype {got.dtype}, expected {ref.dtype}")
-        if np.issubdtype(got.dtype, np.floating) and not np.isfinite(got).all():
+    try:
+        delta = unpack_update(arrays, reference, codec, seed)
+    except UpdateFormatError as exc:
+        raise InvalidReplyError(str(exc)) from exc
+    for i, array in enumerate(delta):
+        if np.issubdtype(array.dtype, np.floating) and not np.isfinite(array).all():
             raise InvalidReplyError(f"array {i}: contains NaN or infinite values")
-    return arrays
+    return delta
 
 
-def parse_train_reply(message: Message, reference: list[np.ndarray]) -> TrainReply:
-    """Validate a train reply against the global model ``reference``.
+def parse_train_reply(message: Message, reference: list[np.ndarray], codec: str = "none",
+                      seed: int = 0) -> TrainReply:
+    """Validate a train reply against the global model ``reference`` and decode its update.
+
+    ``codec`` and ``seed`` are the update codec spec and the codec seed this
+    site was given for the round (:mod:`strategies.update_codec`).
 
     Raises
     ------
@@ -125,7 +129,8 @@ def parse_train_reply(message: Message, reference: list[np.ndarray]) -> TrainRep
     return TrainReply(
         node_id=message.metadata.src_node_id,
         site=site_name(message),
-        delta=_delta(message, reference),
+        delta=_delta(message, reference, codec, seed),
+        wire_bytes=wire_size(message.content),
         num_examples=int(metrics[keys.NUM_EXAMPLES]),
         steps=int(steps),
         train_loss=metrics[keys.TRAIN_LOSS],

@@ -38,6 +38,9 @@ class RoundReport:
         round closed.
     late_arrivals : list[str]
         Sites whose reply to an earlier round arrived during this one (dropped).
+    traffic : dict[str, dict[str, float]]
+        Per site, serialised bytes down (instruction) and up (reply), and the
+        uplink ratio dense-fp32 / bytes up.
     """
 
     server_round: int
@@ -52,3 +55,4 @@ class RoundReport:
     strategy: dict[str, float] = field(default_factory=dict)
     missing: dict[str, int] = field(default_factory=dict)
     late_arrivals: list[str] = field(default_factory=list)
+    traffic: dict[str, dict[str, float]] = field(default_factory=dict)
