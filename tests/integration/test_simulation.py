@@ -70,9 +70,11 @@ def two_hospitals(tmp_path_factory) -> Path:
 
 
 def test_two_sites_two_rounds_tracked_in_mlflow(tmp_path, two_hospitals):
-    result = _simulate(tmp_path, two_hospitals, sites=2, rounds=2)
+    result = _simulate(tmp_path, two_hospitals, sites=2, rounds=2,
+                       extra=("strategy.codec=topk:0.05",))
     assert result.returncode == 0, result.stderr[-2000:]
     assert "status: finished:completed" in result.stdout
+    assert "bytes on the wire over 2 rounds" in result.stdout
     assert "Federation summary" in result.stdout
 
     client, run = _mlflow_run(tmp_path)
@@ -89,6 +91,16 @@ def test_two_sites_two_rounds_tracked_in_mlflow(tmp_path, two_hospitals):
     assert all(0.0 <= m.value <= 1.0 for m in dice)
     steps = client.get_metric_history(run_id, f"site/hospital-00/steps")
     assert all(m.value == 2 for m in steps)
+    # Compressed uplink: top-5% payloads, measured as serialised bytes.
+    for site in ("hospital-00", "hospital-01"):
+        up = client.get_metric_history(run_id, f"site/{site}/bytes-up")
+        ratio = client.get_metric_history(run_id, f"site/{site}/uplink-ratio")
+        assert len(up) == 2 and all(m.value > 0 for m in up)
+        assert all(m.value > 8 for m in ratio)  # ~20x less than dense fp32 for top-5%
+        assert [m.step for m in client.get_metric_history(
+            run_id, f"site/{site}/residual-norm")] == [1, 2]
+        residual = two_hospitals / site / ".fedmed-state" / run_id / "ef-residual.npy"
+        assert residual.exists()
 
     models = client.search_logged_models(experiment_ids=[run.info.experiment_id])
     assert [m.source_run_id for m in models] == [run_id]

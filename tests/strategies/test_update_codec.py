@@ -1,0 +1,75 @@
+"""Packing a site's update: one payload for the float part, raw integer buffers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from strategies.compression import ErrorFeedback, decode
+from strategies.update_codec import (
+    PAYLOAD_KEY,
+    UpdateFormatError,
+    dense_bytes,
+    pack_update,
+    unpack_update,
+)
+
+REFERENCE = [np.zeros((3, 4), np.float32), np.zeros(5, np.float32), np.array(0, np.int64)]
+
+
+def _delta(seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.normal(size=(3, 4)).astype(np.float32), rng.normal(size=5).astype(np.float32),
+            np.array(-3, np.int64)]
+
+
+def test_round_trip_keeps_shapes_dtypes_and_integer_buffers_exact():
+    delta = _delta()
+    packed = pack_update(delta, "none")
+    assert set(packed) == {PAYLOAD_KEY, "raw-2"}
+    assert packed[PAYLOAD_KEY].dtype == np.uint8
+    out = unpack_update(packed, REFERENCE, "none")
+    for got, want in zip(out, delta):
+        assert got.shape == want.shape and got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want)
+
+
+def test_topk_payload_is_the_compact_encoding():
+    rng = np.random.default_rng(1)
+    big = [rng.normal(size=100_000).astype(np.float32)]
+    packed = pack_update(big, "topk:0.01")
+    assert packed[PAYLOAD_KEY].nbytes < dense_bytes(big) / 100 * 1.7
+    out = unpack_update(packed, [np.zeros(100_000, np.float32)], "topk:0.01")[0]
+    assert np.count_nonzero(out) == 1000
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda p: p.pop("raw-2"), "do not match the global model"),
+    (lambda p: p.update({"extra": np.zeros(1)}), "do not match the global model"),
+    (lambda p: p.update({"raw-2": np.array(1, np.int32)}), "expected int64"),
+    (lambda p: p.update({PAYLOAD_KEY: p[PAYLOAD_KEY][:-3]}), "payload rejected"),
+])
+def test_malformed_updates_are_rejected(mutate, message):
+    packed = pack_update(_delta(), "none")
+    mutate(packed)
+    with pytest.raises(UpdateFormatError, match=message):
+        unpack_update(packed, REFERENCE, "none")
+
+
+def test_wrong_codec_at_the_server_is_rejected():
+    packed = pack_update(_delta(), "sign")
+    with pytest.raises(UpdateFormatError, match="payload rejected"):
+        unpack_update(packed, REFERENCE, "topk:0.5")
+
+
+def test_error_feedback_through_packing_keeps_the_invariant():
+    """Sum of what the server decoded + the site's residual == sum of the true updates."""
+    feedback = ErrorFeedback("topk:0.1")
+    sent = np.zeros(17, np.float64)
+    true = np.zeros(17, np.float64)
+    for step in range(6):
+        delta = _delta(step)
+        packed = pack_update(delta, "topk:0.1", seed=step, feedback=feedback)
+        sent += decode(packed[PAYLOAD_KEY], "topk:0.1", 17, seed=step)
+        true += np.concatenate([delta[0].ravel(), delta[1]])
+    np.testing.assert_allclose(sent + feedback.residual, true, atol=1e-5)
