@@ -196,3 +196,23 @@ def evaluate(msg: Message, context: Context) -> Message:
     })
     content = RecordDict({keys.METRICS: metrics, keys.SITE: _site_record(site)})
     return Message(content, reply_to=msg)
+
+
+@app.query()
+def query(msg: Message, context: Context) -> Message:
+    """Loss of the received global model on the site's training data (Power-of-Choice).
+
+    Forward passes only; ``loss-subset`` > 0 restricts it to a fixed subset of
+    that many examples (cpow-d).
+    """
+    try:
+        _, site, task = _site_task(context)
+        model = task.build_model()
+        model.load_state_dict(msg.content[keys.ARRAYS].to_torch_state_dict())
+        subset = int(msg.content[keys.CONFIG].get(keys.LOSS_SUBSET, 0))
+        loss = task.training_loss(model, _compute(), subset=subset)
+    except _DATA_ERRORS as exc:
+        return _site_error(msg, context, exc)
+    metrics = MetricRecord({keys.NUM_EXAMPLES: len(task.train_set), keys.QUERY_LOSS: loss})
+    return Message(RecordDict({keys.METRICS: metrics, keys.SITE: _site_record(site)}),
+                   reply_to=msg)

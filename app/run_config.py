@@ -66,6 +66,10 @@ class RunConfig:
     strategy_tau_min: int = _dotted("strategy.tau-min", 1)
     strategy_tau_max: int = _dotted("strategy.tau-max", 0)
     strategy_loss_smoothing: float = _dotted("strategy.loss-smoothing", 0.5)
+    selection_m: int = _dotted("selection.m", 0)
+    selection_d: int = _dotted("selection.d", 0)
+    selection_subset: int = _dotted("selection.subset", 32)
+    selection_fairness_rounds: int = _dotted("selection.fairness-rounds", 0)
     strategy_codec: str = _dotted("strategy.codec", "none")
     strategy_error_feedback: bool = _dotted("strategy.error-feedback", True)
     round_deadline: float = _dotted("round.deadline", 0.0)
@@ -111,7 +115,8 @@ class RunConfig:
             if getattr(self, name) <= 0:
                 self._fail(name, "must be > 0")
         for name in ("proximal_mu", "time_budget", "round_deadline", "round_quorum",
-                     "strategy_tau_max"):
+                     "strategy_tau_max", "selection_m", "selection_d", "selection_subset",
+                     "selection_fairness_rounds"):
             if getattr(self, name) < 0:
                 self._fail(name, "must be >= 0")
         for name in ("momentum", "strategy_server_momentum", "strategy_loss_smoothing"):
@@ -123,6 +128,8 @@ class RunConfig:
             self._fail("slab_slices", "must be odd and >= 1")
         if self.image_size % 8:
             self._fail("image_size", "must be a multiple of 8")
+        if self.selection_d and self.selection_d < self.selection_m:
+            self._fail("selection_d", "must be 0 (adaptive) or >= selection.m")
         if self.strategy_tau_max and self.strategy_tau_max < self.strategy_tau_min:
             self._fail("strategy_tau_max", "must be 0 (no cap) or >= strategy.tau-min")
         if self.strategy_aggregator == "fednova" and self.optimizer != "sgd":

@@ -41,11 +41,17 @@ def build_strategy(config: RunConfig, federation: str = "") -> FederatedStrategy
         schedule_options.update(tau_min=config.strategy_tau_min,
                                 tau_max=config.strategy_tau_max or None,
                                 smoothing=config.strategy_loss_smoothing)
+    selector_options = {"m": config.selection_m, "fraction": config.fraction_train,
+                        "min_nodes": config.min_nodes, "seed": config.seed}
+    if config.strategy_selector != "uniform":
+        selector_options.update(d=config.selection_d, num_rounds=config.num_server_rounds,
+                                fairness_rounds=config.selection_fairness_rounds)
+    if config.strategy_selector == "cpow-d":
+        selector_options["subset"] = config.selection_subset
     return FederatedStrategy(
         aggregator=AGGREGATORS.create(config.strategy_aggregator, **aggregator_options),
         schedule=SCHEDULES.create(config.strategy_schedule, **schedule_options),
-        selector=SELECTORS.create(config.strategy_selector, fraction=config.fraction_train,
-                                  min_nodes=config.min_nodes, seed=config.seed),
+        selector=SELECTORS.create(config.strategy_selector, **selector_options),
         policy=RoundPolicy(deadline=config.round_deadline, quorum=config.round_quorum,
                            timeout=config.round_timeout),
         min_nodes=config.min_nodes,
@@ -74,9 +80,13 @@ def _progress_line(report: RoundReport, num_rounds: int) -> str:
         traffic = (f" | up {report.strategy['bytes-up'] / 1e3:.0f} kB "
                    f"(x{report.strategy.get('uplink-ratio', 0):.0f} smaller than dense), "
                    f"down {report.strategy['bytes-down'] / 1e3:.0f} kB")
+    selected = ""
+    if report.selection.get("candidates"):
+        selected = (f" | selected {','.join(report.selection['selected'])} of "
+                    f"{len(report.selection['candidates'])} candidates")
     return (f"Round {report.server_round}/{num_rounds}: train loss {train:.4f} | "
-            f"val Dice {dice:.4f} ({sites}) | {tau}{traffic} | {report.seconds:.1f} s | "
-            f"dropped: {dropped}")
+            f"val Dice {dice:.4f} ({sites}) | {tau}{traffic}{selected} | "
+            f"{report.seconds:.1f} s | dropped: {dropped}")
 
 
 @app.main()

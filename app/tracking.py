@@ -118,9 +118,15 @@ class FederationTracker:
         for site, values in report.traffic.items():
             for name, value in values.items():
                 metrics[metric_key("site", site, name)] = value
+        for site, count in report.times_selected.items():
+            metrics[metric_key("site", site, "times-selected")] = count
+        for site, loss in report.selection.get("losses", {}).items():
+            metrics[metric_key("site", site, "query-loss")] = loss
         mlflow.log_metrics(metrics, step=step)
         dropped = {f"train/{s}": r for s, r in report.train_dropped.items()}
         dropped.update({f"evaluate/{s}": r for s, r in report.evaluate_dropped.items()})
+        if report.selection.get("candidates"):
+            mlflow.log_dict(report.selection, f"rounds/round-{step:03d}-selection.json")
         if report.late_arrivals:
             dropped["late-arrivals"] = ", ".join(report.late_arrivals)
         if dropped:

@@ -177,6 +177,27 @@ class PESegTask:
                            proximal_mu=proximal_mu)
 
     @torch.no_grad()
+    def training_loss(self, model: nn.Module, compute: ComputeDevice, subset: int = 0) -> float:
+        """Loss of ``model`` on the training slabs (forward passes only).
+
+        ``subset > 0`` uses a fixed, seeded subset of that many slabs (the cheap
+        loss estimate of cpow-d); 0 uses all of them (pow-d).
+        """
+        model.to(compute.device).eval()
+        indices = list(range(len(self.train_set)))
+        if 0 < subset < len(indices):
+            generator = torch.Generator().manual_seed(0)
+            indices = torch.randperm(len(indices), generator=generator)[:subset].tolist()
+        loader = DataLoader(torch.utils.data.Subset(self.train_set, indices),
+                            batch_size=max(self.settings.batch_size, 16))
+        loss_fn, total, count = self.loss_fn(), 0.0, 0
+        for x, y in loader:
+            x, y = x.to(compute.device), y.to(compute.device)
+            total += float(loss_fn(model(x).float(), y)) * x.shape[0]
+            count += x.shape[0]
+        return total / max(count, 1)
+
+    @torch.no_grad()
     def evaluate(self, model: nn.Module, compute: ComputeDevice) -> EvalResult:
         """Dice per validation study (3D, from centre-slice predictions), mean over studies.
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from collections.abc import Callable, Iterable
 from logging import INFO, WARNING
 
@@ -51,6 +52,7 @@ from strategies.replies import (
     InvalidReplyError,
     TrainReply,
     parse_evaluate_reply,
+    parse_query_reply,
     parse_train_reply,
     site_name,
 )
@@ -60,9 +62,23 @@ from strategies.compression import derive_seed, parse_spec
 from strategies.update_codec import dense_bytes
 from strategies.wire_bytes import wire_size
 
-__all__ = ["FederatedStrategy", "NoValidRepliesError"]
+__all__ = ["FederatedStrategy", "NoValidRepliesError", "SelectionContext"]
 
 RoundObserver = Callable[[RoundReport], None]
+
+
+@dataclass
+class SelectionContext:
+    """What a client selector may use: known data sizes, last train losses, a query.
+
+    ``query_losses(candidates, subset)`` sends Flower ``query`` messages and
+    returns ``{node_id: loss of the current global model}`` for the sites that
+    answered (on ``subset`` examples each, or all their training data if 0).
+    """
+
+    sizes: dict[int, int]
+    last_losses: dict[int, float]
+    query_losses: Callable[[list[int], int], dict[int, float]]
 
 
 class NoValidRepliesError(RuntimeError):
@@ -96,7 +112,7 @@ class FederatedStrategy(Strategy):
         ``tau`` (local steps for the next round), ``observe(replies) -> info``
         and ``state()``.
     selector : object
-        ``select(server_round, node_ids) -> node_ids``.
+        ``select(server_round, node_ids, SelectionContext) -> node_ids``.
     policy : RoundPolicy
         Deadline, quorum and hard timeout of each round.
     min_nodes : int
@@ -157,6 +173,8 @@ class FederatedStrategy(Strategy):
         self.max_empty_rounds = max_empty_rounds
         self._codec_seeds: dict[int, int] = {}
         self._down_bytes: dict[int, int] = {}
+        self._sizes: dict[int, int] = {}
+        self._last_losses: dict[int, float] = {}
         self._keys: list[str] = []
         self._global: list[np.ndarray] = []
         self._sent: dict[int, str] = {}
@@ -229,7 +247,15 @@ class FederatedStrategy(Strategy):
         self._keys = list(arrays.keys())
         self._global = arrays.to_numpy_ndarrays()
         nodes = wait_for_nodes(grid, self.min_nodes, self.node_wait_timeout)
-        node_ids = self.selector.select(server_round, nodes)
+        report = self._report(server_round)
+        context = SelectionContext(
+            sizes=dict(self._sizes), last_losses=dict(self._last_losses),
+            query_losses=lambda candidates, subset: self._query_losses(
+                grid, server_round, arrays, candidates, subset, report))
+        node_ids = self.selector.select(server_round, nodes, context)
+        if not node_ids:
+            raise NoValidRepliesError(f"round {server_round}: the selector chose no site")
+        self._record_selection(report)
         log(INFO, "configure_train: %d sites selected of %d connected, tau %d",
             len(node_ids), len(nodes), self.schedule.tau)
         self._codec_seeds = {n: derive_seed(self.seed, server_round, n) for n in node_ids}
@@ -245,6 +271,50 @@ class FederatedStrategy(Strategy):
                                   extra)
         self._down_bytes = {m.metadata.dst_node_id: wire_size(m.content) for m in messages}
         return messages
+
+    def _query_losses(self, grid: Grid, server_round: int, arrays: ArrayRecord,
+                      candidates: list[int], subset: int, report: RoundReport
+                      ) -> dict[int, float]:
+        """Ask candidates for the global model's loss on their data (Flower ``query``)."""
+        messages = []
+        for node_id in candidates:
+            config = ConfigRecord({keys.SERVER_ROUND: server_round, keys.LOSS_SUBSET: subset})
+            messages.append(Message(RecordDict({keys.ARRAYS: arrays, keys.CONFIG: config}),
+                                    dst_node_id=node_id, message_type=MessageType.QUERY))
+        sent = sum(wire_size(m.content) for m in messages)
+        collected = collect_replies(grid, messages, self.policy,
+                                    lambda m: m.has_content(), set())
+        losses: dict[int, float] = {}
+        received = 0
+        for reply in collected.replies:
+            node = reply.metadata.src_node_id
+            try:
+                parsed = parse_query_reply(reply)
+            except InvalidReplyError as exc:
+                log(WARNING, "query: dropped reply of %s: %s", self._label(node), exc)
+                continue
+            received += wire_size(reply.content)
+            self._site_of[node] = parsed.site
+            self._sizes[node] = parsed.num_examples
+            losses[node] = parsed.metrics[keys.QUERY_LOSS]
+        report.strategy.update({"query-bytes-down": float(sent),
+                                "query-bytes-up": float(received),
+                                "query-seconds": collected.seconds})
+        return losses
+
+    def _record_selection(self, report: RoundReport) -> None:
+        last = getattr(self.selector, "last", {})
+        label = self._label
+        report.selection = {
+            "selected": [label(n) for n in last.get("selected", [])],
+            "candidates": [label(n) for n in last.get("candidates", [])],
+            "losses": {label(n): float(v) for n, v in last.get("losses", {}).items()},
+        }
+        for key in ("d", "m"):
+            if key in last:
+                report.strategy[f"selection-{key}"] = float(last[key])
+        report.times_selected = {label(n): float(c) for n, c in
+                                 getattr(self.selector, "times_selected", {}).items()}
 
     def _parse_train(self, message: Message) -> TrainReply:
         seed = self._codec_seeds.get(message.metadata.src_node_id, 0)
@@ -265,6 +335,8 @@ class FederatedStrategy(Strategy):
             report.traffic.setdefault(self._label(node), {})["bytes-down"] = float(sent)
         for reply in accepted:
             report.train[reply.site] = dict(reply.metrics)
+            self._sizes[reply.node_id] = reply.num_examples
+            self._last_losses[reply.node_id] = reply.train_loss
             traffic = report.traffic.setdefault(reply.site, {})
             traffic["bytes-up"] = float(reply.wire_bytes)
             traffic["uplink-ratio"] = dense / max(reply.wire_bytes, 1)

@@ -24,6 +24,7 @@ CODEC = "codec"
 ERROR_FEEDBACK = "error-feedback"
 CODEC_SEED = "codec-seed"
 FEDERATION = "federation"
+LOSS_SUBSET = "loss-subset"
 
 NUM_EXAMPLES = "num-examples"
 STEPS = "steps"
@@ -39,3 +40,5 @@ VAL_DICE = "val-dice"
 
 TRAIN_REQUIRED = (NUM_EXAMPLES, STEPS, TRAIN_LOSS, INITIAL_LOSS, A_NORM)
 EVALUATE_REQUIRED = (NUM_EXAMPLES,)
+QUERY_LOSS = "query-loss"
+QUERY_REQUIRED = (NUM_EXAMPLES, QUERY_LOSS)

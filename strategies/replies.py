@@ -26,6 +26,7 @@ __all__ = [
     "site_name",
     "parse_train_reply",
     "parse_evaluate_reply",
+    "parse_query_reply",
 ]
 
 
@@ -134,6 +135,23 @@ def parse_train_reply(message: Message, reference: list[np.ndarray], codec: str 
         num_examples=int(metrics[keys.NUM_EXAMPLES]),
         steps=int(steps),
         train_loss=metrics[keys.TRAIN_LOSS],
+        metrics=metrics,
+    )
+
+
+def parse_query_reply(message: Message) -> EvaluateReply:
+    """Validate a query reply (the global model's loss at a candidate site).
+
+    Raises
+    ------
+    InvalidReplyError
+        With the reason the reply is unusable.
+    """
+    metrics = _metrics(message, keys.QUERY_REQUIRED)
+    return EvaluateReply(
+        node_id=message.metadata.src_node_id,
+        site=site_name(message),
+        num_examples=int(metrics[keys.NUM_EXAMPLES]),
         metrics=metrics,
     )
 

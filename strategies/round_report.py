@@ -38,6 +38,10 @@ class RoundReport:
         round closed.
     late_arrivals : list[str]
         Sites whose reply to an earlier round arrived during this one (dropped).
+    selection : dict
+        ``selected``, ``candidates`` (site names) and their query ``losses``.
+    times_selected : dict[str, float]
+        Per site, how many rounds it has been selected for so far.
     traffic : dict[str, dict[str, float]]
         Per site, serialised bytes down (instruction) and up (reply), and the
         uplink ratio dense-fp32 / bytes up.
@@ -56,3 +60,5 @@ class RoundReport:
     missing: dict[str, int] = field(default_factory=dict)
     late_arrivals: list[str] = field(default_factory=list)
     traffic: dict[str, dict[str, float]] = field(default_factory=dict)
+    selection: dict = field(default_factory=dict)
+    times_selected: dict[str, float] = field(default_factory=dict)

@@ -27,7 +27,14 @@ from typing import TypeVar
 
 import numpy as np
 
-__all__ = ["SelectionError", "power_of_choice", "sample_candidates", "uniform_sample"]
+__all__ = [
+    "SelectionError",
+    "adaptive_d",
+    "fairness_floor",
+    "power_of_choice",
+    "sample_candidates",
+    "uniform_sample",
+]
 
 T = TypeVar("T")
 
@@ -187,3 +194,55 @@ def uniform_sample(sites: Sequence[T], m: int, rng: np.random.Generator) -> list
     count = _check_count(m, "m", len(sites))
     picks = _check_rng(rng).choice(len(sites), size=count, replace=False)
     return [sites[int(i)] for i in picks]
+
+
+def adaptive_d(server_round: int, num_rounds: int, num_sites: int, m: int) -> int:
+    """Candidate-set size decreasing linearly from all sites to ``m`` over the run.
+
+    Cho et al. 2022 [1]_ (Sec. 5, "adaptive d"): a large ``d`` early makes the
+    selection strongly loss-biased and converges fast; shrinking it to ``m``
+    removes the bias, and with it the higher error floor, by the end.
+    ``d_r = round(N - (N - m) (r - 1) / (R - 1))`` for rounds ``r = 1..R``.
+    """
+    if not 1 <= m <= num_sites:
+        raise SelectionError(f"need 1 <= m <= number of sites, got m={m}, N={num_sites}")
+    if server_round < 1 or num_rounds < 1:
+        raise SelectionError(f"rounds count from 1, got {server_round} of {num_rounds}")
+    if num_rounds == 1:
+        return num_sites
+    progress = min(server_round - 1, num_rounds - 1) / (num_rounds - 1)
+    return int(round(num_sites - (num_sites - m) * progress))
+
+
+def fairness_floor(
+    selected: Sequence[T],
+    last_trained: dict,
+    server_round: int,
+    every: int,
+    sites: Sequence[T],
+) -> list[T]:
+    """Make every site train at least once every ``every`` rounds (cross-silo fairness).
+
+    Each site has a deadline ``last_trained + every`` (never-trained sites count
+    from round 0). Earliest-deadline-first feasibility: the sites due by round
+    ``r + k`` must fit in the ``m (k + 1)`` slots of rounds ``r .. r + k``, so
+    this round must take ``max_k (due(r + k) - m k)`` of the earliest-deadline
+    sites; the remaining slots keep the selector's own picks in their order.
+    The number of selected sites ``m = len(selected)`` never changes; when
+    ``N > m * every`` no schedule can meet the floor and the most overdue sites
+    go first. ``every = 0`` disables the floor.
+    """
+    if every <= 0 or not selected:
+        return list(selected)
+    m = len(selected)
+    deadline = {site: last_trained.get(site, 0) + every for site in sites}
+    needed = 0
+    for k in range(every):
+        due = sum(1 for site in sites if deadline[site] <= server_round + k)
+        needed = max(needed, due - m * k)
+    preferred = {site: i for i, site in enumerate(selected)}
+    ordered = sorted(sites, key=lambda site: (deadline[site],
+                                              preferred.get(site, len(preferred))))
+    forced = ordered[: min(max(needed, 0), m)]
+    rest = [site for site in selected if site not in forced]
+    return forced + rest[: m - len(forced)]

@@ -12,15 +12,23 @@ from strategies.selection import uniform_sample
 
 @SELECTORS.register("uniform")
 class UniformSelector:
-    """Samples ``max(min_nodes, ceil(fraction * available))`` sites per round."""
+    """Samples ``m`` sites per round; ``m = 0`` means ``max(min_nodes, ceil(fraction * N))``."""
 
-    def __init__(self, fraction: float = 1.0, min_nodes: int = 1, seed: int = 0) -> None:
+    def __init__(self, m: int = 0, fraction: float = 1.0, min_nodes: int = 1, seed: int = 0,
+                 **_: object) -> None:
         if not 0.0 < fraction <= 1.0:
             raise ValueError(f"fraction must be in (0, 1], got {fraction}")
-        self.fraction, self.min_nodes = fraction, min_nodes
+        self.m, self.fraction, self.min_nodes = m, fraction, min_nodes
         self._rng = np.random.default_rng(seed)
+        self.times_selected: dict[int, int] = {}
+        self.last: dict = {}
 
-    def select(self, server_round: int, nodes: list[int]) -> list[int]:
+    def select(self, server_round: int, nodes: list[int], ctx=None) -> list[int]:
         """The node ids to train this round (sorted)."""
-        count = min(len(nodes), max(self.min_nodes, math.ceil(self.fraction * len(nodes))))
-        return sorted(int(n) for n in uniform_sample(nodes, count, self._rng))
+        count = self.m or max(self.min_nodes, math.ceil(self.fraction * len(nodes)))
+        chosen = sorted(int(n) for n in uniform_sample(nodes, min(count, len(nodes)),
+                                                       self._rng))
+        for node in chosen:
+            self.times_selected[node] = self.times_selected.get(node, 0) + 1
+        self.last = {"selected": chosen}
+        return chosen

@@ -225,3 +225,54 @@ def _fake_reply(initial_loss: float):
 
     return TrainReply(node_id=1, site="s", delta=[], num_examples=10, steps=1, train_loss=1.0,
                       metrics={keys.INITIAL_LOSS: initial_loss})
+
+
+class AnsweringGrid(FakeGrid):
+    """Answers query messages at once with a per-node loss; nodes in ``silent`` never answer."""
+
+    def __init__(self, losses: dict[int, float], silent: set[int] = frozenset()) -> None:
+        super().__init__(list(losses))
+        self.losses, self.silent, self.sent = losses, silent, {}
+
+    def push_messages(self, messages):
+        ids = []
+        for message in messages:
+            mid = f"q-{len(self.sent)}"
+            message.metadata.__dict__["_message_id"] = mid
+            self.sent[mid] = message
+            ids.append(mid)
+        return ids
+
+    def pull_messages(self, message_ids):
+        out = []
+        for mid in message_ids:
+            message = self.sent[mid]
+            node = message.metadata.dst_node_id
+            if node in self.silent:
+                continue
+            assert message.metadata.message_type == MessageType.QUERY
+            reply = _reply(message, None, {keys.NUM_EXAMPLES: 10 * node,
+                                           keys.QUERY_LOSS: self.losses[node]}, f"site-{node}")
+            reply.metadata.__dict__["_src_node_id"] = node
+            out.append(reply)
+        return out
+
+
+def test_pow_d_queries_candidates_and_records_the_selection():
+    from strategies.round_policy import RoundPolicy  # noqa: PLC0415
+
+    grid = AnsweringGrid({1: 0.3, 2: 2.0, 3: 1.0, 4: 5.0}, silent={4})
+    strategy = FederatedStrategy(
+        aggregator=AGGREGATORS.create("fedavg"), schedule=SCHEDULES.create("fixed", tau0=2),
+        selector=SELECTORS.create("pow-d", m=2, d=4, seed=0), min_nodes=2,
+        node_wait_timeout=1, policy=RoundPolicy(deadline=0.1, quorum=3, timeout=0.3,
+                                                poll_interval=0.02))
+    messages = list(strategy.configure_train(1, _global_record(), ConfigRecord(), grid))
+    # node 4 (highest loss) never answered the query: the best two that did are 2 and 3
+    assert sorted(m.metadata.dst_node_id for m in messages) == [2, 3]
+    assert all(m.metadata.message_type == MessageType.TRAIN for m in messages)
+    report = strategy.reports[1]
+    assert sorted(report.selection["selected"]) == ["site-2", "site-3"]
+    assert report.selection["losses"] == {"site-1": 0.3, "site-2": 2.0, "site-3": 1.0}
+    assert report.strategy["query-bytes-down"] > 0 and report.strategy["query-bytes-up"] > 0
+    assert report.times_selected == {"site-2": 1.0, "site-3": 1.0}
