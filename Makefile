@@ -4,6 +4,7 @@
 #   make test       install if needed, run all tests
 # Overrides: make simulate ROUNDS=2 SITES=2 STEPS=10 RUN_CONFIG="lr=0.02 batch-size=4"
 #            make simulate PRESET=configs/pe-seg-quick.toml
+#            make simulate RESUME=1     (continue from the last server checkpoint)
 # Unset ROUNDS/STEPS/IMAGE_SIZE/TASK fall back to the preset, then to pyproject.toml.
 
 SHELL        := /bin/bash
@@ -20,6 +21,8 @@ STEPS        ?=
 IMAGE_SIZE   ?=
 PRESET       ?=
 RUN_CONFIG   ?=
+RESUME       ?=
+CHECKPOINT_DIR ?= $(CURDIR)/runs/checkpoints/simulate-seed$(SEED)
 DATA_DIR     ?= $(CURDIR)/data/synthetic-seed$(SEED)
 TRACKING_URI ?= $(if $(MLFLOW_TRACKING_URI),$(MLFLOW_TRACKING_URI),sqlite:///$(CURDIR)/mlflow.db)
 ARTIFACT_ROOT ?= $(CURDIR)/mlartifacts
@@ -57,7 +60,8 @@ simulate: install data
 		$(if $(PRESET),--preset $(abspath $(PRESET))) \
 		$(if $(TASK),-c task=$(TASK)) $(if $(ROUNDS),-c num-server-rounds=$(ROUNDS)) \
 		$(if $(STEPS),-c local-steps=$(STEPS)) $(if $(IMAGE_SIZE),-c image-size=$(IMAGE_SIZE)) \
-		-c seed=$(SEED) -c min-nodes=$(SITES) $(foreach kv,$(RUN_CONFIG),-c $(kv))
+		-c seed=$(SEED) -c min-nodes=$(SITES) -c checkpoint-dir=$(CHECKPOINT_DIR) \
+		$(if $(RESUME),-c resume=true) $(foreach kv,$(RUN_CONFIG),-c $(kv))
 
 # pytest's exit code 5 (no test collected) is reported, not treated as a failure.
 test: install

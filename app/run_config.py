@@ -54,6 +54,8 @@ class RunConfig:
     tracking_uri: str = ""
     artifact_root: str = ""
     experiment: str = ""
+    checkpoint_dir: str = ""
+    resume: bool = False
     min_nodes: int = 2
     fraction_train: float = 1.0
     node_wait_timeout: float = 120.0
@@ -145,7 +147,9 @@ class RunConfig:
             self._fail("proximal_mu", "needs optimizer = \"sgd\"")
         if self.proximal_mu and self.momentum:
             self._fail("proximal_mu", "with momentum > 0 is not supported; set momentum = 0")
-        for name in ("data_root", "artifact_root"):
+        if self.resume and not self.checkpoint_dir:
+            self._fail("resume", "needs run-config 'checkpoint-dir'")
+        for name in ("data_root", "artifact_root", "checkpoint_dir"):
             value = getattr(self, name)
             if value and not Path(value).is_absolute():
                 self._fail(name, "must be an absolute path (Flower's daemons do not run in "

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import time
 from logging import INFO
+from pathlib import Path
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, Context
+from flwr.app import Array, ArrayRecord, Context
 from flwr.serverapp import Grid, ServerApp
 from flwr.supercore import log
 
@@ -21,6 +22,7 @@ from app.run_config import RunConfig
 from app.tracking import FederationTracker
 from models.unet25d import make_unet25d
 from strategies import message_keys as keys
+from strategies.checkpoint import ServerCheckpoint, load_checkpoint, save_checkpoint
 from strategies.federated_strategy import FederatedStrategy
 from strategies.registry import AGGREGATORS, SCHEDULES, SELECTORS
 from strategies.round_policy import RoundPolicy
@@ -89,25 +91,54 @@ def _progress_line(report: RoundReport, num_rounds: int) -> str:
             f"{report.seconds:.1f} s | dropped: {dropped}")
 
 
+CHECKPOINT_FILE = "server-checkpoint.pkl"
+
+
+def _plugins(config: RunConfig) -> dict[str, str]:
+    return {"aggregator": config.strategy_aggregator, "schedule": config.strategy_schedule,
+            "selector": config.strategy_selector, "codec": config.strategy_codec,
+            "task": config.task}
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    """Run the federation described by the run config."""
+    """Run (or, with ``resume``, continue) the federation described by the run config."""
     config = RunConfig.from_mapping(context.run_config)
     torch.manual_seed(config.seed)
     model = make_unet25d(slab_slices=config.slab_slices)
+    checkpoint_path = (Path(config.checkpoint_dir) / CHECKPOINT_FILE
+                       if config.checkpoint_dir else None)
+    checkpoint = (load_checkpoint(checkpoint_path, _plugins(config))
+                  if config.resume and checkpoint_path else None)
     tracker = FederationTracker(config.task, config.tracking_uri, config.artifact_root,
                                 config.experiment)
-    run_id = tracker.start(
-        run_name=f"{config.task}-{time.strftime('%Y%m%d-%H%M%S')}",
-        params=config.as_params(),
-        tags={"flwr.run-id": str(context.run_id), "task": config.task},
-    )
+    if checkpoint is not None:
+        run_id = tracker.resume(checkpoint.mlflow_run_id, checkpoint.server_round,
+                                flwr_run_id=str(context.run_id))
+    else:
+        run_id = tracker.start(
+            run_name=f"{config.task}-{time.strftime('%Y%m%d-%H%M%S')}",
+            params=config.as_params(),
+            tags={"flwr.run-id": str(context.run_id), "task": config.task},
+        )
     log(INFO, "MLflow run %s in experiment '%s' at %s", run_id, tracker.experiment_name,
         tracker.tracking_uri)
     strategy = build_strategy(config, federation=run_id)
+    initial = ArrayRecord(model.state_dict())
+    first_round = 1
+    if checkpoint is not None:
+        strategy.restore(checkpoint.strategy)
+        initial = ArrayRecord({k: Array(v) for k, v in zip(checkpoint.keys, checkpoint.arrays)})
+        first_round = checkpoint.server_round + 1
+        log(INFO, "Resuming after round %d from %s", checkpoint.server_round, checkpoint_path)
 
-    def on_round_end(report: RoundReport) -> None:
+    def on_round_end(report: RoundReport, arrays: ArrayRecord) -> None:
         tracker.log_round(report)
+        if checkpoint_path is not None:
+            save_checkpoint(checkpoint_path, ServerCheckpoint(
+                server_round=report.server_round, keys=list(arrays.keys()),
+                arrays=arrays.to_numpy_ndarrays(), strategy=strategy.snapshot(),
+                mlflow_run_id=run_id, plugins=_plugins(config)))
         log(INFO, "%s", _progress_line(report, config.num_server_rounds))
 
     started = time.monotonic()
@@ -115,9 +146,10 @@ def main(grid: Grid, context: Context) -> None:
     try:
         result = strategy.start(
             grid=grid,
-            initial_arrays=ArrayRecord(model.state_dict()),
+            initial_arrays=initial,
             num_rounds=config.num_server_rounds,
             on_round_end=on_round_end,
+            first_round=first_round,
         )
         model.load_state_dict(result.arrays.to_torch_state_dict())
         example = np.zeros((1, config.slab_slices, config.image_size, config.image_size),

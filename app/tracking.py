@@ -94,6 +94,14 @@ class FederationTracker:
         mlflow.log_params({k: str(v) for k, v in params.items()})
         return self.run_id
 
+    def resume(self, run_id: str, after_round: int, flwr_run_id: str) -> str:
+        """Reopen the federation's MLflow run after a crash; returns its id."""
+        run = mlflow.start_run(run_id=run_id)
+        self.run_id = run.info.run_id
+        mlflow.set_tags({f"resumed-after-round-{after_round}": flwr_run_id,
+                         "flwr.run-id": flwr_run_id})
+        return self.run_id
+
     def log_round(self, report: RoundReport) -> None:
         """Log one round: aggregates, per-site values, dropped replies, wall time."""
         step = report.server_round
@@ -118,6 +126,10 @@ class FederationTracker:
         for site, values in report.traffic.items():
             for name, value in values.items():
                 metrics[metric_key("site", site, name)] = value
+        for site in report.train:
+            metrics[metric_key("site", site, "failed")] = 0.0
+        for site in report.train_dropped:
+            metrics[metric_key("site", site, "failed")] = 1.0
         for site, count in report.times_selected.items():
             metrics[metric_key("site", site, "times-selected")] = count
         for site, loss in report.selection.get("losses", {}).items():

@@ -64,7 +64,7 @@ from strategies.wire_bytes import wire_size
 
 __all__ = ["FederatedStrategy", "NoValidRepliesError", "SelectionContext"]
 
-RoundObserver = Callable[[RoundReport], None]
+RoundObserver = Callable[[RoundReport, ArrayRecord], None]
 
 
 @dataclass
@@ -398,6 +398,20 @@ class FederatedStrategy(Strategy):
             [(r.metrics, r.num_examples) for r in accepted])
         return MetricRecord({k: float(v) for k, v in report.evaluate_aggregate.items()})
 
+    # --------------------------------------------------------------- checkpoint
+    def snapshot(self) -> dict:
+        """The strategy's state to checkpoint (plug-ins and what it learnt of the sites)."""
+        return {"aggregator": self.aggregator, "schedule": self.schedule,
+                "selector": self.selector, "sizes": dict(self._sizes),
+                "last_losses": dict(self._last_losses), "site_of": dict(self._site_of)}
+
+    def restore(self, state: dict) -> None:
+        """Continue from a :meth:`snapshot`."""
+        self.aggregator, self.schedule = state["aggregator"], state["schedule"]
+        self.selector = state["selector"]
+        self._sizes, self._last_losses = dict(state["sizes"]), dict(state["last_losses"])
+        self._site_of = dict(state["site_of"])
+
     # -------------------------------------------------------------------- loop
     def _is_valid(self, stage: str, message: Message) -> bool:
         """Whether a reply counts towards the quorum (same checks as aggregation)."""
@@ -433,12 +447,14 @@ class FederatedStrategy(Strategy):
         evaluate_config: ConfigRecord | None = None,
         evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
         on_round_end: RoundObserver | None = None,
+        first_round: int = 1,
     ) -> Result:
-        """Run ``num_rounds`` rounds under the round policy.
+        """Run rounds ``first_round .. num_rounds`` under the round policy.
 
         Same contract as :meth:`Strategy.start` (``timeout`` is ignored: the
         :class:`RoundPolicy` bounds every wait), plus ``on_round_end``, called
-        with the round's :class:`RoundReport` after each round.
+        with the round's :class:`RoundReport` and the new global arrays after
+        each round, and ``first_round`` (> 1 when resuming from a checkpoint).
         """
         log(INFO, "Starting %s strategy:", type(self).__name__)
         self.summary()
@@ -446,7 +462,7 @@ class FederatedStrategy(Strategy):
         evaluate_config = evaluate_config or ConfigRecord()
         result = Result()
         arrays = initial_arrays
-        for server_round in range(1, num_rounds + 1):
+        for server_round in range(first_round, num_rounds + 1):
             log(INFO, "")
             log(INFO, "[ROUND %d/%d]", server_round, num_rounds)
             started = time.monotonic()
@@ -471,6 +487,6 @@ class FederatedStrategy(Strategy):
                     result.evaluate_metrics_serverapp[server_round] = central
             report.seconds = time.monotonic() - started
             if on_round_end is not None:
-                on_round_end(report)
+                on_round_end(report, arrays)
         result.arrays = arrays
         return result

@@ -22,7 +22,3 @@ class FedAvgAggregator:
         """Return the aggregated update and info to track."""
         delta = fedavg_delta([r.delta for r in replies], [r.num_examples for r in replies])
         return delta, {}
-
-    def state(self) -> dict:
-        """Server state to checkpoint (none)."""
-        return {}

@@ -51,7 +51,3 @@ class FedNovaAggregator:
             delta = [v.astype(d.dtype) if np.issubdtype(d.dtype, np.floating) else d
                      for v, d in zip(self._velocity, delta)]
         return delta, {"tau-eff": tau_eff}
-
-    def state(self) -> dict:
-        """Server state to checkpoint: the momentum buffer."""
-        return {"velocity": self._velocity}

@@ -52,7 +52,3 @@ class AdaCommSchedule:
         self.tau = adacomm_tau(smoothed, self._initial, self.tau0, self.tau_min, self.tau_max)
         return {"schedule-tau": float(self.tau), "global-loss": loss,
                 "global-loss-smoothed": smoothed}
-
-    def state(self) -> dict:
-        """Server state to checkpoint."""
-        return {"tau": self.tau, "initial": self._initial, "smoother": self._smoother.state()}

@@ -18,7 +18,3 @@ class FixedSchedule:
     def observe(self, replies: list[TrainReply]) -> dict[str, float]:
         """Nothing adapts; returns the tau in force."""
         return {"schedule-tau": float(self.tau)}
-
-    def state(self) -> dict:
-        """Server state to checkpoint."""
-        return {"tau": self.tau}

@@ -49,7 +49,6 @@ def _profile(name: str, num_studies: int) -> HospitalProfile:
 
 @pytest.fixture(scope="module")
 def tasks(tmp_path_factory: pytest.TempPathFactory) -> list[PESegTask]:
-    torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("fednova-pe")
     settings = PESegSettings(image_size=32, slab_slices=9, batch_size=4)
     # Different study counts -> unequal n_i, so p_i is not uniform.

@@ -142,3 +142,22 @@ def test_fednova_adacomm_quorum_round_survives_a_failing_site(tmp_path, two_hosp
     reasons = " ".join(dropped.values())
     assert "site hospital-02: ManifestError" in reasons
     assert str(data_root) not in reasons  # no site path leaves the site
+
+
+def test_resume_from_the_server_checkpoint_continues_the_same_mlflow_run(tmp_path,
+                                                                        two_hospitals):
+    checkpoints = tmp_path / "checkpoints"
+    first = _simulate(tmp_path, two_hospitals, sites=2, rounds=1, extra=(
+        f"checkpoint-dir={checkpoints}", "strategy.schedule=adacomm"))
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert (checkpoints / "server-checkpoint.pkl").exists()
+    resumed = _simulate(tmp_path, two_hospitals, sites=2, rounds=3, extra=(
+        f"checkpoint-dir={checkpoints}", "strategy.schedule=adacomm", "resume=true"))
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "Resuming after round 1" in resumed.stdout
+
+    client, run = _mlflow_run(tmp_path)   # one MLflow run for the whole federation
+    run_id = run.info.run_id
+    assert _steps(client, run_id, "eval/val-dice") == [1, 2, 3]
+    assert _steps(client, run_id, "strategy/schedule-tau") == [1, 2, 3]
+    assert any(tag.startswith("resumed-after-round-1") for tag in run.data.tags)
