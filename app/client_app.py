@@ -30,7 +30,8 @@ from app.run_config import RunConfig
 from app.site_config import SiteConfig, SiteConfigError
 from clients.device import ComputeDevice, select_device
 from clients.errors import StudyError
-from clients.pe_seg_task import PESegSettings, PESegTask, SiteDataError
+from clients.site_task import SiteDataError, SiteTask, TaskSettings
+from clients.tasks import task_class
 from clients.site_state import SiteStateStore
 from strategies import message_keys as keys
 from strategies.aggregation import local_solver_norm
@@ -52,7 +53,7 @@ if not _progress.handlers:
     _progress.addHandler(_handler)
     _progress.setLevel(logging.INFO)
 
-_TASKS: dict[tuple[str, PESegSettings], PESegTask] = {}
+_TASKS: dict[tuple[str, str, TaskSettings], SiteTask] = {}
 _COMPUTE: list[ComputeDevice] = []
 
 
@@ -62,15 +63,14 @@ def _compute() -> ComputeDevice:
     return _COMPUTE[0]
 
 
-def _site_task(context: Context) -> tuple[RunConfig, SiteConfig, PESegTask]:
+def _site_task(context: Context) -> tuple[RunConfig, SiteConfig, SiteTask]:
     """Parse the configs and return the site's task, loaded once per process."""
     config = RunConfig.from_mapping(context.run_config)
     site = SiteConfig.from_node_config(context.node_config, config.data_root)
-    settings = PESegSettings(image_size=config.image_size, slab_slices=config.slab_slices,
-                             batch_size=config.batch_size)
-    key = (str(site.data_path), settings)
+    settings = config.task_settings()
+    key = (config.task, str(site.data_path), settings)
     if key not in _TASKS:
-        _TASKS[key] = PESegTask(site.data_path, settings)
+        _TASKS[key] = task_class(config.task)(site.data_path, settings)
     return config, site, _TASKS[key]
 
 
@@ -191,8 +191,8 @@ def evaluate(msg: Message, context: Context) -> Message:
     metrics = MetricRecord({
         keys.NUM_EXAMPLES: result.num_examples,
         keys.VAL_LOSS: result.loss,
-        keys.VAL_DICE: result.dice,
         "val-studies": result.num_studies,
+        **{f"val-{name}": value for name, value in result.metrics.items()},
     })
     content = RecordDict({keys.METRICS: metrics, keys.SITE: _site_record(site)})
     return Message(content, reply_to=msg)

@@ -15,12 +15,11 @@ from dataclasses import Field, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from clients.pe_seg_task import OPTIMIZERS
+from clients.site_task import OPTIMIZERS, TaskSettings
+from clients.tasks import TASKS
 from strategies.compression import parse_spec
 
-__all__ = ["RunConfig", "RunConfigError", "TASKS", "OPTIMIZERS"]
-
-TASKS = ("pe-seg",)
+__all__ = ["RunConfig", "RunConfigError"]
 
 
 class RunConfigError(ValueError):
@@ -108,7 +107,7 @@ class RunConfig:
     def validate(self) -> None:
         """Check ranges and cross-field rules."""
         if self.task not in TASKS:
-            self._fail("task", f"must be one of {TASKS}")
+            self._fail("task", f"must be one of {sorted(TASKS)}")
         if self.optimizer not in OPTIMIZERS:
             self._fail("optimizer", f"must be one of {OPTIMIZERS}")
         for name in ("num_server_rounds", "local_steps", "batch_size", "image_size",
@@ -154,6 +153,11 @@ class RunConfig:
             if value and not Path(value).is_absolute():
                 self._fail(name, "must be an absolute path (Flower's daemons do not run in "
                                  "the project directory)")
+
+    def task_settings(self) -> TaskSettings:
+        """The task's sizes and sampling."""
+        return TaskSettings(image_size=self.image_size, slab_slices=self.slab_slices,
+                            batch_size=self.batch_size)
 
     def as_params(self) -> dict[str, Any]:
         """Flat ``{key: value}`` with the run-config spelling, for MLflow params."""

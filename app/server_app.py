@@ -12,7 +12,6 @@ import time
 from logging import INFO
 from pathlib import Path
 
-import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, Context
 from flwr.serverapp import Grid, ServerApp
@@ -20,7 +19,7 @@ from flwr.supercore import log
 
 from app.run_config import RunConfig
 from app.tracking import FederationTracker
-from models.unet25d import make_unet25d
+from clients.tasks import task_class
 from strategies import message_keys as keys
 from strategies.checkpoint import ServerCheckpoint, load_checkpoint, save_checkpoint
 from strategies.federated_strategy import FederatedStrategy
@@ -66,10 +65,10 @@ def build_strategy(config: RunConfig, federation: str = "") -> FederatedStrategy
     )
 
 
-def _progress_line(report: RoundReport, num_rounds: int) -> str:
+def _progress_line(report: RoundReport, num_rounds: int, metric: str) -> str:
     train = report.train_aggregate.get(keys.TRAIN_LOSS, float("nan"))
-    dice = report.evaluate_aggregate.get(keys.VAL_DICE, float("nan"))
-    sites = ", ".join(f"{s} {m.get(keys.VAL_DICE, float('nan')):.3f}"
+    value = report.evaluate_aggregate.get(metric, float("nan"))
+    sites = ", ".join(f"{s} {m.get(metric, float('nan')):.3f}"
                       for s, m in sorted(report.evaluate.items()))
     dropped = "; ".join(f"{s}: {r}" for s, r in
                         {**report.train_dropped, **report.evaluate_dropped}.items()) or "none"
@@ -87,7 +86,7 @@ def _progress_line(report: RoundReport, num_rounds: int) -> str:
         selected = (f" | selected {','.join(report.selection['selected'])} of "
                     f"{len(report.selection['candidates'])} candidates")
     return (f"Round {report.server_round}/{num_rounds}: train loss {train:.4f} | "
-            f"val Dice {dice:.4f} ({sites}) | {tau}{traffic}{selected} | "
+            f"{metric} {value:.4f} ({sites}) | {tau}{traffic}{selected} | "
             f"{report.seconds:.1f} s | dropped: {dropped}")
 
 
@@ -105,7 +104,8 @@ def main(grid: Grid, context: Context) -> None:
     """Run (or, with ``resume``, continue) the federation described by the run config."""
     config = RunConfig.from_mapping(context.run_config)
     torch.manual_seed(config.seed)
-    model = make_unet25d(slab_slices=config.slab_slices)
+    task = task_class(config.task)
+    model = task.model_for(config.task_settings())
     checkpoint_path = (Path(config.checkpoint_dir) / CHECKPOINT_FILE
                        if config.checkpoint_dir else None)
     checkpoint = (load_checkpoint(checkpoint_path, _plugins(config))
@@ -139,7 +139,8 @@ def main(grid: Grid, context: Context) -> None:
                 server_round=report.server_round, keys=list(arrays.keys()),
                 arrays=arrays.to_numpy_ndarrays(), strategy=strategy.snapshot(),
                 mlflow_run_id=run_id, plugins=_plugins(config)))
-        log(INFO, "%s", _progress_line(report, config.num_server_rounds))
+        log(INFO, "%s", _progress_line(report, config.num_server_rounds,
+                                       f"val-{task.main_metric}"))
 
     started = time.monotonic()
     status = "FAILED"
@@ -152,16 +153,15 @@ def main(grid: Grid, context: Context) -> None:
             first_round=first_round,
         )
         model.load_state_dict(result.arrays.to_torch_state_dict())
-        example = np.zeros((1, config.slab_slices, config.image_size, config.image_size),
-                           dtype=np.float32)
-        model_uri = tracker.log_model(model, example)
+        model_uri = tracker.log_model(model, task.example_input(config.task_settings()))
         status = "FINISHED"
     finally:
         tracker.finish(status)
     log(INFO, "")
     log(INFO, "Federation finished in %.1f s", time.monotonic() - started)
+    metric = f"val-{task.main_metric}"
     for server_round, report in sorted(strategy.reports.items()):
-        log(INFO, "  round %d: val Dice %.4f", server_round,
-            report.evaluate_aggregate.get(keys.VAL_DICE, float("nan")))
+        log(INFO, "  round %d: %s %.4f", server_round, metric,
+            report.evaluate_aggregate.get(metric, float("nan")))
     log(INFO, "MLflow run %s (experiment '%s', store %s); model %s", run_id,
         tracker.experiment_name, tracker.tracking_uri, model_uri)

@@ -66,7 +66,7 @@ def build_run_config(overrides: list[str], data_root: Path, tracking_uri: str,
 
 
 def _print_summary(tracking_uri: str, flwr_run_id: int, seconds: float) -> None:
-    """Per-round Dice and the MLflow location, read back from MLflow."""
+    """Per-round validation metric and the MLflow location, read back from MLflow."""
     import mlflow  # noqa: PLC0415 - heavy import, only needed at the end
     from mlflow.tracking import MlflowClient  # noqa: PLC0415
 
@@ -80,7 +80,10 @@ def _print_summary(tracking_uri: str, flwr_run_id: int, seconds: float) -> None:
         print(f"no MLflow run found with tag flwr.run-id={flwr_run_id} in {tracking_uri}")
         return
     run = runs[0]
-    for key, label in (("eval/val-dice", "val Dice"), ("train/train-loss", "train loss")):
+    from clients.tasks import task_class  # noqa: PLC0415 - imports torch
+
+    metric = f"val-{task_class(run.data.params['task']).main_metric}"
+    for key, label in ((f"eval/{metric}", metric), ("train/train-loss", "train loss")):
         history = sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.step)
         values = ", ".join(f"r{m.step} {m.value:.4f}" for m in history)
         print(f"{label:>10} per round: {values}")

@@ -12,9 +12,9 @@ No Flower imports: the ClientApp calls this.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from monai.losses import DiceCELoss, DiceLoss
 from monai.metrics import DiceMetric
@@ -23,55 +23,13 @@ from torch.utils.data import DataLoader, Dataset, WeightedRandomSampler
 
 from clients.device import ComputeDevice
 from clients.pe_studies import LoadReport, load_site_studies
+from clients.site_task import EvalResult, SiteDataError, SiteTask, TaskSettings
 from clients.slabs import SlabDataset
-from clients.trainer import TrainResult, train_steps
 from models.unet25d import make_unet25d
 
-__all__ = ["PESegSettings", "EvalResult", "SiteDataError", "PESegTask", "make_optimizer",
-           "OPTIMIZERS"]
+__all__ = ["PESegTask"]
 
 log = logging.getLogger(__name__)
-
-
-class SiteDataError(RuntimeError):
-    """A site has no usable studies for the requested split."""
-
-
-@dataclass(frozen=True)
-class PESegSettings:
-    """Task settings (from the run config).
-
-    ``positive_fraction`` is the expected share of training slabs whose centre
-    slice contains PE (emboli fill well under 1% of slices' pixels, so uniform
-    sampling would show the network almost only empty targets).
-    """
-
-    image_size: int = 64
-    slab_slices: int = 9
-    batch_size: int = 8
-    positive_fraction: float = 0.5
-
-
-@dataclass(frozen=True)
-class EvalResult:
-    """Validation of a model on a site's held-out studies."""
-
-    num_examples: int
-    loss: float
-    dice: float
-    num_studies: int
-
-
-OPTIMIZERS = ("sgd", "adam")
-
-
-def make_optimizer(name: str, params, lr: float, momentum: float) -> torch.optim.Optimizer:
-    """Local optimiser by name: ``sgd`` (heavy-ball momentum) or ``adam``."""
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=momentum)
-    if name == "adam":
-        return torch.optim.Adam(params, lr=lr, betas=(momentum, 0.999))
-    raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {name!r}")
 
 
 class _RandomFlips(Dataset):
@@ -97,14 +55,14 @@ class _RandomFlips(Dataset):
         return image, target
 
 
-class PESegTask:
+class PESegTask(SiteTask):
     """One site's PE segmentation data and the operations on it.
 
     Parameters
     ----------
     site_dir : Path
         The site folder holding ``manifest.csv``.
-    settings : PESegSettings
+    settings : TaskSettings
         Sizes and sampling.
 
     Raises
@@ -113,9 +71,11 @@ class PESegTask:
         If the site has no usable training study.
     """
 
-    def __init__(self, site_dir: Path, settings: PESegSettings) -> None:
-        self.site_dir = Path(site_dir)
-        self.settings = settings
+    name = "pe-seg"
+    main_metric = "dice"
+
+    def __init__(self, site_dir: Path, settings: TaskSettings) -> None:
+        super().__init__(site_dir, settings)
         train, train_report = load_site_studies(self.site_dir, split="train")
         val, val_report = load_site_studies(self.site_dir, split="val")
         self.report = LoadReport(
@@ -133,9 +93,16 @@ class PESegTask:
                  self.site_dir.name, len(self.train_set), self.train_set.num_positive_slices,
                  len(self.val_set) if self.val_set else 0, len(self.report.skipped))
 
-    def build_model(self) -> nn.Module:
-        """A fresh 2.5D U-Net for this task's slab size."""
-        return make_unet25d(slab_slices=self.settings.slab_slices)
+    @classmethod
+    def model_for(cls, settings: TaskSettings) -> nn.Module:
+        """A fresh 2.5D U-Net for the slab size."""
+        return make_unet25d(slab_slices=settings.slab_slices)
+
+    @classmethod
+    def example_input(cls, settings: TaskSettings) -> np.ndarray:
+        """One slab: (1, slab slices, image size, image size)."""
+        size = settings.image_size
+        return np.zeros((1, settings.slab_slices, size, size), dtype=np.float32)
 
     @staticmethod
     def loss_fn() -> nn.Module:
@@ -157,45 +124,6 @@ class PESegTask:
                                         generator=generator)
         return DataLoader(_RandomFlips(dataset, seed + 1), batch_size=self.settings.batch_size, sampler=sampler,
                           drop_last=n >= self.settings.batch_size)
-
-    def train(
-        self, model: nn.Module, steps: int, lr: float, momentum: float,
-        compute: ComputeDevice, seed: int, optimizer: str = "adam",
-        deadline: float | None = None, label: str = "", proximal_mu: float = 0.0,
-    ) -> TrainResult:
-        """Run ``steps`` local optimiser steps on the site's training slabs.
-
-        ``optimizer`` is ``"sgd"`` (heavy-ball ``momentum``, PyTorch style) or
-        ``"adam"`` (Kingma & Ba 2015; ``momentum`` is its beta1). The optimiser
-        state is fresh every round, as in FedAvg with local Adam.
-        """
-        torch.manual_seed(seed)
-        model.to(compute.device)
-        opt = make_optimizer(optimizer, model.parameters(), lr, momentum)
-        return train_steps(model, self._train_loader(seed), self.loss_fn(), opt,
-                           steps, compute, deadline=deadline, label=label,
-                           proximal_mu=proximal_mu)
-
-    @torch.no_grad()
-    def training_loss(self, model: nn.Module, compute: ComputeDevice, subset: int = 0) -> float:
-        """Loss of ``model`` on the training slabs (forward passes only).
-
-        ``subset > 0`` uses a fixed, seeded subset of that many slabs (the cheap
-        loss estimate of cpow-d); 0 uses all of them (pow-d).
-        """
-        model.to(compute.device).eval()
-        indices = list(range(len(self.train_set)))
-        if 0 < subset < len(indices):
-            generator = torch.Generator().manual_seed(0)
-            indices = torch.randperm(len(indices), generator=generator)[:subset].tolist()
-        loader = DataLoader(torch.utils.data.Subset(self.train_set, indices),
-                            batch_size=max(self.settings.batch_size, 16))
-        loss_fn, total, count = self.loss_fn(), 0.0, 0
-        for x, y in loader:
-            x, y = x.to(compute.device), y.to(compute.device)
-            total += float(loss_fn(model(x).float(), y)) * x.shape[0]
-            count += x.shape[0]
-        return total / max(count, 1)
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, compute: ComputeDevice) -> EvalResult:
@@ -227,4 +155,4 @@ class PESegTask:
             metric(y_pred=pred[rows][None, None], y=target[rows][None, None])
         dice = float(metric.aggregate())
         return EvalResult(num_examples=len(self.val_set), loss=loss_sum / max(batches, 1),
-                          dice=dice, num_studies=len(self.val_set.study_ids))
+                          metrics={"dice": dice}, num_studies=len(self.val_set.study_ids))

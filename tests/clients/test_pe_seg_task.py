@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from clients.device import select_device
-from clients.pe_seg_task import PESegSettings, PESegTask, SiteDataError, make_optimizer
+from clients.pe_seg_task import PESegTask
+from clients.site_task import SiteDataError, TaskSettings, make_optimizer
 
-SETTINGS = PESegSettings(image_size=32, slab_slices=9, batch_size=4)
+SETTINGS = TaskSettings(image_size=32, slab_slices=9, batch_size=4)
 
 
 def test_trains_and_evaluates_a_generated_site(small_site: Path):
@@ -28,7 +29,7 @@ def test_trains_and_evaluates_a_generated_site(small_site: Path):
     evaluation = task.evaluate(model, select_device("cpu"))
     assert evaluation.num_examples == len(task.val_set)
     assert evaluation.num_studies == len(task.val_set.study_ids) >= 1
-    assert 0.0 <= evaluation.dice <= 1.0
+    assert 0.0 <= evaluation.metrics["dice"] <= 1.0
 
 
 def test_training_sampler_oversamples_slices_with_emboli(small_site: Path):

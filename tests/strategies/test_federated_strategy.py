@@ -162,12 +162,12 @@ def test_evaluate_metrics_are_example_weighted():
     for i, m in enumerate(messages):
         m.metadata.__dict__["_message_id"] = f"e-{i}"
     replies = [
-        _reply(messages[0], None, {keys.NUM_EXAMPLES: 10, keys.VAL_DICE: 0.2}, "a"),
-        _reply(messages[1], None, {keys.NUM_EXAMPLES: 30, keys.VAL_DICE: 0.6}, "b"),
+        _reply(messages[0], None, {keys.NUM_EXAMPLES: 10, "val-dice": 0.2}, "a"),
+        _reply(messages[1], None, {keys.NUM_EXAMPLES: 30, "val-dice": 0.6}, "b"),
     ]
     metrics = strategy.aggregate_evaluate(1, replies)
-    assert metrics[keys.VAL_DICE] == pytest.approx(0.5)
-    assert strategy.reports[1].evaluate["b"][keys.VAL_DICE] == pytest.approx(0.6)
+    assert metrics["val-dice"] == pytest.approx(0.5)
+    assert strategy.reports[1].evaluate["b"]["val-dice"] == pytest.approx(0.6)
 
 
 def test_node_wait_is_bounded():
