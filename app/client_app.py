@@ -94,19 +94,21 @@ def _site_error(msg: Message, context: Context, exc: Exception) -> Message:
 
 
 def _encode_update(delta: list[np.ndarray], instruction: ConfigRecord, site: SiteConfig,
-                   context: Context) -> tuple[dict[str, np.ndarray], float]:
+                   context: Context, raw: frozenset[int] = frozenset()
+                   ) -> tuple[dict[str, np.ndarray], float]:
     """Pack the update with the round's codec; keep the error-feedback residual.
 
     The residual ``e`` (EF-SGD: z = e + delta, send C(z), e <- z - decode(C(z)))
     lives in ``context.state`` for this SuperNode process and on the site's disk
     (``state-dir``/<federation>/), so it survives a SuperNode restart. Returns
-    the arrays to send and ||e||_2 after this round.
+    the arrays to send and ||e||_2 after this round. ``raw`` are the positions
+    of the model's buffers (normalisation statistics), sent uncompressed.
     """
     spec = str(instruction.get(keys.CODEC, "none"))
     seed = int(instruction.get(keys.CODEC_SEED, 0))
     lossy = parse_spec(spec).name != "none"
     if not (lossy and bool(instruction.get(keys.ERROR_FEEDBACK, True))):
-        return pack_update(delta, spec, seed), 0.0
+        return pack_update(delta, spec, seed, raw=raw), 0.0
     federation = str(instruction.get(keys.FEDERATION, "")) or f"run-{context.run_id}"
     state_key = f"ef-residual:{federation}"
     store = SiteStateStore(site.state_dir)
@@ -117,7 +119,7 @@ def _encode_update(delta: list[np.ndarray], instruction: ConfigRecord, site: Sit
         saved = store.load(federation, "ef-residual")
         if saved is not None:
             feedback.load_state(saved)
-    arrays = pack_update(delta, spec, seed, feedback)
+    arrays = pack_update(delta, spec, seed, feedback, raw=raw)
     residual = feedback.state()
     context.state[state_key] = ArrayRecord([residual])
     store.save(federation, "ef-residual", residual)
@@ -159,7 +161,9 @@ def train(msg: Message, context: Context) -> Message:
                    dtype=value.numpy().dtype)
         for name, value in global_state.items()
     ]
-    arrays, residual_norm = _encode_update(delta, instruction, site, context)
+    parameters = {name for name, _ in model.named_parameters()}
+    buffers = frozenset(i for i, name in enumerate(global_state) if name not in parameters)
+    arrays, residual_norm = _encode_update(delta, instruction, site, context, raw=buffers)
     metrics = MetricRecord({
         keys.RESIDUAL_NORM: residual_norm,
         keys.NUM_EXAMPLES: len(task.train_set),

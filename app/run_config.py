@@ -49,6 +49,9 @@ class RunConfig:
     time_budget: float = 0.0
     image_size: int = 64
     slab_slices: int = 9
+    num_labels: int = 1
+    model_size: str = "small"
+    volume_depth: int = 32
     data_root: str = ""
     tracking_uri: str = ""
     artifact_root: str = ""
@@ -110,7 +113,10 @@ class RunConfig:
             self._fail("task", f"must be one of {sorted(TASKS)}")
         if self.optimizer not in OPTIMIZERS:
             self._fail("optimizer", f"must be one of {OPTIMIZERS}")
+        if self.model_size not in ("small", "full"):
+            self._fail("model_size", "must be 'small' or 'full'")
         for name in ("num_server_rounds", "local_steps", "batch_size", "image_size",
+                     "num_labels", "volume_depth",
                      "min_nodes", "node_wait_timeout", "round_timeout", "lr",
                      "strategy_tau_min"):
             if getattr(self, name) <= 0:
@@ -157,7 +163,8 @@ class RunConfig:
     def task_settings(self) -> TaskSettings:
         """The task's sizes and sampling."""
         return TaskSettings(image_size=self.image_size, slab_slices=self.slab_slices,
-                            batch_size=self.batch_size)
+                            batch_size=self.batch_size, num_labels=self.num_labels,
+                            model_size=self.model_size, volume_depth=self.volume_depth)
 
     def as_params(self) -> dict[str, Any]:
         """Flat ``{key: value}`` with the run-config spelling, for MLflow params."""

@@ -40,13 +40,17 @@ class TaskSettings:
 
     ``positive_fraction`` is the expected share of positive training examples
     the sampler draws (rare targets such as emboli would otherwise be almost
-    absent from the batches).
+    absent from the batches). ``num_labels`` and ``model_size`` (``small`` |
+    ``full``) are for the classifiers, ``volume_depth`` (slices) for 3D volumes.
     """
 
     image_size: int = 64
     slab_slices: int = 9
     batch_size: int = 8
     positive_fraction: float = 0.5
+    num_labels: int = 1
+    model_size: str = "small"
+    volume_depth: int = 32
 
 
 @dataclass(frozen=True)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from clients.cxr_task import CXRClsTask
 from clients.pe_seg_task import PESegTask
 from clients.site_task import SiteTask
 
 __all__ = ["TASKS", "task_class"]
 
-TASKS: dict[str, type[SiteTask]] = {PESegTask.name: PESegTask}
+TASKS: dict[str, type[SiteTask]] = {task.name: task for task in (PESegTask, CXRClsTask)}
 
 
 def task_class(name: str) -> type[SiteTask]:

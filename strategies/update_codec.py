@@ -1,18 +1,21 @@
 """A site's update as the arrays it actually sends: one compressed payload + raw integer buffers.
 
-The floating-point part of ``delta = x_global - x_local`` is flattened (model
-parameter order) into one vector and encoded with :func:`strategies.compression.encode`
-(optionally through :class:`strategies.compression.ErrorFeedback`), so a message
-carries one ``uint8`` buffer instead of one dense array per tensor. Integer
-buffers (e.g. BatchNorm ``num_batches_tracked``) are never put through a lossy
-codec: they travel raw under ``raw-<index>``.
+The trainable floating-point part of ``delta = x_global - x_local`` is
+flattened (model parameter order) into one vector and encoded with
+:func:`strategies.compression.encode` (optionally through
+:class:`strategies.compression.ErrorFeedback`), so a message carries one
+``uint8`` buffer instead of one dense array per tensor. Buffers are never put
+through a lossy codec: integer ones (BatchNorm ``num_batches_tracked``) always,
+and float ones the site marks raw (BatchNorm running mean/variance: a top-k or
+QSGD error there can make a variance negative and every output NaN) travel raw
+under ``raw-<index>``; the server takes the raw set from the reply itself.
 
 Pure numpy: the ClientApp packs, the strategy unpacks.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 import numpy as np
 
@@ -40,13 +43,16 @@ def dense_bytes(arrays: Sequence[np.ndarray]) -> int:
 
 
 def pack_update(delta: Sequence[np.ndarray], spec: str, seed: int = 0,
-                feedback: ErrorFeedback | None = None) -> dict[str, np.ndarray]:
-    """Encode ``delta`` into ``{"payload": uint8, "raw-<i>": int array, ...}``.
+                feedback: ErrorFeedback | None = None,
+                raw: Collection[int] = ()) -> dict[str, np.ndarray]:
+    """Encode ``delta`` into ``{"payload": uint8, "raw-<i>": array, ...}``.
 
-    With ``feedback`` the payload is ``C(e + delta)`` and the feedback's residual
-    is updated (Karimireddy et al. 2019, EF-SGD).
+    Arrays at the positions in ``raw`` (e.g. normalisation statistics) and all
+    integer arrays are sent unchanged. With ``feedback`` the payload is
+    ``C(e + delta)`` and the feedback's residual is updated (Karimireddy et al.
+    2019, EF-SGD).
     """
-    floats = float_positions(delta)
+    floats = [i for i in float_positions(delta) if i not in set(raw)]
     vector = flatten([delta[i] for i in floats])
     payload = feedback.step(vector, seed=seed) if feedback is not None else encode(
         vector, spec, seed=seed)
@@ -67,13 +73,20 @@ def unpack_update(arrays: Mapping[str, np.ndarray], reference: Sequence[np.ndarr
         Unexpected or missing keys, wrong raw arrays, or (wrapping
         :class:`strategies.compression.PayloadError`) a malformed payload.
     """
-    floats = float_positions(reference)
-    expected = {PAYLOAD_KEY} | {f"{RAW_PREFIX}{i}" for i in range(len(reference))
-                                if i not in floats}
-    if set(arrays) != expected:
+    raw = set()
+    for key in arrays:
+        if key == PAYLOAD_KEY:
+            continue
+        index = key[len(RAW_PREFIX):]
+        if not key.startswith(RAW_PREFIX) or not index.isdigit() or int(index) >= len(reference):
+            raise UpdateFormatError(f"unexpected array '{key}' in the update")
+        raw.add(int(index))
+    required = set(range(len(reference))) - set(float_positions(reference))
+    if PAYLOAD_KEY not in arrays or not required <= raw:
         raise UpdateFormatError(
-            f"update keys {sorted(arrays)} do not match the global model "
-            f"(expected {sorted(expected)})")
+            f"update keys {sorted(arrays)} do not match the global model (need "
+            f"'{PAYLOAD_KEY}' and raw integer arrays {sorted(required)})")
+    floats = [i for i in float_positions(reference) if i not in raw]
     float_like = [reference[i] for i in floats]
     size = sum(a.size for a in float_like)
     try:
@@ -84,11 +97,11 @@ def unpack_update(arrays: Mapping[str, np.ndarray], reference: Sequence[np.ndarr
     for i, array in zip(floats, unflatten(vector, float_like)):
         out[i] = array
     for i, ref in enumerate(reference):
-        if i in floats:
+        if i not in raw:
             continue
-        raw = np.asarray(arrays[f"{RAW_PREFIX}{i}"])
-        if raw.shape != ref.shape or raw.dtype != ref.dtype:
+        sent = np.asarray(arrays[f"{RAW_PREFIX}{i}"])
+        if sent.shape != ref.shape or sent.dtype != ref.dtype:
             raise UpdateFormatError(
-                f"array {i}: {raw.dtype}{raw.shape}, expected {ref.dtype}{ref.shape}")
-        out[i] = raw
+                f"array {i}: {sent.dtype}{sent.shape}, expected {ref.dtype}{ref.shape}")
+        out[i] = sent
     return out

@@ -45,7 +45,8 @@ def test_topk_payload_is_the_compact_encoding():
 
 @pytest.mark.parametrize("mutate, message", [
     (lambda p: p.pop("raw-2"), "do not match the global model"),
-    (lambda p: p.update({"extra": np.zeros(1)}), "do not match the global model"),
+    (lambda p: p.update({"raw-9": np.zeros(1)}), "unexpected array"),
+    (lambda p: p.update({"extra": np.zeros(1)}), "unexpected array"),
     (lambda p: p.update({"raw-2": np.array(1, np.int32)}), "expected int64"),
     (lambda p: p.update({PAYLOAD_KEY: p[PAYLOAD_KEY][:-3]}), "payload rejected"),
 ])
@@ -73,3 +74,21 @@ def test_error_feedback_through_packing_keeps_the_invariant():
         sent += decode(packed[PAYLOAD_KEY], "topk:0.1", 17, seed=step)
         true += np.concatenate([delta[0].ravel(), delta[1]])
     np.testing.assert_allclose(sent + feedback.residual, true, atol=1e-5)
+
+
+def test_float_buffers_marked_raw_bypass_the_lossy_codec():
+    """Normalisation statistics travel exactly; only the rest is compressed."""
+    delta = _delta()
+    packed = pack_update(delta, "topk:0.1", raw={1})
+    assert set(packed) == {PAYLOAD_KEY, "raw-1", "raw-2"}
+    out = unpack_update(packed, REFERENCE, "topk:0.1")
+    np.testing.assert_array_equal(out[1], delta[1])
+    assert np.count_nonzero(out[0]) == 1  # top-10% of the 12 remaining entries
+
+
+def test_two_raw_buffers_both_arrive_exactly():
+    reference = [np.zeros(6, np.float32), np.zeros(3, np.float32), np.zeros(2, np.float32)]
+    delta = [np.arange(6, dtype=np.float32), np.ones(3, np.float32), np.full(2, 7, np.float32)]
+    out = unpack_update(pack_update(delta, "sign", raw={1, 2}), reference, "sign")
+    np.testing.assert_array_equal(out[1], delta[1])
+    np.testing.assert_array_equal(out[2], delta[2])

@@ -1,0 +1,622 @@
+"""Power-of-Choice client selection vs uniform sampling on PneumoniaMNIST.
+
+Benchmarks the product's own selector plug-ins (``strategies.registry.SELECTORS``:
+``uniform``, ``pow-d``, ``cpow-d``, ``rpow-d`` and adaptive ``d``) in an
+in-process FedAvg loop (a bench, not the product path: no Flower processes),
+following Cho, Wang, Joshi, "Towards Understanding Biased Client Selection in
+Federated Learning", AISTATS 2022 (Alg. 1 and Sec. 5).
+
+Setup
+-----
+* Data: PneumoniaMNIST (MedMNIST v2, class-balanced subsample), 28x28 chest
+  X-rays, binary label **pneumonia vs normal**
+  (``../shared/data/cxr2d/pneumoniamnist_balanced.npz``). Pixels scaled to
+  [0, 1] and standardised with the training mean / std.
+* Sites: the 2428 training images are split label-skewed across ``N`` sites
+  with a Dirichlet(alpha) per class over the sites (the usual non-IID FL
+  split; site sizes are unequal as a consequence); a split is redrawn until
+  every site holds at least ``min_site_examples`` images.
+* Model: a small CNN (conv8-pool-conv16-pool-fc32-fc2, 26,434 parameters, no
+  BatchNorm so FedAvg of the state dict is exact).
+* Round ``r``: the selector picks ``m`` sites; each trains ``tau`` plain SGD
+  steps (constant lr, mini-batches drawn by reshuffled passes over its data)
+  from the global model and returns ``delta = x_global - x_local``;
+  ``strategies.aggregation.fedavg_delta`` (``p_i = n_i / sum n_j`` over the
+  selected sites) and ``x <- x - Delta``. The global model is evaluated on the
+  validation split after every round, on the test split in the last 5 rounds.
+* Selection context: ``sizes`` = training images per site; ``last_losses`` =
+  mean training loss over the ``tau`` steps each site reported when it last
+  trained (``rpow-d``); ``query_losses(candidates, subset)`` = mean
+  cross-entropy of the *current* global model on each candidate's whole
+  training data (``subset = 0``, ``pow-d``) or on a fixed seeded subset of
+  ``subset`` images per site (``cpow-d``); every example forwarded there is
+  counted as an extra query forward pass.
+
+Seeds: seed index ``s`` fixes the Dirichlet split, the model initialisation,
+the selector seed and the local mini-batch order (a function of
+``(s, round, site)``), so within a seed every method starts from the same
+split and weights and a site trained in the same round sees the same batches;
+across seeds both the split and the training randomness change.
+
+Metrics (per method, mean over seeds): rounds to the target validation
+accuracy (first round at which the trailing mean over ``smooth`` rounds is at
+or above it; a run that never gets there counts as ``R`` and is reported as
+not reached), final accuracy (mean of the last 5 rounds' validation
+accuracy), test accuracy of the final model (and its mean over the last 5
+rounds' models), extra query forward passes, speedup = uniform's rounds / the
+method's rounds, and the label mix of the selected sites per round. Issue
+target: ``pow-d`` reaches the target in >= 1.5x fewer rounds than uniform,
+with a final accuracy no worse than uniform's (mean over seeds, no tolerance).
+All methods share lr, tau, m, d, R; nothing is tuned per method.
+
+Choices (CPU budget: 2 shared cores, one thread, a full run ~2-3 CPU minutes):
+N = 20 sites, m = 3, d = 2m = 6, cpow-d subset = 32 (one mini-batch), tau = 5
+local SGD steps of batch 32 at lr 0.1, R = 60 rounds, 3 seeds; conv8/conv16
+rather than conv16/conv32 halves the cost of a step. The target 0.80 val
+accuracy (~0.85 x uniform's final ~0.93) was fixed before the full runs;
+rounds to 0.75 / 0.85 / 0.90 are in ``other_targets``.
+
+Usage::
+
+    .venv/bin/python bench/selection_powd.py [--rounds 60] [--seeds 3] [--output ...]
+
+Single-threaded (thread env vars set before numpy / torch are imported).
+"""
+
+from __future__ import annotations
+
+import os
+
+for _var in (
+    "OMP_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+):
+    os.environ[_var] = "1"
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from strategies.aggregation import fedavg_delta  # noqa: E402
+from strategies.registry import SELECTORS  # noqa: E402
+
+torch.set_num_threads(1)
+try:
+    torch.set_num_interop_threads(1)
+except RuntimeError:  # already set in this process (e.g. under pytest)
+    pass
+
+BENCH = Path(__file__).resolve().parent
+DEFAULT_DATA = ROOT.parent / "shared" / "data" / "cxr2d" / "pneumoniamnist_balanced.npz"
+DEFAULT_OUTPUT = BENCH / "results" / "selection_powd.json"
+
+CONFIG = {
+    "num_sites": 20,
+    "alpha": 0.3,
+    "min_site_examples": 10,
+    "m": 3,
+    "d": 6,  # 2m
+    "cpow_subset": 32,  # one mini-batch per candidate (paper: cpow-d estimates on b samples)
+    "rounds": 60,
+    "tau": 5,
+    "batch_size": 32,
+    "lr": 0.1,
+    "seeds": 3,
+    "target_accuracy": 0.80,
+    "smooth": 3,
+    "final_window": 5,
+    "speedup_target": 1.5,
+}
+
+METHODS = ["uniform", "pow-d", "cpow-d", "rpow-d", "adaptive-d"]
+
+
+class DataMissingError(FileNotFoundError):
+    """The PneumoniaMNIST file is not where the bench expects it."""
+
+
+# --------------------------------------------------------------------------- #
+# Data
+# --------------------------------------------------------------------------- #
+def load_pneumonia(path: Path) -> dict[str, np.ndarray]:
+    """Images as float32 (n, 1, 28, 28) standardised with the train mean/std; int64 labels."""
+    if not Path(path).is_file():
+        raise DataMissingError(
+            f"PneumoniaMNIST not found at {path}; this benchmark needs the shared data "
+            "folder (../shared/data/cxr2d/pneumoniamnist_balanced.npz, see "
+            "../shared/data/README.md) or --data PATH"
+        )
+    raw = np.load(path)
+    train = raw["train_images"].astype(np.float32) / 255.0
+    mean, std = float(train.mean()), float(train.std())
+    out: dict[str, np.ndarray] = {}
+    for split in ("train", "val", "test"):
+        images = raw[f"{split}_images"].astype(np.float32) / 255.0
+        out[f"{split}_x"] = ((images - mean) / std)[:, None, :, :]
+        out[f"{split}_y"] = raw[f"{split}_labels"].reshape(-1).astype(np.int64)
+    return out
+
+
+def dirichlet_split(labels: np.ndarray, num_sites: int, alpha: float, seed: int,
+                    min_size: int = 10, max_tries: int = 100000) -> list[np.ndarray]:
+    """Label-skewed partition of ``range(len(labels))`` into ``num_sites`` sites.
+
+    For every class ``c`` the shares ``q_c ~ Dirichlet(alpha * 1_N)`` over the
+    sites split that class's (shuffled) indices; the draw is repeated until
+    every site holds at least ``min_size`` examples.
+
+    Returns
+    -------
+    list of numpy.ndarray
+        Sorted int64 index arrays, one per site, disjoint, covering all indices.
+    """
+    labels = np.asarray(labels).reshape(-1)
+    if num_sites < 1 or alpha <= 0:
+        raise ValueError(f"need num_sites >= 1 and alpha > 0, got {num_sites}, {alpha}")
+    if num_sites * min_size > len(labels):
+        raise ValueError(f"{num_sites} sites x {min_size} examples > {len(labels)} examples")
+    rng = np.random.default_rng(seed)
+    classes = np.unique(labels)
+    by_class = [np.flatnonzero(labels == c) for c in classes]
+    for _ in range(max_tries):
+        # Sizes first (cheap), so a rejected draw costs no index shuffling.
+        shares = rng.dirichlet(np.full(num_sites, alpha), size=len(classes))
+        cuts = [(np.cumsum(q)[:-1] * len(idx)).astype(int) for q, idx in zip(shares, by_class)]
+        sizes = sum(np.diff(np.concatenate([[0], c, [len(idx)]]))
+                    for c, idx in zip(cuts, by_class))
+        if sizes.min() < min_size:
+            continue
+        parts: list[list[np.ndarray]] = [[] for _ in range(num_sites)]
+        for c, idx in zip(cuts, by_class):
+            for site, chunk in enumerate(np.split(rng.permutation(idx), c)):
+                parts[site].append(chunk)
+        return [np.sort(np.concatenate(p)).astype(np.int64) for p in parts]
+    raise RuntimeError(f"no Dirichlet({alpha}) split with >= {min_size} examples per site "
+                       f"in {max_tries} draws")
+
+
+# --------------------------------------------------------------------------- #
+# Model
+# --------------------------------------------------------------------------- #
+class SmallCNN(nn.Module):
+    """conv3x3(8)-ReLU-pool-conv3x3(16)-ReLU-pool-fc(32)-ReLU-fc(2) for 28x28 inputs."""
+
+    def __init__(self, num_classes: int = 2) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        )
+        self.head = nn.Sequential(nn.Flatten(), nn.Linear(16 * 7 * 7, 32), nn.ReLU(),
+                                  nn.Linear(32, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+
+def get_weights(model: nn.Module) -> list[np.ndarray]:
+    """The state dict as numpy arrays (copies), in order."""
+    return [t.detach().cpu().numpy().copy() for t in model.state_dict().values()]
+
+
+def set_weights(model: nn.Module, weights: list[np.ndarray]) -> None:
+    keys = list(model.state_dict().keys())
+    model.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(w))
+                           for k, w in zip(keys, weights)})
+
+
+# --------------------------------------------------------------------------- #
+# Federation (the selection context)
+# --------------------------------------------------------------------------- #
+@dataclass
+class Federation:
+    """Sites, global model and the selector context (``sizes``, ``last_losses``,
+    ``query_losses``)."""
+
+    site_x: list[torch.Tensor]
+    site_y: list[torch.Tensor]
+    seed: int
+    lr: float
+    tau: int
+    batch_size: int
+    model: nn.Module
+    global_weights: list[np.ndarray] = field(default_factory=list)
+    sizes: dict[int, int] = field(default_factory=dict)
+    last_losses: dict[int, float] = field(default_factory=dict)
+    query_forward_passes: int = 0
+    query_log: list[dict] = field(default_factory=list)
+    _subsets: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.sizes = {i: int(len(y)) for i, y in enumerate(self.site_y)}
+        if not self.global_weights:
+            self.global_weights = get_weights(self.model)
+
+    @property
+    def node_ids(self) -> list[int]:
+        return list(range(len(self.site_y)))
+
+    # -- losses of the current global model -------------------------------- #
+    @torch.no_grad()
+    def _mean_loss(self, x: torch.Tensor, y: torch.Tensor) -> float:
+        self.model.eval()
+        total = 0.0
+        for start in range(0, len(y), 256):
+            logits = self.model(x[start:start + 256])
+            total += float(nn.functional.cross_entropy(logits, y[start:start + 256],
+                                                       reduction="sum"))
+        return total / len(y)
+
+    def subset_indices(self, site: int, subset: int) -> np.ndarray:
+        """Fixed seeded subset of ``subset`` examples of a site (all if it has fewer)."""
+        key = (site, subset)
+        if key not in self._subsets:
+            n = self.sizes[site]
+            rng = np.random.default_rng([self.seed, 7919, site])
+            self._subsets[key] = (np.arange(n) if subset >= n
+                                  else np.sort(rng.choice(n, size=subset, replace=False)))
+        return self._subsets[key]
+
+    def query_losses(self, candidates: list[int], subset: int) -> dict[int, float]:
+        """Loss of the current global model on each candidate's training data
+        (all of it if ``subset == 0``, else a fixed subset); counts the forward passes."""
+        set_weights(self.model, self.global_weights)
+        out: dict[int, float] = {}
+        for c in candidates:
+            x, y = self.site_x[c], self.site_y[c]
+            if subset:
+                idx = torch.from_numpy(self.subset_indices(c, subset))
+                x, y = x[idx], y[idx]
+            out[int(c)] = self._mean_loss(x, y)
+            self.query_forward_passes += int(len(y))
+        self.query_log.append({"candidates": [int(c) for c in candidates], "subset": subset,
+                               "losses": dict(out)})
+        return out
+
+    @torch.no_grad()
+    def accuracy(self, x: torch.Tensor, y: torch.Tensor) -> float:
+        set_weights(self.model, self.global_weights)
+        self.model.eval()
+        correct = 0
+        for start in range(0, len(y), 256):
+            pred = self.model(x[start:start + 256]).argmax(1)
+            correct += int((pred == y[start:start + 256]).sum())
+        return correct / len(y)
+
+    # -- local training ------------------------------------------------------ #
+    def local_train(self, site: int, server_round: int) -> tuple[list[np.ndarray], float]:
+        """``tau`` SGD steps from the global model; returns ``(delta, mean train loss)``."""
+        set_weights(self.model, self.global_weights)
+        self.model.train()
+        opt = torch.optim.SGD(self.model.parameters(), lr=self.lr)
+        x, y = self.site_x[site], self.site_y[site]
+        n = len(y)
+        rng = np.random.default_rng([self.seed, server_round, site])
+        order, pos, losses = rng.permutation(n), 0, []
+        for _ in range(self.tau):
+            take = min(self.batch_size, n)
+            if pos + take > n:
+                order, pos = rng.permutation(n), 0
+            idx = torch.from_numpy(order[pos:pos + take])
+            pos += take
+            opt.zero_grad(set_to_none=True)
+            loss = nn.functional.cross_entropy(self.model(x[idx]), y[idx])
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        local = get_weights(self.model)
+        delta = [g - w for g, w in zip(self.global_weights, local)]
+        return delta, float(np.mean(losses))
+
+
+def run_round(fed: Federation, selector, server_round: int) -> dict:
+    """Select, train the selected sites, FedAvg; returns what happened."""
+    queries_before = len(fed.query_log)
+    passes_before = fed.query_forward_passes
+    selected = [int(s) for s in selector.select(server_round, fed.node_ids, fed)]
+    deltas, counts = [], []
+    for site in selected:
+        delta, loss = fed.local_train(site, server_round)
+        deltas.append(delta)
+        counts.append(fed.sizes[site])
+        fed.last_losses[site] = loss
+    update = fedavg_delta(deltas, counts)
+    fed.global_weights = [g - u for g, u in zip(fed.global_weights, update)]
+    queries = fed.query_log[queries_before:]
+    return {
+        "selected": selected,
+        "queried": [c for q in queries for c in q["candidates"]],
+        "query_losses": {c: v for q in queries for c, v in q["losses"].items()},
+        "query_forward_passes": fed.query_forward_passes - passes_before,
+        "d": getattr(selector, "last", {}).get("d"),
+    }
+
+
+def make_selector(method: str, cfg: dict, seed: int):
+    m, d, rounds = cfg["m"], cfg["d"], cfg["rounds"]
+    if method == "uniform":
+        return SELECTORS.create("uniform", m=m, seed=seed)
+    if method == "pow-d":
+        return SELECTORS.create("pow-d", m=m, d=d, num_rounds=rounds, seed=seed)
+    if method == "cpow-d":
+        return SELECTORS.create("cpow-d", m=m, d=d, num_rounds=rounds,
+                                subset=cfg["cpow_subset"], seed=seed)
+    if method == "rpow-d":
+        return SELECTORS.create("rpow-d", m=m, d=d, num_rounds=rounds, seed=seed)
+    if method == "adaptive-d":
+        return SELECTORS.create("pow-d", m=m, d=0, num_rounds=rounds, seed=seed)
+    raise ValueError(f"unknown method {method!r}")
+
+
+def make_federation(data: dict, split: list[np.ndarray], cfg: dict, seed: int) -> Federation:
+    torch.manual_seed(seed)
+    x = torch.from_numpy(data["train_x"])
+    y = torch.from_numpy(data["train_y"])
+    return Federation(site_x=[x[torch.from_numpy(s)] for s in split],
+                      site_y=[y[torch.from_numpy(s)] for s in split], seed=seed, lr=cfg["lr"],
+                      tau=cfg["tau"], batch_size=cfg["batch_size"], model=SmallCNN())
+
+
+def run_method(method: str, data: dict, split: list[np.ndarray], cfg: dict, seed: int) -> dict:
+    """One federation of ``cfg['rounds']`` rounds; the validation curve and counts."""
+    started = time.perf_counter()
+    fed = make_federation(data, split, cfg, seed)
+    selector = make_selector(method, cfg, seed)
+    val_x, val_y = torch.from_numpy(data["val_x"]), torch.from_numpy(data["val_y"])
+    test_x, test_y = torch.from_numpy(data["test_x"]), torch.from_numpy(data["test_y"])
+    initial = fed.accuracy(val_x, val_y)
+    curve, passes, ds, picks, test_tail = [], [], [], [], []
+    counts = np.zeros(len(split), dtype=int)
+    for r in range(1, cfg["rounds"] + 1):
+        info = run_round(fed, selector, r)
+        counts[info["selected"]] += 1
+        passes.append(info["query_forward_passes"])
+        ds.append(info["d"])
+        picks.append(info["selected"])
+        curve.append(fed.accuracy(val_x, val_y))
+        if r > cfg["rounds"] - cfg["final_window"]:
+            test_tail.append(fed.accuracy(test_x, test_y))
+    return {
+        "seed": seed,
+        "initial_val_accuracy": initial,
+        "val_accuracy": curve,
+        "test_accuracy": test_tail[-1],
+        "test_accuracy_last_rounds": test_tail,
+        "query_forward_passes": int(sum(passes)),
+        "query_forward_passes_per_round": passes,
+        "train_forward_backward_examples": int(cfg["rounds"] * cfg["m"] * cfg["tau"]
+                                               * cfg["batch_size"]),
+        "d_per_round": ds if method != "uniform" else None,
+        "times_selected": counts.tolist(),
+        "selected_per_round": picks,
+        "wall_s": time.perf_counter() - started,
+    }
+
+
+# --------------------------------------------------------------------------- #
+# Metrics
+# --------------------------------------------------------------------------- #
+def trailing_mean(curve: list[float], window: int) -> np.ndarray:
+    c = np.asarray(curve, dtype=float)
+    csum = np.cumsum(np.insert(c, 0, 0.0))
+    out = np.empty_like(c)
+    for i in range(len(c)):
+        lo = max(0, i + 1 - window)
+        out[i] = (csum[i + 1] - csum[lo]) / (i + 1 - lo)
+    return out
+
+
+def rounds_to_target(curve: list[float], target: float, window: int) -> int | None:
+    """First round (1-based) whose trailing mean over ``window`` rounds is >= target."""
+    hits = np.flatnonzero(trailing_mean(curve, window) >= target)
+    return int(hits[0]) + 1 if len(hits) else None
+
+
+def selection_balance(run: dict, split_info: dict) -> dict:
+    """Label mix of the selected sites per round: the pneumonia fraction of their
+    pooled training data, its mean distance from 0.5, and its lag-1 autocorrelation
+    over rounds (negative = the selected class mix alternates round to round)."""
+    sizes = np.asarray(split_info["sizes"], dtype=float)
+    frac = np.asarray(split_info["pneumonia_fraction"])
+    mix = np.array([float((sizes[s] * frac[s]).sum() / sizes[s].sum())
+                    for s in run["selected_per_round"]])
+    centred = mix - mix.mean()
+    denom = float((centred ** 2).sum())
+    lag1 = float((centred[:-1] * centred[1:]).sum() / denom) if denom > 0 else 0.0
+    return {"imbalance": float(np.abs(mix - 0.5).mean()), "lag1": lag1}
+
+
+def summarise(runs: dict[str, list[dict]], cfg: dict, splits: dict | None = None) -> dict:
+    target, rounds = cfg["target_accuracy"], cfg["rounds"]
+    summary: dict[str, dict] = {}
+    for method, per_seed in runs.items():
+        hit = [rounds_to_target(r["val_accuracy"], target, cfg["smooth"]) for r in per_seed]
+        raw = [rounds_to_target(r["val_accuracy"], target, 1) for r in per_seed]
+        censored = [h if h is not None else rounds for h in hit]
+        finals = [float(np.mean(r["val_accuracy"][-cfg["final_window"]:])) for r in per_seed]
+        summary[method] = {
+            "rounds_to_target_per_seed": hit,
+            "rounds_to_target_raw_per_seed": raw,
+            "reached": sum(h is not None for h in hit),
+            "rounds_to_target_mean": float(np.mean(censored)),
+            "rounds_to_target_is_lower_bound": any(h is None for h in hit),
+            "final_accuracy_per_seed": finals,
+            "final_accuracy_mean": float(np.mean(finals)),
+            "final_accuracy_std": float(np.std(finals)),
+            "test_accuracy_mean": float(np.mean([r["test_accuracy"] for r in per_seed])),
+            "test_accuracy_last_rounds_mean": float(np.mean([np.mean(r["test_accuracy_last_rounds"])
+                                                             for r in per_seed])),
+            "query_forward_passes_mean": float(np.mean([r["query_forward_passes"]
+                                                        for r in per_seed])),
+            "wall_s_mean": float(np.mean([r["wall_s"] for r in per_seed])),
+        }
+        if splits is not None:
+            bal = [selection_balance(r, splits[r["seed"]]) for r in per_seed]
+            summary[method]["selected_pneumonia_mix_imbalance_mean"] = float(
+                np.mean([b["imbalance"] for b in bal]))
+            summary[method]["selected_pneumonia_mix_lag1_autocorr_mean"] = float(
+                np.mean([b["lag1"] for b in bal]))
+            shares = [np.sort(r["times_selected"])[::-1][:5].sum() / (cfg["rounds"] * cfg["m"])
+                      for r in per_seed]
+            summary[method]["share_of_slots_to_top5_sites_mean"] = float(np.mean(shares))
+    base = summary["uniform"]
+    for method, s in summary.items():
+        s["speedup_vs_uniform"] = base["rounds_to_target_mean"] / s["rounds_to_target_mean"]
+        paired = [(u if u is not None else rounds) / (h if h is not None else rounds)
+                  for u, h in zip(base["rounds_to_target_per_seed"],
+                                  s["rounds_to_target_per_seed"])]
+        s["speedup_vs_uniform_per_seed"] = paired
+        s["final_minus_uniform"] = s["final_accuracy_mean"] - base["final_accuracy_mean"]
+    return summary
+
+
+def thresholds_table(runs: dict[str, list[dict]], cfg: dict,
+                     targets: tuple[float, ...] = (0.75, 0.80, 0.85, 0.90)) -> dict:
+    """Robustness: mean rounds to other targets (not-reached counted as R)."""
+    out = {}
+    for t in targets:
+        out[f"{t:.2f}"] = {
+            method: {
+                "rounds_mean": float(np.mean([
+                    rounds_to_target(r["val_accuracy"], t, cfg["smooth"]) or cfg["rounds"]
+                    for r in per_seed])),
+                "reached": sum(rounds_to_target(r["val_accuracy"], t, cfg["smooth"]) is not None
+                               for r in per_seed),
+            }
+            for method, per_seed in runs.items()
+        }
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
+    parser.add_argument("--rounds", type=int, default=CONFIG["rounds"])
+    parser.add_argument("--seeds", type=int, default=CONFIG["seeds"])
+    parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--lr", type=float, default=CONFIG["lr"], help="sensitivity runs only")
+    parser.add_argument("--tau", type=int, default=CONFIG["tau"], help="sensitivity runs only")
+    args = parser.parse_args(argv)
+    cfg = dict(CONFIG, rounds=args.rounds, seeds=args.seeds, lr=args.lr, tau=args.tau)
+    methods = [m for m in args.methods.split(",") if m]
+    if "uniform" not in methods:
+        methods.insert(0, "uniform")
+    started, cpu_started = time.perf_counter(), time.process_time()
+    try:
+        data = load_pneumonia(args.data)
+    except DataMissingError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+    splits, runs = {}, {m: [] for m in methods}
+    for seed in range(cfg["seeds"]):
+        split = dirichlet_split(data["train_y"], cfg["num_sites"], cfg["alpha"], seed,
+                                cfg["min_site_examples"])
+        splits[seed] = {
+            "sizes": [int(len(s)) for s in split],
+            "pneumonia_fraction": [float(data["train_y"][s].mean()) for s in split],
+        }
+        for method in methods:
+            runs[method].append(run_method(method, data, split, cfg, seed))
+            r = runs[method][-1]
+            print(f"seed {seed} {method:<10} final val {np.mean(r['val_accuracy'][-5:]):.3f} "
+                  f"test {r['test_accuracy']:.3f} queries {r['query_forward_passes']} "
+                  f"({r['wall_s']:.0f} s)", flush=True)
+
+    summary = summarise(runs, cfg, splits)
+    powd, uni = summary["pow-d"], summary["uniform"]
+    target_met = {
+        "speedup": bool(powd["speedup_vs_uniform"] >= cfg["speedup_target"]),
+        "final_no_worse": bool(powd["final_accuracy_mean"] >= uni["final_accuracy_mean"]),
+        "uniform_reached_target_all_seeds": uni["reached"] == cfg["seeds"],
+    } if "pow-d" in summary else {}
+    if target_met:
+        target_met["met"] = target_met["speedup"] and target_met["final_no_worse"]
+    wall = time.perf_counter() - started
+    n_params = sum(p.numel() for p in SmallCNN().parameters())
+    report = {
+        "benchmark": "selection_powd",
+        "paper": "Cho, Wang, Joshi, 'Towards Understanding Biased Client Selection in "
+                 "Federated Learning', AISTATS 2022",
+        "data": "PneumoniaMNIST (MedMNIST v2) class-balanced subsample, 28x28, pneumonia vs "
+                "normal; train split across sites, val for the curves, test at the end",
+        "config": dict(cfg, methods=methods, model=f"SmallCNN ({n_params} parameters)",
+                       local_solver="plain SGD, constant lr, no momentum, no weight decay",
+                       aggregation="strategies.aggregation.fedavg_delta, x <- x - Delta",
+                       split="Dirichlet(alpha) per class over the sites, redrawn until every "
+                             "site has >= min_site_examples",
+                       seeds_vary="split, model init, selector seed and local batch order "
+                                  "(all from the seed index; shared by all methods)",
+                       rounds_to_target="first round whose trailing mean over `smooth` rounds "
+                                        "of val accuracy >= target_accuracy; not reached "
+                                        "counts as `rounds` (lower bound)",
+                       final_accuracy="mean val accuracy of the last `final_window` rounds",
+                       test_accuracy="test accuracy of the final model (test_accuracy) and "
+                                     "its mean over the last `final_window` rounds' models "
+                                     "(test_accuracy_last_rounds)",
+                       selected_mix="pneumonia fraction of the pooled training data of the "
+                                    "sites selected each round; imbalance = mean |mix - 0.5|, "
+                                    "lag1 = its lag-1 autocorrelation over rounds (negative: "
+                                    "the selected class mix alternates)",
+                       query_forward_passes="examples forwarded by query_losses (pow-d: all "
+                                            "of each candidate's data; cpow-d: subset)"),
+        "selector_names": {"uniform": "uniform", "pow-d": f"pow-d d={cfg['d']}",
+                           "cpow-d": f"cpow-d d={cfg['d']} subset={cfg['cpow_subset']}",
+                           "rpow-d": f"rpow-d d={cfg['d']}",
+                           "adaptive-d": "pow-d d=0 (adaptive: N down to m)"},
+        "splits": splits,
+        "summary": summary,
+        "other_targets": thresholds_table(runs, cfg),
+        "target_met": target_met,
+        "wall_s": wall,
+        "cpu_s": time.process_time() - cpu_started,
+        "versions": {"python": platform.python_version(), "numpy": np.__version__,
+                     "torch": torch.__version__},
+        "threads": 1,
+        "runs": runs,
+    }
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(report, indent=1) + "\n")
+
+    print(f"\nPneumoniaMNIST, N={cfg['num_sites']} sites Dirichlet({cfg['alpha']}), "
+          f"m={cfg['m']}, d={cfg['d']}, tau={cfg['tau']}, lr={cfg['lr']}, R={cfg['rounds']}, "
+          f"{cfg['seeds']} seeds; target val acc {cfg['target_accuracy']}\n")
+    print("| method | rounds to target (per seed) | reached | speedup | final val acc "
+          "| test acc (last / last-5 mean) | query fwd passes | selected mix lag-1 |")
+    print("|---|---|---|---|---|---|---|---|")
+    for method, s in summary.items():
+        per = ", ".join("-" if h is None else str(h) for h in s["rounds_to_target_per_seed"])
+        lb = ">=" if s["rounds_to_target_is_lower_bound"] else ""
+        print(f"| {method} | {lb}{s['rounds_to_target_mean']:.1f} ({per}) | "
+              f"{s['reached']}/{cfg['seeds']} | {s['speedup_vs_uniform']:.2f} | "
+              f"{s['final_accuracy_mean']:.3f} +- {s['final_accuracy_std']:.3f} | "
+              f"{s['test_accuracy_mean']:.3f} / {s['test_accuracy_last_rounds_mean']:.3f} | "
+              f"{s['query_forward_passes_mean']:.0f} | "
+              f"{s['selected_pneumonia_mix_lag1_autocorr_mean']:+.2f} |")
+    if target_met:
+        print(f"\ntarget (pow-d >= {cfg['speedup_target']}x fewer rounds, final no worse): "
+              f"{'met' if target_met['met'] else 'NOT met'} "
+              f"(speedup {powd['speedup_vs_uniform']:.2f}, final {powd['final_accuracy_mean']:.3f}"
+              f" vs {uni['final_accuracy_mean']:.3f})")
+    print(f"wall {wall:.0f} s, cpu {report['cpu_s']:.0f} s; wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

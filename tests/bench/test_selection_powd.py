@@ -1,0 +1,137 @@
+"""Tests of ``bench/selection_powd.py``: the label-skewed split and one selection round.
+
+Synthetic random 28x28 images (no real data needed). The split must be a
+partition of the indices into the requested number of sites; one round with
+the shipped ``pow-d`` selector must query exactly ``d`` candidates (forward
+passes = their data sizes), train exactly the ``m`` candidates with the highest
+loss of the global model (losses recomputed here independently) and apply
+``x - fedavg_delta`` of those sites' updates.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from strategies.aggregation import fedavg_delta
+from strategies.registry import SELECTORS
+
+_PATH = Path(__file__).resolve().parents[2] / "bench" / "selection_powd.py"
+
+
+def _load():
+    if "selection_powd" in sys.modules:
+        return sys.modules["selection_powd"]
+    spec = importlib.util.spec_from_file_location("selection_powd", _PATH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["selection_powd"] = module  # dataclasses look the module up
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _load()
+
+NUM_SITES, M, D = 8, 2, 4
+
+
+def _labels(n: int = 1000, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 2, n)
+
+
+@pytest.mark.parametrize("num_sites, seed", [(20, 0), (20, 1), (7, 5)])
+def test_dirichlet_split_is_a_partition_with_the_requested_sites(num_sites, seed):
+    labels = _labels()
+    split = bench.dirichlet_split(labels, num_sites, 0.3, seed, min_size=5)
+    assert len(split) == num_sites
+    merged = np.concatenate(split)
+    assert len(merged) == len(labels)
+    np.testing.assert_array_equal(np.sort(merged), np.arange(len(labels)))
+    assert min(len(s) for s in split) >= 5
+    # Same seed -> same split; alpha = 0.3 gives unequal sizes and skewed labels.
+    again = bench.dirichlet_split(labels, num_sites, 0.3, seed, min_size=5)
+    assert all(np.array_equal(a, b) for a, b in zip(split, again))
+    assert len({len(s) for s in split}) > 1
+    fractions = [labels[s].mean() for s in split]
+    assert max(fractions) - min(fractions) > 0.5
+
+
+def test_dirichlet_split_rejects_impossible_minimum():
+    with pytest.raises(ValueError, match="examples"):
+        bench.dirichlet_split(_labels(50), 20, 0.3, 0, min_size=5)
+
+
+def _federation(seed: int = 3):
+    rng = np.random.default_rng(seed)
+    n = 240
+    x = rng.standard_normal((n, 1, 28, 28)).astype(np.float32)
+    y = rng.integers(0, 2, n).astype(np.int64)
+    x[y == 1] += 0.3  # a learnable signal, so site losses differ with their label mix
+    split = bench.dirichlet_split(y, NUM_SITES, 0.3, seed, min_size=5)
+    data = {"train_x": x, "train_y": y}
+    cfg = {"lr": 0.1, "tau": 2, "batch_size": 8}
+    return bench.make_federation(data, split, cfg, seed)
+
+
+def _loss(model: nn.Module, weights, x, y) -> float:
+    bench.set_weights(model, weights)
+    model.eval()
+    with torch.no_grad():
+        return float(nn.functional.cross_entropy(model(x), y))
+
+
+def test_one_powd_round_queries_d_and_trains_the_m_highest_loss_sites():
+    fed = _federation()
+    w0 = [w.copy() for w in fed.global_weights]
+    check = bench.SmallCNN()
+    own = {s: _loss(check, w0, fed.site_x[s], fed.site_y[s]) for s in fed.node_ids}
+
+    selector = SELECTORS.create("pow-d", m=M, d=D, num_rounds=5, seed=1)
+    info = bench.run_round(fed, selector, 1)
+
+    queried = info["queried"]
+    assert len(queried) == D and len(set(queried)) == D
+    assert info["query_forward_passes"] == sum(fed.sizes[c] for c in queried)
+    for c in queried:
+        assert info["query_losses"][c] == pytest.approx(own[c], rel=1e-5)
+    top = sorted(queried, key=lambda c: -own[c])[:M]
+    assert info["selected"] == sorted(top)
+    assert sorted(fed.last_losses) == sorted(top)
+
+    # The new global model is x0 - fedavg_delta of exactly those sites' updates.
+    fed_check = _federation()
+    deltas = [fed_check.local_train(s, 1)[0] for s in sorted(top)]
+    expected = [w - u for w, u in
+                zip(w0, fedavg_delta(deltas, [fed.sizes[s] for s in sorted(top)]))]
+    for got, want in zip(fed.global_weights, expected):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+def test_cpow_d_queries_a_fixed_subset_and_rpow_d_queries_nothing():
+    fed = _federation()
+    selector = SELECTORS.create("cpow-d", m=M, d=D, num_rounds=5, subset=6, seed=1)
+    info = bench.run_round(fed, selector, 1)
+    assert len(info["queried"]) == D
+    assert info["query_forward_passes"] == sum(min(6, fed.sizes[c]) for c in info["queried"])
+    first = {c: fed.subset_indices(c, 6).copy() for c in fed.node_ids}
+    bench.run_round(fed, selector, 2)
+    assert all(np.array_equal(first[c], fed.subset_indices(c, 6)) for c in fed.node_ids)
+
+    fed = _federation()
+    selector = SELECTORS.create("rpow-d", m=M, d=D, num_rounds=5, seed=1)
+    for r in (1, 2):
+        info = bench.run_round(fed, selector, r)
+        assert info["queried"] == [] and info["query_forward_passes"] == 0
+    assert len(fed.last_losses) == 2 * M  # never-selected sites go first in round 2
+
+
+def test_missing_data_file_gives_a_clear_error(tmp_path, capsys):
+    assert bench.main(["--data", str(tmp_path / "absent.npz"),
+                       "--output", str(tmp_path / "out.json")]) == 2
+    assert "PneumoniaMNIST not found" in capsys.readouterr().err
+    assert not (tmp_path / "out.json").exists()
