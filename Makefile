@@ -81,3 +81,63 @@ clean:
 # Also removes the MLflow store (all tracked federations) and the virtualenv.
 distclean: clean
 	rm -rf $(VENV) mlflow.db mlartifacts
+
+# --- Deployment: TLS SuperLink with SuperNode authentication (docs/DEPLOYMENT.md) ---
+#   make certs [HOSTS=localhost,127.0.0.1] [SITES_LIST=hospital-a,hospital-b]
+#   make superlink [SUPERLINK_PORT=8000]           (foreground; Ctrl-C stops it)
+#   make register SITE=hospital-a [PUBKEY=path/to/supernode.pub]
+#   make supernode SITE=hospital-a DATA=/abs/site [STATE=/abs/state] [SUPERNODE_PORT=9094]
+#   make supernodes                                (which sites are online)
+#   make federate [ROUNDS=2] [RUN_CONFIG="local-steps=20 min-nodes=2"]
+# Artefacts (keys, SuperLink database, logs) live under DEPLOY_DIR; the flwr CLI
+# uses its own FLWR_HOME (DEPLOY_FLWR_HOME) with the TLS connection "fedmed-deploy".
+DEPLOY_DIR        ?= $(CURDIR)/deploy
+DEPLOY_FLWR_HOME  ?= $(CURDIR)/.flwr-deploy
+HOSTS             ?= localhost,127.0.0.1
+SITES_LIST        ?= hospital-a,hospital-b
+SUPERLINK_HOST    ?= 127.0.0.1
+SUPERLINK_PORT    ?= 8000
+SUPERLINK_ADDRESS ?= 127.0.0.1:$(SUPERLINK_PORT)
+SITE              ?=
+DATA              ?=
+STATE             ?=
+SUPERNODE_PORT    ?=
+PUBKEY            ?=
+MIN_NODES         ?=
+DEPLOY_ARGS       = --deploy-dir $(DEPLOY_DIR) --port $(SUPERLINK_PORT) --superlink $(SUPERLINK_ADDRESS)
+
+.PHONY: certs site-key superlink register supernode supernodes federate
+
+certs: install
+	$(PY) -m app.certs --out $(DEPLOY_DIR)/certs --hosts $(HOSTS) $(if $(SITES_LIST),--sites $(SITES_LIST))
+
+# At a hospital: create only its own SuperNode key pair (send the .pub to the coordinator).
+site-key: install
+	@test -n "$(SITE)" || { echo "usage: make site-key SITE=<name>" >&2; exit 2; }
+	$(PY) -m app.certs --out $(DEPLOY_DIR)/certs --sites $(SITE)
+
+superlink: install
+	$(PY) -m app.deployment superlink $(DEPLOY_ARGS) --flwr-home $(DEPLOY_FLWR_HOME) \
+		--host $(SUPERLINK_HOST)
+
+register: install
+	@test -n "$(SITE)" || { echo "usage: make register SITE=<name> [PUBKEY=file.pub]" >&2; exit 2; }
+	$(PY) -m app.deployment register $(DEPLOY_ARGS) --flwr-home $(DEPLOY_FLWR_HOME) \
+		--site $(SITE) $(if $(PUBKEY),--public-key $(abspath $(PUBKEY)))
+
+supernode: install
+	@test -n "$(SITE)" -a -n "$(DATA)" || { echo "usage: make supernode SITE=<name> DATA=/abs/site/folder [STATE=/abs/dir] [SUPERNODE_PORT=port]" >&2; exit 2; }
+	$(PY) -m app.deployment supernode $(DEPLOY_ARGS) --site $(SITE) --data $(abspath $(DATA)) \
+		$(if $(STATE),--state $(abspath $(STATE))) \
+		$(if $(SUPERNODE_PORT),--runtime-port $(SUPERNODE_PORT))
+
+supernodes: install
+	@$(PY) -m app.deployment nodes $(DEPLOY_ARGS) --flwr-home $(DEPLOY_FLWR_HOME)
+
+federate: install
+	$(PY) -m app.deployment federate $(DEPLOY_ARGS) --flwr-home $(DEPLOY_FLWR_HOME) \
+		--tracking-uri "$(TRACKING_URI)" --artifact-root $(ARTIFACT_ROOT) \
+		$(if $(PRESET),--preset $(abspath $(PRESET))) \
+		$(if $(TASK),-c task=$(TASK)) $(if $(ROUNDS),-c num-server-rounds=$(ROUNDS)) \
+		$(if $(STEPS),-c local-steps=$(STEPS)) $(if $(IMAGE_SIZE),-c image-size=$(IMAGE_SIZE)) \
+		$(if $(MIN_NODES),-c min-nodes=$(MIN_NODES)) $(foreach kv,$(RUN_CONFIG),-c $(kv))

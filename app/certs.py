@@ -20,10 +20,11 @@ writes, with the ``cryptography`` package:
     A hospital should generate its own pair (``--sites`` without ``--hosts``)
     and send only the ``.pub`` file to the coordinator.
 
-Existing files are never overwritten unless ``--force``: a second run with the
-same arguments changes nothing, and a run asking for a server certificate
-with other host names than the existing one stops with an error. Private keys
-are written with mode 600.
+Existing files are never overwritten unless ``--force`` (SuperLink certificate
+and the named sites' keys) or ``--new-ca``: a second run with the same
+arguments changes nothing, and a run asking for a server certificate with other
+host names than the existing one stops with an error. Private keys are written
+with mode 600 (their site folders 700).
 """
 
 from __future__ import annotations
@@ -176,7 +177,7 @@ def _check_pair(what: str, first: Path, second: Path) -> bool:
     if any(exists):
         present, missing = (first, second) if exists[0] else (second, first)
         raise CertError(f"{what}: {present} exists but {missing} does not; restore it "
-                        "or regenerate both with --force")
+                        "or regenerate both (--force; --new-ca for the CA)")
     return False
 
 
@@ -219,10 +220,14 @@ def _san_set(names: Sequence[x509.GeneralName]) -> set[str]:
     return {f"{type(n).__name__}:{n.value}" for n in names}
 
 
-def ensure_server_certificate(out: Path, hosts: str, force: bool = False) -> bool:
+def ensure_server_certificate(out: Path, hosts: str, force: bool = False,
+                              new_ca: bool = False) -> bool:
     """Create the SuperLink's TLS certificate for ``hosts``, signed by the CA.
 
-    Returns True if it was created, False if a matching one already existed.
+    The CA is created when missing and kept otherwise: ``force`` replaces only
+    the server certificate (hospitals keep their ``ca.crt``); ``new_ca`` also
+    replaces the CA (every hospital then needs the new ``ca.crt``).
+    Returns True if the certificate was created, False if a matching one existed.
 
     Raises
     ------
@@ -232,7 +237,7 @@ def ensure_server_certificate(out: Path, hosts: str, force: bool = False) -> boo
     """
     paths = cert_paths(out)
     wanted = parse_hosts(hosts)
-    ca_cert, ca_key, ca_created = ensure_ca(out, force=force)
+    ca_cert, ca_key, ca_created = ensure_ca(out, force=new_ca)
     if not force and not ca_created and _check_pair(
             "SuperLink certificate", paths.server_cert, paths.server_key):
         cert = _load_cert(paths.server_cert)
@@ -341,14 +346,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="comma-separated site names; creates one SuperNode key pair "
                              "each under OUT/sites/<site>/")
     parser.add_argument("--force", action="store_true",
-                        help="replace existing keys and certificates named by this call")
+                        help="replace the SuperLink certificate and the site keys named by "
+                             "this call (the CA is kept)")
+    parser.add_argument("--new-ca", action="store_true",
+                        help="also replace the CA (hospitals then need the new ca.crt)")
     args = parser.parse_args(argv)
     if args.hosts is None and args.sites is None:
         parser.error("give --hosts (CA + SuperLink certificate) and/or --sites (site keys)")
     out = args.out.resolve()
     try:
         if args.hosts is not None:
-            created = ensure_server_certificate(out, args.hosts, force=args.force)
+            created = ensure_server_certificate(out, args.hosts, force=args.force,
+                                                new_ca=args.new_ca)
             paths = cert_paths(out)
             state = "created" if created else "kept: already there"
             print(f"CA certificate      {paths.ca_cert}")

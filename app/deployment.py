@@ -21,7 +21,8 @@ Command line (what the make targets call)::
 
     python -m app.deployment superlink  --deploy-dir D --flwr-home H [--host --port]
     python -m app.deployment register   --deploy-dir D --flwr-home H --site NAME [--public-key F]
-    python -m app.deployment supernode  --deploy-dir D --site NAME --data /abs [--state /abs] [--port P]
+    python -m app.deployment supernode  --deploy-dir D --site NAME --data /abs [--state /abs]
+                                        [--superlink HOST:PORT] [--runtime-port P]
     python -m app.deployment nodes      --deploy-dir D --flwr-home H
     python -m app.deployment federate   --deploy-dir D --flwr-home H --tracking-uri U --artifact-root A [-c k=v]
 """
@@ -38,13 +39,12 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.certs import cert_paths, check_site_name, site_key_paths
+from app.certs import CertError, cert_paths, check_site_name, site_key_paths
 from app.flower_processes import (
     FlowerProcessError,
     flower_env,
@@ -73,6 +73,7 @@ CONNECTION = "fedmed-deploy"
 DEFAULT_PORT = 8000
 _RUN_ID = re.compile(r"Successfully started run (\d+)")
 _KEY_IN_USE = "Public key already in use"
+_NODE_ID_LINE = "SuperNode ID:"
 
 
 # --- layout ---------------------------------------------------------------------------
@@ -203,6 +204,25 @@ def _stop_pids(pids: Iterable[tuple[int, str]], timeout: float) -> None:
             return
 
 
+def _poll(check: Callable[[], bool], timeout: float, watch: Sequence[DaemonProcess] = (),
+          interval: float = 1.0) -> bool:
+    """Call ``check`` until it returns True (-> True) or ``timeout`` passes (-> False).
+
+    Raises :class:`FlowerProcessError` as soon as a daemon in ``watch`` exits.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        for daemon in watch:
+            if daemon.process.poll() is not None:
+                raise FlowerProcessError(f"{daemon.name} exited with code "
+                                         f"{daemon.process.returncode}; see {daemon.log_file}")
+        if check():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval)
+
+
 @dataclass
 class DaemonProcess:
     """A Flower daemon we started in its own process group, with its log."""
@@ -210,6 +230,7 @@ class DaemonProcess:
     process: subprocess.Popen
     log_file: Path
     name: str
+    log_offset: int = 0
 
     @property
     def pid(self) -> int:
@@ -223,9 +244,11 @@ class DaemonProcess:
         _stop_pids(helpers, timeout=5.0)
 
     def log_text(self) -> str:
-        """Everything it logged so far."""
+        """What it logged since it started (its log file is appended to)."""
         try:
-            return self.log_file.read_text(encoding="utf-8", errors="replace")
+            with open(self.log_file, "rb") as handle:
+                handle.seek(self.log_offset)
+                return handle.read().decode("utf-8", errors="replace")
         except OSError:
             return ""
 
@@ -234,9 +257,10 @@ def _spawn(command: list[str], env: dict[str, str], log_file: Path, name: str,
            cwd: Path) -> DaemonProcess:
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with open(log_file, "ab") as out:
+        offset = out.tell()
         process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT,
                                    cwd=cwd, start_new_session=True)
-    return DaemonProcess(process=process, log_file=log_file, name=name)
+    return DaemonProcess(process=process, log_file=log_file, name=name, log_offset=offset)
 
 
 @dataclass
@@ -281,7 +305,8 @@ class TLSSuperLink(DaemonProcess):
         daemon = _spawn(command, flower_env(folder / "flwr-home"), folder / "superlink.stdout",
                         "flower-superlink", cwd=folder)
         link = cls(process=daemon.process, log_file=daemon.log_file, name=daemon.name,
-                   host=host, port=port, ca_cert=certs.ca_cert, flower_log=flower_log)
+                   log_offset=daemon.log_offset, host=host, port=port,
+                   ca_cert=certs.ca_cert, flower_log=flower_log)
         link.wait_healthy(startup_timeout)
         return link
 
@@ -290,23 +315,20 @@ class TLSSuperLink(DaemonProcess):
         context = ssl.create_default_context(cafile=str(self.ca_cert))
         dial = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
         url = f"https://{dial}:{self.port}/health"
-        deadline = time.monotonic() + timeout
-        last_error = ""
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise FlowerProcessError(
-                    f"flower-superlink exited with code {self.process.returncode}; "
-                    f"see {self.log_file}")
+        errors: list[str] = []
+
+        def healthy() -> bool:
             try:
                 with urllib.request.urlopen(url, timeout=2.0, context=context) as response:
-                    if response.status == 200:
-                        return
-            except (urllib.error.URLError, OSError) as exc:
-                last_error = str(exc)
-            time.sleep(0.3)
-        self.stop()
-        raise FlowerProcessError(f"flower-superlink not healthy on {url} after "
-                                 f"{timeout:.0f} s ({last_error}); see {self.log_file}")
+                    return response.status == 200
+            except OSError as exc:  # URLError, refused, TLS not up yet
+                errors.append(str(exc))
+                return False
+
+        if not _poll(healthy, timeout, watch=[self], interval=0.3):
+            self.stop()
+            raise FlowerProcessError(f"flower-superlink not healthy on {url} after "
+                                     f"{timeout:.0f} s ({errors[-1:]}); see {self.log_file}")
 
 
 @dataclass
@@ -372,7 +394,7 @@ class SuperNodeProcess(DaemonProcess):
         daemon = _spawn(command, flower_env(folder / "flwr-home", extra),
                         folder / "supernode.log", f"flower-supernode {site}", cwd=folder)
         return cls(process=daemon.process, log_file=daemon.log_file, name=daemon.name,
-                   site=site, port=port)
+                   log_offset=daemon.log_offset, site=site, port=port)
 
 
 # --- flwr CLI -------------------------------------------------------------------------
@@ -393,6 +415,14 @@ def _json_out(result: subprocess.CompletedProcess) -> dict:
         return json.loads(text[start:]) if start >= 0 else {}
     except json.JSONDecodeError:
         return {}
+
+
+def _cli_error(result: subprocess.CompletedProcess, payload: dict) -> str:
+    """The readable part of a failed ``flwr`` call."""
+    text = str(payload.get("error-message") or (result.stdout + result.stderr))
+    lines = [line.strip(" │╭╮╰╯─") for line in text.splitlines()]
+    noise = ("Using SuperLink", "Listing all nodes")
+    return " ".join(line for line in lines if line and not any(n in line for n in noise))
 
 
 def _read_registry(path: Path) -> dict[str, dict]:
@@ -420,6 +450,11 @@ def register_site(layout: DeployLayout, flwr_home: Path, site: str,
     key_text = public_key.read_text(encoding="utf-8").split()
     key_id = " ".join(key_text[:2])
     registry = _read_registry(layout.registry)
+    owner = next((name for name, entry in registry.items()
+                  if entry.get("public-key") == key_id), None)
+    if owner not in (None, site):
+        raise FlowerProcessError(f"this key is already registered for site {owner}; "
+                                 "every site needs its own key pair")
     known = registry.get(site)
     if known and known.get("public-key") != key_id:
         raise FlowerProcessError(
@@ -429,17 +464,18 @@ def register_site(layout: DeployLayout, flwr_home: Path, site: str,
     result = _flwr(flwr_home, ["supernode", "register", str(public_key), connection,
                                "--name", site, "--format", "json"])
     payload = _json_out(result)
+    in_use = _KEY_IN_USE in result.stdout + result.stderr
     if payload.get("success"):
         node_id = int(payload["node-id"])
-    elif _KEY_IN_USE in result.stdout + result.stderr and known:
+    elif in_use and known:
         return int(known["node-id"])
-    elif _KEY_IN_USE in result.stdout + result.stderr:
+    elif in_use:
         raise FlowerProcessError(
             f"the key of {site} is registered already but not in {layout.registry}; "
             f"find its node id with `flwr supernode list {connection}`")
     else:
-        raise FlowerProcessError(f"flwr supernode register failed (exit {result.returncode}): "
-                                 f"{(result.stdout + result.stderr).strip()}")
+        raise FlowerProcessError(f"flwr supernode register failed: "
+                                 f"{_cli_error(result, payload)}")
     registry[site] = {"node-id": str(node_id), "public-key": key_id,
                       "registered-at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     layout.registry.parent.mkdir(parents=True, exist_ok=True)
@@ -454,30 +490,33 @@ def list_supernodes(flwr_home: Path, connection: str = CONNECTION) -> list[dict]
     result = _flwr(flwr_home, ["supernode", "list", connection, "--format", "json"])
     payload = _json_out(result)
     if not payload.get("success"):
-        raise FlowerProcessError(f"flwr supernode list failed (exit {result.returncode}): "
-                                 f"{(result.stdout + result.stderr).strip()}")
+        raise FlowerProcessError(f"flwr supernode list failed: {_cli_error(result, payload)}")
     return list(payload.get("nodes", []))
 
 
 def wait_online(flwr_home: Path, node_ids: Iterable[int], timeout: float,
                 connection: str = CONNECTION,
                 watch: Sequence[DaemonProcess] = ()) -> None:
-    """Wait until every node id is ``online`` (bounded); fail early if a daemon exits."""
+    """Wait until every node id is ``online`` at the SuperLink (bounded).
+
+    Daemons in ``watch`` (the SuperNodes) make it fail early if one exits, and
+    the SuperLink is only asked (one ``flwr`` process per poll) once each of
+    them has logged its ``SuperNode ID``.
+    """
     wanted = {str(n) for n in node_ids}
-    deadline = time.monotonic() + timeout
     online: set[str] = set()
-    while time.monotonic() < deadline:
-        for daemon in watch:
-            if daemon.process.poll() is not None:
-                raise FlowerProcessError(f"{daemon.name} exited with code "
-                                         f"{daemon.process.returncode}; see {daemon.log_file}")
-        online = {n["node-id"] for n in list_supernodes(flwr_home, connection)
-                  if n.get("status") == "online"}
-        if wanted <= online:
-            return
-        time.sleep(1.0)
-    raise FlowerProcessError(f"SuperNodes {sorted(wanted - online)} not online after "
-                             f"{timeout:.0f} s")
+
+    def all_online() -> bool:
+        if not all(_NODE_ID_LINE in daemon.log_text() for daemon in watch):
+            return False
+        online.clear()
+        online.update(n["node-id"] for n in list_supernodes(flwr_home, connection)
+                      if n.get("status") == "online")
+        return wanted <= online
+
+    if not _poll(all_online, timeout, watch=watch):
+        raise FlowerProcessError(f"SuperNodes {sorted(wanted - online)} not online after "
+                                 f"{timeout:.0f} s")
 
 
 @dataclass(frozen=True)
@@ -547,7 +586,7 @@ def _foreground(daemon: DaemonProcess, banner: str) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda *_: stop.set())
-    position = 0
+    position = daemon.log_offset
     try:
         while not stop.is_set():
             try:
@@ -575,20 +614,30 @@ def _superlink_address(args: argparse.Namespace) -> str:
     return args.superlink or f"127.0.0.1:{args.port}"
 
 
-def _cmd_superlink(args: argparse.Namespace) -> int:
+def _connected_layout(args: argparse.Namespace) -> DeployLayout:
+    """The deployment folder, with the CLI's TLS connection (re)written for it."""
     layout = DeployLayout(args.deploy_dir)
-    link = TLSSuperLink.start(layout, host=args.host, port=args.port)
     write_tls_connection(args.flwr_home, CONNECTION, _superlink_address(args), layout.ca_cert)
+    return layout
+
+
+def _cmd_superlink(args: argparse.Namespace) -> int:
+    link = TLSSuperLink.start(DeployLayout(args.deploy_dir), host=args.host, port=args.port)
+    try:
+        layout = _connected_layout(args)
+    except FlowerProcessError:
+        link.stop()
+        raise
     return _foreground(link, (
         f"SuperLink on https://{link.address} (TLS, SuperNode authentication on), pid "
         f"{link.pid}\n  database {layout.superlink_dir / 'state.db'}\n  log      "
-        f"{link.flower_log}\n  CLI      FLWR_HOME={args.flwr_home} flwr supernode list "
-        f"{CONNECTION}\nCtrl-C stops it."))
+        f"{link.flower_log}\n  CLI      FLWR_HOME={args.flwr_home} "
+        f"{Path(sys.executable).parent / 'flwr'} supernode list {CONNECTION}\n"
+        "Ctrl-C stops it."))
 
 
 def _cmd_register(args: argparse.Namespace) -> int:
-    layout = DeployLayout(args.deploy_dir)
-    write_tls_connection(args.flwr_home, CONNECTION, _superlink_address(args), layout.ca_cert)
+    layout = _connected_layout(args)
     node_id = register_site(layout, args.flwr_home, args.site, args.public_key)
     print(f"site {args.site} registered as SuperNode {node_id} (registry {layout.registry})")
     return 0
@@ -607,8 +656,7 @@ def _cmd_supernode(args: argparse.Namespace) -> int:
 
 
 def _cmd_nodes(args: argparse.Namespace) -> int:
-    layout = DeployLayout(args.deploy_dir)
-    write_tls_connection(args.flwr_home, CONNECTION, _superlink_address(args), layout.ca_cert)
+    layout = _connected_layout(args)
     names = {v["node-id"]: k for k, v in _read_registry(layout.registry).items()}
     nodes = list_supernodes(args.flwr_home)
     print(f"{'site':<16} {'node id':<22} status")
@@ -618,10 +666,9 @@ def _cmd_nodes(args: argparse.Namespace) -> int:
 
 
 def _cmd_federate(args: argparse.Namespace) -> int:
-    from app.simulate import _print_summary, build_run_config  # noqa: PLC0415
+    from app.simulate import print_summary, build_run_config  # noqa: PLC0415
 
-    layout = DeployLayout(args.deploy_dir)
-    write_tls_connection(args.flwr_home, CONNECTION, _superlink_address(args), layout.ca_cert)
+    layout = _connected_layout(args)
     run_config = build_run_config(args.run_config, args.data_root, args.tracking_uri,
                                   args.artifact_root, args.preset)
     started = time.monotonic()
@@ -635,7 +682,7 @@ def _cmd_federate(args: argparse.Namespace) -> int:
         print(f"the run did not complete; SuperLink log: "
               f"{layout.superlink_dir / 'superlink.log'}", file=sys.stderr)
         return 1
-    _print_summary(args.tracking_uri, outcome.run_id, time.monotonic() - started)
+    print_summary(args.tracking_uri, outcome.run_id, time.monotonic() - started)
     return 0
 
 
@@ -701,7 +748,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             setattr(args, name, getattr(args, name).resolve())
     try:
         return int(args.func(args))
-    except FlowerProcessError as exc:
+    except (FlowerProcessError, CertError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
 

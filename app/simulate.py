@@ -65,7 +65,7 @@ def build_run_config(overrides: list[str], data_root: Path, tracking_uri: str,
     return " ".join(f"{k}={_toml_value(v)}" for k, v in values.items())
 
 
-def _print_summary(tracking_uri: str, flwr_run_id: int, seconds: float) -> None:
+def print_summary(tracking_uri: str, flwr_run_id: int, seconds: float) -> None:
     """Per-round validation metric and the MLflow location, read back from MLflow."""
     import mlflow  # noqa: PLC0415 - heavy import, only needed at the end
     from mlflow.tracking import MlflowClient  # noqa: PLC0415
@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         link.stop()
-    _print_summary(args.tracking_uri, run_id, time.monotonic() - started)
+    print_summary(args.tracking_uri, run_id, time.monotonic() - started)
     return 0
 
 

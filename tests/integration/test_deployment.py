@@ -1,0 +1,248 @@
+"""A real deployment on 127.0.0.1: TLS SuperLink with SuperNode authentication.
+
+One ``flower-superlink`` (TLS with a CA made by ``app.certs``, ``--enable-supernode-auth``,
+a sqlite ``--database``) is shared by the tests of this module; each test
+starts its own ``flower-supernode`` processes. Every process is started by
+``app.deployment`` in its own process group and stopped by PID in ``finally``
+blocks; every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlflow
+import pytest
+from flwr.supercore.exit import ExitCode
+from mlflow.tracking import MlflowClient
+
+from app.certs import ensure_server_certificate, ensure_site_keys
+from app.deployment import (
+    CONNECTION,
+    DeployLayout,
+    SuperNodeProcess,
+    TLSSuperLink,
+    list_supernodes,
+    register_site,
+    submit_run,
+    wait_online,
+    write_tls_connection,
+)
+from app.flower_processes import free_port
+from clients.synthetic_ct import generate_federation
+
+pytestmark = pytest.mark.integration
+
+SITES = ("hospital-a", "hospital-b")
+
+
+@dataclass
+class Deployment:
+    root: Path
+    layout: DeployLayout
+    link: TLSSuperLink
+    flwr_home: Path
+
+
+def _processes_mentioning(text: str) -> list[str]:
+    out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if text in line]
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory) -> Deployment:
+    root = tmp_path_factory.mktemp("deployment")
+    layout = DeployLayout(root / "deploy")
+    ensure_server_certificate(layout.certs, "localhost,127.0.0.1")
+    for site in (*SITES, "rogue"):
+        ensure_site_keys(layout.certs, site)
+    flwr_home = root / "flwr-cli"
+    link = TLSSuperLink.start(layout, host="127.0.0.1", port=free_port())
+    try:
+        write_tls_connection(flwr_home, CONNECTION, link.address, layout.ca_cert)
+        yield Deployment(root, layout, link, flwr_home)
+    finally:
+        link.stop()
+    assert link.process.poll() is not None
+    deadline = time.monotonic() + 20
+    while _processes_mentioning(str(root)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _processes_mentioning(str(root)) == []
+
+
+def _tail(*daemons) -> str:
+    return "\n".join(f"--- {d.name} ---\n{d.log_text()[-3000:]}" for d in daemons)
+
+
+def test_two_authenticated_sites_federate_over_tls(deployment, tmp_path):
+    d = deployment
+    data = generate_federation(tmp_path / "data", num_sites=2, seed=3, image_size=32)
+    node_ids = {site: register_site(d.layout, d.flwr_home, site) for site in SITES}
+    assert len(set(node_ids.values())) == 2
+    # Registering again is a no-op that returns the same node id.
+    assert register_site(d.layout, d.flwr_home, "hospital-a") == node_ids["hospital-a"]
+    registered = {n["node-id"]: n["status"] for n in list_supernodes(d.flwr_home)}
+    assert registered == {str(i): "registered" for i in node_ids.values()}
+
+    tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run_config = (
+        "num-server-rounds=2 local-steps=2 image-size=32 batch-size=4 min-nodes=2 "
+        f'node-wait-timeout=60 data-root="{tmp_path / "data"}" tracking-uri="{tracking}" '
+        f'artifact-root="{tmp_path / "art"}" experiment="deploy"')
+    nodes: list[SuperNodeProcess] = []
+    output: list[str] = []
+    try:
+        for site, site_dir in zip(SITES, data):
+            nodes.append(SuperNodeProcess.start(
+                d.layout, site, d.link.address, site_dir,
+                state_dir=tmp_path / "state" / site, port=free_port(), torch_threads=1))
+        assert len({n.port for n in nodes}) == 2
+        wait_online(d.flwr_home, node_ids.values(), timeout=90, watch=nodes)
+        outcome = submit_run(d.flwr_home, run_config, timeout=300, on_line=output.append)
+        assert outcome.run_id is not None, "".join(output)[-3000:]
+        assert outcome.status == "finished:completed", \
+            "".join(output)[-3000:] + _tail(d.link, *nodes)
+        for node in nodes:
+            assert node.process.poll() is None, _tail(node)
+    finally:
+        for node in nodes:
+            node.stop()
+    assert all(node.process.poll() is not None for node in nodes)
+    # Stopped SuperNodes deregister their session: none stays online.
+    assert all(n["status"] != "online" for n in list_supernodes(d.flwr_home))
+    # The SuperNodes spoke TLS with their own authenticated identities.
+    flower_log = d.link.flower_log.read_text()
+    for node_id in node_ids.values():
+        assert f"Activated node_id={node_id}" in flower_log
+
+    mlflow.set_tracking_uri(tracking)
+    client = MlflowClient()
+    experiment = client.get_experiment_by_name("deploy")
+    runs = client.search_runs([experiment.experiment_id])
+    assert len(runs) == 1
+    run = runs[0]
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["flwr.run-id"] == str(outcome.run_id)
+
+    def steps(key: str) -> list[int]:
+        return sorted(m.step for m in client.get_metric_history(run.info.run_id, key))
+
+    assert steps("eval/val-dice") == [1, 2]
+    for site in SITES:  # the site-name from node_config, not the data folder's name
+        assert steps(f"site/{site}/val-dice") == [1, 2], site
+        assert steps(f"site/{site}/steps") == [1, 2], site
+    assert not any(k.startswith("site/hospital-0") for k in run.data.metrics)
+    # Per-site state went to the state-dir given in node_config.
+    for site in SITES:
+        assert (tmp_path / "state" / site).is_dir()
+
+
+@contextmanager
+def _supernode_until_exit(layout: DeployLayout, site: str, superlink: str, tmp_path: Path,
+                          private_key: Path | None = None, timeout: float = 60.0):
+    """Start a SuperNode (on an empty site), yield it with its exit status, stop it."""
+    site_dir = tmp_path / f"{site}-data"
+    site_dir.mkdir()
+    (site_dir / "manifest.csv").write_text("study_id,split,image,mask\n")
+    node = SuperNodeProcess.start(layout, site, superlink, site_dir, port=free_port(),
+                                  private_key=private_key)
+    try:
+        try:
+            code = node.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            code = None
+        yield node, code
+    finally:
+        node.stop()
+
+
+def test_unregistered_supernode_is_refused(deployment, tmp_path):
+    d = deployment
+    with _supernode_until_exit(d.layout, "rogue", d.link.address, tmp_path) as (node, code):
+        # Flower logs its own exit code (305: connection error) and exits with 1.
+        assert code == 1, _tail(node)
+        assert f"Exit Code: {int(ExitCode.SUPERNODE_CONNECTION_ERROR)}" in node.log_text()
+        assert "Failed to activate SuperNode" in node.log_text()
+    assert "No SuperNode found with the given public key" in d.link.flower_log.read_text()
+    # Never added, never online: the SuperLink knows only the registered sites.
+    registered = json.loads(d.layout.registry.read_text()) \
+        if d.layout.registry.exists() else {}
+    nodes = list_supernodes(d.flwr_home)
+    assert {n["node-id"] for n in nodes} == {e["node-id"] for e in registered.values()}
+    assert all(n["status"] != "online" for n in nodes)
+
+
+def test_supernode_refuses_a_superlink_signed_by_another_ca(deployment, tmp_path):
+    d = deployment
+    other = DeployLayout(tmp_path / "other")  # its own CA; hospital-a's real key
+    ensure_server_certificate(other.certs, "localhost,127.0.0.1")
+    with _supernode_until_exit(other, "hospital-a", d.link.address, tmp_path,
+                               private_key=d.layout.private_key("hospital-a")) as (node, code):
+        assert code == 1, _tail(node)
+        assert "CERTIFICATE_VERIFY_FAILED" in node.log_text()
+        assert "SuperNode ID:" not in node.log_text()
+
+
+def test_superlink_serves_tls_only_to_clients_trusting_its_ca(deployment):
+    host, port = deployment.link.host, deployment.link.port
+    with pytest.raises(OSError):  # plain HTTP is not served
+        urllib.request.urlopen(f"http://{host}:{port}/health", timeout=5)
+    with pytest.raises(urllib.error.URLError) as excinfo:  # an unknown CA is refused
+        urllib.request.urlopen(f"https://{host}:{port}/health", timeout=5,
+                               context=ssl.create_default_context())
+    assert isinstance(excinfo.value.reason, ssl.SSLCertVerificationError)
+    trusted = ssl.create_default_context(cafile=str(deployment.layout.ca_cert))
+    for name in ("127.0.0.1", "localhost"):  # both SubjectAltNames verify
+        with urllib.request.urlopen(f"https://{name}:{port}/health", timeout=5,
+                                    context=trusted) as response:
+            assert response.status == 200
+
+
+def test_certs_cli_is_idempotent_keeps_keys_private_and_refuses_other_hosts(tmp_path, capsys):
+    from cryptography import x509
+    from cryptography.hazmat.primitives.serialization import (
+        load_ssh_private_key,
+        load_ssh_public_key,
+    )
+
+    from app.certs import main as certs_main
+
+    out = tmp_path / "certs"
+    assert certs_main(["--out", str(out), "--hosts", "localhost,127.0.0.1",
+                       "--sites", "hospital-a"]) == 0
+    files = sorted(p for p in out.rglob("*") if p.is_file())
+    before = {p: p.read_bytes() for p in files}
+    assert certs_main(["--out", str(out), "--hosts", "localhost,127.0.0.1",
+                       "--sites", "hospital-a"]) == 0
+    assert {p: p.read_bytes() for p in files} == before  # nothing rewritten
+    for key in (out / "ca.key", out / "superlink.key", out / "sites/hospital-a/supernode.key"):
+        assert key.stat().st_mode & 0o777 == 0o600, key
+    # The formats flwr 1.41 loads: OpenSSH EC private key, OpenSSH public key line.
+    private = load_ssh_private_key((out / "sites/hospital-a/supernode.key").read_bytes(), None)
+    public_line = (out / "sites/hospital-a/supernode.pub").read_text()
+    assert public_line.startswith("ecdsa-sha2-nistp384 ")
+    assert load_ssh_public_key(public_line.encode()).public_numbers() == \
+        private.public_key().public_numbers()
+    cert = x509.load_pem_x509_certificate((out / "superlink.crt").read_bytes())
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert san.get_values_for_type(x509.DNSName) == ["localhost"]
+    assert [str(ip) for ip in san.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
+    # Other host names: refused without --force, replaced with it (the CA stays).
+    capsys.readouterr()
+    assert certs_main(["--out", str(out), "--hosts", "fl.example.org"]) == 2
+    assert "--force" in capsys.readouterr().err
+    assert certs_main(["--out", str(out), "--hosts", "fl.example.org", "--force"]) == 0
+    assert (out / "superlink.crt").read_bytes() != before[out / "superlink.crt"]
+    assert (out / "ca.crt").read_bytes() == before[out / "ca.crt"]
+    assert (out / "ca.key").read_bytes() == before[out / "ca.key"]
+    assert certs_main(["--out", str(out), "--hosts", "fl.example.org", "--new-ca"]) == 0
+    assert (out / "ca.crt").read_bytes() != before[out / "ca.crt"]
+    assert certs_main(["--out", str(out), "--sites", "../evil"]) == 2
