@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 import torch
 
-from clients.pe_seg_task import PESegSettings, PESegTask
+from clients.pe_seg_task import PESegTask
+from clients.site_task import TaskSettings
 from clients.synthetic_ct import HospitalProfile, generate_hospital
 
 _PATH = Path(__file__).resolve().parents[2] / "bench" / "fednova_pe_task.py"
@@ -47,10 +48,19 @@ def _profile(name: str, num_studies: int) -> HospitalProfile:
                            slice_thickness_mm=(2.0, 3.0), num_slices=(10, 14))
 
 
+@pytest.fixture(scope="module", autouse=True)
+def single_thread():
+    """One torch thread (the machine is shared), restored afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def tasks(tmp_path_factory: pytest.TempPathFactory) -> list[PESegTask]:
     root = tmp_path_factory.mktemp("fednova-pe")
-    settings = PESegSettings(image_size=32, slab_slices=9, batch_size=4)
+    settings = TaskSettings(image_size=32, slab_slices=9, batch_size=4)
     # Different study counts -> unequal n_i, so p_i is not uniform.
     sites = [generate_hospital(root / "h0", _profile("h0", 4), seed=7, image_size=32),
              generate_hospital(root / "h1", _profile("h1", 3), seed=8, image_size=32)]
