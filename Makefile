@@ -22,8 +22,12 @@ IMAGE_SIZE   ?=
 PRESET       ?=
 RUN_CONFIG   ?=
 RESUME       ?=
-CHECKPOINT_DIR ?= $(CURDIR)/runs/checkpoints/simulate-seed$(SEED)
-DATA_DIR     ?= $(CURDIR)/data/synthetic-seed$(SEED)
+CHECKPOINT_DIR ?= $(CURDIR)/runs/checkpoints/simulate-$(TASK_NAME)-seed$(SEED)
+# Synthetic hospitals per task (the default demo data), written as real files.
+TASK_NAME    := $(if $(TASK),$(TASK),pe-seg)
+GENERATOR_pe-seg  := clients.synthetic_ct
+GENERATOR_cxr-cls := clients.synthetic_cxr
+DATA_DIR     ?= $(CURDIR)/data/synthetic-$(TASK_NAME)-seed$(SEED)
 TRACKING_URI ?= $(if $(MLFLOW_TRACKING_URI),$(MLFLOW_TRACKING_URI),sqlite:///$(CURDIR)/mlflow.db)
 ARTIFACT_ROOT ?= $(CURDIR)/mlartifacts
 MLFLOW_PORT  ?= 5000
@@ -51,7 +55,8 @@ $(STAMP): pyproject.toml
 data: $(DATA_DIR)/.sites-$(SITES)
 
 $(DATA_DIR)/.sites-$(SITES): | $(STAMP)
-	$(PY) -m clients.synthetic_ct --out $(DATA_DIR) --sites $(SITES) --seed $(SEED)
+	@test -n "$(GENERATOR_$(TASK_NAME))" || { echo "no synthetic data generator for TASK=$(TASK_NAME)"; exit 2; }
+	$(PY) -m $(GENERATOR_$(TASK_NAME)) --out $(DATA_DIR) --sites $(SITES) --seed $(SEED)
 	@touch $@
 
 simulate: install data

@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     missing = [f"hospital-{i:02d}" for i in range(args.sites)
-               if not (args.data_root / f"hospital-{i:02d}" / "manifest.csv").exists()]
+               if not (args.data_root / f"hospital-{i:02d}").is_dir()]
     if missing:
         print(f"missing synthetic hospitals under {args.data_root}: {missing}; "
               "run `make data` (or `make simulate`, which generates them)", file=sys.stderr)
