@@ -139,15 +139,8 @@ def parse_train_reply(message: Message, reference: list[np.ndarray], codec: str 
     )
 
 
-def parse_query_reply(message: Message) -> EvaluateReply:
-    """Validate a query reply (the global model's loss at a candidate site).
-
-    Raises
-    ------
-    InvalidReplyError
-        With the reason the reply is unusable.
-    """
-    metrics = _metrics(message, keys.QUERY_REQUIRED)
+def _metrics_reply(message: Message, required: tuple[str, ...]) -> EvaluateReply:
+    metrics = _metrics(message, required)
     return EvaluateReply(
         node_id=message.metadata.src_node_id,
         site=site_name(message),
@@ -164,10 +157,15 @@ def parse_evaluate_reply(message: Message) -> EvaluateReply:
     InvalidReplyError
         With the reason the reply is unusable.
     """
-    metrics = _metrics(message, keys.EVALUATE_REQUIRED)
-    return EvaluateReply(
-        node_id=message.metadata.src_node_id,
-        site=site_name(message),
-        num_examples=int(metrics[keys.NUM_EXAMPLES]),
-        metrics=metrics,
-    )
+    return _metrics_reply(message, keys.EVALUATE_REQUIRED)
+
+
+def parse_query_reply(message: Message) -> EvaluateReply:
+    """Validate a query reply (the global model's loss at a candidate site).
+
+    Raises
+    ------
+    InvalidReplyError
+        With the reason the reply is unusable.
+    """
+    return _metrics_reply(message, keys.QUERY_REQUIRED)
