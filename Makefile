@@ -27,6 +27,7 @@ CHECKPOINT_DIR ?= $(CURDIR)/runs/checkpoints/simulate-$(TASK_NAME)-seed$(SEED)
 TASK_NAME    := $(if $(TASK),$(TASK),pe-seg)
 GENERATOR_pe-seg  := clients.synthetic_ct
 GENERATOR_cxr-cls := clients.synthetic_cxr
+GENERATOR_ct3d-cls := clients.synthetic_ct3d
 DATA_DIR     ?= $(CURDIR)/data/synthetic-$(TASK_NAME)-seed$(SEED)
 TRACKING_URI ?= $(if $(MLFLOW_TRACKING_URI),$(MLFLOW_TRACKING_URI),sqlite:///$(CURDIR)/mlflow.db)
 ARTIFACT_ROOT ?= $(CURDIR)/mlartifacts

@@ -1,0 +1,43 @@
+"""The 3D CT classification task on a generated hospital."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from clients.ct3d_task import CT3DClsTask
+from clients.device import select_device
+from clients.site_task import SiteDataError, TaskSettings
+from clients.synthetic_ct3d import generate_federation
+
+SETTINGS = TaskSettings(image_size=32, volume_depth=8, batch_size=2)
+
+
+@pytest.fixture(scope="module")
+def ct3d_site(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("ct3d")
+    generate_federation(root, num_sites=1, seed=2, image_size=64)
+    return root / "hospital-00"
+
+
+def test_trains_and_reports_auc(ct3d_site: Path):
+    torch.manual_seed(0)
+    task = CT3DClsTask(ct3d_site, SETTINGS)
+    assert task.report.skipped == {}
+    x, y = task.train_set[0]
+    assert tuple(x.shape) == (1, 8, 32, 32) and tuple(y.shape) == (1,)
+    model = task.build_model()
+    result = task.train(model, steps=2, lr=1e-3, momentum=0.9, compute=select_device("cpu"),
+                        seed=0)
+    assert result.steps_done == 2
+    evaluation = task.evaluate(model, select_device("cpu"))
+    assert set(evaluation.metrics) == {"accuracy", "auc"}
+    assert CT3DClsTask.example_input(SETTINGS).shape == (1, 1, 8, 32, 32)
+
+
+def test_site_without_volumes_is_an_error(tmp_path: Path):
+    (tmp_path / "labels.csv").write_text("study_id,split,image,label\nx,train,missing.nii.gz,1\n")
+    with pytest.raises(SiteDataError, match="no usable training volume"):
+        CT3DClsTask(tmp_path, SETTINGS)
