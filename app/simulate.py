@@ -12,7 +12,6 @@ Exit code 0 only when the run finished as ``finished:completed``.
 from __future__ import annotations
 
 import argparse
-import math
 import re
 import subprocess
 import sys

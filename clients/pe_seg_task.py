@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from monai.losses import DiceCELoss, DiceLoss
+from monai.losses import DiceCELoss
 from monai.metrics import DiceMetric
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, WeightedRandomSampler

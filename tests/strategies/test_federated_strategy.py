@@ -148,9 +148,9 @@ def test_missing_replies_are_recorded_as_timeouts():
 
 def test_rounds_without_usable_replies_keep_the_model_then_abort():
     strategy = make_strategy(min_nodes=1, max_empty_rounds=2)
-    m = _configured(strategy, [1])
+    _configured(strategy, [1])
     assert strategy.aggregate_train(1, []) == (None, None)
-    m = _configured(strategy, [1])
+    _configured(strategy, [1])
     with pytest.raises(NoValidRepliesError, match="2 consecutive rounds"):
         strategy.aggregate_train(2, [])
 
