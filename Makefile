@@ -146,4 +146,28 @@ federate: install
 		$(if $(PRESET),--preset $(abspath $(PRESET))) \
 		$(if $(TASK),-c task=$(TASK)) $(if $(ROUNDS),-c num-server-rounds=$(ROUNDS)) \
 		$(if $(STEPS),-c local-steps=$(STEPS)) $(if $(IMAGE_SIZE),-c image-size=$(IMAGE_SIZE)) \
-		$(if $(MIN_NODES),-c min-nodes=$(MIN_NODES)) $(foreach kv,$(RUN_CONFIG),-c $(kv))
+		$(if $(MIN_NODES),-c min-nodes=$(MIN_NODES)) \
+		-c checkpoint-dir=$(DEPLOY_DIR)/checkpoints $(if $(RESUME),-c resume=true) \
+		$(foreach kv,$(RUN_CONFIG),-c $(kv))
+
+# --- Real shared data as federated sites (../shared/data, see clients/shared_sites.py) ---
+#   make shared-data TASK=cxr-cls SITES=4 SCHEME=dirichlet ALPHA=0.5 [MAX_PER_SITE=50]
+#   make simulate TASK=cxr-cls SITES=4 DATA_DIR=$(CURDIR)/data/shared-cxr-cls-dirichlet-seed0
+# Labels are the stand-ins' own (pneumonia, AdrenalMNIST3D), see each site's SOURCE.txt.
+# Writes the .sites-$(SITES) stamp so that `simulate` does not generate synthetic data there.
+SHARED_DATA  ?= $(abspath ../shared/data)
+SCHEME       ?= iid
+ALPHA        ?= 0.5
+MAX_PER_SITE ?=
+SHARED_OUT   := $(CURDIR)/data/shared-$(TASK)-$(SCHEME)-seed$(SEED)
+
+.PHONY: shared-data
+
+shared-data: install
+	@case "$(TASK)" in cxr-cls|ct3d-cls) ;; *) echo "usage: make shared-data TASK=cxr-cls|ct3d-cls [SITES=3] [SCHEME=iid|dirichlet|size] [ALPHA=0.5] [SEED=0] [MAX_PER_SITE=K]" >&2; exit 2;; esac
+	$(PY) -m clients.shared_sites --task $(TASK) --shared $(SHARED_DATA) --out $(SHARED_OUT) \
+		--sites $(SITES) --scheme $(SCHEME) --alpha $(ALPHA) --seed $(SEED) \
+		$(if $(MAX_PER_SITE),--max-per-site $(MAX_PER_SITE))
+	@rm -f $(SHARED_OUT)/.sites-*
+	@touch $(SHARED_OUT)/.sites-$(SITES)
+	@echo "run it: make simulate TASK=$(TASK) SITES=$(SITES) DATA_DIR=$(SHARED_OUT)"
