@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from clients.ct_volume import DEFAULT_SHAPE, LUNG_LEVEL, LUNG_WIDTH, load_ct_volume
+from clients.csv_manifest import read_manifest_rows
 from clients.errors import ManifestError, StudyError
 from clients.manifest import SPLITS
 from clients.pe_studies import LoadReport
@@ -129,41 +130,18 @@ def read_label_manifest(site_dir: Path) -> list[LabelEntry]:
     """
     site_dir = Path(site_dir).resolve()
     path = site_dir / LABELS_NAME
-    if not path.is_file():
-        raise ManifestError(path, "site label manifest is missing")
-    try:
-        with path.open(newline="", encoding="utf-8") as handle:
-            rows = list(csv.reader(handle))
-    except (OSError, UnicodeDecodeError, csv.Error) as exc:
-        raise ManifestError(path, f"cannot read the label manifest ({type(exc).__name__}: {exc})") from exc
-    if not rows:
-        raise ManifestError(path, f"label manifest is empty; expected the header {','.join(LABEL_COLUMNS)}")
-    header = tuple(cell.strip() for cell in rows[0])
-    if header != LABEL_COLUMNS:
-        raise ManifestError(path, f"bad header {','.join(header)!r}; expected {','.join(LABEL_COLUMNS)!r}")
-
     entries: list[LabelEntry] = []
-    seen: set[str] = set()
-    for line, row in enumerate(rows[1:], start=2):
-        if not any(cell.strip() for cell in row):
-            continue  # tolerate blank lines
-        if len(row) != len(LABEL_COLUMNS):
-            raise ManifestError(path, f"line {line}: expected {len(LABEL_COLUMNS)} fields, got {len(row)}")
-        study_id, split, image, label_text = (cell.strip() for cell in row)
-        for name, value in (("study_id", study_id), ("image", image)):
-            if not value:
-                raise ManifestError(path, f"line {line}: empty {name}")
-        if split not in SPLITS:
-            raise ManifestError(path, f"line {line}: bad split {split!r}; expected one of {', '.join(SPLITS)}")
-        if study_id in seen:
-            raise ManifestError(path, f"line {line}: duplicate study_id {study_id!r}")
-        seen.add(study_id)
+    for line, r in read_manifest_rows(path, LABEL_COLUMNS, ("study_id", "image"), SPLITS,
+                                      what="label manifest"):
+        label_text = r["label"]
         label = _parse_label(label_text)
         error = None
         if label is None:
             what = "missing label" if not label_text else f"label {label_text!r} is not a class"
-            error = LabelError(path, f"line {line} (study {study_id}): {what}; expected 0 or 1")
-        entries.append(LabelEntry(study_id, split, site_dir / image, label, error))
+            error = LabelError(path, f"line {line} (study {r['study_id']}): {what}; "
+                                     "expected 0 or 1")
+        entries.append(LabelEntry(r["study_id"], r["split"], site_dir / r["image"], label,
+                                  error))
     if not entries:
         raise ManifestError(path, "label manifest lists no study (empty site)")
     return entries

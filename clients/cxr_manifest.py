@@ -35,8 +35,9 @@ from typing import NamedTuple
 
 import numpy as np
 
+from clients.csv_manifest import read_manifest_rows
 from clients.cxr_image import read_radiograph
-from clients.errors import ManifestError, StudyError
+from clients.errors import StudyError
 from clients.pe_studies import LoadReport
 
 __all__ = [
@@ -133,38 +134,10 @@ def read_cxr_manifest(site_dir: Path) -> list[CXREntry]:
         duplicate ``image_id`` (the message gives the line number).
     """
     site_dir = Path(site_dir).resolve()
-    path = site_dir / CXR_MANIFEST_NAME
-    if not path.is_file():
-        raise ManifestError(path, "site manifest is missing")
-    try:
-        with path.open(newline="", encoding="utf-8") as handle:
-            rows = list(csv.reader(handle))
-    except (OSError, UnicodeDecodeError, csv.Error) as exc:
-        raise ManifestError(path, f"cannot read the manifest ({type(exc).__name__}: {exc})") from exc
-    if not rows:
-        raise ManifestError(path, f"manifest is empty; expected the header {','.join(CXR_MANIFEST_COLUMNS)}")
-    header = tuple(cell.strip() for cell in rows[0])
-    if header != CXR_MANIFEST_COLUMNS:
-        raise ManifestError(path, f"bad header {','.join(header)!r}; expected {','.join(CXR_MANIFEST_COLUMNS)!r}")
-
-    entries: list[CXREntry] = []
-    seen: set[str] = set()
-    for line, row in enumerate(rows[1:], start=2):
-        if not any(cell.strip() for cell in row):
-            continue  # tolerate blank lines
-        if len(row) != len(CXR_MANIFEST_COLUMNS):
-            raise ManifestError(path, f"line {line}: expected {len(CXR_MANIFEST_COLUMNS)} fields, got {len(row)}")
-        image_id, split, image, labels = (cell.strip() for cell in row)
-        for name, value in (("image_id", image_id), ("split", split), ("image", image)):
-            if not value:
-                raise ManifestError(path, f"line {line}: empty {name}")
-        if split not in CXR_SPLITS:
-            raise ManifestError(path, f"line {line}: bad split {split!r}; expected one of {', '.join(CXR_SPLITS)}")
-        if image_id in seen:
-            raise ManifestError(path, f"line {line}: duplicate image_id {image_id!r}")
-        seen.add(image_id)
-        entries.append(CXREntry(image_id, split, site_dir / image, labels, line))
-    return entries
+    rows = read_manifest_rows(site_dir / CXR_MANIFEST_NAME, CXR_MANIFEST_COLUMNS,
+                              ("image_id", "split", "image"), CXR_SPLITS)
+    return [CXREntry(r["image_id"], r["split"], site_dir / r["image"], r["labels"], line)
+            for line, r in rows]
 
 
 def format_labels(values: Sequence[int]) -> str:

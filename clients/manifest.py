@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from clients.errors import ManifestError
+from clients.csv_manifest import read_manifest_rows
 
 __all__ = ["MANIFEST_NAME", "MANIFEST_COLUMNS", "SPLITS", "StudyEntry", "read_manifest", "write_manifest"]
 
@@ -70,38 +70,10 @@ def read_manifest(site_dir: Path) -> list[StudyEntry]:
         message gives the line number).
     """
     site_dir = Path(site_dir).resolve()
-    path = site_dir / MANIFEST_NAME
-    if not path.is_file():
-        raise ManifestError(path, "site manifest is missing")
-    try:
-        with path.open(newline="", encoding="utf-8") as handle:
-            rows = list(csv.reader(handle))
-    except (OSError, UnicodeDecodeError, csv.Error) as exc:
-        raise ManifestError(path, f"cannot read the manifest ({type(exc).__name__}: {exc})") from exc
-    if not rows:
-        raise ManifestError(path, f"manifest is empty; expected the header {','.join(MANIFEST_COLUMNS)}")
-    header = tuple(cell.strip() for cell in rows[0])
-    if header != MANIFEST_COLUMNS:
-        raise ManifestError(path, f"bad header {','.join(header)!r}; expected {','.join(MANIFEST_COLUMNS)!r}")
-
-    entries: list[StudyEntry] = []
-    seen: set[str] = set()
-    for line, row in enumerate(rows[1:], start=2):
-        if not any(cell.strip() for cell in row):
-            continue  # tolerate blank lines
-        if len(row) != len(MANIFEST_COLUMNS):
-            raise ManifestError(path, f"line {line}: expected {len(MANIFEST_COLUMNS)} fields, got {len(row)}")
-        study_id, split, image, mask = (cell.strip() for cell in row)
-        for name, value in zip(MANIFEST_COLUMNS, (study_id, split, image, mask)):
-            if not value:
-                raise ManifestError(path, f"line {line}: empty {name}")
-        if split not in SPLITS:
-            raise ManifestError(path, f"line {line}: bad split {split!r}; expected one of {', '.join(SPLITS)}")
-        if study_id in seen:
-            raise ManifestError(path, f"line {line}: duplicate study_id {study_id!r}")
-        seen.add(study_id)
-        entries.append(StudyEntry(study_id, split, site_dir / image, site_dir / mask))
-    return entries
+    rows = read_manifest_rows(site_dir / MANIFEST_NAME, MANIFEST_COLUMNS, MANIFEST_COLUMNS,
+                              SPLITS)
+    return [StudyEntry(r["study_id"], r["split"], site_dir / r["image"], site_dir / r["mask"])
+            for _, r in rows]
 
 
 def write_manifest(site_dir: Path, entries: Iterable[StudyEntry]) -> Path:
