@@ -1,0 +1,284 @@
+"""Local training at each site alone vs FedAvg vs pooled training, same total work.
+
+In-process (no Flower), with the product's task classes on site folders written
+by the product's converter (:mod:`clients.shared_sites`). Three regimes, all
+with the same total number of optimiser steps ``S_total``, the same optimiser
+(:meth:`clients.site_task.SiteTask.train`'s Adam, lr 1e-3, beta1 0.9), the
+same batch size and the same initial model (seeded):
+
+1. **local**: each of the ``K`` sites trains its own model for ``S_total / K``
+   steps on its own data only (one optimiser state for the whole run);
+2. **FedAvg**: ``R`` rounds x ``tau`` local steps per site from the global
+   model (optimiser state fresh every round, as in the product), aggregated
+   with :func:`strategies.aggregation.fedavg_delta` on the state_dict arrays
+   (``delta_k = x_global - x_local_k``, ``n_k = len(train_set)``,
+   ``x_new = x_global - sum_k p_k delta_k``); ``R * tau * K = S_total``;
+3. **pooled** (centralised): one model trained on the union of the sites'
+   training data (merged :class:`clients.classification.LabelledTensors`
+   sampled with the tasks' own :func:`clients.classification.balanced_loader`,
+   so the same positive share per batch) for ``S_total`` steps.
+
+Every model is evaluated with ``task.evaluate`` on every site's validation
+split; the summary is the example-weighted mean over sites of ROC AUC and
+accuracy (sites whose validation set has a single class have an undefined AUC
+and are left out of the AUC mean, with their weight). For the local regime the
+table row is the mean over the ``K`` site-alone models of their all-site mean
+("how a site-alone model generalises"); their own-site score is reported too.
+
+Labels (honestly): ``cxr-cls`` here is **PneumoniaMNIST pneumonia vs normal**
+(28 px), ``ct3d-cls`` is the **AdrenalMNIST3D label** (adrenal mass shape), not
+emphysema. Results go to ``bench/results/local_fedavg_pooled.json`` and a markdown
+table is printed. Usage::
+
+    python bench/local_fedavg_pooled.py --shared /work/shared/data \\
+        [--tasks cxr-cls ct3d-cls] [--cxr-steps 600 --cxr-rounds 10] \\
+        [--ct3d-steps 120 --ct3d-rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from clients.classification import LabelledTensors, balanced_loader  # noqa: E402
+from clients.device import ComputeDevice, select_device  # noqa: E402
+from clients.site_task import SiteTask, TaskSettings, make_optimizer  # noqa: E402
+from clients.tasks import task_class  # noqa: E402
+from clients.trainer import train_steps  # noqa: E402
+from strategies.aggregation import fedavg_delta  # noqa: E402
+
+LABELS = {
+    "cxr-cls": "PneumoniaMNIST: pneumonia (1) vs normal (0), 28 px chest X-rays",
+    "ct3d-cls": "AdrenalMNIST3D label (adrenal mass shape); NOT emphysema",
+}
+REGIMES = ("local", "fedavg", "pooled")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One comparison: a task, its settings and the step budget."""
+
+    task: str
+    steps_total: int
+    rounds: int
+    lr: float = 1e-3
+    momentum: float = 0.9
+    seed: int = 0
+
+
+def _state_arrays(model: nn.Module) -> list[np.ndarray]:
+    return [v.detach().cpu().numpy().copy() for v in model.state_dict().values()]
+
+
+def _load_arrays(model: nn.Module, arrays: list[np.ndarray]) -> None:
+    keys = list(model.state_dict().keys())
+    model.load_state_dict({k: torch.from_numpy(np.asarray(a)) for k, a in zip(keys, arrays)})
+
+
+def _fresh_model(task: SiteTask, seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    return task.build_model()
+
+
+def evaluate_all(model: nn.Module, tasks: list[SiteTask], compute: ComputeDevice) -> dict:
+    """Per-site metrics of ``model`` and their example-weighted means."""
+    per_site = []
+    for task in tasks:
+        result = task.evaluate(model, compute)
+        per_site.append({"site": task.site_dir.name, "num_examples": result.num_examples,
+                         "loss": result.loss, **result.metrics})
+    return {"per_site": per_site, "mean": _weighted_mean(per_site)}
+
+
+def _weighted_mean(per_site: list[dict]) -> dict:
+    out = {}
+    for key in ("auc", "accuracy", "loss"):
+        pairs = [(s[key], s["num_examples"]) for s in per_site if math.isfinite(s[key])]
+        weight = sum(n for _, n in pairs)
+        out[key] = sum(v * n for v, n in pairs) / weight if weight else float("nan")
+    return out
+
+
+def merged_train_set(tasks: list[SiteTask]) -> LabelledTensors:
+    """Union of the sites' training sets (same tensors, one dataset)."""
+    images = [img[0].numpy() for t in tasks for img in t.train_set.images]
+    labels = [lab.numpy() for t in tasks for lab in t.train_set.labels]
+    return LabelledTensors(images, labels)
+
+
+def run_local(tasks, cfg: RunConfig, compute) -> dict:
+    k = len(tasks)
+    steps = cfg.steps_total // k
+    models, done = [], 0
+    for i, task in enumerate(tasks):
+        model = _fresh_model(task, cfg.seed)
+        res = task.train(model, steps, cfg.lr, cfg.momentum, compute, seed=cfg.seed + 101 * i,
+                         optimizer="adam", label=f"local/{task.site_dir.name}")
+        done += res.steps_done
+        models.append(model)
+    evals = []
+    for i, (task, model) in enumerate(zip(tasks, models)):
+        ev = evaluate_all(model, tasks, compute)
+        ev["trained_at"] = task.site_dir.name
+        ev["own_site"] = ev["per_site"][i]
+        evals.append(ev)
+    mean = {key: float(np.nanmean([e["mean"][key] for e in evals])) for key in ("auc", "accuracy", "loss")}
+    own = {key: float(np.nanmean([e["own_site"][key] for e in evals])) for key in ("auc", "accuracy", "loss")}
+    return {"steps_done": done, "steps_per_site": steps, "models": evals,
+            "mean": mean, "own_site_mean": own}
+
+
+def run_fedavg(tasks, cfg: RunConfig, compute) -> dict:
+    k = len(tasks)
+    tau = cfg.steps_total // (cfg.rounds * k)
+    global_model = _fresh_model(tasks[0], cfg.seed)
+    counts = [len(t.train_set) for t in tasks]
+    done = 0
+    for r in range(cfg.rounds):
+        x_global = _state_arrays(global_model)
+        deltas = []
+        for i, task in enumerate(tasks):
+            local = copy.deepcopy(global_model)
+            res = task.train(local, tau, cfg.lr, cfg.momentum, compute,
+                             seed=cfg.seed + 101 * i + 7919 * (r + 1), optimizer="adam",
+                             label=f"fedavg/r{r}/{task.site_dir.name}")
+            done += res.steps_done
+            deltas.append([np.asarray(g - x) for g, x in zip(x_global, _state_arrays(local))])
+        delta = fedavg_delta(deltas, counts)
+        _load_arrays(global_model, [g - d for g, d in zip(x_global, delta)])
+    ev = evaluate_all(global_model, tasks, compute)
+    return {"steps_done": done, "rounds": cfg.rounds, "local_steps": tau,
+            "num_examples": counts, **ev}
+
+
+def run_pooled(tasks, cfg: RunConfig, compute) -> dict:
+    pooled = merged_train_set(tasks)
+    settings = tasks[0].settings
+    model = _fresh_model(tasks[0], cfg.seed)
+    torch.manual_seed(cfg.seed)
+    model.to(compute.device)
+    opt = make_optimizer("adam", model.parameters(), cfg.lr, cfg.momentum)
+    loader = balanced_loader(pooled, settings.batch_size, settings.positive_fraction, cfg.seed)
+    res = train_steps(model, loader, tasks[0].loss_fn(), opt, cfg.steps_total, compute,
+                      label="pooled")
+    ev = evaluate_all(model, tasks, compute)
+    return {"steps_done": res.steps_done, "num_train": len(pooled), **ev}
+
+
+def compare(tasks: list[SiteTask], cfg: RunConfig, compute: ComputeDevice) -> dict:
+    """The three regimes on ``tasks``; ``steps_total`` must split evenly."""
+    k = len(tasks)
+    if cfg.steps_total % (cfg.rounds * k):
+        raise ValueError(f"steps_total={cfg.steps_total} must be a multiple of "
+                         f"rounds x sites = {cfg.rounds * k}")
+    out, timing = {}, {}
+    for name, fn in (("local", run_local), ("fedavg", run_fedavg), ("pooled", run_pooled)):
+        t0 = time.perf_counter()
+        out[name] = fn(tasks, cfg, compute)
+        timing[name] = time.perf_counter() - t0
+    return {"config": asdict(cfg), "regimes": out, "seconds": timing,
+            "summary": {name: out[name]["mean"] for name in REGIMES},
+            "local_own_site": out["local"]["own_site_mean"]}
+
+
+def load_tasks(task_name: str, site_root: Path, settings: TaskSettings) -> list[SiteTask]:
+    cls = task_class(task_name)
+    return [cls(d, settings) for d in sorted(p for p in site_root.iterdir() if p.is_dir())]
+
+
+def markdown(task_name: str, result: dict) -> str:
+    s = result["summary"]
+    cfg = result["config"]
+    lines = [f"**{task_name}** — {LABELS.get(task_name, task_name)}; S_total = {cfg['steps_total']} "
+             f"steps, FedAvg R = {cfg['rounds']} x tau = {result['regimes']['fedavg']['local_steps']}",
+             "", "| regime | mean val AUC | mean val accuracy |", "|---|---|---|"]
+    for name, label in (("local", "local (site-alone models, all sites)"),
+                        ("fedavg", "FedAvg"), ("pooled", "pooled (centralised)")):
+        lines.append(f"| {label} | {s[name]['auc']:.3f} | {s[name]['accuracy']:.3f} |")
+    own = result["local_own_site"]
+    lines.append(f"| local, own site only | {own['auc']:.3f} | {own['accuracy']:.3f} |")
+    return "\n".join(lines)
+
+
+def build_sites(task: str, shared: Path, out: Path, extra: list[str]) -> None:
+    cmd = [sys.executable, "-m", "clients.shared_sites", "--task", task, "--shared", str(shared),
+           "--out", str(out), *extra]
+    subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shared", type=Path, default=Path("/work/shared/data"))
+    p.add_argument("--tasks", nargs="+", default=["cxr-cls", "ct3d-cls"], choices=sorted(LABELS))
+    p.add_argument("--sites", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cxr-steps", type=int, default=600)
+    p.add_argument("--cxr-rounds", type=int, default=10)
+    p.add_argument("--ct3d-steps", type=int, default=120)
+    p.add_argument("--ct3d-rounds", type=int, default=5)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--output", type=Path, default=ROOT / "bench/results/local_fedavg_pooled.json")
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    compute = select_device("cpu")
+    t_start = time.perf_counter()
+    specs = {
+        "cxr-cls": (["--sites", str(args.sites), "--scheme", "dirichlet", "--alpha", "0.5",
+                     "--seed", str(args.seed)],
+                    TaskSettings(image_size=28, batch_size=16),
+                    args.cxr_steps, args.cxr_rounds),
+        "ct3d-cls": (["--sites", str(args.sites), "--scheme", "iid", "--max-per-site", "120",
+                      "--seed", str(args.seed)],
+                     TaskSettings(image_size=32, volume_depth=16, batch_size=4, model_size="small"),
+                     args.ct3d_steps, args.ct3d_rounds),
+    }
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.tasks:
+            extra, settings, steps, rounds = specs[name]
+            site_root = Path(tmp) / name
+            build_sites(name, args.shared, site_root, extra)
+            tasks = load_tasks(name, site_root, settings)
+            cfg = RunConfig(task=name, steps_total=steps, rounds=rounds, seed=args.seed)
+            res = compare(tasks, cfg, compute)
+            res["label"] = LABELS[name]
+            res["settings"] = asdict(settings)
+            res["converter_args"] = extra
+            res["sites"] = [{"site": t.site_dir.name, "train": len(t.train_set),
+                             "val": len(t.val_set),
+                             "train_positive_share": len(t.train_set.positive_indices) / len(t.train_set)}
+                            for t in tasks]
+            results[name] = res
+            print(markdown(name, res), "\n", flush=True)
+    payload = {
+        "description": "local (site-alone) vs FedAvg vs pooled training, same total optimiser steps",
+        "device": "cpu", "threads": args.threads, "results": results,
+        "wall_seconds": time.perf_counter() - t_start,
+        "versions": {"python": platform.python_version(), "torch": torch.__version__,
+                     "numpy": np.__version__, "platform": platform.platform()},
+    }
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(payload, indent=2) + "\n")
+    print(f"wall time {payload['wall_seconds']:.1f} s -> {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
