@@ -255,6 +255,10 @@ class FederatedStrategy(Strategy):
         node_ids = self.selector.select(server_round, nodes, context)
         if not node_ids:
             raise NoValidRepliesError(f"round {server_round}: the selector chose no site")
+        for node, name in self._site_of.items():
+            if node not in nodes:  # a known site whose SuperNode is gone: a failed site
+                report.train_dropped[name] = "site offline: not connected to the SuperLink"
+                log(WARNING, "configure_train: %s is offline", name)
         self._record_selection(report)
         log(INFO, "configure_train: %d sites selected of %d connected, tau %d",
             len(node_ids), len(nodes), self.schedule.tau)

@@ -276,3 +276,16 @@ def test_pow_d_queries_candidates_and_records_the_selection():
     assert report.selection["losses"] == {"site-1": 0.3, "site-2": 2.0, "site-3": 1.0}
     assert report.strategy["query-bytes-down"] > 0 and report.strategy["query-bytes-up"] > 0
     assert report.times_selected == {"site-2": 1.0, "site-3": 1.0}
+
+
+def test_a_known_site_that_disconnected_is_recorded_as_failed():
+    strategy = make_strategy(min_nodes=1)
+    m = _configured(strategy, [1, 2])
+    d = [np.zeros(2, np.float32), np.zeros((1, 1), np.float32), np.array(0, np.int64)]
+    strategy.aggregate_train(1, [_reply(m[0], d, _train_metrics(2), "site-a"),
+                                 _reply(m[1], d, _train_metrics(2), "site-b")])
+    grid = FakeGrid([1])  # site-b's SuperNode is gone
+    messages = list(strategy.configure_train(2, _global_record(), ConfigRecord(), grid))
+    assert [msg.metadata.dst_node_id for msg in messages] == [1]
+    assert strategy.reports[2].train_dropped == {
+        "site-b": "site offline: not connected to the SuperLink"}
