@@ -175,7 +175,8 @@ def run_pooled(tasks, cfg: RunConfig, compute) -> dict:
     torch.manual_seed(cfg.seed)
     model.to(compute.device)
     opt = make_optimizer("adam", model.parameters(), cfg.lr, cfg.momentum)
-    loader = balanced_loader(pooled, settings.batch_size, settings.positive_fraction, cfg.seed)
+    loader = balanced_loader(pooled, settings.batch_size, settings.positive_fraction, cfg.seed,
+                             compute)
     res = train_steps(model, loader, tasks[0].loss_fn(), opt, cfg.steps_total, compute,
                       label="pooled")
     ev = evaluate_all(model, tasks, compute)

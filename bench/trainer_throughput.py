@@ -128,7 +128,8 @@ def run_bare(task: SiteTask, steps: int, device: torch.device,
     model.to(device)
     model.train()
     optimizer = torch.optim.Adam(model.parameters(), lr=LR, betas=(MOMENTUM, 0.999))
-    loader = task._train_loader(SEED)
+    # A plain loader: no pinned memory, no workers (what a bare loop would write).
+    loader = task._train_loader(SEED, ComputeDevice(torch.device("cpu"), None))
     loss_fn = task.loss_fn()
     autocast = (torch.autocast(device_type=device.type, dtype=amp_dtype)
                 if amp_dtype is not None else nullcontext())

@@ -43,8 +43,11 @@ class LabelledTensors(Dataset):
 
 
 def balanced_loader(dataset: LabelledTensors, batch_size: int, positive_fraction: float,
-                    seed: int) -> DataLoader:
-    """Sample with replacement so that ``positive_fraction`` of items are positive."""
+                    seed: int, compute: ComputeDevice) -> DataLoader:
+    """Sample with replacement so that ``positive_fraction`` of items are positive.
+
+    Batches are fed as ``compute`` asks (pinned memory, workers).
+    """
     n = len(dataset)
     positives = set(dataset.positive_indices)
     weights = torch.ones(n, dtype=torch.double)
@@ -55,7 +58,7 @@ def balanced_loader(dataset: LabelledTensors, batch_size: int, positive_fraction
     sampler = WeightedRandomSampler(weights, num_samples=n, replacement=True,
                                     generator=torch.Generator().manual_seed(seed))
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler,
-                      drop_last=n >= batch_size)
+                      drop_last=n >= batch_size, **compute.loader_kwargs())
 
 
 @torch.no_grad()
@@ -64,13 +67,15 @@ def evaluate_classifier(model: nn.Module, dataset: LabelledTensors, compute: Com
     """BCE loss, macro ROC AUC and accuracy at probability 0.5 over ``dataset``."""
     model.to(compute.device).eval()
     loss_fn = nn.BCEWithLogitsLoss(reduction="sum")
-    logits, targets, loss = [], [], 0.0
-    for x, y in DataLoader(dataset, batch_size=batch_size):
-        out = model(x.to(compute.device)).float().cpu()
-        loss += float(loss_fn(out, y))
-        logits.append(out)
+    logits, targets = [], []
+    for x, y in DataLoader(dataset, batch_size=batch_size, **compute.loader_kwargs(workers=False)):
+        with compute.autocast():
+            out = model(x.to(compute.device, non_blocking=True))
+        logits.append(out.float())
         targets.append(y)
-    scores, labels = torch.sigmoid(torch.cat(logits)), torch.cat(targets)
+    out, labels = torch.cat(logits).cpu(), torch.cat(targets)
+    loss = float(loss_fn(out, labels))
+    scores = torch.sigmoid(out)
     metrics = {"accuracy": float(((scores > 0.5).float() == labels).float().mean())}
     if all(0 < int(labels[:, j].sum()) < len(labels) for j in range(labels.shape[1])):
         metrics["auc"] = float(compute_roc_auc(scores, labels, average="macro"))

@@ -68,9 +68,9 @@ class CT3DClsTask(SiteTask):
         """Binary cross-entropy on the logit."""
         return nn.BCEWithLogitsLoss()
 
-    def _train_loader(self, seed: int) -> DataLoader:
+    def _train_loader(self, seed: int, compute: ComputeDevice) -> DataLoader:
         return balanced_loader(self.train_set, self.settings.batch_size,
-                               self.settings.positive_fraction, seed)
+                               self.settings.positive_fraction, seed, compute)
 
     def evaluate(self, model: nn.Module, compute: ComputeDevice) -> EvalResult:
         """ROC AUC, accuracy and loss on the site's validation volumes."""

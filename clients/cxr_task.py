@@ -29,6 +29,7 @@ class CXRClsTask(SiteTask):
 
     name = "cxr-cls"
     main_metric = "auc"
+    channels_last_ok = True
 
     def __init__(self, site_dir: Path, settings: TaskSettings) -> None:
         super().__init__(site_dir, settings)
@@ -60,9 +61,9 @@ class CXRClsTask(SiteTask):
         """Binary cross-entropy per label, on logits."""
         return nn.BCEWithLogitsLoss()
 
-    def _train_loader(self, seed: int) -> DataLoader:
+    def _train_loader(self, seed: int, compute: ComputeDevice) -> DataLoader:
         return balanced_loader(self.train_set, self.settings.batch_size,
-                               self.settings.positive_fraction, seed)
+                               self.settings.positive_fraction, seed, compute)
 
     def evaluate(self, model: nn.Module, compute: ComputeDevice) -> EvalResult:
         """ROC AUC, accuracy and loss on the site's validation radiographs."""

@@ -36,19 +36,21 @@ class _RandomFlips(Dataset):
     """Random in-plane flips of (slab, mask) pairs: left-right and anterior-posterior.
 
     Cheap augmentation against the small study counts of a single hospital; the
-    slab order (through-plane) is never flipped.
+    slab order (through-plane) is never flipped. The flips draw from torch's
+    global generator, which :meth:`SiteTask.train` seeds in the training process
+    and the DataLoader seeds per worker (base seed + worker id), so they are
+    reproducible with and without loader workers.
     """
 
-    def __init__(self, base: Dataset, seed: int) -> None:
+    def __init__(self, base: Dataset) -> None:
         self.base = base
-        self.generator = torch.Generator().manual_seed(seed)
 
     def __len__(self) -> int:
         return len(self.base)
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         image, target = self.base[i]
-        flips = torch.rand(2, generator=self.generator) < 0.5
+        flips = torch.rand(2) < 0.5
         dims = [d for d, flip in zip((-1, -2), flips.tolist()) if flip]
         if dims:
             image, target = image.flip(dims), target.flip(dims)
@@ -73,6 +75,7 @@ class PESegTask(SiteTask):
 
     name = "pe-seg"
     main_metric = "dice"
+    channels_last_ok = True
 
     def __init__(self, site_dir: Path, settings: TaskSettings) -> None:
         super().__init__(site_dir, settings)
@@ -109,7 +112,7 @@ class PESegTask(SiteTask):
         """Soft Dice loss on logits, pooled over the batch."""
         return DiceCELoss(sigmoid=True, batch=True)
 
-    def _train_loader(self, seed: int) -> DataLoader:
+    def _train_loader(self, seed: int, compute: ComputeDevice) -> DataLoader:
         dataset = self.train_set
         positives = set(dataset.positive_indices)
         n_pos, n = len(positives), len(dataset)
@@ -119,11 +122,12 @@ class PESegTask(SiteTask):
             weights[list(positives)] = frac / n_pos
             neg = [i for i in range(n) if i not in positives]
             weights[neg] = (1.0 - frac) / (n - n_pos)
-        generator = torch.Generator().manual_seed(seed)
         sampler = WeightedRandomSampler(weights, num_samples=n, replacement=True,
-                                        generator=generator)
-        return DataLoader(_RandomFlips(dataset, seed + 1), batch_size=self.settings.batch_size, sampler=sampler,
-                          drop_last=n >= self.settings.batch_size)
+                                        generator=torch.Generator().manual_seed(seed))
+        return DataLoader(_RandomFlips(dataset), batch_size=self.settings.batch_size,
+                          sampler=sampler, drop_last=n >= self.settings.batch_size,
+                          generator=torch.Generator().manual_seed(seed + 1),
+                          **compute.loader_kwargs())
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, compute: ComputeDevice) -> EvalResult:
@@ -138,12 +142,16 @@ class PESegTask(SiteTask):
             raise SiteDataError(f"{self.site_dir}: no usable validation study")
         model.to(compute.device).eval()
         loss_fn = self.loss_fn()
-        loader = DataLoader(self.val_set, batch_size=max(self.settings.batch_size, 16))
-        preds, targets, loss_sum, batches = [], [], 0.0, 0
+        loader = DataLoader(self.val_set, batch_size=max(self.settings.batch_size, 16),
+                            **compute.loader_kwargs(workers=False))
+        preds, targets, loss_sum, batches = [], [], torch.zeros((), device=compute.device), 0
         for x, y in loader:
-            x, y = x.to(compute.device), y.to(compute.device)
-            logits = model(x).float()
-            loss_sum += float(loss_fn(logits, y))
+            x = x.to(compute.device, non_blocking=True)
+            y = y.to(compute.device, non_blocking=True)
+            with compute.autocast():
+                logits = model(x)
+            logits = logits.float()
+            loss_sum += loss_fn(logits, y).detach()
             batches += 1
             preds.append((logits > 0).to(torch.uint8).cpu())
             targets.append(y.to(torch.uint8).cpu())
@@ -154,5 +162,5 @@ class PESegTask(SiteTask):
             rows = torch.tensor([i for i, owner in enumerate(owners) if owner == study_id])
             metric(y_pred=pred[rows][None, None], y=target[rows][None, None])
         dice = float(metric.aggregate())
-        return EvalResult(num_examples=len(self.val_set), loss=loss_sum / max(batches, 1),
+        return EvalResult(num_examples=len(self.val_set), loss=float(loss_sum) / max(batches, 1),
                           metrics={"dice": dice}, num_studies=len(self.val_set.study_ids))

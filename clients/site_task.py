@@ -78,11 +78,14 @@ class SiteTask(ABC):
     Subclasses set ``name`` and ``main_metric`` and implement :meth:`model_for`,
     :meth:`example_input`, :meth:`loss_fn`, :meth:`_train_loader` and
     :meth:`evaluate`; their ``__init__`` loads ``train_set`` (a Dataset of
-    ``(input, target)``), ``val_set`` and ``report``.
+    ``(input, target)``), ``val_set`` and ``report``. A task whose model is a
+    2D CNN on ``(N, C, H, W)`` inputs sets ``channels_last_ok`` so that it runs
+    NHWC on devices that ask for it (:attr:`ComputeDevice.channels_last`).
     """
 
     name: ClassVar[str]
     main_metric: ClassVar[str]
+    channels_last_ok: ClassVar[bool] = False
 
     def __init__(self, site_dir: Path, settings: TaskSettings) -> None:
         self.site_dir = Path(site_dir)
@@ -107,8 +110,9 @@ class SiteTask(ABC):
         """Training loss on logits."""
 
     @abstractmethod
-    def _train_loader(self, seed: int) -> DataLoader:
-        """Batches of training data, sampled with ``seed``."""
+    def _train_loader(self, seed: int, compute: ComputeDevice) -> DataLoader:
+        """Batches of training data, sampled with ``seed``, fed as ``compute`` asks
+        (:meth:`ComputeDevice.loader_kwargs`)."""
 
     @abstractmethod
     def evaluate(self, model: nn.Module, compute: ComputeDevice) -> EvalResult:
@@ -127,14 +131,23 @@ class SiteTask(ABC):
 
         ``optimizer`` is ``"sgd"`` (heavy-ball ``momentum``, PyTorch style) or
         ``"adam"`` (Kingma & Ba 2015; ``momentum`` is its beta1). The optimiser
-        state is fresh every round, as in FedAvg with local Adam.
+        state is fresh every round, as in FedAvg with local Adam. On a
+        channels-last device the model is trained NHWC and handed back in the
+        default (contiguous) layout.
         """
         torch.manual_seed(seed)
+        channels_last = compute.channels_last and self.channels_last_ok
         model.to(compute.device)
-        opt = make_optimizer(optimizer, model.parameters(), lr, momentum)
-        return train_steps(model, self._train_loader(seed), self.loss_fn(), opt,
-                           steps, compute, deadline=deadline, label=label,
-                           proximal_mu=proximal_mu)
+        if channels_last:
+            model.to(memory_format=torch.channels_last)
+        try:
+            opt = make_optimizer(optimizer, model.parameters(), lr, momentum)
+            return train_steps(model, self._train_loader(seed, compute), self.loss_fn(), opt,
+                               steps, compute, deadline=deadline, label=label,
+                               proximal_mu=proximal_mu, channels_last=channels_last)
+        finally:
+            if channels_last:
+                model.to(memory_format=torch.contiguous_format)
 
     @torch.no_grad()
     def training_loss(self, model: nn.Module, compute: ComputeDevice, subset: int = 0) -> float:
@@ -149,10 +162,14 @@ class SiteTask(ABC):
             generator = torch.Generator().manual_seed(0)
             indices = torch.randperm(len(indices), generator=generator)[:subset].tolist()
         loader = DataLoader(Subset(self.train_set, indices),
-                            batch_size=max(self.settings.batch_size, 16))
-        loss_fn, total, count = self.loss_fn(), 0.0, 0
+                            batch_size=max(self.settings.batch_size, 16),
+                            **compute.loader_kwargs(workers=False))
+        loss_fn, total, count = self.loss_fn(), torch.zeros((), device=compute.device), 0
         for x, y in loader:
-            x, y = x.to(compute.device), y.to(compute.device)
-            total += float(loss_fn(model(x).float(), y)) * x.shape[0]
+            x = x.to(compute.device, non_blocking=True)
+            y = y.to(compute.device, non_blocking=True)
+            with compute.autocast():
+                logits = model(x)
+            total += loss_fn(logits.float(), y).detach() * x.shape[0]
             count += x.shape[0]
-        return total / max(count, 1)
+        return float(total) / max(count, 1)

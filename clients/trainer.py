@@ -15,7 +15,6 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -81,8 +80,14 @@ def train_steps(
     progress_every: int = 10,
     label: str = "",
     proximal_mu: float = 0.0,
+    channels_last: bool = False,
 ) -> TrainResult:
     """Run ``steps`` optimiser steps of ``model`` on ``batches``.
+
+    The loop never waits for the GPU between steps: inputs are copied with
+    ``non_blocking`` (from pinned memory, see :class:`ComputeDevice`), losses
+    are summed on the device, and the host reads them back only for the first
+    batch's loss and every ``progress_every`` steps.
 
     Parameters
     ----------
@@ -108,6 +113,9 @@ def train_steps(
         FedProx proximal term ``mu/2 ||w - w_0||^2`` around the received model
         ``w_0`` (Li et al., "Federated optimization in heterogeneous networks",
         MLSys 2020, eq. 2); 0 disables it.
+    channels_last : bool
+        Copy 4D inputs as NHWC (``torch.channels_last``); the caller has put
+        the model's weights in that layout.
 
     Raises
     ------
@@ -119,11 +127,7 @@ def train_steps(
     device = compute.device
     non_blocking = device.type == "cuda"
     scaler = torch.amp.GradScaler("cuda") if compute.needs_grad_scaler else None
-    autocast = (
-        torch.autocast(device_type=device.type, dtype=compute.amp_dtype)
-        if compute.amp_dtype is not None
-        else nullcontext()
-    )
+    layout = torch.channels_last if channels_last else torch.preserve_format
     model.train()
     anchor = ([p.detach().clone() for p in model.parameters()] if proximal_mu > 0 else [])
     start = time.monotonic()
@@ -134,10 +138,11 @@ def train_steps(
     for x, y in _cycle(batches):
         if done >= steps or (deadline is not None and done > 0 and time.monotonic() >= deadline):
             break
-        x = x.to(device, non_blocking=non_blocking)
+        x = x.to(device, non_blocking=non_blocking,
+                 memory_format=layout if x.dim() == 4 else torch.preserve_format)
         y = y.to(device, non_blocking=non_blocking)
         optimizer.zero_grad(set_to_none=True)
-        with autocast:
+        with compute.autocast():
             loss = loss_fn(model(x), y)
         if anchor:
             loss = loss + 0.5 * proximal_mu * sum(

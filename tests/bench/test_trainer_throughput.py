@@ -68,7 +68,7 @@ def test_loops_see_cycled_epochs(site):
     bench = _load()
     task = task_class("cxr-cls")(site, TaskSettings(image_size=32, batch_size=16,
                                                     model_size="small"))
-    per_epoch = len(task._train_loader(0))
+    per_epoch = len(task._train_loader(0, select_device("cpu")))
     steps = per_epoch + 1
     ours = bench.run_ours(task, steps, select_device("cpu"))
     bare = bench.run_bare(task, steps, torch.device("cpu"))

@@ -42,7 +42,7 @@ def test_trains_and_reports_auc(cxr_site: Path):
 def test_balanced_sampling_reaches_the_positive_share(cxr_site: Path):
     task = CXRClsTask(cxr_site, TaskSettings(image_size=32, batch_size=8,
                                              positive_fraction=0.5))
-    labels = torch.cat([y for _, y in task._train_loader(seed=1)])  # noqa: SLF001
+    labels = torch.cat([y for _, y in task._train_loader(1, select_device("cpu"))])  # noqa: SLF001
     assert 0.3 < float(labels.mean()) < 0.7
 
 

@@ -34,7 +34,7 @@ def test_trains_and_evaluates_a_generated_site(small_site: Path):
 
 def test_training_sampler_oversamples_slices_with_emboli(small_site: Path):
     task = PESegTask(small_site, SETTINGS)
-    loader = task._train_loader(seed=0)  # noqa: SLF001 - the sampler is the point here
+    loader = task._train_loader(0, select_device("cpu"))  # noqa: SLF001 - the sampler is the point here
     targets = torch.cat([y for _, y in loader])
     share = (targets.flatten(1).amax(1) > 0).float().mean().item()
     natural = task.train_set.num_positive_slices / len(task.train_set)
