@@ -28,6 +28,7 @@ from flwr.clientapp import ClientApp
 
 from app.run_config import RunConfig
 from app.site_config import SiteConfig, SiteConfigError
+from clients.decoded_cache import CACHE_DIR_NAME, load_task
 from clients.device import ComputeDevice, select_device
 from clients.errors import StudyError
 from clients.site_task import SiteDataError, SiteTask, TaskSettings
@@ -64,13 +65,20 @@ def _compute() -> ComputeDevice:
 
 
 def _site_task(context: Context) -> tuple[RunConfig, SiteConfig, SiteTask]:
-    """Parse the configs and return the site's task, loaded once per process."""
+    """Parse the configs and return the site's task, loaded once per process.
+
+    A new process (in deployment: every message) takes the decoded data from
+    the site's disk cache under ``state-dir`` unless node_config says
+    ``cache-decoded = false`` (:mod:`clients.decoded_cache`).
+    """
     config = RunConfig.from_mapping(context.run_config)
     site = SiteConfig.from_node_config(context.node_config, config.data_root)
     settings = config.task_settings()
     key = (config.task, str(site.data_path), settings)
     if key not in _TASKS:
-        _TASKS[key] = task_class(config.task)(site.data_path, settings)
+        cache_dir = site.state_dir / CACHE_DIR_NAME if site.cache_decoded else None
+        _TASKS[key] = load_task(task_class(config.task), site.data_path, settings, cache_dir,
+                                exclude=[site.state_dir])
     return config, site, _TASKS[key]
 
 

@@ -2,9 +2,10 @@
 
 A hospital's SuperNode is started with ``--node-config`` giving
 ``data-path`` (its site folder, with ``manifest.csv``), ``state-dir`` (where
-site state persists across restarts) and ``site-name``. In simulation Flower
-gives only ``partition-id``; it is mapped to the synthetic hospital
-``<data-root>/hospital-<id>`` of the run config.
+site state persists across restarts), ``site-name`` and optionally
+``cache-decoded`` (``false``: no decoded copy of the data in ``state-dir``).
+In simulation Flower gives only ``partition-id``; it is mapped to the synthetic
+hospital ``<data-root>/hospital-<id>`` of the run config.
 """
 
 from __future__ import annotations
@@ -21,6 +22,17 @@ class SiteConfigError(ValueError):
     """The node_config does not say where the site's data is."""
 
 
+def _flag(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes", "on"):
+        return True
+    if text in ("false", "0", "no", "off"):
+        return False
+    raise SiteConfigError(f"node_config cache-decoded must be true or false, got {value!r}")
+
+
 @dataclass(frozen=True)
 class SiteConfig:
     """Site-specific paths and name."""
@@ -28,6 +40,7 @@ class SiteConfig:
     name: str
     data_path: Path
     state_dir: Path
+    cache_decoded: bool = True
 
     @classmethod
     def from_node_config(cls, node_config: Mapping[str, Any], data_root: str) -> SiteConfig:
@@ -39,7 +52,8 @@ class SiteConfig:
                     f"node_config data-path must be absolute, got {str(data_path)!r}")
             name = str(node_config.get("site-name", data_path.name))
             state = Path(str(node_config.get("state-dir", data_path / ".fedmed-state")))
-            return cls(name=name, data_path=data_path, state_dir=state)
+            return cls(name=name, data_path=data_path, state_dir=state,
+                       cache_decoded=_flag(node_config.get("cache-decoded", True)))
         if "partition-id" in node_config:
             if not data_root:
                 raise SiteConfigError(

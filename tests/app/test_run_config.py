@@ -79,6 +79,9 @@ def test_deployment_node_config_wins():
         {"data-path": "/srv/pe", "state-dir": "/var/lib/fedmed", "site-name": "st-olav"}, "")
     assert (site.name, site.data_path, site.state_dir) == (
         "st-olav", Path("/srv/pe"), Path("/var/lib/fedmed"))
+    assert site.cache_decoded
+    off = SiteConfig.from_node_config({"data-path": "/srv/pe", "cache-decoded": "false"}, "")
+    assert not off.cache_decoded
 
 
 @pytest.mark.parametrize(
@@ -87,6 +90,7 @@ def test_deployment_node_config_wins():
         ({"data-path": "relative/pe"}, "", "must be absolute"),
         ({"partition-id": 0}, "", "needs run-config 'data-root'"),
         ({}, "/data", "neither 'data-path'"),
+        ({"data-path": "/srv/pe", "cache-decoded": "maybe"}, "", "cache-decoded must be"),
     ],
 )
 def test_bad_node_config(node_config, root, message):
