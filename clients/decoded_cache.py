@@ -27,11 +27,11 @@ import hashlib
 import logging
 import os
 import pickle
-import tempfile
 import time
 from collections.abc import Iterable
 from pathlib import Path
 
+from clients.atomic_file import write_atomic
 from clients.site_task import SiteTask, TaskSettings
 
 __all__ = ["CACHE_DIR_NAME", "KEEP_PER_TASK", "cache_key", "load_task"]
@@ -82,18 +82,6 @@ def cache_key(task_cls: type[SiteTask], site_dir: Path, settings: TaskSettings,
         digest.update(part.encode())
         digest.update(b"\0")
     return digest.hexdigest()[:32]
-
-
-def _write_atomic(path: Path, task: SiteTask) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            pickle.dump(task, handle, protocol=pickle.HIGHEST_PROTOCOL)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _prune(cache_dir: Path, task_name: str, keep: Path) -> None:
@@ -147,7 +135,7 @@ def load_task(task_cls: type[SiteTask], site_dir: Path, settings: TaskSettings,
             path.unlink(missing_ok=True)
     task = task_cls(site_dir, settings)
     try:
-        _write_atomic(path, task)
+        write_atomic(path, lambda handle: pickle.dump(task, handle, protocol=pickle.HIGHEST_PROTOCOL))
         _prune(cache_dir, task_cls.name, keep=path)
     except OSError as exc:  # a full or read-only disk must not stop training
         log.warning("could not write the decoded-data cache %s: %s", path, exc)

@@ -9,12 +9,12 @@ then rename), so a crash mid-write never leaves a truncated state.
 
 from __future__ import annotations
 
-import os
 import re
-import tempfile
 from pathlib import Path
 
 import numpy as np
+
+from clients.atomic_file import write_atomic
 
 __all__ = ["SiteStateStore"]
 
@@ -41,14 +41,5 @@ class SiteStateStore:
 
     def save(self, federation: str, name: str, array: np.ndarray) -> Path:
         """Save ``array`` atomically; returns the file path."""
-        path = self._path(federation, name)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                np.save(handle, np.asarray(array), allow_pickle=False)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return path
+        return write_atomic(self._path(federation, name),
+                            lambda handle: np.save(handle, np.asarray(array), allow_pickle=False))

@@ -1,0 +1,34 @@
+"""Write a site-side file atomically: a temporary file in the same folder, then a rename.
+
+A crash (or a SuperNode killed mid-write) leaves either the old file or the new
+one, never a truncated file, because ``os.replace`` within one folder is atomic
+on POSIX file systems.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO
+
+__all__ = ["write_atomic"]
+
+
+def write_atomic(path: Path, write: Callable[[BinaryIO], None]) -> Path:
+    """Create ``path``'s folder, call ``write`` on a temporary file there, rename it to ``path``.
+
+    The temporary file is removed if ``write`` raises. Returns ``path``.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            write(handle)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
