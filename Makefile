@@ -1,10 +1,19 @@
 # Federated medical imaging on Flower: make targets for a fresh machine.
 #   make simulate   install if needed, generate synthetic hospitals if missing,
 #                   run the federation in Flower's simulation engine (CPU is fine)
+#   make simulate TASK=pe-seg|cxr-cls|ct3d-cls DATA=shared [SET=ctpa|msd-lung]
+#                   the same on the real public sets in ../shared/data, converted once
+#                   into data/shared-<set>-<scheme>-seed<seed> (SITES/SCHEME/ALPHA/SEED/
+#                   MAX_PER_SITE respected; sets: pe-seg -> ctpa (default) | msd-lung,
+#                   cxr-cls -> pneumoniamnist, ct3d-cls -> adrenalmnist3d; the labels
+#                   are the sets' own, see each site's SOURCE.txt). DATA=synthetic or
+#                   unset: synthetic hospitals. configs/<task>-<set>.toml, if present,
+#                   is the preset of a shared set (PRESET= overrides it).
 #   make test       install if needed, run all tests
 # Overrides: make simulate ROUNDS=2 SITES=2 STEPS=10 RUN_CONFIG="lr=0.02 batch-size=4"
 #            make simulate PRESET=configs/pe-seg-quick.toml
 #            make simulate RESUME=1     (continue from the last server checkpoint)
+#            make simulate DATA_DIR=/abs/folder/with/hospital-00..  (any converted sites)
 # Unset ROUNDS/STEPS/IMAGE_SIZE/TASK fall back to the preset, then to pyproject.toml.
 
 SHELL        := /bin/bash
@@ -22,13 +31,45 @@ IMAGE_SIZE   ?=
 PRESET       ?=
 RUN_CONFIG   ?=
 RESUME       ?=
-CHECKPOINT_DIR ?= $(CURDIR)/runs/checkpoints/simulate-$(TASK_NAME)-seed$(SEED)
+# Data of `make simulate` / `make data`: synthetic (default) or shared (../shared/data).
+# (`make supernode DATA=/abs/site` is a different use of DATA, see the deployment section.)
+DATA         ?=
+SET          ?=
+SCHEME       ?= iid
+ALPHA        ?= 0.5
+MAX_PER_SITE ?=
+SHARED_DATA  ?= $(abspath ../shared/data)
 # Synthetic hospitals per task (the default demo data), written as real files.
 TASK_NAME    := $(if $(TASK),$(TASK),pe-seg)
 GENERATOR_pe-seg  := clients.synthetic_ct
 GENERATOR_cxr-cls := clients.synthetic_cxr
 GENERATOR_ct3d-cls := clients.synthetic_ct3d
+# Real shared sets per task (clients/shared_sites.py); the first is the default SET.
+SHARED_SET_pe-seg  := ctpa
+SHARED_SET_cxr-cls := pneumoniamnist
+SHARED_SET_ct3d-cls := adrenalmnist3d
+SET_NAME     := $(if $(SET),$(SET),$(SHARED_SET_$(TASK_NAME)))
+SHARED_TAG   := $(SET_NAME)-$(SCHEME)$(if $(filter dirichlet,$(SCHEME)),$(ALPHA))$(if $(MAX_PER_SITE),-max$(MAX_PER_SITE))-seed$(SEED)
+SHARED_OUT   := $(CURDIR)/data/shared-$(SHARED_TAG)
+SHARED_CONVERT = $(PY) -m clients.shared_sites --task $(TASK_NAME) --set $(SET_NAME) \
+		--shared $(SHARED_DATA) --sites $(SITES) --scheme $(SCHEME) --alpha $(ALPHA) --seed $(SEED) \
+		$(if $(MAX_PER_SITE),--max-per-site $(MAX_PER_SITE))
+ifeq ($(DATA),shared)
+DATA_DIR     ?= $(SHARED_OUT)
+RUN_PRESET   := $(if $(PRESET),$(PRESET),$(wildcard configs/$(TASK_NAME)-$(SET_NAME).toml))
+SHARED_RUN   := -c experiment=fedmed-$(TASK_NAME)-$(SET_NAME)
+CHECKPOINT_DIR ?= $(CURDIR)/runs/checkpoints/simulate-$(TASK_NAME)-shared-$(SHARED_TAG)
+else
 DATA_DIR     ?= $(CURDIR)/data/synthetic-$(TASK_NAME)-seed$(SEED)
+RUN_PRESET   := $(PRESET)
+SHARED_RUN   :=
+CHECKPOINT_DIR ?= $(CURDIR)/runs/checkpoints/simulate-$(TASK_NAME)-seed$(SEED)
+endif
+ifneq ($(filter simulate data,$(MAKECMDGOALS)),)
+ifneq ($(filter-out synthetic shared,$(DATA)),)
+$(error DATA=$(DATA): `make simulate` and `make data` take DATA=synthetic (default) or DATA=shared; give a folder of sites with DATA_DIR=/abs/folder (DATA=/abs/site is for `make supernode`))
+endif
+endif
 TRACKING_URI ?= $(if $(MLFLOW_TRACKING_URI),$(MLFLOW_TRACKING_URI),sqlite:///$(CURDIR)/mlflow.db)
 ARTIFACT_ROOT ?= $(CURDIR)/mlartifacts
 MLFLOW_PORT  ?= 5000
@@ -55,16 +96,23 @@ $(STAMP): pyproject.toml
 
 data: $(DATA_DIR)/.sites-$(SITES)
 
+# The stamp names the site count; DATA=shared converts the shared set once per
+# set/scheme/alpha/seed/cap (the folder name) and site count (the stamp).
 $(DATA_DIR)/.sites-$(SITES): | $(STAMP)
+ifeq ($(DATA),shared)
+	$(SHARED_CONVERT) --out $(DATA_DIR)
+	@rm -f $(DATA_DIR)/.sites-*
+else
 	@test -n "$(GENERATOR_$(TASK_NAME))" || { echo "no synthetic data generator for TASK=$(TASK_NAME)"; exit 2; }
 	$(PY) -m $(GENERATOR_$(TASK_NAME)) --out $(DATA_DIR) --sites $(SITES) --seed $(SEED)
+endif
 	@touch $@
 
 simulate: install data
 	$(PY) -m app.simulate --data-root $(DATA_DIR) --sites $(SITES) \
 		--tracking-uri "$(TRACKING_URI)" --artifact-root $(ARTIFACT_ROOT) \
-		$(if $(PRESET),--preset $(abspath $(PRESET))) \
-		$(if $(TASK),-c task=$(TASK)) $(if $(ROUNDS),-c num-server-rounds=$(ROUNDS)) \
+		$(if $(RUN_PRESET),--preset $(abspath $(RUN_PRESET))) \
+		$(if $(TASK),-c task=$(TASK)) $(SHARED_RUN) $(if $(ROUNDS),-c num-server-rounds=$(ROUNDS)) \
 		$(if $(STEPS),-c local-steps=$(STEPS)) $(if $(IMAGE_SIZE),-c image-size=$(IMAGE_SIZE)) \
 		-c seed=$(SEED) -c min-nodes=$(SITES) -c checkpoint-dir=$(CHECKPOINT_DIR) \
 		$(if $(RESUME),-c resume=true) $(foreach kv,$(RUN_CONFIG),-c $(kv))
@@ -151,23 +199,17 @@ federate: install
 		$(foreach kv,$(RUN_CONFIG),-c $(kv))
 
 # --- Real shared data as federated sites (../shared/data, see clients/shared_sites.py) ---
-#   make shared-data TASK=cxr-cls SITES=4 SCHEME=dirichlet ALPHA=0.5 [MAX_PER_SITE=50]
-#   make simulate TASK=cxr-cls SITES=4 DATA_DIR=$(CURDIR)/data/shared-cxr-cls-dirichlet-seed0
-# Labels are the stand-ins' own (pneumonia, AdrenalMNIST3D), see each site's SOURCE.txt.
-# Writes the .sites-$(SITES) stamp so that `simulate` does not generate synthetic data there.
-SHARED_DATA  ?= $(abspath ../shared/data)
-SCHEME       ?= iid
-ALPHA        ?= 0.5
-MAX_PER_SITE ?=
-SHARED_OUT   := $(CURDIR)/data/shared-$(TASK)-$(SCHEME)-seed$(SEED)
-
+#   make shared-data TASK=cxr-cls|ct3d-cls|pe-seg [SET=ctpa|msd-lung] [SITES=3]
+#                    [SCHEME=iid|dirichlet|size] [ALPHA=0.5] [SEED=0] [MAX_PER_SITE=K]
+# (Re)converts into data/shared-<set>-<scheme>-seed<seed> and writes the .sites-$(SITES)
+# stamp; `make simulate ... DATA=shared` with the same variables then runs on it (and
+# converts by itself when the folder is missing). Labels are the stand-ins' own
+# (pneumonia, AdrenalMNIST3D, pulmonary artery, lung tumour), see each site's SOURCE.txt.
 .PHONY: shared-data
 
 shared-data: install
-	@case "$(TASK)" in cxr-cls|ct3d-cls) ;; *) echo "usage: make shared-data TASK=cxr-cls|ct3d-cls [SITES=3] [SCHEME=iid|dirichlet|size] [ALPHA=0.5] [SEED=0] [MAX_PER_SITE=K]" >&2; exit 2;; esac
-	$(PY) -m clients.shared_sites --task $(TASK) --shared $(SHARED_DATA) --out $(SHARED_OUT) \
-		--sites $(SITES) --scheme $(SCHEME) --alpha $(ALPHA) --seed $(SEED) \
-		$(if $(MAX_PER_SITE),--max-per-site $(MAX_PER_SITE))
+	@case "$(TASK_NAME)" in cxr-cls|ct3d-cls|pe-seg) ;; *) echo "usage: make shared-data TASK=cxr-cls|ct3d-cls|pe-seg [SET=ctpa|msd-lung] [SITES=3] [SCHEME=iid|dirichlet|size] [ALPHA=0.5] [SEED=0] [MAX_PER_SITE=K]" >&2; exit 2;; esac
+	$(SHARED_CONVERT) --out $(SHARED_OUT)
 	@rm -f $(SHARED_OUT)/.sites-*
 	@touch $(SHARED_OUT)/.sites-$(SITES)
-	@echo "run it: make simulate TASK=$(TASK) SITES=$(SITES) DATA_DIR=$(SHARED_OUT)"
+	@echo "run it: make simulate TASK=$(TASK_NAME) DATA=shared$(if $(SET), SET=$(SET)) SITES=$(SITES)$(if $(filter-out iid,$(SCHEME)), SCHEME=$(SCHEME))$(if $(filter dirichlet,$(SCHEME)), ALPHA=$(ALPHA))$(if $(MAX_PER_SITE), MAX_PER_SITE=$(MAX_PER_SITE))$(if $(filter-out 0,$(SEED)), SEED=$(SEED))"

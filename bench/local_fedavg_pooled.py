@@ -14,25 +14,40 @@ same batch size and the same initial model (seeded):
    (``delta_k = x_global - x_local_k``, ``n_k = len(train_set)``,
    ``x_new = x_global - sum_k p_k delta_k``); ``R * tau * K = S_total``;
 3. **pooled** (centralised): one model trained on the union of the sites'
-   training data (merged :class:`clients.classification.LabelledTensors`
-   sampled with the tasks' own :func:`clients.classification.balanced_loader`,
-   so the same positive share per batch) for ``S_total`` steps.
+   training data for ``S_total`` steps: for the classifiers merged
+   :class:`clients.classification.LabelledTensors` sampled with the tasks' own
+   :func:`clients.classification.balanced_loader` (the same positive share per
+   batch); for segmentation one :class:`clients.slabs.SlabDataset` of all
+   sites' training studies, trained by the task's own ``train`` (same sampler,
+   positive-slice share and flips as at a site).
 
 Every model is evaluated with ``task.evaluate`` on every site's validation
 split; the summary is the example-weighted mean over sites of ROC AUC and
 accuracy (sites whose validation set has a single class have an undefined AUC
-and are left out of the AUC mean, with their weight). For the local regime the
-table row is the mean over the ``K`` site-alone models of their all-site mean
-("how a site-alone model generalises"); their own-site score is reported too.
+and are left out of the AUC mean, with their weight), or of Dice for
+segmentation (the task's per-study Dice, weighted by validation slices). For
+the local regime the table row is the mean over the ``K`` site-alone models of
+their all-site mean ("how a site-alone model generalises"); their own-site
+score is reported too.
 
 Labels (honestly): ``cxr-cls`` here is **PneumoniaMNIST pneumonia vs normal**
 (28 px), ``ct3d-cls`` is the **AdrenalMNIST3D label** (adrenal mass shape), not
-emphysema. Results go to ``bench/results/local_fedavg_pooled.json`` and a markdown
-table is printed. Usage::
+emphysema; ``pe-seg-ctpa`` is the **pulmonary-artery mask of one CT**
+(TotalSegmentator output, z-blocks as studies), ``pe-seg-msd-lung`` is the
+**manual lung-tumour mask** of MSD Task06 patches (2D, slab 1) - neither is a
+pulmonary-embolism label. Results go to ``--output`` and a markdown table is
+printed. Usage::
 
     python bench/local_fedavg_pooled.py --shared /work/shared/data \\
         [--tasks cxr-cls ct3d-cls] [--cxr-steps 600 --cxr-rounds 10] \\
         [--ct3d-steps 120 --ct3d-rounds 5]
+    python bench/local_fedavg_pooled.py --tasks pe-seg-ctpa pe-seg-msd-lung --repeats 3 \\
+        [--ctpa-steps 900 --ctpa-rounds 10] [--msd-steps 600 --msd-rounds 10] \\
+        --output bench/results/local_fedavg_pooled_seg.json
+
+``--repeats N`` trains every regime with the seeds ``seed .. seed + N - 1``
+(model initialisation and batches; the site split stays that of ``--seed``)
+and reports mean +- sd.
 """
 
 from __future__ import annotations
@@ -58,6 +73,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from clients.classification import LabelledTensors, balanced_loader  # noqa: E402
+from clients.pe_studies import load_site_studies  # noqa: E402
+from clients.slabs import SlabDataset  # noqa: E402
 from clients.device import ComputeDevice, select_device  # noqa: E402
 from clients.site_task import SiteTask, TaskSettings, make_optimizer  # noqa: E402
 from clients.tasks import task_class  # noqa: E402
@@ -67,7 +84,14 @@ from strategies.aggregation import fedavg_delta  # noqa: E402
 LABELS = {
     "cxr-cls": "PneumoniaMNIST: pneumonia (1) vs normal (0), 28 px chest X-rays",
     "ct3d-cls": "AdrenalMNIST3D label (adrenal mass shape); NOT emphysema",
+    "pe-seg-ctpa": "pulmonary-artery mask (TotalSegmentator output) of one CTPA-like CT, "
+                   "z-blocks as studies; NOT pulmonary embolism",
+    "pe-seg-msd-lung": "manual lung-tumour masks, MSD Task06 48 px CT patches (2D, slab 1); "
+                       "NOT pulmonary embolism",
 }
+#: Benchmark entry -> (product task, shared set).
+ENTRIES = {"cxr-cls": ("cxr-cls", "pneumoniamnist"), "ct3d-cls": ("ct3d-cls", "adrenalmnist3d"),
+           "pe-seg-ctpa": ("pe-seg", "ctpa"), "pe-seg-msd-lung": ("pe-seg", "msd-lung")}
 REGIMES = ("local", "fedavg", "pooled")
 
 
@@ -107,9 +131,14 @@ def evaluate_all(model: nn.Module, tasks: list[SiteTask], compute: ComputeDevice
     return {"per_site": per_site, "mean": _weighted_mean(per_site)}
 
 
+def _metric_keys(per_site: list[dict]) -> list[str]:
+    """The metrics reported per site (``auc``, ``accuracy`` / ``dice``), then ``loss``."""
+    return [k for k in per_site[0] if k not in ("site", "num_examples", "loss")] + ["loss"]
+
+
 def _weighted_mean(per_site: list[dict]) -> dict:
     out = {}
-    for key in ("auc", "accuracy", "loss"):
+    for key in _metric_keys(per_site):
         pairs = [(s[key], s["num_examples"]) for s in per_site if math.isfinite(s[key])]
         weight = sum(n for _, n in pairs)
         out[key] = sum(v * n for v, n in pairs) / weight if weight else float("nan")
@@ -139,8 +168,9 @@ def run_local(tasks, cfg: RunConfig, compute) -> dict:
         ev["trained_at"] = task.site_dir.name
         ev["own_site"] = ev["per_site"][i]
         evals.append(ev)
-    mean = {key: float(np.nanmean([e["mean"][key] for e in evals])) for key in ("auc", "accuracy", "loss")}
-    own = {key: float(np.nanmean([e["own_site"][key] for e in evals])) for key in ("auc", "accuracy", "loss")}
+    keys = list(evals[0]["mean"])
+    mean = {key: float(np.nanmean([e["mean"][key] for e in evals])) for key in keys}
+    own = {key: float(np.nanmean([e["own_site"][key] for e in evals])) for key in keys}
     return {"steps_done": done, "steps_per_site": steps, "models": evals,
             "mean": mean, "own_site_mean": own}
 
@@ -168,7 +198,23 @@ def run_fedavg(tasks, cfg: RunConfig, compute) -> dict:
             "num_examples": counts, **ev}
 
 
+def pooled_seg_task(tasks: list[SiteTask]) -> SiteTask:
+    """A segmentation task whose training set is every site's training studies (one SlabDataset)."""
+    settings = tasks[0].settings
+    studies = [s for t in tasks for s in load_site_studies(t.site_dir, split="train")[0]]
+    pooled = copy.copy(tasks[0])
+    pooled.train_set = SlabDataset(studies, slab=settings.slab_slices, image_size=settings.image_size)
+    return pooled
+
+
 def run_pooled(tasks, cfg: RunConfig, compute) -> dict:
+    if tasks[0].name == "pe-seg":
+        pooled_task = pooled_seg_task(tasks)
+        model = _fresh_model(tasks[0], cfg.seed)
+        res = pooled_task.train(model, cfg.steps_total, cfg.lr, cfg.momentum, compute, seed=cfg.seed,
+                                optimizer="adam", label="pooled")
+        ev = evaluate_all(model, tasks, compute)
+        return {"steps_done": res.steps_done, "num_train": len(pooled_task.train_set), **ev}
     pooled = merged_train_set(tasks)
     settings = tasks[0].settings
     model = _fresh_model(tasks[0], cfg.seed)
@@ -199,22 +245,58 @@ def compare(tasks: list[SiteTask], cfg: RunConfig, compute: ComputeDevice) -> di
             "local_own_site": out["local"]["own_site_mean"]}
 
 
+def combine_repeats(runs: list[dict]) -> dict:
+    """Several :func:`compare` results (training seeds) -> mean and sd per regime and metric.
+
+    One run is returned unchanged; otherwise ``summary`` / ``local_own_site``
+    hold the means over the runs, ``summary_sd`` / ``local_own_site_sd`` the
+    sample standard deviations, and ``runs`` every run in full.
+    """
+    if len(runs) == 1:
+        return runs[0]
+
+    def stats(get) -> tuple[dict, dict]:
+        keys = list(get(runs[0]))
+        values = {k: [get(r)[k] for r in runs] for k in keys}
+        return ({k: float(np.nanmean(v)) for k, v in values.items()},
+                {k: float(np.nanstd(v, ddof=1)) for k, v in values.items()})
+
+    summary, summary_sd = {}, {}
+    for name in REGIMES:
+        summary[name], summary_sd[name] = stats(lambda r, n=name: r["summary"][n])
+    own, own_sd = stats(lambda r: r["local_own_site"])
+    return {"config": {**runs[0]["config"], "seeds": [r["config"]["seed"] for r in runs]},
+            "summary": summary, "summary_sd": summary_sd,
+            "local_own_site": own, "local_own_site_sd": own_sd,
+            "seconds": {n: sum(r["seconds"][n] for r in runs) for n in REGIMES}, "runs": runs}
+
+
 def load_tasks(task_name: str, site_root: Path, settings: TaskSettings) -> list[SiteTask]:
     cls = task_class(task_name)
     return [cls(d, settings) for d in sorted(p for p in site_root.iterdir() if p.is_dir())]
 
 
+_TITLES = {"auc": "mean val AUC", "accuracy": "mean val accuracy", "dice": "mean val Dice"}
+
+
 def markdown(task_name: str, result: dict) -> str:
     s = result["summary"]
+    sd = result.get("summary_sd")
     cfg = result["config"]
+    regimes = result["runs"][0]["regimes"] if "runs" in result else result["regimes"]
+    keys = [k for k in s["fedavg"] if k != "loss"]
+    seeds = f"; mean +- sd over training seeds {cfg['seeds']}" if "seeds" in cfg else ""
     lines = [f"**{task_name}** — {LABELS.get(task_name, task_name)}; S_total = {cfg['steps_total']} "
-             f"steps, FedAvg R = {cfg['rounds']} x tau = {result['regimes']['fedavg']['local_steps']}",
-             "", "| regime | mean val AUC | mean val accuracy |", "|---|---|---|"]
-    for name, label in (("local", "local (site-alone models, all sites)"),
-                        ("fedavg", "FedAvg"), ("pooled", "pooled (centralised)")):
-        lines.append(f"| {label} | {s[name]['auc']:.3f} | {s[name]['accuracy']:.3f} |")
-    own = result["local_own_site"]
-    lines.append(f"| local, own site only | {own['auc']:.3f} | {own['accuracy']:.3f} |")
+             f"steps, FedAvg R = {cfg['rounds']} x tau = {regimes['fedavg']['local_steps']}{seeds}",
+             "", "| regime | " + " | ".join(_TITLES.get(k, k) for k in keys) + " |",
+             "|---|" + "---|" * len(keys)]
+    rows = [(label, s[name], sd[name] if sd else None)
+            for name, label in (("local", "local (site-alone models, all sites)"),
+                                ("fedavg", "FedAvg"), ("pooled", "pooled (centralised)"))]
+    rows.append(("local, own site only", result["local_own_site"], result.get("local_own_site_sd")))
+    for label, values, spread in rows:
+        cells = [f"{values[k]:.3f}" + (f" +- {spread[k]:.3f}" if spread else "") for k in keys]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -234,6 +316,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cxr-rounds", type=int, default=10)
     p.add_argument("--ct3d-steps", type=int, default=120)
     p.add_argument("--ct3d-rounds", type=int, default=5)
+    p.add_argument("--ctpa-steps", type=int, default=900)
+    p.add_argument("--ctpa-rounds", type=int, default=10)
+    p.add_argument("--msd-steps", type=int, default=600)
+    p.add_argument("--msd-rounds", type=int, default=10)
+    p.add_argument("--repeats", type=int, default=1,
+                   help="training seeds per entry (seed, seed+1, ...; the site split stays that of --seed)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--output", type=Path, default=ROOT / "bench/results/local_fedavg_pooled.json")
     args = p.parse_args(argv)
@@ -249,23 +337,38 @@ def main(argv: list[str] | None = None) -> int:
                       "--seed", str(args.seed)],
                      TaskSettings(image_size=32, volume_depth=16, batch_size=4, model_size="small"),
                      args.ct3d_steps, args.ct3d_rounds),
+        "pe-seg-ctpa": (["--set", "ctpa", "--sites", str(args.sites), "--scheme", "iid",
+                         "--seed", str(args.seed)],
+                        TaskSettings(image_size=64, slab_slices=9, batch_size=8),
+                        args.ctpa_steps, args.ctpa_rounds),
+        "pe-seg-msd-lung": (["--set", "msd-lung", "--sites", str(args.sites), "--scheme", "size",
+                             "--seed", str(args.seed)],
+                            TaskSettings(image_size=48, slab_slices=1, batch_size=16),
+                            args.msd_steps, args.msd_rounds),
     }
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.tasks:
             extra, settings, steps, rounds = specs[name]
+            task_name = ENTRIES[name][0]
             site_root = Path(tmp) / name
-            build_sites(name, args.shared, site_root, extra)
-            tasks = load_tasks(name, site_root, settings)
-            cfg = RunConfig(task=name, steps_total=steps, rounds=rounds, seed=args.seed)
-            res = compare(tasks, cfg, compute)
+            build_sites(task_name, args.shared, site_root, extra)
+            tasks = load_tasks(task_name, site_root, settings)
+            res = combine_repeats([
+                compare(tasks, RunConfig(task=name, steps_total=steps, rounds=rounds, seed=args.seed + r),
+                        compute)
+                for r in range(args.repeats)])
             res["label"] = LABELS[name]
             res["settings"] = asdict(settings)
             res["converter_args"] = extra
             res["sites"] = [{"site": t.site_dir.name, "train": len(t.train_set),
                              "val": len(t.val_set),
-                             "train_positive_share": len(t.train_set.positive_indices) / len(t.train_set)}
+                             "train_positive_share": len(t.train_set.positive_indices) / len(t.train_set),
+                             **({"train_studies": len(t.train_set.study_ids),
+                                 "val_studies": len(t.val_set.study_ids)}
+                                if isinstance(t.train_set, SlabDataset) else {})}
                             for t in tasks]
+            res["wall_seconds"] = sum(res["seconds"].values())
             results[name] = res
             print(markdown(name, res), "\n", flush=True)
     payload = {

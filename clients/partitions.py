@@ -4,6 +4,10 @@ Every function returns a list of ``num_sites`` sorted ``int64`` index arrays
 that form a partition of ``range(n)``: disjoint, covering every index once.
 
 * :func:`iid_partition` - uniform random split, site sizes differ by at most 1.
+* :func:`stratified_iid_partition` - IID split stratified by class: every
+  class is dealt out like :func:`iid_partition`, so each site's count of a
+  class differs from any other site's by at most 1 (for small sets with a rare
+  class, where a uniform split often leaves a site without it).
 * :func:`dirichlet_label_partition` - label skew (Hsu et al. 2019, "Measuring
   the effects of non-identical data distribution for federated visual
   classification"): for every class its indices are shared out among the sites
@@ -22,7 +26,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["SCHEMES", "iid_partition", "dirichlet_label_partition", "size_skew_partition", "partition"]
+__all__ = ["SCHEMES", "iid_partition", "stratified_iid_partition", "dirichlet_label_partition",
+           "size_skew_partition", "partition"]
 
 SCHEMES = ("iid", "dirichlet", "size")
 
@@ -61,6 +66,37 @@ def iid_partition(n: int, num_sites: int, rng: np.random.Generator) -> list[np.n
     """
     _check(n, num_sites, 1)
     return [np.sort(part).astype(np.int64) for part in np.array_split(rng.permutation(n), num_sites)]
+
+
+def stratified_iid_partition(
+    labels: Sequence[int] | np.ndarray, num_sites: int, rng: np.random.Generator
+) -> list[np.ndarray]:
+    """IID partition stratified by class: per-class counts differ by at most 1 between sites.
+
+    Each class's items are shuffled and split into ``num_sites`` near-equal
+    parts; the larger parts go to the sites holding the fewest items so far
+    (ties broken at random), so the site totals also differ by at most 1.
+
+    Raises
+    ------
+    ValueError
+        If ``num_sites < 1`` or there are fewer items than sites.
+    """
+    labels = np.asarray(labels).reshape(-1)
+    _check(labels.size, num_sites, 1)
+    parts: list[list[np.ndarray]] = [[] for _ in range(num_sites)]
+    filled = np.zeros(num_sites, dtype=np.int64)
+    for cls in np.unique(labels):
+        idx = rng.permutation(np.flatnonzero(labels == cls))
+        chunks = np.array_split(idx, num_sites)  # larger chunks first
+        # the largest chunks go to the sites holding the fewest items so far (random tie-break)
+        order = np.lexsort((rng.permutation(num_sites), filled))
+        for site, chunk in zip(order, chunks):
+            parts[site].append(chunk)
+            filled[site] += chunk.size
+    if filled.min() < 1:
+        raise ValueError(f"cannot give {num_sites} sites >= 1 item each from {labels.size} item(s)")
+    return [np.sort(np.concatenate(site)).astype(np.int64) for site in parts]
 
 
 def dirichlet_label_partition(

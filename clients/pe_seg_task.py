@@ -92,7 +92,7 @@ class PESegTask(SiteTask):
         size, slab = settings.image_size, settings.slab_slices
         self.train_set = SlabDataset(train, slab=slab, image_size=size)
         self.val_set = SlabDataset(val, slab=slab, image_size=size) if val else None
-        log.info("%s: %d train slabs (%d with PE), %d val slabs, %d studies skipped",
+        log.info("%s: %d train slabs (%d with a non-empty mask), %d val slabs, %d studies skipped",
                  self.site_dir.name, len(self.train_set), self.train_set.num_positive_slices,
                  len(self.val_set) if self.val_set else 0, len(self.report.skipped))
 

@@ -71,3 +71,36 @@ def test_steps_must_split_evenly(bench, tmp_path):
     with pytest.raises(ValueError, match="multiple"):
         bench.compare([object(), object()], bench.RunConfig("cxr-cls", steps_total=7, rounds=2),
                       select_device("cpu"))
+
+
+def test_segmentation_regimes_report_dice(bench, tmp_path):
+    """pe-seg: pooled training on the union of the sites' studies, Dice per regime."""
+    from clients.synthetic_ct import HospitalProfile, generate_hospital
+
+    torch.set_num_threads(1)
+    profile = HospitalProfile(name="h", num_studies=3, noise_hu=20.0, contrast_hu=200.0,
+                              slice_thickness_mm=(2.0, 3.0), num_slices=(6, 8))
+    for k in range(2):
+        generate_hospital(tmp_path / "sites" / f"hospital-{k:02d}", profile, seed=k, image_size=32)
+    tasks = bench.load_tasks("pe-seg", tmp_path / "sites",
+                             TaskSettings(image_size=32, slab_slices=1, batch_size=2))
+    pooled = bench.pooled_seg_task(tasks)
+    assert len(pooled.train_set) == sum(len(t.train_set) for t in tasks)
+    assert pooled.site_dir == tasks[0].site_dir and len(tasks[0].train_set) < len(pooled.train_set)
+
+    result = bench.compare(tasks, bench.RunConfig(task="pe-seg", steps_total=4, rounds=1, seed=0),
+                           select_device("cpu"))
+    regimes = result["regimes"]
+    assert {regimes[name]["steps_done"] for name in bench.REGIMES} == {4}
+    assert regimes["pooled"]["num_train"] == len(pooled.train_set)
+    for name in bench.REGIMES:
+        assert set(result["summary"][name]) == {"dice", "loss"}
+        assert 0.0 <= result["summary"][name]["dice"] <= 1.0
+    assert "mean val Dice" in bench.markdown("pe-seg-ctpa", result)
+    json.dumps(result)
+
+    twice = bench.combine_repeats([result, result])
+    assert twice["config"]["seeds"] == [0, 0] and len(twice["runs"]) == 2
+    assert twice["summary"]["fedavg"]["dice"] == pytest.approx(result["summary"]["fedavg"]["dice"])
+    assert twice["summary_sd"]["pooled"]["dice"] == pytest.approx(0.0)
+    assert "+- 0.000" in bench.markdown("pe-seg-ctpa", twice)

@@ -7,7 +7,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from clients.partitions import dirichlet_label_partition, iid_partition, partition, size_skew_partition
+from clients.partitions import (
+    dirichlet_label_partition,
+    iid_partition,
+    partition,
+    size_skew_partition,
+    stratified_iid_partition,
+)
 
 REAL_DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
 
@@ -36,6 +42,18 @@ def test_schemes_return_partitions(scheme: str, num_sites: int) -> None:
     labels = _labels()
     parts = partition(scheme, labels, num_sites, np.random.default_rng(1))
     _assert_partition(parts, labels.size, num_sites)
+
+
+@pytest.mark.parametrize(("positives", "negatives", "num_sites"), [(5, 9, 3), (6, 12, 3), (1, 20, 4), (2, 1, 3)])
+def test_stratified_iid_spreads_every_class(positives: int, negatives: int, num_sites: int) -> None:
+    labels = np.array([1] * positives + [0] * negatives)
+    for seed in range(5):
+        parts = stratified_iid_partition(labels, num_sites, np.random.default_rng(seed))
+        _assert_partition(parts, labels.size, num_sites)
+        per_site_pos = [int(labels[p].sum()) for p in parts]
+        assert max(per_site_pos) - min(per_site_pos) <= 1
+        sizes = [p.size for p in parts]
+        assert max(sizes) - min(sizes) <= 1
 
 
 def test_dirichlet_min_size_and_class_counts() -> None:
