@@ -12,9 +12,10 @@ import numpy as np
 import torch
 from monai.metrics import compute_roc_auc
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, WeightedRandomSampler
+from torch.utils.data import DataLoader, Dataset
 
 from clients.device import ComputeDevice
+from clients.sampling import positive_share_sampler
 from clients.site_task import EvalResult
 
 __all__ = ["LabelledTensors", "balanced_loader", "evaluate_classifier"]
@@ -49,14 +50,7 @@ def balanced_loader(dataset: LabelledTensors, batch_size: int, positive_fraction
     Batches are fed as ``compute`` asks (pinned memory, workers).
     """
     n = len(dataset)
-    positives = set(dataset.positive_indices)
-    weights = torch.ones(n, dtype=torch.double)
-    if 0 < len(positives) < n:
-        weights[list(positives)] = positive_fraction / len(positives)
-        weights[[i for i in range(n) if i not in positives]] = (
-            (1.0 - positive_fraction) / (n - len(positives)))
-    sampler = WeightedRandomSampler(weights, num_samples=n, replacement=True,
-                                    generator=torch.Generator().manual_seed(seed))
+    sampler = positive_share_sampler(n, dataset.positive_indices, positive_fraction, seed)
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler,
                       drop_last=n >= batch_size, **compute.loader_kwargs())
 

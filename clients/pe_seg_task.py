@@ -19,10 +19,11 @@ import torch
 from monai.losses import DiceCELoss
 from monai.metrics import DiceMetric
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, WeightedRandomSampler
+from torch.utils.data import DataLoader, Dataset
 
 from clients.device import ComputeDevice
 from clients.pe_studies import LoadReport, load_site_studies
+from clients.sampling import positive_share_sampler
 from clients.site_task import EvalResult, SiteDataError, SiteTask, TaskSettings
 from clients.slabs import SlabDataset
 from models.unet25d import make_unet25d
@@ -113,17 +114,10 @@ class PESegTask(SiteTask):
         return DiceCELoss(sigmoid=True, batch=True)
 
     def _train_loader(self, seed: int, compute: ComputeDevice) -> DataLoader:
-        dataset = self.train_set
-        positives = set(dataset.positive_indices)
-        n_pos, n = len(positives), len(dataset)
-        weights = torch.ones(n, dtype=torch.double)
-        if 0 < n_pos < n:
-            frac = self.settings.positive_fraction
-            weights[list(positives)] = frac / n_pos
-            neg = [i for i in range(n) if i not in positives]
-            weights[neg] = (1.0 - frac) / (n - n_pos)
-        sampler = WeightedRandomSampler(weights, num_samples=n, replacement=True,
-                                        generator=torch.Generator().manual_seed(seed))
+        """Slabs with a mask drawn at least at ``positive_fraction`` (never down-weighted)."""
+        dataset, n = self.train_set, len(self.train_set)
+        sampler = positive_share_sampler(n, dataset.positive_indices,
+                                         self.settings.positive_fraction, seed, at_least=True)
         return DataLoader(_RandomFlips(dataset), batch_size=self.settings.batch_size,
                           sampler=sampler, drop_last=n >= self.settings.batch_size,
                           generator=torch.Generator().manual_seed(seed + 1),

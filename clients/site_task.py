@@ -40,7 +40,9 @@ class TaskSettings:
 
     ``positive_fraction`` is the expected share of positive training examples
     the sampler draws (rare targets such as emboli would otherwise be almost
-    absent from the batches). ``num_labels`` and ``model_size`` (``small`` |
+    absent from the batches): exactly that share for the classifiers (class
+    balance), at least that share for segmentation (slabs with a mask are never
+    down-weighted, see :mod:`clients.sampling`). ``num_labels`` and ``model_size`` (``small`` |
     ``full``) are for the classifiers, ``volume_depth`` (slices) for 3D volumes.
     """
 
