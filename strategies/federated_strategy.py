@@ -179,7 +179,7 @@ class FederatedStrategy(Strategy):
         self._global: list[np.ndarray] = []
         self._sent: dict[int, str] = {}
         self._site_of: dict[int, str] = {}
-        self._late_ids: set[str] = set()
+        self._late_ids: dict[str, int] = {}
         self._empty_rounds = 0
         self.reports: dict[int, RoundReport] = {}
 
@@ -287,7 +287,7 @@ class FederatedStrategy(Strategy):
                                     dst_node_id=node_id, message_type=MessageType.QUERY))
         sent = sum(wire_size(m.content) for m in messages)
         collected = collect_replies(grid, messages, self.policy,
-                                    lambda m: m.has_content(), set())
+                                    lambda m: m.has_content(), {})
         losses: dict[int, float] = {}
         received = 0
         for reply in collected.replies:

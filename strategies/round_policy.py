@@ -11,6 +11,11 @@ A :class:`RoundPolicy` closes the round
 Replies that arrive after the round closed are *late*: their message ids are
 kept, pulled at the start of the next collection, dropped and logged, so a slow
 site is visible in MLflow rather than silently ignored.
+
+When a site's SuperNode is gone (its heartbeat expired), the SuperLink answers
+in its place with an error reply whose ``src_node_id`` is the SuperLink's own
+id; :func:`collect_replies` attributes such a reply to the node the
+instruction was sent to, so the failure is recorded under the site's name.
 """
 
 from __future__ import annotations
@@ -62,26 +67,40 @@ class Collected:
     seconds: float = 0.0
 
 
+def _attribute(reply: Message, node_id: int | None) -> Message:
+    """Set the source of an error reply the SuperLink sent for ``node_id`` to that node.
+
+    Flower answers for an unreachable node itself (``NODE_UNAVAILABLE``, with
+    the SuperLink's node id as source); replies from the node are unchanged.
+    """
+    if (node_id is not None and reply.has_error()
+            and reply.metadata.src_node_id != node_id):
+        reply.metadata.__dict__["_src_node_id"] = node_id
+    return reply
+
+
 def collect_replies(
     grid: Grid,
     messages: Iterable[Message],
     policy: RoundPolicy,
     is_valid: Callable[[Message], bool],
-    late_ids: set[str],
+    late_ids: dict[str, int],
 ) -> Collected:
     """Push ``messages`` and pull replies under ``policy``.
 
-    ``late_ids`` holds message ids of earlier rounds still unanswered; replies to
-    them are returned in ``Collected.late`` (and removed from the set), and the
-    ids of this round's unanswered messages are added to it.
+    ``late_ids`` maps message ids of earlier rounds still unanswered to the node
+    each was sent to; replies to them are returned in ``Collected.late`` (and
+    removed from it), and this round's unanswered messages are added to it.
+    Error replies the SuperLink sends for an unreachable node are attributed to
+    that node (see :func:`_attribute`).
     """
     messages = list(messages)
     started = time.monotonic()
     result = Collected()
     if late_ids:
         for reply in grid.pull_messages(list(late_ids)):
-            result.late.append(reply)
-            late_ids.discard(reply.metadata.reply_to_message_id)
+            node = late_ids.pop(reply.metadata.reply_to_message_id, None)
+            result.late.append(_attribute(reply, node))
     if not messages:
         return result
     pending = {mid: m.metadata.dst_node_id
@@ -90,9 +109,10 @@ def collect_replies(
     valid = 0
     while pending:
         for reply in grid.pull_messages(list(pending)):
-            if pending.pop(reply.metadata.reply_to_message_id, None) is None:
+            node = pending.pop(reply.metadata.reply_to_message_id, None)
+            if node is None:
                 continue
-            result.replies.append(reply)
+            result.replies.append(_attribute(reply, node))
             valid += bool(is_valid(reply))
         if not pending:
             break

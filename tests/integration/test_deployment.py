@@ -1,10 +1,10 @@
 """A real deployment on 127.0.0.1: TLS SuperLink with SuperNode authentication.
 
 One ``flower-superlink`` (TLS with a CA made by ``app.certs``, ``--enable-supernode-auth``,
-a sqlite ``--database``) is shared by the tests of this module; each test
-starts its own ``flower-supernode`` processes. Every process is started by
-``app.deployment`` in its own process group and stopped by PID in ``finally``
-blocks; every wait is bounded.
+a sqlite ``--database``; the ``deployment`` fixture of ``conftest.py``) is shared by
+the tests of this module; each test starts its own ``flower-supernode`` processes.
+Every process is started by ``app.deployment`` in its own process group and
+stopped by PID in ``finally`` blocks; every wait is bounded.
 """
 
 from __future__ import annotations
@@ -12,11 +12,9 @@ from __future__ import annotations
 import json
 import ssl
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import mlflow
@@ -24,17 +22,14 @@ import pytest
 from flwr.supercore.exit import ExitCode
 from mlflow.tracking import MlflowClient
 
-from app.certs import ensure_server_certificate, ensure_site_keys
+from app.certs import ensure_server_certificate
 from app.deployment import (
-    CONNECTION,
     DeployLayout,
     SuperNodeProcess,
-    TLSSuperLink,
     list_supernodes,
     register_site,
     submit_run,
     wait_online,
-    write_tls_connection,
 )
 from app.flower_processes import free_port
 from clients.synthetic_ct import generate_federation
@@ -42,40 +37,6 @@ from clients.synthetic_ct import generate_federation
 pytestmark = pytest.mark.integration
 
 SITES = ("hospital-a", "hospital-b")
-
-
-@dataclass
-class Deployment:
-    root: Path
-    layout: DeployLayout
-    link: TLSSuperLink
-    flwr_home: Path
-
-
-def _processes_mentioning(text: str) -> list[str]:
-    out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if text in line]
-
-
-@pytest.fixture(scope="module")
-def deployment(tmp_path_factory) -> Deployment:
-    root = tmp_path_factory.mktemp("deployment")
-    layout = DeployLayout(root / "deploy")
-    ensure_server_certificate(layout.certs, "localhost,127.0.0.1")
-    for site in (*SITES, "rogue"):
-        ensure_site_keys(layout.certs, site)
-    flwr_home = root / "flwr-cli"
-    link = TLSSuperLink.start(layout, host="127.0.0.1", port=free_port())
-    try:
-        write_tls_connection(flwr_home, CONNECTION, link.address, layout.ca_cert)
-        yield Deployment(root, layout, link, flwr_home)
-    finally:
-        link.stop()
-    assert link.process.poll() is not None
-    deadline = time.monotonic() + 20
-    while _processes_mentioning(str(root)) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert _processes_mentioning(str(root)) == []
 
 
 def _tail(*daemons) -> str:

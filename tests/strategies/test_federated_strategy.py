@@ -15,6 +15,7 @@ from flwr.app import (
     RecordDict,
 )
 
+from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 from flwr.supercore.task_identity import TaskIdentity
 
 from strategies import message_keys as keys
@@ -289,3 +290,53 @@ def test_a_known_site_that_disconnected_is_recorded_as_failed():
     assert [msg.metadata.dst_node_id for msg in messages] == [1]
     assert strategy.reports[2].train_dropped == {
         "site-b": "site offline: not connected to the SuperLink"}
+
+
+class SuperLinkGrid(FakeGrid):
+    """Sites answer train messages at once; from round ``gone_from`` on, node ``gone``
+    is unreachable and the SuperLink answers for it as Flower 1.41 does: an error
+    reply (NODE_UNAVAILABLE) whose source is the SuperLink's node id."""
+
+    def __init__(self, nodes: list[int], gone: int, gone_from: int) -> None:
+        super().__init__(nodes)
+        self.gone, self.gone_from, self.sent = gone, gone_from, {}
+
+    def push_messages(self, messages):
+        ids = []
+        for message in messages:
+            mid = f"t-{len(self.sent)}"
+            message.metadata.__dict__["_message_id"] = mid
+            self.sent[mid] = message
+            ids.append(mid)
+        return ids
+
+    def pull_messages(self, message_ids):
+        out = []
+        for mid in message_ids:
+            message = self.sent[mid]
+            node = message.metadata.dst_node_id
+            if node == self.gone and (message.content[keys.CONFIG][keys.SERVER_ROUND]
+                                      >= self.gone_from):
+                reply = Message(Error(code=ErrorCode.NODE_UNAVAILABLE,
+                                      reason="Error: Node Unavailable"), reply_to=message)
+                reply.metadata.__dict__["_src_node_id"] = SUPERLINK_NODE_ID
+            else:
+                delta = [np.zeros_like(g) for g in GLOBAL]
+                reply = _reply(message, delta, _train_metrics(2), f"site-{node}")
+                reply.metadata.__dict__["_src_node_id"] = node
+            out.append(reply)
+        return out
+
+
+def test_a_site_the_superlink_reports_unavailable_is_recorded_failed_under_its_name():
+    from strategies.round_policy import RoundPolicy  # noqa: PLC0415
+
+    strategy = make_strategy(min_nodes=1, fraction_evaluate=0.0,
+                             policy=RoundPolicy(timeout=5.0, poll_interval=0.01))
+    grid = SuperLinkGrid([2, 3], gone=3, gone_from=2)
+    strategy.start(grid, _global_record(), num_rounds=2)
+    assert strategy.reports[1].train_dropped == {}
+    dropped = strategy.reports[2].train_dropped
+    assert list(dropped) == ["site-3"]  # not "node-1" (the SuperLink's id)
+    assert "Node Unavailable" in dropped["site-3"]
+    assert list(strategy.reports[2].train) == ["site-2"]
