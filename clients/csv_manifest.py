@@ -1,4 +1,4 @@
-"""Reading a site's CSV manifest: one table-of-contents format, checked in one place.
+"""Reading and writing a site's CSV manifest: one table-of-contents format, checked in one place.
 
 Every task keeps a small CSV in the site folder (``manifest.csv`` for PE
 segmentation, ``images.csv`` for radiographs, ``labels.csv`` for CT volumes)
@@ -6,17 +6,34 @@ whose first column is a unique id and second the split. A problem with the file
 itself (missing, unreadable, empty, wrong header, a row with the wrong number of
 fields, an empty required field, an unknown split, a duplicate id) makes the
 whole site unusable: :class:`~clients.errors.ManifestError` with the line number.
+Writing (:func:`write_manifest_rows`) refuses an unknown split or an empty or
+duplicate id with a :class:`ValueError` and stores paths relative to the site
+folder (POSIX separators).
 """
 
 from __future__ import annotations
 
 import csv
-from collections.abc import Sequence
+import os
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import Protocol, TypeVar
 
 from clients.errors import ManifestError
 
-__all__ = ["read_manifest_rows"]
+__all__ = ["read_manifest_rows", "write_manifest_rows"]
+
+
+class ManifestEntry(Protocol):
+    """A row to write: its ``split`` (the id is the attribute named like the first column)."""
+
+    @property
+    def split(self) -> str: ...
+
+
+E = TypeVar("E", bound=ManifestEntry)
+#: Maps a path (absolute, or relative to the site folder) to the POSIX path relative to the site folder.
+RelativePath = Callable[[Path | str], str]
 
 
 def read_manifest_rows(
@@ -69,3 +86,55 @@ def read_manifest_rows(
         seen.add(key)
         out.append((line, values))
     return out
+
+
+def write_manifest_rows(
+    site_dir: Path,
+    name: str,
+    columns: Sequence[str],
+    splits: tuple[str, ...],
+    entries: Iterable[E],
+    fields: Callable[[E, RelativePath], list[str]],
+    *,
+    noun: str,
+) -> Path:
+    """Write ``site_dir / name`` (the folder is created) and return its path.
+
+    The file holds the ``columns`` header and one row per entry: the entry's id
+    (its attribute named ``columns[0]``), its split (one of ``splits``), then
+    ``fields(entry, relative)``, where ``relative`` turns a path, absolute or
+    relative to ``site_dir``, into a POSIX path relative to ``site_dir``.
+    ``noun`` (``"study"``, ``"image"``) names a row in the errors.
+
+    Raises
+    ------
+    ValueError
+        On a row with an unknown split or an empty or repeated id, checked before
+        ``fields`` is called (which may raise its own); the file is then not written.
+    """
+    site_dir = Path(site_dir)
+    site_dir.mkdir(parents=True, exist_ok=True)
+    root = site_dir.resolve()
+
+    def relative(target: Path | str) -> str:
+        target = Path(target)
+        absolute = target if target.is_absolute() else root / target
+        return Path(os.path.relpath(absolute, root)).as_posix()
+
+    id_column = columns[0]
+    rows: list[list[str]] = []
+    seen: set[str] = set()
+    for entry in entries:
+        key = getattr(entry, id_column)
+        if entry.split not in splits:
+            raise ValueError(f"{noun} {key!r}: bad split {entry.split!r}; expected one of {splits}")
+        if not key or key in seen:
+            raise ValueError(f"empty or duplicate {id_column} {key!r}")
+        seen.add(key)
+        rows.append([key, entry.split, *fields(entry, relative)])
+    path = site_dir / name
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle, lineterminator="\n")
+        writer.writerow(columns)
+        writer.writerows(rows)
+    return path

@@ -23,9 +23,7 @@ is for the site's own logs and must not be sent to the server (send counts).
 
 from __future__ import annotations
 
-import csv
 import logging
-import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from clients.ct_volume import DEFAULT_SHAPE, LUNG_LEVEL, LUNG_WIDTH, load_ct_volume
-from clients.csv_manifest import read_manifest_rows
+from clients.csv_manifest import RelativePath, read_manifest_rows, write_manifest_rows
 from clients.errors import ManifestError, StudyError
 from clients.manifest import SPLITS
 from clients.pe_studies import LoadReport
@@ -148,47 +146,25 @@ def read_label_manifest(site_dir: Path) -> list[LabelEntry]:
 
 
 def write_label_manifest(site_dir: Path, entries: Iterable[LabelEntry]) -> Path:
-    """Write ``site_dir / labels.csv`` with image paths relative to ``site_dir``.
+    """Write ``site_dir / labels.csv`` (the folder is created) and return its path.
 
-    Parameters
-    ----------
-    site_dir : Path
-        The site folder (created if needed).
-    entries : iterable of LabelEntry
-        The studies; image paths may be absolute or relative to ``site_dir``.
-
-    Returns
-    -------
-    Path
-        The manifest file.
+    Image paths, absolute or relative to ``site_dir``, are written relative to
+    it (:func:`clients.csv_manifest.write_manifest_rows`).
 
     Raises
     ------
     ValueError
         On an unknown split, an empty or duplicate study id, or a label not in {0, 1}.
     """
-    site_dir = Path(site_dir)
-    site_dir.mkdir(parents=True, exist_ok=True)
-    root = site_dir.resolve()
-    rows: list[list[str]] = []
-    seen: set[str] = set()
-    for entry in entries:
-        if entry.split not in SPLITS:
-            raise ValueError(f"study {entry.study_id!r}: bad split {entry.split!r}; expected one of {SPLITS}")
-        if not entry.study_id or entry.study_id in seen:
-            raise ValueError(f"empty or duplicate study_id {entry.study_id!r}")
-        if entry.label not in CLASSES:
-            raise ValueError(f"study {entry.study_id!r}: label {entry.label!r} is not one of {CLASSES}")
-        seen.add(entry.study_id)
-        image = Path(entry.image)
-        absolute = image if image.is_absolute() else root / image
-        rows.append([entry.study_id, entry.split, Path(os.path.relpath(absolute, root)).as_posix(), str(entry.label)])
-    path = site_dir / LABELS_NAME
-    with path.open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.writer(handle, lineterminator="\n")
-        writer.writerow(LABEL_COLUMNS)
-        writer.writerows(rows)
-    return path
+    return write_manifest_rows(site_dir, LABELS_NAME, LABEL_COLUMNS, SPLITS, entries, _label_fields,
+                               noun="study")
+
+
+def _label_fields(entry: LabelEntry, relative: RelativePath) -> list[str]:
+    """The ``image`` and ``label`` fields of a row to write; a label must be one of :data:`CLASSES`."""
+    if entry.label not in CLASSES:
+        raise ValueError(f"study {entry.study_id!r}: label {entry.label!r} is not one of {CLASSES}")
+    return [relative(entry.image), str(entry.label)]
 
 
 def load_ct3d_site(

@@ -25,9 +25,7 @@ must not be sent to the server (send only counts).
 
 from __future__ import annotations
 
-import csv
 import logging
-import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +33,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from clients.csv_manifest import read_manifest_rows
+from clients.csv_manifest import read_manifest_rows, write_manifest_rows
 from clients.cxr_image import read_radiograph
 from clients.errors import StudyError
 from clients.pe_studies import LoadReport
@@ -204,46 +202,21 @@ def parse_labels(text: str, num_labels: int, where: Path, context: str = "") -> 
 
 
 def write_cxr_manifest(site_dir: Path, entries: Iterable[CXREntry]) -> Path:
-    """Write ``site_dir / images.csv`` with image paths relative to ``site_dir``.
+    """Write ``site_dir / images.csv`` (the folder is created) and return its path.
 
-    Parameters
-    ----------
-    site_dir : Path
-        The site folder (created if needed).
-    entries : iterable of CXREntry
-        The rows; image paths absolute or relative to ``site_dir``; labels as
-        written by :func:`format_labels` (written as given).
-
-    Returns
-    -------
-    Path
-        The manifest file.
+    Image paths, absolute or relative to ``site_dir``, are written relative to
+    it (:func:`clients.csv_manifest.write_manifest_rows`); labels are written as
+    given (as made by :func:`format_labels`).
 
     Raises
     ------
     ValueError
         On an unknown split, an empty or duplicate image id.
     """
-    site_dir = Path(site_dir)
-    site_dir.mkdir(parents=True, exist_ok=True)
-    root = site_dir.resolve()
-    rows: list[list[str]] = []
-    seen: set[str] = set()
-    for entry in entries:
-        if entry.split not in CXR_SPLITS:
-            raise ValueError(f"image {entry.image_id!r}: bad split {entry.split!r}; expected one of {CXR_SPLITS}")
-        if not entry.image_id or entry.image_id in seen:
-            raise ValueError(f"empty or duplicate image_id {entry.image_id!r}")
-        seen.add(entry.image_id)
-        target = Path(entry.image_path)
-        absolute = target if target.is_absolute() else root / target
-        rows.append([entry.image_id, entry.split, Path(os.path.relpath(absolute, root)).as_posix(), entry.labels])
-    path = site_dir / CXR_MANIFEST_NAME
-    with path.open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.writer(handle, lineterminator="\n")
-        writer.writerow(CXR_MANIFEST_COLUMNS)
-        writer.writerows(rows)
-    return path
+    return write_manifest_rows(
+        site_dir, CXR_MANIFEST_NAME, CXR_MANIFEST_COLUMNS, CXR_SPLITS, entries,
+        lambda entry, relative: [relative(entry.image_path), entry.labels], noun="image",
+    )
 
 
 def load_cxr_site(

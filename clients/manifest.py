@@ -10,13 +10,11 @@ listed study whose files are bad is only skipped later by the study loader.
 
 from __future__ import annotations
 
-import csv
-import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from clients.csv_manifest import read_manifest_rows
+from clients.csv_manifest import read_manifest_rows, write_manifest_rows
 
 __all__ = ["MANIFEST_NAME", "MANIFEST_COLUMNS", "SPLITS", "StudyEntry", "read_manifest", "write_manifest"]
 
@@ -77,46 +75,17 @@ def read_manifest(site_dir: Path) -> list[StudyEntry]:
 
 
 def write_manifest(site_dir: Path, entries: Iterable[StudyEntry]) -> Path:
-    """Write ``site_dir / manifest.csv`` with paths relative to ``site_dir``.
+    """Write ``site_dir / manifest.csv`` (the folder is created) and return its path.
 
-    Parameters
-    ----------
-    site_dir : Path
-        The site folder (created if needed).
-    entries : iterable of StudyEntry
-        The studies; their paths may be absolute or relative to ``site_dir``.
-
-    Returns
-    -------
-    Path
-        The manifest file.
+    The entries' paths, absolute or relative to ``site_dir``, are written
+    relative to it (:func:`clients.csv_manifest.write_manifest_rows`).
 
     Raises
     ------
     ValueError
         On an unknown split, an empty or duplicate study id.
     """
-    site_dir = Path(site_dir)
-    site_dir.mkdir(parents=True, exist_ok=True)
-    root = site_dir.resolve()
-
-    def relative(target: Path) -> str:
-        target = Path(target)
-        absolute = target if target.is_absolute() else root / target
-        return Path(os.path.relpath(absolute, root)).as_posix()
-
-    rows: list[list[str]] = []
-    seen: set[str] = set()
-    for entry in entries:
-        if entry.split not in SPLITS:
-            raise ValueError(f"study {entry.study_id!r}: bad split {entry.split!r}; expected one of {SPLITS}")
-        if not entry.study_id or entry.study_id in seen:
-            raise ValueError(f"empty or duplicate study_id {entry.study_id!r}")
-        seen.add(entry.study_id)
-        rows.append([entry.study_id, entry.split, relative(entry.image_dir), relative(entry.mask_path)])
-    path = site_dir / MANIFEST_NAME
-    with path.open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.writer(handle, lineterminator="\n")
-        writer.writerow(MANIFEST_COLUMNS)
-        writer.writerows(rows)
-    return path
+    return write_manifest_rows(
+        site_dir, MANIFEST_NAME, MANIFEST_COLUMNS, SPLITS, entries,
+        lambda entry, relative: [relative(entry.image_dir), relative(entry.mask_path)], noun="study",
+    )
