@@ -66,6 +66,8 @@ __all__ = [
     "wait_online",
     "submit_run",
     "node_config_string",
+    "start_time",
+    "descendants",
 ]
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -152,7 +154,7 @@ def node_config_string(data_path: Path, state_dir: Path, site: str) -> str:
 # --- processes ------------------------------------------------------------------------
 
 
-def _start_time(pid: int) -> str | None:
+def start_time(pid: int) -> str | None:
     """Start time of ``pid`` (field 22 of /proc/pid/stat), None if it is gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -161,7 +163,7 @@ def _start_time(pid: int) -> str | None:
     return stat.rsplit(")", 1)[1].split()[19]
 
 
-def _descendants(pid: int) -> list[tuple[int, str]]:
+def descendants(pid: int) -> list[tuple[int, str]]:
     """(pid, start time) of every live descendant of ``pid`` (Linux /proc)."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
@@ -175,7 +177,7 @@ def _descendants(pid: int) -> list[tuple[int, str]]:
     found, todo = [], list(children.get(pid, []))
     while todo:
         child = todo.pop()
-        started = _start_time(child)
+        started = start_time(child)
         if started is not None:
             found.append((child, started))
         todo.extend(children.get(child, []))
@@ -189,7 +191,7 @@ def _stop_pids(pids: Iterable[tuple[int, str]], timeout: float) -> None:
     """
     alive = list(pids)
     for sig, wait in ((None, timeout), (signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
-        alive = [(p, s) for p, s in alive if _start_time(p) == s]
+        alive = [(p, s) for p, s in alive if start_time(p) == s]
         for pid, _ in alive:
             if sig is not None:
                 try:
@@ -199,7 +201,7 @@ def _stop_pids(pids: Iterable[tuple[int, str]], timeout: float) -> None:
         deadline = time.monotonic() + wait
         while alive and time.monotonic() < deadline:
             time.sleep(0.2)
-            alive = [(p, s) for p, s in alive if _start_time(p) == s]
+            alive = [(p, s) for p, s in alive if start_time(p) == s]
         if not alive:
             return
 
@@ -239,7 +241,7 @@ class DaemonProcess:
 
     def stop(self, timeout: float = 15.0) -> None:
         """Stop it by PID (SIGTERM, then SIGKILL) and every process it started."""
-        helpers = _descendants(self.process.pid)
+        helpers = descendants(self.process.pid)
         stop_process_group(self.process, timeout=timeout)
         _stop_pids(helpers, timeout=5.0)
 

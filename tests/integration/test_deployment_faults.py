@@ -40,10 +40,10 @@ from app.deployment import (
     DaemonProcess,
     RunOutcome,
     SuperNodeProcess,
-    _descendants,
-    _start_time,
+    descendants,
     list_supernodes,
     register_site,
+    start_time,
     submit_run,
     wait_online,
 )
@@ -105,7 +105,7 @@ def _crash(daemon: DaemonProcess, timeout: float = 20.0) -> dict[int, str]:
     victims: dict[int, str | None] = {}
     commands: dict[int, str] = {}
     while True:
-        tree = [(daemon.pid, _start_time(daemon.pid)), *_descendants(daemon.pid)]
+        tree = [(daemon.pid, start_time(daemon.pid)), *descendants(daemon.pid)]
         new = [(pid, started) for pid, started in tree
                if pid not in victims and started is not None]
         if not new:

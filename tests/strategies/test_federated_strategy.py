@@ -228,21 +228,29 @@ def _fake_reply(initial_loss: float):
                       metrics={keys.INITIAL_LOSS: initial_loss})
 
 
-class AnsweringGrid(FakeGrid):
-    """Answers query messages at once with a per-node loss; nodes in ``silent`` never answer."""
+class RecordingGrid(FakeGrid):
+    """Keeps every pushed message under a fresh message id, for ``pull_messages`` to answer."""
 
-    def __init__(self, losses: dict[int, float], silent: set[int] = frozenset()) -> None:
-        super().__init__(list(losses))
-        self.losses, self.silent, self.sent = losses, silent, {}
+    def __init__(self, nodes: list[int]) -> None:
+        super().__init__(nodes)
+        self.sent: dict[str, Message] = {}
 
     def push_messages(self, messages):
         ids = []
         for message in messages:
-            mid = f"q-{len(self.sent)}"
+            mid = f"m-{len(self.sent)}"
             message.metadata.__dict__["_message_id"] = mid
             self.sent[mid] = message
             ids.append(mid)
         return ids
+
+
+class AnsweringGrid(RecordingGrid):
+    """Answers query messages at once with a per-node loss; nodes in ``silent`` never answer."""
+
+    def __init__(self, losses: dict[int, float], silent: set[int] = frozenset()) -> None:
+        super().__init__(list(losses))
+        self.losses, self.silent = losses, silent
 
     def pull_messages(self, message_ids):
         out = []
@@ -292,23 +300,14 @@ def test_a_known_site_that_disconnected_is_recorded_as_failed():
         "site-b": "site offline: not connected to the SuperLink"}
 
 
-class SuperLinkGrid(FakeGrid):
+class SuperLinkGrid(RecordingGrid):
     """Sites answer train messages at once; from round ``gone_from`` on, node ``gone``
     is unreachable and the SuperLink answers for it as Flower 1.41 does: an error
     reply (NODE_UNAVAILABLE) whose source is the SuperLink's node id."""
 
     def __init__(self, nodes: list[int], gone: int, gone_from: int) -> None:
         super().__init__(nodes)
-        self.gone, self.gone_from, self.sent = gone, gone_from, {}
-
-    def push_messages(self, messages):
-        ids = []
-        for message in messages:
-            mid = f"t-{len(self.sent)}"
-            message.metadata.__dict__["_message_id"] = mid
-            self.sent[mid] = message
-            ids.append(mid)
-        return ids
+        self.gone, self.gone_from = gone, gone_from
 
     def pull_messages(self, message_ids):
         out = []
