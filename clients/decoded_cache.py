@@ -7,8 +7,8 @@ resizing. :func:`load_task` keeps the fully built :class:`SiteTask` (decoded,
 windowed, resized tensors and the load report) as one pickle under the site's
 state directory and reuses it while nothing it depends on has changed:
 
-* the site's files (relative path, size and modification time of every file
-  under the site folder, the state directory excluded),
+* the site folder's path and its files (relative path, size and modification
+  time of every file under it, the state directory excluded),
 * the task and its settings (image size, slab, depth, ...),
 * the data-layer code (the source of the ``clients`` package).
 
@@ -75,10 +75,10 @@ def _files_fingerprint(site_dir: Path, exclude: Iterable[Path]) -> str:
 
 def cache_key(task_cls: type[SiteTask], site_dir: Path, settings: TaskSettings,
               exclude: Iterable[Path] = ()) -> str:
-    """The key of a site's decoded data: files, task, settings and data-layer code."""
+    """The key of a site's decoded data: folder and files, task, settings, data-layer code."""
     digest = hashlib.sha256()
-    for part in (task_cls.name, repr(settings), _code_fingerprint(),
-                 _files_fingerprint(site_dir, exclude)):
+    for part in (task_cls.name, str(Path(site_dir).resolve()), repr(settings),
+                 _code_fingerprint(), _files_fingerprint(site_dir, exclude)):
         digest.update(part.encode())
         digest.update(b"\0")
     return digest.hexdigest()[:32]
