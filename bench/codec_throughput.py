@@ -20,30 +20,18 @@ where the OS allows it, the process is pinned to a single core.
 
 from __future__ import annotations
 
-import os
+# First: one BLAS/OpenMP thread before numpy/torch load, and the project importable.
+from single_thread import ROOT  # noqa: I001
 
-_THREAD_VARS = (
-    "OMP_NUM_THREADS",
-    "OPENBLAS_NUM_THREADS",
-    "MKL_NUM_THREADS",
-    "NUMEXPR_NUM_THREADS",
-    "VECLIB_MAXIMUM_THREADS",
-)
-for _var in _THREAD_VARS:
-    os.environ[_var] = "1"
+import os  # noqa: E402
 
 import argparse  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
-import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 from strategies.compression import decode, encode  # noqa: E402
 

@@ -104,16 +104,8 @@ Single-threaded: ``OMP_NUM_THREADS`` etc. are set before torch is imported and
 
 from __future__ import annotations
 
-import os
-
-for _var in (
-    "OMP_NUM_THREADS",
-    "OPENBLAS_NUM_THREADS",
-    "MKL_NUM_THREADS",
-    "NUMEXPR_NUM_THREADS",
-    "VECLIB_MAXIMUM_THREADS",
-):
-    os.environ[_var] = "1"
+# First: one BLAS/OpenMP thread before numpy/torch load, and the project importable.
+from single_thread import BENCH, ROOT  # noqa: I001
 
 import argparse  # noqa: E402
 import json  # noqa: E402
@@ -129,10 +121,6 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 import flwr  # noqa: E402
 from flwr.app import Array, ArrayRecord  # noqa: E402
@@ -165,7 +153,6 @@ __all__ = [
 
 log = logging.getLogger("compression_fedavg")
 
-BENCH = Path(__file__).resolve().parent
 DEFAULT_OUTPUT = BENCH / "results" / "compression_fedavg.json"
 EXISTING_PE_DATA = ROOT / "data" / "synthetic-seed0"
 DEFAULT_CXR = ROOT.parent / "shared" / "data" / "cxr2d" / "pneumoniamnist_balanced.npz"

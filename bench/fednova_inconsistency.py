@@ -40,30 +40,17 @@ Single-threaded (BLAS/OpenMP env vars are set before numpy is imported).
 
 from __future__ import annotations
 
-import os
-
-for _var in (
-    "OMP_NUM_THREADS",
-    "OPENBLAS_NUM_THREADS",
-    "MKL_NUM_THREADS",
-    "NUMEXPR_NUM_THREADS",
-    "VECLIB_MAXIMUM_THREADS",
-):
-    os.environ[_var] = "1"
+# First: one BLAS/OpenMP thread before numpy/torch load, and the project importable.
+from single_thread import BENCH  # noqa: I001
 
 import argparse  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import platform  # noqa: E402
-import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
-
-BENCH = Path(__file__).resolve().parent
-if str(BENCH) not in sys.path:
-    sys.path.insert(0, str(BENCH))
 
 from sim_quadratic import (  # noqa: E402
     average_iterate,

@@ -83,22 +83,15 @@ Single-threaded: ``OMP_NUM_THREADS`` etc. are set before torch is imported and
 
 from __future__ import annotations
 
-import os
+# First: one BLAS/OpenMP thread before numpy/torch load, and the project importable.
+from single_thread import BENCH, ROOT  # noqa: I001
 
-for _var in (
-    "OMP_NUM_THREADS",
-    "OPENBLAS_NUM_THREADS",
-    "MKL_NUM_THREADS",
-    "NUMEXPR_NUM_THREADS",
-    "VECLIB_MAXIMUM_THREADS",
-):
-    os.environ[_var] = "1"
+import os  # noqa: E402
 
 import argparse  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
 import platform  # noqa: E402
-import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
@@ -108,10 +101,6 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 from clients.device import ComputeDevice  # noqa: E402
 from clients.pe_seg_task import PESegTask  # noqa: E402
@@ -142,7 +131,6 @@ __all__ = [
 
 log = logging.getLogger("fednova_pe_task")
 
-BENCH = Path(__file__).resolve().parent
 DEFAULT_OUTPUT = BENCH / "results" / "fednova_pe_task.json"
 EXISTING_DATA = ROOT / "data" / "synthetic-seed0"
 NUM_SITES = 3

@@ -65,16 +65,8 @@ Single-threaded (thread env vars set before numpy / torch are imported).
 
 from __future__ import annotations
 
-import os
-
-for _var in (
-    "OMP_NUM_THREADS",
-    "OPENBLAS_NUM_THREADS",
-    "MKL_NUM_THREADS",
-    "NUMEXPR_NUM_THREADS",
-    "VECLIB_MAXIMUM_THREADS",
-):
-    os.environ[_var] = "1"
+# First: one BLAS/OpenMP thread before numpy/torch load, and the project importable.
+from single_thread import BENCH, ROOT  # noqa: I001
 
 import argparse  # noqa: E402
 import json  # noqa: E402
@@ -88,10 +80,6 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
 from strategies.aggregation import fedavg_delta  # noqa: E402
 from strategies.registry import SELECTORS  # noqa: E402
 
@@ -101,7 +89,6 @@ try:
 except RuntimeError:  # already set in this process (e.g. under pytest)
     pass
 
-BENCH = Path(__file__).resolve().parent
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "cxr2d" / "pneumoniamnist_balanced.npz"
 DEFAULT_OUTPUT = BENCH / "results" / "selection_powd.json"
 

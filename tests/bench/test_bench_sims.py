@@ -7,26 +7,17 @@ model, one SGD step).
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+import importlib
 
 import numpy as np
 import pytest
 
 from strategies.aggregation import local_solver_norm
 
-_PATH = Path(__file__).resolve().parents[2] / "bench" / "sim_quadratic.py"
 
 
 def _load():
-    if "sim_quadratic" in sys.modules:
-        return sys.modules["sim_quadratic"]
-    spec = importlib.util.spec_from_file_location("sim_quadratic", _PATH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["sim_quadratic"] = module  # dataclasses look the module up
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("sim_quadratic")
 
 
 sim = _load()

@@ -9,9 +9,7 @@ site's true updates.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+import importlib
 
 import numpy as np
 import pytest
@@ -22,19 +20,12 @@ from strategies.compression import derive_seed
 from strategies.update_codec import pack_update, unpack_update
 from strategies.wire_bytes import wire_size
 
-_PATH = Path(__file__).resolve().parents[2] / "bench" / "compression_fedavg.py"
 SEED = 5
 STEPS = 2
 
 
 def _load():
-    if "compression_fedavg" in sys.modules:
-        return sys.modules["compression_fedavg"]
-    spec = importlib.util.spec_from_file_location("compression_fedavg", _PATH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["compression_fedavg"] = module  # dataclasses look the module up
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("compression_fedavg")
 
 
 bench = _load()

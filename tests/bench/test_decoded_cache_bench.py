@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("bench_decoded_cache",
-                                                  ROOT / "bench" / "decoded_cache.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("decoded_cache")
 
 
 def test_measures_decode_and_cached_start_up(tmp_path):

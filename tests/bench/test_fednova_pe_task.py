@@ -10,9 +10,7 @@ update is checked against the hand formula
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+import importlib
 
 import numpy as np
 import pytest
@@ -22,7 +20,6 @@ from clients.pe_seg_task import PESegTask
 from clients.site_task import TaskSettings
 from clients.synthetic_ct import HospitalProfile, generate_hospital
 
-_PATH = Path(__file__).resolve().parents[2] / "bench" / "fednova_pe_task.py"
 
 TAUS = (1, 4)
 LR = 0.1
@@ -31,13 +28,7 @@ ROUND = 1
 
 
 def _load():
-    if "fednova_pe_task" in sys.modules:
-        return sys.modules["fednova_pe_task"]
-    spec = importlib.util.spec_from_file_location("fednova_pe_task", _PATH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["fednova_pe_task"] = module  # dataclasses look the module up
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("fednova_pe_task")
 
 
 bench = _load()

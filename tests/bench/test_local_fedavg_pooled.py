@@ -8,11 +8,9 @@ site's validation split has a single class).
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -21,16 +19,11 @@ from clients.device import select_device
 from clients.site_task import TaskSettings
 from clients.synthetic_cxr import generate_cxr_federation
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "local_fedavg_pooled.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("local_fedavg_pooled", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("local_fedavg_pooled")
 
 
 def _check_metrics(per_site):

@@ -10,9 +10,7 @@ loss of the global model (losses recomputed here independently) and apply
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+import importlib
 
 import numpy as np
 import pytest
@@ -22,17 +20,10 @@ from torch import nn
 from strategies.aggregation import fedavg_delta
 from strategies.registry import SELECTORS
 
-_PATH = Path(__file__).resolve().parents[2] / "bench" / "selection_powd.py"
 
 
 def _load():
-    if "selection_powd" in sys.modules:
-        return sys.modules["selection_powd"]
-    spec = importlib.util.spec_from_file_location("selection_powd", _PATH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["selection_powd"] = module  # dataclasses look the module up
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("selection_powd")
 
 
 bench = _load()

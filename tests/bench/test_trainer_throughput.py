@@ -7,12 +7,10 @@ the result must be JSON-able with the ratio ours / bare.
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 import math
-import sys
 from dataclasses import asdict
-from pathlib import Path
 
 import pytest
 import torch
@@ -22,17 +20,10 @@ from clients.site_task import TaskSettings
 from clients.synthetic_cxr import generate_cxr_federation
 from clients.tasks import task_class
 
-_PATH = Path(__file__).resolve().parents[2] / "bench" / "trainer_throughput.py"
 
 
 def _load():
-    if "trainer_throughput" in sys.modules:
-        return sys.modules["trainer_throughput"]
-    spec = importlib.util.spec_from_file_location("trainer_throughput", _PATH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["trainer_throughput"] = module  # dataclasses look the module up
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("trainer_throughput")
 
 
 @pytest.fixture(scope="module")
