@@ -32,7 +32,7 @@ import numpy as np
 
 from clients.ct_volume import DEFAULT_SHAPE, LUNG_LEVEL, LUNG_WIDTH, load_ct_volume
 from clients.csv_manifest import RelativePath, read_manifest_rows, write_manifest_rows
-from clients.errors import ManifestError, StudyError
+from clients.errors import LabelError, ManifestError, StudyError
 from clients.manifest import SPLITS
 from clients.pe_studies import LoadReport
 
@@ -56,10 +56,6 @@ CLASSES = (0, 1)
 
 #: One loaded study: (study_id, float32 (D, H, W) volume in [0, 1], label 0/1).
 LabelledVolume = tuple[str, np.ndarray, int]
-
-
-class LabelError(StudyError):
-    """A manifest row's label is missing or not one of the classes; only that study is skipped."""
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ import numpy as np
 
 from clients.csv_manifest import read_manifest_rows, write_manifest_rows
 from clients.cxr_image import read_radiograph
-from clients.errors import StudyError
+from clients.errors import LabelError, StudyError
 from clients.pe_studies import LoadReport
 
 __all__ = [
@@ -59,10 +59,6 @@ CXR_MANIFEST_NAME = "images.csv"
 CXR_MANIFEST_COLUMNS = ("image_id", "split", "image", "labels")
 CXR_SPLITS = ("train", "val", "test")
 LABEL_SEPARATOR = ";"
-
-
-class LabelError(StudyError):
-    """The labels of one manifest row are missing or invalid; only that image is skipped."""
 
 
 @dataclass(frozen=True)

@@ -49,3 +49,7 @@ class MaskError(StudyError):
 
 class ManifestError(StudyError):
     """A site manifest is missing or malformed; the whole site is unusable."""
+
+
+class LabelError(StudyError):
+    """A manifest row's label is missing or outside the task's classes; only that item is skipped."""
