@@ -129,6 +129,7 @@ from strategies.aggregation import fedavg_delta  # noqa: E402
 from strategies.compression import ErrorFeedback, derive_seed, flatten, parse_spec  # noqa: E402
 from strategies.update_codec import pack_update, unpack_update  # noqa: E402
 from strategies.wire_bytes import wire_size  # noqa: E402
+from model_arrays import load_arrays, state_arrays  # noqa: E402
 
 __all__ = [
     "CodecConfig",
@@ -207,20 +208,6 @@ def parse_config(text: str) -> CodecConfig:
 # --------------------------------------------------------------------------- #
 # Helpers
 # --------------------------------------------------------------------------- #
-def state_arrays(model: nn.Module) -> list[np.ndarray]:
-    """The model's ``state_dict`` as numpy copies, in order."""
-    return [v.detach().cpu().numpy().copy() for v in model.state_dict().values()]
-
-
-def load_arrays(model: nn.Module, arrays: Sequence[np.ndarray]) -> None:
-    """Load numpy arrays (``state_dict`` order) into ``model``."""
-    keys = list(model.state_dict().keys())
-    if len(keys) != len(arrays):
-        raise ValueError(f"{len(arrays)} arrays for a state_dict of {len(keys)} entries")
-    model.load_state_dict({k: torch.from_numpy(np.array(a, copy=True))
-                           for k, a in zip(keys, arrays)})
-
-
 def train_seed(seed: int, round_index: int, site: int) -> int:
     """Seed of site ``site``'s local training in round ``round_index`` (same for every config)."""
     return int(np.random.SeedSequence([seed, round_index, site, 0x7EA1])

@@ -111,6 +111,7 @@ from strategies.aggregation import (  # noqa: E402
     fednova_delta,
     local_solver_norm,
 )
+from model_arrays import load_arrays, state_arrays  # noqa: E402
 
 __all__ = [
     "METHODS",
@@ -141,19 +142,6 @@ CPU = ComputeDevice(torch.device("cpu"), None)
 # --------------------------------------------------------------------------- #
 # Weights <-> numpy
 # --------------------------------------------------------------------------- #
-def state_arrays(model: nn.Module) -> list[np.ndarray]:
-    """The model's ``state_dict`` as numpy copies, in order."""
-    return [v.detach().cpu().numpy().copy() for v in model.state_dict().values()]
-
-
-def load_arrays(model: nn.Module, arrays: Sequence[np.ndarray]) -> None:
-    """Load numpy arrays (``state_dict`` order) into ``model``."""
-    keys = list(model.state_dict().keys())
-    if len(keys) != len(arrays):
-        raise ValueError(f"{len(arrays)} arrays for a state_dict of {len(keys)} entries")
-    model.load_state_dict({k: torch.from_numpy(np.array(a, copy=True)) for k, a in zip(keys, arrays)})
-
-
 def round_seed(seed: int, round_index: int, site: int) -> int:
     """Seed of site ``site``'s local training in round ``round_index`` (same for every method)."""
     return int(np.random.SeedSequence([seed, round_index, site]).generate_state(1)[0] & 0x7FFFFFFF)

@@ -80,6 +80,7 @@ from clients.site_task import SiteTask, TaskSettings, make_optimizer  # noqa: E4
 from clients.tasks import task_class  # noqa: E402
 from clients.trainer import train_steps  # noqa: E402
 from strategies.aggregation import fedavg_delta  # noqa: E402
+from model_arrays import load_arrays, state_arrays  # noqa: E402
 
 LABELS = {
     "cxr-cls": "PneumoniaMNIST: pneumonia (1) vs normal (0), 28 px chest X-rays",
@@ -105,15 +106,6 @@ class RunConfig:
     lr: float = 1e-3
     momentum: float = 0.9
     seed: int = 0
-
-
-def _state_arrays(model: nn.Module) -> list[np.ndarray]:
-    return [v.detach().cpu().numpy().copy() for v in model.state_dict().values()]
-
-
-def _load_arrays(model: nn.Module, arrays: list[np.ndarray]) -> None:
-    keys = list(model.state_dict().keys())
-    model.load_state_dict({k: torch.from_numpy(np.asarray(a)) for k, a in zip(keys, arrays)})
 
 
 def _fresh_model(task: SiteTask, seed: int) -> nn.Module:
@@ -182,7 +174,7 @@ def run_fedavg(tasks, cfg: RunConfig, compute) -> dict:
     counts = [len(t.train_set) for t in tasks]
     done = 0
     for r in range(cfg.rounds):
-        x_global = _state_arrays(global_model)
+        x_global = state_arrays(global_model)
         deltas = []
         for i, task in enumerate(tasks):
             local = copy.deepcopy(global_model)
@@ -190,9 +182,9 @@ def run_fedavg(tasks, cfg: RunConfig, compute) -> dict:
                              seed=cfg.seed + 101 * i + 7919 * (r + 1), optimizer="adam",
                              label=f"fedavg/r{r}/{task.site_dir.name}")
             done += res.steps_done
-            deltas.append([np.asarray(g - x) for g, x in zip(x_global, _state_arrays(local))])
+            deltas.append([np.asarray(g - x) for g, x in zip(x_global, state_arrays(local))])
         delta = fedavg_delta(deltas, counts)
-        _load_arrays(global_model, [g - d for g, d in zip(x_global, delta)])
+        load_arrays(global_model, [g - d for g, d in zip(x_global, delta)])
     ev = evaluate_all(global_model, tasks, compute)
     return {"steps_done": done, "rounds": cfg.rounds, "local_steps": tau,
             "num_examples": counts, **ev}

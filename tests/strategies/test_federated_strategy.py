@@ -16,7 +16,6 @@ from flwr.app import (
 )
 
 from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
-from flwr.supercore.task_identity import TaskIdentity
 
 from strategies import message_keys as keys
 from strategies.federated_strategy import FederatedStrategy, NoValidRepliesError
@@ -34,13 +33,7 @@ def make_strategy(min_nodes: int = 2, aggregator: str = "fedavg", schedule: str 
         min_nodes=min_nodes, node_wait_timeout=1, **kwargs)
 
 
-@pytest.fixture(autouse=True)
-def server_identity():
-    """Flower needs the identity of the running task to create messages."""
-    saved = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 42, 1
-    yield
-    TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = saved
+pytestmark = pytest.mark.usefixtures("server_identity")
 
 
 class FakeGrid:

@@ -7,17 +7,11 @@ import time
 import pytest
 from flwr.app import ConfigRecord, Error, Message, MetricRecord, RecordDict
 from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
-from flwr.supercore.task_identity import TaskIdentity
 
 from strategies.round_policy import RoundPolicy, collect_replies
 
 
-@pytest.fixture(autouse=True)
-def server_identity():
-    saved = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 42, 1
-    yield
-    TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = saved
+pytestmark = pytest.mark.usefixtures("server_identity")
 
 
 class TimedGrid:
