@@ -43,6 +43,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from strategies.errors import ConfigError
 
 __all__ = [
     "CertError",
@@ -63,7 +64,7 @@ _CURVE = ec.SECP384R1
 SITE_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 
 
-class CertError(RuntimeError):
+class CertError(ConfigError):
     """A certificate or key cannot be created, or an existing one does not fit."""
 
 

@@ -30,12 +30,11 @@ from app.run_config import RunConfig
 from app.site_config import SiteConfig, SiteConfigError
 from clients.decoded_cache import CACHE_DIR_NAME, load_task
 from clients.device import ComputeDevice, select_device
-from clients.errors import StudyError
-from clients.site_task import SiteDataError, SiteTask, TaskSettings
+from clients.site_task import SiteTask, TaskSettings
 from clients.tasks import task_class
 from clients.site_state import SiteStateStore
 from strategies import message_keys as keys
-from strategies.aggregation import local_solver_norm
+from strategies.errors import ItemError, SiteError
 from strategies.compression import ErrorFeedback, parse_spec
 from strategies.update_codec import pack_update
 
@@ -43,7 +42,7 @@ app = ClientApp()
 log = logging.getLogger("clients.site")
 
 # Errors meaning "this site has no usable data": answered with a sanitised error reply.
-_DATA_ERRORS = (SiteDataError, StudyError, SiteConfigError)
+_DATA_ERRORS = (SiteError, ItemError, SiteConfigError)
 SITE_DATA_ERROR_CODE = 4001
 
 # Progress lines of the site trainers (the root logger stays at Flower's level).
@@ -158,10 +157,6 @@ def train(msg: Message, context: Context) -> Message:
                         compute=_compute(), seed=seed, optimizer=config.optimizer,
                         deadline=deadline, proximal_mu=config.proximal_mu,
                         label=f"{site.name} round {server_round}")
-    # ||a||_1 of the solver actually run (partial work included), for FedNova.
-    a_norm = local_solver_norm(
-        result.steps_done, momentum=config.momentum if config.optimizer == "sgd" else 0.0,
-        lr=config.lr, proximal_mu=config.proximal_mu)
     local_state = model.state_dict()
     # delta = x_global - x_local, in the global model's order and dtypes (0-d kept 0-d).
     delta = [
@@ -178,7 +173,6 @@ def train(msg: Message, context: Context) -> Message:
         keys.STEPS: result.steps_done,
         keys.TRAIN_LOSS: result.mean_loss,
         keys.INITIAL_LOSS: result.initial_loss,
-        keys.A_NORM: a_norm,
         keys.TRAIN_SECONDS: time.monotonic() - started,
         keys.STUDIES_SKIPPED: len(task.report.skipped),
     })

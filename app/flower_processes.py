@@ -22,6 +22,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from strategies.errors import FederationError
 
 __all__ = [
     "FlowerProcessError",
@@ -34,7 +35,7 @@ __all__ = [
 ]
 
 
-class FlowerProcessError(RuntimeError):
+class FlowerProcessError(FederationError):
     """A Flower process failed to start, or a run did not complete."""
 
 

@@ -18,11 +18,12 @@ from typing import Any
 from clients.site_task import OPTIMIZERS, TaskSettings
 from clients.tasks import TASKS
 from strategies.compression import parse_spec
+from strategies.errors import ConfigError
 
 __all__ = ["RunConfig", "RunConfigError"]
 
 
-class RunConfigError(ValueError):
+class RunConfigError(ConfigError):
     """A run-config value is missing, of the wrong type or out of range."""
 
 

@@ -23,6 +23,7 @@ from clients.tasks import task_class
 from strategies import message_keys as keys
 from strategies.checkpoint import ServerCheckpoint, load_checkpoint, save_checkpoint
 from strategies.federated_strategy import FederatedStrategy
+from strategies.local_solver import LocalSolver
 from strategies.registry import AGGREGATORS, SCHEDULES, SELECTORS
 from strategies.round_policy import RoundPolicy
 from strategies.round_report import RoundReport
@@ -62,6 +63,8 @@ def build_strategy(config: RunConfig, federation: str = "") -> FederatedStrategy
         error_feedback=config.strategy_error_feedback,
         federation=federation,
         seed=config.seed,
+        local_solver=LocalSolver(optimizer=config.optimizer, momentum=config.momentum,
+                                 lr=config.lr, proximal_mu=config.proximal_mu),
     )
 
 

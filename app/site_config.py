@@ -14,11 +14,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from strategies.errors import ConfigError
 
 __all__ = ["SiteConfig", "SiteConfigError"]
 
 
-class SiteConfigError(ValueError):
+class SiteConfigError(ConfigError):
     """The node_config does not say where the site's data is."""
 
 

@@ -1,18 +1,21 @@
 """Typed errors raised by the site-side data layer.
 
 Every error names the offending file (or folder) and the reason, so a site
-operator can fix the data without reading a traceback. The hierarchy lets a
-loader skip one bad study (:class:`StudyError` and its subclasses) while a
-broken site manifest (:class:`ManifestError`) stops the whole site.
+operator can fix the data without reading a traceback. The hierarchy hangs off
+the product's root (:mod:`strategies.errors`): a loader skips one bad study
+(:class:`StudyError` and its subclasses, an ``ItemError``) while a broken site
+manifest (:class:`ManifestError`, a ``SiteError``) stops the whole site.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from strategies.errors import ItemError, SiteError
 
-class StudyError(Exception):
-    """A study (or a file belonging to it) cannot be used.
+
+class PathReason:
+    """Mix-in: an error about one file or folder, with a short reason.
 
     Parameters
     ----------
@@ -39,6 +42,10 @@ class StudyError(Exception):
         return (type(self), (self.path, self.reason))
 
 
+class StudyError(PathReason, ItemError):
+    """A study (or a file belonging to it) cannot be used; it is skipped."""
+
+
 class DicomSeriesError(StudyError):
     """A DICOM series folder or one of its files is unusable."""
 
@@ -47,7 +54,7 @@ class MaskError(StudyError):
     """A NIfTI mask is unreadable or does not match its image volume."""
 
 
-class ManifestError(StudyError):
+class ManifestError(PathReason, SiteError):
     """A site manifest is missing or malformed; the whole site is unusable."""
 
 

@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from clients.device import ComputeDevice
 from clients.pe_studies import LoadReport
 from clients.trainer import TrainResult, train_steps
+from strategies.errors import SiteError
 
 __all__ = ["SiteDataError", "TaskSettings", "EvalResult", "SiteTask", "make_optimizer",
            "OPTIMIZERS"]
@@ -30,7 +31,7 @@ __all__ = ["SiteDataError", "TaskSettings", "EvalResult", "SiteTask", "make_opti
 OPTIMIZERS = ("sgd", "adam")
 
 
-class SiteDataError(RuntimeError):
+class SiteDataError(SiteError):
     """A site has no usable data for the requested split."""
 
 

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from clients.device import ComputeDevice
+from strategies.errors import SiteError
 
 __all__ = ["TrainResult", "NonFiniteLossError", "train_steps"]
 
@@ -29,7 +30,7 @@ log = logging.getLogger(__name__)
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-class NonFiniteLossError(RuntimeError):
+class NonFiniteLossError(SiteError):
     """The training loss became NaN or infinite; the local update is unusable."""
 
 

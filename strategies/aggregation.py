@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from numbers import Real
 
 import numpy as np
+from strategies.errors import ReplyError
 
 __all__ = [
     "AggregationError",
@@ -35,7 +36,7 @@ __all__ = [
 ]
 
 
-class AggregationError(ValueError):
+class AggregationError(ReplyError):
     """Raised when client updates or solver parameters cannot be aggregated."""
 
 

@@ -18,13 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from strategies.errors import FederationError
 
 __all__ = ["CheckpointError", "ServerCheckpoint", "save_checkpoint", "load_checkpoint"]
 
 _VERSION = 1
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(FederationError):
     """A checkpoint is missing, unreadable or from an incompatible federation."""
 
 

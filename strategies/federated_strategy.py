@@ -46,6 +46,7 @@ from flwr.serverapp.strategy import Result, Strategy
 from flwr.supercore import log
 
 from strategies import message_keys as keys
+from strategies.local_solver import LocalSolver
 from strategies.node_wait import wait_for_nodes
 from strategies.replies import (
     EvaluateReply,
@@ -61,6 +62,7 @@ from strategies.round_report import RoundReport
 from strategies.compression import derive_seed, parse_spec
 from strategies.update_codec import dense_bytes
 from strategies.wire_bytes import wire_size
+from strategies.errors import FederationError
 
 __all__ = ["FederatedStrategy", "NoValidRepliesError", "SelectionContext"]
 
@@ -81,7 +83,7 @@ class SelectionContext:
     query_losses: Callable[[list[int], int], dict[int, float]]
 
 
-class NoValidRepliesError(RuntimeError):
+class NoValidRepliesError(FederationError):
     """Too many rounds in a row ended with no usable train reply."""
 
 
@@ -135,6 +137,9 @@ class FederatedStrategy(Strategy):
         Base of the per-round, per-site codec seeds (``randk``, ``qsgd``).
     max_empty_rounds : int
         Abort after this many consecutive rounds without one usable reply.
+    local_solver : LocalSolver, optional
+        The sites' local optimiser settings; the server computes each reply's
+        FedNova a-norm from its reported steps with it (default: plain steps).
     """
 
     def __init__(
@@ -153,6 +158,7 @@ class FederatedStrategy(Strategy):
         federation: str = "",
         seed: int = 0,
         max_empty_rounds: int = 3,
+        local_solver: LocalSolver | None = None,
     ) -> None:
         if min_nodes < 1:
             raise ValueError(f"min_nodes must be >= 1, got {min_nodes}")
@@ -171,6 +177,8 @@ class FederatedStrategy(Strategy):
         self.federation = federation
         self.seed = seed
         self.max_empty_rounds = max_empty_rounds
+        self.local_solver = local_solver or LocalSolver()
+        self._tau_sent: dict[int, int] = {}
         self._codec_seeds: dict[int, int] = {}
         self._down_bytes: dict[int, int] = {}
         self._sizes: dict[int, int] = {}
@@ -263,9 +271,10 @@ class FederatedStrategy(Strategy):
         log(INFO, "configure_train: %d sites selected of %d connected, tau %d",
             len(node_ids), len(nodes), self.schedule.tau)
         self._codec_seeds = {n: derive_seed(self.seed, server_round, n) for n in node_ids}
+        self._tau_sent = {n: int(self.schedule.tau) for n in node_ids}
 
         def extra(node_id: int) -> dict:
-            return {keys.LOCAL_STEPS: int(self.schedule.tau),
+            return {keys.LOCAL_STEPS: self._tau_sent[node_id],
                     keys.TIME_BUDGET: float(self.time_budget),
                     keys.CODEC: self.codec, keys.ERROR_FEEDBACK: self.error_feedback,
                     keys.CODEC_SEED: self._codec_seeds[node_id],
@@ -321,8 +330,11 @@ class FederatedStrategy(Strategy):
                                  getattr(self.selector, "times_selected", {}).items()}
 
     def _parse_train(self, message: Message) -> TrainReply:
-        seed = self._codec_seeds.get(message.metadata.src_node_id, 0)
-        return parse_train_reply(message, self._global, self.codec, seed)
+        node = message.metadata.src_node_id
+        return parse_train_reply(message, self._global, self.codec,
+                                 self._codec_seeds.get(node, 0),
+                                 self._tau_sent.get(node, int(self.schedule.tau)),
+                                 self.local_solver)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from numbers import Integral, Real
+from strategies.errors import ConfigError
 
 __all__ = ["LocalStepsError", "LossSmoother", "adacomm_tau"]
 
@@ -24,7 +25,7 @@ __all__ = ["LocalStepsError", "LossSmoother", "adacomm_tau"]
 _CEIL_RTOL = 1e-9
 
 
-class LocalStepsError(ValueError):
+class LocalStepsError(ConfigError):
     """Raised for invalid inputs to the local-steps schedule."""
 
 

@@ -30,14 +30,14 @@ NUM_EXAMPLES = "num-examples"
 STEPS = "steps"
 TRAIN_LOSS = "train-loss"
 INITIAL_LOSS = "initial-loss"
-A_NORM = "a-norm"
+A_NORM = "a-norm"  # computed by the server (strategies.local_solver); not read from sites
 TRAIN_SECONDS = "train-seconds"
 STUDIES_SKIPPED = "studies-skipped"
 RESIDUAL_NORM = "residual-norm"
 
 VAL_LOSS = "val-loss"
 
-TRAIN_REQUIRED = (NUM_EXAMPLES, STEPS, TRAIN_LOSS, INITIAL_LOSS, A_NORM)
+TRAIN_REQUIRED = (NUM_EXAMPLES, STEPS, TRAIN_LOSS, INITIAL_LOSS)
 EVALUATE_REQUIRED = (NUM_EXAMPLES,)
 QUERY_LOSS = "query-loss"
 QUERY_REQUIRED = (NUM_EXAMPLES, QUERY_LOSS)

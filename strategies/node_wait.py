@@ -12,11 +12,12 @@ from logging import INFO
 
 from flwr.serverapp import Grid
 from flwr.supercore import log
+from strategies.errors import FederationError
 
 __all__ = ["NodeWaitTimeout", "wait_for_nodes"]
 
 
-class NodeWaitTimeout(TimeoutError):
+class NodeWaitTimeout(FederationError, TimeoutError):
     """Fewer sites than required connected before the deadline."""
 
 

@@ -12,13 +12,14 @@ import importlib
 import pkgutil
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
+from strategies.errors import ConfigError
 
 __all__ = ["PluginError", "Registry", "AGGREGATORS", "SCHEDULES", "SELECTORS"]
 
 T = TypeVar("T")
 
 
-class PluginError(ValueError):
+class PluginError(ConfigError):
     """Unknown plug-in name or bad plug-in options."""
 
 

@@ -16,8 +16,10 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 
 from strategies import message_keys as keys
+from strategies.local_solver import LocalSolver
 from strategies.update_codec import UpdateFormatError, unpack_update
 from strategies.wire_bytes import wire_size
+from strategies.errors import ReplyError
 
 __all__ = [
     "InvalidReplyError",
@@ -30,7 +32,7 @@ __all__ = [
 ]
 
 
-class InvalidReplyError(ValueError):
+class InvalidReplyError(ReplyError):
     """A site's reply cannot be used; the message gives the reason."""
 
 
@@ -46,6 +48,7 @@ class TrainReply:
     train_loss: float
     metrics: dict[str, float] = field(default_factory=dict)
     wire_bytes: int = 0
+    a_norm: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -112,11 +115,16 @@ def _delta(message: Message, reference: list[np.ndarray], codec: str,
 
 
 def parse_train_reply(message: Message, reference: list[np.ndarray], codec: str = "none",
-                      seed: int = 0) -> TrainReply:
+                      seed: int = 0, max_steps: int | None = None,
+                      solver: LocalSolver | None = None) -> TrainReply:
     """Validate a train reply against the global model ``reference`` and decode its update.
 
     ``codec`` and ``seed`` are the update codec spec and the codec seed this
-    site was given for the round (:mod:`strategies.update_codec`).
+    site was given for the round (:mod:`strategies.update_codec`). The
+    reported ``steps`` must be an integer in ``1 .. max_steps`` (the tau the
+    site was sent; no upper bound when ``None``). FedNova's a-norm is computed
+    here from those steps with ``solver`` (default :class:`LocalSolver`, plain
+    steps); an ``a-norm`` the site sends is replaced by the server's value.
 
     Raises
     ------
@@ -125,8 +133,12 @@ def parse_train_reply(message: Message, reference: list[np.ndarray], codec: str 
     """
     metrics = _metrics(message, keys.TRAIN_REQUIRED)
     steps = metrics[keys.STEPS]
-    if steps < 0 or steps != int(steps):
-        raise InvalidReplyError(f"'{keys.STEPS}' must be a non-negative integer, got {steps}")
+    if steps < 1 or steps != int(steps) or (max_steps is not None and steps > max_steps):
+        bound = "" if max_steps is None else f" <= {max_steps} (the tau sent)"
+        raise InvalidReplyError(
+            f"'{keys.STEPS}' must be a positive integer{bound}, got {steps}")
+    a_norm = (solver or LocalSolver()).a_norm(int(steps))
+    metrics[keys.A_NORM] = a_norm
     return TrainReply(
         node_id=message.metadata.src_node_id,
         site=site_name(message),
@@ -136,6 +148,7 @@ def parse_train_reply(message: Message, reference: list[np.ndarray], codec: str 
         steps=int(steps),
         train_loss=metrics[keys.TRAIN_LOSS],
         metrics=metrics,
+        a_norm=a_norm,
     )
 
 

@@ -26,6 +26,7 @@ from numbers import Integral, Real
 from typing import TypeVar
 
 import numpy as np
+from strategies.errors import ConfigError
 
 __all__ = [
     "SelectionError",
@@ -39,7 +40,7 @@ __all__ = [
 T = TypeVar("T")
 
 
-class SelectionError(ValueError):
+class SelectionError(ConfigError):
     """Raised for invalid inputs to a client selector."""
 
 

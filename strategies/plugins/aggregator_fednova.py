@@ -4,10 +4,11 @@ Wang, Liu, Liang, Joshi, Poor, "Tackling the Objective Inconsistency Problem in
 Heterogeneous Federated Optimization", NeurIPS 2020, eq. (6)-(7):
 ``x_{r+1} = x_r - tau_eff * sum_i p_i delta_i / ||a_i||_1`` with
 ``tau_eff = sum_i p_i ||a_i||_1`` and ``p_i = n_i / sum_j n_j`` over the replies
-received (:func:`strategies.aggregation.fednova_delta`). Each site reports
-``a-norm`` = ``||a_i||_1`` of the local solver it actually ran
-(:func:`strategies.aggregation.local_solver_norm`), so partial work at a deadline
-is normalised correctly.
+received (:func:`strategies.aggregation.fednova_delta`). ``||a_i||_1`` is
+computed by the server from the steps the site reports and the run's local
+solver (:class:`strategies.local_solver.LocalSolver`, ``TrainReply.a_norm``),
+never taken from the site, so partial work at a deadline is normalised
+correctly and a site cannot inflate its weight.
 
 Optional server momentum (the paper's FedNova with server-side momentum, Sec. 5):
 ``v <- beta v + Delta``, ``x <- x - v``.
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from strategies import message_keys as keys
 from strategies.aggregation import fednova_delta
 from strategies.registry import AGGREGATORS
 from strategies.replies import TrainReply
@@ -36,7 +36,7 @@ class FedNovaAggregator:
 
     def aggregate(self, replies: list[TrainReply]) -> tuple[list[np.ndarray], dict[str, float]]:
         """Return the aggregated update and ``tau-eff``."""
-        a_norms = [r.metrics[keys.A_NORM] for r in replies]
+        a_norms = [r.a_norm for r in replies]
         n = np.array([r.num_examples for r in replies], dtype=np.float64)
         tau_eff = float(np.dot(n / n.sum(), a_norms))
         delta = fednova_delta([r.delta for r in replies], [r.num_examples for r in replies],

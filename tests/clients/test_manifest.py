@@ -6,6 +6,7 @@ import pytest
 
 from clients.errors import ManifestError, StudyError
 from clients.manifest import StudyEntry, read_manifest, write_manifest
+from strategies.errors import SiteError
 
 
 def test_round_trip_relative_paths(tmp_path) -> None:
@@ -30,7 +31,7 @@ def test_missing_manifest(tmp_path) -> None:
     with pytest.raises(ManifestError, match="site manifest is missing") as info:
         read_manifest(tmp_path)
     assert info.value.path.name == "manifest.csv"
-    assert isinstance(info.value, StudyError)
+    assert isinstance(info.value, SiteError) and not isinstance(info.value, StudyError)
 
 
 @pytest.mark.parametrize(

@@ -179,7 +179,7 @@ def test_hand_computed_fedavg_and_fednova(aggregator, expected):
     rescales by tau_eff = 5, which gives exactly 0.0 (Wang et al. 2020, Sec. 3).
     """
     strategy = FederatedStrategy(aggregator=AGGREGATORS.create(aggregator),
-                                 schedule=SCHEDULES.create("fixed", tau0=2),
+                                 schedule=SCHEDULES.create("fixed", tau0=8),
                                  selector=SELECTORS.create("uniform", min_nodes=2),
                                  min_nodes=2, node_wait_timeout=1)
     grid = FakeGrid([1, 2])
