@@ -20,6 +20,7 @@ from collections.abc import Collection, Mapping, Sequence
 import numpy as np
 
 from strategies.compression import ErrorFeedback, decode, encode, flatten, unflatten
+from strategies.errors import ReplyError
 
 __all__ = ["PAYLOAD_KEY", "UpdateFormatError", "float_positions", "pack_update",
            "unpack_update", "dense_bytes"]
@@ -28,8 +29,8 @@ PAYLOAD_KEY = "payload"
 RAW_PREFIX = "raw-"
 
 
-class UpdateFormatError(ValueError):
-    """The arrays of a reply do not form a valid update for the global model."""
+class UpdateFormatError(ReplyError):
+    """The arrays of a reply do not form a valid update for the global model (a ``ValueError``)."""
 
 
 def float_positions(arrays: Sequence[np.ndarray]) -> list[int]:

@@ -19,7 +19,7 @@ from strategies.compression import (
     parse_spec,
     unflatten,
 )
-from strategies.compression import _varint_decode, _varint_encode, _varint_lengths
+from strategies.codecs.varint import varint_decode, varint_encode, varint_lengths
 
 ALL_SPECS = ["none", "fp16", "topk:0.01", "topk:0.3", "topk:0.9", "randk:0.05", "qsgd:1", "qsgd:4", "qsgd:16", "qsgd:127", "qsgd:300", "sign"]
 HEADER = 7
@@ -526,13 +526,13 @@ def test_flatten_unflatten_round_trip() -> None:
 
 def test_varint_helpers_match_reference_leb128() -> None:
     values = np.array([0, 1, 127, 128, 300, 16383, 16384, 2**21 - 1, 2**21, 2**28, 2**32 - 1], dtype=np.uint32)
-    lengths = _varint_lengths(values)
-    encoded = _varint_encode(values, lengths)
+    lengths = varint_lengths(values)
+    encoded = varint_encode(values, lengths)
     assert encoded.tobytes() == b"".join(leb128(int(x)) for x in values)
-    assert _varint_decode(encoded, values.size).tolist() == values.tolist()
+    assert varint_decode(encoded, values.size).tolist() == values.tolist()
     rng = np.random.default_rng(0)
     random = (rng.integers(0, 2**32, 5000, dtype=np.uint64) >> rng.integers(0, 32, 5000).astype(np.uint64)).astype(np.uint32)
-    assert _varint_decode(_varint_encode(random, _varint_lengths(random)), 5000).tolist() == random.tolist()
+    assert varint_decode(varint_encode(random, varint_lengths(random)), 5000).tolist() == random.tolist()
 
 
 def test_derive_seed() -> None:

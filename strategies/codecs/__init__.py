@@ -1,0 +1,46 @@
+"""Update codecs: lossy compression of model updates, one module per codec.
+
+A site compresses its update ``delta = x_global - x_local`` before sending it
+and the server decodes it before aggregation; pure numpy, so the same code runs
+in the ClientApp (encode) and in the strategy (decode). Compression applies to
+the whole flattened update vector, one ``uint8`` payload per message
+(:func:`flatten` / :func:`unflatten` go between the model's arrays and it).
+
+Modules
+-------
+- :mod:`.registry` -- codec name -> codec class; :mod:`.spec` -- the one spec parser.
+- :mod:`.payload` -- :func:`encode` / :func:`decode`; :mod:`.wire` -- the common header.
+- :mod:`.identity` (``none``), :mod:`.fp16`, :mod:`.topk`, :mod:`.randk`,
+  :mod:`.qsgd`, :mod:`.sign` -- one codec each, with its section layout and paper.
+- :mod:`.bitpack`, :mod:`.varint` -- bit packing and LEB128 varints.
+- :mod:`.error_feedback` -- :class:`ErrorFeedback` (EF-SGD).
+- :mod:`.vectors` -- seeds and flatten / unflatten.
+
+Adding a codec is one new module with a class decorated with
+:func:`registry.register` and one import line below.
+"""
+
+from __future__ import annotations
+
+# The codec modules register themselves on import; keep one line per codec.
+from strategies.codecs import fp16, identity, qsgd, randk, sign, topk  # noqa: F401
+from strategies.codecs.error_feedback import ErrorFeedback
+from strategies.codecs.errors import CodecError, PayloadError
+from strategies.codecs.payload import decode, encode
+from strategies.codecs.registry import names
+from strategies.codecs.spec import CodecSpec, parse_spec
+from strategies.codecs.vectors import derive_seed, flatten, unflatten
+
+__all__ = [
+    "CodecError",
+    "CodecSpec",
+    "ErrorFeedback",
+    "PayloadError",
+    "decode",
+    "derive_seed",
+    "encode",
+    "flatten",
+    "names",
+    "parse_spec",
+    "unflatten",
+]

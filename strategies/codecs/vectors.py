@@ -1,0 +1,105 @@
+"""Codec seeds and the flat update vector (model parameter order <-> one float32 vector)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from numbers import Integral
+
+import numpy as np
+
+from strategies.codecs.errors import CodecError
+
+__all__ = ["check_seed", "derive_seed", "flatten", "unflatten"]
+
+
+def check_seed(seed: object) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, Integral):
+        raise CodecError(f"seed must be an int, got {type(seed).__name__}")
+    value = int(seed)
+    if not 0 <= value < 2**64:
+        raise CodecError(f"seed must be in [0, 2**64), got {value}")
+    return value
+
+
+def derive_seed(base: int, *keys: int) -> int:
+    """Derive a per-message codec seed from a run seed and integer keys.
+
+    Both ends compute it independently, e.g.
+    ``derive_seed(run_seed, server_round, node_id)``, so that ``randk`` picks
+    fresh coordinates (and ``qsgd`` fresh rounding) every round and site.
+    Uses ``numpy.random.SeedSequence`` (stable across numpy versions).
+
+    Parameters
+    ----------
+    base : int
+        Nonnegative run seed.
+    *keys : int
+        Nonnegative integers (round number, node id, ...).
+
+    Returns
+    -------
+    int
+        A seed in ``[0, 2**64)``.
+    """
+    parts = [base, *keys]
+    for part in parts:
+        if isinstance(part, bool) or not isinstance(part, Integral) or int(part) < 0:
+            raise CodecError(f"derive_seed expects nonnegative ints, got {part!r}")
+    state = np.random.SeedSequence([int(p) for p in parts]).generate_state(1, np.uint64)
+    return int(state[0])
+
+
+def flatten(arrays: Sequence[np.ndarray]) -> np.ndarray:
+    """Concatenate arrays (model parameter order) into one float32 vector.
+
+    Integer arrays (e.g. BatchNorm ``num_batches_tracked``) are converted to
+    float32, exact up to ``2**24``.
+
+    Raises
+    ------
+    CodecError
+        If an item is not a numeric (float or integer) numpy array.
+    """
+    parts = []
+    for i, array in enumerate(arrays):
+        if not isinstance(array, np.ndarray) or array.dtype.kind not in "fiu":
+            raise CodecError(
+                f"flatten: item {i} must be a float or integer numpy array, got "
+                f"{getattr(array, 'dtype', type(array).__name__)}"
+            )
+        parts.append(array.ravel())
+    if not parts:
+        return np.zeros(0, dtype=np.float32)
+    return np.concatenate(parts, dtype=np.float32, casting="unsafe")
+
+
+def unflatten(vec: np.ndarray, like: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Split a flat vector back into arrays shaped and typed like ``like``.
+
+    Integer targets are rounded half-to-even and clipped to their range.
+
+    Raises
+    ------
+    CodecError
+        If ``vec`` is not 1-D or its length differs from the total size of ``like``.
+    """
+    vec = np.asarray(vec)
+    total = sum(int(np.prod(a.shape)) for a in like)
+    if vec.ndim != 1 or vec.size != total:
+        raise CodecError(
+            f"unflatten: vector of shape {vec.shape} does not match the {total} "
+            f"entries of the {len(like)} target arrays"
+        )
+    out: list[np.ndarray] = []
+    offset = 0
+    for array in like:
+        n = int(np.prod(array.shape))
+        chunk = vec[offset : offset + n].reshape(array.shape)
+        offset += n
+        if array.dtype.kind in "iu":
+            info = np.iinfo(array.dtype)
+            out.append(np.clip(np.rint(chunk), info.min, info.max).astype(array.dtype))
+        else:
+            out.append(chunk.astype(array.dtype))
+    return out
+
