@@ -14,28 +14,6 @@ payload format). This facade re-exports what callers use:
 
 from __future__ import annotations
 
-from strategies.codecs import (
-    CodecError,
-    CodecSpec,
-    ErrorFeedback,
-    PayloadError,
-    decode,
-    derive_seed,
-    encode,
-    flatten,
-    parse_spec,
-    unflatten,
-)
-
-__all__ = [
-    "CodecError",
-    "CodecSpec",
-    "ErrorFeedback",
-    "PayloadError",
-    "decode",
-    "derive_seed",
-    "encode",
-    "flatten",
-    "parse_spec",
-    "unflatten",
-]
+# The facade re-exports the package's public names, exactly its ``__all__``.
+from strategies.codecs import *  # noqa: F403
+from strategies.codecs import __all__  # noqa: F401

@@ -16,8 +16,8 @@ Modules
 - :mod:`.error_feedback` -- :class:`ErrorFeedback` (EF-SGD).
 - :mod:`.vectors` -- seeds and flatten / unflatten.
 
-Adding a codec is one new module with a class decorated with
-:func:`registry.register` and one import line below.
+Adding a codec is one new module ending in ``CODEC = register(Codec(...))``
+(see :mod:`.registry`) and one import line below.
 """
 
 from __future__ import annotations

@@ -29,11 +29,11 @@ import numpy as np
 
 from strategies.codecs.bitpack import pack_bits, symbol_dtype, unpack_bits
 from strategies.codecs.errors import CodecError, PayloadError
-from strategies.codecs.registry import register
+from strategies.codecs.registry import Codec, register
 from strategies.codecs.spec import CodecSpec, levels_argument
 from strategies.codecs.wire import Reader, non_finite
 
-__all__ = ["Qsgd"]
+__all__ = ["CODEC", "decode", "encode"]
 
 _QSGD = struct.Struct("<If")
 
@@ -50,69 +50,64 @@ def l2_norm(v: np.ndarray) -> float:
 
 
 
-@register
-class Qsgd:
-    """Unbiased stochastic quantisation to ``2s + 1`` levels of the l2 norm."""
+def encode(v: np.ndarray, spec: CodecSpec, seed: int) -> tuple[bytes | np.ndarray, ...]:
+    """The float32 norm and the bit-packed signed levels."""
+    d = v.size
+    s = int(spec.levels)  # type: ignore[arg-type]
+    bits = (2 * s).bit_length()
+    norm = l2_norm(v) if d else 0.0
+    norm32 = np.float32(norm)
+    if not math.isfinite(float(norm32)):
+        raise CodecError(f"cannot encode: l2 norm {norm!r} exceeds the float32 range")
+    if float(norm32) < norm:  # round up so that |v_i| / norm <= 1 holds
+        norm32 = np.nextafter(norm32, np.float32(np.inf))
+    if norm32 > 0:
+        level = np.abs(v)
+        level *= np.float32(s / float(norm32))
+        np.minimum(level, np.float32(s), out=level)
+        floor = np.floor(level)
+        level -= floor  # fractional part = probability of rounding up
+        up = np.random.Generator(np.random.PCG64(seed)).random(d, dtype=np.float32) < level
+        floor += up
+        np.copysign(floor, v, out=floor)
+        floor += np.float32(s)
+        symbols = floor.astype(symbol_dtype(bits))
+    else:
+        symbols = np.full(d, s, dtype=symbol_dtype(bits))
+    packed = pack_bits(symbols, bits)
+    return _QSGD.pack(s, float(norm32)), packed
 
-    name = "qsgd"
-    codec_id = 4
-    spec_help = "'qsgd:<1..32767>'"
-    parse_argument = staticmethod(levels_argument)
 
-    @staticmethod
-    def encode(v: np.ndarray, spec: CodecSpec, seed: int) -> tuple[bytes | np.ndarray, ...]:
-        """The float32 norm and the bit-packed signed levels."""
-        d = v.size
-        s = int(spec.levels)  # type: ignore[arg-type]
-        bits = (2 * s).bit_length()
-        norm = l2_norm(v) if d else 0.0
-        norm32 = np.float32(norm)
-        if not math.isfinite(float(norm32)):
-            raise CodecError(f"cannot encode: l2 norm {norm!r} exceeds the float32 range")
-        if float(norm32) < norm:  # round up so that |v_i| / norm <= 1 holds
-            norm32 = np.nextafter(norm32, np.float32(np.inf))
-        if norm32 > 0:
-            level = np.abs(v)
-            level *= np.float32(s / float(norm32))
-            np.minimum(level, np.float32(s), out=level)
-            floor = np.floor(level)
-            level -= floor  # fractional part = probability of rounding up
-            up = np.random.Generator(np.random.PCG64(seed)).random(d, dtype=np.float32) < level
-            floor += up
-            np.copysign(floor, v, out=floor)
-            floor += np.float32(s)
-            symbols = floor.astype(symbol_dtype(bits))
-        else:
-            symbols = np.full(d, s, dtype=symbol_dtype(bits))
-        packed = pack_bits(symbols, bits)
-        return _QSGD.pack(s, float(norm32)), packed
+def decode(reader: Reader, spec: CodecSpec, d: int, seed: int) -> np.ndarray:
+    """Map the packed levels back through the ``(level - s) * norm / s`` table."""
+    s, norm = reader.unpack(_QSGD, "QSGD header")
+    if s != spec.levels:
+        raise PayloadError(f"payload was quantised with {s} levels but the spec is {spec}")
+    if not (math.isfinite(norm) and norm >= 0.0):
+        raise PayloadError(f"QSGD norm must be finite and >= 0, got {norm!r}")
+    bits = (2 * s).bit_length()
+    packed = reader.take(-(-d * bits // 8), "QSGD levels")
+    reader.finish()
+    table = ((np.arange(2 * s + 1, dtype=np.float64) - s) * (float(norm) / s)).astype(np.float32)
+    if bits < 8 and 8 % bits == 0:
+        # Decode whole bytes through a 256-row table (one row gather per byte).
+        per_byte = 8 // bits
+        byte_symbols = (np.arange(256)[:, None] >> (bits * np.arange(per_byte))) & ((1 << bits) - 1)
+        if packed.size and (byte_symbols.max(axis=1) > 2 * s)[packed].any():
+            raise PayloadError(f"QSGD level symbol out of range [0, {2 * s}]")
+        tail = d % per_byte
+        if tail and packed[-1] >> (bits * tail):
+            raise PayloadError("non-zero padding bits after the last packed entry")
+        byte_table = np.zeros(byte_symbols.shape, dtype=np.float32)
+        valid = byte_symbols <= 2 * s
+        byte_table[valid] = table[byte_symbols[valid]]
+        return np.take(byte_table, packed, axis=0).reshape(-1)[:d]
+    symbols = unpack_bits(packed, bits, d)
+    if d and int(symbols.max()) > 2 * s:
+        raise PayloadError(f"QSGD level symbol {int(symbols.max())} out of range [0, {2 * s}]")
+    return np.take(table, symbols)
 
-    @staticmethod
-    def decode(reader: Reader, spec: CodecSpec, d: int, seed: int) -> np.ndarray:
-        """Map the packed levels back through the ``(level - s) * norm / s`` table."""
-        s, norm = reader.unpack(_QSGD, "QSGD header")
-        if s != spec.levels:
-            raise PayloadError(f"payload was quantised with {s} levels but the spec is {spec}")
-        if not (math.isfinite(norm) and norm >= 0.0):
-            raise PayloadError(f"QSGD norm must be finite and >= 0, got {norm!r}")
-        bits = (2 * s).bit_length()
-        packed = reader.take(-(-d * bits // 8), "QSGD levels")
-        reader.finish()
-        table = ((np.arange(2 * s + 1, dtype=np.float64) - s) * (float(norm) / s)).astype(np.float32)
-        if bits < 8 and 8 % bits == 0:
-            # Decode whole bytes through a 256-row table (one row gather per byte).
-            per_byte = 8 // bits
-            byte_symbols = (np.arange(256)[:, None] >> (bits * np.arange(per_byte))) & ((1 << bits) - 1)
-            if packed.size and (byte_symbols.max(axis=1) > 2 * s)[packed].any():
-                raise PayloadError(f"QSGD level symbol out of range [0, {2 * s}]")
-            tail = d % per_byte
-            if tail and packed[-1] >> (bits * tail):
-                raise PayloadError("non-zero padding bits after the last packed entry")
-            byte_table = np.zeros(byte_symbols.shape, dtype=np.float32)
-            valid = byte_symbols <= 2 * s
-            byte_table[valid] = table[byte_symbols[valid]]
-            return np.take(byte_table, packed, axis=0).reshape(-1)[:d]
-        symbols = unpack_bits(packed, bits, d)
-        if d and int(symbols.max()) > 2 * s:
-            raise PayloadError(f"QSGD level symbol {int(symbols.max())} out of range [0, {2 * s}]")
-        return np.take(table, symbols)
+
+CODEC = register(
+    Codec("qsgd", 4, "'qsgd:<1..32767>'", levels_argument, encode, decode, "Unbiased stochastic quantisation to ``2s + 1`` levels of the l2 norm.")
+)

@@ -19,11 +19,11 @@ import struct
 import numpy as np
 
 from strategies.codecs.errors import PayloadError
-from strategies.codecs.registry import register
+from strategies.codecs.registry import Codec, register
 from strategies.codecs.spec import CodecSpec, fraction_argument
 from strategies.codecs.wire import F16, Reader, check_finite, finite_values, to_fp16
 
-__all__ = ["RandK", "randk_indices"]
+__all__ = ["CODEC", "decode", "encode", "randk_indices"]
 
 _RANDK = struct.Struct("<IQ")
 _U64 = np.dtype("<u8")
@@ -56,37 +56,32 @@ def randk_indices(d: int, k: int, seed: int) -> np.ndarray:
 
 
 
-@register
-class RandK:
-    """Keep ``k`` coordinates drawn from the shared seed."""
+def encode(v: np.ndarray, spec: CodecSpec, seed: int) -> tuple[bytes | np.ndarray, ...]:
+    """The seed and the fp16 values at the seed's ``k`` coordinates."""
+    d = v.size
+    k = spec.k(d)
+    check_finite(v)
+    values = to_fp16(v[randk_indices(d, k, seed)])
+    return _RANDK.pack(k, seed), values
 
-    name = "randk"
-    codec_id = 3
-    spec_help = "'randk:<0<f<=1>'"
-    parse_argument = staticmethod(fraction_argument)
 
-    @staticmethod
-    def encode(v: np.ndarray, spec: CodecSpec, seed: int) -> tuple[bytes | np.ndarray, ...]:
-        """The seed and the fp16 values at the seed's ``k`` coordinates."""
-        d = v.size
-        k = spec.k(d)
-        check_finite(v)
-        values = to_fp16(v[randk_indices(d, k, seed)])
-        return _RANDK.pack(k, seed), values
+def decode(reader: Reader, spec: CodecSpec, d: int, seed: int) -> np.ndarray:
+    """Check the seed, regenerate the coordinates and scatter the values."""
+    k, payload_seed = reader.unpack(_RANDK, "random-k header")
+    if k != spec.k(d):
+        raise PayloadError(f"payload keeps k = {k} entries but {spec} of d = {d} keeps {spec.k(d)}")
+    if payload_seed != seed:
+        raise PayloadError(
+            f"payload was encoded with seed {payload_seed} but decode was given seed {seed}"
+        )
+    values = reader.array(F16, k, "random-k values").astype(np.float32)
+    finite_values(values, "random-k values")
+    reader.finish()
+    out = np.zeros(d, dtype=np.float32)
+    out[randk_indices(d, k, seed)] = values
+    return out
 
-    @staticmethod
-    def decode(reader: Reader, spec: CodecSpec, d: int, seed: int) -> np.ndarray:
-        """Check the seed, regenerate the coordinates and scatter the values."""
-        k, payload_seed = reader.unpack(_RANDK, "random-k header")
-        if k != spec.k(d):
-            raise PayloadError(f"payload keeps k = {k} entries but {spec} of d = {d} keeps {spec.k(d)}")
-        if payload_seed != seed:
-            raise PayloadError(
-                f"payload was encoded with seed {payload_seed} but decode was given seed {seed}"
-            )
-        values = reader.array(F16, k, "random-k values").astype(np.float32)
-        finite_values(values, "random-k values")
-        reader.finish()
-        out = np.zeros(d, dtype=np.float32)
-        out[randk_indices(d, k, seed)] = values
-        return out
+
+CODEC = register(
+    Codec("randk", 3, "'randk:<0<f<=1>'", fraction_argument, encode, decode, "Keep ``k`` coordinates drawn from the shared seed.")
+)

@@ -19,44 +19,39 @@ import numpy as np
 
 from strategies.codecs.bitpack import BYTE_SIGNS
 from strategies.codecs.errors import PayloadError
-from strategies.codecs.registry import register
+from strategies.codecs.registry import Codec, register
 from strategies.codecs.spec import CodecSpec, no_argument
 from strategies.codecs.wire import Reader, non_finite
 
-__all__ = ["Sign"]
+__all__ = ["CODEC", "decode", "encode"]
 
 _SIGN = struct.Struct("<f")
 
 
-@register
-class Sign:
-    """One bit per entry plus the mean magnitude."""
+def encode(v: np.ndarray, spec: CodecSpec, seed: int) -> tuple[bytes | np.ndarray, ...]:
+    """The float32 scale and the packed sign bits."""
+    d = v.size
+    l1 = float(np.add.reduce(np.abs(v), dtype=np.float64)) if d else 0.0
+    if not math.isfinite(l1):
+        raise non_finite("the vector")
+    scale = l1 / d if d else 0.0
+    signs = np.packbits(v < 0, bitorder="little")
+    return _SIGN.pack(scale), signs
 
-    name = "sign"
-    codec_id = 5
-    spec_help = "'sign'"
-    parse_argument = staticmethod(no_argument)
 
-    @staticmethod
-    def encode(v: np.ndarray, spec: CodecSpec, seed: int) -> tuple[bytes | np.ndarray, ...]:
-        """The float32 scale and the packed sign bits."""
-        d = v.size
-        l1 = float(np.add.reduce(np.abs(v), dtype=np.float64)) if d else 0.0
-        if not math.isfinite(l1):
-            raise non_finite("the vector")
-        scale = l1 / d if d else 0.0
-        signs = np.packbits(v < 0, bitorder="little")
-        return _SIGN.pack(scale), signs
+def decode(reader: Reader, spec: CodecSpec, d: int, seed: int) -> np.ndarray:
+    """Expand each byte of sign bits through a 256-row table."""
+    (scale,) = reader.unpack(_SIGN, "sign scale")
+    if not (math.isfinite(scale) and scale >= 0.0):
+        raise PayloadError(f"sign scale must be finite and >= 0, got {scale!r}")
+    packed = reader.take(-(-d // 8), "sign bits")
+    reader.finish()
+    if d % 8 and packed[-1] >> (d % 8):
+        raise PayloadError("non-zero padding bits after the last sign bit")
+    table = BYTE_SIGNS * np.float32(scale)
+    return np.take(table, packed, axis=0).reshape(-1)[:d]
 
-    @staticmethod
-    def decode(reader: Reader, spec: CodecSpec, d: int, seed: int) -> np.ndarray:
-        """Expand each byte of sign bits through a 256-row table."""
-        (scale,) = reader.unpack(_SIGN, "sign scale")
-        if not (math.isfinite(scale) and scale >= 0.0):
-            raise PayloadError(f"sign scale must be finite and >= 0, got {scale!r}")
-        packed = reader.take(-(-d // 8), "sign bits")
-        reader.finish()
-        if d % 8 and packed[-1] >> (d % 8):
-            raise PayloadError("non-zero padding bits after the last sign bit")
-        table = BYTE_SIGNS * np.float32(scale)
-        return np.take(table, packed, axis=0).reshape(-1)[:d]
+
+CODEC = register(
+    Codec("sign", 5, "'sign'", no_argument, encode, decode, "One bit per entry plus the mean magnitude.")
+)

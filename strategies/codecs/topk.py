@@ -15,12 +15,12 @@ import struct
 import numpy as np
 
 from strategies.codecs.errors import PayloadError
-from strategies.codecs.registry import register
+from strategies.codecs.registry import Codec, register
 from strategies.codecs.spec import CodecSpec, fraction_argument
 from strategies.codecs.varint import varint_decode, varint_encode, varint_lengths
 from strategies.codecs.wire import F16, Reader, finite_values, non_finite, to_fp16
 
-__all__ = ["TopK", "topk_indices"]
+__all__ = ["CODEC", "decode", "encode", "topk_indices"]
 
 _TOPK = struct.Struct("<IBI")
 _MODE_VARINT, _MODE_BITMAP = 0, 1
@@ -59,67 +59,61 @@ def topk_indices(magnitude: np.ndarray, k: int) -> np.ndarray:
 
 
 
-@register
-class TopK:
-    """Keep the ``k`` entries of largest magnitude."""
-
-    name = "topk"
-    codec_id = 2
-    spec_help = "'topk:<0<f<=1>'"
-    parse_argument = staticmethod(fraction_argument)
-
-    @staticmethod
-    def encode(v: np.ndarray, spec: CodecSpec, seed: int) -> tuple[bytes | np.ndarray, ...]:
-        """Top-k indices (varint gaps or bitmap) and fp16 values."""
-        d = v.size
-        k = spec.k(d)
-        magnitude = np.abs(v)
-        if d and not math.isfinite(float(magnitude.max())):
-            raise non_finite("the vector")
-        idx = topk_indices(magnitude, k)
-        values = to_fp16(v[idx])
-        gaps = np.diff(idx, prepend=0).astype(np.uint32)
-        lengths = varint_lengths(gaps)
-        varint_bytes = int(lengths.sum(dtype=np.int64))
-        bitmap_bytes = -(-d // 8)
-        if varint_bytes <= bitmap_bytes:
-            mode, section = _MODE_VARINT, varint_encode(gaps, lengths)
-        else:
-            mask = np.zeros(d, dtype=bool)
-            mask[idx] = True
-            mode, section = _MODE_BITMAP, np.packbits(mask, bitorder="little")
-        return _TOPK.pack(k, mode, section.size), section, values
+def encode(v: np.ndarray, spec: CodecSpec, seed: int) -> tuple[bytes | np.ndarray, ...]:
+    """Top-k indices (varint gaps or bitmap) and fp16 values."""
+    d = v.size
+    k = spec.k(d)
+    magnitude = np.abs(v)
+    if d and not math.isfinite(float(magnitude.max())):
+        raise non_finite("the vector")
+    idx = topk_indices(magnitude, k)
+    values = to_fp16(v[idx])
+    gaps = np.diff(idx, prepend=0).astype(np.uint32)
+    lengths = varint_lengths(gaps)
+    varint_bytes = int(lengths.sum(dtype=np.int64))
+    bitmap_bytes = -(-d // 8)
+    if varint_bytes <= bitmap_bytes:
+        mode, section = _MODE_VARINT, varint_encode(gaps, lengths)
+    else:
+        mask = np.zeros(d, dtype=bool)
+        mask[idx] = True
+        mode, section = _MODE_BITMAP, np.packbits(mask, bitorder="little")
+    return _TOPK.pack(k, mode, section.size), section, values
 
 
-    @staticmethod
-    def decode(reader: Reader, spec: CodecSpec, d: int, seed: int) -> np.ndarray:
-        """Scatter the ``k`` values back into a zero vector."""
-        k, mode, nbytes = reader.unpack(_TOPK, "top-k header")
-        if k != spec.k(d):
-            raise PayloadError(f"payload keeps k = {k} entries but {spec} of d = {d} keeps {spec.k(d)}")
-        section = reader.take(nbytes, "index section")
-        if mode == _MODE_VARINT:
-            gaps = varint_decode(section, k)
-            if k > 1 and not gaps[1:].all():
-                raise PayloadError("top-k indices are not strictly increasing (zero gap)")
-            idx = np.cumsum(gaps, dtype=np.uint64)
-            if k and idx[-1] >= d:
-                raise PayloadError(f"top-k index {int(idx[-1])} out of range for d = {d}")
-            idx = idx.astype(np.int64)
-        elif mode == _MODE_BITMAP:
-            if nbytes != -(-d // 8):
-                raise PayloadError(f"bitmap has {nbytes} bytes, expected {-(-d // 8)} for d = {d}")
-            bits = np.unpackbits(section, bitorder="little")
-            if bits[d:].any():
-                raise PayloadError("non-zero padding bits after the bitmap's last entry")
-            idx = np.flatnonzero(bits[:d])
-            if idx.size != k:
-                raise PayloadError(f"bitmap marks {idx.size} entries, expected k = {k}")
-        else:
-            raise PayloadError(f"unknown top-k index mode {mode} (expected 0 varint or 1 bitmap)")
-        values = reader.array(F16, k, "top-k values").astype(np.float32)
-        finite_values(values, "top-k values")
-        reader.finish()
-        out = np.zeros(d, dtype=np.float32)
-        out[idx] = values
-        return out
+def decode(reader: Reader, spec: CodecSpec, d: int, seed: int) -> np.ndarray:
+    """Scatter the ``k`` values back into a zero vector."""
+    k, mode, nbytes = reader.unpack(_TOPK, "top-k header")
+    if k != spec.k(d):
+        raise PayloadError(f"payload keeps k = {k} entries but {spec} of d = {d} keeps {spec.k(d)}")
+    section = reader.take(nbytes, "index section")
+    if mode == _MODE_VARINT:
+        gaps = varint_decode(section, k)
+        if k > 1 and not gaps[1:].all():
+            raise PayloadError("top-k indices are not strictly increasing (zero gap)")
+        idx = np.cumsum(gaps, dtype=np.uint64)
+        if k and idx[-1] >= d:
+            raise PayloadError(f"top-k index {int(idx[-1])} out of range for d = {d}")
+        idx = idx.astype(np.int64)
+    elif mode == _MODE_BITMAP:
+        if nbytes != -(-d // 8):
+            raise PayloadError(f"bitmap has {nbytes} bytes, expected {-(-d // 8)} for d = {d}")
+        bits = np.unpackbits(section, bitorder="little")
+        if bits[d:].any():
+            raise PayloadError("non-zero padding bits after the bitmap's last entry")
+        idx = np.flatnonzero(bits[:d])
+        if idx.size != k:
+            raise PayloadError(f"bitmap marks {idx.size} entries, expected k = {k}")
+    else:
+        raise PayloadError(f"unknown top-k index mode {mode} (expected 0 varint or 1 bitmap)")
+    values = reader.array(F16, k, "top-k values").astype(np.float32)
+    finite_values(values, "top-k values")
+    reader.finish()
+    out = np.zeros(d, dtype=np.float32)
+    out[idx] = values
+    return out
+
+
+CODEC = register(
+    Codec("topk", 2, "'topk:<0<f<=1>'", fraction_argument, encode, decode, "Keep the ``k`` entries of largest magnitude.")
+)

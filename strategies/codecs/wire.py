@@ -151,3 +151,10 @@ def finite_values(values: np.ndarray, what: str) -> np.ndarray:
 
 # --------------------------------------------------------------------------- #
 # Codecs
+
+
+def read_dense(reader: Reader, dtype: np.dtype, d: int) -> np.ndarray:
+    """The last section of a dense payload: ``d`` values of ``dtype`` as finite float32."""
+    values = reader.array(dtype, d, f"{dtype.name} values")
+    reader.finish()
+    return finite_values(values.astype(np.float32), "values")

@@ -29,29 +29,24 @@ def test_a_registered_codec_round_trips_through_encode_and_decode(monkeypatch) -
     monkeypatch.setattr(registry, "_BY_ID", dict(registry._BY_ID))
     codecs.spec._parse_spec_cached.cache_clear()
 
-    @registry.register
-    class Scale:
-        name = "scale"
-        codec_id = 200
-        spec_help = "'scale:<k>'"
-        parse_argument = staticmethod(levels_argument)
+    def encode(v: np.ndarray, spec: CodecSpec, seed: int) -> tuple[np.ndarray, ...]:
+        check_finite(v)
+        return ((v / np.float32(spec.levels)).astype(F32),)
 
-        @staticmethod
-        def encode(v: np.ndarray, spec: CodecSpec, seed: int) -> tuple[np.ndarray, ...]:
-            check_finite(v)
-            return ((v / np.float32(spec.levels)).astype(F32),)
+    def decode(reader: Reader, spec: CodecSpec, d: int, seed: int) -> np.ndarray:
+        values = reader.array(F32, d, "scaled values")
+        reader.finish()
+        return values * np.float32(spec.levels)
 
-        @staticmethod
-        def decode(reader: Reader, spec: CodecSpec, d: int, seed: int) -> np.ndarray:
-            values = reader.array(F32, d, "scaled values")
-            reader.finish()
-            return values * np.float32(spec.levels)
+    scale = registry.register(
+        registry.Codec("scale", 200, "'scale:<k>'", levels_argument, encode, decode, "Divide by k.")
+    )
 
     try:
         v = np.arange(9, dtype=np.float32)
         assert "scale" in codecs.names()
         np.testing.assert_array_equal(codecs.decode(codecs.encode(v, "scale:4"), "scale:4", 9), v)
         with pytest.raises(RuntimeError, match="registered twice"):
-            registry.register(Scale)
+            registry.register(scale)
     finally:
         codecs.spec._parse_spec_cached.cache_clear()
