@@ -1,0 +1,76 @@
+"""Per-update L2 norm bound ("norm clipping").
+
+Sun et al., *Can You Really Backdoor Federated Learning?*, NeurIPS FL workshop
+2019, Sec. 3: the server scales each update ``Delta_k`` to
+
+    Delta_k * min(1, M / ||Delta_k||_2)                                   (1)
+
+so no single site moves the model further than ``M``. ``M`` is either an
+absolute bound or ``kappa`` times the median of the round's update norms (an
+adaptive bound that follows the natural shrinking of updates during training,
+as in Andrew et al., *Differentially Private Learning with Adaptive Clipping*,
+NeurIPS 2021, but without noise). When both are given the smaller one holds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from strategies.errors import ConfigError
+from strategies.robust.stack import as_stack
+
+__all__ = ["NormBound", "clip_to_bound", "round_bound"]
+
+
+@dataclass(frozen=True)
+class NormBound:
+    """The bound ``M`` of eq. (1): ``absolute`` (> 0) and/or ``kappa`` x median (kappa >= 1)."""
+
+    absolute: float | None = None
+    kappa: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.absolute is None and self.kappa is None:
+            raise ConfigError("norm bound: give 'absolute' (> 0), 'kappa' (>= 1), or both")
+        if self.absolute is not None and not (math.isfinite(self.absolute) and self.absolute > 0):
+            raise ConfigError(f"norm bound: 'absolute' must be a finite number > 0, got {self.absolute!r}")
+        if self.kappa is not None and not (math.isfinite(self.kappa) and self.kappa >= 1):
+            raise ConfigError(f"norm bound: 'kappa' must be a finite number >= 1, got {self.kappa!r}")
+
+
+def round_bound(norms: np.ndarray, bound: NormBound) -> float:
+    """The round's ``M``: the smaller of the absolute bound and ``kappa * median(norms)``."""
+    norms = np.asarray(norms, dtype=np.float64)
+    if norms.ndim != 1 or norms.size == 0:
+        raise ConfigError(f"norm bound: norms must be a non-empty vector, got shape {norms.shape}")
+    candidates = []
+    if bound.absolute is not None:
+        candidates.append(float(bound.absolute))
+    if bound.kappa is not None:
+        candidates.append(float(bound.kappa) * float(np.median(norms)))
+    return min(candidates)
+
+
+def clip_to_bound(updates: np.ndarray, bound: NormBound) -> tuple[np.ndarray, np.ndarray, float]:
+    """Apply eq. (1) to each row of ``updates``.
+
+    Returns
+    -------
+    clipped : ndarray
+        The ``(n, d)`` updates, each row scaled by its factor (same dtype).
+    factors : ndarray
+        ``min(1, M / ||Delta_k||)`` per row (1.0 for a zero row), for the record.
+    bound_used : float
+        The round's ``M``.
+    """
+    stack = as_stack(updates, "norm bound")
+    norms = np.linalg.norm(stack.astype(np.float64, copy=False), axis=1)
+    m = round_bound(norms, bound)
+    factors = np.ones_like(norms)
+    over = norms > m
+    factors[over] = m / norms[over]
+    clipped = stack * factors.astype(stack.dtype)[:, None]
+    return clipped, factors, m
