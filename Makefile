@@ -39,19 +39,18 @@ SCHEME       ?= iid
 ALPHA        ?= 0.5
 MAX_PER_SITE ?=
 SHARED_DATA  ?= $(abspath ../shared/data)
-# Synthetic hospitals per task (the default demo data), written as real files.
+# Synthetic hospitals and real shared sets per task come from the task registry
+# (clients/registry.py, asked through `python -m clients.datagen`); the first set of
+# a task is its default SET, looked up only when shared data is asked for.
 TASK_NAME    := $(if $(TASK),$(TASK),pe-seg)
-GENERATOR_pe-seg  := clients.synthetic_ct
-GENERATOR_cxr-cls := clients.synthetic_cxr
-GENERATOR_ct3d-cls := clients.synthetic_ct3d
-# Real shared sets per task (clients/shared_sites.py); the first is the default SET.
-SHARED_SET_pe-seg  := ctpa
-SHARED_SET_cxr-cls := pneumoniamnist
-SHARED_SET_ct3d-cls := adrenalmnist3d
-SET_NAME     := $(if $(SET),$(SET),$(SHARED_SET_$(TASK_NAME)))
+DATAGEN      := $(PY) -m clients.datagen
+ifneq ($(filter shared,$(DATA))$(filter shared-data,$(MAKECMDGOALS)),)
+# (the registry imports only the standard library: any python3 answers before `make install`)
+SET_NAME     := $(if $(SET),$(SET),$(shell $(firstword $(wildcard $(PY)) python3) -m clients.datagen default-set $(TASK_NAME)))
+endif
 SHARED_TAG   := $(SET_NAME)-$(SCHEME)$(if $(filter dirichlet,$(SCHEME)),$(ALPHA))$(if $(MAX_PER_SITE),-max$(MAX_PER_SITE))-seed$(SEED)
 SHARED_OUT   := $(CURDIR)/data/shared-$(SHARED_TAG)
-SHARED_CONVERT = $(PY) -m clients.shared_sites --task $(TASK_NAME) --set $(SET_NAME) \
+SHARED_CONVERT = $(DATAGEN) shared --task $(TASK_NAME) --set $(SET_NAME) \
 		--shared $(SHARED_DATA) --sites $(SITES) --scheme $(SCHEME) --alpha $(ALPHA) --seed $(SEED) \
 		$(if $(MAX_PER_SITE),--max-per-site $(MAX_PER_SITE))
 ifeq ($(DATA),shared)
@@ -103,13 +102,12 @@ ifeq ($(DATA),shared)
 	$(SHARED_CONVERT) --out $(DATA_DIR)
 	@rm -f $(DATA_DIR)/.sites-*
 else
-	@test -n "$(GENERATOR_$(TASK_NAME))" || { echo "no synthetic data generator for TASK=$(TASK_NAME)"; exit 2; }
-	$(PY) -m $(GENERATOR_$(TASK_NAME)) --out $(DATA_DIR) --sites $(SITES) --seed $(SEED)
+	$(DATAGEN) synthetic --task $(TASK_NAME) --out $(DATA_DIR) --sites $(SITES) --seed $(SEED)
 endif
 	@touch $@
 
 simulate: install data
-	$(PY) -m app.simulate --data-root $(DATA_DIR) --sites $(SITES) \
+	$(PY) -m app.processes.simulate --data-root $(DATA_DIR) --sites $(SITES) \
 		--tracking-uri "$(TRACKING_URI)" --artifact-root $(ARTIFACT_ROOT) \
 		$(if $(RUN_PRESET),--preset $(abspath $(RUN_PRESET))) \
 		$(if $(TASK),-c task=$(TASK)) $(SHARED_RUN) $(if $(ROUNDS),-c num-server-rounds=$(ROUNDS)) \
@@ -163,33 +161,33 @@ DEPLOY_ARGS       = --deploy-dir $(DEPLOY_DIR) --port $(SUPERLINK_PORT) --superl
 .PHONY: certs site-key superlink register supernode supernodes federate
 
 certs: install
-	$(PY) -m app.certs --out $(DEPLOY_DIR)/certs --hosts $(HOSTS) $(if $(SITES_LIST),--sites $(SITES_LIST))
+	$(PY) -m app.processes.certs --out $(DEPLOY_DIR)/certs --hosts $(HOSTS) $(if $(SITES_LIST),--sites $(SITES_LIST))
 
 # At a hospital: create only its own SuperNode key pair (send the .pub to the coordinator).
 site-key: install
 	@test -n "$(SITE)" || { echo "usage: make site-key SITE=<name>" >&2; exit 2; }
-	$(PY) -m app.certs --out $(DEPLOY_DIR)/certs --sites $(SITE)
+	$(PY) -m app.processes.certs --out $(DEPLOY_DIR)/certs --sites $(SITE)
 
 superlink: install
-	$(PY) -m app.deployment superlink $(DEPLOY_ARGS) --flwr-home $(DEPLOY_FLWR_HOME) \
+	$(PY) -m app.processes.deployment superlink $(DEPLOY_ARGS) --flwr-home $(DEPLOY_FLWR_HOME) \
 		--host $(SUPERLINK_HOST)
 
 register: install
 	@test -n "$(SITE)" || { echo "usage: make register SITE=<name> [PUBKEY=file.pub]" >&2; exit 2; }
-	$(PY) -m app.deployment register $(DEPLOY_ARGS) --flwr-home $(DEPLOY_FLWR_HOME) \
+	$(PY) -m app.processes.deployment register $(DEPLOY_ARGS) --flwr-home $(DEPLOY_FLWR_HOME) \
 		--site $(SITE) $(if $(PUBKEY),--public-key $(abspath $(PUBKEY)))
 
 supernode: install
 	@test -n "$(SITE)" -a -n "$(DATA)" || { echo "usage: make supernode SITE=<name> DATA=/abs/site/folder [STATE=/abs/dir] [SUPERNODE_PORT=port]" >&2; exit 2; }
-	$(PY) -m app.deployment supernode $(DEPLOY_ARGS) --site $(SITE) --data $(abspath $(DATA)) \
+	$(PY) -m app.processes.deployment supernode $(DEPLOY_ARGS) --site $(SITE) --data $(abspath $(DATA)) \
 		$(if $(STATE),--state $(abspath $(STATE))) \
 		$(if $(SUPERNODE_PORT),--runtime-port $(SUPERNODE_PORT))
 
 supernodes: install
-	@$(PY) -m app.deployment nodes $(DEPLOY_ARGS) --flwr-home $(DEPLOY_FLWR_HOME)
+	@$(PY) -m app.processes.deployment nodes $(DEPLOY_ARGS) --flwr-home $(DEPLOY_FLWR_HOME)
 
 federate: install
-	$(PY) -m app.deployment federate $(DEPLOY_ARGS) --flwr-home $(DEPLOY_FLWR_HOME) \
+	$(PY) -m app.processes.deployment federate $(DEPLOY_ARGS) --flwr-home $(DEPLOY_FLWR_HOME) \
 		--tracking-uri "$(TRACKING_URI)" --artifact-root $(ARTIFACT_ROOT) \
 		$(if $(PRESET),--preset $(abspath $(PRESET))) \
 		$(if $(TASK),-c task=$(TASK)) $(if $(ROUNDS),-c num-server-rounds=$(ROUNDS)) \
@@ -198,7 +196,7 @@ federate: install
 		-c checkpoint-dir=$(DEPLOY_DIR)/checkpoints $(if $(RESUME),-c resume=true) \
 		$(foreach kv,$(RUN_CONFIG),-c $(kv))
 
-# --- Real shared data as federated sites (../shared/data, see clients/shared_sites.py) ---
+# --- Real shared data as federated sites (../shared/data, see clients/datagen/shared.py) ---
 #   make shared-data TASK=cxr-cls|ct3d-cls|pe-seg [SET=ctpa|msd-lung] [SITES=3]
 #                    [SCHEME=iid|dirichlet|size] [ALPHA=0.5] [SEED=0] [MAX_PER_SITE=K]
 # (Re)converts into data/shared-<set>-<scheme>-seed<seed> and writes the .sites-$(SITES)

@@ -1,6 +1,6 @@
 """ClientApp: what a hospital's SuperNode runs for each train / evaluate message.
 
-Reads the site from node_config (:class:`app.site_config.SiteConfig`), loads the
+Reads the site from node_config (:class:`app.config.site_config.SiteConfig`), loads the
 site's studies once per process, trains tau local steps from the received global
 model and replies with the update ``delta = x_global - x_local`` (the sign
 convention of DESIGN.md) and metrics. Only weights and aggregate metrics leave
@@ -26,13 +26,13 @@ from flwr.app import (
 )
 from flwr.clientapp import ClientApp
 
-from app.run_config import RunConfig
-from app.site_config import SiteConfig, SiteConfigError
-from clients.decoded_cache import CACHE_DIR_NAME, load_task
-from clients.device import ComputeDevice, select_device
-from clients.site_task import SiteTask, TaskSettings
-from clients.tasks import task_class
-from clients.site_state import SiteStateStore
+from app.config.run_config import RunConfig
+from app.config.site_config import SiteConfig, SiteConfigError
+from clients.site.decoded_cache import CACHE_DIR_NAME, load_task
+from clients.training.device import ComputeDevice, select_device
+from clients.training.site_task import SiteTask, TaskSettings
+from clients.registry import task_class
+from clients.site.state_store import SiteStateStore
 from strategies import message_keys as keys
 from strategies.errors import ItemError, SiteError
 from strategies.compression import ErrorFeedback, parse_spec
@@ -68,7 +68,7 @@ def _site_task(context: Context) -> tuple[RunConfig, SiteConfig, SiteTask]:
 
     A new process (in deployment: every message) takes the decoded data from
     the site's disk cache under ``state-dir`` unless node_config says
-    ``cache-decoded = false`` (:mod:`clients.decoded_cache`).
+    ``cache-decoded = false`` (:mod:`clients.site.decoded_cache`).
     """
     config = RunConfig.from_mapping(context.run_config)
     site = SiteConfig.from_node_config(context.node_config, config.data_root)

@@ -17,16 +17,16 @@ from flwr.app import Array, ArrayRecord, Context
 from flwr.serverapp import Grid, ServerApp
 from flwr.supercore import log
 
-from app.run_config import RunConfig
+from app.config.run_config import RunConfig
 from app.tracking import FederationTracker
-from clients.tasks import task_class
+from clients.registry import task_class
 from strategies import message_keys as keys
-from strategies.checkpoint import ServerCheckpoint, load_checkpoint, save_checkpoint
-from strategies.federated_strategy import FederatedStrategy
+from strategies.rounds.checkpoint import ServerCheckpoint, load_checkpoint, save_checkpoint
+from strategies.rounds.federated_strategy import FederatedStrategy
 from strategies.local_solver import LocalSolver
 from strategies.registry import AGGREGATORS, SCHEDULES, SELECTORS
-from strategies.round_policy import RoundPolicy
-from strategies.round_report import RoundReport
+from strategies.rounds.round_policy import RoundPolicy
+from strategies.rounds.round_report import RoundReport
 
 app = ServerApp()
 
@@ -34,26 +34,15 @@ app = ServerApp()
 def build_strategy(config: RunConfig, federation: str = "") -> FederatedStrategy:
     """Compose the strategy from the plug-ins named in the run config.
 
-    ``federation`` (the MLflow run id) keys the sites' persistent state.
+    Each plug-in is built by its registry from its own run-config section and the
+    run settings (:meth:`strategies.registry.Registry.build`); ``federation`` (the
+    MLflow run id) keys the sites' persistent state.
     """
-    aggregator_options = ({"server_momentum": config.strategy_server_momentum}
-                          if config.strategy_aggregator == "fednova" else {})
-    schedule_options = {"tau0": config.local_steps}
-    if config.strategy_schedule == "adacomm":
-        schedule_options.update(tau_min=config.strategy_tau_min,
-                                tau_max=config.strategy_tau_max or None,
-                                smoothing=config.strategy_loss_smoothing)
-    selector_options = {"m": config.selection_m, "fraction": config.fraction_train,
-                        "min_nodes": config.min_nodes, "seed": config.seed}
-    if config.strategy_selector != "uniform":
-        selector_options.update(d=config.selection_d, num_rounds=config.num_server_rounds,
-                                fairness_rounds=config.selection_fairness_rounds)
-    if config.strategy_selector == "cpow-d":
-        selector_options["subset"] = config.selection_subset
+    sections, settings = config.plugin_options, config.run_settings()
     return FederatedStrategy(
-        aggregator=AGGREGATORS.create(config.strategy_aggregator, **aggregator_options),
-        schedule=SCHEDULES.create(config.strategy_schedule, **schedule_options),
-        selector=SELECTORS.create(config.strategy_selector, **selector_options),
+        aggregator=AGGREGATORS.build(config.strategy_aggregator, sections, settings),
+        schedule=SCHEDULES.build(config.strategy_schedule, sections, settings),
+        selector=SELECTORS.build(config.strategy_selector, sections, settings),
         policy=RoundPolicy(deadline=config.round_deadline, quorum=config.round_quorum,
                            timeout=config.round_timeout),
         min_nodes=config.min_nodes,

@@ -21,7 +21,7 @@ import numpy as np
 from mlflow.tracking import MlflowClient
 from torch import nn
 
-from strategies.round_report import RoundReport
+from strategies.rounds.round_report import RoundReport
 
 __all__ = ["FederationTracker", "metric_key"]
 

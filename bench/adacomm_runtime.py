@@ -6,7 +6,7 @@ Local-Update SGD", SysML 2019 (``strategies.local_steps.adacomm_tau``, loss
 smoothed with ``LossSmoother``) against fixed ``tau`` on a simulated wall
 clock.
 
-Problem: non-IID federated least squares (``bench/sim_quadratic.py``,
+Problem: non-IID federated least squares (``bench/sim_local_sgd.py``,
 ``make_least_squares_federation``): ``M`` sites with unequal data, different
 feature scales (curvatures) and different true weights; every site runs
 mini-batch SGD with a constant learning rate; the server averages with
@@ -55,22 +55,28 @@ from __future__ import annotations
 from single_thread import BENCH  # noqa: I001
 
 import argparse  # noqa: E402
-import json  # noqa: E402
-import platform  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from sim_quadratic import (  # noqa: E402
-    loss_on_grid,
-    make_least_squares_federation,
-    run_local_update_sgd,
-    time_to_reach,
-    trailing_mean,
-)
+from report import Column, environment, print_table, write_report  # noqa: E402
+from curves import loss_on_grid, time_to_reach, trailing_mean  # noqa: E402
+from sim_local_sgd import make_least_squares_federation, run_local_update_sgd  # noqa: E402
 
 DEFAULT_OUTPUT = BENCH / "results" / "adacomm_runtime.json"
+#: The printed table; a row is (problem, method name, method results).
+COLUMNS = (
+    Column("fed", ">3", lambda r: r[0]["problem_seed"]),
+    Column("method", "<8", lambda r: r[1]),
+    Column("tau", "5.1f", lambda r: r[2]["tau_mean"]),
+    Column("rounds", "7.0f", lambda r: r[2]["rounds_mean"]),
+    Column("final F", "8.4f", lambda r: r[2]["final_loss"]),
+    Column("excess", "8.5f", lambda r: r[2]["final_excess_loss"]),
+    Column("t->tau1", "8.0f", lambda r: r[2]["time_to_tau1_final"]),
+    Column("vs tau1", "7.2f", lambda r: r[2]["time_to_tau1_final"]
+           / r[0]["methods"]["tau=1"]["time_to_tau1_final"]),
+)
 
 PROBLEM = {
     "num_sites": 8,
@@ -268,34 +274,17 @@ def main(argv: list[str] | None = None) -> int:
         ],
         "problem_seeds": args.problem_seeds,
         "run_seeds": args.run_seeds,
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-        "threads": 1,
+        **environment(),
         "cpu_s": time.process_time() - started,
         "overall": overall,
         "problems": problems,
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(_json_safe(report), indent=2, allow_nan=False) + "\n")
+    write_report(args.output, _json_safe(report), allow_nan=False)
 
-    print(
-        f"budget {BUDGET:g} time units (1 = mean local step, D = {RUNTIME['comm_delay']:g}), "
-        f"{args.run_seeds} run seeds per federation; excess = F(x) - F(x*)"
-    )
-    header = (
-        f"{'fed':>3} {'method':<8} {'tau':>5} {'rounds':>7} {'final F':>8} {'excess':>8} "
-        f"{'t->tau1':>8} {'vs tau1':>7}"
-    )
-    print(header)
-    print("-" * len(header))
-    for p in problems:
-        t_one = p["methods"]["tau=1"]["time_to_tau1_final"]
-        for name, m in p["methods"].items():
-            t = m["time_to_tau1_final"]
-            print(
-                f"{p['problem_seed']:>3} {name:<8} {m['tau_mean']:5.1f} {m['rounds_mean']:7.0f} "
-                f"{m['final_loss']:8.4f} {m['final_excess_loss']:8.5f} {t:8.0f} {t / t_one:7.2f}"
-            )
+    print_table(f"budget {BUDGET:g} time units (1 = mean local step, D = "
+                f"{RUNTIME['comm_delay']:g}), {args.run_seeds} run seeds per federation; "
+                "excess = F(x) - F(x*)", COLUMNS,
+                ((p, name, m) for p in problems for name, m in p["methods"].items()))
     print(
         f"AdaComm/tau=1 time: mean {overall['time_ratio_adacomm_over_tau1_mean']:.2f}, "
         f"max {overall['time_ratio_adacomm_over_tau1_max']:.2f} (target <= {TARGET_SPEEDUP}: "

@@ -26,13 +26,13 @@ from single_thread import ROOT  # noqa: I001
 import os  # noqa: E402
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import platform  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
+from report import Column, environment, print_table, write_report  # noqa: E402
 from strategies.compression import decode, encode  # noqa: E402
 
 SPECS = [
@@ -40,6 +40,16 @@ SPECS = [
     "randk:0.01", "qsgd:4", "qsgd:16", "qsgd:127", "sign",
 ]
 DEFAULT_OUTPUT = ROOT / "bench" / "results" / "codec_throughput.json"
+#: The printed table, one row per codec spec.
+COLUMNS = (
+    Column("spec", "<12", lambda r: r["spec"]),
+    Column("enc ms", "8.1f", lambda r: r["encode_s"] * 1e3),
+    Column("dec ms", "8.1f", lambda r: r["decode_s"] * 1e3),
+    Column("MB/s", "8.0f", lambda r: r["throughput_MBps"]),
+    Column("payload B", "12,d", lambda r: r["payload_bytes"]),
+    Column("ratio", "8.1f", lambda r: r["compression_ratio"]),
+    Column("rel err", "8.4f", lambda r: r["relative_error"]),
+)
 
 
 def pin_to_one_core() -> int | None:
@@ -103,33 +113,15 @@ def main(argv: list[str] | None = None) -> int:
         "distribution": "standard normal float32, seed 0",
         "repeats": args.repeats,
         "timing": "best of repeats; throughput = dense fp32 bytes / (encode + decode), MB = 1e6 bytes",
-        "threads": 1,
+        **environment(),
         "pinned_core": core,
         "cpu": platform.processor() or platform.machine(),
-        "python": platform.python_version(),
-        "numpy": np.__version__,
         "wall_s": time.perf_counter() - started,
         "results": results,
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(report, indent=2) + "\n")
-
-    header = (
-        f"{'spec':<12} {'enc ms':>8} {'dec ms':>8} {'MB/s':>8} {'payload B':>12} "
-        f"{'ratio':>8} {'rel err':>8}"
-    )
-    print(
-        f"d = {args.size:,} float32 ({4 * args.size / 1e6:.0f} MB dense), 1 thread, "
-        f"core {core}, best of {args.repeats}"
-    )
-    print(header)
-    print("-" * len(header))
-    for r in results:
-        print(
-            f"{r['spec']:<12} {r['encode_s'] * 1e3:8.1f} {r['decode_s'] * 1e3:8.1f} "
-            f"{r['throughput_MBps']:8.0f} {r['payload_bytes']:12,d} {r['compression_ratio']:8.1f} "
-            f"{r['relative_error']:8.4f}"
-        )
+    write_report(args.output, report)
+    print_table(f"d = {args.size:,} float32 ({4 * args.size / 1e6:.0f} MB dense), 1 thread, "
+                f"core {core}, best of {args.repeats}", COLUMNS, results)
     print(f"wrote {args.output}")
     return 0
 

@@ -6,8 +6,8 @@ can train. This measures, for one synthetic hospital of each task written at
 ``--image-size`` (the demo's defaults unless given):
 
 * **decode**: ``task_cls(site, settings)``, what every process did before the
-  cache (:mod:`clients.decoded_cache`);
-* **cached**: :func:`clients.decoded_cache.load_task` with a warm cache
+  cache (:mod:`clients.site.decoded_cache`);
+* **cached**: :func:`clients.site.decoded_cache.load_task` with a warm cache
   (fingerprint of the site's files and the code, then one unpickle);
 * **first**: the same call with a cold cache (decode + write), once.
 
@@ -33,15 +33,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from clients.decoded_cache import load_task  # noqa: E402
-from clients.site_task import TaskSettings  # noqa: E402
-from clients.synthetic_ct import generate_federation as generate_pe  # noqa: E402
-from clients.synthetic_ct3d import generate_federation as generate_ct3d  # noqa: E402
-from clients.synthetic_cxr import generate_cxr_federation  # noqa: E402
-from clients.tasks import task_class  # noqa: E402
+from clients.registry import synthetic_module, task_class  # noqa: E402
+from clients.site.decoded_cache import load_task  # noqa: E402
+from clients.training.site_task import TaskSettings  # noqa: E402
 
-GENERATORS = {"pe-seg": generate_pe, "cxr-cls": generate_cxr_federation,
-              "ct3d-cls": generate_ct3d}
 SETTINGS = {"pe-seg": TaskSettings(image_size=64), "cxr-cls": TaskSettings(image_size=64),
             "ct3d-cls": TaskSettings(image_size=32, volume_depth=16)}
 
@@ -54,7 +49,7 @@ def _seconds(fn) -> float:
 
 def measure(task: str, root: Path, repeats: int) -> dict:
     """Decode vs cached start-up of one generated hospital of ``task``."""
-    GENERATORS[task](root / task, num_sites=1, seed=0)
+    synthetic_module(task).generate_federation(root / task, num_sites=1, seed=0)
     site = root / task / "hospital-00"
     cache = root / f"{task}-cache"
     cls, settings = task_class(task), SETTINGS[task]

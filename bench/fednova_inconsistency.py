@@ -44,9 +44,7 @@ from __future__ import annotations
 from single_thread import BENCH  # noqa: I001
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import math  # noqa: E402
-import platform  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -58,6 +56,7 @@ from sim_quadratic import (  # noqa: E402
     iterate_to_fixed_point,
     local_response,
 )
+from report import Column, environment, print_table, write_report  # noqa: E402
 from strategies.aggregation import local_solver_norm  # noqa: E402
 
 DEFAULT_OUTPUT = BENCH / "results" / "fednova_inconsistency.json"
@@ -66,6 +65,20 @@ DIM = 10
 EXAMPLES_RANGE = (100, 1000)  # n_i ~ U{100..1000}: unequal data weights p_i
 TARGET_RATIO = 0.05  # issue: FedNova's error at most 5% of FedAvg's
 TOL = 1e-13
+#: The printed table, one row per solver setting (sim-cf of the noisy rows:
+#: time-average vs closed form).
+COLUMNS = (
+    Column("solver", "<12", lambda r: r["solver"]),
+    Column("lr", ">6g", lambda r: r["lr"]),
+    Column("taus", "<13", lambda r: r["taus"]),
+    Column("lr*tau", "6.3f", lambda r: r["lr_eff_times_mean_tau"]),
+    Column("FedAvg err", "10.4f", lambda r: r["fedavg_error_mean"]),
+    Column("FedNova err", "11.5f", lambda r: r["fednova_error_mean"]),
+    Column("ratio", "7.4f", lambda r: r["ratio_mean"]),
+    Column("max", "7.4f", lambda r: r["ratio_max"]),
+    Column("sim-cf", "8.1e", lambda r: r["max_sim_vs_closed_form"]),
+    Column("<=5%", ">5", lambda r: "yes" if r["target_met"] else "NO"),
+)
 # (name, lr, momentum): momentum 0.9 at lr 0.001 has the same effective step
 # lr / (1 - momentum) = 0.01 as plain SGD at lr 0.01.
 SOLVERS = [
@@ -232,33 +245,14 @@ def main(argv: list[str] | None = None) -> int:
             "ratio FedNova/FedAvg ~ lr_eff * mean(tau) / 2",
         },
         "target": f"FedNova error <= {TARGET_RATIO} x FedAvg error (ratio_max over seeds)",
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-        "threads": 1,
+        **environment(),
         "cpu_s": time.process_time() - started,
         "results": rows,
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(report, indent=2) + "\n")
-
-    header = (
-        f"{'solver':<12} {'lr':>6} {'taus':<13} {'lr*tau':>6} {'FedAvg err':>10} "
-        f"{'FedNova err':>11} {'ratio':>7} {'max':>7} {'sim-cf':>8} {'<=5%':>5}"
-    )
-    print(
-        f"M={NUM_SITES} sites, d={DIM}, {args.seeds} problem seeds; errors = ||x_fp - x*|| "
-        "(mean over seeds); ratio = FedNova/FedAvg (mean, max)"
-    )
-    print(header)
-    print("-" * len(header))
-    for r in rows:
-        cf = r["max_sim_vs_closed_form"]  # noisy rows: time-average vs closed form
-        print(
-            f"{r['solver']:<12} {r['lr']:>6g} {r['taus']:<13} {r['lr_eff_times_mean_tau']:6.3f} "
-            f"{r['fedavg_error_mean']:10.4f} {r['fednova_error_mean']:11.5f} "
-            f"{r['ratio_mean']:7.4f} {r['ratio_max']:7.4f} "
-            f"{cf:8.1e} {'yes' if r['target_met'] else 'NO':>5}"
-        )
+    write_report(args.output, report)
+    print_table(f"M={NUM_SITES} sites, d={DIM}, {args.seeds} problem seeds; errors = "
+                "||x_fp - x*|| (mean over seeds); ratio = FedNova/FedAvg (mean, max)",
+                COLUMNS, rows)
     print(f"cpu {report['cpu_s']:.1f} s; wrote {args.output}")
     return 0
 

@@ -1,9 +1,9 @@
 """Local training at each site alone vs FedAvg vs pooled training, same total work.
 
 In-process (no Flower), with the product's task classes on site folders written
-by the product's converter (:mod:`clients.shared_sites`). Three regimes, all
+by the product's converter (:mod:`clients.datagen.shared`). Three regimes, all
 with the same total number of optimiser steps ``S_total``, the same optimiser
-(:meth:`clients.site_task.SiteTask.train`'s Adam, lr 1e-3, beta1 0.9), the
+(:meth:`clients.training.site_task.SiteTask.train`'s Adam, lr 1e-3, beta1 0.9), the
 same batch size and the same initial model (seeded):
 
 1. **local**: each of the ``K`` sites trains its own model for ``S_total / K``
@@ -15,9 +15,9 @@ same batch size and the same initial model (seeded):
    ``x_new = x_global - sum_k p_k delta_k``); ``R * tau * K = S_total``;
 3. **pooled** (centralised): one model trained on the union of the sites'
    training data for ``S_total`` steps: for the classifiers merged
-   :class:`clients.classification.LabelledTensors` sampled with the tasks' own
-   :func:`clients.classification.balanced_loader` (the same positive share per
-   batch); for segmentation one :class:`clients.slabs.SlabDataset` of all
+   :class:`clients.training.classification.LabelledTensors` sampled with the tasks' own
+   :func:`clients.training.classification.balanced_loader` (the same positive share per
+   batch); for segmentation one :class:`clients.pe_seg.slabs.SlabDataset` of all
    sites' training studies, trained by the task's own ``train`` (same sampler,
    positive-slice share and flips as at a site).
 
@@ -72,14 +72,15 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from clients.classification import LabelledTensors, balanced_loader  # noqa: E402
-from clients.pe_studies import load_site_studies  # noqa: E402
-from clients.slabs import SlabDataset  # noqa: E402
-from clients.device import ComputeDevice, select_device  # noqa: E402
-from clients.site_task import SiteTask, TaskSettings, make_optimizer  # noqa: E402
-from clients.tasks import task_class  # noqa: E402
-from clients.trainer import train_steps  # noqa: E402
+from clients.pe_seg.data import load_site  # noqa: E402
+from clients.pe_seg.slabs import SlabDataset  # noqa: E402
+from clients.registry import task_class  # noqa: E402
+from clients.training.classification import LabelledTensors, balanced_loader  # noqa: E402
+from clients.training.device import ComputeDevice, select_device  # noqa: E402
+from clients.training.site_task import SiteTask, TaskSettings, make_optimizer  # noqa: E402
+from clients.training.trainer import train_steps  # noqa: E402
 from strategies.aggregation import fedavg_delta  # noqa: E402
+from strategies.weighted_mean import weighted_mean  # noqa: E402
 from model_arrays import load_arrays, state_arrays  # noqa: E402
 
 LABELS = {
@@ -129,12 +130,10 @@ def _metric_keys(per_site: list[dict]) -> list[str]:
 
 
 def _weighted_mean(per_site: list[dict]) -> dict:
-    out = {}
-    for key in _metric_keys(per_site):
-        pairs = [(s[key], s["num_examples"]) for s in per_site if math.isfinite(s[key])]
-        weight = sum(n for _, n in pairs)
-        out[key] = sum(v * n for v, n in pairs) / weight if weight else float("nan")
-    return out
+    """Example-weighted mean of every metric over the sites where it is defined (finite)."""
+    return {key: weighted_mean((s[key], s["num_examples"]) for s in per_site
+                               if math.isfinite(s[key]))
+            for key in _metric_keys(per_site)}
 
 
 def merged_train_set(tasks: list[SiteTask]) -> LabelledTensors:
@@ -193,7 +192,7 @@ def run_fedavg(tasks, cfg: RunConfig, compute) -> dict:
 def pooled_seg_task(tasks: list[SiteTask]) -> SiteTask:
     """A segmentation task whose training set is every site's training studies (one SlabDataset)."""
     settings = tasks[0].settings
-    studies = [s for t in tasks for s in load_site_studies(t.site_dir, split="train")[0]]
+    studies = [s for t in tasks for s in load_site(t.site_dir, split="train")[0]]
     pooled = copy.copy(tasks[0])
     pooled.train_set = SlabDataset(studies, slab=settings.slab_slices, image_size=settings.image_size)
     return pooled
@@ -293,7 +292,7 @@ def markdown(task_name: str, result: dict) -> str:
 
 
 def build_sites(task: str, shared: Path, out: Path, extra: list[str]) -> None:
-    cmd = [sys.executable, "-m", "clients.shared_sites", "--task", task, "--shared", str(shared),
+    cmd = [sys.executable, "-m", "clients.datagen", "shared", "--task", task, "--shared", str(shared),
            "--out", str(out), *extra]
     subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
 

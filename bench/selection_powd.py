@@ -13,11 +13,13 @@ Setup
   (``../shared/data/cxr2d/pneumoniamnist_balanced.npz``). Pixels scaled to
   [0, 1] and standardised with the training mean / std.
 * Sites: the 2428 training images are split label-skewed across ``N`` sites
-  with a Dirichlet(alpha) per class over the sites (the usual non-IID FL
-  split; site sizes are unequal as a consequence); a split is redrawn until
-  every site holds at least ``min_site_examples`` images.
-* Model: a small CNN (conv8-pool-conv16-pool-fc32-fc2, 26,434 parameters, no
-  BatchNorm so FedAvg of the state dict is exact).
+  by the product's :func:`clients.datagen.partitions.dirichlet_label_partition`
+  (a Dirichlet(alpha) per class over the sites, the usual non-IID FL split;
+  site sizes are unequal as a consequence), redrawn until every site holds at
+  least ``min_site_examples`` images.
+* Model: the product's :class:`models.small_cnn.SmallCNN`
+  (conv8-pool-conv16-pool-fc32-fc2, 26,434 parameters, no BatchNorm so FedAvg
+  of the state dict is exact).
 * Round ``r``: the selector picks ``m`` sites; each trains ``tau`` plain SGD
   steps (constant lr, mini-batches drawn by reshuffled passes over its data)
   from the global model and returns ``delta = x_global - x_local``;
@@ -60,28 +62,40 @@ Usage::
 
     .venv/bin/python bench/selection_powd.py [--rounds 60] [--seeds 3] [--output ...]
 
+The federation (sites, selector context, one round) is
+``bench/selection_federation.py``; the data ``bench/pneumoniamnist.py``.
+
 Single-threaded (thread env vars set before numpy / torch are imported).
 """
 
 from __future__ import annotations
 
+
+from __future__ import annotations
+
 # First: one BLAS/OpenMP thread before numpy/torch load, and the project importable.
-from single_thread import BENCH, ROOT  # noqa: I001
+from single_thread import BENCH  # noqa: I001
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import platform  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
-from dataclasses import dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from torch import nn  # noqa: E402
 
-from strategies.aggregation import fedavg_delta  # noqa: E402
-from strategies.registry import SELECTORS  # noqa: E402
+from clients.datagen.partitions import dirichlet_label_partition  # noqa: E402
+from curves import rounds_to_target  # noqa: E402
+from pneumoniamnist import (  # noqa: E402
+    DEFAULT_PATH,
+    DataMissingError,
+    load_pneumoniamnist,
+    pixel_stats,
+    standardise,
+)
+from report import write_report  # noqa: E402
+from selection_federation import build_model, run_method  # noqa: E402
 
 torch.set_num_threads(1)
 try:
@@ -89,8 +103,9 @@ try:
 except RuntimeError:  # already set in this process (e.g. under pytest)
     pass
 
-DEFAULT_DATA = ROOT.parent / "shared" / "data" / "cxr2d" / "pneumoniamnist_balanced.npz"
+DEFAULT_DATA = DEFAULT_PATH
 DEFAULT_OUTPUT = BENCH / "results" / "selection_powd.json"
+
 
 CONFIG = {
     "num_sites": 20,
@@ -113,307 +128,32 @@ CONFIG = {
 METHODS = ["uniform", "pow-d", "cpow-d", "rpow-d", "adaptive-d"]
 
 
-class DataMissingError(FileNotFoundError):
-    """The PneumoniaMNIST file is not where the bench expects it."""
-
-
-# --------------------------------------------------------------------------- #
-# Data
-# --------------------------------------------------------------------------- #
 def load_pneumonia(path: Path) -> dict[str, np.ndarray]:
-    """Images as float32 (n, 1, 28, 28) standardised with the train mean/std; int64 labels."""
-    if not Path(path).is_file():
-        raise DataMissingError(
-            f"PneumoniaMNIST not found at {path}; this benchmark needs the shared data "
-            "folder (../shared/data/cxr2d/pneumoniamnist_balanced.npz, see "
-            "../shared/data/README.md) or --data PATH"
-        )
-    raw = np.load(path)
-    train = raw["train_images"].astype(np.float32) / 255.0
-    mean, std = float(train.mean()), float(train.std())
-    out: dict[str, np.ndarray] = {}
-    for split in ("train", "val", "test"):
-        images = raw[f"{split}_images"].astype(np.float32) / 255.0
-        out[f"{split}_x"] = ((images - mean) / std)[:, None, :, :]
-        out[f"{split}_y"] = raw[f"{split}_labels"].reshape(-1).astype(np.int64)
-    return out
+    """Images as float32 (n, 1, 28, 28) standardised with the train mean/std; int64 labels.
 
-
-def dirichlet_split(labels: np.ndarray, num_sites: int, alpha: float, seed: int,
-                    min_size: int = 10, max_tries: int = 100000) -> list[np.ndarray]:
-    """Label-skewed partition of ``range(len(labels))`` into ``num_sites`` sites.
-
-    For every class ``c`` the shares ``q_c ~ Dirichlet(alpha * 1_N)`` over the
-    sites split that class's (shuffled) indices; the draw is repeated until
-    every site holds at least ``min_size`` examples.
-
-    Returns
-    -------
-    list of numpy.ndarray
-        Sorted int64 index arrays, one per site, disjoint, covering all indices.
+    Raises
+    ------
+    DataMissingError
+        If the file is absent.
     """
-    labels = np.asarray(labels).reshape(-1)
-    if num_sites < 1 or alpha <= 0:
-        raise ValueError(f"need num_sites >= 1 and alpha > 0, got {num_sites}, {alpha}")
-    if num_sites * min_size > len(labels):
-        raise ValueError(f"{num_sites} sites x {min_size} examples > {len(labels)} examples")
-    rng = np.random.default_rng(seed)
-    classes = np.unique(labels)
-    by_class = [np.flatnonzero(labels == c) for c in classes]
-    for _ in range(max_tries):
-        # Sizes first (cheap), so a rejected draw costs no index shuffling.
-        shares = rng.dirichlet(np.full(num_sites, alpha), size=len(classes))
-        cuts = [(np.cumsum(q)[:-1] * len(idx)).astype(int) for q, idx in zip(shares, by_class)]
-        sizes = sum(np.diff(np.concatenate([[0], c, [len(idx)]]))
-                    for c, idx in zip(cuts, by_class))
-        if sizes.min() < min_size:
-            continue
-        parts: list[list[np.ndarray]] = [[] for _ in range(num_sites)]
-        for c, idx in zip(cuts, by_class):
-            for site, chunk in enumerate(np.split(rng.permutation(idx), c)):
-                parts[site].append(chunk)
-        return [np.sort(np.concatenate(p)).astype(np.int64) for p in parts]
-    raise RuntimeError(f"no Dirichlet({alpha}) split with >= {min_size} examples per site "
-                       f"in {max_tries} draws")
+    data = load_pneumoniamnist(path)
+    mean, std = pixel_stats(data.train_images)
+    return {f"{split}_{kind}": (standardise(images, mean, std) if kind == "x" else labels)
+            for split, images, labels in (("train", data.train_images, data.train_labels),
+                                          ("val", data.val_images, data.val_labels),
+                                          ("test", data.test_images, data.test_labels))
+            for kind in ("x", "y")}
 
 
-# --------------------------------------------------------------------------- #
-# Model
-# --------------------------------------------------------------------------- #
-class SmallCNN(nn.Module):
-    """conv3x3(8)-ReLU-pool-conv3x3(16)-ReLU-pool-fc(32)-ReLU-fc(2) for 28x28 inputs."""
-
-    def __init__(self, num_classes: int = 2) -> None:
-        super().__init__()
-        self.features = nn.Sequential(
-            nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        )
-        self.head = nn.Sequential(nn.Flatten(), nn.Linear(16 * 7 * 7, 32), nn.ReLU(),
-                                  nn.Linear(32, num_classes))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.features(x))
-
-
-def get_weights(model: nn.Module) -> list[np.ndarray]:
-    """The state dict as numpy arrays (copies), in order."""
-    return [t.detach().cpu().numpy().copy() for t in model.state_dict().values()]
-
-
-def set_weights(model: nn.Module, weights: list[np.ndarray]) -> None:
-    keys = list(model.state_dict().keys())
-    model.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(w))
-                           for k, w in zip(keys, weights)})
-
-
-# --------------------------------------------------------------------------- #
-# Federation (the selection context)
-# --------------------------------------------------------------------------- #
-@dataclass
-class Federation:
-    """Sites, global model and the selector context (``sizes``, ``last_losses``,
-    ``query_losses``)."""
-
-    site_x: list[torch.Tensor]
-    site_y: list[torch.Tensor]
-    seed: int
-    lr: float
-    tau: int
-    batch_size: int
-    model: nn.Module
-    global_weights: list[np.ndarray] = field(default_factory=list)
-    sizes: dict[int, int] = field(default_factory=dict)
-    last_losses: dict[int, float] = field(default_factory=dict)
-    query_forward_passes: int = 0
-    query_log: list[dict] = field(default_factory=list)
-    _subsets: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self.sizes = {i: int(len(y)) for i, y in enumerate(self.site_y)}
-        if not self.global_weights:
-            self.global_weights = get_weights(self.model)
-
-    @property
-    def node_ids(self) -> list[int]:
-        return list(range(len(self.site_y)))
-
-    # -- losses of the current global model -------------------------------- #
-    @torch.no_grad()
-    def _mean_loss(self, x: torch.Tensor, y: torch.Tensor) -> float:
-        self.model.eval()
-        total = 0.0
-        for start in range(0, len(y), 256):
-            logits = self.model(x[start:start + 256])
-            total += float(nn.functional.cross_entropy(logits, y[start:start + 256],
-                                                       reduction="sum"))
-        return total / len(y)
-
-    def subset_indices(self, site: int, subset: int) -> np.ndarray:
-        """Fixed seeded subset of ``subset`` examples of a site (all if it has fewer)."""
-        key = (site, subset)
-        if key not in self._subsets:
-            n = self.sizes[site]
-            rng = np.random.default_rng([self.seed, 7919, site])
-            self._subsets[key] = (np.arange(n) if subset >= n
-                                  else np.sort(rng.choice(n, size=subset, replace=False)))
-        return self._subsets[key]
-
-    def query_losses(self, candidates: list[int], subset: int) -> dict[int, float]:
-        """Loss of the current global model on each candidate's training data
-        (all of it if ``subset == 0``, else a fixed subset); counts the forward passes."""
-        set_weights(self.model, self.global_weights)
-        out: dict[int, float] = {}
-        for c in candidates:
-            x, y = self.site_x[c], self.site_y[c]
-            if subset:
-                idx = torch.from_numpy(self.subset_indices(c, subset))
-                x, y = x[idx], y[idx]
-            out[int(c)] = self._mean_loss(x, y)
-            self.query_forward_passes += int(len(y))
-        self.query_log.append({"candidates": [int(c) for c in candidates], "subset": subset,
-                               "losses": dict(out)})
-        return out
-
-    @torch.no_grad()
-    def accuracy(self, x: torch.Tensor, y: torch.Tensor) -> float:
-        set_weights(self.model, self.global_weights)
-        self.model.eval()
-        correct = 0
-        for start in range(0, len(y), 256):
-            pred = self.model(x[start:start + 256]).argmax(1)
-            correct += int((pred == y[start:start + 256]).sum())
-        return correct / len(y)
-
-    # -- local training ------------------------------------------------------ #
-    def local_train(self, site: int, server_round: int) -> tuple[list[np.ndarray], float]:
-        """``tau`` SGD steps from the global model; returns ``(delta, mean train loss)``."""
-        set_weights(self.model, self.global_weights)
-        self.model.train()
-        opt = torch.optim.SGD(self.model.parameters(), lr=self.lr)
-        x, y = self.site_x[site], self.site_y[site]
-        n = len(y)
-        rng = np.random.default_rng([self.seed, server_round, site])
-        order, pos, losses = rng.permutation(n), 0, []
-        for _ in range(self.tau):
-            take = min(self.batch_size, n)
-            if pos + take > n:
-                order, pos = rng.permutation(n), 0
-            idx = torch.from_numpy(order[pos:pos + take])
-            pos += take
-            opt.zero_grad(set_to_none=True)
-            loss = nn.functional.cross_entropy(self.model(x[idx]), y[idx])
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
-        local = get_weights(self.model)
-        delta = [g - w for g, w in zip(self.global_weights, local)]
-        return delta, float(np.mean(losses))
-
-
-def run_round(fed: Federation, selector, server_round: int) -> dict:
-    """Select, train the selected sites, FedAvg; returns what happened."""
-    queries_before = len(fed.query_log)
-    passes_before = fed.query_forward_passes
-    selected = [int(s) for s in selector.select(server_round, fed.node_ids, fed)]
-    deltas, counts = [], []
-    for site in selected:
-        delta, loss = fed.local_train(site, server_round)
-        deltas.append(delta)
-        counts.append(fed.sizes[site])
-        fed.last_losses[site] = loss
-    update = fedavg_delta(deltas, counts)
-    fed.global_weights = [g - u for g, u in zip(fed.global_weights, update)]
-    queries = fed.query_log[queries_before:]
-    return {
-        "selected": selected,
-        "queried": [c for q in queries for c in q["candidates"]],
-        "query_losses": {c: v for q in queries for c, v in q["losses"].items()},
-        "query_forward_passes": fed.query_forward_passes - passes_before,
-        "d": getattr(selector, "last", {}).get("d"),
-    }
-
-
-def make_selector(method: str, cfg: dict, seed: int):
-    m, d, rounds = cfg["m"], cfg["d"], cfg["rounds"]
-    if method == "uniform":
-        return SELECTORS.create("uniform", m=m, seed=seed)
-    if method == "pow-d":
-        return SELECTORS.create("pow-d", m=m, d=d, num_rounds=rounds, seed=seed)
-    if method == "cpow-d":
-        return SELECTORS.create("cpow-d", m=m, d=d, num_rounds=rounds,
-                                subset=cfg["cpow_subset"], seed=seed)
-    if method == "rpow-d":
-        return SELECTORS.create("rpow-d", m=m, d=d, num_rounds=rounds, seed=seed)
-    if method == "adaptive-d":
-        return SELECTORS.create("pow-d", m=m, d=0, num_rounds=rounds, seed=seed)
-    raise ValueError(f"unknown method {method!r}")
-
-
-def make_federation(data: dict, split: list[np.ndarray], cfg: dict, seed: int) -> Federation:
-    torch.manual_seed(seed)
-    x = torch.from_numpy(data["train_x"])
-    y = torch.from_numpy(data["train_y"])
-    return Federation(site_x=[x[torch.from_numpy(s)] for s in split],
-                      site_y=[y[torch.from_numpy(s)] for s in split], seed=seed, lr=cfg["lr"],
-                      tau=cfg["tau"], batch_size=cfg["batch_size"], model=SmallCNN())
-
-
-def run_method(method: str, data: dict, split: list[np.ndarray], cfg: dict, seed: int) -> dict:
-    """One federation of ``cfg['rounds']`` rounds; the validation curve and counts."""
-    started = time.perf_counter()
-    fed = make_federation(data, split, cfg, seed)
-    selector = make_selector(method, cfg, seed)
-    val_x, val_y = torch.from_numpy(data["val_x"]), torch.from_numpy(data["val_y"])
-    test_x, test_y = torch.from_numpy(data["test_x"]), torch.from_numpy(data["test_y"])
-    initial = fed.accuracy(val_x, val_y)
-    curve, passes, ds, picks, test_tail = [], [], [], [], []
-    counts = np.zeros(len(split), dtype=int)
-    for r in range(1, cfg["rounds"] + 1):
-        info = run_round(fed, selector, r)
-        counts[info["selected"]] += 1
-        passes.append(info["query_forward_passes"])
-        ds.append(info["d"])
-        picks.append(info["selected"])
-        curve.append(fed.accuracy(val_x, val_y))
-        if r > cfg["rounds"] - cfg["final_window"]:
-            test_tail.append(fed.accuracy(test_x, test_y))
-    return {
-        "seed": seed,
-        "initial_val_accuracy": initial,
-        "val_accuracy": curve,
-        "test_accuracy": test_tail[-1],
-        "test_accuracy_last_rounds": test_tail,
-        "query_forward_passes": int(sum(passes)),
-        "query_forward_passes_per_round": passes,
-        "train_forward_backward_examples": int(cfg["rounds"] * cfg["m"] * cfg["tau"]
-                                               * cfg["batch_size"]),
-        "d_per_round": ds if method != "uniform" else None,
-        "times_selected": counts.tolist(),
-        "selected_per_round": picks,
-        "wall_s": time.perf_counter() - started,
-    }
+def site_split(labels: np.ndarray, cfg: dict, seed: int) -> list[np.ndarray]:
+    """The label-skewed sites of seed index ``seed`` (the product's Dirichlet partition)."""
+    return dirichlet_label_partition(labels, cfg["num_sites"], cfg["alpha"],
+                                     np.random.default_rng(seed), cfg["min_site_examples"])
 
 
 # --------------------------------------------------------------------------- #
 # Metrics
 # --------------------------------------------------------------------------- #
-def trailing_mean(curve: list[float], window: int) -> np.ndarray:
-    c = np.asarray(curve, dtype=float)
-    csum = np.cumsum(np.insert(c, 0, 0.0))
-    out = np.empty_like(c)
-    for i in range(len(c)):
-        lo = max(0, i + 1 - window)
-        out[i] = (csum[i + 1] - csum[lo]) / (i + 1 - lo)
-    return out
-
-
-def rounds_to_target(curve: list[float], target: float, window: int) -> int | None:
-    """First round (1-based) whose trailing mean over ``window`` rounds is >= target."""
-    hits = np.flatnonzero(trailing_mean(curve, window) >= target)
-    return int(hits[0]) + 1 if len(hits) else None
-
-
 def selection_balance(run: dict, split_info: dict) -> dict:
     """Label mix of the selected sites per round: the pneumonia fraction of their
     pooled training data, its mean distance from 0.5, and its lag-1 autocorrelation
@@ -513,8 +253,7 @@ def main(argv: list[str] | None = None) -> int:
 
     splits, runs = {}, {m: [] for m in methods}
     for seed in range(cfg["seeds"]):
-        split = dirichlet_split(data["train_y"], cfg["num_sites"], cfg["alpha"], seed,
-                                cfg["min_site_examples"])
+        split = site_split(data["train_y"], cfg, seed)
         splits[seed] = {
             "sizes": [int(len(s)) for s in split],
             "pneumonia_fraction": [float(data["train_y"][s].mean()) for s in split],
@@ -536,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     if target_met:
         target_met["met"] = target_met["speedup"] and target_met["final_no_worse"]
     wall = time.perf_counter() - started
-    n_params = sum(p.numel() for p in SmallCNN().parameters())
+    n_params = sum(p.numel() for p in build_model().parameters())
     report = {
         "benchmark": "selection_powd",
         "paper": "Cho, Wang, Joshi, 'Towards Understanding Biased Client Selection in "
@@ -546,7 +285,8 @@ def main(argv: list[str] | None = None) -> int:
         "config": dict(cfg, methods=methods, model=f"SmallCNN ({n_params} parameters)",
                        local_solver="plain SGD, constant lr, no momentum, no weight decay",
                        aggregation="strategies.aggregation.fedavg_delta, x <- x - Delta",
-                       split="Dirichlet(alpha) per class over the sites, redrawn until every "
+                       split="clients.datagen.partitions.dirichlet_label_partition: "
+                             "Dirichlet(alpha) per class over the sites, redrawn until every "
                              "site has >= min_site_examples",
                        seeds_vary="split, model init, selector seed and local batch order "
                                   "(all from the seed index; shared by all methods)",
@@ -578,8 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         "threads": 1,
         "runs": runs,
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(report, indent=1) + "\n")
+    write_report(args.output, report, indent=1)
 
     print(f"\nPneumoniaMNIST, N={cfg['num_sites']} sites Dirichlet({cfg['alpha']}), "
           f"m={cfg['m']}, d={cfg['d']}, tau={cfg['tau']}, lr={cfg['lr']}, R={cfg['rounds']}, "

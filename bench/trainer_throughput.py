@@ -4,8 +4,8 @@ For each task model (pe-seg 2.5D U-Net on 64 px slabs, cxr-cls small DenseNet on
 64 px radiographs, ct3d-cls small ConvLSTM on 16 x 32 x 32 volumes) this measures
 samples per second of
 
-* **ours**: :meth:`clients.site_task.SiteTask.train` (so
-  :func:`clients.trainer.train_steps` with the task's model factory, loss, Adam
+* **ours**: :meth:`clients.training.site_task.SiteTask.train` (so
+  :func:`clients.training.trainer.train_steps` with the task's model factory, loss, Adam
   and the task's ``_train_loader``), and
 * **bare**: the same model, loss, Adam, DataLoader, batch size and number of
   steps in a plain ``for x, y in loader: zero_grad / forward / loss / backward /
@@ -20,7 +20,7 @@ the per-pair ratio (robust to the load of a shared machine changing between
 pairs), with the ratio of medians, of bests and of CPU time alongside.
 
 On CUDA (when available) it is also measured on the GPU: ours uses AMP via
-:func:`clients.device.select_device`; the bare loop runs once in plain fp32 and
+:func:`clients.training.device.select_device`; the bare loop runs once in plain fp32 and
 once with the same autocast dtype (and GradScaler for fp16). The ratio on GPU is
 ours / bare-AMP (like for like).
 
@@ -54,9 +54,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from clients.device import ComputeDevice, select_device  # noqa: E402
-from clients.site_task import SiteTask, TaskSettings  # noqa: E402
-from clients.tasks import task_class  # noqa: E402
+from clients.registry import synthetic_module, task_class  # noqa: E402
+from clients.training.device import ComputeDevice, select_device  # noqa: E402
+from clients.training.site_task import SiteTask, TaskSettings  # noqa: E402
 
 DEFAULT_OUTPUT = ROOT / "bench" / "results" / "trainer_throughput.json"
 MODELS = ("pe-seg", "cxr-cls", "ct3d-cls")
@@ -64,6 +64,8 @@ LR = 1e-3
 MOMENTUM = 0.9
 SEED = 0
 TARGET_RATIO = 0.9
+#: Image size of the generated hospital per model (the generator's ``image_size``).
+SITE_IMAGE_SIZE = {"pe-seg": 96, "cxr-cls": 64, "ct3d-cls": 64}
 
 
 def task_settings(name: str, batch: int) -> TaskSettings:
@@ -80,17 +82,11 @@ def task_settings(name: str, batch: int) -> TaskSettings:
 
 def generate_site(name: str, root: Path) -> Path:
     """Write one tiny synthetic hospital for ``name`` under ``root``; return its folder."""
+    if name not in SITE_IMAGE_SIZE:
+        raise ValueError(f"unknown model {name!r}; choose from {MODELS}")
     root.mkdir(parents=True, exist_ok=True)
-    if name == "pe-seg":
-        from clients.synthetic_ct import generate_federation
-        return generate_federation(root, num_sites=1, seed=0, image_size=96)[0]
-    if name == "cxr-cls":
-        from clients.synthetic_cxr import generate_cxr_federation
-        return generate_cxr_federation(root, num_sites=1, seed=0, image_size=64)[0]
-    if name == "ct3d-cls":
-        from clients.synthetic_ct3d import generate_federation
-        return generate_federation(root, num_sites=1, seed=0, image_size=64)[0]
-    raise ValueError(f"unknown model {name!r}; choose from {MODELS}")
+    return synthetic_module(name).generate_federation(
+        root, num_sites=1, seed=0, image_size=SITE_IMAGE_SIZE[name])[0]
 
 
 def _sync(device: torch.device) -> None:
@@ -133,7 +129,8 @@ def run_bare(task: SiteTask, steps: int, device: torch.device,
     loss_fn = task.loss_fn()
     autocast = (torch.autocast(device_type=device.type, dtype=amp_dtype)
                 if amp_dtype is not None else nullcontext())
-    scaler = torch.amp.GradScaler("cuda") if amp_dtype is torch.float16 else None
+    # The PyTorch AMP recipe: a disabled scaler passes the loss and the step through.
+    scaler = torch.amp.GradScaler("cuda", enabled=amp_dtype is torch.float16)
     non_blocking = device.type == "cuda"
     done = samples = 0
     while done < steps:
@@ -143,13 +140,9 @@ def run_bare(task: SiteTask, steps: int, device: torch.device,
             optimizer.zero_grad(set_to_none=True)
             with autocast:
                 loss = loss_fn(model(x), y)
-            if scaler is not None:
-                scaler.scale(loss).backward()
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                loss.backward()
-                optimizer.step()
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
             done += 1
             samples += x.shape[0]
             if done == steps:

@@ -60,3 +60,11 @@ class ManifestError(PathReason, SiteError):
 
 class LabelError(StudyError):
     """A manifest row's label is missing or outside the task's classes; only that item is skipped."""
+
+
+class VolumeError(StudyError):
+    """A classification volume is missing, unreadable, of an unsupported format or of the wrong dimensions."""
+
+
+class RadiographError(StudyError):
+    """A radiograph file is unreadable, corrupt, or not a single 2D grayscale image."""

@@ -373,7 +373,7 @@ class ConvLSTMClassifier3D(nn.Module):
         torch.Tensor
             ``(B, 1)`` logits (apply a sigmoid for probabilities), the layout of
             a one-label classifier: targets are ``(B, 1)`` float vectors, as in
-            :mod:`clients.classification`.
+            :mod:`clients.training.classification`.
 
         Raises
         ------

@@ -24,11 +24,10 @@ from strategies.errors import ReplyError
 __all__ = [
     "InvalidReplyError",
     "TrainReply",
-    "EvaluateReply",
+    "MetricsReply",
     "site_name",
     "parse_train_reply",
-    "parse_evaluate_reply",
-    "parse_query_reply",
+    "parse_metrics_reply",
 ]
 
 
@@ -52,8 +51,8 @@ class TrainReply:
 
 
 @dataclass(frozen=True)
-class EvaluateReply:
-    """A validated evaluate reply."""
+class MetricsReply:
+    """A validated evaluate or query reply (metrics only)."""
 
     node_id: int
     site: str
@@ -152,33 +151,23 @@ def parse_train_reply(message: Message, reference: list[np.ndarray], codec: str 
     )
 
 
-def _metrics_reply(message: Message, required: tuple[str, ...]) -> EvaluateReply:
+def parse_metrics_reply(message: Message,
+                        required: tuple[str, ...] = keys.EVALUATE_REQUIRED) -> MetricsReply:
+    """Validate a reply that carries only metrics: evaluate (default) or query.
+
+    ``required`` names the metrics that must be present: ``keys.EVALUATE_REQUIRED``
+    for an evaluate reply, ``keys.QUERY_REQUIRED`` for a query reply (the global
+    model's loss at a candidate site).
+
+    Raises
+    ------
+    InvalidReplyError
+        With the reason the reply is unusable.
+    """
     metrics = _metrics(message, required)
-    return EvaluateReply(
+    return MetricsReply(
         node_id=message.metadata.src_node_id,
         site=site_name(message),
         num_examples=int(metrics[keys.NUM_EXAMPLES]),
         metrics=metrics,
     )
-
-
-def parse_evaluate_reply(message: Message) -> EvaluateReply:
-    """Validate an evaluate reply.
-
-    Raises
-    ------
-    InvalidReplyError
-        With the reason the reply is unusable.
-    """
-    return _metrics_reply(message, keys.EVALUATE_REQUIRED)
-
-
-def parse_query_reply(message: Message) -> EvaluateReply:
-    """Validate a query reply (the global model's loss at a candidate site).
-
-    Raises
-    ------
-    InvalidReplyError
-        With the reason the reply is unusable.
-    """
-    return _metrics_reply(message, keys.QUERY_REQUIRED)

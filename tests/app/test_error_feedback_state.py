@@ -8,8 +8,8 @@ import numpy as np
 from flwr.app import ConfigRecord, Context, RecordDict
 
 from app.client_app import _encode_update
-from app.site_config import SiteConfig
-from clients.site_state import SiteStateStore
+from app.config.site_config import SiteConfig
+from clients.site.state_store import SiteStateStore
 from strategies import message_keys as keys
 from strategies.compression import decode
 from strategies.update_codec import PAYLOAD_KEY

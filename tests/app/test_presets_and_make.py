@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from app.run_config import RunConfig
+from app.config.run_config import RunConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 PRESETS = sorted(p for p in (ROOT / "configs").glob("*.toml") if not p.name.startswith("node-"))
@@ -26,7 +26,7 @@ def test_presets_are_valid_run_configs(preset: Path) -> None:
 def test_msd_preset_is_plain_2d() -> None:
     with (ROOT / "configs/pe-seg-msd-lung.toml").open("rb") as handle:
         config = RunConfig.from_mapping(tomllib.load(handle))
-    assert (config.slab_slices, config.image_size) == (1, 48)
+    assert (config.task_sizes.slab_slices, config.task_sizes.image_size) == (1, 48)
 
 
 def _make_n(*args: str) -> subprocess.CompletedProcess:
@@ -41,7 +41,7 @@ def test_simulate_data_shared_converts_the_set_and_uses_its_preset() -> None:
                   "SCHEME=dirichlet", "ALPHA=0.3", "SEED=4")
     assert out.returncode == 0, out.stderr
     folder = f"{ROOT}/data/shared-msd-lung-dirichlet0.3-seed4"
-    assert "-m clients.shared_sites --task pe-seg --set msd-lung" in out.stdout
+    assert "-m clients.datagen shared --task pe-seg --set msd-lung" in out.stdout
     assert "--sites 2 --scheme dirichlet --alpha 0.3 --seed 4" in out.stdout
     assert f"--out {folder}" in out.stdout and f"--data-root {folder}" in out.stdout
     assert f"--preset {ROOT}/configs/pe-seg-msd-lung.toml" in out.stdout
@@ -51,7 +51,7 @@ def test_simulate_data_shared_converts_the_set_and_uses_its_preset() -> None:
 def test_simulate_default_stays_synthetic() -> None:
     out = _make_n("simulate", "TASK=pe-seg")
     assert out.returncode == 0, out.stderr
-    assert "clients.shared_sites" not in out.stdout and "experiment=" not in out.stdout
+    assert "clients.datagen shared" not in out.stdout and "experiment=" not in out.stdout
     assert "--preset" not in out.stdout
 
 

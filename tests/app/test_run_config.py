@@ -7,8 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from app.run_config import RunConfig, RunConfigError
-from app.site_config import SiteConfig, SiteConfigError
+from app.config.run_config import RunConfig, RunConfigError
+from app.config.site_config import SiteConfig, SiteConfigError
+from app.server_app import build_strategy
+from strategies.errors import ConfigError
+from strategies.plugins.aggregators.fednova import FedNovaOptions
+from strategies.plugins.schedules.adacomm import AdaCommOptions
+from strategies.plugins.selectors.options import SelectionOptions
 
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 
@@ -48,15 +53,63 @@ def test_int_widens_to_float_and_values_are_kept():
         ({"image-size": 60}, "multiple of 8"),
         ({"task": "brain"}, "'task' must be one of"),
         ({"data-root": "data/synthetic"}, "must be an absolute path"),
-        ({"strategy.aggregator": "fednova"}, "'fednova' needs optimizer"),
         ({"proximal-mu": 0.01}, "needs optimizer"),
         ({"round.quorum": -1}, "'round.quorum' must be >= 0"),
-        ({"strategy.tau-min": 4, "strategy.tau-max": 2}, "tau-max"),
+        ({"strategy.tau-min": 2}, "unknown run-config keys \\['strategy.tau-min'\\]"),
     ],
 )
 def test_bad_values_name_the_key(values, message):
     with pytest.raises(RunConfigError, match=message):
         RunConfig.from_mapping(values)
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"adacomm.tau-min": "x"}, "key 'adacomm.tau-min' must be an int >= 1, got 'x'"),
+        ({"adacomm.tau-min": 4, "adacomm.tau-max": 2}, "'adacomm.tau-max' must be 0 .no cap."),
+        ({"adacomm.tau": 4}, "unknown run config key 'adacomm.tau'"),
+        ({"fednova.server-momentum": 1}, "'fednova.server-momentum' must be a float in .0, 1."),
+        ({"selection.m": 3, "selection.d": 2}, "'selection.d' must be 0 .adaptive. or >="),
+        ({"selection.fairness-rounds": -1}, "'selection.fairness-rounds' must be an int >= 0"),
+        ({"strategy.aggregator": "fednova"}, "'strategy.aggregator' = 'fednova' needs optimizer"),
+        ({"strategy.selector": "cpow-d", "selection.subset": 0}, "'cpow-d' needs selection.subset"),
+        ({"strategy.schedule": "adaptive"}, "'strategy.schedule' must be one of"),
+    ],
+)
+def test_plugin_sections_are_validated_by_their_plugin(values, message):
+    with pytest.raises(ConfigError, match=message):
+        RunConfig.from_mapping(values)
+
+
+def test_plugin_sections_are_typed_and_tracked():
+    config = RunConfig.from_mapping({"adacomm.tau-min": 2, "fednova.server-momentum": 0,
+                                     "selection.m": 3})
+    assert config.plugin_options["adacomm"] == AdaCommOptions(tau_min=2)
+    assert config.plugin_options["fednova"].server_momentum == 0.0
+    assert isinstance(config.plugin_options["fednova"].server_momentum, float)
+    assert config.plugin_options["selection"] == SelectionOptions(m=3)
+    params = config.as_params()
+    assert (params["adacomm.tau-min"], params["selection.m"]) == (2, 3)
+    assert params["fednova.server-momentum"] == FedNovaOptions().server_momentum
+
+
+def test_build_strategy_hands_each_plugin_its_section_and_the_run_settings():
+    config = RunConfig.from_mapping({
+        "strategy.aggregator": "fednova", "optimizer": "sgd", "fednova.server-momentum": 0.5,
+        "strategy.schedule": "adacomm", "local-steps": 12, "adacomm.tau-min": 3,
+        "adacomm.tau-max": 9, "adacomm.loss-smoothing": 0.25,
+        "strategy.selector": "cpow-d", "selection.m": 2, "selection.d": 4,
+        "selection.subset": 5, "selection.fairness-rounds": 3, "num-server-rounds": 7,
+        "min-nodes": 2, "seed": 1})
+    strategy = build_strategy(config)
+    assert strategy.aggregator.server_momentum == 0.5
+    schedule = strategy.schedule
+    assert (schedule.tau0, schedule.tau_min, schedule.tau_max) == (12, 3, 9)
+    assert schedule._smoother.beta == 0.25
+    selector = strategy.selector
+    assert (selector.m, selector.d, selector.subset, selector.fairness_rounds,
+            selector.num_rounds, selector.min_nodes) == (2, 4, 5, 3, 7, 2)
 
 
 def test_dotted_strategy_keys():

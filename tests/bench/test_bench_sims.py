@@ -1,4 +1,4 @@
-"""Tests of the benchmark simulation helpers in ``bench/sim_quadratic.py``.
+"""Tests of the benchmark simulation helpers (``bench/sim_quadratic.py``, ``sim_local_sgd.py``, ``curves.py``).
 
 The FedNova and AdaComm benchmarks rest on these helpers; each test checks a
 number that can be derived by hand (closed-form fixed points, the runtime
@@ -7,20 +7,13 @@ model, one SGD step).
 
 from __future__ import annotations
 
-import importlib
-
 import numpy as np
 import pytest
 
+import curves
+import sim_local_sgd
+import sim_quadratic as sim
 from strategies.aggregation import local_solver_norm
-
-
-
-def _load():
-    return importlib.import_module("sim_quadratic")
-
-
-sim = _load()
 
 TAUS = [1, 2, 4, 8, 2, 8, 1, 4]
 
@@ -129,11 +122,11 @@ def test_noisy_time_average_is_close_to_the_noiseless_fixed_point(problem):
 # --------------------------------------------------------------------------- #
 def test_round_time_is_slowest_site_compute_plus_delay():
     step_times = np.array([[1.0, 2.0, 0.5], [0.2, 0.2, 0.2], [3.0, 0.1, 0.4]])
-    assert sim.round_time(step_times, 10.0) == pytest.approx(3.5 + 10.0)
+    assert sim_local_sgd.round_time(step_times, 10.0) == pytest.approx(3.5 + 10.0)
 
 
 def test_step_times_are_shifted_exponentials():
-    y = sim.sample_step_times(np.random.default_rng(0), 8, 5000, 0.5, 0.5)
+    y = sim_local_sgd.sample_step_times(np.random.default_rng(0), 8, 5000, 0.5, 0.5)
     assert y.shape == (8, 5000)
     assert y.min() >= 0.5
     assert y.mean() == pytest.approx(1.0, abs=0.02)
@@ -144,7 +137,7 @@ def test_step_times_are_shifted_exponentials():
 # --------------------------------------------------------------------------- #
 @pytest.fixture(scope="module")
 def fed():
-    return sim.make_least_squares_federation(4, 6, seed=3, min_examples=30, max_examples=60)
+    return sim_local_sgd.make_least_squares_federation(4, 6, seed=3, min_examples=30, max_examples=60)
 
 
 def test_least_squares_loss_and_optimum(fed):
@@ -161,7 +154,7 @@ def test_least_squares_loss_and_optimum(fed):
 
 def test_local_sgd_least_squares_matches_a_hand_computed_step(fed):
     x0 = np.full(6, 0.3)
-    out, first = sim.local_sgd_least_squares(fed, x0, 1, 0.1, 3, np.random.default_rng(5))
+    out, first = sim_local_sgd.local_sgd_least_squares(fed, x0, 1, 0.1, 3, np.random.default_rng(5))
     idx = (np.random.default_rng(5).random((1, 4, 3)) * fed.num_examples[:, None]).astype(int)[0]
     for i in range(4):
         xb, yb = fed.features[i, idx[i]], fed.targets[i, idx[i]]
@@ -171,7 +164,7 @@ def test_local_sgd_least_squares_matches_a_hand_computed_step(fed):
 
 
 def test_fixed_tau_run_follows_the_runtime_model(fed):
-    trace = sim.run_local_update_sgd(fed, 3, 500.0, 0.02, 4, 10.0, 0.5, 0.5, seed=1)
+    trace = sim_local_sgd.run_local_update_sgd(fed, 3, 500.0, 0.02, 4, 10.0, 0.5, 0.5, seed=1)
     assert np.all(trace.taus == 3)
     assert trace.times[-1] >= 500.0 > trace.times[-2]
     assert np.all(np.diff(trace.times) >= 3 * 0.5 + 10.0)
@@ -179,7 +172,7 @@ def test_fixed_tau_run_follows_the_runtime_model(fed):
 
 
 def test_adacomm_run_starts_at_tau0_and_shrinks_tau(fed):
-    trace = sim.run_local_update_sgd(
+    trace = sim_local_sgd.run_local_update_sgd(
         fed, "adacomm", 3000.0, 0.02, 4, 10.0, 0.5, 0.5, seed=1, tau0=16, tau_min=2
     )
     assert trace.taus[0] == 16
@@ -194,8 +187,11 @@ def test_curve_helpers():
     times = np.array([0.0, 2.0, 5.0])
     losses = np.array([9.0, 4.0, 1.0])
     grid = np.array([0.0, 1.9, 2.0, 4.0, 6.0])
-    curve = sim.loss_on_grid(times, losses, grid)
+    curve = curves.loss_on_grid(times, losses, grid)
     np.testing.assert_array_equal(curve, [9.0, 9.0, 4.0, 4.0, 1.0])
-    assert sim.time_to_reach(grid, curve, 4.0) == 2.0
-    assert sim.time_to_reach(grid, curve, 0.5) == float("inf")
-    np.testing.assert_allclose(sim.trailing_mean(np.array([1.0, 3.0, 5.0, 7.0]), 2), [1, 2, 4, 6])
+    assert curves.time_to_reach(grid, curve, 4.0) == 2.0
+    assert curves.time_to_reach(grid, curve, 0.5) == float("inf")
+    np.testing.assert_allclose(curves.trailing_mean(np.array([1.0, 3.0, 5.0, 7.0]), 2), [1, 2, 4, 6])
+    assert curves.rounds_to_target([0.5, 0.9, 0.9, 0.9], 0.8, 2) == 3  # trailing 0.5, 0.7, 0.9
+    assert curves.rounds_to_target([0.5, 0.9], 0.8, 1) == 2
+    assert curves.rounds_to_target([0.5, 0.6], 0.8, 1) is None

@@ -1,4 +1,4 @@
-"""Wiring test of ``bench/fednova_pe_task.py``: one real round on a tiny hospital set.
+"""Wiring test of ``bench/fednova_pe_task.py``'s rounds (``bench/fednova_pe_rounds.py``) on tiny hospitals.
 
 Two tiny synthetic hospitals (32 px, tau (1, 4), plain SGD), one round of
 ``run_round``. The deltas are recomputed independently (same seed, fresh
@@ -16,9 +16,11 @@ import numpy as np
 import pytest
 import torch
 
-from clients.pe_seg_task import PESegTask
-from clients.site_task import TaskSettings
-from clients.synthetic_ct import HospitalProfile, generate_hospital
+from clients.pe_seg.synthetic import SiteProfile, generate_site
+from clients.pe_seg.task import PESegTask
+from clients.training.site_task import TaskSettings
+from model_arrays import state_arrays
+from round_seeds import round_seed
 
 
 TAUS = (1, 4)
@@ -28,14 +30,14 @@ ROUND = 1
 
 
 def _load():
-    return importlib.import_module("fednova_pe_task")
+    return importlib.import_module("fednova_pe_rounds")
 
 
 bench = _load()
 
 
-def _profile(name: str, num_studies: int) -> HospitalProfile:
-    return HospitalProfile(name=name, num_studies=num_studies, noise_hu=20.0, contrast_hu=200.0,
+def _profile(name: str, num_studies: int) -> SiteProfile:
+    return SiteProfile(name=name, num_studies=num_studies, noise_hu=20.0, contrast_hu=200.0,
                            slice_thickness_mm=(2.0, 3.0), num_slices=(10, 14))
 
 
@@ -53,15 +55,15 @@ def tasks(tmp_path_factory: pytest.TempPathFactory) -> list[PESegTask]:
     root = tmp_path_factory.mktemp("fednova-pe")
     settings = TaskSettings(image_size=32, slab_slices=9, batch_size=4)
     # Different study counts -> unequal n_i, so p_i is not uniform.
-    sites = [generate_hospital(root / "h0", _profile("h0", 4), seed=7, image_size=32),
-             generate_hospital(root / "h1", _profile("h1", 3), seed=8, image_size=32)]
+    sites = [generate_site(root / "h0", _profile("h0", 4), seed=7, image_size=32),
+             generate_site(root / "h1", _profile("h1", 3), seed=8, image_size=32)]
     return [PESegTask(s, settings) for s in sites]
 
 
 @pytest.fixture(scope="module")
 def start(tasks) -> list[np.ndarray]:
     torch.manual_seed(SEED)
-    return bench.state_arrays(tasks[0].build_model())
+    return state_arrays(tasks[0].build_model())
 
 
 def _local_delta(task: PESegTask, start: list[np.ndarray], tau: int, site: int) -> list[np.ndarray]:
@@ -69,7 +71,7 @@ def _local_delta(task: PESegTask, start: list[np.ndarray], tau: int, site: int) 
     model = task.build_model()
     model.load_state_dict({k: torch.from_numpy(a.copy())
                            for k, a in zip(model.state_dict().keys(), start)})
-    task.train(model, tau, LR, 0.0, bench.CPU, seed=bench.round_seed(SEED, ROUND, site),
+    task.train(model, tau, LR, 0.0, bench.CPU, seed=round_seed(SEED, ROUND, site),
                optimizer="sgd")
     return [g - v.detach().numpy() for g, v in zip(start, model.state_dict().values())]
 

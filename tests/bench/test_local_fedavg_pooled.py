@@ -15,9 +15,10 @@ import math
 import pytest
 import torch
 
-from clients.device import select_device
-from clients.site_task import TaskSettings
-from clients.synthetic_cxr import generate_cxr_federation
+from clients.cxr_cls.synthetic import generate_federation as generate_cxr_federation
+from clients.pe_seg.synthetic import SiteProfile, generate_site
+from clients.training.device import select_device
+from clients.training.site_task import TaskSettings
 
 
 
@@ -68,13 +69,11 @@ def test_steps_must_split_evenly(bench, tmp_path):
 
 def test_segmentation_regimes_report_dice(bench, tmp_path):
     """pe-seg: pooled training on the union of the sites' studies, Dice per regime."""
-    from clients.synthetic_ct import HospitalProfile, generate_hospital
-
     torch.set_num_threads(1)
-    profile = HospitalProfile(name="h", num_studies=3, noise_hu=20.0, contrast_hu=200.0,
+    profile = SiteProfile(name="h", num_studies=3, noise_hu=20.0, contrast_hu=200.0,
                               slice_thickness_mm=(2.0, 3.0), num_slices=(6, 8))
     for k in range(2):
-        generate_hospital(tmp_path / "sites" / f"hospital-{k:02d}", profile, seed=k, image_size=32)
+        generate_site(tmp_path / "sites" / f"hospital-{k:02d}", profile, seed=k, image_size=32)
     tasks = bench.load_tasks("pe-seg", tmp_path / "sites",
                              TaskSettings(image_size=32, slab_slices=1, batch_size=2))
     pooled = bench.pooled_seg_task(tasks)

@@ -10,23 +10,17 @@ loss of the global model (losses recomputed here independently) and apply
 
 from __future__ import annotations
 
-import importlib
-
 import numpy as np
 import pytest
 import torch
 from torch import nn
 
+import selection_federation as bench
+import selection_powd
+from clients.datagen.partitions import dirichlet_label_partition
+from model_arrays import load_arrays
 from strategies.aggregation import fedavg_delta
 from strategies.registry import SELECTORS
-
-
-
-def _load():
-    return importlib.import_module("selection_powd")
-
-
-bench = _load()
 
 NUM_SITES, M, D = 8, 2, 4
 
@@ -35,26 +29,27 @@ def _labels(n: int = 1000, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 2, n)
 
 
-@pytest.mark.parametrize("num_sites, seed", [(20, 0), (20, 1), (7, 5)])
-def test_dirichlet_split_is_a_partition_with_the_requested_sites(num_sites, seed):
-    labels = _labels()
-    split = bench.dirichlet_split(labels, num_sites, 0.3, seed, min_size=5)
-    assert len(split) == num_sites
-    merged = np.concatenate(split)
-    assert len(merged) == len(labels)
-    np.testing.assert_array_equal(np.sort(merged), np.arange(len(labels)))
-    assert min(len(s) for s in split) >= 5
-    # Same seed -> same split; alpha = 0.3 gives unequal sizes and skewed labels.
-    again = bench.dirichlet_split(labels, num_sites, 0.3, seed, min_size=5)
-    assert all(np.array_equal(a, b) for a, b in zip(split, again))
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_site_split_is_the_product_dirichlet_partition_of_the_seed(seed):
+    labels = _labels(2428, seed)
+    cfg = selection_powd.CONFIG
+    split = selection_powd.site_split(labels, cfg, seed)
+    assert len(split) == cfg["num_sites"]
+    np.testing.assert_array_equal(np.sort(np.concatenate(split)), np.arange(labels.size))
+    assert min(len(s) for s in split) >= cfg["min_site_examples"]
+    want = dirichlet_label_partition(labels, cfg["num_sites"], cfg["alpha"],
+                                     np.random.default_rng(seed), cfg["min_site_examples"])
+    assert all(np.array_equal(a, b) for a, b in zip(split, want))
+    # alpha = 0.3 gives unequal sizes and skewed labels
     assert len({len(s) for s in split}) > 1
     fractions = [labels[s].mean() for s in split]
     assert max(fractions) - min(fractions) > 0.5
 
 
-def test_dirichlet_split_rejects_impossible_minimum():
-    with pytest.raises(ValueError, match="examples"):
-        bench.dirichlet_split(_labels(50), 20, 0.3, 0, min_size=5)
+def test_the_model_is_the_published_26k_parameter_cnn():
+    model = bench.build_model()
+    assert sum(p.numel() for p in model.parameters()) == 26_434
+    assert model(torch.zeros(3, 1, 28, 28)).shape == (3, 2)
 
 
 def _federation(seed: int = 3):
@@ -63,14 +58,14 @@ def _federation(seed: int = 3):
     x = rng.standard_normal((n, 1, 28, 28)).astype(np.float32)
     y = rng.integers(0, 2, n).astype(np.int64)
     x[y == 1] += 0.3  # a learnable signal, so site losses differ with their label mix
-    split = bench.dirichlet_split(y, NUM_SITES, 0.3, seed, min_size=5)
+    split = dirichlet_label_partition(y, NUM_SITES, 0.3, np.random.default_rng(seed), min_size=5)
     data = {"train_x": x, "train_y": y}
     cfg = {"lr": 0.1, "tau": 2, "batch_size": 8}
     return bench.make_federation(data, split, cfg, seed)
 
 
 def _loss(model: nn.Module, weights, x, y) -> float:
-    bench.set_weights(model, weights)
+    load_arrays(model, weights)
     model.eval()
     with torch.no_grad():
         return float(nn.functional.cross_entropy(model(x), y))
@@ -79,7 +74,7 @@ def _loss(model: nn.Module, weights, x, y) -> float:
 def test_one_powd_round_queries_d_and_trains_the_m_highest_loss_sites():
     fed = _federation()
     w0 = [w.copy() for w in fed.global_weights]
-    check = bench.SmallCNN()
+    check = bench.build_model()
     own = {s: _loss(check, w0, fed.site_x[s], fed.site_y[s]) for s in fed.node_ids}
 
     selector = SELECTORS.create("pow-d", m=M, d=D, num_rounds=5, seed=1)
@@ -122,7 +117,7 @@ def test_cpow_d_queries_a_fixed_subset_and_rpow_d_queries_nothing():
 
 
 def test_missing_data_file_gives_a_clear_error(tmp_path, capsys):
-    assert bench.main(["--data", str(tmp_path / "absent.npz"),
+    assert selection_powd.main(["--data", str(tmp_path / "absent.npz"),
                        "--output", str(tmp_path / "out.json")]) == 2
     assert "PneumoniaMNIST not found" in capsys.readouterr().err
     assert not (tmp_path / "out.json").exists()

@@ -15,10 +15,10 @@ from dataclasses import asdict
 import pytest
 import torch
 
-from clients.device import select_device
-from clients.site_task import TaskSettings
-from clients.synthetic_cxr import generate_cxr_federation
-from clients.tasks import task_class
+from clients.cxr_cls.synthetic import generate_federation as generate_cxr_federation
+from clients.registry import task_class
+from clients.training.device import select_device
+from clients.training.site_task import TaskSettings
 
 
 

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from clients.dicom_series import CTVolume, read_dicom_series
-from clients.synthetic_ct import HospitalProfile, generate_hospital
+from clients.io.dicom_series import CTVolume, read_dicom_series
+from clients.pe_seg.synthetic import SiteProfile, generate_site
+from clients.registry import synthetic_module
 
 #: ../shared/data relative to the project root (see DESIGN.md, "Real data").
 REAL_DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
@@ -15,7 +16,7 @@ REAL_SERIES = REAL_DATA / "ctpa" / "ct_dicom_series"
 REAL_LABELS = REAL_DATA / "ctpa" / "ct_dicom_series_labels.nii.gz"
 
 #: A small, fast hospital for tests (4 studies, 10-14 slices, 48 px).
-SMALL_PROFILE = HospitalProfile(
+SMALL_PROFILE = SiteProfile(
     name="test-hospital",
     num_studies=4,
     noise_hu=20.0,
@@ -27,7 +28,7 @@ SMALL_SIZE = 48
 
 
 @pytest.fixture(scope="session")
-def small_profile() -> HospitalProfile:
+def small_profile() -> SiteProfile:
     """Profile of the small test hospital."""
     return SMALL_PROFILE
 
@@ -51,4 +52,16 @@ def real_volume() -> CTVolume:
 @pytest.fixture(scope="session")
 def small_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A generated synthetic hospital; read-only for tests (copy it before corrupting)."""
-    return generate_hospital(tmp_path_factory.mktemp("site") / "hospital", SMALL_PROFILE, seed=7, image_size=SMALL_SIZE)
+    return generate_site(tmp_path_factory.mktemp("site") / "hospital", SMALL_PROFILE, seed=7, image_size=SMALL_SIZE)
+
+
+@pytest.fixture(scope="session")
+def synthetic_site(tmp_path_factory):
+    """``synthetic_site(task, seed, image_size=64)``: the folder of one synthetic hospital of ``task``."""
+
+    def make(task: str, seed: int, image_size: int = 64) -> Path:
+        root = tmp_path_factory.mktemp(task)
+        synthetic_module(task).generate_federation(root, num_sites=1, seed=seed, image_size=image_size)
+        return root / "hospital-00"
+
+    return make

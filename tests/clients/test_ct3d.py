@@ -14,13 +14,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from clients.ct3d_manifest import (
-    LABELS_NAME,
+from clients.ct3d_cls.data import load_site
+from clients.ct3d_cls.manifest import (
+    MANIFEST_NAME,
     LabelError,
-    load_ct3d_site,
-    read_label_manifest,
+    read_manifest,
 )
-from clients.ct_volume import (
+from clients.io.volume import (
     DEFAULT_SHAPE,
     LUNG_LEVEL,
     LUNG_WIDTH,
@@ -29,17 +29,17 @@ from clients.ct_volume import (
     read_source_volume,
     resample_volume,
 )
-from clients.dicom_series import read_dicom_series
+from clients.io.dicom_series import read_dicom_series
 from clients.errors import DicomSeriesError, ManifestError, StudyError
-from clients.synthetic_ct import write_dicom_series
-from clients.synthetic_ct3d import (
-    Ct3dHospitalProfile,
-    generate_hospital,
-    hospital_profiles,
+from clients.io.dicom_writer import write_dicom_series
+from clients.ct3d_cls.synthetic import (
+    SiteProfile,
+    generate_site,
+    site_profiles,
     main,
     synthesize_study,
-    write_nifti_ct,
 )
+from clients.io.nifti import write_nifti_ct
 
 #: ../shared/data relative to the project root (see DESIGN.md, "Real data").
 REAL_DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
@@ -50,7 +50,7 @@ REAL_SERIES_LABELS = REAL_DATA / "ctpa" / "ct_dicom_series_labels.nii.gz"
 AORTA = 52  # TotalSegmentator label of the aorta in REAL_SERIES_LABELS
 
 #: A tiny, fast hospital: 6 studies (3 positive), 32 px, 8-10 slices, DICOM and NIfTI.
-TINY = Ct3dHospitalProfile(
+TINY = SiteProfile(
     name="tiny-hospital",
     num_studies=6,
     noise_hu=20.0,
@@ -80,7 +80,7 @@ def _require(path: Path) -> Path:
 @pytest.fixture(scope="module")
 def tiny_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A generated tiny hospital; read-only for tests (copy it before corrupting)."""
-    return generate_hospital(tmp_path_factory.mktemp("ct3d") / "hospital", TINY, seed=11)
+    return generate_site(tmp_path_factory.mktemp("ct3d") / "hospital", TINY, seed=11)
 
 
 # --------------------------------------------------------------------------- real data
@@ -199,7 +199,7 @@ def test_bad_nifti_dimensions(tmp_path):
 
 
 def test_synthetic_hospital_layout(tiny_site):
-    entries = read_label_manifest(tiny_site)
+    entries = read_manifest(tiny_site)
     assert [e.study_id for e in entries] == [f"study-{k:03d}" for k in range(6)]
     assert all(e.is_valid for e in entries)
     kinds = {e.image.is_dir() for e in entries}
@@ -212,13 +212,13 @@ def test_synthetic_hospital_layout(tiny_site):
 
 
 def test_synthetic_hospital_is_deterministic(tiny_site, tmp_path):
-    again = generate_hospital(tmp_path / "again", TINY, seed=11)
+    again = generate_site(tmp_path / "again", TINY, seed=11)
     files = sorted(p.relative_to(tiny_site) for p in tiny_site.rglob("*") if p.is_file())
     assert files == sorted(p.relative_to(again) for p in again.rglob("*") if p.is_file())
     for rel in files:
         assert (tiny_site / rel).read_bytes() == (again / rel).read_bytes(), rel
-    other = generate_hospital(tmp_path / "other", TINY, seed=12)
-    first = read_label_manifest(tiny_site)[0]
+    other = generate_site(tmp_path / "other", TINY, seed=12)
+    first = read_manifest(tiny_site)[0]
     assert not np.array_equal(
         read_source_volume(first.image).values,
         read_source_volume(other / first.image.relative_to(tiny_site)).values,
@@ -247,34 +247,35 @@ def test_positives_have_more_low_attenuation_lung():
 
 
 def test_hospitals_differ_and_profiles_are_validated(tmp_path):
-    profiles = hospital_profiles(3, seed=0)
+    profiles = site_profiles(3, seed=0)
     assert [p.name for p in profiles] == ["hospital-00", "hospital-01", "hospital-02"]
     for field in ("num_studies", "noise_hu", "positive_rate", "dicom_fraction", "num_slices"):
         assert len({getattr(p, field) for p in profiles}) == 3, field
-    assert hospital_profiles(3, seed=0) == profiles != hospital_profiles(3, seed=1)
+    assert site_profiles(3, seed=0) == profiles != site_profiles(3, seed=1)
     for bad in ({"num_studies": 3}, {"positive_rate": 1.0}, {"noise_hu": -1.0}, {"image_size": 8},
                 {"num_slices": (10, 8)}, {"dicom_fraction": 1.5}):
         with pytest.raises(ValueError, match="tiny-hospital"):
             replace(TINY, **bad)
     (tmp_path / "real" / "studies").mkdir(parents=True)
     with pytest.raises(FileExistsError, match="not a synthetic hospital"):
-        generate_hospital(tmp_path / "real", TINY, seed=0)
+        generate_site(tmp_path / "real", TINY, seed=0)
 
 
 def test_cli_writes_hospitals(tmp_path, capsys, monkeypatch):
-    import clients.synthetic_ct3d as generator
+    import clients.ct3d_cls.synthetic as generator
 
     tiny_profiles = lambda n, seed: [  # noqa: E731  (full-size hospitals are too slow for a unit test)
         replace(TINY, name=f"hospital-{i:02d}", noise_hu=10.0 + seed + i)
         for i in range(n)
     ]
-    monkeypatch.setattr(generator, "hospital_profiles", tiny_profiles)
+    monkeypatch.setattr(generator, "generate_federation",
+                        replace(generator.generate_federation, profiles=tiny_profiles))
     assert main(["--out", str(tmp_path / "fed"), "--sites", "2", "--seed", "4", "--image-size", "16"]) == 0
     out = capsys.readouterr().out
     assert "[1/2] hospital-00: 6 studies (4 train, 2 val), 3 with emphysema" in out
     assert "[2/2] hospital-01" in out and "16x16 px" in out and "Done: 2 hospitals, 12 studies" in out
     for site in ("hospital-00", "hospital-01"):
-        assert len(read_label_manifest(tmp_path / "fed" / site)) == 6
+        assert len(read_manifest(tmp_path / "fed" / site)) == 6
     with pytest.raises(SystemExit):
         main(["--out", str(tmp_path / "fed"), "--sites", "0"])
 
@@ -283,9 +284,9 @@ def test_cli_writes_hospitals(tmp_path, capsys, monkeypatch):
 
 
 def test_loader_reads_every_study_of_a_clean_site(tiny_site):
-    entries = read_label_manifest(tiny_site)
-    train, report = load_ct3d_site(tiny_site, "train", SMALL_GRID)
-    val, val_report = load_ct3d_site(tiny_site, "val", SMALL_GRID)
+    entries = read_manifest(tiny_site)
+    train, report = load_site(tiny_site, "train", SMALL_GRID)
+    val, val_report = load_site(tiny_site, "val", SMALL_GRID)
     assert report.skipped == {} and val_report.skipped == {}
     assert [s for s, _, _ in train] == [e.study_id for e in entries if e.split == "train"] == report.loaded
     assert len(train) + len(val) == 6
@@ -296,11 +297,11 @@ def test_loader_reads_every_study_of_a_clean_site(tiny_site):
         assert label == by_id[study_id].label
         assert np.array_equal(volume, load_ct_volume(by_id[study_id].image, SMALL_GRID))
     with pytest.raises(ValueError, match="split"):
-        load_ct3d_site(tiny_site, "test")
+        load_site(tiny_site, "test")
 
 
 def _rewrite_manifest(site: Path, edit) -> None:
-    path = site / LABELS_NAME
+    path = site / MANIFEST_NAME
     with path.open(newline="") as handle:
         rows = list(csv.reader(handle))
     rows = edit(rows)
@@ -310,7 +311,7 @@ def _rewrite_manifest(site: Path, edit) -> None:
 
 def test_bad_items_are_skipped_counted_and_logged_once_each(tiny_site, tmp_path, caplog):
     site = shutil.copytree(tiny_site, tmp_path / "site")
-    entries = read_label_manifest(site)
+    entries = read_manifest(site)
     dicom = [e for e in entries if e.image.is_dir()]
     nifti = [e for e in entries if not e.image.is_dir()]
     corrupt_slice = dicom[0].image / "zz-corrupt"
@@ -329,8 +330,8 @@ def test_bad_items_are_skipped_counted_and_logged_once_each(tiny_site, tmp_path,
         return rows
 
     _rewrite_manifest(site, edit)
-    with caplog.at_level(logging.WARNING, logger="clients.ct3d_manifest"):
-        volumes, report = load_ct3d_site(site, None, SMALL_GRID)
+    with caplog.at_level(logging.WARNING, logger="clients.ct3d_cls.manifest"):
+        volumes, report = load_site(site, None, SMALL_GRID)
 
     bad = {dicom[0].study_id, nifti[0].study_id, bad_label, no_label, "ghost"}
     assert set(report.skipped) == bad and report.num_skipped == 5
@@ -351,11 +352,11 @@ def test_bad_items_are_skipped_counted_and_logged_once_each(tiny_site, tmp_path,
 def test_label_rows_carry_their_error(tiny_site, tmp_path):
     site = shutil.copytree(tiny_site, tmp_path / "site")
     _rewrite_manifest(site, lambda rows: rows[:2] + [["x", "val", "studies/x", "yes"]])
-    entries = read_label_manifest(site)
+    entries = read_manifest(site)
     assert entries[0].is_valid and entries[0].label in (0, 1)
     assert not entries[1].is_valid and entries[1].label is None
     assert isinstance(entries[1].error, LabelError) and "line 3" in str(entries[1].error)
-    assert entries[1].error.path == site.resolve() / LABELS_NAME
+    assert entries[1].error.path == site.resolve() / MANIFEST_NAME
 
 
 @pytest.mark.parametrize(
@@ -375,14 +376,14 @@ def test_label_rows_carry_their_error(tiny_site, tmp_path):
 )
 def test_malformed_manifest_stops_the_site(tmp_path, content, reason):
     if content is not None:
-        (tmp_path / LABELS_NAME).write_text(content, encoding="utf-8")
+        (tmp_path / MANIFEST_NAME).write_text(content, encoding="utf-8")
     with pytest.raises(ManifestError, match=reason) as info:
-        load_ct3d_site(tmp_path, "train", SMALL_GRID)
-    assert info.value.path == tmp_path.resolve() / LABELS_NAME
+        load_site(tmp_path, "train", SMALL_GRID)
+    assert info.value.path == tmp_path.resolve() / MANIFEST_NAME
 
 
 def test_unreadable_dicom_is_a_dicom_series_error(tiny_site, tmp_path):
-    entry = next(e for e in read_label_manifest(tiny_site) if e.image.is_dir())
+    entry = next(e for e in read_manifest(tiny_site) if e.image.is_dir())
     series = shutil.copytree(entry.image, tmp_path / "series")
     next(series.iterdir()).write_bytes(b"not dicom")
     with pytest.raises(DicomSeriesError, match="not a readable DICOM file"):

@@ -7,19 +7,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from clients.ct3d_task import CT3DClsTask
-from clients.device import select_device
-from clients.site_task import SiteDataError, TaskSettings
-from clients.synthetic_ct3d import generate_federation
+from clients.ct3d_cls.task import CT3DClsTask
+from clients.training.device import select_device
+from clients.training.site_task import SiteDataError, TaskSettings
 
 SETTINGS = TaskSettings(image_size=32, volume_depth=8, batch_size=2)
 
 
 @pytest.fixture(scope="module")
-def ct3d_site(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("ct3d")
-    generate_federation(root, num_sites=1, seed=2, image_size=64)
-    return root / "hospital-00"
+def ct3d_site(synthetic_site) -> Path:
+    return synthetic_site("ct3d-cls", seed=2)
 
 
 def test_trains_and_reports_auc(ct3d_site: Path):

@@ -12,24 +12,18 @@ import pytest
 from PIL import Image
 from pydicom.uid import JPEGBaseline8Bit
 
-from clients.cxr_image import RadiographError, read_radiograph
-from clients.cxr_manifest import (
-    CXR_MANIFEST_NAME,
+from clients.io.radiograph import RadiographError, read_radiograph
+from clients.cxr_cls.data import load_site
+from clients.cxr_cls.manifest import (
+    MANIFEST_NAME,
     LabelError,
-    load_cxr_site,
     parse_labels,
-    read_cxr_manifest,
+    read_manifest,
 )
 from clients.errors import ManifestError, StudyError
-from clients.synthetic_cxr import (
-    FILE_KINDS,
-    CXRHospitalProfile,
-    cxr_hospital_profiles,
-    generate_cxr_hospital,
-    main,
-    synthesize_radiograph,
-    write_radiograph,
-)
+from clients.cxr_cls.phantom import synthesize_radiograph
+from clients.cxr_cls.synthetic import SiteProfile, generate_site, main, site_profiles
+from clients.io.radiograph_writer import FILE_KINDS, write_radiograph
 
 #: ../shared/data/cxr2d/samples relative to the project root (optional real data).
 SAMPLES = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "cxr2d" / "samples"
@@ -37,7 +31,7 @@ NIH_PNGS = ("nih_cxr14_00000001_000.png", "nih_cxr14_00027426_000.png")
 JPEG_DICOM = "siim_cxr_jpeg_baseline.dcm"
 MONO1_DICOM = "cr_chest_monochrome1_16bit.dcm"
 
-SMALL = CXRHospitalProfile(
+SMALL = SiteProfile(
     name="test-hospital",
     num_images=12,
     positive_rate=0.4,
@@ -65,7 +59,7 @@ def minmax(image: np.ndarray) -> np.ndarray:
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small synthetic hospital (12 images, every file kind); read-only, copy before corrupting."""
-    return generate_cxr_hospital(tmp_path_factory.mktemp("cxr") / "hospital", SMALL, seed=3, image_size=SIZE)
+    return generate_site(tmp_path_factory.mktemp("cxr") / "hospital", SMALL, seed=3, image_size=SIZE)
 
 
 @pytest.fixture
@@ -74,7 +68,7 @@ def site_copy(site: Path, tmp_path: Path) -> Path:
 
 
 def set_rows(site_dir: Path, rows: list[str]) -> None:
-    (site_dir / CXR_MANIFEST_NAME).write_text("image_id,split,image,labels\n" + "".join(r + "\n" for r in rows))
+    (site_dir / MANIFEST_NAME).write_text("image_id,split,image,labels\n" + "".join(r + "\n" for r in rows))
 
 
 # --------------------------------------------------------------------------- real files
@@ -234,13 +228,13 @@ def test_truncated_png_is_an_error(tmp_path, positive):
 
 
 def test_loader_returns_images_and_labels_per_split(site):
-    entries = read_cxr_manifest(site)
-    items, report = load_cxr_site(site, "train", SIZE, 1)
+    entries = read_manifest(site)
+    items, report = load_site(site, "train", SIZE, 1)
     assert report.num_skipped == 0 and report.num_loaded == len(items) == sum(e.split == "train" for e in entries)
     image_id, image, labels = items[0]
     assert image.shape == (SIZE, SIZE) and image.dtype == np.float32 and 0 <= image.min() and image.max() <= 1
     assert labels.shape == (1,) and labels.dtype == np.float32
-    val, _ = load_cxr_site(site, "val", SIZE, 1)
+    val, _ = load_site(site, "val", SIZE, 1)
     assert {i.image_id for i in val}.isdisjoint(report.loaded)
     assert {float(i.labels[0]) for i in val} == {0.0, 1.0}  # stratified: both classes in val
 
@@ -263,8 +257,8 @@ def test_bad_items_are_skipped_counted_and_logged_once_each(site_copy, caplog):
             f"not-a-number,train,images/{good[6].name},yes",
         ],
     )
-    with caplog.at_level(logging.WARNING, logger="clients.cxr_manifest"):
-        items, report = load_cxr_site(site_copy, "train", 32, 1)
+    with caplog.at_level(logging.WARNING, logger="clients.cxr_cls.manifest"):
+        items, report = load_site(site_copy, "train", 32, 1)
     assert [i.image_id for i in items] == report.loaded == ["ok-0", "ok-1"]
     assert [float(i.labels[0]) for i in items] == [1.0, 0.0]
     bad = ["corrupt", "absent", "no-label", "label-2", "label-minus1", "too-many", "not-a-number"]
@@ -277,7 +271,7 @@ def test_bad_items_are_skipped_counted_and_logged_once_each(site_copy, caplog):
     assert "2 value(s); the task has 1 class(es)" in reasons["too-many"]
     assert "not a number" in reasons["not-a-number"]
     for image_id in bad[2:]:
-        assert CXR_MANIFEST_NAME in reasons[image_id] and f"(image {image_id})" in reasons[image_id]
+        assert MANIFEST_NAME in reasons[image_id] and f"(image {image_id})" in reasons[image_id]
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 7
     assert all(line.startswith(f"Skipping image {i}: ") for line, i in zip(lines, bad))
@@ -286,7 +280,7 @@ def test_bad_items_are_skipped_counted_and_logged_once_each(site_copy, caplog):
 def test_multi_label_rows(site_copy):
     name = sorted((site_copy / "images").iterdir())[0].name
     set_rows(site_copy, [f"a,val,images/{name},0;1;1", f"b,val,images/{name}, 1 ; 0 ; 0 ", f"c,val,images/{name},1;1"])
-    items, report = load_cxr_site(site_copy, "val", 32, 3)
+    items, report = load_site(site_copy, "val", 32, 3)
     assert [i.labels.tolist() for i in items] == [[0.0, 1.0, 1.0], [1.0, 0.0, 0.0]]
     assert list(report.skipped) == ["c"] and "the task has 3 class(es)" in report.skipped["c"]
 
@@ -299,8 +293,8 @@ def test_parse_labels_errors_are_label_errors():
 
 def test_empty_site_loads_nothing(site_copy, caplog):
     set_rows(site_copy, [])
-    with caplog.at_level(logging.WARNING, logger="clients.cxr_manifest"):
-        items, report = load_cxr_site(site_copy, None, 32, 1)
+    with caplog.at_level(logging.WARNING, logger="clients.cxr_cls.manifest"):
+        items, report = load_site(site_copy, None, 32, 1)
     assert items == [] and report.num_loaded == report.num_skipped == 0
     assert "No images" in caplog.text
 
@@ -319,18 +313,18 @@ def test_empty_site_loads_nothing(site_copy, caplog):
 )
 def test_malformed_manifest_raises_manifest_error(tmp_path, text, reason):
     if text is not None:
-        (tmp_path / CXR_MANIFEST_NAME).write_text(text)
+        (tmp_path / MANIFEST_NAME).write_text(text)
     with pytest.raises(ManifestError) as info:
-        load_cxr_site(tmp_path, None, 32, 1)
-    assert reason in info.value.reason and CXR_MANIFEST_NAME in str(info.value)
+        load_site(tmp_path, None, 32, 1)
+    assert reason in info.value.reason and MANIFEST_NAME in str(info.value)
 
 
 # --------------------------------------------------------------------------- synthetic hospitals
 
 
 def test_same_seed_writes_identical_files_other_seed_differs(site, tmp_path):
-    again = generate_cxr_hospital(tmp_path / "again", SMALL, seed=3, image_size=SIZE)
-    other = generate_cxr_hospital(tmp_path / "other", SMALL, seed=4, image_size=SIZE)
+    again = generate_site(tmp_path / "again", SMALL, seed=3, image_size=SIZE)
+    other = generate_site(tmp_path / "other", SMALL, seed=4, image_size=SIZE)
     files = sorted(p.relative_to(site) for p in site.rglob("*") if p.is_file())
     assert files == sorted(p.relative_to(again) for p in again.rglob("*") if p.is_file())
     assert all((site / f).read_bytes() == (again / f).read_bytes() for f in files)
@@ -347,7 +341,7 @@ def file_kind(path: Path) -> str:
 
 
 def test_every_hospital_writes_every_file_kind_and_both_classes(site):
-    entries = read_cxr_manifest(site)
+    entries = read_manifest(site)
     assert len(entries) == SMALL.num_images
     assert {file_kind(e.image_path) for e in entries} == set(FILE_KINDS)
     assert sum(e.labels == "1" for e in entries) == round(SMALL.positive_rate * SMALL.num_images)
@@ -355,12 +349,12 @@ def test_every_hospital_writes_every_file_kind_and_both_classes(site):
 
 
 def test_hospital_profiles_differ():
-    profiles = cxr_hospital_profiles(3, seed=0)
+    profiles = site_profiles(3, seed=0)
     assert [p.name for p in profiles] == ["hospital-00", "hospital-01", "hospital-02"]
     for field in ("num_images", "positive_rate", "gamma", "noise", "lung_contrast", "blur_px"):
         assert len({getattr(p, field) for p in profiles}) == 3, field
     assert all(40 <= p.num_images <= 80 and 0.25 <= p.positive_rate <= 0.5 for p in profiles)
-    assert profiles == cxr_hospital_profiles(3, seed=0)
+    assert profiles == site_profiles(3, seed=0)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
@@ -397,4 +391,4 @@ def test_cli_prints_progress(tmp_path, capsys):
     assert main(["--out", str(tmp_path / "fed"), "--sites", "1", "--seed", "5", "--image-size", "32"]) == 0
     out = capsys.readouterr().out
     assert "[1/1] hospital-00:" in out and "pneumothorax" in out and "Done: 1 hospitals" in out
-    assert len(read_cxr_manifest(tmp_path / "fed" / "hospital-00")) >= 40
+    assert len(read_manifest(tmp_path / "fed" / "hospital-00")) >= 40

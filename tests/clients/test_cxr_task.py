@@ -7,20 +7,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from clients.cxr_task import CXRClsTask
-from clients.device import select_device
-from clients.site_task import SiteDataError, TaskSettings
-from clients.synthetic_cxr import generate_cxr_federation
-from clients.tasks import task_class
+from clients.cxr_cls.task import CXRClsTask
+from clients.training.device import select_device
+from clients.training.site_task import SiteDataError, TaskSettings
+from clients.registry import task_class
 
 SETTINGS = TaskSettings(image_size=32, batch_size=8)
 
 
 @pytest.fixture(scope="module")
-def cxr_site(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("cxr")
-    generate_cxr_federation(root, num_sites=1, seed=5, image_size=64)
-    return root / "hospital-00"
+def cxr_site(synthetic_site) -> Path:
+    return synthetic_site("cxr-cls", seed=5)
 
 
 def test_trains_and_reports_auc(cxr_site: Path):

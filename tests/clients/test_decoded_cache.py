@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from clients.cxr_task import CXRClsTask
-from clients.decoded_cache import KEEP_PER_TASK, load_task
-from clients.site_task import SiteDataError, TaskSettings
-from clients.synthetic_cxr import generate_cxr_federation
+from clients.cxr_cls.task import CXRClsTask
+from clients.site.decoded_cache import KEEP_PER_TASK, load_task
+from clients.training.site_task import SiteDataError, TaskSettings
+from clients.cxr_cls.synthetic import generate_federation
 
 SETTINGS = TaskSettings(image_size=32, batch_size=8)
 
@@ -22,7 +22,7 @@ SETTINGS = TaskSettings(image_size=32, batch_size=8)
 def site(tmp_path_factory, tmp_path) -> Path:
     root = tmp_path_factory.getbasetemp() / "decoded-cache-source"
     if not root.exists():
-        generate_cxr_federation(root, num_sites=1, seed=3, image_size=48)
+        generate_federation(root, num_sites=1, seed=3, image_size=48)
     copy = tmp_path / "hospital-00"
     shutil.copytree(root / "hospital-00", copy)
     return copy
@@ -74,7 +74,7 @@ def test_corrupt_cache_is_logged_and_rebuilt(site, tmp_path, caplog):
     load_task(CXRClsTask, site, SETTINGS, cache)
     (path,) = cache.glob("*.pkl")
     path.write_bytes(b"not a pickle")
-    with caplog.at_level(logging.WARNING, logger="clients.decoded_cache"):
+    with caplog.at_level(logging.WARNING, logger="clients.site.decoded_cache"):
         task = load_task(CXRClsTask, site, SETTINGS, cache)
     assert "unreadable" in caplog.text and len(task.train_set) > 0
     assert path.stat().st_size > 100  # rewritten

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from clients.device import WORKERS_ENV, ComputeDevice, select_device
-from clients.pe_seg_task import PESegTask
-from clients.site_task import TaskSettings
+from clients.training.device import WORKERS_ENV, ComputeDevice, select_device
+from clients.pe_seg.task import PESegTask
+from clients.training.site_task import TaskSettings
 
 SETTINGS = TaskSettings(image_size=32, slab_slices=9, batch_size=4)
 CPU = torch.device("cpu")

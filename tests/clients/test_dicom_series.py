@@ -1,4 +1,4 @@
-"""Tests for clients.dicom_series: sorting, rescale, geometry and typed errors."""
+"""Tests for clients.io.dicom_series: sorting, rescale, geometry and typed errors."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pytest
 from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.uid import ExplicitVRLittleEndian, generate_uid
 
-from clients.dicom_series import read_dicom_series
+from clients.io.dicom_series import read_dicom_series
 from clients.errors import DicomSeriesError, StudyError
-from clients.synthetic_ct import generate_study, synthesize_study
+from clients.pe_seg.synthetic import generate_study, synthesize_study
 
 
 def _series_copy(site: Path, tmp_path: Path, study: str = "study-000") -> Path:

@@ -1,19 +1,19 @@
-"""Tests for clients.manifest."""
+"""Tests for clients.pe_seg.manifest."""
 
 from __future__ import annotations
 
 import pytest
 
 from clients.errors import ManifestError, StudyError
-from clients.manifest import StudyEntry, read_manifest, write_manifest
+from clients.pe_seg.manifest import ManifestRow, read_manifest, write_manifest
 from strategies.errors import SiteError
 
 
 def test_round_trip_relative_paths(tmp_path) -> None:
     site = tmp_path / "site"
     entries = [
-        StudyEntry("a", "train", site / "studies" / "a" / "dicom", site / "studies" / "a" / "m.nii.gz"),
-        StudyEntry("b", "val", site / "b", site / "b.nii.gz"),
+        ManifestRow("a", "train", site / "studies" / "a" / "dicom", site / "studies" / "a" / "m.nii.gz"),
+        ManifestRow("b", "val", site / "b", site / "b.nii.gz"),
     ]
     path = write_manifest(site, entries)
     assert path.read_text().splitlines() == [
@@ -53,4 +53,4 @@ def test_malformed_manifest(tmp_path, text, message) -> None:
 
 def test_write_rejects_bad_split(tmp_path) -> None:
     with pytest.raises(ValueError, match="bad split"):
-        write_manifest(tmp_path, [StudyEntry("a", "test", tmp_path, tmp_path)])
+        write_manifest(tmp_path, [ManifestRow("a", "test", tmp_path, tmp_path)])

@@ -1,4 +1,4 @@
-"""Site partitions (clients.partitions) and the shared-data site converter (clients.shared_sites)."""
+"""Site partitions (clients.datagen.partitions) and the shared-data site converter (clients.datagen.shared)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from clients.partitions import (
+from clients.datagen.partitions import (
     dirichlet_label_partition,
     iid_partition,
     partition,
@@ -117,7 +117,7 @@ def _require(relpath: str) -> Path:
 
 
 def test_missing_shared_file_is_clear(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from clients.shared_sites import main
+    from clients.datagen.shared import main
 
     rc = main(["--task", "cxr-cls", "--shared", str(tmp_path / "nowhere"), "--out", str(tmp_path / "out"),
                "--sites", "2"])
@@ -127,8 +127,8 @@ def test_missing_shared_file_is_clear(tmp_path: Path, capsys: pytest.CaptureFixt
 
 
 def test_cxr_sites_from_real_data_load(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from clients.cxr_manifest import load_cxr_site
-    from clients.shared_sites import main
+    from clients.cxr_cls.data import load_site
+    from clients.datagen.shared import main
 
     shared = _require("cxr2d/pneumoniamnist_balanced.npz")
     args = ["--task", "cxr-cls", "--shared", str(shared), "--sites", "3", "--scheme", "dirichlet",
@@ -138,8 +138,8 @@ def test_cxr_sites_from_real_data_load(tmp_path: Path, capsys: pytest.CaptureFix
     assert "hospital-02" in out and "pos.share" in out
     for k in range(3):
         site = tmp_path / "a" / f"hospital-{k:02d}"
-        items, report = load_cxr_site(site, "train", 28, 1)
-        val, _ = load_cxr_site(site, "val", 28, 1)
+        items, report = load_site(site, "train", 28, 1)
+        val, _ = load_site(site, "val", 28, 1)
         assert items and not report.skipped and val
         assert len(items) + len(val) <= 20
         assert items[0].image.shape == (28, 28) and items[0].labels.shape == (1,)
@@ -153,14 +153,14 @@ def test_cxr_sites_from_real_data_load(tmp_path: Path, capsys: pytest.CaptureFix
 
 
 def test_ct3d_sites_from_real_data_load(tmp_path: Path) -> None:
-    from clients.ct3d_manifest import load_ct3d_site
-    from clients.shared_sites import convert
+    from clients.ct3d_cls.data import load_site
+    from clients.datagen.shared import convert
 
     shared = _require("ct3d/adrenalmnist3d_64.npz")
     summaries = convert("ct3d-cls", shared, tmp_path, 2, "iid", seed=0, max_per_site=6, log=lambda _: None)
     assert [s.total for s in summaries] == [6, 6]
     site = tmp_path / "hospital-00"
-    volumes, report = load_ct3d_site(site, "train", (16, 32, 32))
+    volumes, report = load_site(site, "train", (16, 32, 32))
     assert volumes and not report.skipped
     assert volumes[0][1].shape == (16, 32, 32) and volumes[0][2] in (0, 1)
     assert 0.0 <= volumes[0][1].min() and volumes[0][1].max() <= 1.0
@@ -168,7 +168,7 @@ def test_ct3d_sites_from_real_data_load(tmp_path: Path) -> None:
 
 
 def test_refuses_to_write_inside_shared(tmp_path: Path) -> None:
-    from clients.shared_sites import convert
+    from clients.datagen.shared import convert
 
     shared = tmp_path / "shared"
     shared.mkdir()

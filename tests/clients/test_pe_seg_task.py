@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from clients.device import select_device
-from clients.pe_seg_task import PESegTask
-from clients.site_task import SiteDataError, TaskSettings, make_optimizer
+from clients.training.device import select_device
+from clients.pe_seg.task import PESegTask
+from clients.training.site_task import SiteDataError, TaskSettings, make_optimizer
 
 SETTINGS = TaskSettings(image_size=32, slab_slices=9, batch_size=4)
 

@@ -1,4 +1,4 @@
-"""Segmentation sites from the shared real data (clients.shared_sites, sets ``ctpa`` and ``msd-lung``).
+"""Segmentation sites from the shared real data (clients.datagen.shared, sets ``ctpa`` and ``msd-lung``).
 
 The real-data tests skip when ``../shared/data`` is absent; the format tests
 (rescaled DICOM, NIfTI CT reorientation) run everywhere.
@@ -14,12 +14,12 @@ import pydicom
 import pytest
 import torch
 
-from clients.dicom_series import CTVolume, list_series_files, read_dicom_series
-from clients.manifest import read_manifest
-from clients.nifti_mask import read_nifti_mask
-from clients.pe_studies import load_site_studies
-from clients.slabs import window_ct
-from clients.synthetic_ct import write_dicom_series
+from clients.io.dicom_series import CTVolume, list_series_files, read_dicom_series
+from clients.pe_seg.manifest import read_manifest
+from clients.io.nifti import read_nifti_mask
+from clients.pe_seg.data import load_site
+from clients.io.windowing import window_ct
+from clients.io.dicom_writer import write_dicom_series
 
 REAL_DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
 CTPA_FILES = ("ctpa/pulmonary_ct.nii.gz", "ctpa/pulmonary_ct_pulmonary_artery_mask.nii.gz")
@@ -58,7 +58,7 @@ def test_rescaled_dicom_round_trips_grid_values(tmp_path: Path) -> None:
 
 def test_nifti_ct_volume_is_aligned_with_the_mask_reader(tmp_path: Path) -> None:
     """A RAS-ordered NIfTI CT and a mask derived from it stay voxel-aligned after both readers."""
-    from clients.shared_sites import nifti_ct_volume
+    from clients.io.nifti import nifti_ct_volume
 
     rng = np.random.default_rng(1)
     data = rng.integers(-1000, 1000, size=(12, 10, 7)).astype(np.int16)  # (x, y, z), x -> R, y -> A
@@ -81,7 +81,7 @@ def test_nifti_ct_volume_is_aligned_with_the_mask_reader(tmp_path: Path) -> None
 
 @pytest.fixture(scope="module")
 def ctpa_sites(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list]:
-    from clients.shared_sites import convert
+    from clients.datagen.shared import convert
 
     shared = _require(*CTPA_FILES)
     out = tmp_path_factory.mktemp("ctpa")
@@ -97,7 +97,7 @@ def test_ctpa_blocks_load_cover_the_volume_and_keep_the_mask(ctpa_sites) -> None
     covered = np.zeros(hu_source.shape[0], dtype=int)
     mask_voxels = 0
     for summary in summaries:
-        studies, report = load_site_studies(out / summary.name)
+        studies, report = load_site(out / summary.name)
         assert not report.skipped and len(studies) == summary.total
         assert summary.train >= 1 and summary.val >= 1
         positive_val = False
@@ -119,13 +119,13 @@ def test_ctpa_blocks_load_cover_the_volume_and_keep_the_mask(ctpa_sites) -> None
 
 
 def test_ctpa_refuses_foreign_folders_and_is_deterministic(ctpa_sites, tmp_path: Path) -> None:
-    from clients.shared_sites import convert
+    from clients.datagen.shared import convert
 
     out, _ = ctpa_sites
     foreign = tmp_path / "hospital-00"
     foreign.mkdir()
     (foreign / "notes.txt").write_text("a hospital's own files")
-    with pytest.raises(FileExistsError, match="not written by clients.shared_sites"):
+    with pytest.raises(FileExistsError, match="not written by clients.datagen.shared"):
         convert("pe-seg", REAL_DATA, tmp_path, 3, "iid", seed=0, log=_quiet, dataset="ctpa")
     assert (foreign / "notes.txt").is_file()
     again = tmp_path / "again"
@@ -140,7 +140,7 @@ def test_ctpa_refuses_foreign_folders_and_is_deterministic(ctpa_sites, tmp_path:
 
 @pytest.fixture(scope="module")
 def msd_sites(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list]:
-    from clients.shared_sites import convert
+    from clients.datagen.shared import convert
 
     shared = _require(*MSD_FILES)
     out = tmp_path_factory.mktemp("msd")
@@ -153,7 +153,7 @@ def test_msd_patches_round_trip_through_dicom_and_window(msd_sites) -> None:
     out, summaries = msd_sites
     sources = {part: np.load(REAL_DATA / f"seg2d/msd_lung_tumour_patches_{part}.npz") for part in ("val", "test")}
     for summary in summaries:
-        studies, report = load_site_studies(out / summary.name)
+        studies, report = load_site(out / summary.name)
         assert not report.skipped and len(studies) == summary.total == 16
         assert 0 < summary.val < 16
         for study in studies:
@@ -172,9 +172,9 @@ def test_msd_patches_round_trip_through_dicom_and_window(msd_sites) -> None:
 
 
 def test_msd_site_trains_with_slab_one(msd_sites) -> None:
-    from clients.device import select_device
-    from clients.pe_seg_task import PESegTask
-    from clients.site_task import TaskSettings
+    from clients.training.device import select_device
+    from clients.pe_seg.task import PESegTask
+    from clients.training.site_task import TaskSettings
 
     out, summaries = msd_sites
     settings = TaskSettings(image_size=48, slab_slices=1, batch_size=4)
@@ -194,7 +194,7 @@ def test_msd_site_trains_with_slab_one(msd_sites) -> None:
 
 
 def test_msd_site_without_val_patches_is_refused(tmp_path: Path) -> None:
-    from clients.shared_sites import convert
+    from clients.datagen.shared import convert
 
     shared = _require(*MSD_FILES)
     with pytest.raises(ValueError, match="all from one source file"):
@@ -202,7 +202,7 @@ def test_msd_site_without_val_patches_is_refused(tmp_path: Path) -> None:
 
 
 def test_unknown_set_for_task_is_clear(tmp_path: Path) -> None:
-    from clients.shared_sites import convert
+    from clients.datagen.shared import convert
 
     with pytest.raises(ValueError, match="unknown set 'msd-lung' for task 'cxr-cls'"):
         convert("cxr-cls", tmp_path, tmp_path / "out", 2, dataset="msd-lung")

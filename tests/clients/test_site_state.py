@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from clients.site_state import SiteStateStore
+from clients.site.state_store import SiteStateStore
 
 
 def test_save_load_round_trip_and_safe_names(tmp_path: Path):

@@ -1,4 +1,4 @@
-"""Tests for clients.slabs: CT windowing and 2.5D slab samples."""
+"""Tests for clients.pe_seg.slabs: CT windowing and 2.5D slab samples."""
 
 from __future__ import annotations
 
@@ -7,17 +7,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from clients.pe_studies import Study, load_site_studies
-from clients.slabs import SlabDataset, window_ct
+from clients.pe_seg.data import Item, load_site
+from clients.io.windowing import window_ct
+from clients.pe_seg.slabs import SlabDataset
 
 
-def _study(study_id: str, num_slices: int, size: int = 16) -> Study:
+def _study(study_id: str, num_slices: int, size: int = 16) -> Item:
     """Slice k is constant HU -250 + 100 k; its mask marks k pixels of row 0."""
     hu = np.stack([np.full((size, size), -250.0 + 100.0 * k, np.float32) for k in range(num_slices)])
     mask = np.zeros(hu.shape, np.uint8)
     for k in range(num_slices):
         mask[k, 0, :k] = 1
-    return Study(study_id, "train", hu, mask, (2.0, 1.0, 1.0))
+    return Item(study_id, "train", hu, mask, (2.0, 1.0, 1.0))
 
 
 def test_window_ct_is_the_ctpa_window() -> None:
@@ -89,7 +90,7 @@ def test_slab_must_be_odd_positive_int(slab) -> None:
 
 
 def test_slabs_from_a_generated_site(small_site) -> None:
-    studies, _ = load_site_studies(small_site)
+    studies, _ = load_site(small_site)
     ds = SlabDataset(studies, slab=9, image_size=32)
     assert len(ds) == sum(s.hu.shape[0] for s in studies)
     image, target = ds[len(ds) // 2]
@@ -99,7 +100,7 @@ def test_slabs_from_a_generated_site(small_site) -> None:
 
 
 def test_real_series_nine_slice_slab_at_native_size(real_volume) -> None:
-    study = Study("real", "val", real_volume.hu, np.zeros(real_volume.shape, np.uint8), real_volume.spacing)
+    study = Item("real", "val", real_volume.hu, np.zeros(real_volume.shape, np.uint8), real_volume.spacing)
     ds = SlabDataset([study], slab=9)
     image, target = ds[0]
     assert image.shape == (9, 512, 512) and target.shape == (1, 512, 512)

@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from clients.device import select_device
-from clients.trainer import NonFiniteLossError, train_steps
+from clients.training.device import select_device
+from clients.training.trainer import NonFiniteLossError, train_steps
 
 
 def _data(n_batches: int = 3, batch: int = 4):

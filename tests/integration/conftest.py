@@ -1,8 +1,11 @@
-"""Fixtures of the real-process deployment tests: a TLS SuperLink with node authentication.
+"""Fixtures of the real-process tests: small synthetic hospitals, a TLS SuperLink.
 
-``deployment`` is one SuperLink per test module (its tests start their own
+``small_hospitals`` writes synthetic hospitals (32x32) cut to three studies each
+(two train, one val): a federation of real DICOM series and NIfTI masks that
+trains and evaluates in seconds. ``deployment`` is one TLS SuperLink with
+SuperNode authentication for the whole session (its tests start their own
 SuperNodes); ``private_deployment`` is one per test, for a test that kills and
-restarts its SuperLink. Every process is started by ``app.deployment`` in its
+restarts its SuperLink. Every process is started by ``app.processes`` in its
 own process group and stopped by PID; at teardown no process may still name
 the deployment's folder.
 """
@@ -11,18 +14,39 @@ from __future__ import annotations
 
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from app.certs import ensure_server_certificate, ensure_site_keys
-from app.deployment import CONNECTION, DeployLayout, TLSSuperLink, write_tls_connection
-from app.flower_processes import free_port
+from app.processes.certs import ensure_server_certificate, ensure_site_keys
+from app.processes.environment import free_port
+from app.processes.flwr_cli import CONNECTION, write_connection
+from app.processes.layout import DeployLayout
+from app.processes.superlink import SuperLinkProcess
+from clients.pe_seg.manifest import read_manifest, write_manifest
+from clients.pe_seg.synthetic import generate_federation
 
 DEPLOYMENT_SITES = ("hospital-a", "hospital-b", "rogue")
+
+
+def write_small_hospitals(root: Path, seed: int, num_sites: int = 2) -> list[Path]:
+    """Synthetic hospitals (32x32) cut to three studies each: two train, one val."""
+    sites = generate_federation(root, num_sites=num_sites, seed=seed, image_size=32)
+    for site in sites:
+        entries = read_manifest(site)
+        keep = ([e for e in entries if e.split == "train"][:2]
+                + [e for e in entries if e.split == "val"][:1])
+        write_manifest(site, keep)
+    return sites
+
+
+@pytest.fixture(scope="session")
+def small_hospitals() -> Callable[[Path, int], list[Path]]:
+    """``write(root, seed)``: two small synthetic hospitals under ``root``."""
+    return write_small_hospitals
 
 
 @dataclass
@@ -35,7 +59,7 @@ class Deployment:
 
     root: Path
     layout: DeployLayout
-    link: TLSSuperLink
+    link: SuperLinkProcess
     flwr_home: Path
 
 
@@ -52,10 +76,10 @@ def _running_deployment(root: Path) -> Iterator[Deployment]:
     for site in DEPLOYMENT_SITES:
         ensure_site_keys(layout.certs, site)
     flwr_home = root / "flwr-cli"
-    link = TLSSuperLink.start(layout, host="127.0.0.1", port=free_port())
+    link = SuperLinkProcess.start_tls(layout, host="127.0.0.1", port=free_port())
     deployment = Deployment(root, layout, link, flwr_home)
     try:
-        write_tls_connection(flwr_home, CONNECTION, link.address, layout.ca_cert)
+        write_connection(flwr_home, CONNECTION, link.address, layout.ca_cert)
         yield deployment
     finally:
         deployment.link.stop()
@@ -66,9 +90,9 @@ def _running_deployment(root: Path) -> Iterator[Deployment]:
     assert processes_mentioning(str(root)) == []
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def deployment(tmp_path_factory) -> Iterator[Deployment]:
-    """One TLS SuperLink shared by the tests of a module."""
+    """One TLS SuperLink shared by the deployment tests of the session."""
     with _running_deployment(tmp_path_factory.mktemp("deployment")) as running:
         yield running
 

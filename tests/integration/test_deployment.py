@@ -1,9 +1,10 @@
 """A real deployment on 127.0.0.1: TLS SuperLink with SuperNode authentication.
 
-One ``flower-superlink`` (TLS with a CA made by ``app.certs``, ``--enable-supernode-auth``,
-a sqlite ``--database``; the ``deployment`` fixture of ``conftest.py``) is shared by
-the tests of this module; each test starts its own ``flower-supernode`` processes.
-Every process is started by ``app.deployment`` in its own process group and
+One ``flower-superlink`` (TLS with a CA made by ``app.processes.certs``,
+``--enable-supernode-auth``, a sqlite ``--database``; the ``deployment`` fixture of
+``conftest.py``) is shared by the tests of the session; each test starts its own
+``flower-supernode`` processes. Every process is started by ``app.processes`` in
+its own process group and
 stopped by PID in ``finally`` blocks; every wait is bounded.
 """
 
@@ -22,17 +23,13 @@ import pytest
 from flwr.supercore.exit import ExitCode
 from mlflow.tracking import MlflowClient
 
-from app.certs import ensure_server_certificate
-from app.deployment import (
-    DeployLayout,
-    SuperNodeProcess,
-    list_supernodes,
-    register_site,
-    submit_run,
-    wait_online,
-)
-from app.flower_processes import free_port
-from clients.synthetic_ct import generate_federation
+from app.processes.certs import ensure_server_certificate
+from app.processes.environment import free_port
+from app.processes.flwr_cli import list_supernodes, wait_online
+from app.processes.layout import DeployLayout
+from app.processes.registration import register_site
+from app.processes.run_submission import submit_run
+from app.processes.supernode import SuperNodeProcess
 
 pytestmark = pytest.mark.integration
 
@@ -43,9 +40,9 @@ def _tail(*daemons) -> str:
     return "\n".join(f"--- {d.name} ---\n{d.log_text()[-3000:]}" for d in daemons)
 
 
-def test_two_authenticated_sites_federate_over_tls(deployment, tmp_path):
+def test_two_authenticated_sites_federate_over_tls(deployment, tmp_path, small_hospitals):
     d = deployment
-    data = generate_federation(tmp_path / "data", num_sites=2, seed=3, image_size=32)
+    data = small_hospitals(tmp_path / "data", 3)
     node_ids = {site: register_site(d.layout, d.flwr_home, site) for site in SITES}
     assert len(set(node_ids.values())) == 2
     # Registering again is a no-op that returns the same node id.
@@ -67,7 +64,7 @@ def test_two_authenticated_sites_federate_over_tls(deployment, tmp_path):
                 state_dir=tmp_path / "state" / site, port=free_port(), torch_threads=1))
         assert len({n.port for n in nodes}) == 2
         wait_online(d.flwr_home, node_ids.values(), timeout=90, watch=nodes)
-        outcome = submit_run(d.flwr_home, run_config, timeout=300, on_line=output.append)
+        outcome = submit_run(d.flwr_home, run_config, timeout=480, on_line=output.append)
         assert outcome.run_id is not None, "".join(output)[-3000:]
         assert outcome.status == "finished:completed", \
             "".join(output)[-3000:] + _tail(d.link, *nodes)
@@ -174,7 +171,7 @@ def test_certs_cli_is_idempotent_keeps_keys_private_and_refuses_other_hosts(tmp_
         load_ssh_public_key,
     )
 
-    from app.certs import main as certs_main
+    from app.processes.certs import main as certs_main
 
     out = tmp_path / "certs"
     assert certs_main(["--out", str(out), "--hosts", "localhost,127.0.0.1",

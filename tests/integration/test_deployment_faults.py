@@ -12,7 +12,7 @@
   themselves, ``resume=true`` continues from the server checkpoint in the same
   MLflow run, and the final model is the one trained for all rounds.
 
-Every process is started by ``app.deployment`` in its own process group and
+Every process is started by ``app.processes`` in its own process group and
 stopped (or killed) by PID; every wait is bounded. The SuperLinks come from the
 fixtures of ``conftest.py``.
 """
@@ -35,22 +35,15 @@ import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
 
-from app.deployment import (
-    CONNECTION,
-    DaemonProcess,
-    RunOutcome,
-    SuperNodeProcess,
-    descendants,
-    list_supernodes,
-    register_site,
-    start_time,
-    submit_run,
-    wait_online,
-)
-from app.flower_processes import flower_env, free_port
-from clients.manifest import read_manifest, write_manifest
-from clients.synthetic_ct import generate_federation
-from strategies.checkpoint import load_checkpoint
+from app.processes.daemon import DaemonProcess
+from app.processes.environment import flower_env, free_port
+from app.processes.flwr_cli import CONNECTION, list_supernodes, wait_online
+from app.processes.process_tree import descendants, start_time
+from app.processes.registration import register_site
+from app.processes.run_submission import RunOutcome, submit_run
+from app.processes.superlink import SuperLinkProcess
+from app.processes.supernode import SuperNodeProcess
+from strategies.rounds.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.integration
 
@@ -66,17 +59,6 @@ _PLUGINS = {"aggregator": "fedavg", "schedule": "fixed", "selector": "uniform",
 
 def _tail(*daemons: DaemonProcess) -> str:
     return "\n".join(f"--- {d.name} ---\n{d.log_text()[-3000:]}" for d in daemons)
-
-
-def _small_federation(root: Path, seed: int) -> list[Path]:
-    """Two synthetic hospitals (32x32) cut to three studies each: two train, one val."""
-    sites = generate_federation(root, num_sites=2, seed=seed, image_size=32)
-    for site in sites:
-        entries = read_manifest(site)
-        keep = ([e for e in entries if e.split == "train"][:2]
-                + [e for e in entries if e.split == "val"][:1])
-        write_manifest(site, keep)
-    return sites
 
 
 def _alive(pid: int, started: str | None) -> bool:
@@ -221,9 +203,9 @@ def _history(client: MlflowClient, run_id: str, key: str) -> dict[int, float]:
 
 
 def test_killed_supernode_is_recorded_as_failed_and_trains_again_after_restart(
-        deployment, tmp_path):
+        deployment, tmp_path, small_hospitals):
     d = deployment
-    data = _small_federation(tmp_path / "data", seed=11)
+    data = small_hospitals(tmp_path / "data", 11)
     node_ids = {site: register_site(d.layout, d.flwr_home, site) for site in SITES}
     tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
     # min-nodes=2: round 1 has both sites, and a round waits (bounded) for a site
@@ -301,9 +283,9 @@ def test_killed_supernode_is_recorded_as_failed_and_trains_again_after_restart(
 
 
 def test_server_killed_after_round_1_resumes_in_the_same_mlflow_run(private_deployment,
-                                                                   tmp_path):
+                                                                   tmp_path, small_hospitals):
     d = private_deployment
-    data = _small_federation(tmp_path / "data", seed=12)
+    data = small_hospitals(tmp_path / "data", 12)
     node_ids = {site: register_site(d.layout, d.flwr_home, site) for site in SITES}
     tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
     checkpoints = tmp_path / "checkpoints"
@@ -333,7 +315,7 @@ def test_server_killed_after_round_1_resumes_in_the_same_mlflow_run(private_depl
             pass
         assert first.done(), first.output()
 
-        d.link = type(old).start(d.layout, host=old.host, port=old.port)
+        d.link = SuperLinkProcess.start_tls(d.layout, host=old.host, port=old.port)
         # The SuperNodes kept retrying and reconnect by themselves.
         assert all(n.process.poll() is None for n in nodes), _tail(*nodes)
         _wait_for(lambda: all(n.log_text().count("Connection successful") > before

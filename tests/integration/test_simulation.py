@@ -1,8 +1,18 @@
 """End to end: real SuperLink, real `flwr run`, real DICOM/NIfTI sites, real MLflow store.
 
-Each test runs ``python -m app.simulate`` (what ``make simulate`` runs) in a
-subprocess with its own FLWR_HOME, data and sqlite MLflow store, then reads the
-results back from MLflow.
+One federation, run twice with ``python -m app.processes.simulate`` (what
+``make simulate`` runs) in a subprocess with its own FLWR_HOME, data and sqlite
+MLflow store, is checked by every test of this module:
+
+1. two rounds on three sites, the third with a broken manifest: FedNova with
+   heavy-ball SGD, AdaComm (tau clamped to 2, so every site runs 2 steps),
+   top-5% compressed uplink with error feedback, deadline and quorum, a server
+   checkpoint after each round;
+2. ``resume=true`` with three rounds: it continues from the checkpoint in the
+   same MLflow run and trains round 3.
+
+The MLflow store after run 1 is copied aside, so the tests of run 1 read what
+run 1 wrote, whatever order the tests run in.
 """
 
 from __future__ import annotations
@@ -12,6 +22,7 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import mlflow
@@ -20,26 +31,54 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from clients.synthetic_ct import generate_federation
-
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.integration
+
+SITES = ("hospital-00", "hospital-01")
+BROKEN = "hospital-02"
+RUN_CONFIG = (
+    "local-steps=2", "image-size=32", "batch-size=4", "min-nodes=3", "node-wait-timeout=60",
+    "experiment=e2e", "strategy.aggregator=fednova", "optimizer=sgd", "lr=0.05",
+    "momentum=0.5", "strategy.schedule=adacomm", "adacomm.tau-min=2", "adacomm.tau-max=2",
+    "round.deadline=5", "round.quorum=2", "strategy.codec=topk:0.05",
+)
+
+
+@dataclass(frozen=True)
+class Federation:
+    """The two ``app.processes.simulate`` runs of this module and where they wrote."""
+
+    tmp: Path
+    data_root: Path
+    first: subprocess.CompletedProcess
+    resumed: subprocess.CompletedProcess
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.tmp / "checkpoints"
+
+    def mlflow(self, store: str) -> tuple[MlflowClient, object]:
+        """Client and the one MLflow run of ``store`` (``first.db`` or ``mlflow.db``)."""
+        uri = f"sqlite:///{self.tmp / store}"
+        mlflow.set_tracking_uri(uri)
+        client = MlflowClient(tracking_uri=uri)
+        experiment = client.get_experiment_by_name("e2e")
+        runs = client.search_runs([experiment.experiment_id])
+        assert len(runs) == 1
+        return client, runs[0]
 
 
 def _simulate(tmp: Path, data_root: Path, sites: int, rounds: int,
               extra: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
-    tracking = f"sqlite:///{tmp / 'mlflow.db'}"
     command = [
-        sys.executable, "-m", "app.simulate",
+        sys.executable, "-m", "app.processes.simulate",
         "--data-root", str(data_root), "--sites", str(sites),
-        "--tracking-uri", tracking, "--artifact-root", str(tmp / "artifacts"),
+        "--tracking-uri", f"sqlite:///{tmp / 'mlflow.db'}",
+        "--artifact-root", str(tmp / "artifacts"),
         "--flwr-home", str(tmp / "flwr-home"), "--log-dir", str(tmp / "logs"),
-        "--timeout", "540",
-        "-c", f"num-server-rounds={rounds}", "-c", "local-steps=2", "-c", "image-size=32",
-        "-c", "batch-size=4", "-c", f"min-nodes={sites}", "-c", "node-wait-timeout=60",
-        "-c", "experiment=e2e",
+        "--timeout", "540", "-c", f"num-server-rounds={rounds}",
     ]
-    for item in extra:
+    for item in (*RUN_CONFIG, *extra):
         command += ["-c", item]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
@@ -49,58 +88,47 @@ def _simulate(tmp: Path, data_root: Path, sites: int, rounds: int,
     return result
 
 
-def _mlflow_run(tmp: Path):
-    mlflow.set_tracking_uri(f"sqlite:///{tmp / 'mlflow.db'}")
-    client = MlflowClient()
-    experiment = client.get_experiment_by_name("e2e")
-    runs = client.search_runs([experiment.experiment_id])
-    assert len(runs) == 1
-    return client, runs[0]
+@pytest.fixture(scope="module")
+def federation(tmp_path_factory, small_hospitals) -> Federation:
+    tmp = tmp_path_factory.mktemp("simulation")
+    data_root = tmp / "data"
+    small_hospitals(data_root, 3)
+    broken = data_root / BROKEN
+    broken.mkdir()
+    (broken / "manifest.csv").write_text("this,is,not\na,manifest,file\n")
+    checkpoint = f"checkpoint-dir={tmp / 'checkpoints'}"
+    first = _simulate(tmp, data_root, sites=3, rounds=2, extra=(checkpoint,))
+    assert first.returncode == 0, first.stderr[-2000:]
+    shutil.copy(tmp / "mlflow.db", tmp / "first.db")
+    resumed = _simulate(tmp, data_root, sites=3, rounds=3, extra=(checkpoint, "resume=true"))
+    return Federation(tmp, data_root, first, resumed)
 
 
 def _steps(client: MlflowClient, run_id: str, key: str) -> list[int]:
     return sorted(m.step for m in client.get_metric_history(run_id, key))
 
 
-@pytest.fixture(scope="module")
-def two_hospitals(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("hospitals")
-    generate_federation(root, num_sites=2, seed=3, image_size=32)
-    return root
-
-
-def test_two_sites_two_rounds_tracked_in_mlflow(tmp_path, two_hospitals):
-    result = _simulate(tmp_path, two_hospitals, sites=2, rounds=2,
-                       extra=("strategy.codec=topk:0.05",))
-    assert result.returncode == 0, result.stderr[-2000:]
+def test_run_completes_and_is_tracked_per_round_and_site(federation):
+    result = federation.first
     assert "status: finished:completed" in result.stdout
     assert "bytes on the wire over 2 rounds" in result.stdout
     assert "Federation summary" in result.stdout
 
-    client, run = _mlflow_run(tmp_path)
+    client, run = federation.mlflow("first.db")
     run_id = run.info.run_id
     assert run.info.status == "FINISHED"
     assert run.data.params["num-server-rounds"] == "2"
     assert run.data.params["local-steps"] == "2"
+    assert run.data.params["strategy.aggregator"] == "fednova"
     for key in ("eval/val-dice", "train/train-loss", "round-seconds"):
         assert _steps(client, run_id, key) == [1, 2], key
-    for site in ("hospital-00", "hospital-01"):
+    for site in SITES:
         for key in ("val-dice", "train-loss", "steps"):
             assert _steps(client, run_id, f"site/{site}/{key}") == [1, 2]
+        steps = client.get_metric_history(run_id, f"site/{site}/steps")
+        assert all(m.value == 2 for m in steps)
     dice = client.get_metric_history(run_id, "eval/val-dice")
     assert all(0.0 <= m.value <= 1.0 for m in dice)
-    steps = client.get_metric_history(run_id, f"site/hospital-00/steps")
-    assert all(m.value == 2 for m in steps)
-    # Compressed uplink: top-5% payloads, measured as serialised bytes.
-    for site in ("hospital-00", "hospital-01"):
-        up = client.get_metric_history(run_id, f"site/{site}/bytes-up")
-        ratio = client.get_metric_history(run_id, f"site/{site}/uplink-ratio")
-        assert len(up) == 2 and all(m.value > 0 for m in up)
-        assert all(m.value > 8 for m in ratio)  # ~20x less than dense fp32 for top-5%
-        assert [m.step for m in client.get_metric_history(
-            run_id, f"site/{site}/residual-norm")] == [1, 2]
-        residual = two_hospitals / site / ".fedmed-state" / run_id / "ef-residual.npy"
-        assert residual.exists()
 
     models = client.search_logged_models(experiment_ids=[run.info.experiment_id])
     assert [m.source_run_id for m in models] == [run_id]
@@ -110,54 +138,53 @@ def test_two_sites_two_rounds_tracked_in_mlflow(tmp_path, two_hospitals):
     assert np.isfinite(out.detach().numpy()).all()
     # Nothing left running: no process of this federation (they all name its log dir).
     processes = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    assert str(tmp_path / "logs") not in processes
+    assert str(federation.tmp / "logs") not in processes
 
 
-def test_fednova_adacomm_quorum_round_survives_a_failing_site(tmp_path, two_hospitals):
+def test_uplink_is_compressed_with_error_feedback_kept_at_the_site(federation):
+    client, run = federation.mlflow("first.db")
+    run_id = run.info.run_id
+    # Compressed uplink: top-5% payloads, measured as serialised bytes.
+    for site in SITES:
+        up = client.get_metric_history(run_id, f"site/{site}/bytes-up")
+        ratio = client.get_metric_history(run_id, f"site/{site}/uplink-ratio")
+        assert len(up) == 2 and all(m.value > 0 for m in up)
+        assert all(m.value > 8 for m in ratio)  # ~20x less than dense fp32 for top-5%
+        assert _steps(client, run_id, f"site/{site}/residual-norm") == [1, 2]
+        residual = federation.data_root / site / ".fedmed-state" / run_id / "ef-residual.npy"
+        assert residual.exists()
+
+
+def test_fednova_adacomm_quorum_round_survives_a_failing_site(federation):
     """FedNova + AdaComm + deadline/quorum, with a third site whose data is broken."""
-    data_root = tmp_path / "data"
-    shutil.copytree(two_hospitals, data_root)
-    broken = data_root / "hospital-02"
-    broken.mkdir()
-    (broken / "manifest.csv").write_text("this,is,not\na,manifest,file\n")
-    result = _simulate(tmp_path, data_root, sites=3, rounds=2, extra=(
-        "strategy.aggregator=fednova", "optimizer=sgd", "lr=0.05", "momentum=0.5",
-        "strategy.schedule=adacomm", "round.deadline=5", "round.quorum=2"))
-    assert result.returncode == 0, result.stderr[-2000:]
-
-    client, run = _mlflow_run(tmp_path)
+    client, run = federation.mlflow("first.db")
     run_id = run.info.run_id
     assert [m.value for m in client.get_metric_history(run_id, "replies-dropped")] == [1.0, 1.0]
     assert [m.value for m in client.get_metric_history(run_id, "replies-accepted")] == [2.0, 2.0]
-    assert _steps(client, run_id, "eval/val-dice") == [1, 2]
-    assert run.data.params["strategy.aggregator"] == "fednova"
     # tau_eff = sum_i p_i ||a_i||_1 with heavy-ball 0.5 over 2 steps: 1 + 1.5 = 2.5
     tau_eff = client.get_metric_history(run_id, "strategy/tau-eff")
-    assert [m.step for m in tau_eff] == [1, 2]
-    assert tau_eff[0].value == pytest.approx(2.5)
+    assert [m.step for m in sorted(tau_eff, key=lambda m: m.step)] == [1, 2]
+    assert all(m.value == pytest.approx(2.5) for m in tau_eff)
     assert _steps(client, run_id, "strategy/schedule-tau") == [1, 2]
     assert _steps(client, run_id, "strategy/global-loss") == [1, 2]
-    local = client.download_artifacts(run_id, "rounds/round-001-dropped.json", str(tmp_path))
+    local = client.download_artifacts(run_id, "rounds/round-001-dropped.json",
+                                      str(federation.tmp))
     dropped = json.loads(Path(local).read_text())
     reasons = " ".join(dropped.values())
-    assert "site hospital-02: ManifestError" in reasons
-    assert str(data_root) not in reasons  # no site path leaves the site
+    assert f"site {BROKEN}: ManifestError" in reasons
+    assert str(federation.data_root) not in reasons  # no site path leaves the site
 
 
-def test_resume_from_the_server_checkpoint_continues_the_same_mlflow_run(tmp_path,
-                                                                        two_hospitals):
-    checkpoints = tmp_path / "checkpoints"
-    first = _simulate(tmp_path, two_hospitals, sites=2, rounds=1, extra=(
-        f"checkpoint-dir={checkpoints}", "strategy.schedule=adacomm"))
-    assert first.returncode == 0, first.stderr[-2000:]
-    assert (checkpoints / "server-checkpoint.pkl").exists()
-    resumed = _simulate(tmp_path, two_hospitals, sites=2, rounds=3, extra=(
-        f"checkpoint-dir={checkpoints}", "strategy.schedule=adacomm", "resume=true"))
+def test_resume_from_the_server_checkpoint_continues_the_same_mlflow_run(federation):
+    assert (federation.checkpoints / "server-checkpoint.pkl").exists()
+    resumed = federation.resumed
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert "Resuming after round 1" in resumed.stdout
+    assert "Resuming after round 2" in resumed.stdout
 
-    client, run = _mlflow_run(tmp_path)   # one MLflow run for the whole federation
+    client, run = federation.mlflow("mlflow.db")  # one MLflow run for the whole federation
     run_id = run.info.run_id
+    assert run_id == federation.mlflow("first.db")[1].info.run_id
     assert _steps(client, run_id, "eval/val-dice") == [1, 2, 3]
     assert _steps(client, run_id, "strategy/schedule-tau") == [1, 2, 3]
-    assert any(tag.startswith("resumed-after-round-1") for tag in run.data.tags)
+    assert _steps(client, run_id, f"site/{SITES[0]}/steps") == [1, 2, 3]
+    assert any(tag.startswith("resumed-after-round-2") for tag in run.data.tags)

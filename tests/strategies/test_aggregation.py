@@ -12,6 +12,8 @@ from strategies.aggregation import (
     local_solver_coefficients,
     local_solver_norm,
 )
+from strategies.errors import ConfigError
+from strategies.local_solver import LocalSolverError
 
 
 def run_local_sgd(
@@ -233,5 +235,6 @@ def test_fednova_rejects_bad_norms() -> None:
     ],
 )
 def test_local_solver_norm_validation(kwargs, match) -> None:
-    with pytest.raises(AggregationError, match=match):
+    with pytest.raises(LocalSolverError, match=match):
         local_solver_norm(**kwargs)
+    assert issubclass(LocalSolverError, ConfigError)  # bad solver settings: a run-config error

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from strategies.checkpoint import (
+from strategies.rounds.checkpoint import (
     CheckpointError,
     ServerCheckpoint,
     load_checkpoint,
@@ -49,3 +49,13 @@ def test_refuses_missing_corrupt_or_mismatched(tmp_path: Path):
     save_checkpoint(path, _checkpoint())
     with pytest.raises(CheckpointError, match="same strategy settings"):
         load_checkpoint(path, {"aggregator": "fednova", "schedule": "adacomm"})
+
+
+def test_a_checkpoint_of_classes_that_moved_is_refused_not_crashed(tmp_path: Path):
+    """A checkpoint pickled by a version whose classes lived elsewhere: a CheckpointError."""
+    path = tmp_path / "server.pkl"
+    save_checkpoint(path, _checkpoint())
+    data = path.read_bytes().replace(b"strategies.rounds.checkpoint", b"strategies.gone_module_")
+    path.write_bytes(data)
+    with pytest.raises(CheckpointError, match="unreadable"):
+        load_checkpoint(path, PLUGINS)

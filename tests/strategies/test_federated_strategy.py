@@ -18,9 +18,9 @@ from flwr.app import (
 from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 
 from strategies import message_keys as keys
-from strategies.federated_strategy import FederatedStrategy, NoValidRepliesError
-from strategies.node_wait import NodeWaitTimeout, wait_for_nodes
-from strategies.registry import AGGREGATORS, SCHEDULES, SELECTORS, PluginError
+from strategies.rounds.federated_strategy import FederatedStrategy, NoValidRepliesError
+from strategies.rounds.node_wait import NodeWaitTimeout, wait_for_nodes
+from strategies.registry import AGGREGATORS, SCHEDULES, SELECTORS
 from strategies.update_codec import pack_update
 
 
@@ -207,13 +207,6 @@ def test_adacomm_schedule_follows_the_global_loss():
     assert capped.observe([_fake_reply(initial_loss=0.02)])["schedule-tau"] == 6
 
 
-def test_unknown_plugin_names_list_the_known_ones():
-    with pytest.raises(PluginError, match=r"unknown aggregator 'fedsgd'; choose one of \['fedavg', 'fednova'\]"):
-        AGGREGATORS.create("fedsgd")
-    with pytest.raises(PluginError, match="server momentum"):
-        AGGREGATORS.create("fednova", server_momentum=1.5)
-
-
 def _fake_reply(initial_loss: float):
     from strategies.replies import TrainReply  # noqa: PLC0415
 
@@ -222,7 +215,7 @@ def _fake_reply(initial_loss: float):
 
 
 class RecordingGrid(FakeGrid):
-    """Keeps every pushed message under a fresh message id, for ``pull_messages`` to answer."""
+    """Keeps every pushed message under a fresh message id; ``answer`` replies to it."""
 
     def __init__(self, nodes: list[int]) -> None:
         super().__init__(nodes)
@@ -237,6 +230,19 @@ class RecordingGrid(FakeGrid):
             ids.append(mid)
         return ids
 
+    def pull_messages(self, message_ids):
+        replies = (self.answer(self.sent[mid]) for mid in message_ids)
+        return [reply for reply in replies if reply is not None]
+
+    def answer(self, message: Message) -> Message | None:
+        """The reply to ``message`` available now (None: not yet)."""
+        raise NotImplementedError
+
+
+def _from(reply: Message, node: int) -> Message:
+    reply.metadata.__dict__["_src_node_id"] = node
+    return reply
+
 
 class AnsweringGrid(RecordingGrid):
     """Answers query messages at once with a per-node loss; nodes in ``silent`` never answer."""
@@ -245,23 +251,18 @@ class AnsweringGrid(RecordingGrid):
         super().__init__(list(losses))
         self.losses, self.silent = losses, silent
 
-    def pull_messages(self, message_ids):
-        out = []
-        for mid in message_ids:
-            message = self.sent[mid]
-            node = message.metadata.dst_node_id
-            if node in self.silent:
-                continue
-            assert message.metadata.message_type == MessageType.QUERY
-            reply = _reply(message, None, {keys.NUM_EXAMPLES: 10 * node,
-                                           keys.QUERY_LOSS: self.losses[node]}, f"site-{node}")
-            reply.metadata.__dict__["_src_node_id"] = node
-            out.append(reply)
-        return out
+    def answer(self, message: Message) -> Message | None:
+        node = message.metadata.dst_node_id
+        if node in self.silent:
+            return None
+        assert message.metadata.message_type == MessageType.QUERY
+        return _from(_reply(message, None, {keys.NUM_EXAMPLES: 10 * node,
+                                            keys.QUERY_LOSS: self.losses[node]},
+                            f"site-{node}"), node)
 
 
 def test_pow_d_queries_candidates_and_records_the_selection():
-    from strategies.round_policy import RoundPolicy  # noqa: PLC0415
+    from strategies.rounds.round_policy import RoundPolicy  # noqa: PLC0415
 
     grid = AnsweringGrid({1: 0.3, 2: 2.0, 3: 1.0, 4: 5.0}, silent={4})
     strategy = FederatedStrategy(
@@ -294,34 +295,30 @@ def test_a_known_site_that_disconnected_is_recorded_as_failed():
 
 
 class SuperLinkGrid(RecordingGrid):
-    """Sites answer train messages at once; from round ``gone_from`` on, node ``gone``
-    is unreachable and the SuperLink answers for it as Flower 1.41 does: an error
-    reply (NODE_UNAVAILABLE) whose source is the SuperLink's node id."""
+    """Sites answer train and evaluate messages at once; from round ``gone_from`` on,
+    node ``gone`` is unreachable and the SuperLink answers for it as Flower 1.41 does:
+    an error reply (NODE_UNAVAILABLE) whose source is the SuperLink's node id."""
 
     def __init__(self, nodes: list[int], gone: int, gone_from: int) -> None:
         super().__init__(nodes)
         self.gone, self.gone_from = gone, gone_from
 
-    def pull_messages(self, message_ids):
-        out = []
-        for mid in message_ids:
-            message = self.sent[mid]
-            node = message.metadata.dst_node_id
-            if node == self.gone and (message.content[keys.CONFIG][keys.SERVER_ROUND]
-                                      >= self.gone_from):
-                reply = Message(Error(code=ErrorCode.NODE_UNAVAILABLE,
-                                      reason="Error: Node Unavailable"), reply_to=message)
-                reply.metadata.__dict__["_src_node_id"] = SUPERLINK_NODE_ID
-            else:
-                delta = [np.zeros_like(g) for g in GLOBAL]
-                reply = _reply(message, delta, _train_metrics(2), f"site-{node}")
-                reply.metadata.__dict__["_src_node_id"] = node
-            out.append(reply)
-        return out
+    def answer(self, message: Message) -> Message:
+        node = message.metadata.dst_node_id
+        if node == self.gone and (message.content[keys.CONFIG][keys.SERVER_ROUND]
+                                  >= self.gone_from):
+            return _from(Message(Error(code=ErrorCode.NODE_UNAVAILABLE,
+                                       reason="Error: Node Unavailable"), reply_to=message),
+                         SUPERLINK_NODE_ID)
+        if message.metadata.message_type == MessageType.EVALUATE:
+            return _from(_reply(message, None, {keys.NUM_EXAMPLES: 5, "val-dice": 0.5},
+                                f"site-{node}"), node)
+        delta = [np.zeros_like(g) for g in GLOBAL]
+        return _from(_reply(message, delta, _train_metrics(2), f"site-{node}"), node)
 
 
 def test_a_site_the_superlink_reports_unavailable_is_recorded_failed_under_its_name():
-    from strategies.round_policy import RoundPolicy  # noqa: PLC0415
+    from strategies.rounds.round_policy import RoundPolicy  # noqa: PLC0415
 
     strategy = make_strategy(min_nodes=1, fraction_evaluate=0.0,
                              policy=RoundPolicy(timeout=5.0, poll_interval=0.01))
@@ -332,3 +329,29 @@ def test_a_site_the_superlink_reports_unavailable_is_recorded_failed_under_its_n
     assert list(dropped) == ["site-3"]  # not "node-1" (the SuperLink's id)
     assert "Node Unavailable" in dropped["site-3"]
     assert list(strategy.reports[2].train) == ["site-2"]
+
+
+def test_each_reply_is_validated_and_decoded_once_per_round(monkeypatch):
+    """The reply counted toward the quorum is the one aggregated: one parse, one decode."""
+    from strategies import replies  # noqa: PLC0415
+    from strategies.rounds.round_policy import RoundPolicy  # noqa: PLC0415
+
+    calls = {"decode": 0, "metrics": 0}
+
+    def counting(name, function):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return function(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(replies, "unpack_update", counting("decode", replies.unpack_update))
+    monkeypatch.setattr(replies, "_metrics", counting("metrics", replies._metrics))
+    strategy = make_strategy(min_nodes=2, policy=RoundPolicy(deadline=5.0, quorum=2,
+                                                             timeout=5.0, poll_interval=0.01))
+    grid = SuperLinkGrid([2, 3], gone=3, gone_from=2)
+    strategy.start(grid, _global_record(), num_rounds=2)
+    # 2 rounds x (2 train + 2 evaluate replies), each validated once; in round 2
+    # site-3's replies are SuperLink errors, rejected before their update is decoded
+    assert calls == {"decode": 2 + 1, "metrics": 2 * 4}
+    assert list(strategy.reports[2].train) == ["site-2"]
+    assert strategy.reports[1].evaluate_aggregate["val-dice"] == pytest.approx(0.5)

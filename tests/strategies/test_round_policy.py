@@ -8,7 +8,7 @@ import pytest
 from flwr.app import ConfigRecord, Error, Message, MetricRecord, RecordDict
 from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 
-from strategies.round_policy import RoundPolicy, collect_replies
+from strategies.rounds.round_policy import RoundPolicy, collect_replies
 
 
 pytestmark = pytest.mark.usefixtures("server_identity")

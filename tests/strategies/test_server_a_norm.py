@@ -8,7 +8,7 @@ from flwr.app import ArrayRecord, ConfigRecord
 
 from strategies import message_keys as keys
 from strategies.aggregation import local_solver_norm
-from strategies.federated_strategy import FederatedStrategy
+from strategies.rounds.federated_strategy import FederatedStrategy
 from strategies.local_solver import LocalSolver
 from strategies.registry import AGGREGATORS, SCHEDULES, SELECTORS
 from tests.strategies.test_federated_strategy import FakeGrid, _reply, _train_metrics

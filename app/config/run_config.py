@@ -1,0 +1,207 @@
+"""Typed, validated run configuration (``[tool.flwr.app.config]`` + overrides).
+
+Every run setting the ServerApp and ClientApp use comes through
+:meth:`RunConfig.from_mapping`, which checks types and ranges and fails with a
+:class:`RunConfigError` naming the key, instead of a KeyError deep in a round.
+Keys are spelled as in pyproject.toml: dashes (``local-steps``) and, for the
+strategy plug-ins and the round policy, dotted groups (``strategy.aggregator``,
+``round.deadline``).
+
+The plug-ins' own options live in their sections (``fednova.server-momentum``,
+``adacomm.tau-min``, ``selection.m``, ...): each plug-in declares and validates
+them (:mod:`strategies.plugins.options`), so this module names no plug-in; it
+hands the sections and the :class:`~strategies.plugins.options.RunSettings`
+plug-ins read to :mod:`strategies.registry`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import Field, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from clients.training.site_task import OPTIMIZERS, TaskSettings
+from clients.registry import TASKS
+from strategies.compression import parse_spec
+from strategies.errors import ConfigError
+from strategies.plugins.options import PluginOptions, typed_value
+from strategies.plugins.run_settings import RunSettings
+from strategies.registry import REGISTRIES, default_sections, parse_sections
+
+__all__ = ["RunConfig", "RunConfigError"]
+
+
+class RunConfigError(ConfigError):
+    """A run-config value is missing, of the wrong type or out of range."""
+
+
+def _key(f: Field) -> str:
+    return f.metadata.get("key", f.name.replace("_", "-"))
+
+
+def _dotted(key: str, default: Any) -> Any:
+    return field(default=default, metadata={"key": key})
+
+
+def _scalar_fields(config: Any) -> list[Field]:
+    """The fields that are one run-config key each (not the task's, not the plug-ins')."""
+    return [f for f in fields(config) if not f.metadata.get("group")]
+
+
+# TaskSettings fields that are run-config keys (positive_fraction stays the task's).
+_TASK_KEYS = ("image_size", "slab_slices", "batch_size", "num_labels", "model_size",
+              "volume_depth")
+
+
+def _task_fields() -> dict[str, Field]:
+    """Run-config key -> the :class:`TaskSettings` field it sets (``image-size``, ...)."""
+    return {f.name.replace("_", "-"): f for f in fields(TaskSettings) if f.name in _TASK_KEYS}
+
+
+def _typed(key: str, value: Any, f: Field) -> Any:
+    """``value`` checked against the type of ``f``'s default (an int widens to a float)."""
+    try:
+        return typed_value(value, type(f.default))
+    except TypeError:
+        raise RunConfigError(f"run-config '{key}' must be {type(f.default).__name__}, "
+                             f"got {value!r}") from None
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Settings of one federation (see pyproject.toml for the defaults).
+
+    The task's sizes (``image-size``, ``slab-slices``, ``batch-size``, ``num-labels``,
+    ``model-size``, ``volume-depth``) are :class:`TaskSettings` fields, held in
+    ``task_sizes``; the plug-ins' sections are in ``plugin_options``.
+    """
+
+    task: str = "pe-seg"
+    num_server_rounds: int = 6
+    local_steps: int = 200
+    optimizer: str = "adam"
+    lr: float = 0.003
+    momentum: float = 0.9
+    proximal_mu: float = 0.0
+    time_budget: float = 0.0
+    data_root: str = ""
+    tracking_uri: str = ""
+    artifact_root: str = ""
+    experiment: str = ""
+    checkpoint_dir: str = ""
+    resume: bool = False
+    min_nodes: int = 2
+    fraction_train: float = 1.0
+    node_wait_timeout: float = 120.0
+    round_timeout: float = 600.0
+    seed: int = 0
+    strategy_aggregator: str = _dotted("strategy.aggregator", "fedavg")
+    strategy_schedule: str = _dotted("strategy.schedule", "fixed")
+    strategy_selector: str = _dotted("strategy.selector", "uniform")
+    strategy_codec: str = _dotted("strategy.codec", "none")
+    strategy_error_feedback: bool = _dotted("strategy.error-feedback", True)
+    round_deadline: float = _dotted("round.deadline", 0.0)
+    round_quorum: int = _dotted("round.quorum", 0)
+    task_sizes: TaskSettings = field(default_factory=TaskSettings, metadata={"group": "task"})
+    plugin_options: dict[str, PluginOptions] = field(default_factory=default_sections,
+                                                     metadata={"group": "plug-ins"})
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> RunConfig:
+        """Build from Flower's run_config (keys such as ``local-steps``, ``round.quorum``).
+
+        Unknown keys are rejected so that a typo cannot silently keep a default;
+        the plug-in sections are validated by the plug-ins' options
+        (:func:`strategies.registry.parse_sections`).
+        """
+        sections, rest = parse_sections(values)
+        known, task = {_key(f): f for f in _scalar_fields(cls)}, _task_fields()
+        unknown = sorted(set(rest) - set(known) - set(task))
+        if unknown:
+            raise RunConfigError(f"unknown run-config keys {unknown}; known: "
+                                 f"{sorted([*known, *task])} and the plug-in sections "
+                                 f"{sorted(sections)}")
+        kwargs: dict[str, Any] = {"plugin_options": sections}
+        sizes: dict[str, Any] = {}
+        for key in rest:
+            f = known.get(key) or task[key]
+            (kwargs if key in known else sizes)[f.name] = _typed(key, values[key], f)
+        config = cls(task_sizes=TaskSettings(**sizes), **kwargs)
+        config.validate()
+        return config
+
+    def _value(self, name: str) -> Any:
+        return getattr(self.task_sizes if name in _TASK_KEYS else self, name)
+
+    def _fail(self, name: str, rule: str) -> None:
+        key = name.replace("_", "-") if name in _TASK_KEYS else _key(
+            self.__dataclass_fields__[name])
+        raise RunConfigError(f"run-config '{key}' {rule}, got {self._value(name)!r}")
+
+    def validate(self) -> None:
+        """Check ranges and cross-field rules."""
+        if self.task not in TASKS:
+            self._fail("task", f"must be one of {sorted(TASKS)}")
+        if self.optimizer not in OPTIMIZERS:
+            self._fail("optimizer", f"must be one of {OPTIMIZERS}")
+        if self.task_sizes.model_size not in ("small", "full"):
+            self._fail("model_size", "must be 'small' or 'full'")
+        for name in ("num_server_rounds", "local_steps", "batch_size", "image_size",
+                     "num_labels", "volume_depth",
+                     "min_nodes", "node_wait_timeout", "round_timeout", "lr"):
+            if self._value(name) <= 0:
+                self._fail(name, "must be > 0")
+        for name in ("proximal_mu", "time_budget", "round_deadline", "round_quorum"):
+            if getattr(self, name) < 0:
+                self._fail(name, "must be >= 0")
+        if not 0.0 <= self.momentum < 1.0:
+            self._fail("momentum", "must be in [0, 1)")
+        if not 0.0 < self.fraction_train <= 1.0:
+            self._fail("fraction_train", "must be in (0, 1]")
+        if self.task_sizes.slab_slices < 1 or self.task_sizes.slab_slices % 2 == 0:
+            self._fail("slab_slices", "must be odd and >= 1")
+        if self.task_sizes.image_size % 8:
+            self._fail("image_size", "must be a multiple of 8")
+        for registry in REGISTRIES:
+            registry.check(self.plugin_choice(registry.choice_key), self.plugin_options,
+                           self.run_settings())
+        try:
+            parse_spec(self.strategy_codec)
+        except ValueError as exc:
+            self._fail("strategy_codec", f"is not a valid codec spec ({exc})")
+        if self.proximal_mu and self.optimizer != "sgd":
+            self._fail("proximal_mu", "needs optimizer = \"sgd\"")
+        if self.proximal_mu and self.momentum:
+            self._fail("proximal_mu", "with momentum > 0 is not supported; set momentum = 0")
+        if self.resume and not self.checkpoint_dir:
+            self._fail("resume", "needs run-config 'checkpoint-dir'")
+        for name in ("data_root", "artifact_root", "checkpoint_dir"):
+            value = getattr(self, name)
+            if value and not Path(value).is_absolute():
+                self._fail(name, "must be an absolute path (Flower's daemons do not run in "
+                                 "the project directory)")
+
+    def task_settings(self) -> TaskSettings:
+        """The task's sizes and sampling."""
+        return self.task_sizes
+
+    def plugin_choice(self, choice_key: str) -> str:
+        """The plug-in chosen by ``choice_key`` (``strategy.aggregator`` -> ``"fedavg"``)."""
+        return next(getattr(self, f.name) for f in _scalar_fields(self)
+                    if _key(f) == choice_key)
+
+    def run_settings(self) -> RunSettings:
+        """What the plug-ins read from the rest of the run config."""
+        return RunSettings(local_steps=self.local_steps, num_rounds=self.num_server_rounds,
+                           fraction_train=self.fraction_train, min_nodes=self.min_nodes,
+                           seed=self.seed, optimizer=self.optimizer)
+
+    def as_params(self) -> dict[str, Any]:
+        """Flat ``{key: value}`` with the run-config spelling, for MLflow params."""
+        params = {_key(f): getattr(self, f.name) for f in _scalar_fields(self)}
+        params.update({key: getattr(self.task_sizes, f.name)
+                       for key, f in _task_fields().items()})
+        for options in self.plugin_options.values():
+            params.update(options.as_params())
+        return params

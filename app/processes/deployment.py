@@ -1,0 +1,228 @@
+"""A real deployment: TLS SuperLink with SuperNode authentication, hospital SuperNodes.
+
+The command line behind the deployment make targets; the pieces live in
+:mod:`app.processes` (:mod:`~app.processes.superlink`, :mod:`~app.processes.supernode`,
+:mod:`~app.processes.registration`, :mod:`~app.processes.flwr_cli`,
+:mod:`~app.processes.run_submission`, :mod:`~app.processes.certs`). The folder
+layout is :class:`~app.processes.layout.DeployLayout`'s; the ``flwr`` CLI uses
+its own ``FLWR_HOME`` (``make``: ``$(CURDIR)/.flwr-deploy``) whose
+``config.toml`` holds one TLS connection, ``fedmed-deploy``.
+
+Command line (what the make targets call)::
+
+    python -m app.processes.deployment superlink  --deploy-dir D --flwr-home H [--host --port]
+    python -m app.processes.deployment register   --deploy-dir D --flwr-home H --site NAME
+                                                  [--public-key F]
+    python -m app.processes.deployment supernode  --deploy-dir D --site NAME --data /abs
+                                                  [--state /abs] [--superlink HOST:PORT]
+                                                  [--runtime-port P]
+    python -m app.processes.deployment nodes      --deploy-dir D --flwr-home H
+    python -m app.processes.deployment federate   --deploy-dir D --flwr-home H
+                                                  --tracking-uri U --artifact-root A [-c k=v]
+
+``superlink`` and ``supernode`` run in the foreground (their log is echoed)
+until Ctrl-C, then stop their daemon and everything it started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from app.processes.certs import CertError
+from app.processes.daemon import DaemonProcess
+from app.processes.errors import FlowerProcessError
+from app.processes.federation_summary import print_summary
+from app.processes.flwr_cli import CONNECTION, list_supernodes, write_connection
+from app.processes.layout import DeployLayout
+from app.processes.registration import read_registry, register_site
+from app.processes.run_config_string import build_run_config
+from app.processes.run_submission import PROJECT_ROOT, submit_run
+from app.processes.superlink import DEFAULT_PORT, SuperLinkProcess
+from app.processes.supernode import SuperNodeProcess
+
+__all__ = ["main"]
+
+
+# --- command line ---------------------------------------------------------------------
+
+
+def _foreground(daemon: DaemonProcess, banner: str) -> int:
+    """Print the daemon's log as it grows until it exits or we are interrupted."""
+    print(banner, flush=True)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda *_: stop.set())
+    position = daemon.log_offset
+    try:
+        while not stop.is_set():
+            try:
+                with open(daemon.log_file, "rb") as handle:
+                    handle.seek(position)
+                    chunk = handle.read()
+                    position += len(chunk)
+            except OSError:
+                chunk = b""
+            if chunk:
+                sys.stdout.write(chunk.decode("utf-8", errors="replace"))
+                sys.stdout.flush()
+            if daemon.process.poll() is not None:
+                print(f"{daemon.name} exited with code {daemon.process.returncode}")
+                return daemon.process.returncode or 1
+            stop.wait(0.5)
+    finally:
+        if daemon.process.poll() is None:
+            print(f"\nstopping {daemon.name} (pid {daemon.pid})...", flush=True)
+        daemon.stop()
+    return 0
+
+
+def _superlink_address(args: argparse.Namespace) -> str:
+    return args.superlink or f"127.0.0.1:{args.port}"
+
+
+def _connected_layout(args: argparse.Namespace) -> DeployLayout:
+    """The deployment folder, with the CLI's TLS connection (re)written for it."""
+    layout = DeployLayout(args.deploy_dir)
+    write_connection(args.flwr_home, CONNECTION, _superlink_address(args), layout.ca_cert)
+    return layout
+
+
+def _cmd_superlink(args: argparse.Namespace) -> int:
+    link = SuperLinkProcess.start_tls(DeployLayout(args.deploy_dir), host=args.host,
+                                     port=args.port)
+    try:
+        layout = _connected_layout(args)
+    except FlowerProcessError:
+        link.stop()
+        raise
+    return _foreground(link, (
+        f"SuperLink on https://{link.address} (TLS, SuperNode authentication on), pid "
+        f"{link.pid}\n  database {layout.superlink_dir / 'state.db'}\n  log      "
+        f"{link.flower_log}\n  CLI      FLWR_HOME={args.flwr_home} "
+        f"{Path(sys.executable).parent / 'flwr'} supernode list {CONNECTION}\n"
+        "Ctrl-C stops it."))
+
+
+def _cmd_register(args: argparse.Namespace) -> int:
+    layout = _connected_layout(args)
+    node_id = register_site(layout, args.flwr_home, args.site, args.public_key)
+    print(f"site {args.site} registered as SuperNode {node_id} (registry {layout.registry})")
+    return 0
+
+
+def _cmd_supernode(args: argparse.Namespace) -> int:
+    layout = DeployLayout(args.deploy_dir)
+    node = SuperNodeProcess.start(layout, args.site, _superlink_address(args),
+                                  args.data.resolve(), args.state.resolve() if args.state
+                                  else None, args.runtime_port, args.private_key,
+                                  torch_threads=args.torch_threads)
+    return _foreground(node, (
+        f"SuperNode {args.site} -> {_superlink_address(args)} (pid {node.pid}, runtime API "
+        f"127.0.0.1:{node.port})\n  data {args.data.resolve()}\n  log  {node.log_file}\n"
+        "Ctrl-C stops it."))
+
+
+def _cmd_nodes(args: argparse.Namespace) -> int:
+    layout = _connected_layout(args)
+    names = {v["node-id"]: k for k, v in read_registry(layout.registry).items()}
+    nodes = list_supernodes(args.flwr_home)
+    print(f"{'site':<16} {'node id':<22} status")
+    for node in nodes:
+        print(f"{names.get(node['node-id'], '?'):<16} {node['node-id']:<22} {node['status']}")
+    return 0
+
+
+def _cmd_federate(args: argparse.Namespace) -> int:
+    layout = _connected_layout(args)
+    run_config = build_run_config(args.run_config, args.data_root, args.tracking_uri,
+                                  args.artifact_root, args.preset)
+    started = time.monotonic()
+    outcome = submit_run(args.flwr_home, run_config, args.timeout,
+                         on_line=lambda line: (sys.stdout.write(line), sys.stdout.flush()))
+    if outcome.run_id is None:
+        print("flwr run did not start a run (see the output above)", file=sys.stderr)
+        return 1
+    print(f"\nrun {outcome.run_id} status: {outcome.status}")
+    if outcome.status != "finished:completed":
+        print(f"the run did not complete; SuperLink log: "
+              f"{layout.superlink_dir / 'superlink.log'}", file=sys.stderr)
+        return 1
+    print_summary(args.tracking_uri, outcome.run_id, time.monotonic() - started)
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def common(p: argparse.ArgumentParser, cli: bool = True) -> None:
+        p.add_argument("--deploy-dir", type=Path, default=PROJECT_ROOT / "deploy")
+        p.add_argument("--port", type=int, default=DEFAULT_PORT,
+                       help="the SuperLink's HTTPS port")
+        p.add_argument("--superlink", default=None,
+                       help="host:port the SuperLink is dialled at (a name in its "
+                            "certificate); default 127.0.0.1:PORT")
+        if cli:
+            p.add_argument("--flwr-home", type=Path, default=PROJECT_ROOT / ".flwr-deploy")
+
+    p = sub.add_parser("superlink", help="run the TLS SuperLink (foreground)")
+    common(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.set_defaults(func=_cmd_superlink)
+
+    p = sub.add_parser("register", help="register a site's public key")
+    common(p)
+    p.add_argument("--site", required=True)
+    p.add_argument("--public-key", type=Path, default=None,
+                   help="default DEPLOY/certs/sites/SITE/supernode.pub")
+    p.set_defaults(func=_cmd_register)
+
+    p = sub.add_parser("supernode", help="run a site's SuperNode (foreground)")
+    common(p, cli=False)
+    p.add_argument("--site", required=True)
+    p.add_argument("--data", type=Path, required=True, help="site folder with manifest.csv")
+    p.add_argument("--state", type=Path, default=None)
+    p.add_argument("--runtime-port", type=int, default=None,
+                   help="the SuperNode's local runtime API port (default: a free one)")
+    p.add_argument("--private-key", type=Path, default=None)
+    p.add_argument("--torch-threads", type=int, default=0)
+    p.set_defaults(func=_cmd_supernode)
+
+    p = sub.add_parser("nodes", help="list SuperNodes with their site names")
+    common(p)
+    p.set_defaults(func=_cmd_nodes)
+
+    p = sub.add_parser("federate", help="run the app on the deployment, check its status")
+    common(p)
+    p.add_argument("--tracking-uri", required=True)
+    p.add_argument("--artifact-root", type=Path, required=True)
+    p.add_argument("--data-root", type=Path, default=PROJECT_ROOT / "data",
+                   help="run-config data-root (simulation only; sites use node_config)")
+    p.add_argument("--preset", type=Path, default=None)
+    p.add_argument("--timeout", type=float, default=3600.0)
+    p.add_argument("-c", "--run-config", action="append", default=[], metavar="KEY=VALUE")
+    p.set_defaults(func=_cmd_federate)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the process exit code."""
+    args = _parser().parse_args(argv)
+    for name in ("deploy_dir", "flwr_home"):
+        if getattr(args, name, None) is not None:
+            setattr(args, name, getattr(args, name).resolve())
+    try:
+        return int(args.func(args))
+    except (FlowerProcessError, CertError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,47 @@
+"""The summary printed after ``make simulate`` / ``make federate``, read back from MLflow."""
+
+from __future__ import annotations
+
+__all__ = ["print_summary"]
+
+
+def print_summary(tracking_uri: str, flwr_run_id: int, seconds: float) -> None:
+    """Per-round validation metric and the MLflow location, read back from MLflow."""
+    import mlflow  # noqa: PLC0415 - heavy import, only needed at the end
+    from mlflow.tracking import MlflowClient  # noqa: PLC0415
+
+    mlflow.set_tracking_uri(tracking_uri)
+    client = MlflowClient()
+    runs = mlflow.search_runs(search_all_experiments=True, output_format="list",
+                              filter_string=f"tags.`flwr.run-id` = '{flwr_run_id}'")
+    print("\n=== Federation summary ===")
+    print(f"wall time: {seconds:.1f} s")
+    if not runs:
+        print(f"no MLflow run found with tag flwr.run-id={flwr_run_id} in {tracking_uri}")
+        return
+    run = runs[0]
+    from clients.registry import task_class  # noqa: PLC0415 - imports torch
+
+    metric = f"val-{task_class(run.data.params['task']).main_metric}"
+    for key, label in ((f"eval/{metric}", metric), ("train/train-loss", "train loss")):
+        history = sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.step)
+        values = ", ".join(f"r{m.step} {m.value:.4f}" for m in history)
+        print(f"{label:>10} per round: {values}")
+    totals = {key: sum(m.value for m in client.get_metric_history(run.info.run_id, key))
+              for key in ("strategy/bytes-up", "strategy/bytes-down", "strategy/dense-bytes")}
+    rounds = len(client.get_metric_history(run.info.run_id, "strategy/bytes-up"))
+    if rounds:
+        up, down = totals["strategy/bytes-up"], totals["strategy/bytes-down"]
+        print(f"bytes on the wire over {rounds} rounds: up {up / 1e6:.2f} MB, "
+              f"down {down / 1e6:.2f} MB (one dense fp32 update: "
+              f"{totals['strategy/dense-bytes'] / rounds / 1e6:.2f} MB)")
+    experiment = client.get_experiment(run.info.experiment_id)
+    skipped = {key.split("/")[1]: int(value) for key, value in run.data.metrics.items()
+               if key.startswith("site/") and key.endswith("/studies-skipped")}
+    if skipped:
+        detail = ", ".join(f"{site} {count}" for site, count in sorted(skipped.items()))
+        print(f"studies skipped by the readers: {sum(skipped.values())} ({detail}; "
+              "reasons in each site's log)")
+    print(f"MLflow: experiment '{experiment.name}', run {run.info.run_id} "
+          f"({run.info.run_name}), store {tracking_uri}")
+    print("open it with: make mlflow-ui")

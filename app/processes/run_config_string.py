@@ -1,0 +1,46 @@
+"""The ``flwr run --run-config`` string of ``make simulate`` and ``make federate``.
+
+Absolute paths first (the daemons do not run in the project directory), then
+the values of a preset TOML file, then ``KEY=VALUE`` overrides from the
+command line; strings are quoted as TOML, numbers and booleans are not.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+__all__ = ["build_run_config"]
+
+
+def _toml_value(value: str) -> str:
+    """Quote a command-line value for ``flwr run --run-config`` unless it is a number/bool."""
+    if re.fullmatch(r"-?\d+(\.\d*)?([eE]-?\d+)?|true|false", value) or value.startswith('"'):
+        return value
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _toml_literal(value: object) -> str:
+    """A value read from a preset file, written back as TOML."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return _toml_value(str(value))
+
+
+def build_run_config(overrides: list[str], data_root: Path, tracking_uri: str,
+                     artifact_root: Path, preset: Path | None = None) -> str:
+    """The ``--run-config`` string: absolute paths, then the preset file, then overrides."""
+    values = {"data-root": str(data_root.resolve()), "tracking-uri": tracking_uri,
+              "artifact-root": str(artifact_root.resolve())}
+    if preset is not None:
+        with open(preset, "rb") as handle:
+            values.update({k: _toml_literal(v) for k, v in tomllib.load(handle).items()})
+    for item in overrides:
+        if "=" not in item:
+            raise SystemExit(f"run-config override must be key=value, got {item!r}")
+        key, value = item.split("=", 1)
+        values[key.strip()] = value.strip()
+    return " ".join(f"{k}={_toml_value(v)}" for k, v in values.items())

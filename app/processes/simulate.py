@@ -1,0 +1,101 @@
+"""Run a federation locally in Flower's simulation engine, with real Flower processes.
+
+``python -m app.processes.simulate`` (what ``make simulate`` calls) starts a
+``flower-superlink`` in simulation mode on a free loopback port, submits this
+app with ``flwr run`` (one virtual SuperNode per synthetic hospital), streams
+the ServerApp's progress, then reads the run's final status with
+``flwr ls --format json`` (``flwr run`` itself exits 0 even when the run
+failed), prints a summary from MLflow, and stops the SuperLink.
+Exit code 0 only when the run finished as ``finished:completed``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from app.processes.errors import FlowerProcessError
+from app.processes.federation_summary import print_summary
+from app.processes.flwr_cli import write_connection
+from app.processes.run_config_string import build_run_config
+from app.processes.run_submission import PROJECT_ROOT, submit_run
+from app.processes.superlink import SuperLinkProcess
+
+__all__ = ["CONNECTION", "main"]
+
+CONNECTION = "fedmed-sim"
+
+
+def _echo(line: str) -> None:
+    sys.stdout.write(line)
+    sys.stdout.flush()
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data-root", type=Path, required=True,
+                        help="folder with hospital-00, hospital-01, ...")
+    parser.add_argument("--sites", type=int, default=3, help="virtual SuperNodes")
+    parser.add_argument("--tracking-uri", required=True)
+    parser.add_argument("--artifact-root", type=Path, required=True)
+    parser.add_argument("--flwr-home", type=Path, default=PROJECT_ROOT / ".flwr")
+    parser.add_argument("--log-dir", type=Path, default=PROJECT_ROOT / "runs" / "simulate")
+    parser.add_argument("--cpus-per-site", type=int, default=1)
+    parser.add_argument("--timeout", type=float, default=3600.0,
+                        help="seconds before the run is abandoned")
+    parser.add_argument("--preset", type=Path, default=None,
+                        help="TOML file of run-config values (e.g. configs/pe-seg-quick.toml)")
+    parser.add_argument("-c", "--run-config", action="append", default=[],
+                        metavar="KEY=VALUE", help="run-config override (repeatable)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the process exit code."""
+    args = _parser().parse_args(argv)
+    missing = [f"hospital-{i:02d}" for i in range(args.sites)
+               if not (args.data_root / f"hospital-{i:02d}").is_dir()]
+    if missing:
+        print(f"missing synthetic hospitals under {args.data_root}: {missing}; "
+              "run `make data` (or `make simulate`, which generates them)", file=sys.stderr)
+        return 2
+    flwr_home = args.flwr_home.resolve()
+    run_config = build_run_config(args.run_config, args.data_root, args.tracking_uri,
+                                  args.artifact_root, args.preset)
+    started = time.monotonic()
+    try:
+        link = SuperLinkProcess.start_simulation(flwr_home, args.log_dir.resolve())
+    except FlowerProcessError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    try:
+        write_connection(flwr_home, CONNECTION, link.address)
+        print(f"SuperLink {link.address} (logs: {link.flower_log}); submitting the run...",
+              flush=True)
+        outcome = submit_run(
+            flwr_home, run_config, args.timeout, connection=CONNECTION, on_line=_echo,
+            env_extra={"FEDMED_TORCH_THREADS": str(args.cpus_per_site)},
+            status_timeout=30.0,
+            federation_config=(f"num-supernodes={args.sites} "
+                               f"client-resources-num-cpus={args.cpus_per_site}"))
+        if outcome.run_id is None:
+            print("flwr run did not start a run (see the output above)", file=sys.stderr)
+            return 1
+        print(f"\nrun {outcome.run_id} status: {outcome.status}")
+        if outcome.status != "finished:completed":
+            print(f"the run did not complete; SuperLink log: {link.flower_log}",
+                  file=sys.stderr)
+            return 1
+    except FlowerProcessError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        link.stop()
+    print_summary(args.tracking_uri, outcome.run_id, time.monotonic() - started)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

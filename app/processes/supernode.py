@@ -1,0 +1,98 @@
+"""A hospital's ``flower-supernode``: TLS to the SuperLink, authenticated by its own key.
+
+The site's data folder and state folder reach the ClientApp as node_config
+(``data-path``, ``state-dir``, ``site-name``); they are absolute because the
+daemon does not run in the project directory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from app.processes.certs import check_site_name
+from app.processes.daemon import DaemonProcess, spawn_daemon
+from app.processes.environment import flower_env, free_port
+from app.processes.errors import FlowerProcessError
+from app.processes.layout import DeployLayout
+
+__all__ = ["SuperNodeProcess", "node_config_string"]
+
+
+def node_config_string(data_path: Path, state_dir: Path, site: str) -> str:
+    """``--node-config`` value for a hospital SuperNode (absolute paths, quoted)."""
+    for label, path in (("data", data_path), ("state", state_dir)):
+        if not Path(path).is_absolute():
+            raise FlowerProcessError(f"{label} path must be absolute, got {str(path)!r}")
+        if '"' in str(path) or "\\" in str(path):
+            raise FlowerProcessError(f"{label} path must not contain quotes or "
+                                     f"backslashes: {str(path)!r}")
+    return (f'data-path="{data_path}" state-dir="{state_dir}" '
+            f'site-name="{check_site_name(site)}"')
+
+
+@dataclass
+class SuperNodeProcess(DaemonProcess):
+    """A hospital's ``flower-supernode``: TLS to the SuperLink, authenticated by its key."""
+
+    site: str = ""
+    port: int = 0
+
+    @classmethod
+    def start(cls, layout: DeployLayout, site: str, superlink: str, data_path: Path,
+              state_dir: Path | None = None, port: int | None = None,
+              private_key: Path | None = None, torch_threads: int = 0,
+              max_wait_time: float | None = None) -> SuperNodeProcess:
+        """Start the SuperNode of ``site`` (returns at once; it connects in the background).
+
+        Parameters
+        ----------
+        layout : DeployLayout
+            The deployment folder (CA certificate, the site's key, logs).
+        site : str
+            Site name, sent to the ClientApp as node_config ``site-name``.
+        superlink : str
+            ``host:port`` of the SuperLink; the host must be one of its certificate's names.
+        data_path, state_dir : Path
+            Absolute site data folder (with ``manifest.csv``) and state folder
+            (default ``supernodes/<site>/state``).
+        port : int, optional
+            Port of the SuperNode's own runtime API on 127.0.0.1 (free port if None);
+            several SuperNodes on one machine need distinct ports.
+        private_key : Path, optional
+            Default ``certs/sites/<site>/supernode.key``.
+        torch_threads : int
+            CPU threads for training (0: torch's default).
+        max_wait_time : float, optional
+            Give up connecting to the SuperLink after this many seconds (default: never).
+        """
+        data_path = Path(data_path)
+        if not (data_path / "manifest.csv").is_file():
+            raise FlowerProcessError(f"{data_path} has no manifest.csv (not a site data folder)")
+        folder = layout.supernode_dir(site)
+        state_dir = Path(state_dir) if state_dir else folder / "state"
+        key = Path(private_key) if private_key else layout.private_key(site)
+        if not key.is_file():
+            raise FlowerProcessError(
+                f"missing the SuperNode key {key}; run "
+                f"`python -m app.processes.certs --out {layout.certs} --sites {site}`")
+        if not layout.ca_cert.is_file():
+            raise FlowerProcessError(f"missing {layout.ca_cert} (the coordinator's ca.crt)")
+        state_dir.mkdir(parents=True, exist_ok=True)
+        port = port or free_port()
+        command = [
+            "flower-supernode",
+            "--superlink", superlink,
+            "--root-certificates", str(layout.ca_cert),
+            "--auth-supernode-private-key", str(key),
+            "--node-config", node_config_string(data_path, state_dir, site),
+            "--isolation", "subprocess",
+            "--host", "127.0.0.1", "--port", str(port),
+        ]
+        if max_wait_time is not None:
+            command += ["--max-wait-time", str(max_wait_time)]
+        extra = {"FEDMED_TORCH_THREADS": str(torch_threads)} if torch_threads else {}
+        daemon = spawn_daemon(command, flower_env(folder / "flwr-home", extra),
+                              folder / "supernode.log", f"flower-supernode {site}", cwd=folder)
+        return cls(process=daemon.process, log_file=daemon.log_file, name=daemon.name,
+                   log_offset=daemon.log_offset, site=site, port=port)

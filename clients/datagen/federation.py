@@ -1,0 +1,301 @@
+"""What the synthetic hospital generators share: site folders, per-hospital seeds, the federation loop, the CLI.
+
+Each generator (:mod:`clients.pe_seg.synthetic`, :mod:`clients.cxr_cls.synthetic`,
+:mod:`clients.ct3d_cls.synthetic`) draws its own hospital profiles and writes one
+hospital with its own function; this module
+
+* checks a hospital profile (:func:`check_profile`) and draws hospital
+  characteristics that differ between sites (:func:`profile_rng`, :func:`stratified`),
+* claims a site folder for generated data (:func:`claim_site_dir`: the
+  ``SYNTHETIC.txt`` marker, replacing an earlier synthetic hospital, refusing
+  real data),
+* derives hospital ``i``'s seed from the federation seed (:func:`hospital_seed`),
+* writes the hospitals one after the other (:func:`write_federation`), and
+* runs the command line (:func:`parse_federation_args`, :func:`run_federation_cli`):
+  ``--out/--sites/--seed/--image-size``, one progress line per hospital and a summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Generic, TypeVar
+
+import numpy as np
+
+__all__ = [
+    "MARKER_NAME",
+    "SiteProfile",
+    "check_profile",
+    "ProfileCheck",
+    "profile_rng",
+    "stratified",
+    "claim_site_dir",
+    "hospital_seed",
+    "write_federation",
+    "SyntheticFederation",
+    "parse_federation_args",
+    "run_federation_cli",
+]
+
+#: File that marks a site folder as generated data (so it may be overwritten).
+MARKER_NAME = "SYNTHETIC.txt"
+
+
+@dataclass(frozen=True)
+class SiteProfile:
+    """The base of every task's synthetic hospital profile.
+
+    A task's generator subclasses it with its acquisition characteristics and
+    checks them in ``__post_init__`` (:class:`ProfileCheck`).
+
+    Attributes
+    ----------
+    name : str
+        Site name, e.g. ``"hospital-00"`` (the site folder's name).
+    """
+
+    name: str
+
+
+P = TypeVar("P", bound=SiteProfile)
+
+
+def check_profile(name: str, problems: Sequence[str]) -> None:
+    """Refuse the hospital profile ``name`` if its ``__post_init__`` found ``problems``.
+
+    Raises
+    ------
+    ValueError
+        ``hospital profile '<name>': <problem>; <problem>...`` when ``problems`` is not empty.
+    """
+    if problems:
+        raise ValueError(f"hospital profile {name!r}: " + "; ".join(problems))
+
+
+class ProfileCheck:
+    """The checks of a hospital profile's ``__post_init__``, chained; :meth:`done` refuses a bad profile.
+
+    Example: ``ProfileCheck(self.name).at_least("noise_hu", self.noise_hu, 0).done()``.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.problems: list[str] = []
+
+    def require(self, ok: bool, problem: str) -> ProfileCheck:
+        """Record ``problem`` unless ``ok``."""
+        if not ok:
+            self.problems.append(problem)
+        return self
+
+    def at_least(self, field: str, value: float, minimum: float) -> ProfileCheck:
+        """``value >= minimum``."""
+        return self.require(value >= minimum, f"{field} must be >= {minimum}, got {value}")
+
+    def fraction(self, field: str, value: float, *, open_interval: bool = False) -> ProfileCheck:
+        """``value`` in ``(0, 1)`` (``open_interval``) or ``[0, 1]``."""
+        if open_interval:
+            return self.require(0.0 < value < 1.0, f"{field} must be in (0, 1), got {value}")
+        return self.require(0.0 <= value <= 1.0, f"{field} must be in [0, 1], got {value}")
+
+    def increasing(self, field: str, pair: tuple[float, float], minimum: float | None = None) -> ProfileCheck:
+        """``(low, high)`` with ``low <= high``, and ``low >= minimum`` (``low > 0`` when ``minimum`` is None)."""
+        low, high = pair
+        if minimum is None:
+            return self.require(0 < low <= high, f"{field} must be an increasing positive range, got {pair}")
+        return self.require(minimum <= low <= high, f"{field} must be an increasing range >= {minimum}, got {pair}")
+
+    def done(self) -> None:
+        """Raise the problems found (:func:`check_profile`)."""
+        check_profile(self.name, self.problems)
+
+
+def profile_rng(num_sites: int, seed: int, salt: int) -> np.random.Generator:
+    """The random stream of a federation's hospital profiles, ``SeedSequence([seed, salt])``.
+
+    Raises
+    ------
+    ValueError
+        If ``num_sites < 1``.
+    """
+    if num_sites < 1:
+        raise ValueError(f"num_sites must be >= 1, got {num_sites}")
+    return np.random.default_rng(np.random.SeedSequence([seed, salt]))
+
+
+def stratified(rng: np.random.Generator, num_sites: int, count: int) -> list[np.ndarray]:
+    """``count`` characteristics in [0, 1), each stratified over the sites.
+
+    For each characteristic, site ``i`` gets a random position in its own
+    ``1/num_sites`` slice of the range (sites shuffled independently per
+    characteristic), so any two sites differ in every characteristic.
+    """
+    return [(rng.permutation(num_sites) + rng.uniform(0.15, 0.85, num_sites)) / num_sites for _ in range(count)]
+
+
+def claim_site_dir(site_dir: Path, data_dir: str, marker_text: str) -> Path:
+    """Prepare ``site_dir`` for a synthetic hospital and return ``site_dir / data_dir``.
+
+    A previous synthetic hospital's ``data_dir`` is removed; the folder is
+    created and marked (``SYNTHETIC.txt`` holding ``marker_text``).
+
+    Raises
+    ------
+    FileExistsError
+        If ``site_dir / data_dir`` exists but the folder is not marked synthetic.
+    """
+    site_dir = Path(site_dir)
+    data = site_dir / data_dir
+    if data.exists():
+        if not (site_dir / MARKER_NAME).is_file():
+            raise FileExistsError(
+                f"{site_dir}: holds {data_dir}/ but is not a synthetic hospital; refusing to overwrite"
+            )
+        shutil.rmtree(data)
+    site_dir.mkdir(parents=True, exist_ok=True)
+    (site_dir / MARKER_NAME).write_text(marker_text, encoding="utf-8")
+    return data
+
+
+def hospital_seed(seed: int, index: int, salt: Sequence[int] = ()) -> int:
+    """Seed of hospital ``index`` in a federation seeded with ``seed``: ``SeedSequence([seed, index, *salt])``."""
+    return int(np.random.SeedSequence([seed, index, *salt]).generate_state(1)[0])
+
+
+def write_federation(
+    root: Path,
+    profiles: Sequence[P],
+    write_hospital: Callable[[Path, P, int], Path],
+    seed: int,
+    *,
+    salt: Sequence[int] = (),
+    on_site: Callable[[int, P, Path], None] | None = None,
+) -> list[Path]:
+    """Write one hospital per profile, ``root / profile.name``, in order.
+
+    Hospital ``i`` is written as ``write_hospital(root / profile.name, profile,
+    hospital_seed(seed, i, salt))``; ``on_site(i, profile, site_dir)`` is called
+    after each. Returns the site folders, in order.
+    """
+    root = Path(root)
+    sites = []
+    for i, profile in enumerate(profiles):
+        site_dir = write_hospital(root / profile.name, profile, hospital_seed(seed, i, salt))
+        if on_site is not None:
+            on_site(i, profile, site_dir)
+        sites.append(site_dir)
+    return sites
+
+
+@dataclass(frozen=True)
+class SyntheticFederation(Generic[P]):
+    """A task's synthetic federation writer: ``generate_federation(root, num_sites, seed, image_size)``.
+
+    Hospital ``i`` uses ``profiles(num_sites, seed)[i]`` and the seed
+    ``SeedSequence([seed, i, *salt])`` (:func:`hospital_seed`) and is written
+    by ``write_site(site_dir, profile, seed, image_size=...)``, or, when
+    ``in_profile`` is set, with the image size put into its profile by
+    ``in_profile(profile, image_size)`` (``None`` keeps the profiles' sizes).
+    ``root`` is created; ``on_site(index, profile, site_dir)`` is called after
+    each hospital (:func:`write_federation`). Returns the site folders, in order.
+
+    Attributes
+    ----------
+    profiles : callable
+        ``(num_sites, seed)`` -> the hospital profiles.
+    write_site : callable
+        Writes one hospital.
+    image_size : int or None
+        Default image size (pixels) of ``__call__``.
+    salt : tuple of int
+        Task salt of the hospital seeds.
+    in_profile : callable, optional
+        Puts an image size into a profile (the size is a profile field).
+    """
+
+    profiles: Callable[[int, int], Sequence[P]]
+    write_site: Callable[..., Path]
+    image_size: int | None
+    salt: tuple[int, ...] = ()
+    in_profile: Callable[[P, int], P] | None = None
+
+    def __call__(self, root: Path, num_sites: int = 3, seed: int = 0, image_size: int | None = -1, *,
+                 on_site: Callable[[int, P, Path], None] | None = None) -> list[Path]:
+        size = self.image_size if image_size == -1 else image_size
+        profiles = list(self.profiles(num_sites, seed))
+        if self.in_profile is None:
+            write = partial(self.write_site, image_size=size)
+        else:
+            write = self.write_site
+            if size is not None:
+                profiles = [self.in_profile(profile, int(size)) for profile in profiles]
+        return write_federation(root, profiles, write, seed, salt=self.salt, on_site=on_site)
+
+
+def parse_federation_args(
+    argv: Sequence[str] | None,
+    *,
+    prog: str,
+    description: str,
+    image_size: int | None,
+    image_size_help: str,
+    min_image_size: int,
+) -> argparse.Namespace:
+    """Parse ``--out/--sites/--seed/--image-size`` (exits with a usage error on bad values).
+
+    ``image_size`` is the default of ``--image-size`` (``None``: no override);
+    a given size below ``min_image_size`` is refused.
+    """
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--out", type=Path, required=True, help="output folder (one sub-folder per hospital)")
+    parser.add_argument("--sites", type=int, default=3, help="number of hospitals (default 3)")
+    parser.add_argument("--seed", type=int, default=0, help="federation seed (default 0)")
+    parser.add_argument("--image-size", type=int, default=image_size, help=image_size_help)
+    args = parser.parse_args(argv)
+    if args.sites < 1:
+        parser.error("--sites must be >= 1")
+    if args.image_size is not None and args.image_size < min_image_size:
+        parser.error(f"--image-size must be >= {min_image_size}")
+    return args
+
+
+def run_federation_cli(
+    args: argparse.Namespace,
+    generate: Callable[[Callable[[int, P, Path], None]], object],
+    describe: Callable[[P, Path, float], tuple[str, Mapping[str, int]]],
+    summarize: Callable[[Mapping[str, int]], str],
+) -> int:
+    """Write a federation from the command line, printing progress; return the exit status.
+
+    ``generate(on_site)`` writes the federation and calls ``on_site(index, profile,
+    site_dir)`` after each hospital, which prints ``[i/n] <name>: <text> -> <site_dir>``
+    with ``text, counts = describe(profile, site_dir, elapsed_s)`` (the counts are
+    totalled); the last line is ``Done: <n> hospitals, <summarize(totals)> in <t> s
+    under <out>`` (``args`` from :func:`parse_federation_args`). A site that cannot
+    be written (``FileExistsError``, ``OSError``) prints ``error: ...`` to stderr and
+    gives 1.
+    """
+    start = time.perf_counter()
+    totals: Counter[str] = Counter()
+
+    def report(i: int, profile: P, site_dir: Path) -> None:
+        text, counts = describe(profile, site_dir, time.perf_counter() - start)
+        totals.update(counts)
+        print(f"[{i + 1}/{args.sites}] {profile.name}: {text} -> {site_dir}", flush=True)
+
+    try:
+        generate(report)
+    except (FileExistsError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    elapsed = time.perf_counter() - start
+    print(f"Done: {args.sites} hospitals, {summarize(totals)} in {elapsed:.1f} s under {args.out}")
+    return 0

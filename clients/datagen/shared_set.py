@@ -1,0 +1,135 @@
+"""What a task declares about one of its shared real data sets, and how its items reach the converter.
+
+A task's ``shared`` module (e.g. :mod:`clients.pe_seg.shared`) declares each of
+its sets as a :class:`SharedSet`: the source files under the shared folder,
+what the set and its label are, the license, and the function that loads its
+partitionable items (:class:`SiteItems`: one 0/1 label per item, their ids and
+a writer of one site). The converter (:mod:`clients.datagen.shared`) does the
+rest: partition, train/val split, ``SOURCE.txt``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import numpy as np
+
+__all__ = ["SharedSet", "SiteItems", "MEDMNIST_LICENSE", "source_path", "read_medmnist", "medmnist_items"]
+
+R = TypeVar("R")
+
+#: License line of the MedMNIST v2 sets.
+MEDMNIST_LICENSE = "License: CC BY 4.0 (MedMNIST v2). Real public data: do not commit it into the repository.\n"
+
+
+@dataclass
+class SiteItems:
+    """The partitionable items of a set: a 0/1 label each, ids, an optional fixed val split, a writer.
+
+    ``write(site_dir, idx, is_val)`` writes the items ``idx`` as one site, those
+    with ``is_val`` in the validation split; ``note`` goes into ``SOURCE.txt``.
+    """
+
+    labels: np.ndarray
+    ids: list[str]
+    write: Callable[[Path, np.ndarray, np.ndarray], None]
+    fixed_val: np.ndarray | None = None
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class SharedSet:
+    """One shared data set and the task it feeds.
+
+    Attributes
+    ----------
+    name : str
+        Set name (``--set``).
+    task : str
+        The product task reading the written sites.
+    files : tuple of str
+        Source files relative to the shared folder.
+    description : str
+        What it is and what its label means (goes into every ``SOURCE.txt``).
+    license : str
+        License and citation line.
+    load_items : callable
+        ``load_items(source, shared, block_slices)`` -> :class:`SiteItems`.
+    """
+
+    name: str
+    task: str
+    files: tuple[str, ...]
+    description: str
+    license: str
+    load_items: Callable[[SharedSet, Path, int], SiteItems]
+
+
+def source_path(shared: Path, relpath: str) -> Path:
+    """``shared / relpath``, which must be a file.
+
+    Raises
+    ------
+    FileNotFoundError
+        If it is absent (the message names it and the README).
+    """
+    path = Path(shared) / relpath
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"shared data file not found: {path} (expected {relpath} under --shared {shared}; "
+            "see ../shared/data/README.md)"
+        )
+    return path
+
+
+def read_medmnist(path: Path, prefix: str) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """The train + val images, 0/1 labels and ids (``<prefix>-<split>-<i>``) of a MedMNIST ``.npz``.
+
+    Raises
+    ------
+    ValueError
+        On a file without the expected keys, or labels outside {0, 1}.
+    """
+    images, labels, ids = [], [], []
+    with np.load(path) as data:
+        for split in ("train", "val"):
+            key_x, key_y = f"{split}_images", f"{split}_labels"
+            if key_x not in data or key_y not in data:
+                raise ValueError(f"{path}: missing {key_x} / {key_y}")
+            x, y = data[key_x], np.asarray(data[key_y]).reshape(-1).astype(np.int64)
+            if len(x) != len(y):
+                raise ValueError(f"{path}: {key_x} has {len(x)} items but {key_y} has {len(y)}")
+            images.append(x)
+            labels.append(y)
+            ids += [f"{prefix}-{split}-{i:05d}" for i in range(len(y))]
+    labels_all = np.concatenate(labels)
+    if not np.isin(labels_all, (0, 1)).all():
+        raise ValueError(f"{path}: labels outside {{0, 1}}: {sorted(set(labels_all.tolist()))}")
+    return np.concatenate(images), labels_all, ids
+
+
+def medmnist_items(source: SharedSet, shared: Path, prefix: str, folder: str, suffix: str,
+                   save: Callable[[Path, np.ndarray], None],
+                   make_row: Callable[[str, str, Path, int], R],
+                   write_manifest: Callable[[Path, list[R]], Path]) -> SiteItems:
+    """The items of a MedMNIST classification set, each written as one file of a site.
+
+    Item ``i`` of a site goes to ``<site>/<folder>/<id><suffix>`` via
+    ``save(path, array)``; its manifest row is ``make_row(id, split, relative
+    path, label)`` and the site's rows are written by ``write_manifest``.
+    """
+    images, labels, ids = read_medmnist(source_path(shared, source.files[0]), prefix)
+
+    def write(site_dir: Path, idx: np.ndarray, is_val: np.ndarray) -> None:
+        (site_dir / folder).mkdir()
+        rows = []
+        for i, val in zip(idx, is_val):
+            rel = Path(f"{folder}/{ids[i]}{suffix}")
+            save(site_dir / rel, images[i])
+            rows.append(make_row(ids[i], "val" if val else "train", rel, int(labels[i])))
+        write_manifest(site_dir, rows)
+
+    return SiteItems(labels, ids, write)

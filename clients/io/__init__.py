@@ -1,0 +1,1 @@
+"""Site-side readers and writers of file formats, task-agnostic (DICOM, NIfTI, radiographs, volumes)."""

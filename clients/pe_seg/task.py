@@ -1,0 +1,161 @@
+"""The PE segmentation task of a site: data, model, loss, local training, metrics.
+
+Ties the site's studies (DICOM series + NIfTI PE masks, :mod:`clients.pe_seg.data`)
+to the 2.5D U-Net (:func:`models.unet25d.make_unet25d`): 9-slice slabs in,
+centre-slice mask out. Loss is MONAI's soft Dice loss (Milletari et al., V-Net,
+3DV 2016, eq. 1) computed over the whole batch, so slices without emboli do not
+produce undefined per-slice terms; the validation metric is MONAI's Dice
+(per study, on the 3D mask assembled from the centre-slice predictions).
+No Flower imports: the ClientApp calls this.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import torch
+from monai.losses import DiceCELoss
+from monai.metrics import DiceMetric
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from clients.training.device import ComputeDevice
+from clients.manifests.load_report import LoadReport
+from clients.pe_seg.data import load_site
+from clients.training.sampling import positive_share_sampler
+from clients.training.site_task import EvalResult, SiteDataError, SiteTask, TaskSettings
+from clients.pe_seg.slabs import SlabDataset
+from models.unet25d import make_unet25d
+
+__all__ = ["PESegTask"]
+
+log = logging.getLogger(__name__)
+
+
+class _RandomFlips(Dataset):
+    """Random in-plane flips of (slab, mask) pairs: left-right and anterior-posterior.
+
+    Cheap augmentation against the small study counts of a single hospital; the
+    slab order (through-plane) is never flipped. The flips draw from torch's
+    global generator, which :meth:`SiteTask.train` seeds in the training process
+    and the DataLoader seeds per worker (base seed + worker id), so they are
+    reproducible with and without loader workers.
+    """
+
+    def __init__(self, base: Dataset) -> None:
+        self.base = base
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        image, target = self.base[i]
+        flips = torch.rand(2) < 0.5
+        dims = [d for d, flip in zip((-1, -2), flips.tolist()) if flip]
+        if dims:
+            image, target = image.flip(dims), target.flip(dims)
+        return image, target
+
+
+class PESegTask(SiteTask):
+    """One site's PE segmentation data and the operations on it.
+
+    Parameters
+    ----------
+    site_dir : Path
+        The site folder holding ``manifest.csv``.
+    settings : TaskSettings
+        Sizes and sampling.
+
+    Raises
+    ------
+    SiteDataError
+        If the site has no usable training study.
+    """
+
+    name = "pe-seg"
+    main_metric = "dice"
+    channels_last_ok = True
+
+    def __init__(self, site_dir: Path, settings: TaskSettings) -> None:
+        super().__init__(site_dir, settings)
+        train, train_report = load_site(self.site_dir, split="train")
+        val, val_report = load_site(self.site_dir, split="val")
+        self.report = LoadReport(
+            loaded=train_report.loaded + val_report.loaded,
+            skipped={**train_report.skipped, **val_report.skipped},
+        )
+        if not train:
+            raise SiteDataError(
+                f"{self.site_dir}: no usable training study "
+                f"({len(self.report.skipped)} skipped: {self.report.skipped})")
+        size, slab = settings.image_size, settings.slab_slices
+        self.train_set = SlabDataset(train, slab=slab, image_size=size)
+        self.val_set = SlabDataset(val, slab=slab, image_size=size) if val else None
+        log.info("%s: %d train slabs (%d with a non-empty mask), %d val slabs, %d studies skipped",
+                 self.site_dir.name, len(self.train_set), self.train_set.num_positive_slices,
+                 len(self.val_set) if self.val_set else 0, len(self.report.skipped))
+
+    @classmethod
+    def model_for(cls, settings: TaskSettings) -> nn.Module:
+        """A fresh 2.5D U-Net for the slab size."""
+        return make_unet25d(slab_slices=settings.slab_slices)
+
+    @classmethod
+    def example_input(cls, settings: TaskSettings) -> np.ndarray:
+        """One slab: (1, slab slices, image size, image size)."""
+        size = settings.image_size
+        return np.zeros((1, settings.slab_slices, size, size), dtype=np.float32)
+
+    @staticmethod
+    def loss_fn() -> nn.Module:
+        """Soft Dice loss on logits, pooled over the batch."""
+        return DiceCELoss(sigmoid=True, batch=True)
+
+    def _train_loader(self, seed: int, compute: ComputeDevice) -> DataLoader:
+        """Slabs with a mask drawn at least at ``positive_fraction`` (never down-weighted)."""
+        dataset, n = self.train_set, len(self.train_set)
+        sampler = positive_share_sampler(n, dataset.positive_indices,
+                                         self.settings.positive_fraction, seed, at_least=True)
+        return DataLoader(_RandomFlips(dataset), batch_size=self.settings.batch_size,
+                          sampler=sampler, drop_last=n >= self.settings.batch_size,
+                          generator=torch.Generator().manual_seed(seed + 1),
+                          **compute.loader_kwargs())
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module, compute: ComputeDevice) -> EvalResult:
+        """Dice per validation study (3D, from centre-slice predictions), mean over studies.
+
+        Raises
+        ------
+        SiteDataError
+            If the site has no usable validation study.
+        """
+        if self.val_set is None:
+            raise SiteDataError(f"{self.site_dir}: no usable validation study")
+        model.to(compute.device).eval()
+        loss_fn = self.loss_fn()
+        loader = DataLoader(self.val_set, batch_size=max(self.settings.batch_size, 16),
+                            **compute.loader_kwargs(workers=False))
+        preds, targets, loss_sum, batches = [], [], torch.zeros((), device=compute.device), 0
+        for x, y in loader:
+            x = x.to(compute.device, non_blocking=True)
+            y = y.to(compute.device, non_blocking=True)
+            with compute.autocast():
+                logits = model(x)
+            logits = logits.float()
+            loss_sum += loss_fn(logits, y).detach()
+            batches += 1
+            preds.append((logits > 0).to(torch.uint8).cpu())
+            targets.append(y.to(torch.uint8).cpu())
+        pred, target = torch.cat(preds)[:, 0], torch.cat(targets)[:, 0]
+        metric = DiceMetric(include_background=True, reduction="mean", ignore_empty=False)
+        owners = [self.val_set.location(i)[0] for i in range(len(self.val_set))]
+        for study_id in self.val_set.study_ids:
+            rows = torch.tensor([i for i, owner in enumerate(owners) if owner == study_id])
+            metric(y_pred=pred[rows][None, None], y=target[rows][None, None])
+        dice = float(metric.aggregate())
+        return EvalResult(num_examples=len(self.val_set), loss=float(loss_sum) / max(batches, 1),
+                          metrics={"dice": dice}, num_studies=len(self.val_set.study_ids))

@@ -1,0 +1,110 @@
+"""The imaging tasks a site can run, by name (the run config's ``task``): one entry per task.
+
+Each entry names, as dotted paths imported only on use, the task's
+:class:`~clients.training.site_task.SiteTask` class, its synthetic hospital
+generator and its shared-set converter, and lists the names of its real
+shared sets (the first is the default ``SET``). Importing this module is
+cheap (no torch, no imaging library): the Makefile and ``python -m
+clients.datagen`` ask it which generator and which sets a task has.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+from strategies.errors import ConfigError
+
+if TYPE_CHECKING:
+    from clients.datagen.shared_set import SharedSet
+    from clients.training.site_task import SiteTask
+
+__all__ = ["TaskEntry", "TASKS", "task_entry", "task_class", "synthetic_module", "shared_set"]
+
+
+@dataclass(frozen=True)
+class TaskEntry:
+    """Where a task's pieces live.
+
+    Attributes
+    ----------
+    name : str
+        The task name (``task`` of the run config).
+    task : str
+        ``module:Class`` of its :class:`~clients.training.site_task.SiteTask`.
+    synthetic : str
+        Module of its synthetic generator (``generate_federation``, ``main``).
+    shared : str
+        Module of its shared-set conversion (a ``SETS`` mapping name -> SharedSet).
+    shared_sets : tuple of str
+        Names of its shared sets; the first is the default.
+    """
+
+    name: str
+    task: str
+    synthetic: str
+    shared: str
+    shared_sets: tuple[str, ...]
+
+    @property
+    def default_set(self) -> str:
+        """The shared set used when none is named."""
+        return self.shared_sets[0]
+
+
+TASKS: dict[str, TaskEntry] = {entry.name: entry for entry in (
+    TaskEntry("pe-seg", "clients.pe_seg.task:PESegTask", "clients.pe_seg.synthetic",
+              "clients.pe_seg.shared", ("ctpa", "msd-lung")),
+    TaskEntry("cxr-cls", "clients.cxr_cls.task:CXRClsTask", "clients.cxr_cls.synthetic",
+              "clients.cxr_cls.shared", ("pneumoniamnist",)),
+    TaskEntry("ct3d-cls", "clients.ct3d_cls.task:CT3DClsTask", "clients.ct3d_cls.synthetic",
+              "clients.ct3d_cls.shared", ("adrenalmnist3d",)),
+)}
+
+
+def task_entry(name: str) -> TaskEntry:
+    """The registry entry of task ``name``.
+
+    Raises
+    ------
+    ConfigError
+        For an unknown task, listing the known ones.
+    """
+    if name not in TASKS:
+        raise ConfigError(f"unknown task {name!r}; choose one of {sorted(TASKS)}")
+    return TASKS[name]
+
+
+def task_class(name: str) -> type[SiteTask]:
+    """The task class for ``name`` (imports torch and the task's network).
+
+    Raises
+    ------
+    ConfigError
+        For an unknown task, listing the known ones.
+    """
+    module, _, cls = task_entry(name).task.partition(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+def synthetic_module(name: str) -> ModuleType:
+    """The synthetic generator module of task ``name``."""
+    return importlib.import_module(task_entry(name).synthetic)
+
+
+def shared_set(task: str, name: str | None = None) -> SharedSet:
+    """The shared set ``name`` of ``task`` (its default set when ``None``).
+
+    Raises
+    ------
+    ConfigError
+        For an unknown task, or a set the task does not have (listing its sets).
+    """
+    entry = task_entry(task)
+    name = name or entry.default_set
+    if name not in entry.shared_sets:
+        raise ConfigError(f"unknown set {name!r} for task {task!r}; expected one of {', '.join(entry.shared_sets)}")
+    return importlib.import_module(entry.shared).SETS[name]
+

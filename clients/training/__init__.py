@@ -1,0 +1,1 @@
+"""Local training at a site: the SiteTask base, the trainer, device selection, sampling."""

@@ -1,0 +1,137 @@
+"""Shared pieces of the image-classification tasks: tensors, balanced sampling, AUC, the task base.
+
+Both classification tasks (2D chest X-ray, 3D CT volume) train on
+``(image tensor, label vector)`` pairs with a sigmoid per label
+(``BCEWithLogitsLoss``), sample the positive class at a set share, and report
+ROC AUC (MONAI ``compute_roc_auc``, macro over labels) plus accuracy at 0.5;
+:class:`ClassificationTask` holds what their site tasks share.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+import torch
+from monai.metrics import compute_roc_auc
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from clients.training.device import ComputeDevice
+from clients.manifests.load_report import LoadReport
+from clients.training.sampling import positive_share_sampler
+from clients.training.site_task import EvalResult, SiteDataError, SiteTask, TaskSettings
+
+__all__ = ["LabelledTensors", "balanced_loader", "evaluate_classifier", "ClassificationTask"]
+
+
+class LabelledTensors(Dataset):
+    """Images (already decoded and normalised) with their label vectors, held in memory."""
+
+    def __init__(self, images: list[np.ndarray], labels: list[np.ndarray]) -> None:
+        if len(images) != len(labels):
+            raise ValueError(f"{len(images)} images but {len(labels)} label vectors")
+        self.images = [torch.from_numpy(np.ascontiguousarray(i, np.float32))[None]
+                       for i in images]
+        self.labels = [torch.from_numpy(np.asarray(l, np.float32)) for l in labels]
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.images[i], self.labels[i]
+
+    @property
+    def positive_indices(self) -> list[int]:
+        """Items with at least one positive label."""
+        return [i for i, y in enumerate(self.labels) if bool(y.max() > 0)]
+
+
+def balanced_loader(dataset: LabelledTensors, batch_size: int, positive_fraction: float,
+                    seed: int, compute: ComputeDevice) -> DataLoader:
+    """Sample with replacement so that ``positive_fraction`` of items are positive.
+
+    Batches are fed as ``compute`` asks (pinned memory, workers).
+    """
+    n = len(dataset)
+    sampler = positive_share_sampler(n, dataset.positive_indices, positive_fraction, seed)
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler,
+                      drop_last=n >= batch_size, **compute.loader_kwargs())
+
+
+@torch.no_grad()
+def evaluate_classifier(model: nn.Module, dataset: LabelledTensors, compute: ComputeDevice,
+                        batch_size: int) -> EvalResult:
+    """BCE loss, macro ROC AUC and accuracy at probability 0.5 over ``dataset``."""
+    model.to(compute.device).eval()
+    loss_fn = nn.BCEWithLogitsLoss(reduction="sum")
+    logits, targets = [], []
+    for x, y in DataLoader(dataset, batch_size=batch_size, **compute.loader_kwargs(workers=False)):
+        with compute.autocast():
+            out = model(x.to(compute.device, non_blocking=True))
+        logits.append(out.float())
+        targets.append(y)
+    out, labels = torch.cat(logits).cpu(), torch.cat(targets)
+    loss = float(loss_fn(out, labels))
+    scores = torch.sigmoid(out)
+    metrics = {"accuracy": float(((scores > 0.5).float() == labels).float().mean())}
+    if all(0 < int(labels[:, j].sum()) < len(labels) for j in range(labels.shape[1])):
+        metrics["auc"] = float(compute_roc_auc(scores, labels, average="macro"))
+    else:
+        metrics["auc"] = float("nan")  # one class only: AUC undefined at this site
+    return EvalResult(num_examples=len(dataset), loss=loss / max(labels.numel(), 1),
+                      metrics=metrics, num_studies=len(dataset))
+
+
+class ClassificationTask(SiteTask):
+    """A site's labelled images in memory, a sigmoid-per-label classifier, BCE loss and ROC AUC.
+
+    ``__init__`` loads the ``train`` and ``val`` splits with :meth:`_load_split`
+    (the report merges both); a site without a usable training item is a
+    :class:`~clients.training.site_task.SiteDataError`, one without validation items
+    has ``val_set = None``. Training batches are class-balanced
+    (:func:`balanced_loader`); :meth:`evaluate` runs :func:`evaluate_classifier`.
+    Subclasses set ``name`` and ``item_noun`` and implement :meth:`_load_split`,
+    :meth:`model_for` and :meth:`example_input`.
+    """
+
+    main_metric = "auc"
+    #: What one item of the site is called in errors, e.g. ``"radiograph"``.
+    item_noun: ClassVar[str]
+
+    def __init__(self, site_dir: Path, settings: TaskSettings) -> None:
+        super().__init__(site_dir, settings)
+        train, train_report = self._load_split("train")
+        val, val_report = self._load_split("val")
+        self.report = LoadReport(loaded=train_report.loaded + val_report.loaded,
+                                 skipped={**train_report.skipped, **val_report.skipped})
+        if not len(train):
+            raise SiteDataError(f"{self.site_dir}: no usable training {self.item_noun} "
+                                f"({len(self.report.skipped)} skipped)")
+        self.train_set: LabelledTensors = train
+        self.val_set: LabelledTensors | None = val if len(val) else None
+
+    @abstractmethod
+    def _load_split(self, split: str) -> tuple[LabelledTensors, LoadReport]:
+        """The usable items of one split, and the load report (bad items skipped)."""
+
+    @staticmethod
+    def loss_fn() -> nn.Module:
+        """Binary cross-entropy per label, on logits."""
+        return nn.BCEWithLogitsLoss()
+
+    def _train_loader(self, seed: int, compute: ComputeDevice) -> DataLoader:
+        return balanced_loader(self.train_set, self.settings.batch_size,
+                               self.settings.positive_fraction, seed, compute)
+
+    def _eval_batch_size(self) -> int:
+        """Batch size of :meth:`evaluate`: the training batch size."""
+        return self.settings.batch_size
+
+    def evaluate(self, model: nn.Module, compute: ComputeDevice) -> EvalResult:
+        """ROC AUC, accuracy and loss on the site's validation items."""
+        if self.val_set is None:
+            raise SiteDataError(f"{self.site_dir}: no usable validation {self.item_noun}")
+        return evaluate_classifier(model, self.val_set, compute, self._eval_batch_size())

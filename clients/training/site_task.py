@@ -1,0 +1,178 @@
+"""What every imaging task of a site provides, and the local training they share.
+
+A *site task* ties a site's data (read once, bad items skipped and counted) to
+a model factory, a loss, a sampler and a validation metric. Local training
+(:meth:`SiteTask.train`) and the Power-of-Choice loss probe
+(:meth:`SiteTask.training_loss`) are the same for every task; a task only says
+how to load its data, build its model, batch its training data and evaluate.
+No Flower imports: the ClientApp calls this.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, Subset
+
+from clients.training.device import ComputeDevice
+from clients.manifests.load_report import LoadReport
+from clients.training.trainer import TrainResult, train_steps
+from strategies.errors import SiteError
+
+__all__ = ["SiteDataError", "TaskSettings", "EvalResult", "SiteTask", "make_optimizer",
+           "OPTIMIZERS"]
+
+OPTIMIZERS = ("sgd", "adam")
+
+
+class SiteDataError(SiteError):
+    """A site has no usable data for the requested split."""
+
+
+@dataclass(frozen=True)
+class TaskSettings:
+    """Sizes and sampling of a task (from the run config).
+
+    ``positive_fraction`` is the expected share of positive training examples
+    the sampler draws (rare targets such as emboli would otherwise be almost
+    absent from the batches): exactly that share for the classifiers (class
+    balance), at least that share for segmentation (slabs with a mask are never
+    down-weighted, see :mod:`clients.training.sampling`). ``num_labels`` and ``model_size`` (``small`` |
+    ``full``) are for the classifiers, ``volume_depth`` (slices) for 3D volumes.
+    """
+
+    image_size: int = 64
+    slab_slices: int = 9
+    batch_size: int = 8
+    positive_fraction: float = 0.5
+    num_labels: int = 1
+    model_size: str = "small"
+    volume_depth: int = 32
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """Validation of a model on a site's held-out data."""
+
+    num_examples: int
+    loss: float
+    metrics: dict[str, float] = field(default_factory=dict)
+    num_studies: int = 0
+
+
+def make_optimizer(name: str, params, lr: float, momentum: float) -> torch.optim.Optimizer:
+    """Local optimiser by name: ``sgd`` (heavy-ball momentum) or ``adam`` (beta1 = momentum)."""
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=momentum)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr, betas=(momentum, 0.999))
+    raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {name!r}")
+
+
+class SiteTask(ABC):
+    """One site's data for one task, and the operations the ClientApp runs on it.
+
+    Subclasses set ``name`` and ``main_metric`` and implement :meth:`model_for`,
+    :meth:`example_input`, :meth:`loss_fn`, :meth:`_train_loader` and
+    :meth:`evaluate`; their ``__init__`` loads ``train_set`` (a Dataset of
+    ``(input, target)``), ``val_set`` and ``report``. A task whose model is a
+    2D CNN on ``(N, C, H, W)`` inputs sets ``channels_last_ok`` so that it runs
+    NHWC on devices that ask for it (:attr:`ComputeDevice.channels_last`).
+    """
+
+    name: ClassVar[str]
+    main_metric: ClassVar[str]
+    channels_last_ok: ClassVar[bool] = False
+
+    def __init__(self, site_dir: Path, settings: TaskSettings) -> None:
+        self.site_dir = Path(site_dir)
+        self.settings = settings
+        self.train_set: Dataset
+        self.val_set: Dataset | None = None
+        self.report = LoadReport()
+
+    @classmethod
+    @abstractmethod
+    def model_for(cls, settings: TaskSettings) -> nn.Module:
+        """A fresh model for these settings (the server builds it without any data)."""
+
+    @classmethod
+    @abstractmethod
+    def example_input(cls, settings: TaskSettings) -> np.ndarray:
+        """One input batch of the model, for MLflow's model signature."""
+
+    @staticmethod
+    @abstractmethod
+    def loss_fn() -> nn.Module:
+        """Training loss on logits."""
+
+    @abstractmethod
+    def _train_loader(self, seed: int, compute: ComputeDevice) -> DataLoader:
+        """Batches of training data, sampled with ``seed``, fed as ``compute`` asks
+        (:meth:`ComputeDevice.loader_kwargs`)."""
+
+    @abstractmethod
+    def evaluate(self, model: nn.Module, compute: ComputeDevice) -> EvalResult:
+        """Validation loss and metrics (``main_metric`` among them)."""
+
+    def build_model(self) -> nn.Module:
+        """A fresh model for this site's settings."""
+        return self.model_for(self.settings)
+
+    def train(
+        self, model: nn.Module, steps: int, lr: float, momentum: float,
+        compute: ComputeDevice, seed: int, optimizer: str = "adam",
+        deadline: float | None = None, label: str = "", proximal_mu: float = 0.0,
+    ) -> TrainResult:
+        """Run ``steps`` local optimiser steps on the site's training data.
+
+        ``optimizer`` is ``"sgd"`` (heavy-ball ``momentum``, PyTorch style) or
+        ``"adam"`` (Kingma & Ba 2015; ``momentum`` is its beta1). The optimiser
+        state is fresh every round, as in FedAvg with local Adam. On a
+        channels-last device the model is trained NHWC and handed back in the
+        default (contiguous) layout.
+        """
+        torch.manual_seed(seed)
+        channels_last = compute.channels_last and self.channels_last_ok
+        model.to(compute.device)
+        if channels_last:
+            model.to(memory_format=torch.channels_last)
+        try:
+            opt = make_optimizer(optimizer, model.parameters(), lr, momentum)
+            return train_steps(model, self._train_loader(seed, compute), self.loss_fn(), opt,
+                               steps, compute, deadline=deadline, label=label,
+                               proximal_mu=proximal_mu, channels_last=channels_last)
+        finally:
+            if channels_last:
+                model.to(memory_format=torch.contiguous_format)
+
+    @torch.no_grad()
+    def training_loss(self, model: nn.Module, compute: ComputeDevice, subset: int = 0) -> float:
+        """Loss of ``model`` on the training data (forward passes only).
+
+        ``subset > 0`` uses a fixed, seeded subset of that many examples (the cheap
+        loss estimate of cpow-d); 0 uses all of them (pow-d).
+        """
+        model.to(compute.device).eval()
+        indices = list(range(len(self.train_set)))
+        if 0 < subset < len(indices):
+            generator = torch.Generator().manual_seed(0)
+            indices = torch.randperm(len(indices), generator=generator)[:subset].tolist()
+        loader = DataLoader(Subset(self.train_set, indices),
+                            batch_size=max(self.settings.batch_size, 16),
+                            **compute.loader_kwargs(workers=False))
+        loss_fn, total, count = self.loss_fn(), torch.zeros((), device=compute.device), 0
+        for x, y in loader:
+            x = x.to(compute.device, non_blocking=True)
+            y = y.to(compute.device, non_blocking=True)
+            with compute.autocast():
+                logits = model(x)
+            total += loss_fn(logits.float(), y).detach() * x.shape[0]
+            count += x.shape[0]
+        return float(total) / max(count, 1)

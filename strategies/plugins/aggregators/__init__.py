@@ -1,0 +1,1 @@
+"""Aggregators (``strategy.aggregator``): replies -> the update applied to the global model."""

@@ -1,0 +1,86 @@
+"""FedNova: normalised averaging that removes objective inconsistency.
+
+Wang, Liu, Liang, Joshi, Poor, "Tackling the Objective Inconsistency Problem in
+Heterogeneous Federated Optimization", NeurIPS 2020, eq. (6)-(7):
+``x_{r+1} = x_r - tau_eff * sum_i p_i delta_i / ||a_i||_1`` with
+``tau_eff = sum_i p_i ||a_i||_1`` and ``p_i = n_i / sum_j n_j`` over the replies
+received (:func:`strategies.aggregation.fednova_delta`). ``||a_i||_1`` is
+computed by the server from the steps the site reports and the run's local
+solver (:class:`strategies.local_solver.LocalSolver`, ``TrainReply.a_norm``),
+never taken from the site, so partial work at a deadline is normalised
+correctly and a site cannot inflate its weight.
+
+Optional server momentum (the paper's FedNova with server-side momentum, Sec. 5):
+``v <- beta v + Delta``, ``x <- x - v`` (run config ``fednova.server-momentum``).
+Needs ``optimizer = "sgd"`` (:meth:`FedNovaAggregator.requires`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from strategies.aggregation import fednova_delta
+from strategies.plugins.options import PluginError, PluginOptions, option
+from strategies.plugins.run_settings import RunSettings
+from strategies.registry import AGGREGATORS
+from strategies.replies import TrainReply
+
+
+@dataclass(frozen=True)
+class FedNovaOptions(PluginOptions):
+    """Run-config section ``fednova``.
+
+    Attributes
+    ----------
+    server_momentum : float
+        ``fednova.server-momentum``: server momentum beta in [0, 1); 0 = none.
+    """
+
+    section = "fednova"
+    server_momentum: float = option(0.0, at_least=0.0, below=1.0)
+
+
+@AGGREGATORS.register("fednova")
+class FedNovaAggregator:
+    """Normalised averaging with optional server momentum ``beta``."""
+
+    Options = FedNovaOptions
+
+    def __init__(self, server_momentum: float = 0.0) -> None:
+        self.server_momentum = FedNovaOptions(server_momentum=server_momentum).server_momentum
+        self._velocity: list[np.ndarray] | None = None
+
+    @classmethod
+    def from_options(cls, options: FedNovaOptions, settings: RunSettings) -> FedNovaAggregator:
+        """The aggregator for a run."""
+        return cls(server_momentum=options.server_momentum)
+
+    @staticmethod
+    def requires(options: FedNovaOptions, settings: RunSettings) -> None:
+        """FedNova's solver norm ``||a_i||_1`` is defined for SGD-type local solvers only."""
+        if settings.optimizer != "sgd":
+            raise PluginError(
+                "run config key 'strategy.aggregator' = 'fednova' needs optimizer = \"sgd\": "
+                "its solver norm ||a||_1 is defined for SGD, heavy-ball momentum and "
+                "proximal local solvers (Wang et al. 2020), not Adam; got optimizer = "
+                f"{settings.optimizer!r}")
+
+    def aggregate(self, replies: list[TrainReply]) -> tuple[list[np.ndarray], dict[str, float]]:
+        """Return the aggregated update and ``tau-eff``."""
+        a_norms = [r.a_norm for r in replies]
+        n = np.array([r.num_examples for r in replies], dtype=np.float64)
+        tau_eff = float(np.dot(n / n.sum(), a_norms))
+        delta = fednova_delta([r.delta for r in replies], [r.num_examples for r in replies],
+                              a_norms)
+        if self.server_momentum > 0.0:
+            if self._velocity is None:
+                self._velocity = [np.zeros_like(d, dtype=np.float64) for d in delta]
+            for v, d in zip(self._velocity, delta):
+                if np.issubdtype(d.dtype, np.floating):
+                    v *= self.server_momentum
+                    v += d
+            delta = [v.astype(d.dtype) if np.issubdtype(d.dtype, np.floating) else d
+                     for v, d in zip(self._velocity, delta)]
+        return delta, {"tau-eff": tau_eff}

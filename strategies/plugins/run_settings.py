@@ -1,0 +1,42 @@
+"""What the plug-ins read from the rest of the run config, outside their own sections.
+
+The schedules start from ``local-steps``, the selectors draw with the run's
+``seed`` over ``num-server-rounds``, FedNova checks the sites' ``optimizer``.
+The run config (``app/config/run_config.py``) builds one :class:`RunSettings`
+and the registry hands it to every plug-in it builds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["RunSettings"]
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """What plug-ins read from the rest of the run config (keys in brackets).
+
+    Attributes
+    ----------
+    local_steps : int
+        Local steps per round, tau_0 of the schedules (``local-steps``).
+    num_rounds : int
+        Rounds of the federation (``num-server-rounds``).
+    fraction_train : float
+        Fraction of the connected sites to train when ``selection.m = 0``
+        (``fraction-train``).
+    min_nodes : int
+        Fewest sites per round (``min-nodes``).
+    seed : int
+        Seed of the selectors' random draws (``seed``).
+    optimizer : str
+        The sites' local optimiser (``optimizer``).
+    """
+
+    local_steps: int
+    num_rounds: int
+    fraction_train: float
+    min_nodes: int
+    seed: int
+    optimizer: str

@@ -1,0 +1,1 @@
+"""Local-steps schedules (``strategy.schedule``): the tau each selected site runs."""

@@ -1,0 +1,29 @@
+"""Fixed local work: every selected site runs ``tau0`` local steps each round."""
+
+from __future__ import annotations
+
+from strategies.plugins.options import NoOptions
+from strategies.plugins.run_settings import RunSettings
+from strategies.registry import SCHEDULES
+from strategies.replies import TrainReply
+
+
+@SCHEDULES.register("fixed")
+class FixedSchedule:
+    """Constant tau (the local-update SGD of McMahan et al. 2017); no options."""
+
+    Options = NoOptions
+
+    def __init__(self, tau0: int) -> None:
+        if tau0 < 1:
+            raise ValueError(f"tau0 must be >= 1, got {tau0}")
+        self.tau = tau0
+
+    @classmethod
+    def from_options(cls, options: NoOptions, settings: RunSettings) -> FixedSchedule:
+        """The schedule for a run: tau = ``local-steps``."""
+        return cls(tau0=settings.local_steps)
+
+    def observe(self, replies: list[TrainReply]) -> dict[str, float]:
+        """Nothing adapts; returns the tau in force."""
+        return {"schedule-tau": float(self.tau)}

@@ -1,0 +1,1 @@
+"""Client selectors (``strategy.selector``): the sites that train each round."""

@@ -1,0 +1,22 @@
+"""The round machinery: the strategy loop and the collaborators it delegates to.
+
+* :mod:`.federated_strategy` -- :class:`FederatedStrategy`, the thin loop
+  (configure/aggregate train and evaluate, ``start``).
+* :mod:`.instructions` -- one fresh message per site (train, evaluate, query) and
+  the per-site train settings of a round (tau, codec seed).
+* :mod:`.site_selection` -- what a selector may use (:class:`SelectionContext`),
+  the ``query`` fan-out for current losses, and the selection's report.
+* :mod:`.reply_intake` -- each reply validated once per round; the value counted
+  toward the quorum is the value aggregated; drops and no-shows recorded.
+* :mod:`.site_book` -- what the server learnt of the sites (names, sizes, losses).
+* :mod:`.traffic` -- bytes down/up and uplink ratios of a round.
+* :mod:`.round_metrics` -- example-weighted metrics of the accepted replies.
+* :mod:`.round_policy`, :mod:`.node_wait` -- bounded waits (deadline, quorum,
+  timeout; sites connecting).
+* :mod:`.round_report`, :mod:`.checkpoint` -- what a round did; the server's
+  resumable state.
+
+Reply parsing itself (:mod:`strategies.replies`) and the message contract
+(:mod:`strategies.message_keys`) stay at the top of ``strategies``: the plug-ins
+read :class:`strategies.replies.TrainReply`, and the ClientApp shares the keys.
+"""

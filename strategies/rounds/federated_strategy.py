@@ -1,0 +1,339 @@
+"""The product's Flower strategy: one class composed of plug-ins.
+
+Built on :class:`flwr.serverapp.strategy.Strategy` (Message API) and composed of
+
+* an **aggregator** (``fedavg`` | ``fednova``, :mod:`strategies.plugins`),
+* a **local-steps schedule** (``fixed`` | ``adacomm``) that sets tau per round,
+* a **client selector** (``uniform``),
+* a **round policy** (deadline and quorum, :mod:`strategies.rounds.round_policy`),
+
+each chosen by name from the run config through :mod:`strategies.registry`.
+Compared with Flower's ``FedAvg`` it
+
+* waits a bounded time for sites to connect (:func:`wait_for_nodes`) instead of
+  forever;
+* sends every site its own fresh ``RecordDict`` and ``ConfigRecord`` (Flower's
+  FedAvg shares one content object between all train messages);
+* receives *updates* ``delta_i = x_global - x_local_i`` and applies the
+  aggregator's ``Delta`` as ``x <- x - Delta``;
+* validates every reply on its own and drops a malformed one (missing keys,
+  wrong shapes, NaN, site error) with a logged reason, so one bad site never
+  crashes the federation; stragglers past the deadline are dropped and logged;
+* records a :class:`RoundReport` per round and hands it to an observer (the
+  ServerApp logs it to MLflow).
+
+The class is the loop only; the work is done by its collaborators in
+:mod:`strategies.rounds` (instructions, site selection and query fan-out, reply
+intake -- each reply validated and decoded once --, traffic, round metrics,
+the site book).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable
+from logging import INFO, WARNING
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result, Strategy
+from flwr.supercore import log
+
+from strategies.compression import parse_spec
+from strategies.errors import FederationError
+from strategies.local_solver import LocalSolver
+from strategies.replies import MetricsReply, TrainReply, parse_metrics_reply, parse_train_reply
+from strategies.rounds.instructions import TrainPlan, Uplink, site_messages
+from strategies.rounds.node_wait import wait_for_nodes
+from strategies.rounds.reply_intake import ReplyIntake, reply_label
+from strategies.rounds.round_metrics import example_weighted_metrics
+from strategies.rounds.round_policy import RoundPolicy, collect_replies
+from strategies.rounds.round_report import RoundReport
+from strategies.rounds.site_book import SiteBook
+from strategies.rounds.site_selection import SelectionContext, query_losses, record_selection
+from strategies.rounds.traffic import bytes_down, record_traffic
+
+__all__ = ["FederatedStrategy", "NoValidRepliesError", "SelectionContext"]
+
+RoundObserver = Callable[[RoundReport, ArrayRecord], None]
+
+
+class NoValidRepliesError(FederationError):
+    """Too many rounds in a row ended with no usable train reply."""
+
+
+class FederatedStrategy(Strategy):
+    """Plug-in composed strategy with bounded waits and per-reply validation.
+
+    Parameters
+    ----------
+    aggregator : object
+        ``aggregate(replies) -> (delta arrays, info dict)`` and ``state()``.
+    schedule : object
+        ``tau`` (local steps for the next round), ``observe(replies) -> info``
+        and ``state()``.
+    selector : object
+        ``select(server_round, node_ids, SelectionContext) -> node_ids``.
+    policy : RoundPolicy
+        Deadline, quorum and hard timeout of each round.
+    min_nodes : int
+        Sites that must be connected before a round starts.
+    fraction_evaluate : float
+        Fraction of connected sites asked to evaluate (0 disables).
+    node_wait_timeout : float
+        Seconds to wait for ``min_nodes`` sites before failing.
+    time_budget : float
+        Per-round wall-clock budget sent to sites (0 = none): a site stops local
+        training after it and reports the steps it actually did.
+    codec : str
+        Update codec spec for the uplink (:mod:`strategies.compression`).
+    error_feedback : bool
+        Whether sites keep an error-feedback residual for lossy codecs.
+    federation : str
+        Stable id of the federation (the MLflow run id); sites key their
+        persistent state (residuals) by it.
+    seed : int
+        Base of the per-round, per-site codec seeds (``randk``, ``qsgd``).
+    max_empty_rounds : int
+        Abort after this many consecutive rounds without one usable reply.
+    local_solver : LocalSolver, optional
+        The sites' local optimiser settings; the server computes each reply's
+        FedNova a-norm from its reported steps with it (default: plain steps).
+    """
+
+    def __init__(
+        self,
+        *,
+        aggregator,
+        schedule,
+        selector,
+        policy: RoundPolicy | None = None,
+        min_nodes: int = 2,
+        fraction_evaluate: float = 1.0,
+        node_wait_timeout: float = 120.0,
+        time_budget: float = 0.0,
+        codec: str = "none",
+        error_feedback: bool = True,
+        federation: str = "",
+        seed: int = 0,
+        max_empty_rounds: int = 3,
+        local_solver: LocalSolver | None = None,
+    ) -> None:
+        if min_nodes < 1:
+            raise ValueError(f"min_nodes must be >= 1, got {min_nodes}")
+        if not 0.0 <= fraction_evaluate <= 1.0:
+            raise ValueError(f"fraction_evaluate must be in [0, 1], got {fraction_evaluate}")
+        self.aggregator = aggregator
+        self.schedule = schedule
+        self.selector = selector
+        self.policy = policy or RoundPolicy()
+        self.min_nodes = min_nodes
+        self.fraction_evaluate = fraction_evaluate
+        self.node_wait_timeout = node_wait_timeout
+        self.uplink = Uplink(codec=str(parse_spec(codec)), error_feedback=error_feedback,
+                             federation=federation, time_budget=time_budget, seed=seed)
+        self.max_empty_rounds = max_empty_rounds
+        self.local_solver = local_solver or LocalSolver()
+        self.sites = SiteBook()
+        self.reports: dict[int, RoundReport] = {}
+        self._plan = TrainPlan({}, {})
+        self._down_bytes: dict[int, int] = {}
+        self._keys: list[str] = []
+        self._global: list[np.ndarray] = []
+        self._late_ids: dict[str, int] = {}
+        self._empty_rounds = 0
+        self._train_intake: ReplyIntake[TrainReply] = ReplyIntake(
+            self._parse_train, "aggregate_train")
+        self._evaluate_intake: ReplyIntake[MetricsReply] = ReplyIntake(
+            parse_metrics_reply, "aggregate_evaluate")
+
+    def summary(self) -> None:
+        """Log the strategy's configuration."""
+        log(INFO, "\t├──> Aggregator: %s | schedule: %s (tau %d) | selector: %s",
+            type(self.aggregator).__name__, type(self.schedule).__name__,
+            self.schedule.tau, type(self.selector).__name__)
+        log(INFO, "\t├──> Round policy: deadline %.0f s, quorum %s, timeout %.0f s",
+            self.policy.deadline, self.policy.quorum or "all", self.policy.timeout)
+        log(INFO, "\t└──> Sites: min %d; wait for them at most %.0f s",
+            self.min_nodes, self.node_wait_timeout)
+
+    def _report(self, server_round: int) -> RoundReport:
+        return self.reports.setdefault(server_round, RoundReport(server_round))
+
+    # -------------------------------------------------------------------- train
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Select sites and send each its own instruction with this round's tau."""
+        self._keys = list(arrays.keys())
+        self._global = arrays.to_numpy_ndarrays()
+        nodes = wait_for_nodes(grid, self.min_nodes, self.node_wait_timeout)
+        report = self._report(server_round)
+        context = SelectionContext(
+            sizes=dict(self.sites.sizes), last_losses=dict(self.sites.last_losses),
+            query_losses=lambda candidates, subset: query_losses(
+                grid, self.policy, server_round, arrays, candidates, subset, self.sites,
+                report))
+        node_ids = self.selector.select(server_round, nodes, context)
+        if not node_ids:
+            raise NoValidRepliesError(f"round {server_round}: the selector chose no site")
+        for name in self.sites.offline(nodes):  # a known site whose SuperNode is gone
+            report.train_dropped[name] = "site offline: not connected to the SuperLink"
+            log(WARNING, "configure_train: %s is offline", name)
+        record_selection(report, self.selector, self.sites.label)
+        log(INFO, "configure_train: %d sites selected of %d connected, tau %d",
+            len(node_ids), len(nodes), self.schedule.tau)
+        self._plan = TrainPlan.for_round(node_ids, self.schedule.tau, self.uplink, server_round)
+        messages = site_messages(node_ids, arrays, config, server_round, MessageType.TRAIN,
+                                 lambda node: self._plan.settings(node, self.uplink))
+        self._train_intake.expect({n: self.sites.label(n) for n in node_ids})
+        self._down_bytes = bytes_down(messages)
+        return messages
+
+    def _parse_train(self, message: Message) -> TrainReply:
+        node = message.metadata.src_node_id
+        return parse_train_reply(message, self._global, self.uplink.codec,
+                                 self._plan.seed_of(node), self._plan.tau_of(node),
+                                 self.local_solver)
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Aggregate the accepted updates (validated once, see :class:`ReplyIntake`)."""
+        report = self._report(server_round)
+        report.schedule_tau = int(self.schedule.tau)
+        accepted = self._train_intake.accept(replies, report.train_dropped, self.sites)
+        for reply in accepted:
+            report.train[reply.site] = dict(reply.metrics)
+            self.sites.learn(reply.node_id, reply.site, reply.num_examples, reply.train_loss)
+        record_traffic(report, self._down_bytes, accepted, self._global, self.sites.label)
+        report.strategy.update(self.schedule.observe(accepted))
+        if not accepted:
+            self._empty_rounds += 1
+            log(WARNING, "aggregate_train: no usable reply in round %d; model unchanged",
+                server_round)
+            if self._empty_rounds >= self.max_empty_rounds:
+                raise NoValidRepliesError(
+                    f"{self._empty_rounds} consecutive rounds without a usable reply; "
+                    f"last reasons: {report.train_dropped}"
+                )
+            return None, None
+        self._empty_rounds = 0
+        delta, info = self.aggregator.aggregate(accepted)
+        report.strategy.update(info)
+        updated = [np.asarray(g - d).astype(g.dtype, copy=False)
+                   for g, d in zip(self._global, delta)]
+        report.train_aggregate = example_weighted_metrics(accepted)
+        log(INFO, "aggregate_train: %d accepted, %d dropped", len(accepted),
+            len(report.train_dropped))
+        record = ArrayRecord({k: Array(v) for k, v in zip(self._keys, updated)})
+        return record, MetricRecord({k: float(v) for k, v in report.train_aggregate.items()})
+
+    # ----------------------------------------------------------------- evaluate
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Ask sites to evaluate the new global model on their validation data."""
+        if self.fraction_evaluate == 0.0:
+            self._evaluate_intake.expect({})
+            return []
+        nodes = wait_for_nodes(grid, self.min_nodes, self.node_wait_timeout)
+        count = min(len(nodes), max(self.min_nodes,
+                                    math.ceil(self.fraction_evaluate * len(nodes))))
+        self._evaluate_intake.expect({n: self.sites.label(n) for n in nodes[:count]})
+        return site_messages(nodes[:count], arrays, config, server_round, MessageType.EVALUATE)
+
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
+        """Example-weighted mean of the sites' validation metrics."""
+        report = self._report(server_round)
+        accepted = self._evaluate_intake.accept(replies, report.evaluate_dropped, self.sites)
+        for reply in accepted:
+            report.evaluate[reply.site] = dict(reply.metrics)
+        if not accepted:
+            return None
+        report.evaluate_aggregate = example_weighted_metrics(accepted)
+        return MetricRecord({k: float(v) for k, v in report.evaluate_aggregate.items()})
+
+    # --------------------------------------------------------------- checkpoint
+    def snapshot(self) -> dict:
+        """The strategy's state to checkpoint (plug-ins and what it learnt of the sites)."""
+        return {"aggregator": self.aggregator, "schedule": self.schedule,
+                "selector": self.selector, **self.sites.snapshot()}
+
+    def restore(self, state: dict) -> None:
+        """Continue from a :meth:`snapshot`."""
+        self.aggregator, self.schedule = state["aggregator"], state["schedule"]
+        self.selector = state["selector"]
+        self.sites = SiteBook.restore(state)
+
+    # -------------------------------------------------------------------- loop
+    def _exchange(self, grid: Grid, messages: Iterable[Message], report: RoundReport,
+                  stage: str) -> list[Message]:
+        intake = self._train_intake if stage == "train" else self._evaluate_intake
+        collected = collect_replies(grid, messages, self.policy, intake.is_valid,
+                                    self._late_ids)
+        for late in collected.late:
+            name = reply_label(late, self.sites)
+            report.late_arrivals.append(name)
+            log(WARNING, "%s: late reply from %s (an earlier round) dropped", stage, name)
+        report.missing[stage] = len(collected.missing)
+        return collected.replies
+
+    # pylint: disable=too-many-arguments
+    def start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        num_rounds: int = 3,
+        timeout: float = 3600,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+        on_round_end: RoundObserver | None = None,
+        first_round: int = 1,
+    ) -> Result:
+        """Run rounds ``first_round .. num_rounds`` under the round policy.
+
+        Same contract as :meth:`Strategy.start` (``timeout`` is ignored: the
+        :class:`RoundPolicy` bounds every wait), plus ``on_round_end``, called
+        with the round's :class:`RoundReport` and the new global arrays after
+        each round, and ``first_round`` (> 1 when resuming from a checkpoint).
+        """
+        log(INFO, "Starting %s strategy:", type(self).__name__)
+        self.summary()
+        train_config = train_config or ConfigRecord()
+        evaluate_config = evaluate_config or ConfigRecord()
+        result = Result()
+        arrays = initial_arrays
+        for server_round in range(first_round, num_rounds + 1):
+            log(INFO, "")
+            log(INFO, "[ROUND %d/%d]", server_round, num_rounds)
+            started = time.monotonic()
+            report = self._report(server_round)
+            replies = self._exchange(
+                grid, self.configure_train(server_round, arrays, train_config, grid),
+                report, "train")
+            new_arrays, train_metrics = self.aggregate_train(server_round, replies)
+            if new_arrays is not None:
+                arrays = result.arrays = new_arrays
+            if train_metrics is not None:
+                result.train_metrics_clientapp[server_round] = train_metrics
+            replies = self._exchange(
+                grid, self.configure_evaluate(server_round, arrays, evaluate_config, grid),
+                report, "evaluate")
+            eval_metrics = self.aggregate_evaluate(server_round, replies)
+            if eval_metrics is not None:
+                result.evaluate_metrics_clientapp[server_round] = eval_metrics
+            if evaluate_fn is not None:
+                central = evaluate_fn(server_round, arrays)
+                if central is not None:
+                    result.evaluate_metrics_serverapp[server_round] = central
+            report.seconds = time.monotonic() - started
+            if on_round_end is not None:
+                on_round_end(report, arrays)
+        result.arrays = arrays
+        return result

@@ -1,0 +1,105 @@
+"""Taking in a round's replies: each validated (and its update decoded) exactly once.
+
+Under a deadline and quorum (:mod:`.round_policy`) a reply must be validated as
+it arrives, to know whether it counts toward the quorum; the same reply is then
+aggregated. A :class:`ReplyIntake` keeps the outcome of the first validation of
+each reply message -- the parsed value, or the :class:`InvalidReplyError` that
+says why it is unusable -- and hands that same outcome to the aggregation, so a
+train reply's update is unpacked and decoded once per round, not twice.
+
+:meth:`ReplyIntake.accept` then records, under the site's name, why each
+dropped reply was dropped and which selected sites never answered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from logging import WARNING
+from typing import Generic, TypeVar
+
+from flwr.app import Message
+from flwr.supercore import log
+
+from strategies.replies import InvalidReplyError, site_name
+from strategies.rounds.site_book import SiteBook
+
+__all__ = ["ReplyIntake", "NO_REPLY", "reply_label"]
+
+NO_REPLY = "no reply before the round closed (deadline or timeout)"
+
+Reply = TypeVar("Reply")
+
+
+def reply_label(message: Message, book: SiteBook) -> str:
+    """The name a reply declares, or the sender's known name for a reply without content."""
+    if message.has_content():
+        return site_name(message)
+    return book.label(message.metadata.src_node_id)
+
+
+class ReplyIntake(Generic[Reply]):
+    """Validates one stage's replies (train or evaluate) once each.
+
+    Parameters
+    ----------
+    parse : callable
+        ``parse(message) -> reply``; raises :class:`InvalidReplyError` for an
+        unusable reply.
+    stage : str
+        Name used in the log lines (e.g. ``"aggregate_train"``).
+    """
+
+    def __init__(self, parse: Callable[[Message], Reply], stage: str) -> None:
+        self._parse = parse
+        self.stage = stage
+        self.expected: dict[int, str] = {}
+        self._outcomes: dict[int, tuple[Message, Reply | InvalidReplyError]] = {}
+
+    def expect(self, expected: dict[int, str]) -> None:
+        """Start a round: ``expected`` maps each node sent a message to its label."""
+        self.expected = dict(expected)
+        self._outcomes.clear()
+
+    def outcome(self, message: Message) -> Reply | InvalidReplyError:
+        """The parsed reply or the reason it is unusable; parsed on the first call only."""
+        seen = self._outcomes.get(id(message))
+        if seen is not None and seen[0] is message:
+            return seen[1]
+        try:
+            result: Reply | InvalidReplyError = self._parse(message)
+        except InvalidReplyError as exc:
+            result = exc
+        self._outcomes[id(message)] = (message, result)
+        return result
+
+    def is_valid(self, message: Message) -> bool:
+        """Whether ``message`` counts toward the quorum (the check aggregation makes)."""
+        return not isinstance(self.outcome(message), InvalidReplyError)
+
+    def accept(self, replies: Iterable[Message], dropped: dict[str, str],
+               book: SiteBook) -> list[Reply]:
+        """The usable replies; the others and the no-shows go to ``dropped`` with a reason.
+
+        Names of valid replies are recorded in ``book``. The kept outcomes are
+        released afterwards (they hold decoded updates).
+        """
+        accepted: list[Reply] = []
+        answered = set()
+        for message in replies:
+            node = message.metadata.src_node_id
+            answered.add(node)
+            name = reply_label(message, book)
+            reply = self.outcome(message)
+            if isinstance(reply, InvalidReplyError):
+                dropped[name] = str(reply)
+                log(WARNING, "%s: dropped reply of %s: %s", self.stage, name, reply)
+                continue
+            book.learn(node, reply.site)
+            accepted.append(reply)
+        for node, name in self.expected.items():
+            if node not in answered:
+                label = book.names.get(node, name)
+                dropped[label] = NO_REPLY
+                log(WARNING, "%s: no reply from %s before the round closed", self.stage, label)
+        self._outcomes.clear()
+        return accepted
