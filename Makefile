@@ -13,7 +13,8 @@
 # Overrides: make simulate ROUNDS=2 SITES=2 STEPS=10 RUN_CONFIG="lr=0.02 batch-size=4"
 #            make simulate PRESET=configs/pe-seg-quick.toml
 #            make simulate RESUME=1     (continue from the last server checkpoint)
-#            make simulate DATA_DIR=/abs/folder/with/hospital-00..  (any converted sites)
+#            make simulate DATA_DIR=/abs/folder/with/hospital-00..  (a folder of sites,
+#                   used as it is: nothing is generated into a DATA_DIR that holds site folders)
 # Unset ROUNDS/STEPS/IMAGE_SIZE/TASK fall back to the preset, then to pyproject.toml.
 
 SHELL        := /bin/bash
@@ -42,6 +43,9 @@ SHARED_DATA  ?= $(abspath ../shared/data)
 # Synthetic hospitals and real shared sets per task come from the task registry
 # (clients/registry.py, asked through `python -m clients.datagen`); the first set of
 # a task is its default SET, looked up only when shared data is asked for.
+# A DATA_DIR given by the user (command line or environment) that holds site folders is
+# used as it is: nothing is generated or converted into it (read before DATA_DIR gets a default).
+DATA_DIR_GIVEN := $(filter-out undefined,$(origin DATA_DIR))
 TASK_NAME    := $(if $(TASK),$(TASK),pe-seg)
 DATAGEN      := $(PY) -m clients.datagen
 ifneq ($(filter shared,$(DATA))$(filter shared-data,$(MAKECMDGOALS)),)
@@ -93,7 +97,15 @@ $(STAMP): pyproject.toml
 		2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
 	@touch $@
 
+# Sites are written only into the product's own folders under data/, or into a DATA_DIR
+# that holds no site folder yet (the writers refuse any site folder they did not create).
+USER_SITES   := $(if $(DATA_DIR_GIVEN),$(wildcard $(DATA_DIR)/*/))
+ifneq ($(USER_SITES),)
+data:
+	@echo "DATA_DIR=$(DATA_DIR) holds site folders: using them as they are (nothing is generated)"
+else
 data: $(DATA_DIR)/.sites-$(SITES)
+endif
 
 # The stamp names the site count; DATA=shared converts the shared set once per
 # set/scheme/alpha/seed/cap (the folder name) and site count (the stamp).

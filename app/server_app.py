@@ -21,10 +21,19 @@ from app.config.run_config import RunConfig
 from app.tracking import FederationTracker
 from clients.registry import task_class
 from strategies import message_keys as keys
-from strategies.rounds.checkpoint import ServerCheckpoint, load_checkpoint, save_checkpoint
+from strategies.rounds.checkpoint import (
+    CHECKPOINT_FILE,
+    CheckpointError,
+    ServerCheckpoint,
+    find_checkpoint,
+    load_checkpoint,
+    run_folder,
+    save_checkpoint,
+)
 from strategies.rounds.federated_strategy import FederatedStrategy
 from strategies.local_solver import LocalSolver
-from strategies.registry import AGGREGATORS, SCHEDULES, SELECTORS
+from strategies.plugins.defences.defended import with_defence
+from strategies.registry import AGGREGATORS, DEFENCES, SCHEDULES, SELECTORS
 from strategies.rounds.round_policy import RoundPolicy
 from strategies.rounds.round_report import RoundReport
 
@@ -40,7 +49,8 @@ def build_strategy(config: RunConfig, federation: str = "") -> FederatedStrategy
     """
     sections, settings = config.plugin_options, config.run_settings()
     return FederatedStrategy(
-        aggregator=AGGREGATORS.build(config.strategy_aggregator, sections, settings),
+        aggregator=with_defence(DEFENCES.build(config.strategy_defence, sections, settings),
+                                AGGREGATORS.build(config.strategy_aggregator, sections, settings)),
         schedule=SCHEDULES.build(config.strategy_schedule, sections, settings),
         selector=SELECTORS.build(config.strategy_selector, sections, settings),
         policy=RoundPolicy(deadline=config.round_deadline, quorum=config.round_quorum,
@@ -82,57 +92,81 @@ def _progress_line(report: RoundReport, num_rounds: int, metric: str) -> str:
             f"{report.seconds:.1f} s | dropped: {dropped}")
 
 
-CHECKPOINT_FILE = "server-checkpoint.pkl"
+class RoundRecorder:
+    """The ServerApp's round observer: queue the round for MLflow, checkpoint, then send.
 
+    The round's record reaches the tracker's outbox (on disk) before the
+    checkpoint and is sent to MLflow only after it: a crash between the two
+    repeats a round whose step MLflow does not have yet (the resume drops the
+    outbox records past the checkpoint), and an MLflow outage never holds up a
+    round (:meth:`FederationTracker.flush` does not raise or retry).
+    """
 
-def _plugins(config: RunConfig) -> dict[str, str]:
-    return {"aggregator": config.strategy_aggregator, "schedule": config.strategy_schedule,
-            "selector": config.strategy_selector, "codec": config.strategy_codec,
-            "task": config.task}
+    def __init__(self, tracker: FederationTracker, strategy: FederatedStrategy,
+                 checkpoint_path: Path | None, run_config: dict, progress) -> None:
+        self.tracker, self.strategy = tracker, strategy
+        self.checkpoint_path, self.run_config = checkpoint_path, run_config
+        self.progress = progress
+
+    def __call__(self, report: RoundReport, arrays: ArrayRecord) -> None:
+        self.tracker.record(report)
+        if self.checkpoint_path is not None:
+            save_checkpoint(self.checkpoint_path, ServerCheckpoint(
+                server_round=report.server_round, keys=list(arrays.keys()),
+                arrays=arrays.to_numpy_ndarrays(), strategy=self.strategy.snapshot(),
+                mlflow_run_id=self.tracker.run_id, run_config=self.run_config))
+        self.tracker.flush()
+        log(INFO, "%s", self.progress(report))
 
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    """Run (or, with ``resume``, continue) the federation described by the run config."""
+    """Run (or, with ``resume``, continue) the federation described by the run config.
+
+    Each federation checkpoints into its own folder ``<checkpoint-dir>/<MLflow
+    run id>/`` (:func:`strategies.rounds.checkpoint.run_folder`); ``resume``
+    continues the newest one made with the same run config.
+    """
     config = RunConfig.from_mapping(context.run_config)
+    run_config = config.as_params()
     torch.manual_seed(config.seed)
     task = task_class(config.task)
     model = task.model_for(config.task_settings())
-    checkpoint_path = (Path(config.checkpoint_dir) / CHECKPOINT_FILE
-                       if config.checkpoint_dir else None)
-    checkpoint = (load_checkpoint(checkpoint_path, _plugins(config))
-                  if config.resume and checkpoint_path else None)
+    checkpoint_path = (find_checkpoint(Path(config.checkpoint_dir), run_config)
+                       if config.resume else None)
     tracker = FederationTracker(config.task, config.tracking_uri, config.artifact_root,
                                 config.experiment)
-    if checkpoint is not None:
+    first_round, initial = 1, ArrayRecord(model.state_dict())
+    if checkpoint_path is not None:
+        strategy = build_strategy(config, federation=checkpoint_path.parent.name)
+        checkpoint = load_checkpoint(checkpoint_path, run_config, template=strategy.snapshot())
+        if checkpoint.mlflow_run_id != checkpoint_path.parent.name:
+            raise CheckpointError(f"{checkpoint_path}: holds MLflow run "
+                                  f"{checkpoint.mlflow_run_id!r}, not its folder's")
         run_id = tracker.resume(checkpoint.mlflow_run_id, checkpoint.server_round,
-                                flwr_run_id=str(context.run_id))
-    else:
-        run_id = tracker.start(
-            run_name=f"{config.task}-{time.strftime('%Y%m%d-%H%M%S')}",
-            params=config.as_params(),
-            tags={"flwr.run-id": str(context.run_id), "task": config.task},
-        )
-    log(INFO, "MLflow run %s in experiment '%s' at %s", run_id, tracker.experiment_name,
-        tracker.tracking_uri)
-    strategy = build_strategy(config, federation=run_id)
-    initial = ArrayRecord(model.state_dict())
-    first_round = 1
-    if checkpoint is not None:
+                                flwr_run_id=str(context.run_id),
+                                outbox_dir=checkpoint_path.parent)
         strategy.restore(checkpoint.strategy)
         initial = ArrayRecord({k: Array(v) for k, v in zip(checkpoint.keys, checkpoint.arrays)})
         first_round = checkpoint.server_round + 1
         log(INFO, "Resuming after round %d from %s", checkpoint.server_round, checkpoint_path)
-
-    def on_round_end(report: RoundReport, arrays: ArrayRecord) -> None:
-        tracker.log_round(report)
-        if checkpoint_path is not None:
-            save_checkpoint(checkpoint_path, ServerCheckpoint(
-                server_round=report.server_round, keys=list(arrays.keys()),
-                arrays=arrays.to_numpy_ndarrays(), strategy=strategy.snapshot(),
-                mlflow_run_id=run_id, plugins=_plugins(config)))
-        log(INFO, "%s", _progress_line(report, config.num_server_rounds,
-                                       f"val-{task.main_metric}"))
+    else:
+        run_id = tracker.start(
+            run_name=f"{config.task}-{time.strftime('%Y%m%d-%H%M%S')}",
+            params=run_config,
+            tags={"flwr.run-id": str(context.run_id), "task": config.task},
+        )
+        strategy = build_strategy(config, federation=run_id)
+        if config.checkpoint_dir:
+            folder = run_folder(Path(config.checkpoint_dir), run_id)
+            tracker.use_outbox(folder)
+            checkpoint_path = folder / CHECKPOINT_FILE
+    log(INFO, "MLflow run %s in experiment '%s' at %s", run_id, tracker.experiment_name,
+        tracker.tracking_uri)
+    on_round_end = RoundRecorder(
+        tracker, strategy, checkpoint_path, run_config,
+        lambda report: _progress_line(report, config.num_server_rounds,
+                                      f"val-{task.main_metric}"))
 
     started = time.monotonic()
     status = "FAILED"

@@ -8,7 +8,7 @@ can train. This measures, for one synthetic hospital of each task written at
 * **decode**: ``task_cls(site, settings)``, what every process did before the
   cache (:mod:`clients.site.decoded_cache`);
 * **cached**: :func:`clients.site.decoded_cache.load_task` with a warm cache
-  (fingerprint of the site's files and the code, then one unpickle);
+  (fingerprint of the site's files and the code, then one .npz read, no pickle);
 * **first**: the same call with a cold cache (decode + write), once.
 
 Median of ``--repeats`` alternating decode/cached pairs; the ratio decode /

@@ -36,8 +36,15 @@ __all__ = [
 class AggregationError(ReplyError):
     """Raised when client updates cannot be aggregated (bad layout, values or weights).
 
-    Invalid local solver settings raise :class:`strategies.local_solver.LocalSolverError`.
+    ``index`` is the position of the update (reply) at fault, ``None`` when no
+    single one is; the round loop drops that reply and aggregates the others
+    (:mod:`strategies.rounds.safe_aggregate`). Invalid local solver settings
+    raise :class:`strategies.local_solver.LocalSolverError`.
     """
+
+    def __init__(self, message: str, index: int | None = None) -> None:
+        super().__init__(message)
+        self.index = index
 
 
 # --------------------------------------------------------------------------- #
@@ -53,11 +60,12 @@ def _positive_finite(values: Sequence[float], name: str, count: int) -> np.ndarr
     for i, value in enumerate(values):
         if isinstance(value, bool) or not isinstance(value, (Real, np.number)):
             raise AggregationError(
-                f"{name}[{i}] must be a real number, got {type(value).__name__}"
+                f"{name}[{i}] must be a real number, got {type(value).__name__}", index=i
             )
         value = float(value)
         if not math.isfinite(value) or value <= 0.0:
-            raise AggregationError(f"{name}[{i}] must be finite and > 0, got {value!r}")
+            raise AggregationError(f"{name}[{i}] must be finite and > 0, got {value!r}",
+                                   index=i)
         out[i] = value
     return out
 
@@ -70,34 +78,34 @@ def _check_updates(deltas: Sequence[Sequence[np.ndarray]]) -> None:
     for i, delta in enumerate(deltas):
         if len(delta) != len(reference):
             raise AggregationError(
-                f"update {i} has {len(delta)} arrays but update 0 has {len(reference)}"
+                f"update {i} has {len(delta)} arrays but update 0 has {len(reference)}", index=i
             )
         for j, array in enumerate(delta):
             if not isinstance(array, np.ndarray):
                 raise AggregationError(
                     f"update {i}, array {j}: expected numpy.ndarray, got "
-                    f"{type(array).__name__}"
+                    f"{type(array).__name__}", index=i
                 )
             ref = reference[j]
             if array.shape != ref.shape:
                 raise AggregationError(
                     f"update {i}, array {j}: shape {array.shape} != {ref.shape} "
-                    "(update 0)"
+                    "(update 0)", index=i
                 )
             if array.dtype != ref.dtype:
                 raise AggregationError(
                     f"update {i}, array {j}: dtype {array.dtype} != {ref.dtype} "
-                    "(update 0)"
+                    "(update 0)", index=i
                 )
             if array.dtype.kind == "f":
                 if not np.isfinite(array).all():
                     raise AggregationError(
-                        f"update {i}, array {j} contains NaN or inf"
+                        f"update {i}, array {j} contains NaN or inf", index=i
                     )
             elif array.dtype.kind not in "iu":
                 raise AggregationError(
                     f"update {i}, array {j}: unsupported dtype {array.dtype} "
-                    "(expected a float or integer array)"
+                    "(expected a float or integer array)", index=i
                 )
 
 

@@ -5,15 +5,19 @@ Each kind of plug-in has a :class:`Registry` that owns one folder of
 
 * ``AGGREGATORS``: ``strategies/plugins/aggregators/``, chosen by ``strategy.aggregator``;
 * ``SCHEDULES``: ``strategies/plugins/schedules/``, chosen by ``strategy.schedule``;
-* ``SELECTORS``: ``strategies/plugins/selectors/``, chosen by ``strategy.selector``.
+* ``SELECTORS``: ``strategies/plugins/selectors/``, chosen by ``strategy.selector``;
+* ``DEFENCES``: ``strategies/plugins/defences/``, chosen by ``strategy.defence``
+  (what is done to the accepted replies before the aggregator: norm bound, Multi-Krum).
 
 A plug-in module registers its class with ``@REGISTRY.register("name")``; every
 module of the folder is imported on first use, so dropping a file there is all
-it takes. A plug-in class provides (see ``plugins/aggregators/fednova.py``):
+it takes. A plug-in class (usually a :class:`~strategies.plugins.options.Plugin`)
+provides (see ``plugins/aggregators/fednova.py``):
 
 * ``Options``: its typed options, a :class:`~strategies.plugins.options.PluginOptions`
   dataclass naming its run-config section (:class:`NoOptions` when it has none);
-* ``from_options(options, settings)``: the instance for a run;
+* ``from_options(options, settings)``: the instance for a run (``Plugin``'s default
+  passes each option as the ``__init__`` keyword of the same name);
 * optionally ``requires(options, settings)``: a check against the rest of the run
   config (FedNova's needs ``optimizer = "sgd"``), raising :class:`PluginError`.
 
@@ -31,7 +35,7 @@ from typing import Any, Generic, TypeVar
 from strategies.plugins.options import NoOptions, PluginError, PluginOptions
 from strategies.plugins.run_settings import RunSettings
 
-__all__ = ["PluginError", "Registry", "AGGREGATORS", "SCHEDULES", "SELECTORS",
+__all__ = ["PluginError", "Registry", "AGGREGATORS", "SCHEDULES", "SELECTORS", "DEFENCES",
            "REGISTRIES", "default_sections", "parse_sections"]
 
 T = TypeVar("T")
@@ -131,7 +135,8 @@ SCHEDULES: Registry = Registry("local-steps schedule", "strategies.plugins.sched
                                "strategy.schedule")
 SELECTORS: Registry = Registry("client selector", "strategies.plugins.selectors",
                                "strategy.selector")
-REGISTRIES: tuple[Registry, ...] = (AGGREGATORS, SCHEDULES, SELECTORS)
+DEFENCES: Registry = Registry("defence", "strategies.plugins.defences", "strategy.defence")
+REGISTRIES: tuple[Registry, ...] = (AGGREGATORS, SCHEDULES, SELECTORS, DEFENCES)
 
 
 def _section_types() -> dict[str, type[PluginOptions]]:

@@ -99,6 +99,7 @@ class RunConfig:
     strategy_aggregator: str = _dotted("strategy.aggregator", "fedavg")
     strategy_schedule: str = _dotted("strategy.schedule", "fixed")
     strategy_selector: str = _dotted("strategy.selector", "uniform")
+    strategy_defence: str = _dotted("strategy.defence", "none")
     strategy_codec: str = _dotted("strategy.codec", "none")
     strategy_error_feedback: bool = _dotted("strategy.error-feedback", True)
     round_deadline: float = _dotted("round.deadline", 0.0)

@@ -52,6 +52,9 @@ class SiteConfig:
                 raise SiteConfigError(
                     f"node_config data-path must be absolute, got {str(data_path)!r}")
             name = str(node_config.get("site-name", data_path.name))
+            if not name.strip(".") or any(c in name for c in "/\\\0"):
+                raise SiteConfigError(f"node_config site-name {name!r} must not be dot-only "
+                                      "or hold a path separator")
             state = Path(str(node_config.get("state-dir", data_path / ".fedmed-state")))
             return cls(name=name, data_path=data_path, state_dir=state,
                        cache_decoded=_flag(node_config.get("cache-decoded", True)))

@@ -219,7 +219,7 @@ def generate_site(site_dir: Path, profile: SiteProfile, seed: int,
     ValueError
         On a bad ``val_fraction``.
     FileExistsError
-        If ``site_dir/studies`` exists but the folder is not marked synthetic.
+        If ``site_dir`` holds anything but is not marked synthetic (``SYNTHETIC.txt``).
     """
     if not 0.0 < val_fraction < 1.0:
         raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")

@@ -8,7 +8,7 @@ hospital with its own function; this module
   characteristics that differ between sites (:func:`profile_rng`, :func:`stratified`),
 * claims a site folder for generated data (:func:`claim_site_dir`: the
   ``SYNTHETIC.txt`` marker, replacing an earlier synthetic hospital, refusing
-  real data),
+  any non-empty folder it did not mark),
 * derives hospital ``i``'s seed from the federation seed (:func:`hospital_seed`),
 * writes the hospitals one after the other (:func:`write_federation`), and
 * runs the command line (:func:`parse_federation_args`, :func:`run_federation_cli`):
@@ -144,21 +144,26 @@ def stratified(rng: np.random.Generator, num_sites: int, count: int) -> list[np.
 def claim_site_dir(site_dir: Path, data_dir: str, marker_text: str) -> Path:
     """Prepare ``site_dir`` for a synthetic hospital and return ``site_dir / data_dir``.
 
-    A previous synthetic hospital's ``data_dir`` is removed; the folder is
-    created and marked (``SYNTHETIC.txt`` holding ``marker_text``).
+    The generator writes only into site folders it created: a folder that
+    does not exist yet or is empty, or one marked ``SYNTHETIC.txt`` by an
+    earlier run (whose ``data_dir`` is then removed). The folder is created
+    and marked (``SYNTHETIC.txt`` holding ``marker_text``).
 
     Raises
     ------
     FileExistsError
-        If ``site_dir / data_dir`` exists but the folder is not marked synthetic.
+        If ``site_dir`` holds anything (a real site's ``dicom/``, ``images.csv``,
+        ...) but no ``SYNTHETIC.txt``: the message names the folder.
     """
     site_dir = Path(site_dir)
+    marked = (site_dir / MARKER_NAME).is_file()
+    if not marked and site_dir.exists() and (not site_dir.is_dir() or any(site_dir.iterdir())):
+        raise FileExistsError(
+            f"{site_dir}: not a synthetic hospital (no {MARKER_NAME}) and not empty; refusing to overwrite "
+            "a folder this generator did not create"
+        )
     data = site_dir / data_dir
-    if data.exists():
-        if not (site_dir / MARKER_NAME).is_file():
-            raise FileExistsError(
-                f"{site_dir}: holds {data_dir}/ but is not a synthetic hospital; refusing to overwrite"
-            )
+    if marked and data.exists():
         shutil.rmtree(data)
     site_dir.mkdir(parents=True, exist_ok=True)
     (site_dir / MARKER_NAME).write_text(marker_text, encoding="utf-8")

@@ -11,7 +11,10 @@ RescaleIntercept`` (DICOM PS3.3 C.11.1.1.2, modality LUT).
 A series that cannot be turned into a regular grid (duplicate or missing
 slices, uneven steps, mixed geometry) raises :class:`DicomSeriesError` naming
 the offending file or folder: silently resampling such a series would hide a
-data problem from the site.
+data problem from the site. So does a file whose header cannot be trusted:
+a Modality other than CT, a header value of the wrong count or type, a
+non-finite rescale, or a size over :data:`MAX_SLICES` / :data:`MAX_SLICE_PIXELS`
+(checked before any pixel is decoded or stacked).
 """
 
 from __future__ import annotations
@@ -22,11 +25,16 @@ from pathlib import Path
 import numpy as np
 import pydicom
 from pydicom.dataset import FileDataset
+from pydicom.multival import MultiValue
 
 from clients.errors import DicomSeriesError
 
-__all__ = ["CTVolume", "read_dicom_series", "list_series_files"]
+__all__ = ["CTVolume", "read_dicom_series", "list_series_files", "MAX_SLICES", "MAX_SLICE_PIXELS"]
 
+#: Most slice files a series folder may hold (checked before any file is read).
+MAX_SLICES = 2048
+#: Most pixels (Rows x Columns) a slice may have (checked before its pixels are decoded).
+MAX_SLICE_PIXELS = 1024 * 1024
 #: Largest step, as a multiple of the median step, that is still "one step".
 MISSING_SLICE_FACTOR = 1.5
 #: Positions closer than this along the normal (mm) are the same slice.
@@ -126,14 +134,64 @@ def list_series_files(folder: Path) -> list[Path]:
     return files
 
 
-def _read_slice(path: Path) -> tuple[FileDataset, np.ndarray]:
-    """Read one slice file: its header and its pixels rescaled to HU."""
+@dataclass(frozen=True, eq=False)
+class _Slice:
+    """One slice file: the header values the series needs and its pixels in HU."""
+
+    uid: str
+    orientation: np.ndarray
+    position: np.ndarray
+    spacing: np.ndarray
+    thickness: float
+    hu: np.ndarray
+
+
+def _numbers(ds: FileDataset, keyword: str, count: int, path: Path) -> np.ndarray:
+    """The ``count`` finite numbers of header attribute ``keyword``; a malformed value names the file."""
+    value = ds[keyword].value
+    values = list(value) if isinstance(value, (list, tuple, MultiValue)) else [value]
+    try:
+        numbers = np.asarray([float(v) for v in values], dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise DicomSeriesError(path, f"{keyword} must hold numbers, got {value!r}") from exc
+    if numbers.shape != (count,):
+        raise DicomSeriesError(path, f"{keyword} must have {count} value(s), got {len(values)}: {value!r}")
+    if not np.all(np.isfinite(numbers)):
+        raise DicomSeriesError(path, f"{keyword} is not finite ({numbers.tolist()}); the HU values would not be")
+    return numbers
+
+
+def _optional_number(ds: FileDataset, keyword: str, default: float, path: Path) -> float:
+    """Header attribute ``keyword`` as one finite number, ``default`` when absent or empty."""
+    if keyword not in ds or ds[keyword].value in (None, ""):
+        return default
+    return float(_numbers(ds, keyword, 1, path)[0])
+
+
+def _count(ds: FileDataset, keyword: str, default: int, path: Path) -> int:
+    """Integer header attribute ``keyword`` (``default`` when absent or empty)."""
+    value = _optional_number(ds, keyword, float(default), path)
+    if value != int(value) or value < 0:
+        raise DicomSeriesError(path, f"{keyword} must be a non-negative integer, got {value:g}")
+    return int(value)
+
+
+def _read_slice(path: Path) -> _Slice:
+    """Read one slice file: its header values and its pixels rescaled to HU.
+
+    Header values are checked before the pixels are decoded (modality, size,
+    value counts); ``RescaleSlope`` / ``RescaleIntercept`` must be single finite
+    numbers (DICOM PS3.3 C.11.1.1.2).
+    """
     try:
         ds = pydicom.dcmread(path)
     except Exception as exc:  # pydicom raises many types for corrupt input
         raise DicomSeriesError(path, f"not a readable DICOM file ({type(exc).__name__}: {exc})") from exc
     if "PixelData" not in ds:
         raise DicomSeriesError(path, "DICOM file has no pixel data (not an image)")
+    modality = str(ds.get("Modality", "") or "").strip().upper()
+    if modality != "CT":
+        raise DicomSeriesError(path, f"Modality is {modality or 'missing'}; a CT series must have Modality CT")
     missing = [
         kw
         for kw in ("ImagePositionPatient", "ImageOrientationPatient", "PixelSpacing", "Rows", "Columns")
@@ -141,20 +199,32 @@ def _read_slice(path: Path) -> tuple[FileDataset, np.ndarray]:
     ]
     if missing:
         raise DicomSeriesError(path, f"missing required attribute(s) {', '.join(missing)}")
-    if int(ds.get("NumberOfFrames", 1) or 1) != 1:
+    if _count(ds, "NumberOfFrames", 1, path) > 1:
         raise DicomSeriesError(path, "multi-frame images are not supported (expected one slice per file)")
-    if int(ds.get("SamplesPerPixel", 1)) != 1:
+    if _count(ds, "SamplesPerPixel", 1, path) != 1:
         raise DicomSeriesError(path, "not a grayscale image (SamplesPerPixel != 1)")
+    rows, columns = _count(ds, "Rows", 0, path), _count(ds, "Columns", 0, path)
+    if rows * columns > MAX_SLICE_PIXELS:
+        raise DicomSeriesError(path, f"slice of {rows} x {columns} pixels is over the limit of "
+                                     f"{MAX_SLICE_PIXELS} pixels per slice (MAX_SLICE_PIXELS)")
+    orientation = _numbers(ds, "ImageOrientationPatient", 6, path)
+    position = _numbers(ds, "ImagePositionPatient", 3, path)
+    spacing = _numbers(ds, "PixelSpacing", 2, path)
+    slope = _optional_number(ds, "RescaleSlope", 1.0, path) or 1.0
+    intercept = _optional_number(ds, "RescaleIntercept", 0.0, path)
+    thickness = _optional_number(ds, "SliceThickness", 1.0, path) or 1.0
     try:
         pixels = ds.pixel_array
     except Exception as exc:
         raise DicomSeriesError(path, f"cannot decode pixel data ({type(exc).__name__}: {exc})") from exc
-    if pixels.shape != (int(ds.Rows), int(ds.Columns)):
-        raise DicomSeriesError(path, f"pixel data shape {pixels.shape} != Rows x Columns ({ds.Rows}, {ds.Columns})")
-    slope = float(ds.get("RescaleSlope", 1.0) or 1.0)
-    intercept = float(ds.get("RescaleIntercept", 0.0) or 0.0)
-    hu = pixels.astype(np.float32) * np.float32(slope) + np.float32(intercept)
-    return ds, hu
+    if pixels.shape != (rows, columns):
+        raise DicomSeriesError(path, f"pixel data shape {pixels.shape} != Rows x Columns ({rows}, {columns})")
+    with np.errstate(over="ignore", invalid="ignore"):  # checked on the next line
+        hu = pixels.astype(np.float32) * np.float32(slope) + np.float32(intercept)
+    if not np.all(np.isfinite(hu)):
+        raise DicomSeriesError(path, f"HU values are not finite (RescaleSlope {slope:g}, RescaleIntercept "
+                                     f"{intercept:g} overflow float32)")
+    return _Slice(str(ds.get("SeriesInstanceUID", "")), orientation, position, spacing, thickness, hu)
 
 
 def _check_same(name: str, values: list[np.ndarray], files: list[Path], atol: float) -> None:
@@ -189,28 +259,29 @@ def read_dicom_series(folder: Path, *, spacing_tolerance: float = 0.02) -> CTVol
         On an empty or missing folder; an unreadable, non-DICOM or non-image
         file; slices of different series, orientation, size or pixel spacing;
         positions off the normal axis; duplicate slice positions; a missing
-        slice (a step larger than 1.5 x the median step); or uneven steps.
+        slice (a step larger than 1.5 x the median step); uneven steps; a
+        Modality other than CT; a header value of the wrong count or type
+        (e.g. ImagePositionPatient with 2 values, a multi-valued
+        RescaleSlope); a non-finite RescaleSlope/Intercept or HU value; more
+        than :data:`MAX_SLICES` files or more than :data:`MAX_SLICE_PIXELS`
+        pixels in a slice.
     """
     folder = Path(folder)
     files = list_series_files(folder)
-    headers: list[FileDataset] = []
-    slices: list[np.ndarray] = []
-    for path in files:
-        ds, hu = _read_slice(path)
-        headers.append(ds)
-        slices.append(hu)
+    if len(files) > MAX_SLICES:
+        raise DicomSeriesError(folder, f"{len(files)} files in the series folder, over the limit of "
+                                       f"{MAX_SLICES} slices (MAX_SLICES)")
+    slices = [_read_slice(path) for path in files]
 
-    series_uids = [str(ds.get("SeriesInstanceUID", "")) for ds in headers]
-    for uid, path in zip(series_uids, files):
-        if uid != series_uids[0]:
-            raise DicomSeriesError(path, f"belongs to another series ({uid} vs {series_uids[0]} in {files[0].name})")
+    for item, path in zip(slices, files):
+        if item.uid != slices[0].uid:
+            raise DicomSeriesError(path, f"belongs to another series ({item.uid} vs {slices[0].uid} "
+                                         f"in {files[0].name})")
 
-    orientations = [np.asarray([float(v) for v in ds.ImageOrientationPatient]) for ds in headers]
-    if orientations[0].shape != (6,):
-        raise DicomSeriesError(files[0], f"ImageOrientationPatient must have 6 values, got {orientations[0].tolist()}")
+    orientations = [item.orientation for item in slices]
     _check_same("ImageOrientationPatient", orientations, files, _ORIENTATION_ATOL)
-    _check_same("Rows x Columns", [np.asarray(s.shape) for s in slices], files, 0.0)
-    spacings = [np.asarray([float(v) for v in ds.PixelSpacing]) for ds in headers]
+    _check_same("Rows x Columns", [np.asarray(item.hu.shape) for item in slices], files, 0.0)
+    spacings = [item.spacing for item in slices]
     _check_same("PixelSpacing", spacings, files, _SPACING_ATOL_MM)
     dy, dx = (float(v) for v in spacings[0])
     if dy <= 0 or dx <= 0:
@@ -222,7 +293,7 @@ def read_dicom_series(folder: Path, *, spacing_tolerance: float = 0.02) -> CTVol
     if norm < 1e-3:
         raise DicomSeriesError(files[0], f"degenerate ImageOrientationPatient {orientation.tolist()}")
     normal /= norm
-    positions = np.asarray([[float(v) for v in ds.ImagePositionPatient] for ds in headers])
+    positions = np.asarray([item.position for item in slices])
     along = positions @ normal
     order = np.argsort(along, kind="stable")
     along = along[order]
@@ -246,7 +317,7 @@ def read_dicom_series(folder: Path, *, spacing_tolerance: float = 0.02) -> CTVol
                 files[k + 1], f"duplicate slice position {along[k + 1]:.3f} mm (same as {files[k].name})"
             )
     if len(steps) == 0:
-        dz = float(headers[0].get("SliceThickness", 1.0) or 1.0)
+        dz = slices[0].thickness
     else:
         dz = float(np.median(steps))
         for k, step in enumerate(steps):
@@ -264,7 +335,7 @@ def read_dicom_series(folder: Path, *, spacing_tolerance: float = 0.02) -> CTVol
                     f"inconsistent slice spacing: step {step:.3f} mm from {files[k].name} vs median step {dz:.3f} mm",
                 )
 
-    hu = np.stack(slices).astype(np.float32, copy=False)
+    hu = np.stack([item.hu for item in slices]).astype(np.float32, copy=False)
     return CTVolume(
         hu=hu,
         spacing=(dz, dy, dx),

@@ -20,13 +20,16 @@ import numpy as np
 from nibabel import orientations as ornt
 
 from clients.errors import MaskError, PathReason, VolumeError
-from clients.io.dicom_series import CTVolume
+from clients.io.dicom_series import MAX_SLICE_PIXELS, MAX_SLICES, CTVolume
 
 __all__ = [
-    "load_nifti", "to_dicom_axes", "volume_affine_ras", "read_nifti_mask", "write_nifti_mask",
+    "MAX_VOXELS", "load_nifti", "to_dicom_axes", "volume_affine_ras", "read_nifti_mask", "write_nifti_mask",
     "write_nifti_ct", "nifti_ct_volume",
 ]
 
+#: Most voxels a volume file (NIfTI, ``.npy``) may hold, checked from its header before it is read:
+#: as many as the largest DICOM series the reader accepts (MAX_SLICES x MAX_SLICE_PIXELS).
+MAX_VOXELS = MAX_SLICES * MAX_SLICE_PIXELS
 _LPS_TO_RAS = np.diag([-1.0, -1.0, 1.0, 1.0])
 #: Axis codes (nibabel, RAS convention) of a standard axial DICOM volume
 #: sorted by ascending z: columns go to L, rows to P, slices to S.
@@ -71,12 +74,19 @@ def load_nifti(path: Path, error: type[PathReason], what: str,
     ------
     PathReason
         ``error``, if the file is missing, unreadable, not NIfTI, has no
-        orientation (qform and sform codes 0) or is not 3D.
+        orientation (qform and sform codes 0), is not 3D or has more than
+        :data:`MAX_VOXELS` voxels (checked from the header, before the data is read).
     """
     if not path.is_file():
         raise error(path, f"{what} file does not exist")
     try:
         image = nib.load(path)
+        voxels = int(np.prod(image.shape, dtype=np.float64))
+    except Exception as exc:  # nibabel raises several types for corrupt or truncated input
+        raise error(path, f"not a readable NIfTI file ({type(exc).__name__}: {exc})") from exc
+    if voxels > MAX_VOXELS:
+        raise error(path, f"{what} of shape {tuple(image.shape)} is over the limit of {MAX_VOXELS} voxels (MAX_VOXELS)")
+    try:
         data = np.asanyarray(image.dataobj) if dtype is None else np.asarray(image.dataobj, dtype=dtype)
         affine = np.asarray(image.affine, dtype=np.float64)
         header = image.header

@@ -50,10 +50,14 @@ from pydicom.pixels import apply_modality_lut, apply_voi_lut
 
 from clients.errors import RadiographError
 
-__all__ = ["RadiographError", "read_radiograph", "to_square", "MIN_SIDE", "DICOM_SUFFIXES"]
+__all__ = ["RadiographError", "read_radiograph", "to_square", "MIN_SIDE", "MAX_PIXELS", "MODALITIES", "DICOM_SUFFIXES"]
 
 #: Smallest accepted image side (pixels); anything smaller is not a radiograph.
 MIN_SIDE = 8
+#: Most pixels (width x height) an image may have; checked before its pixels are decoded.
+MAX_PIXELS = 6144 * 6144
+#: DICOM Modality values read as a radiograph (CT: a scout / localizer image).
+MODALITIES = ("DX", "CR", "CT")
 #: File names read as DICOM even without the ``DICM`` preamble.
 DICOM_SUFFIXES = (".dcm", ".dicom")
 _MONOCHROME = ("MONOCHROME1", "MONOCHROME2")
@@ -82,8 +86,10 @@ def read_radiograph(path: Path, size: int = 224) -> np.ndarray:
         If the file is missing, unreadable or corrupt, cannot be decoded (for
         example a compressed transfer syntax without a decoder), is a
         multi-frame or colour DICOM, has an unsupported photometric
-        interpretation, is not 2D, is smaller than :data:`MIN_SIDE`, or is
-        constant. The message names the file and the reason.
+        interpretation or a Modality outside :data:`MODALITIES`, is not 2D,
+        is smaller than :data:`MIN_SIDE` or larger than :data:`MAX_PIXELS`,
+        or is constant (or not finite after the DICOM transforms). The
+        message names the file and the reason.
     ValueError
         If ``size < MIN_SIDE``.
     """
@@ -149,10 +155,17 @@ def _is_dicom(path: Path) -> bool:
     return head[128:132] == b"DICM" or path.suffix.lower() in DICOM_SUFFIXES
 
 
+def _check_pixels(path: Path, width: int, height: int) -> None:
+    """Refuse an image of more than :data:`MAX_PIXELS` pixels (before decoding it)."""
+    if width * height > MAX_PIXELS:
+        raise RadiographError(path, f"image {width}x{height} is over the limit of {MAX_PIXELS} pixels (MAX_PIXELS)")
+
+
 def _read_raster_display(path: Path) -> np.ndarray:
     """Decode a PNG/JPEG/... with Pillow into a float64 grey image (display values)."""
     try:
         with Image.open(path) as image:
+            _check_pixels(path, image.width, image.height)
             image.load()
             if getattr(image, "n_frames", 1) > 1:
                 raise RadiographError(path, f"{image.format} with {image.n_frames} frames is not a single radiograph")
@@ -177,10 +190,19 @@ def _read_dicom_display(path: Path) -> np.ndarray:
         raise RadiographError(path, f"not a readable DICOM file ({type(exc).__name__}: {exc})") from exc
     if "PixelData" not in ds:
         raise RadiographError(path, "DICOM file has no pixel data (PixelData is missing)")
-    frames = int(ds.get("NumberOfFrames", 1) or 1)
+    modality = str(ds.get("Modality", "") or "").strip().upper()
+    if modality not in MODALITIES:
+        raise RadiographError(path, f"Modality is {modality or 'missing'}; a radiograph has Modality "
+                                    f"{', '.join(MODALITIES)}")
+    try:
+        frames = int(ds.get("NumberOfFrames", 1) or 1)
+        samples = int(ds.get("SamplesPerPixel", 1) or 1)
+        rows, columns = int(ds.get("Rows", 0) or 0), int(ds.get("Columns", 0) or 0)
+    except (TypeError, ValueError) as exc:
+        raise RadiographError(path, f"malformed NumberOfFrames, SamplesPerPixel, Rows or Columns ({exc})") from exc
     if frames > 1:
         raise RadiographError(path, f"multi-frame DICOM ({frames} frames) is not a single radiograph")
-    samples = int(ds.get("SamplesPerPixel", 1) or 1)
+    _check_pixels(path, columns, rows)
     photometric = str(ds.get("PhotometricInterpretation", "")).strip().upper()
     if samples != 1 or photometric not in _MONOCHROME:
         raise RadiographError(

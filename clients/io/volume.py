@@ -48,7 +48,7 @@ import torch.nn.functional as F
 
 from clients.errors import VolumeError
 from clients.io.dicom_series import read_dicom_series
-from clients.io.nifti import load_nifti, to_dicom_axes
+from clients.io.nifti import MAX_VOXELS, load_nifti, to_dicom_axes
 from clients.io.windowing import window_ct
 
 __all__ = [
@@ -119,9 +119,12 @@ def _read_nifti_hu(path: Path) -> tuple[np.ndarray, tuple[float, float, float]]:
 def _read_npy_windowed(path: Path) -> np.ndarray:
     """A pre-windowed ``(z, y, x)`` ``.npy`` volume as float32 in [0, 1]."""
     try:
-        data = np.load(path, allow_pickle=False)
+        data = np.load(path, mmap_mode="r", allow_pickle=False)  # the header only, until sliced
     except Exception as exc:  # ValueError, OSError, EOFError, UnpicklingError...
         raise VolumeError(path, f"not a readable .npy array ({type(exc).__name__}: {exc})") from exc
+    if data.size > MAX_VOXELS:
+        raise VolumeError(path, f"array of shape {data.shape} is over the limit of {MAX_VOXELS} voxels (MAX_VOXELS)")
+    data = np.array(data)  # read it, into an array no longer tied to the file
     if data.dtype == np.uint8:
         return data.astype(np.float32) / np.float32(255.0)
     if not np.issubdtype(data.dtype, np.floating):
@@ -157,8 +160,8 @@ def read_source_volume(path: Path) -> SourceVolume:
     VolumeError
         If ``path`` does not exist or has an unsupported format; the file is
         unreadable; the volume is not 3D, has fewer than :data:`MIN_EXTENT`
-        voxels along an axis, or holds non-finite values; a ``.npy`` volume is
-        not pre-windowed.
+        voxels along an axis or more than :data:`clients.io.nifti.MAX_VOXELS`,
+        or holds non-finite values; a ``.npy`` volume is not pre-windowed.
     """
     path = Path(path)
     spacing: tuple[float, float, float] | None = None

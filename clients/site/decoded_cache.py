@@ -4,8 +4,8 @@ In deployment every train / evaluate / query message runs in a fresh ClientApp
 process, so without a cache each message would re-read and re-decode the
 site's DICOM series, NIfTI masks and radiographs, and redo the windowing and
 resizing. :func:`load_task` keeps the fully built :class:`SiteTask` (decoded,
-windowed, resized tensors and the load report) as one pickle under the site's
-state directory and reuses it while nothing it depends on has changed:
+windowed, resized tensors and the load report) as one ``.npz`` file under the
+site's state directory and reuses it while nothing it depends on has changed:
 
 * the site folder's path and its files (relative path, size and modification
   time of every file under it, the state directory excluded),
@@ -16,25 +16,38 @@ Any change gives a new key and a rebuild; an unreadable cache file is logged,
 removed and rebuilt. Files are written atomically (temporary file, then
 rename). The cache holds patient images: it lives in the state directory,
 which, like the data, must stay inside the hospital and be readable only by
-the SuperNode's account. Pickle is used because the cache is written and read
-by the same site software on the same disk; never point ``state-dir`` at a
-folder others can write to.
+the SuperNode's account; the cache folder is created ``0700`` and a cache
+folder that is a link, not the SuperNode account's, or open to group or
+others is neither read nor written.
+
+No pickle: the file holds the tensors and arrays and a JSON description of
+the objects around them (:func:`encode_task`), read with
+``allow_pickle=False``. Reading it builds only classes of the already imported
+``clients`` package, by setting their attributes, so a planted file cannot run
+code in the SuperNode.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
-import pickle
+from stat import S_IMODE, S_ISDIR, S_ISLNK
+import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
 
 from clients.site.atomic_file import write_atomic
 from clients.training.site_task import SiteTask, TaskSettings
 
-__all__ = ["CACHE_DIR_NAME", "KEEP_PER_TASK", "cache_key", "load_task"]
+__all__ = ["CACHE_DIR_NAME", "KEEP_PER_TASK", "cache_key", "decode_task", "encode_task",
+           "load_task"]
 
 log = logging.getLogger(__name__)
 
@@ -85,8 +98,118 @@ def cache_key(task_cls: type[SiteTask], site_dir: Path, settings: TaskSettings,
     return digest.hexdigest()[:32]
 
 
+_PLAIN = (type(None), bool, int, float, str)
+_PACKAGE = "clients."
+
+
+def encode_task(value: Any) -> tuple[Any, dict[str, np.ndarray]]:
+    """A JSON tree of ``value`` and the arrays (tensors as numpy) it refers to by name.
+
+    Nodes: None/bool/int/float/str as themselves; ``{"t": kind, "v": ...}`` for
+    ``list``, ``tuple``, ``dict`` (``[[key, node], ...]``), ``path``, ``np``
+    (a numpy scalar), ``array`` / ``tensor`` (an array name) and ``object``
+    (a ``clients`` class and its attributes). Anything else is a TypeError.
+    """
+    arrays: dict[str, np.ndarray] = {}
+
+    def encode(v: Any) -> Any:
+        if isinstance(v, _PLAIN) and not isinstance(v, np.generic):
+            return v
+        if isinstance(v, (torch.Tensor, np.ndarray)):
+            name = str(len(arrays))
+            tensor = isinstance(v, torch.Tensor)
+            arrays[name] = v.detach().cpu().numpy() if tensor else v
+            return {"t": "tensor" if tensor else "array", "v": name}
+        if isinstance(v, np.generic):
+            return {"t": "np", "dtype": v.dtype.str, "v": v.item()}
+        if isinstance(v, Path):
+            return {"t": "path", "v": str(v)}
+        if isinstance(v, (list, tuple)):
+            return {"t": type(v).__name__ if type(v) in (list, tuple) else "list",
+                    "v": [encode(x) for x in v]}
+        if isinstance(v, dict):
+            return {"t": "dict", "v": [[encode(k), encode(x)] for k, x in v.items()]}
+        cls = type(v)
+        if cls.__module__.startswith(_PACKAGE) and hasattr(v, "__dict__"):
+            return {"t": "object", "type": f"{cls.__module__}:{cls.__qualname__}",
+                    "v": {k: encode(x) for k, x in vars(v).items()}}
+        raise TypeError(f"cannot cache a {cls.__module__}.{cls.__qualname__}")
+
+    return encode(value), arrays
+
+
+def _class(name: str) -> type:
+    """A class of an already imported ``clients`` module (nothing is imported)."""
+    module, _, qualname = str(name).partition(":")
+    if not module.startswith(_PACKAGE) or module not in sys.modules:
+        raise TypeError(f"class {name!r} is not of the loaded clients package")
+    found: Any = sys.modules[module]
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+    if not isinstance(found, type):
+        raise TypeError(f"{name!r} is not a class")
+    return found
+
+
+def decode_task(node: Any, arrays: dict[str, np.ndarray]) -> Any:
+    """The value :func:`encode_task` described (TypeError/KeyError/ValueError if malformed)."""
+    if isinstance(node, _PLAIN):
+        return node
+    kind, value = node["t"], node["v"]
+    if kind in ("array", "tensor"):
+        array = arrays[value]
+        return torch.from_numpy(array) if kind == "tensor" else array
+    if kind == "np":
+        return np.dtype(node["dtype"]).type(value)
+    if kind == "path":
+        return Path(value)
+    if kind in ("list", "tuple"):
+        items = [decode_task(x, arrays) for x in value]
+        return items if kind == "list" else tuple(items)
+    if kind == "dict":
+        return {decode_task(k, arrays): decode_task(x, arrays) for k, x in value}
+    if kind == "object":
+        cls = _class(node["type"])
+        obj = cls.__new__(cls)
+        for key, item in value.items():
+            object.__setattr__(obj, str(key), decode_task(item, arrays))
+        return obj
+    raise ValueError(f"unknown cache node kind {kind!r}")
+
+
+def _write(handle, task: SiteTask) -> None:
+    tree, arrays = encode_task(task)
+    entries = {f"a{name}": array for name, array in arrays.items()}
+    entries["tree"] = np.frombuffer(json.dumps(tree).encode(), dtype=np.uint8)
+    np.savez(handle, **entries)
+
+
+def _read(path: Path) -> Any:
+    with np.load(path, allow_pickle=False) as npz:
+        tree = json.loads(npz["tree"].tobytes().decode())
+        arrays = {k[1:]: npz[k] for k in npz.files if k != "tree"}
+    return decode_task(tree, arrays)
+
+
+def _private(cache_dir: Path) -> bool:
+    """Create ``cache_dir`` 0700; ``False`` (logged) if it is a link, not ours or open."""
+    if not cache_dir.exists():
+        cache_dir.mkdir(mode=0o700, parents=True)
+        os.chmod(cache_dir, 0o700)
+    info = os.lstat(cache_dir)
+    if (S_ISLNK(info.st_mode) or not S_ISDIR(info.st_mode)
+            or info.st_uid != os.getuid() or info.st_mode & 0o077):
+        log.warning("decoded-data cache folder %s not used: it must be a folder of this user "
+                    "with mode 0700 (it is %04o, uid %d); `chmod 700 %s`", cache_dir,
+                    S_IMODE(info.st_mode), info.st_uid, cache_dir)
+        return False
+    return True
+
+
 def _prune(cache_dir: Path, task_name: str, keep: Path) -> None:
-    older = sorted((p for p in cache_dir.glob(f"{task_name}-*.pkl") if p != keep),
+    for legacy in cache_dir.glob(f"{task_name}-*.pkl"):  # pickles of older versions
+        legacy.unlink(missing_ok=True)
+    older = sorted((p for p in cache_dir.glob(f"{task_name}-*.npz") if p != keep),
                    key=lambda p: p.stat().st_mtime, reverse=True)
     for stale in older[KEEP_PER_TASK - 1:]:
         stale.unlink(missing_ok=True)
@@ -118,13 +241,18 @@ def load_task(task_cls: type[SiteTask], site_dir: Path, settings: TaskSettings,
     if cache_dir is None:
         return task_cls(site_dir, settings)
     cache_dir = Path(cache_dir)
+    try:
+        if not _private(cache_dir):
+            return task_cls(site_dir, settings)
+    except OSError as exc:  # a read-only disk must not stop training
+        log.warning("could not create the decoded-data cache %s: %s", cache_dir, exc)
+        return task_cls(site_dir, settings)
     exclude = [*exclude, cache_dir]
     started = time.monotonic()
-    path = cache_dir / f"{task_cls.name}-{cache_key(task_cls, site_dir, settings, exclude)}.pkl"
+    path = cache_dir / f"{task_cls.name}-{cache_key(task_cls, site_dir, settings, exclude)}.npz"
     if path.is_file():
         try:
-            with path.open("rb") as handle:
-                task = pickle.load(handle)
+            task = _read(path)
             if not isinstance(task, task_cls):
                 raise TypeError(f"holds a {type(task).__name__}, not a {task_cls.__name__}")
             log.info("%s: decoded %s data from the cache (%.2fs)", Path(site_dir).name,
@@ -136,8 +264,8 @@ def load_task(task_cls: type[SiteTask], site_dir: Path, settings: TaskSettings,
             path.unlink(missing_ok=True)
     task = task_cls(site_dir, settings)
     try:
-        write_atomic(path, lambda handle: pickle.dump(task, handle, protocol=pickle.HIGHEST_PROTOCOL))
+        write_atomic(path, lambda handle: _write(handle, task))
         _prune(cache_dir, task_cls.name, keep=path)
-    except OSError as exc:  # a full or read-only disk must not stop training
+    except (OSError, TypeError) as exc:  # a full disk must not stop training
         log.warning("could not write the decoded-data cache %s: %s", path, exc)
     return task

@@ -30,6 +30,8 @@ class SiteStateStore:
     def _path(self, federation: str, name: str) -> Path:
         if not federation or not name:
             raise ValueError("federation and name must be non-empty")
+        if set(federation) <= {"."} or set(name) <= {"."}:
+            raise ValueError(f"federation {federation!r} / name {name!r}: dot-only names would leave the state dir")
         return self.state_dir / _SAFE.sub("_", federation) / f"{_SAFE.sub('_', name)}.npy"
 
     def load(self, federation: str, name: str) -> np.ndarray | None:

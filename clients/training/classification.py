@@ -64,7 +64,13 @@ def balanced_loader(dataset: LabelledTensors, batch_size: int, positive_fraction
 @torch.no_grad()
 def evaluate_classifier(model: nn.Module, dataset: LabelledTensors, compute: ComputeDevice,
                         batch_size: int) -> EvalResult:
-    """BCE loss, macro ROC AUC and accuracy at probability 0.5 over ``dataset``."""
+    """BCE loss, macro ROC AUC and accuracy at probability 0.5 over ``dataset``.
+
+    ROC AUC is defined only when every label has both classes in ``dataset``
+    (Hanley & McNeil, Radiology 1982: the probability that a positive scores
+    above a negative); otherwise ``"auc"`` is left out of the metrics rather
+    than sent as NaN, which the server would reject with the whole reply.
+    """
     model.to(compute.device).eval()
     loss_fn = nn.BCEWithLogitsLoss(reduction="sum")
     logits, targets = [], []
@@ -79,8 +85,7 @@ def evaluate_classifier(model: nn.Module, dataset: LabelledTensors, compute: Com
     metrics = {"accuracy": float(((scores > 0.5).float() == labels).float().mean())}
     if all(0 < int(labels[:, j].sum()) < len(labels) for j in range(labels.shape[1])):
         metrics["auc"] = float(compute_roc_auc(scores, labels, average="macro"))
-    else:
-        metrics["auc"] = float("nan")  # one class only: AUC undefined at this site
+    # else: a label with one class only in ``dataset``: AUC is undefined here and is omitted
     return EvalResult(num_examples=len(dataset), loss=loss / max(labels.numel(), 1),
                       metrics=metrics, num_studies=len(dataset))
 

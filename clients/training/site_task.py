@@ -58,7 +58,11 @@ class TaskSettings:
 
 @dataclass(frozen=True)
 class EvalResult:
-    """Validation of a model on a site's held-out data."""
+    """Validation of a model on a site's held-out data.
+
+    ``metrics`` holds only the metrics defined at this site (finite values); one
+    that is undefined on the site's data (ROC AUC of a one-class split) is left out.
+    """
 
     num_examples: int
     loss: float

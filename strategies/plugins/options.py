@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 
 from strategies.errors import ConfigError
 
-__all__ = ["NoOptions", "PluginError", "PluginOptions", "option", "typed_value"]
+__all__ = ["NoOptions", "Plugin", "PluginError", "PluginOptions", "option", "typed_value"]
 
 _KINDS = {bool: "a bool", int: "an int", float: "a float", str: "a string"}
 
@@ -121,3 +121,19 @@ class PluginOptions:
 @dataclass(frozen=True)
 class NoOptions(PluginOptions):
     """The options of a plug-in that has none (no run-config section)."""
+
+
+class Plugin:
+    """Base of a plug-in class: its ``Options`` and the default way to build it.
+
+    The default :meth:`from_options` passes each option field as the keyword of
+    the same name (``server_momentum`` -> ``__init__(server_momentum=...)``); a
+    plug-in that also reads the rest of the run config overrides it.
+    """
+
+    Options: ClassVar[type[PluginOptions]] = NoOptions
+
+    @classmethod
+    def from_options(cls, options: PluginOptions, settings: Any) -> Any:
+        """The plug-in for a run: ``cls(**options)``."""
+        return cls(**{f.name: getattr(options, f.name) for f in fields(options)})

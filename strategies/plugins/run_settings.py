@@ -27,7 +27,8 @@ class RunSettings:
         Fraction of the connected sites to train when ``selection.m = 0``
         (``fraction-train``).
     min_nodes : int
-        Fewest sites per round (``min-nodes``).
+        Sites the server waits for before a round (``min-nodes``); not the
+        number trained, which is ``selection.m`` or ``fraction-train``.
     seed : int
         Seed of the selectors' random draws (``seed``).
     optimizer : str

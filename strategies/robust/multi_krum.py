@@ -20,7 +20,7 @@ import numpy as np
 from strategies.errors import ConfigError
 from strategies.robust.stack import as_stack
 
-__all__ = ["krum_scores", "multi_krum_select"]
+__all__ = ["krum_scores", "lowest_scores", "multi_krum_select"]
 
 
 def _squared_distances(stack: np.ndarray) -> np.ndarray:
@@ -49,7 +49,11 @@ def krum_scores(updates: np.ndarray, f: int) -> np.ndarray:
 
 def multi_krum_select(updates: np.ndarray, f: int, m: int) -> np.ndarray:
     """Indices of the ``m`` rows of lowest Krum score, in increasing score order (ties by index)."""
-    scores = krum_scores(updates, f)
+    return lowest_scores(krum_scores(updates, f), m)
+
+
+def lowest_scores(scores: np.ndarray, m: int) -> np.ndarray:
+    """Indices of the ``m`` lowest ``scores``, in increasing score order (ties by index)."""
     n = scores.size
     if not (isinstance(m, int) and 1 <= m <= n):
         raise ConfigError(f"multi-krum: m must be an int in [1, n = {n}], got {m!r}")

@@ -22,7 +22,7 @@ import numpy as np
 from strategies.errors import ConfigError
 from strategies.robust.stack import as_stack
 
-__all__ = ["NormBound", "clip_to_bound", "round_bound"]
+__all__ = ["NormBound", "clip_factors", "clip_to_bound", "round_bound"]
 
 
 @dataclass(frozen=True)
@@ -67,10 +67,24 @@ def clip_to_bound(updates: np.ndarray, bound: NormBound) -> tuple[np.ndarray, np
         The round's ``M``.
     """
     stack = as_stack(updates, "norm bound")
-    norms = np.linalg.norm(stack.astype(np.float64, copy=False), axis=1)
+    factors, m = clip_factors(np.linalg.norm(stack.astype(np.float64, copy=False), axis=1), bound)
+    clipped = stack * factors.astype(stack.dtype)[:, None]
+    return clipped, factors, m
+
+
+def clip_factors(norms: np.ndarray, bound: NormBound) -> tuple[np.ndarray, float]:
+    """The factors ``min(1, M / ||Delta_k||)`` of eq. (1) from the update norms alone.
+
+    Returns
+    -------
+    factors : ndarray
+        One factor per norm (1.0 for a norm at or below ``M``, so for a zero update).
+    bound_used : float
+        The round's ``M`` (:func:`round_bound`).
+    """
+    norms = np.asarray(norms, dtype=np.float64)
     m = round_bound(norms, bound)
     factors = np.ones_like(norms)
     over = norms > m
     factors[over] = m / norms[over]
-    clipped = stack * factors.astype(stack.dtype)[:, None]
-    return clipped, factors, m
+    return factors, m

@@ -19,6 +19,12 @@ Compared with Flower's ``FedAvg`` it
 * validates every reply on its own and drops a malformed one (missing keys,
   wrong shapes, NaN, site error) with a logged reason, so one bad site never
   crashes the federation; stragglers past the deadline are dropped and logged;
+* keeps a trust boundary (:class:`SiteBook`): a site name is bound to the node
+  that first sent it (a reply under another node's name is dropped), and a
+  site's ``num-examples`` is capped at what it declared when it joined;
+* drops a reply the aggregator rejects instead of failing the run, and keeps
+  the old model when the new one would not be finite
+  (:mod:`strategies.rounds.safe_aggregate`, ``RoundReport.aggregation_failed``);
 * records a :class:`RoundReport` per round and hands it to an observer (the
   ServerApp logs it to MLflow).
 
@@ -30,6 +36,8 @@ the site book).
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Iterable
@@ -41,6 +49,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 from flwr.supercore import log
 
+from strategies import message_keys as keys
 from strategies.compression import parse_spec
 from strategies.errors import FederationError
 from strategies.local_solver import LocalSolver
@@ -51,6 +60,7 @@ from strategies.rounds.reply_intake import ReplyIntake, reply_label
 from strategies.rounds.round_metrics import example_weighted_metrics
 from strategies.rounds.round_policy import RoundPolicy, collect_replies
 from strategies.rounds.round_report import RoundReport
+from strategies.rounds.safe_aggregate import AggregateOutcome, aggregate_safely, apply_update
 from strategies.rounds.site_book import SiteBook
 from strategies.rounds.site_selection import SelectionContext, query_losses, record_selection
 from strategies.rounds.traffic import bytes_down, record_traffic
@@ -58,6 +68,8 @@ from strategies.rounds.traffic import bytes_down, record_traffic
 __all__ = ["FederatedStrategy", "NoValidRepliesError", "SelectionContext"]
 
 RoundObserver = Callable[[RoundReport, ArrayRecord], None]
+
+OFFLINE = "site offline: not connected to the SuperLink"
 
 
 class NoValidRepliesError(FederationError):
@@ -79,9 +91,10 @@ class FederatedStrategy(Strategy):
     policy : RoundPolicy
         Deadline, quorum and hard timeout of each round.
     min_nodes : int
-        Sites that must be connected before a round starts.
+        Sites that must be connected before a round starts (how many train is
+        the selector's choice).
     fraction_evaluate : float
-        Fraction of connected sites asked to evaluate (0 disables).
+        Fraction of connected sites asked to evaluate, rounded up (0 disables).
     node_wait_timeout : float
         Seconds to wait for ``min_nodes`` sites before failing.
     time_budget : float
@@ -170,6 +183,7 @@ class FederatedStrategy(Strategy):
         self._keys = list(arrays.keys())
         self._global = arrays.to_numpy_ndarrays()
         nodes = wait_for_nodes(grid, self.min_nodes, self.node_wait_timeout)
+        self.sites.connected = set(nodes)
         report = self._report(server_round)
         context = SelectionContext(
             sizes=dict(self.sites.sizes), last_losses=dict(self.sites.last_losses),
@@ -180,9 +194,9 @@ class FederatedStrategy(Strategy):
         if not node_ids:
             raise NoValidRepliesError(f"round {server_round}: the selector chose no site")
         for name in self.sites.offline(nodes):  # a known site whose SuperNode is gone
-            report.train_dropped[name] = "site offline: not connected to the SuperLink"
+            report.train_dropped[name] = OFFLINE
             log(WARNING, "configure_train: %s is offline", name)
-        record_selection(report, self.selector, self.sites.label)
+        record_selection(report, self.selector, self.sites.label)  # relabelled after the replies
         log(INFO, "configure_train: %d sites selected of %d connected, tau %d",
             len(node_ids), len(nodes), self.schedule.tau)
         self._plan = TrainPlan.for_round(node_ids, self.schedule.tau, self.uplink, server_round)
@@ -191,6 +205,14 @@ class FederatedStrategy(Strategy):
         self._train_intake.expect({n: self.sites.label(n) for n in node_ids})
         self._down_bytes = bytes_down(messages)
         return messages
+
+    def _capped(self, reply: TrainReply) -> TrainReply:
+        """``reply`` weighted with at most the examples its site declared when it joined."""
+        count = self.sites.capped(reply.node_id, reply.num_examples)
+        if count == reply.num_examples:
+            return reply
+        return dataclasses.replace(reply, num_examples=count,
+                                   metrics={**reply.metrics, keys.NUM_EXAMPLES: float(count)})
 
     def _parse_train(self, message: Message) -> TrainReply:
         node = message.metadata.src_node_id
@@ -201,15 +223,29 @@ class FederatedStrategy(Strategy):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Aggregate the accepted updates (validated once, see :class:`ReplyIntake`)."""
+        """Aggregate the accepted updates (validated once, see :class:`ReplyIntake`).
+
+        Sizes are capped by the site book; a reply the aggregator rejects is
+        dropped; a round whose aggregation fails or whose new model is not
+        finite keeps the old model (``(None, None)``) and the aggregator's
+        state as it was (e.g. FedNova's server momentum), with the reason in
+        ``RoundReport.aggregation_failed``.
+        """
         report = self._report(server_round)
         report.schedule_tau = int(self.schedule.tau)
-        accepted = self._train_intake.accept(replies, report.train_dropped, self.sites)
-        for reply in accepted:
+        accepted = [self._capped(reply) for reply in
+                    self._train_intake.accept(replies, report.train_dropped, self.sites)]
+        before = copy.deepcopy(self.aggregator)
+        outcome = (aggregate_safely(self.aggregator, accepted, report.train_dropped)
+                   if accepted else AggregateOutcome(None))
+        for reply in outcome.used:
+            if report.train_dropped.get(reply.site) == OFFLINE:  # it came back on a new node
+                del report.train_dropped[reply.site]
             report.train[reply.site] = dict(reply.metrics)
             self.sites.learn(reply.node_id, reply.site, reply.num_examples, reply.train_loss)
+        record_selection(report, self.selector, self.sites.label)
         record_traffic(report, self._down_bytes, accepted, self._global, self.sites.label)
-        report.strategy.update(self.schedule.observe(accepted))
+        report.strategy.update(self.schedule.observe(outcome.used))
         if not accepted:
             self._empty_rounds += 1
             log(WARNING, "aggregate_train: no usable reply in round %d; model unchanged",
@@ -221,12 +257,17 @@ class FederatedStrategy(Strategy):
                 )
             return None, None
         self._empty_rounds = 0
-        delta, info = self.aggregator.aggregate(accepted)
-        report.strategy.update(info)
-        updated = [np.asarray(g - d).astype(g.dtype, copy=False)
-                   for g, d in zip(self._global, delta)]
-        report.train_aggregate = example_weighted_metrics(accepted)
-        log(INFO, "aggregate_train: %d accepted, %d dropped", len(accepted),
+        report.strategy.update(outcome.info)
+        updated, report.aggregation_failed = (
+            apply_update(self._global, outcome.delta, self._keys)
+            if outcome.delta is not None else (None, outcome.failure))
+        if updated is None:
+            self.aggregator = before
+            log(WARNING, "aggregate_train: round %d: %s", server_round,
+                report.aggregation_failed)
+            return None, None
+        report.train_aggregate = example_weighted_metrics(outcome.used)
+        log(INFO, "aggregate_train: %d accepted, %d dropped", len(outcome.used),
             len(report.train_dropped))
         record = ArrayRecord({k: Array(v) for k, v in zip(self._keys, updated)})
         return record, MetricRecord({k: float(v) for k, v in report.train_aggregate.items()})
@@ -240,8 +281,8 @@ class FederatedStrategy(Strategy):
             self._evaluate_intake.expect({})
             return []
         nodes = wait_for_nodes(grid, self.min_nodes, self.node_wait_timeout)
-        count = min(len(nodes), max(self.min_nodes,
-                                    math.ceil(self.fraction_evaluate * len(nodes))))
+        self.sites.connected = set(nodes)
+        count = min(len(nodes), math.ceil(self.fraction_evaluate * len(nodes)))
         self._evaluate_intake.expect({n: self.sites.label(n) for n in nodes[:count]})
         return site_messages(nodes[:count], arrays, config, server_round, MessageType.EVALUATE)
 

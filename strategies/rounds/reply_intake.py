@@ -8,7 +8,9 @@ says why it is unusable -- and hands that same outcome to the aggregation, so a
 train reply's update is unpacked and decoded once per round, not twice.
 
 :meth:`ReplyIntake.accept` then records, under the site's name, why each
-dropped reply was dropped and which selected sites never answered.
+dropped reply was dropped and which selected sites never answered. A valid reply whose declared
+site name is not the one bound to its node (or is bound to another connected
+node) is dropped too (:meth:`SiteBook.identity_problem`).
 """
 
 from __future__ import annotations
@@ -31,10 +33,15 @@ Reply = TypeVar("Reply")
 
 
 def reply_label(message: Message, book: SiteBook) -> str:
-    """The name a reply declares, or the sender's known name for a reply without content."""
+    """The name to record ``message`` under: its node's bound name, else the one it declares.
+
+    A declared name bound to another connected node is not used: such a reply is
+    recorded under ``node-<id>`` (:meth:`SiteBook.label_reply`).
+    """
+    node = message.metadata.src_node_id
     if message.has_content():
-        return site_name(message)
-    return book.label(message.metadata.src_node_id)
+        return book.label_reply(node, site_name(message))
+    return book.label(node)
 
 
 class ReplyIntake(Generic[Reply]):
@@ -80,8 +87,9 @@ class ReplyIntake(Generic[Reply]):
                book: SiteBook) -> list[Reply]:
         """The usable replies; the others and the no-shows go to ``dropped`` with a reason.
 
-        Names of valid replies are recorded in ``book``. The kept outcomes are
-        released afterwards (they hold decoded updates).
+        The site name of a valid reply is checked against (and, the first time,
+        bound to) its node in ``book``. The kept outcomes are released
+        afterwards (they hold decoded updates).
         """
         accepted: list[Reply] = []
         answered = set()
@@ -90,11 +98,12 @@ class ReplyIntake(Generic[Reply]):
             answered.add(node)
             name = reply_label(message, book)
             reply = self.outcome(message)
-            if isinstance(reply, InvalidReplyError):
-                dropped[name] = str(reply)
-                log(WARNING, "%s: dropped reply of %s: %s", self.stage, name, reply)
+            reason = (str(reply) if isinstance(reply, InvalidReplyError)
+                      else book.identity_problem(node, reply.site))
+            if reason is not None:
+                dropped[name] = reason
+                log(WARNING, "%s: dropped reply of %s: %s", self.stage, name, reason)
                 continue
-            book.learn(node, reply.site)
             accepted.append(reply)
         for node, name in self.expected.items():
             if node not in answered:

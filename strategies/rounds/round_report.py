@@ -45,6 +45,10 @@ class RoundReport:
     traffic : dict[str, dict[str, float]]
         Per site, serialised bytes down (instruction) and up (reply), and the
         uplink ratio dense-fp32 / bytes up.
+    aggregation_failed : str
+        Why the round kept the previous global model although it had usable
+        replies (the aggregation failed or the new model was not finite);
+        empty when the model was updated or no reply was usable.
     """
 
     server_round: int
@@ -62,3 +66,4 @@ class RoundReport:
     traffic: dict[str, dict[str, float]] = field(default_factory=dict)
     selection: dict = field(default_factory=dict)
     times_selected: dict[str, float] = field(default_factory=dict)
+    aggregation_failed: str = ""

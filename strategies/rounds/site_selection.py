@@ -47,7 +47,8 @@ def query_losses(grid: Grid, policy: RoundPolicy, server_round: int, arrays: Arr
                  report: RoundReport) -> dict[int, float]:
     """Ask ``candidates`` for the global model's loss on their data (Flower ``query``).
 
-    Valid answers update ``book`` (name, size); bytes down/up and the seconds
+    Valid answers from a node under its own site name (:meth:`SiteBook.identity_problem`)
+    update ``book`` (name, first declared size); bytes down/up and the seconds
     spent go to ``report.strategy`` (``query-bytes-down``, ``query-bytes-up``,
     ``query-seconds``).
     """
@@ -64,6 +65,10 @@ def query_losses(grid: Grid, policy: RoundPolicy, server_round: int, arrays: Arr
             log(WARNING, "query: dropped reply of %s: %s", book.label(node), exc)
             continue
         received += wire_size(reply.content)
+        problem = book.identity_problem(node, parsed.site)
+        if problem is not None:
+            log(WARNING, "query: dropped reply of %s: %s", book.label(node), problem)
+            continue
         book.learn(node, parsed.site, num_examples=parsed.num_examples)
         losses[node] = parsed.metrics[keys.QUERY_LOSS]
     report.strategy.update({"query-bytes-down": float(sent),

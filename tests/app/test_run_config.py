@@ -109,7 +109,7 @@ def test_build_strategy_hands_each_plugin_its_section_and_the_run_settings():
     assert schedule._smoother.beta == 0.25
     selector = strategy.selector
     assert (selector.m, selector.d, selector.subset, selector.fairness_rounds,
-            selector.num_rounds, selector.min_nodes) == (2, 4, 5, 3, 7, 2)
+            selector.num_rounds) == (2, 4, 5, 3, 7)
 
 
 def test_dotted_strategy_keys():

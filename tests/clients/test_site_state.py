@@ -24,3 +24,12 @@ def test_save_load_round_trip_and_safe_names(tmp_path: Path):
 def test_empty_names_are_refused(tmp_path: Path):
     with pytest.raises(ValueError):
         SiteStateStore(tmp_path).save("", "ef", np.zeros(1))
+
+
+@pytest.mark.parametrize("federation", ["..", ".", "..."])
+def test_dot_only_federation_names_cannot_leave_the_state_dir(tmp_path: Path, federation: str):
+    # #12: the federation name comes from the server's message; ".." wrote beside the state dir.
+    state = tmp_path / "state"
+    with pytest.raises(ValueError, match="dot-only"):
+        SiteStateStore(state).save(federation, "ef", np.zeros(1))
+    assert not list(tmp_path.glob("*.npy"))

@@ -29,7 +29,7 @@ def make_strategy(min_nodes: int = 2, aggregator: str = "fedavg", schedule: str 
     return FederatedStrategy(
         aggregator=AGGREGATORS.create(aggregator),
         schedule=SCHEDULES.create(schedule, tau0=8),
-        selector=SELECTORS.create("uniform", min_nodes=min_nodes),
+        selector=SELECTORS.create("uniform"),
         min_nodes=min_nodes, node_wait_timeout=1, **kwargs)
 
 
@@ -180,7 +180,7 @@ def test_hand_computed_fedavg_and_fednova(aggregator, expected):
     """
     strategy = FederatedStrategy(aggregator=AGGREGATORS.create(aggregator),
                                  schedule=SCHEDULES.create("fixed", tau0=8),
-                                 selector=SELECTORS.create("uniform", min_nodes=2),
+                                 selector=SELECTORS.create("uniform"),
                                  min_nodes=2, node_wait_timeout=1)
     grid = FakeGrid([1, 2])
     messages = list(strategy.configure_train(1, ArrayRecord([np.zeros(1)]), ConfigRecord(),

@@ -85,8 +85,9 @@ def test_sections_keep_the_rest_of_the_run_config_apart():
 
 def test_unknown_plugin_names_the_choice_key_and_the_known_names():
     with pytest.raises(PluginError, match="'strategy.aggregator' must be one of "
-                                          "\\['fedavg', 'fednova'\\]"):
-        AGGREGATORS.build("median", default_sections(), _settings())
+                                          "\\['fedavg', 'fednova', 'median', "
+                                          "'trimmed-mean'\\]"):
+        AGGREGATORS.build("krum", default_sections(), _settings())
 
 
 def test_plugins_no_longer_swallow_unknown_keywords():

@@ -28,11 +28,11 @@ def test_weighted_mean_weights_by_examples_and_is_nan_without_weight():
     assert math.isnan(weighted_mean([(3.0, 0)]))
 
 
-def test_round_metrics_average_only_shared_metrics_and_total_the_examples():
+def test_round_metrics_average_over_the_reporting_sites_and_total_the_examples():
     replies = [MetricsReply(1, "a", 10, {keys.NUM_EXAMPLES: 10.0, "val-dice": 0.2, "x": 1.0}),
                MetricsReply(2, "b", 30, {keys.NUM_EXAMPLES: 30.0, "val-dice": 0.6})]
     assert example_weighted_metrics(replies) == pytest.approx(
-        {"val-dice": 0.5, keys.NUM_EXAMPLES: 40.0})
+        {"val-dice": 0.5, "x": 1.0, keys.NUM_EXAMPLES: 40.0})
     assert example_weighted_metrics([]) == {}
 
 
@@ -80,3 +80,13 @@ def test_traffic_counts_bytes_per_site_and_the_round_ratio():
     assert report.traffic["a"] == {"bytes-down": 100.0, "bytes-up": 10.0, "uplink-ratio": 2.0}
     assert report.strategy == {"bytes-up": 10.0, "bytes-down": 150.0, "dense-bytes": 20.0,
                                "uplink-ratio": 2.0}
+
+
+def test_a_metric_one_site_omits_is_averaged_over_the_sites_reporting_it() -> None:
+    # #12: a one-class validation split has no AUC; the site omits it and the round keeps val-auc.
+    a = MetricsReply(node_id=1, site="a", num_examples=10, metrics={"val-accuracy": 0.9})
+    b = MetricsReply(node_id=2, site="b", num_examples=30, metrics={"val-auc": 0.7, "val-accuracy": 0.8})
+    out = example_weighted_metrics([a, b])
+    assert out["val-auc"] == pytest.approx(0.7)
+    assert out["val-accuracy"] == pytest.approx(0.825)
+    assert out[keys.NUM_EXAMPLES] == 40.0

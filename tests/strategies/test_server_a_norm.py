@@ -33,7 +33,7 @@ def test_a_norm_is_local_solver_norm_as_the_client_computed_it(solver, steps):
 def _round(solver: LocalSolver, replies_metrics: list[dict], tau: int = 8):
     strategy = FederatedStrategy(aggregator=AGGREGATORS.create("fednova"),
                                  schedule=SCHEDULES.create("fixed", tau0=tau),
-                                 selector=SELECTORS.create("uniform", min_nodes=2),
+                                 selector=SELECTORS.create("uniform"),
                                  min_nodes=2, node_wait_timeout=1, local_solver=solver)
     messages = list(strategy.configure_train(1, ArrayRecord([np.zeros(1)]), ConfigRecord(),
                                              FakeGrid([1, 2])))

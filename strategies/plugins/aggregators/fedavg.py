@@ -9,22 +9,14 @@ from __future__ import annotations
 import numpy as np
 
 from strategies.aggregation import fedavg_delta
-from strategies.plugins.options import NoOptions
-from strategies.plugins.run_settings import RunSettings
+from strategies.plugins.options import Plugin
 from strategies.registry import AGGREGATORS
 from strategies.replies import TrainReply
 
 
 @AGGREGATORS.register("fedavg")
-class FedAvgAggregator:
+class FedAvgAggregator(Plugin):
     """Example-weighted average of the updates (no options)."""
-
-    Options = NoOptions
-
-    @classmethod
-    def from_options(cls, options: NoOptions, settings: RunSettings) -> FedAvgAggregator:
-        """The aggregator for a run."""
-        return cls()
 
     def aggregate(self, replies: list[TrainReply]) -> tuple[list[np.ndarray], dict[str, float]]:
         """Return the aggregated update and info to track."""

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from strategies.aggregation import fednova_delta
-from strategies.plugins.options import PluginError, PluginOptions, option
+from strategies.plugins.options import Plugin, PluginError, PluginOptions, option
 from strategies.plugins.run_settings import RunSettings
 from strategies.registry import AGGREGATORS
 from strategies.replies import TrainReply
@@ -43,7 +43,7 @@ class FedNovaOptions(PluginOptions):
 
 
 @AGGREGATORS.register("fednova")
-class FedNovaAggregator:
+class FedNovaAggregator(Plugin):
     """Normalised averaging with optional server momentum ``beta``."""
 
     Options = FedNovaOptions
@@ -52,10 +52,6 @@ class FedNovaAggregator:
         self.server_momentum = FedNovaOptions(server_momentum=server_momentum).server_momentum
         self._velocity: list[np.ndarray] | None = None
 
-    @classmethod
-    def from_options(cls, options: FedNovaOptions, settings: RunSettings) -> FedNovaAggregator:
-        """The aggregator for a run."""
-        return cls(server_momentum=options.server_momentum)
 
     @staticmethod
     def requires(options: FedNovaOptions, settings: RunSettings) -> None:

@@ -23,7 +23,7 @@ class SelectionOptions(PluginOptions):
     ----------
     m : int
         ``selection.m``: sites trained per round; 0 = ``fraction-train`` of the
-        connected ones (at least ``min-nodes``).
+        connected ones, rounded up (``min-nodes`` is how many to wait for).
     d : int
         ``selection.d``: Power-of-Choice candidate-set size; 0 = adaptive (all
         sites in round 1 down to m by the last round), else >= m.

@@ -12,7 +12,7 @@ highest loss (:func:`strategies.selection.power_of_choice`).
 * ``rpow-d`` sends no extra message: it uses each site's last reported training
   loss, and sites never selected come first.
 
-``d = 0`` makes d adaptive: all sites in round 1, decreasing linearly to ``m``
+``m = 0`` trains ``ceil(fraction-train x connected)`` sites. ``d = 0`` makes d adaptive: all sites in round 1, decreasing linearly to ``m``
 by the last round (:func:`strategies.selection.adaptive_d`), trading early speed
 for the final error floor. A fairness floor (``fairness_rounds = R``) makes every
 site train at least once every R rounds (:func:`strategies.selection.fairness_floor`).
@@ -44,11 +44,10 @@ class _PowerOfChoice:
     Options = SelectionOptions
 
     def __init__(self, m: int = 0, d: int = 0, num_rounds: int = 1, fraction: float = 1.0,
-                 min_nodes: int = 1, fairness_rounds: int = 0, subset: int = 0,
-                 seed: int = 0) -> None:
+                 fairness_rounds: int = 0, subset: int = 0, seed: int = 0) -> None:
         SelectionOptions(m=m, d=d, subset=subset, fairness_rounds=fairness_rounds)  # validates
         self.m, self.d, self.num_rounds = m, d, num_rounds
-        self.fraction, self.min_nodes = fraction, min_nodes
+        self.fraction = fraction
         self.fairness_rounds, self.subset = fairness_rounds, subset
         self._rng = np.random.default_rng(seed)
         self.last_trained: dict[int, int] = {}
@@ -59,12 +58,11 @@ class _PowerOfChoice:
     def from_options(cls, options: SelectionOptions, settings: RunSettings) -> _PowerOfChoice:
         """The selector for a run (the ``selection`` section and the run settings)."""
         return cls(m=options.m, d=options.d, num_rounds=settings.num_rounds,
-                   fraction=settings.fraction_train, min_nodes=settings.min_nodes,
-                   fairness_rounds=options.fairness_rounds, subset=options.subset,
-                   seed=settings.seed)
+                   fraction=settings.fraction_train, fairness_rounds=options.fairness_rounds,
+                   subset=options.subset, seed=settings.seed)
 
     def _m(self, available: int) -> int:
-        m = self.m or max(self.min_nodes, math.ceil(self.fraction * available))
+        m = self.m or math.ceil(self.fraction * available)  # min-nodes: sites to wait for
         return min(m, available)
 
     def _losses(self, candidates: list[int], ctx) -> dict[int, float]:

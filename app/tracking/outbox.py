@@ -1,0 +1,111 @@
+"""Round records waiting for MLflow, kept on the server's disk until MLflow has them.
+
+A record is one round's metrics (one MLflow step, with the time the round
+ended) and its JSON artifacts (dropped replies, selection). The ServerApp
+appends each round's record *before* it checkpoints the round and sends the
+pending records afterwards (:class:`app.tracking.FederationTracker`), so an
+MLflow outage never stalls or fails a round and nothing is lost: records wait
+in ``tracking-outbox.jsonl`` (JSON lines, in the federation's checkpoint
+folder) and go out in step order once MLflow answers. The file holds only
+records not yet sent; it is rewritten atomically after each send.
+
+Without a checkpoint folder the outbox lives in memory (nothing survives a
+crash then, as with the checkpoint).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from logging import WARNING
+from typing import Any
+
+from flwr.supercore import log
+
+__all__ = ["OUTBOX_FILE", "Outbox", "RoundRecord"]
+
+#: The outbox file in a federation's checkpoint folder.
+OUTBOX_FILE = "tracking-outbox.jsonl"
+
+
+@dataclass
+class RoundRecord:
+    """One round as MLflow will store it.
+
+    Attributes
+    ----------
+    step : int
+        The server round (the MLflow step).
+    timestamp_ms : int
+        When the round ended (milliseconds since the epoch): a record sent late
+        keeps the round's time.
+    metrics : dict[str, float]
+        MLflow metric name -> value.
+    artifacts : dict[str, dict]
+        Artifact path (``rounds/round-003-dropped.json``) -> JSON content.
+    """
+
+    step: int
+    timestamp_ms: int
+    metrics: dict[str, float]
+    artifacts: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+class Outbox:
+    """Pending :class:`RoundRecord` s, oldest first, on disk when ``path`` is given."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = None if path is None else Path(path)
+        self._pending: list[RoundRecord] = []
+        if self.path is not None and self.path.is_file():
+            with self.path.open(encoding="utf-8") as handle:
+                for number, line in enumerate(handle, 1):
+                    try:
+                        self._pending.append(RoundRecord(**json.loads(line)))
+                    except (ValueError, TypeError) as exc:
+                        # A line cut by a crash mid-append: its round was not
+                        # checkpointed, so it is run (and recorded) again.
+                        log(WARNING, "%s line %d unreadable (%s); skipped", self.path,
+                            number, exc)
+
+    @property
+    def pending(self) -> list[RoundRecord]:
+        """The records not yet in MLflow, oldest first."""
+        return list(self._pending)
+
+    def append(self, record: RoundRecord) -> None:
+        """Add a round's record (written to disk before this returns)."""
+        self._pending.append(record)
+        if self.path is not None:
+            with self.path.open("a", encoding="utf-8") as handle:
+                handle.write(json.dumps(asdict(record)) + "\n")
+                handle.flush()
+                os.fsync(handle.fileno())
+
+    def done(self, count: int) -> None:
+        """The first ``count`` pending records are in MLflow: forget them."""
+        self._rewrite(self._pending[count:])
+
+    def keep(self, after_round: int, logged: set[int]) -> int:
+        """On resume: drop records of rounds past ``after_round`` (they are redone) and
+        of steps MLflow already has (``logged``); returns how many were dropped."""
+        kept = [r for r in self._pending if r.step <= after_round and r.step not in logged]
+        dropped = len(self._pending) - len(kept)
+        self._rewrite(kept)
+        return dropped
+
+    def _rewrite(self, records: list[RoundRecord]) -> None:
+        self._pending = list(records)
+        if self.path is None:
+            return
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.writelines(json.dumps(asdict(r)) + "\n" for r in records)
+            os.replace(tmp, self.path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise

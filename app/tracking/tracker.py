@@ -1,0 +1,271 @@
+"""MLflow as the system of record: one MLflow run per federation, never in a round's way.
+
+The experiment is per task (``fedmed-<task>`` unless the run config names one).
+The run holds the run config as params, per round the aggregated and per-site
+train loss and validation Dice, the round wall time and dropped replies, and at
+the end the global model as an MLflow PyTorch model. The store is the tracking
+URI of the run config, else ``MLFLOW_TRACKING_URI``; `make simulate` points it
+at the project's sqlite file.
+
+Rounds go through an :class:`~app.tracking.outbox.Outbox`: :meth:`record`
+appends a round (to disk), :meth:`flush` sends what is pending in step order
+with MLflow's HTTP retries off and a short request timeout
+(``MLFLOW_HTTP_REQUEST_MAX_RETRIES = 0``, ``MLFLOW_HTTP_REQUEST_TIMEOUT``), and
+never raises: while MLflow is unreachable a round costs at most one failed
+request and its record waits for the next flush.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from logging import WARNING
+from pathlib import Path
+from typing import Any
+
+import mlflow
+import numpy as np
+from flwr.supercore import log
+from mlflow.entities import Metric
+from mlflow.tracking import MlflowClient
+from torch import nn
+
+from app.tracking.outbox import OUTBOX_FILE, Outbox, RoundRecord
+from strategies.rounds.round_report import RoundReport
+
+__all__ = ["FLUSH_TIMEOUT_SECONDS", "FederationTracker", "bounded_requests", "metric_key",
+           "round_record"]
+
+
+def _import_mlflow_pytorch() -> None:
+    """Import ``mlflow.pytorch`` without the root log handler it installs.
+
+    ``mlflow.pytorch._lightning_autolog`` calls ``logging.basicConfig`` at import,
+    which duplicates every Flower log line in the ServerApp's output.
+    """
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    import mlflow.pytorch  # noqa: F401, PLC0415
+
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+_import_mlflow_pytorch()
+
+_UNSAFE = re.compile(r"[^0-9A-Za-z_\-./ ]")
+
+# Pinned requirements recorded with the model, so MLflow does not run its slow
+# (and network-hungry) requirement inference.
+MODEL_REQUIREMENTS = ["torch==2.13.0", "monai", "numpy"]
+
+#: Seconds one MLflow request of a flush may take (MLflow's own default is 120 s,
+#: with 7 retries and exponential backoff: minutes per call while it is down).
+FLUSH_TIMEOUT_SECONDS = 5
+#: The metric whose history tells which steps MLflow has (logged last in a step).
+_STEP_MARKER = "round-seconds"
+
+
+def metric_key(*parts: str) -> str:
+    """MLflow-safe metric name such as ``site/hospital-00/val-dice``."""
+    return "/".join(_UNSAFE.sub("_", p) for p in parts)
+
+
+def round_record(report: RoundReport) -> RoundRecord:
+    """The MLflow metrics and JSON artifacts of one round."""
+    step = report.server_round
+    metrics: dict[str, float] = {"replies-accepted": float(len(report.train)),
+                                 "replies-dropped": float(len(report.train_dropped)),
+                                 "replies-late": float(report.missing.get("train", 0)),
+                                 "late-arrivals": float(len(report.late_arrivals)),
+                                 "strategy/schedule-tau": float(report.schedule_tau)}
+    groups = [("strategy", report.strategy), ("train", report.train_aggregate),
+              ("eval", report.evaluate_aggregate)]
+    for prefix, values in groups:
+        metrics.update({metric_key(prefix, name): value for name, value in values.items()})
+    for per_site in (report.train, report.evaluate, report.traffic):
+        for site, values in per_site.items():
+            metrics.update({metric_key("site", site, name): value
+                            for name, value in values.items()})
+    metrics.update({metric_key("site", site, "failed"): 0.0 for site in report.train})
+    metrics.update({metric_key("site", site, "failed"): 1.0 for site in report.train_dropped})
+    for site, count in report.times_selected.items():
+        metrics[metric_key("site", site, "times-selected")] = count
+    for site, loss in report.selection.get("losses", {}).items():
+        metrics[metric_key("site", site, "query-loss")] = loss
+    metrics[_STEP_MARKER] = report.seconds  # last: its presence means the step is complete
+    artifacts: dict[str, dict[str, Any]] = {}
+    dropped = {f"train/{s}": r for s, r in report.train_dropped.items()}
+    dropped.update({f"evaluate/{s}": r for s, r in report.evaluate_dropped.items()})
+    if report.selection.get("candidates"):
+        artifacts[f"rounds/round-{step:03d}-selection.json"] = report.selection
+    if report.late_arrivals:
+        dropped["late-arrivals"] = ", ".join(report.late_arrivals)
+    if dropped:
+        artifacts[f"rounds/round-{step:03d}-dropped.json"] = dropped
+    return RoundRecord(step=step, timestamp_ms=int(time.time() * 1000),
+                       metrics={k: float(v) for k, v in metrics.items()}, artifacts=artifacts)
+
+
+@contextmanager
+def bounded_requests(timeout: int = FLUSH_TIMEOUT_SECONDS) -> Iterator[None]:
+    """MLflow HTTP calls inside fail fast: no retries, ``timeout`` seconds per request.
+
+    MLflow reads ``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` and
+    ``MLFLOW_HTTP_REQUEST_TIMEOUT`` at every request
+    (``mlflow.utils.rest_utils.http_request``); the previous values are restored.
+    """
+    names = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": str(timeout)}
+    saved = {name: os.environ.get(name) for name in names}
+    os.environ.update(names)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+class FederationTracker:
+    """Logs one federation to MLflow.
+
+    Parameters
+    ----------
+    task : str
+        Task name, used for the default experiment ``fedmed-<task>``.
+    tracking_uri : str
+        MLflow tracking URI; empty uses ``MLFLOW_TRACKING_URI`` or MLflow's default.
+    artifact_root : str
+        Artifact location for a newly created experiment (absolute path);
+        empty lets the tracking server decide.
+    experiment : str
+        Experiment name; empty gives ``fedmed-<task>``.
+    """
+
+    def __init__(self, task: str, tracking_uri: str = "", artifact_root: str = "",
+                 experiment: str = "") -> None:
+        uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI", "")
+        if uri:
+            mlflow.set_tracking_uri(uri)
+        self.tracking_uri = mlflow.get_tracking_uri()
+        self.experiment_name = experiment or f"fedmed-{task}"
+        client = MlflowClient()
+        found = client.get_experiment_by_name(self.experiment_name)
+        if found is None:
+            location = Path(artifact_root).as_uri() if artifact_root else None
+            self.experiment_id = client.create_experiment(self.experiment_name,
+                                                          artifact_location=location)
+        else:
+            self.experiment_id = found.experiment_id
+        self.run_id = ""
+        self.outbox = Outbox()
+
+    def start(self, run_name: str, params: dict[str, Any], tags: dict[str, str],
+              outbox_dir: Path | None = None) -> str:
+        """Open the federation's MLflow run and log its params; returns the run id.
+
+        ``outbox_dir`` (the federation's checkpoint folder) keeps rounds not yet
+        in MLflow on disk; see :meth:`use_outbox` when it depends on the run id.
+        """
+        run = mlflow.start_run(experiment_id=self.experiment_id, run_name=run_name, tags=tags)
+        self.run_id = run.info.run_id
+        mlflow.log_params({k: str(v) for k, v in params.items()})
+        if outbox_dir is not None:
+            self.use_outbox(outbox_dir)
+        return self.run_id
+
+    def use_outbox(self, folder: Path) -> None:
+        """Keep pending rounds in ``folder``/``tracking-outbox.jsonl`` from now on."""
+        pending = self.outbox.pending
+        self.outbox = Outbox(Path(folder) / OUTBOX_FILE)
+        for record in pending:
+            self.outbox.append(record)
+
+    def resume(self, run_id: str, after_round: int, flwr_run_id: str,
+               outbox_dir: Path | None = None) -> str:
+        """Reopen the federation's MLflow run after a crash; returns its id.
+
+        Rounds of the outbox past ``after_round`` (not checkpointed: they run
+        again) and steps MLflow already has are dropped, so no step is logged
+        twice; the others are sent now.
+        """
+        run = mlflow.start_run(run_id=run_id)
+        self.run_id = run.info.run_id
+        mlflow.set_tags({f"resumed-after-round-{after_round}": flwr_run_id,
+                         "flwr.run-id": flwr_run_id})
+        if outbox_dir is not None:
+            self.outbox = Outbox(Path(outbox_dir) / OUTBOX_FILE)
+            history = MlflowClient(self.tracking_uri).get_metric_history(run_id, _STEP_MARKER)
+            self.outbox.keep(after_round, {m.step for m in history})
+            self.flush()
+        return self.run_id
+
+    def record(self, report: RoundReport) -> None:
+        """Queue one round for MLflow (on disk before this returns)."""
+        self.outbox.append(round_record(report))
+
+    def flush(self, timeout: int = FLUSH_TIMEOUT_SECONDS) -> bool:
+        """Send the pending rounds in order; ``True`` when none is left.
+
+        Never raises and never retries: a failure (MLflow down, a store
+        error) is logged and the rest waits for the next flush.
+        """
+        client, sent = MlflowClient(self.tracking_uri), 0
+        pending = self.outbox.pending
+        try:
+            with bounded_requests(timeout):
+                for record in pending:
+                    for artifact, content in record.artifacts.items():
+                        client.log_dict(self.run_id, content, artifact)
+                    client.log_batch(self.run_id, metrics=[
+                        Metric(key, value, record.timestamp_ms, record.step)
+                        for key, value in record.metrics.items()])
+                    sent += 1
+        except Exception as exc:  # noqa: BLE001 - tracking must never stop the federation
+            log(WARNING, "MLflow at %s not reachable (%s: %s); %d round(s) wait in %s",
+                self.tracking_uri, type(exc).__name__, str(exc).splitlines()[0] if str(exc)
+                else "", len(pending) - sent, self.outbox.path or "memory")
+        finally:
+            if sent:
+                self.outbox.done(sent)
+        return not self.outbox.pending
+
+    def log_round(self, report: RoundReport) -> None:
+        """Record one round and send what is pending (:meth:`record` + :meth:`flush`)."""
+        self.record(report)
+        self.flush()
+
+    def log_model(self, model: nn.Module, input_example: np.ndarray) -> str:
+        """Log the final global model as an MLflow PyTorch model; returns its URI.
+
+        ``input_example`` (one input batch) lets MLflow trace the model and
+        record its signature.
+        """
+        info = mlflow.pytorch.log_model(model.cpu().eval(), name="global-model",
+                                        input_example=input_example,
+                                        pip_requirements=MODEL_REQUIREMENTS)
+        return info.model_uri
+
+    def finish(self, status: str = "FINISHED") -> None:
+        """Send what is pending and close the run with ``FINISHED`` or ``FAILED``.
+
+        With MLflow unreachable the run stays open and the rounds stay in the
+        outbox (a resume sends them); nothing raises.
+        """
+        if mlflow.active_run() is None:
+            return
+        if not self.flush():
+            log(WARNING, "MLflow run %s left open: %d round(s) not sent, kept in %s",
+                self.run_id, len(self.outbox.pending), self.outbox.path or "memory")
+            return
+        try:
+            with bounded_requests():
+                mlflow.end_run(status=status)
+        except Exception as exc:  # noqa: BLE001 - the federation's result is already safe
+            log(WARNING, "could not close MLflow run %s (%s)", self.run_id, exc)

@@ -1,0 +1,65 @@
+"""Multi-Krum selection before aggregation (``strategy.defence = "multi-krum"``).
+
+Blanchard, El Mhamdi, Guerraoui, Stainer, *Machine Learning with Adversaries:
+Byzantine Tolerant Gradient Descent*, NeurIPS 2017, Sec. 4: with ``n``
+updates of which at most ``f`` are Byzantine, score each by the sum of squared
+distances to its ``n - f - 2`` nearest neighbours and keep the ``m`` of lowest
+score (:mod:`strategies.robust.multi_krum`). The kept replies are then
+aggregated with the aggregator's own weights (FedAvg, FedNova), which is
+Multi-Krum's average when the aggregator is FedAvg. Distances use the
+floating-point arrays (:mod:`strategies.robust.updates`).
+
+With fewer replies than the options assume, ``f`` is lowered to ``n - 1`` and
+``m`` to ``n`` for that round (a round with one reply keeps it). Tracked per
+round: ``krum-kept`` and ``krum-selected/<site>`` (1 kept, 0 left out).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from strategies.plugins.options import Plugin, PluginOptions, option
+from strategies.registry import DEFENCES
+from strategies.replies import TrainReply
+from strategies.robust import float_stack, krum_scores, lowest_scores
+
+
+@dataclass(frozen=True)
+class MultiKrumOptions(PluginOptions):
+    """Run-config section ``multi-krum``.
+
+    Attributes
+    ----------
+    f : int
+        ``multi-krum.f``: the number of Byzantine sites assumed (>= 0).
+    m : int
+        ``multi-krum.m``: replies kept per round (>= 1), or 0 for ``n - f``.
+    """
+
+    section = "multi-krum"
+    f: int = option(1, at_least=0)
+    m: int = option(0, at_least=0)
+
+
+@DEFENCES.register("multi-krum")
+class MultiKrumDefence(Plugin):
+    """Keep the ``m`` replies of lowest Krum score."""
+
+    Options = MultiKrumOptions
+
+    def __init__(self, f: int = 1, m: int = 0) -> None:
+        options = MultiKrumOptions(f=f, m=m)
+        self.f, self.m = options.f, options.m
+
+    def filter(self, replies: list[TrainReply]) -> tuple[list[TrainReply], dict[str, float]]:
+        """Return the kept replies (in their original order) and who was kept."""
+        if not replies:
+            return [], {}
+        n = len(replies)
+        f = min(self.f, n - 1)
+        m = min(self.m or n - f, n)
+        kept = set(lowest_scores(krum_scores(float_stack([r.delta for r in replies]), f),
+                                 m).tolist())
+        info = {"krum-kept": float(len(kept))}
+        info.update({f"krum-selected/{r.site}": float(i in kept) for i, r in enumerate(replies)})
+        return [r for i, r in enumerate(replies) if i in kept], info
