@@ -60,7 +60,7 @@ def measure(task: str, root: Path, repeats: int) -> dict:
         cached.append(_seconds(lambda: load_task(cls, site, settings, cache)))
     files = sum(1 for p in site.rglob("*") if p.is_file())
     size = sum(p.stat().st_size for p in site.rglob("*") if p.is_file())
-    (cache_file,) = cache.glob("*.pkl")
+    (cache_file,) = cache.glob("*.npz")
     row = {"task": task, "site_files": files, "site_mb": size / 1e6,
            "cache_mb": cache_file.stat().st_size / 1e6, "first_s": first,
            "decode_s": statistics.median(decode), "cached_s": statistics.median(cached)}

@@ -17,4 +17,4 @@ def test_measures_decode_and_cached_start_up(tmp_path):
     assert row["site_files"] > 10 and row["cache_mb"] > 0
     assert row["decode_s"] > 0 and row["cached_s"] > 0
     assert row["speedup"] == row["decode_s"] / row["cached_s"]
-    assert len(list((tmp_path / "cxr-cls-cache").glob("cxr-cls-*.pkl"))) == 1
+    assert len(list((tmp_path / "cxr-cls-cache").glob("cxr-cls-*.npz"))) == 1
