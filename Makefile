@@ -13,6 +13,8 @@
 # Overrides: make simulate ROUNDS=2 SITES=2 STEPS=10 RUN_CONFIG="lr=0.02 batch-size=4"
 #            make simulate PRESET=configs/pe-seg-quick.toml
 #            make simulate RESUME=1     (continue from the last server checkpoint)
+#            make simulate POLICY=/abs/policy.toml  (the virtual sites enforce this site
+#                   policy; default: permissive, configs/site-policy-permissive.toml)
 #            make simulate DATA_DIR=/abs/folder/with/hospital-00..  (a folder of sites,
 #                   used as it is: nothing is generated into a DATA_DIR that holds site folders)
 # Unset ROUNDS/STEPS/IMAGE_SIZE/TASK fall back to the preset, then to pyproject.toml.
@@ -125,7 +127,8 @@ simulate: install data
 		$(if $(TASK),-c task=$(TASK)) $(SHARED_RUN) $(if $(ROUNDS),-c num-server-rounds=$(ROUNDS)) \
 		$(if $(STEPS),-c local-steps=$(STEPS)) $(if $(IMAGE_SIZE),-c image-size=$(IMAGE_SIZE)) \
 		-c seed=$(SEED) -c min-nodes=$(SITES) -c checkpoint-dir=$(CHECKPOINT_DIR) \
-		$(if $(RESUME),-c resume=true) $(foreach kv,$(RUN_CONFIG),-c $(kv))
+		$(if $(RESUME),-c resume=true) $(if $(POLICY),-c site-policy=$(abspath $(POLICY))) \
+		$(foreach kv,$(RUN_CONFIG),-c $(kv))
 
 # pytest's exit code 5 (no test collected) is reported, not treated as a failure.
 test: install
@@ -151,8 +154,9 @@ distclean: clean
 #   make superlink [SUPERLINK_PORT=8000]           (foreground; Ctrl-C stops it)
 #   make register SITE=hospital-a [PUBKEY=path/to/supernode.pub]
 #   make supernode SITE=hospital-a DATA=/abs/site [STATE=/abs/state] [SUPERNODE_PORT=9094]
+#                  [POLICY=/abs/policy.toml]   (the site policy; default configs/site-policy.toml)
 #   make supernodes                                (which sites are online)
-#   make federate [ROUNDS=2] [RUN_CONFIG="local-steps=20 min-nodes=2"]
+#   make federate [ROUNDS=2] [ROSTER=/abs/roster.toml] [RUN_CONFIG="local-steps=20 min-nodes=2"]
 # Artefacts (keys, SuperLink database, logs) live under DEPLOY_DIR; the flwr CLI
 # uses its own FLWR_HOME (DEPLOY_FLWR_HOME) with the TLS connection "fedmed-deploy".
 DEPLOY_DIR        ?= $(CURDIR)/deploy
@@ -168,6 +172,7 @@ STATE             ?=
 SUPERNODE_PORT    ?=
 PUBKEY            ?=
 MIN_NODES         ?=
+ROSTER            ?=
 DEPLOY_ARGS       = --deploy-dir $(DEPLOY_DIR) --port $(SUPERLINK_PORT) --superlink $(SUPERLINK_ADDRESS)
 
 .PHONY: certs site-key superlink register supernode supernodes federate
@@ -190,10 +195,11 @@ register: install
 		--site $(SITE) $(if $(PUBKEY),--public-key $(abspath $(PUBKEY)))
 
 supernode: install
-	@test -n "$(SITE)" -a -n "$(DATA)" || { echo "usage: make supernode SITE=<name> DATA=/abs/site/folder [STATE=/abs/dir] [SUPERNODE_PORT=port]" >&2; exit 2; }
+	@test -n "$(SITE)" -a -n "$(DATA)" || { echo "usage: make supernode SITE=<name> DATA=/abs/site/folder [STATE=/abs/dir] [SUPERNODE_PORT=port] [POLICY=/abs/policy.toml]" >&2; exit 2; }
 	$(PY) -m app.processes.deployment supernode $(DEPLOY_ARGS) --site $(SITE) --data $(abspath $(DATA)) \
 		$(if $(STATE),--state $(abspath $(STATE))) \
-		$(if $(SUPERNODE_PORT),--runtime-port $(SUPERNODE_PORT))
+		$(if $(SUPERNODE_PORT),--runtime-port $(SUPERNODE_PORT)) \
+		--policy $(if $(POLICY),$(abspath $(POLICY)),$(CURDIR)/configs/site-policy.toml)
 
 supernodes: install
 	@$(PY) -m app.processes.deployment nodes $(DEPLOY_ARGS) --flwr-home $(DEPLOY_FLWR_HOME)
@@ -205,6 +211,7 @@ federate: install
 		$(if $(TASK),-c task=$(TASK)) $(if $(ROUNDS),-c num-server-rounds=$(ROUNDS)) \
 		$(if $(STEPS),-c local-steps=$(STEPS)) $(if $(IMAGE_SIZE),-c image-size=$(IMAGE_SIZE)) \
 		$(if $(MIN_NODES),-c min-nodes=$(MIN_NODES)) \
+		$(if $(ROSTER),-c federation.roster=$(abspath $(ROSTER))) \
 		-c checkpoint-dir=$(DEPLOY_DIR)/checkpoints $(if $(RESUME),-c resume=true) \
 		$(foreach kv,$(RUN_CONFIG),-c $(kv))
 

@@ -5,6 +5,12 @@ site's studies once per process, trains tau local steps from the received global
 model and replies with the update ``delta = x_global - x_local`` (the sign
 convention of DESIGN.md) and metrics. Only weights and aggregate metrics leave
 the site: no paths, no per-patient outputs.
+
+Before any study is read, each request is checked against the site policy
+(:mod:`clients.site.policy`, path from node_config ``policy-path``); a request
+that breaks a rule is refused. Every failure, a refusal included, leaves as a
+sanitised error reply (:mod:`app.site_errors`): a fixed code, the exception
+type, never its text.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import logging
 import time
 import zlib
+from collections.abc import Callable
 
 import numpy as np
 from flwr.app import (
@@ -19,7 +26,6 @@ from flwr.app import (
     ArrayRecord,
     ConfigRecord,
     Context,
-    Error,
     Message,
     MetricRecord,
     RecordDict,
@@ -27,23 +33,24 @@ from flwr.app import (
 from flwr.clientapp import ClientApp
 
 from app.config.run_config import RunConfig
-from app.config.site_config import SiteConfig, SiteConfigError
+from app.config.site_config import SiteConfig
+from app.site_errors import sanitised
 from clients.site.decoded_cache import CACHE_DIR_NAME, load_task
 from clients.training.device import ComputeDevice, select_device
 from clients.training.site_task import SiteTask, TaskSettings
 from clients.registry import task_class
+from clients.site.policy import SitePolicy
+from clients.site.policy_check import (Request, check_evaluate, check_query, check_train,
+                                       releases_val_metrics)
+from clients.site.privacy_ledger import PrivacyLedger
 from clients.site.state_store import SiteStateStore
+from clients.training.private_training import DpSettings, poisson_sample_rate
 from strategies import message_keys as keys
-from strategies.errors import ItemError, SiteError
 from strategies.compression import ErrorFeedback, parse_spec
 from strategies.update_codec import pack_update
 
 app = ClientApp()
 log = logging.getLogger("clients.site")
-
-# Errors meaning "this site has no usable data": answered with a sanitised error reply.
-_DATA_ERRORS = (SiteError, ItemError, SiteConfigError)
-SITE_DATA_ERROR_CODE = 4001
 
 # Progress lines of the site trainers (the root logger stays at Flower's level).
 _progress = logging.getLogger("clients")
@@ -63,41 +70,50 @@ def _compute() -> ComputeDevice:
     return _COMPUTE[0]
 
 
-def _site_task(context: Context) -> tuple[RunConfig, SiteConfig, SiteTask]:
-    """Parse the configs and return the site's task, loaded once per process.
+def _request(config: RunConfig, instruction: ConfigRecord) -> Request:
+    """What ``instruction`` (with the run config's defaults) asks, in the policy's terms."""
+    sizes = config.task_settings()
+    return Request(task=config.task, image_size=sizes.image_size, batch_size=sizes.batch_size,
+                   codec=str(instruction.get(keys.CODEC, "none")),
+                   local_steps=int(instruction.get(keys.LOCAL_STEPS, config.local_steps)),
+                   time_budget=float(instruction.get(keys.TIME_BUDGET, config.time_budget)),
+                   loss_subset=int(instruction.get(keys.LOSS_SUBSET, 0)),
+                   dp_noise_multiplier=config.dp_noise_multiplier,
+                   dp_max_grad_norm=config.dp_max_grad_norm, dp_delta=config.dp_delta)
+
+
+def _admit(msg: Message, context: Context, check: Callable[[SitePolicy, Request], None]
+           ) -> tuple[RunConfig, SiteConfig, SitePolicy]:
+    """Parse the configs, read the site policy and check the request: before any data is read.
+
+    Raises :class:`~clients.site.policy.PolicyRefusal` naming the broken rule.
+    """
+    config = RunConfig.from_mapping(context.run_config)
+    site = SiteConfig.from_node_config(context.node_config, config.data_root, config.site_policy)
+    policy = site.policy()
+    instruction = msg.content[keys.CONFIG] if keys.CONFIG in msg.content else ConfigRecord()
+    check(policy, _request(config, instruction))
+    return config, site, policy
+
+
+def _site_task(config: RunConfig, site: SiteConfig) -> SiteTask:
+    """The site's task, loaded once per process.
 
     A new process (in deployment: every message) takes the decoded data from
     the site's disk cache under ``state-dir`` unless node_config says
     ``cache-decoded = false`` (:mod:`clients.site.decoded_cache`).
     """
-    config = RunConfig.from_mapping(context.run_config)
-    site = SiteConfig.from_node_config(context.node_config, config.data_root)
     settings = config.task_settings()
     key = (config.task, str(site.data_path), settings)
     if key not in _TASKS:
         cache_dir = site.state_dir / CACHE_DIR_NAME if site.cache_decoded else None
         _TASKS[key] = load_task(task_class(config.task), site.data_path, settings, cache_dir,
                                 exclude=[site.state_dir])
-    return config, site, _TASKS[key]
+    return _TASKS[key]
 
 
-def _site_record(site: SiteConfig) -> ConfigRecord:
-    return ConfigRecord({keys.SITE_NAME: site.name})
-
-
-def _site_error(msg: Message, context: Context, exc: Exception) -> Message:
-    """Reply with an error that names the site but no file path or patient detail.
-
-    The full message (with paths) stays in the site's own log.
-    """
-    log.error("site data unusable: %s", exc)
-    try:
-        name = SiteConfig.from_node_config(context.node_config, str(
-            context.run_config.get("data-root", ""))).name
-    except SiteConfigError:
-        name = f"node-{context.node_id}"
-    reason = f"site {name}: {type(exc).__name__}: no usable data (details in the site's log)"
-    return Message(Error(code=SITE_DATA_ERROR_CODE, reason=reason), reply_to=msg)
+def _site_record(site: SiteConfig, policy: SitePolicy) -> ConfigRecord:
+    return ConfigRecord({keys.SITE_NAME: site.name, keys.SITE_POLICY: policy.fingerprint})
 
 
 def _encode_update(delta: list[np.ndarray], instruction: ConfigRecord, site: SiteConfig,
@@ -134,12 +150,11 @@ def _encode_update(delta: list[np.ndarray], instruction: ConfigRecord, site: Sit
 
 
 @app.train()
+@sanitised
 def train(msg: Message, context: Context) -> Message:
     """Train tau local steps and reply with the update and metrics."""
-    try:
-        config, site, task = _site_task(context)
-    except _DATA_ERRORS as exc:
-        return _site_error(msg, context, exc)
+    config, site, policy = _admit(msg, context, check_train)
+    task = _site_task(config, site)
     instruction = msg.content[keys.CONFIG]
     server_round = int(instruction[keys.SERVER_ROUND])
     steps = int(instruction.get(keys.LOCAL_STEPS, config.local_steps))
@@ -149,14 +164,27 @@ def train(msg: Message, context: Context) -> Message:
     budget = float(instruction.get(keys.TIME_BUDGET, config.time_budget))
     deadline = time.monotonic() + budget if budget > 0 else None
     global_state = msg.content[keys.ARRAYS].to_torch_state_dict()
-    model = task.build_model()
+    privacy = DpSettings(config.dp_noise_multiplier, config.dp_max_grad_norm, config.dp_delta)
+    model = task.build_model(private=privacy.enabled)
     model.load_state_dict(global_state)
+    if privacy.enabled:  # refuse before training if the round would overspend the budget
+        ledger = PrivacyLedger(SiteStateStore(site.state_dir), str(
+            instruction.get(keys.FEDERATION, "")) or f"run-{context.run_id}")
+        spent = ledger.epsilon(privacy.delta)
+        ledger.check((privacy.noise_multiplier, poisson_sample_rate(
+            len(task.train_set), task.settings.batch_size), steps), privacy.delta,
+            policy.dp.max_epsilon)
     seed = (config.seed * 1_000_003 + server_round * 7_919 + zlib.crc32(site.name.encode())) % 2**31
     started = time.monotonic()
     result = task.train(model, steps=steps, lr=config.lr, momentum=config.momentum,
                         compute=_compute(), seed=seed, optimizer=config.optimizer,
                         deadline=deadline, proximal_mu=config.proximal_mu,
-                        label=f"{site.name} round {server_round}")
+                        label=f"{site.name} round {server_round}", privacy=privacy)
+    dp_metrics = {}
+    if privacy.enabled:
+        ledger.record(result.privacy_steps)
+        epsilon = ledger.epsilon(privacy.delta)
+        dp_metrics = {keys.EPSILON: epsilon, keys.EPSILON_ROUND: epsilon - spent}
     local_state = model.state_dict()
     # delta = x_global - x_local, in the global model's order and dtypes (0-d kept 0-d).
     delta = [
@@ -175,50 +203,55 @@ def train(msg: Message, context: Context) -> Message:
         keys.INITIAL_LOSS: result.initial_loss,
         keys.TRAIN_SECONDS: time.monotonic() - started,
         keys.STUDIES_SKIPPED: len(task.report.skipped),
+        **dp_metrics,
     })
     content = RecordDict({
         keys.DELTA: ArrayRecord({name: Array(a) for name, a in arrays.items()}),
         keys.METRICS: metrics,
-        keys.SITE: _site_record(site),
+        keys.SITE: _site_record(site, policy),
     })
     return Message(content, reply_to=msg)
 
 
 @app.evaluate()
+@sanitised
 def evaluate(msg: Message, context: Context) -> Message:
-    """Evaluate the received global model on the site's validation studies."""
-    try:
-        _, site, task = _site_task(context)
-        model = task.build_model()
-        model.load_state_dict(msg.content[keys.ARRAYS].to_torch_state_dict())
-        result = task.evaluate(model, _compute())
-    except _DATA_ERRORS as exc:
-        return _site_error(msg, context, exc)
-    metrics = MetricRecord({
-        keys.NUM_EXAMPLES: result.num_examples,
-        keys.VAL_LOSS: result.loss,
-        "val-studies": result.num_studies,
-        **{f"val-{name}": value for name, value in result.metrics.items()},
-    })
-    content = RecordDict({keys.METRICS: metrics, keys.SITE: _site_record(site)})
+    """Evaluate the received global model on the site's validation studies.
+
+    With fewer validation studies than the policy's ``min-val-items`` only the
+    counts leave the site, not the loss or the metrics.
+    """
+    config, site, policy = _admit(msg, context, check_evaluate)
+    task = _site_task(config, site)
+    model = task.build_model(private=config.dp_noise_multiplier > 0)
+    model.load_state_dict(msg.content[keys.ARRAYS].to_torch_state_dict())
+    result = task.evaluate(model, _compute())
+    metrics = MetricRecord({keys.NUM_EXAMPLES: result.num_examples,
+                            "val-studies": result.num_studies})
+    if releases_val_metrics(policy, result.num_studies):
+        metrics[keys.VAL_LOSS] = result.loss
+        metrics.update({f"val-{name}": value for name, value in result.metrics.items()})
+    else:
+        log.info("site %s: %d validation studies < policy min-val-items %d: only counts "
+                 "leave", site.name, result.num_studies, policy.min_val_items)
+    content = RecordDict({keys.METRICS: metrics, keys.SITE: _site_record(site, policy)})
     return Message(content, reply_to=msg)
 
 
 @app.query()
+@sanitised
 def query(msg: Message, context: Context) -> Message:
     """Loss of the received global model on the site's training data (Power-of-Choice).
 
     Forward passes only; ``loss-subset`` > 0 restricts it to a fixed subset of
     that many examples (cpow-d).
     """
-    try:
-        _, site, task = _site_task(context)
-        model = task.build_model()
-        model.load_state_dict(msg.content[keys.ARRAYS].to_torch_state_dict())
-        subset = int(msg.content[keys.CONFIG].get(keys.LOSS_SUBSET, 0))
-        loss = task.training_loss(model, _compute(), subset=subset)
-    except _DATA_ERRORS as exc:
-        return _site_error(msg, context, exc)
+    config, site, policy = _admit(msg, context, check_query)
+    task = _site_task(config, site)
+    model = task.build_model(private=config.dp_noise_multiplier > 0)
+    model.load_state_dict(msg.content[keys.ARRAYS].to_torch_state_dict())
+    subset = int(msg.content[keys.CONFIG].get(keys.LOSS_SUBSET, 0))
+    loss = task.training_loss(model, _compute(), subset=subset)
     metrics = MetricRecord({keys.NUM_EXAMPLES: len(task.train_set), keys.QUERY_LOSS: loss})
-    return Message(RecordDict({keys.METRICS: metrics, keys.SITE: _site_record(site)}),
+    return Message(RecordDict({keys.METRICS: metrics, keys.SITE: _site_record(site, policy)}),
                    reply_to=msg)

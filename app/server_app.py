@@ -17,6 +17,7 @@ from flwr.app import Array, ArrayRecord, Context
 from flwr.serverapp import Grid, ServerApp
 from flwr.supercore import log
 
+from app.config.roster import load_roster
 from app.config.run_config import RunConfig
 from app.tracking import FederationTracker
 from clients.registry import task_class
@@ -40,13 +41,19 @@ from strategies.rounds.round_report import RoundReport
 app = ServerApp()
 
 
-def build_strategy(config: RunConfig, federation: str = "") -> FederatedStrategy:
+def build_strategy(config: RunConfig, federation: str = "",
+                   roster: dict[str, int] | None = None) -> FederatedStrategy:
     """Compose the strategy from the plug-ins named in the run config.
 
     Each plug-in is built by its registry from its own run-config section and the
     run settings (:meth:`strategies.registry.Registry.build`); ``federation`` (the
-    MLflow run id) keys the sites' persistent state.
+    MLflow run id) keys the sites' persistent state. ``roster`` is the
+    coordinator's site roster; when omitted, the file named by run config
+    ``federation.roster`` is read (:func:`app.config.roster.load_roster`; none
+    when it is ``""``).
     """
+    if roster is None and config.federation_roster:
+        roster = load_roster(config.federation_roster)
     sections, settings = config.plugin_options, config.run_settings()
     return FederatedStrategy(
         aggregator=with_defence(DEFENCES.build(config.strategy_defence, sections, settings),
@@ -64,6 +71,7 @@ def build_strategy(config: RunConfig, federation: str = "") -> FederatedStrategy
         seed=config.seed,
         local_solver=LocalSolver(optimizer=config.optimizer, momentum=config.momentum,
                                  lr=config.lr, proximal_mu=config.proximal_mu),
+        roster=roster,
     )
 
 
@@ -128,17 +136,19 @@ def main(grid: Grid, context: Context) -> None:
     continues the newest one made with the same run config.
     """
     config = RunConfig.from_mapping(context.run_config)
+    roster = load_roster(config.federation_roster) if config.federation_roster else None
     run_config = config.as_params()
     torch.manual_seed(config.seed)
     task = task_class(config.task)
-    model = task.model_for(config.task_settings())
+    model = task.model_for_run(config.task_settings(), private=config.dp_noise_multiplier > 0)
     checkpoint_path = (find_checkpoint(Path(config.checkpoint_dir), run_config)
                        if config.resume else None)
     tracker = FederationTracker(config.task, config.tracking_uri, config.artifact_root,
                                 config.experiment)
     first_round, initial = 1, ArrayRecord(model.state_dict())
     if checkpoint_path is not None:
-        strategy = build_strategy(config, federation=checkpoint_path.parent.name)
+        strategy = build_strategy(config, federation=checkpoint_path.parent.name,
+                                  roster=roster)
         checkpoint = load_checkpoint(checkpoint_path, run_config, template=strategy.snapshot())
         if checkpoint.mlflow_run_id != checkpoint_path.parent.name:
             raise CheckpointError(f"{checkpoint_path}: holds MLflow run "
@@ -156,7 +166,7 @@ def main(grid: Grid, context: Context) -> None:
             params=run_config,
             tags={"flwr.run-id": str(context.run_id), "task": config.task},
         )
-        strategy = build_strategy(config, federation=run_id)
+        strategy = build_strategy(config, federation=run_id, roster=roster)
         if config.checkpoint_dir:
             folder = run_folder(Path(config.checkpoint_dir), run_id)
             tracker.use_outbox(folder)

@@ -27,8 +27,10 @@ Target of #12: every attack within 2% of the clean metric with the default
 defence, at most 1% cost when nobody attacks. A diverged run (non-finite
 model) is recorded with ``metric`` and ``relative_to_clean`` null.
 
-The real sets of #12 (PneumoniaMNIST Dirichlet 5+ sites, the PE task) are not
-run by this script yet; ``sets`` in the JSON says so.
+The attacks, the defences and the server's round are shared with the
+real-data benchmark (``bench/robustness_real.py``: PneumoniaMNIST, the PE
+task) in ``bench/robustness_attacks.py``; both merge their sets into the same
+JSON (:func:`robustness_attacks.merge_report`), each replacing only its own.
 
     .venv/bin/python bench/robustness.py            # -> bench/results/robustness.json
     .venv/bin/python bench/robustness.py --quick    # a few seconds (the test)
@@ -41,19 +43,18 @@ from single_thread import BENCH  # noqa: I001
 
 import argparse  # noqa: E402
 import math  # noqa: E402
-from collections.abc import Callable  # noqa: E402
-from dataclasses import replace  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from report import Column, environment, print_table, write_report  # noqa: E402
+from report import Column, environment, print_table  # noqa: E402
+from robustness_attacks import (ATTACKS, DEFENCES_RUN, build_aggregator, merge_report,  # noqa: E402
+                                server_update)
 from sim_local_sgd import local_sgd_least_squares, make_least_squares_federation  # noqa: E402
 from strategies.local_solver import LocalSolver  # noqa: E402
-from strategies.plugins.defences.defended import with_defence  # noqa: E402
 from strategies.plugins.run_settings import RunSettings  # noqa: E402
-from strategies.registry import AGGREGATORS, DEFENCES, default_sections  # noqa: E402
 from strategies.replies import TrainReply  # noqa: E402
+from strategies.rounds.site_book import SiteBook  # noqa: E402
 
 __all__ = ["ATTACKS", "DEFENCES_RUN", "main", "run_federation"]
 
@@ -65,43 +66,6 @@ SETUP = {"sites": 10, "dim": 20, "rounds": 40, "tau": 10, "lr": 0.02, "batch_siz
 QUICK = {**SETUP, "rounds": 8, "seeds": 1}
 TARGET_RELATIVE = 0.02
 
-#: Name in the table -> (strategy.defence, strategy.aggregator).
-DEFENCES_RUN: dict[str, tuple[str, str]] = {
-    "fedavg": ("none", "fedavg"),
-    "norm-bound": ("norm-bound", "fedavg"),
-    "multi-krum": ("multi-krum", "fedavg"),
-    "trimmed-mean": ("none", "trimmed-mean"),
-    "median": ("none", "median"),
-    "fednova": ("none", "fednova"),
-    "norm-bound+fednova": ("norm-bound", "fednova"),
-}
-
-Attack = Callable[[TrainReply, np.random.Generator, dict], "TrainReply | None"]
-
-
-def _with_delta(reply: TrainReply, delta: np.ndarray) -> TrainReply:
-    return replace(reply, delta=[delta])
-
-
-ATTACKS: dict[str, Attack] = {
-    "none": lambda r, rng, s: r,
-    "inflated-n": lambda r, rng, s: replace(r, num_examples=s["inflated_n"]),
-    "bad-a-norm": lambda r, rng, s: replace(r, steps=1, a_norm=LocalSolver().a_norm(1)),
-    "scaled": lambda r, rng, s: _with_delta(r, r.delta[0] * s["scale"]),
-    "sign-flip": lambda r, rng, s: _with_delta(r, -r.delta[0]),
-    "nan": lambda r, rng, s: _with_delta(r, np.where(np.arange(r.delta[0].size) % 2,
-                                                     np.nan, np.inf)),
-    "noise": lambda r, rng, s: _with_delta(r, s["noise_std"]
-                                           * rng.standard_normal(r.delta[0].size)),
-    "always-fails": lambda r, rng, s: None,
-}
-
-
-def _usable(reply: TrainReply | None) -> bool:
-    """What reaches the aggregator: a reply that arrived with a finite update."""
-    return reply is not None and all(np.isfinite(a).all() for a in reply.delta)
-
-
 def run_federation(defence: str, attack: str, seed: int, setup: dict) -> float:
     """Final global loss ``F(x)`` of one run (NaN if the model diverged)."""
     fed = make_least_squares_federation(setup["sites"], setup["dim"], seed,
@@ -110,10 +74,8 @@ def run_federation(defence: str, attack: str, seed: int, setup: dict) -> float:
     settings = RunSettings(local_steps=setup["tau"], num_rounds=setup["rounds"],
                            fraction_train=1.0, min_nodes=setup["sites"], seed=seed,
                            optimizer="sgd")
-    defence_name, aggregator_name = DEFENCES_RUN[defence]
-    sections = default_sections()
-    aggregator = with_defence(DEFENCES.build(defence_name, sections, settings),
-                              AGGREGATORS.build(aggregator_name, sections, settings))
+    aggregator = build_aggregator(defence, settings)
+    book = SiteBook()
     attacker = int(np.argmin(fed.num_examples))
     a_norm = LocalSolver().a_norm(setup["tau"])
     rng = np.random.default_rng(seed + 1000)
@@ -125,8 +87,7 @@ def run_federation(defence: str, attack: str, seed: int, setup: dict) -> float:
                               num_examples=int(fed.num_examples[i]), steps=setup["tau"],
                               train_loss=float(losses[i]), a_norm=a_norm)
                    for i in range(setup["sites"])]
-        replies[attacker] = ATTACKS[attack](replies[attacker], rng, setup)
-        delta, _ = aggregator.aggregate([r for r in replies if _usable(r)])
+        delta = server_update(aggregator, replies, attacker, attack, rng, setup, book)
         with np.errstate(all="ignore"):
             x = x - delta[0]
         if not np.isfinite(x).all():
@@ -154,12 +115,10 @@ def benchmark(setup: dict) -> dict:
     return {
         "clean": {SET: clean},
         "runs": runs,
-        "sets": {
-            SET: "non-IID federated least squares (bench/sim_local_sgd.py), metric = final "
-                 "global training loss F(x), lower is better; the attacker is the smallest site",
-            "pneumoniamnist-dirichlet": "not run yet (needs the real-data federation)",
-            "pe-seg": "not run yet (needs the real-data federation)",
-        },
+        "sets": {SET: {
+            "description": "non-IID federated least squares (bench/sim_local_sgd.py); the "
+                           "attacker is the smallest site",
+            "metric_name": "final global training loss F(x)", "direction": "lower is better"}},
         "setup": setup,
         "target": {"relative": TARGET_RELATIVE, "metric": "lower is better"},
         "environment": environment(),
@@ -186,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="JSON output path")
     args = parser.parse_args(argv)
     report = benchmark(QUICK if args.quick else SETUP)
-    write_report(args.output, report, allow_nan=False)
+    merge_report(args.output, report)
     _table(report)
     return 0
 

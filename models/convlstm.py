@@ -38,22 +38,26 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-__all__ = [
-    "ASCENDING",
-    "FORGET_BIAS",
-    "DESCENDING",
-    "hard_sigmoid",
-    "ConvLSTMCell",
-    "ConvLSTM",
-    "ConvLSTMUnit",
-    "ConvLSTMClassifier3D",
-]
+__all__ = ["ASCENDING", "FORGET_BIAS", "DESCENDING", "hard_sigmoid", "ConvLSTMCell", "ConvLSTM",
+           "ConvLSTMUnit", "ConvLSTMClassifier3D", "per_slice"]
 
 ASCENDING = "ascending"
 DESCENDING = "descending"
 _DIRECTIONS = (ASCENDING, DESCENDING)
 #: Initial forget-gate bias (pre-activation); see the module docstring.
 FORGET_BIAS = 1.0
+
+
+def per_slice(module: nn.Module, x: torch.Tensor, fold: bool) -> torch.Tensor:
+    """``module`` on every slice of ``x`` ``(B, T, C, H, W)``, stacked back to ``(B, T, ...)``.
+
+    ``fold``: one call on the ``(B*T)`` batch (fast); else one call per slice on a
+    batch of ``B`` volumes, the layout per-example gradients (DP-SGD) need. Same values.
+    """
+    if fold:
+        y = module(x.flatten(0, 1))
+        return y.reshape(*x.shape[:2], *y.shape[1:])
+    return torch.stack([module(s) for s in x.unbind(1)], dim=1)
 
 
 def hard_sigmoid(x: torch.Tensor) -> torch.Tensor:
@@ -179,7 +183,10 @@ class ConvLSTM(nn.Module):
     outputs in scan order, i.e. reversed.) The state returned with
     ``return_sequences=False`` is the last one of the scan: ``H`` at slice
     ``T-1`` when ascending, at slice 0 when descending.
+    ``fold_slices`` (as in :class:`ConvLSTMUnit`): see :func:`per_slice`; DP-SGD clears it.
     """
+
+    fold_slices: bool = True
 
     def __init__(
         self,
@@ -201,11 +208,11 @@ class ConvLSTM(nn.Module):
         """Scan ``x`` of shape ``(B, T, C_in, H, W)``; see the class docstring for the output."""
         if x.ndim != 5:
             raise ValueError(f"ConvLSTM expects (B, T, C, H, W), got shape {tuple(x.shape)}")
-        b, t, c, h, w = x.shape
+        t = x.shape[1]
         if t < 1:
             raise ValueError("ConvLSTM needs at least one time step (slice), got 0")
-        # W_x * X_t + b for every step at once: one batched convolution.
-        input_gates = self.cell.input_conv(x.reshape(b * t, c, h, w)).reshape(b, t, -1, h, w)
+        # W_x * X_t + b for every step at once: one batched convolution (per slice under DP-SGD).
+        input_gates = per_slice(self.cell.input_conv, x, self.fold_slices)
         # unbind, not input_gates[:, k]: one backward op instead of T full-size zero-filled gradients.
         per_step = input_gates.unbind(1)
         order = range(t) if self.direction == ASCENDING else range(t - 1, -1, -1)
@@ -242,6 +249,8 @@ class ConvLSTMUnit(nn.Module):
         Initial forget-gate bias of the ConvLSTM. Default :data:`FORGET_BIAS`.
     """
 
+    fold_slices: bool = True
+
     def __init__(
         self,
         in_channels: int,
@@ -268,9 +277,7 @@ class ConvLSTMUnit(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``(B, T, C, H, W)`` -> ``(B, T, width, H/2, W/2)`` or, for the last unit, ``(B, width, H/2, W/2)``."""
-        b, t, c, h, w = x.shape
-        y = self.slice_block(x.reshape(b * t, c, h, w))
-        return self.lstm(y.reshape(b, t, *y.shape[1:]))
+        return self.lstm(per_slice(self.slice_block, x, self.fold_slices))
 
 
 class ConvLSTMClassifier3D(nn.Module):

@@ -6,7 +6,8 @@ replies) and the strategy (which validates them), so the two cannot drift.
 A train instruction carries ``arrays`` (the global model) and ``config``.
 A train reply carries ``delta`` (the update x_global - x_local packed by
 :mod:`strategies.update_codec`: one encoded ``payload`` plus raw integer
-buffers), ``metrics`` and ``site`` (a ConfigRecord with the site's name).
+buffers), ``metrics`` and ``site`` (a ConfigRecord with the site's name and
+its site policy's fingerprint).
 An evaluate reply carries ``metrics`` and ``site``.
 """
 
@@ -17,6 +18,7 @@ METRICS = "metrics"
 SITE = "site"
 
 SITE_NAME = "name"
+SITE_POLICY = "policy"  # the site policy's fingerprint (clients.site.policy), in the SITE record
 SERVER_ROUND = "server-round"
 LOCAL_STEPS = "local-steps"
 TIME_BUDGET = "time-budget"
@@ -34,6 +36,10 @@ A_NORM = "a-norm"  # computed by the server (strategies.local_solver); not read 
 TRAIN_SECONDS = "train-seconds"
 STUDIES_SKIPPED = "studies-skipped"
 RESIDUAL_NORM = "residual-norm"
+# DP-SGD at the site (clients.site.privacy_ledger): the federation's cumulative epsilon at
+# the site after this round, and this round's increase of it (MLflow site/<name>/epsilon).
+EPSILON = "epsilon"
+EPSILON_ROUND = "epsilon-round"
 
 VAL_LOSS = "val-loss"
 
@@ -41,3 +47,8 @@ TRAIN_REQUIRED = (NUM_EXAMPLES, STEPS, TRAIN_LOSS, INITIAL_LOSS)
 EVALUATE_REQUIRED = (NUM_EXAMPLES,)
 QUERY_LOSS = "query-loss"
 QUERY_REQUIRED = (NUM_EXAMPLES, QUERY_LOSS)
+
+# Error replies (app.site_errors): a policy refusal has this code and a reason
+# holding POLICY_RULE_PREFIX + the rule's name.
+POLICY_REFUSAL_CODE = 4003
+POLICY_RULE_PREFIX = "policy rule "

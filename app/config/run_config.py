@@ -91,6 +91,7 @@ class RunConfig:
     experiment: str = ""
     checkpoint_dir: str = ""
     resume: bool = False
+    site_policy: str = ""  # simulation only (app.config.site_config): the sites' policy file
     min_nodes: int = 2
     fraction_train: float = 1.0
     node_wait_timeout: float = 120.0
@@ -99,11 +100,15 @@ class RunConfig:
     strategy_aggregator: str = _dotted("strategy.aggregator", "fedavg")
     strategy_schedule: str = _dotted("strategy.schedule", "fixed")
     strategy_selector: str = _dotted("strategy.selector", "uniform")
-    strategy_defence: str = _dotted("strategy.defence", "none")
+    strategy_defence: str = _dotted("strategy.defence", "norm-bound")
     strategy_codec: str = _dotted("strategy.codec", "none")
     strategy_error_feedback: bool = _dotted("strategy.error-feedback", True)
     round_deadline: float = _dotted("round.deadline", 0.0)
     round_quorum: int = _dotted("round.quorum", 0)
+    federation_roster: str = _dotted("federation.roster", "")
+    dp_noise_multiplier: float = _dotted("privacy.noise-multiplier", 0.0)
+    dp_max_grad_norm: float = _dotted("privacy.max-grad-norm", 1.0)
+    dp_delta: float = _dotted("privacy.delta", 1e-5)
     task_sizes: TaskSettings = field(default_factory=TaskSettings, metadata={"group": "task"})
     plugin_options: dict[str, PluginOptions] = field(default_factory=default_sections,
                                                      metadata={"group": "plug-ins"})
@@ -156,6 +161,12 @@ class RunConfig:
         for name in ("proximal_mu", "time_budget", "round_deadline", "round_quorum"):
             if getattr(self, name) < 0:
                 self._fail(name, "must be >= 0")
+        if self.dp_noise_multiplier < 0:
+            self._fail("dp_noise_multiplier", "must be >= 0 (0 = no DP-SGD)")
+        if self.dp_max_grad_norm <= 0:
+            self._fail("dp_max_grad_norm", "must be > 0")
+        if not 0.0 < self.dp_delta < 1.0:
+            self._fail("dp_delta", "must be in (0, 1)")
         if not 0.0 <= self.momentum < 1.0:
             self._fail("momentum", "must be in [0, 1)")
         if not 0.0 < self.fraction_train <= 1.0:
@@ -173,11 +184,14 @@ class RunConfig:
             self._fail("strategy_codec", f"is not a valid codec spec ({exc})")
         if self.proximal_mu and self.optimizer != "sgd":
             self._fail("proximal_mu", "needs optimizer = \"sgd\"")
+        if self.proximal_mu and self.dp_noise_multiplier:
+            self._fail("proximal_mu", "with DP-SGD (privacy.noise-multiplier > 0) is not supported")
         if self.proximal_mu and self.momentum:
             self._fail("proximal_mu", "with momentum > 0 is not supported; set momentum = 0")
         if self.resume and not self.checkpoint_dir:
             self._fail("resume", "needs run-config 'checkpoint-dir'")
-        for name in ("data_root", "artifact_root", "checkpoint_dir"):
+        for name in ("data_root", "artifact_root", "checkpoint_dir", "federation_roster",
+                     "site_policy"):
             value = getattr(self, name)
             if value and not Path(value).is_absolute():
                 self._fail(name, "must be an absolute path (Flower's daemons do not run in "

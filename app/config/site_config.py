@@ -3,9 +3,17 @@
 A hospital's SuperNode is started with ``--node-config`` giving
 ``data-path`` (its site folder, with ``manifest.csv``), ``state-dir`` (where
 site state persists across restarts), ``site-name`` and optionally
-``cache-decoded`` (``false``: no decoded copy of the data in ``state-dir``).
+``cache-decoded`` (``false``: no decoded copy of the data in ``state-dir``) and
+``policy-path`` (the absolute path of the hospital's site policy TOML,
+:mod:`clients.site.policy`; ``make supernode`` passes ``configs/site-policy.toml``
+unless ``POLICY=`` names another; without it the site runs the permissive policy).
 In simulation Flower gives only ``partition-id``; it is mapped to the synthetic
-hospital ``<data-root>/hospital-<id>`` of the run config.
+hospital ``<data-root>/hospital-<id>`` of the run config, and the policy is the
+run config's ``site-policy`` (``make simulate POLICY=...``; permissive when
+empty): a file for every virtual site, or a folder of ``<site-name>.toml`` files
+(one policy per hospital; a site without its file runs the permissive policy).
+That run-config key is honoured only in simulation: a deployed site's policy
+comes from its own node_config, never from the researcher's run config.
 """
 
 from __future__ import annotations
@@ -14,6 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from clients.site.policy import SitePolicy, load_policy
 from strategies.errors import ConfigError
 
 __all__ = ["SiteConfig", "SiteConfigError"]
@@ -34,18 +44,33 @@ def _flag(value: Any) -> bool:
     raise SiteConfigError(f"node_config cache-decoded must be true or false, got {value!r}")
 
 
+def _policy_path(value: Any, source: str) -> Path | None:
+    if not str(value):
+        return None
+    path = Path(str(value))
+    if not path.is_absolute():
+        raise SiteConfigError(f"{source} must be an absolute path, got {str(path)!r}")
+    return path
+
+
 @dataclass(frozen=True)
 class SiteConfig:
-    """Site-specific paths and name."""
+    """Site-specific paths, name and the path of the site policy (None: permissive)."""
 
     name: str
     data_path: Path
     state_dir: Path
     cache_decoded: bool = True
+    policy_path: Path | None = None
 
     @classmethod
-    def from_node_config(cls, node_config: Mapping[str, Any], data_root: str) -> SiteConfig:
-        """Resolve the site from ``node_config`` (deployment) or ``partition-id`` (simulation)."""
+    def from_node_config(cls, node_config: Mapping[str, Any], data_root: str,
+                         simulation_policy: str = "") -> SiteConfig:
+        """Resolve the site from ``node_config`` (deployment) or ``partition-id`` (simulation).
+
+        ``simulation_policy`` (the run config's ``site-policy``) is used only
+        in simulation.
+        """
         if "data-path" in node_config:
             data_path = Path(str(node_config["data-path"]))
             if not data_path.is_absolute():
@@ -57,7 +82,9 @@ class SiteConfig:
                                       "or hold a path separator")
             state = Path(str(node_config.get("state-dir", data_path / ".fedmed-state")))
             return cls(name=name, data_path=data_path, state_dir=state,
-                       cache_decoded=_flag(node_config.get("cache-decoded", True)))
+                       cache_decoded=_flag(node_config.get("cache-decoded", True)),
+                       policy_path=_policy_path(node_config.get("policy-path", ""),
+                                                "node_config policy-path"))
         if "partition-id" in node_config:
             if not data_root:
                 raise SiteConfigError(
@@ -65,7 +92,21 @@ class SiteConfig:
                     "synthetic hospitals); `make simulate` sets it")
             name = f"hospital-{int(node_config['partition-id']):02d}"
             data_path = Path(data_root) / name
-            return cls(name=name, data_path=data_path, state_dir=data_path / ".fedmed-state")
+            policy = _policy_path(simulation_policy, "run-config site-policy")
+            if policy is not None and policy.is_dir():
+                policy = policy / f"{name}.toml" if (policy / f"{name}.toml").is_file() else None
+            return cls(name=name, data_path=data_path, state_dir=data_path / ".fedmed-state",
+                       policy_path=policy)
         raise SiteConfigError(
             "node_config has neither 'data-path' (deployment) nor 'partition-id' "
             f"(simulation): {dict(node_config)}")
+
+    def policy(self) -> SitePolicy:
+        """The site policy to enforce: read from ``policy_path``, else the permissive one.
+
+        Raises
+        ------
+        clients.site.policy.SitePolicyError
+            The policy file is unreadable or invalid (the site then answers no request).
+        """
+        return SitePolicy.permissive() if self.policy_path is None else load_policy(self.policy_path)

@@ -10,6 +10,7 @@ concept:
 ``environment.py``          the environment of every Flower process; free loopback ports
 ``process_tree.py``         a process's descendants and start time; bounded stops by PID
 ``daemon.py``               DaemonProcess (own process group, appended log), bounded polling
+``mlflow_server.py``        MlflowServerProcess: a local ``mlflow server`` (kill, restart)
 ``superlink.py``            SuperLinkProcess: the one ``flower-superlink`` wrapper
                             (insecure simulation mode, or TLS with SuperNode authentication)
 ``supernode.py``            SuperNodeProcess: a hospital's ``flower-supernode``

@@ -45,6 +45,7 @@ from app.processes.run_config_string import build_run_config
 from app.processes.run_submission import PROJECT_ROOT, submit_run
 from app.processes.superlink import DEFAULT_PORT, SuperLinkProcess
 from app.processes.supernode import SuperNodeProcess
+from clients.site.policy import SitePolicyError
 
 __all__ = ["main"]
 
@@ -121,10 +122,12 @@ def _cmd_supernode(args: argparse.Namespace) -> int:
     node = SuperNodeProcess.start(layout, args.site, _superlink_address(args),
                                   args.data.resolve(), args.state.resolve() if args.state
                                   else None, args.runtime_port, args.private_key,
-                                  torch_threads=args.torch_threads)
+                                  torch_threads=args.torch_threads,
+                                  policy=args.policy.resolve())
     return _foreground(node, (
         f"SuperNode {args.site} -> {_superlink_address(args)} (pid {node.pid}, runtime API "
-        f"127.0.0.1:{node.port})\n  data {args.data.resolve()}\n  log  {node.log_file}\n"
+        f"127.0.0.1:{node.port})\n  data {args.data.resolve()}\n  policy {args.policy.resolve()}"
+        f"\n  log  {node.log_file}\n"
         "Ctrl-C stops it."))
 
 
@@ -192,6 +195,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="the SuperNode's local runtime API port (default: a free one)")
     p.add_argument("--private-key", type=Path, default=None)
     p.add_argument("--torch-threads", type=int, default=0)
+    p.add_argument("--policy", type=Path, default=PROJECT_ROOT / "configs" / "site-policy.toml",
+                   help="the site policy TOML (default: configs/site-policy.toml)")
     p.set_defaults(func=_cmd_supernode)
 
     p = sub.add_parser("nodes", help="list SuperNodes with their site names")
@@ -219,7 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             setattr(args, name, getattr(args, name).resolve())
     try:
         return int(args.func(args))
-    except (FlowerProcessError, CertError) as exc:
+    except (FlowerProcessError, CertError, SitePolicyError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
 

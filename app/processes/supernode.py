@@ -1,7 +1,8 @@
 """A hospital's ``flower-supernode``: TLS to the SuperLink, authenticated by its own key.
 
 The site's data folder and state folder reach the ClientApp as node_config
-(``data-path``, ``state-dir``, ``site-name``); they are absolute because the
+(``data-path``, ``state-dir``, ``site-name`` and, when given, ``policy-path``: the
+hospital's site policy, :mod:`clients.site.policy`); they are absolute because the
 daemon does not run in the project directory.
 """
 
@@ -15,20 +16,24 @@ from app.processes.daemon import DaemonProcess, spawn_daemon
 from app.processes.environment import flower_env, free_port
 from app.processes.errors import FlowerProcessError
 from app.processes.layout import DeployLayout
+from clients.site.policy import load_policy
 
 __all__ = ["SuperNodeProcess", "node_config_string"]
 
 
-def node_config_string(data_path: Path, state_dir: Path, site: str) -> str:
+def node_config_string(data_path: Path, state_dir: Path, site: str,
+                       policy: Path | None = None) -> str:
     """``--node-config`` value for a hospital SuperNode (absolute paths, quoted)."""
-    for label, path in (("data", data_path), ("state", state_dir)):
+    paths = [("data", data_path), ("state", state_dir)] + ([("policy", policy)] if policy else [])
+    for label, path in paths:
         if not Path(path).is_absolute():
             raise FlowerProcessError(f"{label} path must be absolute, got {str(path)!r}")
         if '"' in str(path) or "\\" in str(path):
             raise FlowerProcessError(f"{label} path must not contain quotes or "
                                      f"backslashes: {str(path)!r}")
     return (f'data-path="{data_path}" state-dir="{state_dir}" '
-            f'site-name="{check_site_name(site)}"')
+            f'site-name="{check_site_name(site)}"'
+            + (f' policy-path="{policy}"' if policy else ""))
 
 
 @dataclass
@@ -42,7 +47,8 @@ class SuperNodeProcess(DaemonProcess):
     def start(cls, layout: DeployLayout, site: str, superlink: str, data_path: Path,
               state_dir: Path | None = None, port: int | None = None,
               private_key: Path | None = None, torch_threads: int = 0,
-              max_wait_time: float | None = None) -> SuperNodeProcess:
+              max_wait_time: float | None = None, policy: Path | None = None
+              ) -> SuperNodeProcess:
         """Start the SuperNode of ``site`` (returns at once; it connects in the background).
 
         Parameters
@@ -65,8 +71,13 @@ class SuperNodeProcess(DaemonProcess):
             CPU threads for training (0: torch's default).
         max_wait_time : float, optional
             Give up connecting to the SuperLink after this many seconds (default: never).
+        policy : Path, optional
+            Absolute path of the site policy TOML (node_config ``policy-path``);
+            checked here so a bad file fails at start. None: the permissive policy.
         """
         data_path = Path(data_path)
+        if policy is not None:
+            load_policy(policy)
         if not (data_path / "manifest.csv").is_file():
             raise FlowerProcessError(f"{data_path} has no manifest.csv (not a site data folder)")
         folder = layout.supernode_dir(site)
@@ -85,7 +96,7 @@ class SuperNodeProcess(DaemonProcess):
             "--superlink", superlink,
             "--root-certificates", str(layout.ca_cert),
             "--auth-supernode-private-key", str(key),
-            "--node-config", node_config_string(data_path, state_dir, site),
+            "--node-config", node_config_string(data_path, state_dir, site, policy),
             "--isolation", "subprocess",
             "--host", "127.0.0.1", "--port", str(port),
         ]

@@ -46,12 +46,15 @@ class RoundRecord:
         MLflow metric name -> value.
     artifacts : dict[str, dict]
         Artifact path (``rounds/round-003-dropped.json``) -> JSON content.
+    params : dict[str, str]
+        Run params first known in this round (a site's policy fingerprint).
     """
 
     step: int
     timestamp_ms: int
     metrics: dict[str, float]
     artifacts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    params: dict[str, str] = field(default_factory=dict)
 
 
 class Outbox:

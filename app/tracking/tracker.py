@@ -2,7 +2,9 @@
 
 The experiment is per task (``fedmed-<task>`` unless the run config names one).
 The run holds the run config as params, per round the aggregated and per-site
-train loss and validation Dice, the round wall time and dropped replies, and at
+train loss and validation Dice, the round wall time and dropped replies (a site
+that refused a request under its site policy also gets ``site/<name>/refused`` = 1),
+each site's policy fingerprint as the param ``site/<name>/policy``, and at
 the end the global model as an MLflow PyTorch model. The store is the tracking
 URI of the run config, else ``MLFLOW_TRACKING_URI``; `make simulate` points it
 at the project's sqlite file.
@@ -30,15 +32,17 @@ from typing import Any
 import mlflow
 import numpy as np
 from flwr.supercore import log
-from mlflow.entities import Metric
+from mlflow.entities import Metric, Param
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from torch import nn
 
 from app.tracking.outbox import OUTBOX_FILE, Outbox, RoundRecord
+from strategies import message_keys as keys
 from strategies.rounds.round_report import RoundReport
 
 __all__ = ["FLUSH_TIMEOUT_SECONDS", "FederationTracker", "bounded_requests", "metric_key",
-           "round_record"]
+           "policy_params", "round_record"]
 
 
 def _import_mlflow_pytorch() -> None:
@@ -93,6 +97,9 @@ def round_record(report: RoundReport) -> RoundRecord:
                             for name, value in values.items()})
     metrics.update({metric_key("site", site, "failed"): 0.0 for site in report.train})
     metrics.update({metric_key("site", site, "failed"): 1.0 for site in report.train_dropped})
+    for site, reason in {**report.evaluate_dropped, **report.train_dropped}.items():
+        if keys.POLICY_RULE_PREFIX in reason:
+            metrics[metric_key("site", site, "refused")] = 1.0
     for site, count in report.times_selected.items():
         metrics[metric_key("site", site, "times-selected")] = count
     for site, loss in report.selection.get("losses", {}).items():
@@ -109,6 +116,23 @@ def round_record(report: RoundReport) -> RoundRecord:
         artifacts[f"rounds/round-{step:03d}-dropped.json"] = dropped
     return RoundRecord(step=step, timestamp_ms=int(time.time() * 1000),
                        metrics={k: float(v) for k, v in metrics.items()}, artifacts=artifacts)
+
+
+def policy_params(report: RoundReport, known: dict[str, str]) -> dict[str, str]:
+    """Params for the site-policy fingerprints of ``report`` not in ``known`` (updated).
+
+    ``site/<name>/policy`` the first time a site is seen, then
+    ``site/<name>/policy-round-<r>`` in a round where its fingerprint changed
+    (an MLflow param cannot change its value).
+    """
+    params: dict[str, str] = {}
+    for site, fingerprint in sorted(report.policies.items()):
+        if known.get(site) == fingerprint:
+            continue
+        name = "policy" if site not in known else f"policy-round-{report.server_round}"
+        params[metric_key("site", site, name)] = fingerprint
+        known[site] = fingerprint
+    return params
 
 
 @contextmanager
@@ -165,6 +189,7 @@ class FederationTracker:
             self.experiment_id = found.experiment_id
         self.run_id = ""
         self.outbox = Outbox()
+        self._policies: dict[str, str] = {}
 
     def start(self, run_name: str, params: dict[str, Any], tags: dict[str, str],
               outbox_dir: Path | None = None) -> str:
@@ -208,7 +233,9 @@ class FederationTracker:
 
     def record(self, report: RoundReport) -> None:
         """Queue one round for MLflow (on disk before this returns)."""
-        self.outbox.append(round_record(report))
+        record = round_record(report)
+        record.params = policy_params(report, self._policies)
+        self.outbox.append(record)
 
     def flush(self, timeout: int = FLUSH_TIMEOUT_SECONDS) -> bool:
         """Send the pending rounds in order; ``True`` when none is left.
@@ -221,6 +248,7 @@ class FederationTracker:
         try:
             with bounded_requests(timeout):
                 for record in pending:
+                    self._log_params(client, record.params)
                     for artifact, content in record.artifacts.items():
                         client.log_dict(self.run_id, content, artifact)
                     client.log_batch(self.run_id, metrics=[
@@ -235,6 +263,18 @@ class FederationTracker:
             if sent:
                 self.outbox.done(sent)
         return not self.outbox.pending
+
+    def _log_params(self, client: MlflowClient, params: dict[str, str]) -> None:
+        """Log ``params``; one MLflow already holds with another value (after a resume) is skipped."""
+        if not params:
+            return
+        try:
+            client.log_batch(self.run_id, params=[Param(k, v) for k, v in params.items()])
+        except MlflowException as exc:
+            if exc.error_code != "INVALID_PARAMETER_VALUE":
+                raise
+            log(WARNING, "MLflow keeps the first value of %s (%s)", sorted(params),
+                str(exc).splitlines()[0] if str(exc) else "")
 
     def log_round(self, report: RoundReport) -> None:
         """Record one round and send what is pending (:meth:`record` + :meth:`flush`)."""

@@ -114,6 +114,11 @@ class PESegTask(SiteTask):
         """Soft Dice loss on logits, pooled over the batch."""
         return DiceCELoss(sigmoid=True, batch=True)
 
+    @staticmethod
+    def private_loss_fn() -> nn.Module:
+        """DP-SGD's loss: Dice per slab (``batch=False``), averaged, so each slab's gradient is its own."""
+        return DiceCELoss(sigmoid=True, batch=False)
+
     def _train_loader(self, seed: int, compute: ComputeDevice) -> DataLoader:
         """Slabs with a mask drawn at least at ``positive_fraction`` (never down-weighted)."""
         dataset, n = self.train_set, len(self.train_set)

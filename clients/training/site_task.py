@@ -10,8 +10,9 @@ No Flower imports: the ClientApp calls this.
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import ClassVar
 
@@ -22,6 +23,8 @@ from torch.utils.data import DataLoader, Dataset, Subset
 
 from clients.training.device import ComputeDevice
 from clients.manifests.load_report import LoadReport
+from clients.training.private_training import (DpSettings, dp_compatible, noise_only_step,
+                                               private_training)
 from clients.training.trainer import TrainResult, train_steps
 from strategies.errors import SiteError
 
@@ -29,6 +32,8 @@ __all__ = ["SiteDataError", "TaskSettings", "EvalResult", "SiteTask", "make_opti
            "OPTIMIZERS"]
 
 OPTIMIZERS = ("sgd", "adam")
+
+log = logging.getLogger(__name__)
 
 
 class SiteDataError(SiteError):
@@ -116,6 +121,26 @@ class SiteTask(ABC):
     def loss_fn() -> nn.Module:
         """Training loss on logits."""
 
+    @classmethod
+    def private_loss_fn(cls) -> nn.Module:
+        """Training loss under DP-SGD: the mean of per-example losses.
+
+        Per-example clipping bounds each example's influence only if the batch
+        loss is a mean (or sum) of per-example terms; a task whose :meth:`loss_fn`
+        pools over the batch (a batch Dice) overrides this.
+        """
+        return cls.loss_fn()
+
+    @classmethod
+    def model_for_run(cls, settings: TaskSettings, private: bool = False) -> nn.Module:
+        """:meth:`model_for`, made DP-SGD-compatible when ``private`` (the server builds
+        the same, so state-dict keys match; the changes are logged)."""
+        model = cls.model_for(settings)
+        if private:
+            model, changes = dp_compatible(model)
+            log.info("%s model for DP-SGD: %s", cls.name, "; ".join(changes) or "no change")
+        return model
+
     @abstractmethod
     def _train_loader(self, seed: int, compute: ComputeDevice) -> DataLoader:
         """Batches of training data, sampled with ``seed``, fed as ``compute`` asks
@@ -125,14 +150,15 @@ class SiteTask(ABC):
     def evaluate(self, model: nn.Module, compute: ComputeDevice) -> EvalResult:
         """Validation loss and metrics (``main_metric`` among them)."""
 
-    def build_model(self) -> nn.Module:
-        """A fresh model for this site's settings."""
-        return self.model_for(self.settings)
+    def build_model(self, private: bool = False) -> nn.Module:
+        """A fresh model for this site's settings (DP-SGD-compatible if ``private``)."""
+        return self.model_for_run(self.settings, private)
 
     def train(
         self, model: nn.Module, steps: int, lr: float, momentum: float,
         compute: ComputeDevice, seed: int, optimizer: str = "adam",
         deadline: float | None = None, label: str = "", proximal_mu: float = 0.0,
+        privacy: DpSettings | None = None,
     ) -> TrainResult:
         """Run ``steps`` local optimiser steps on the site's training data.
 
@@ -141,8 +167,16 @@ class SiteTask(ABC):
         state is fresh every round, as in FedAvg with local Adam. On a
         channels-last device the model is trained NHWC and handed back in the
         default (contiguous) layout.
+
+        With ``privacy`` enabled the steps are DP-SGD (Opacus,
+        :mod:`clients.training.private_training`) on a model from
+        ``build_model(private=True)``, in full precision, with
+        :meth:`private_loss_fn`; the result carries the accountant's history.
         """
         torch.manual_seed(seed)
+        if privacy is not None and privacy.enabled:
+            return self._train_private(model, steps, lr, momentum, compute, seed, optimizer,
+                                       deadline, label, privacy)
         channels_last = compute.channels_last and self.channels_last_ok
         model.to(compute.device)
         if channels_last:
@@ -155,6 +189,21 @@ class SiteTask(ABC):
         finally:
             if channels_last:
                 model.to(memory_format=torch.contiguous_format)
+
+    def _train_private(
+        self, model: nn.Module, steps: int, lr: float, momentum: float, compute: ComputeDevice,
+        seed: int, optimizer: str, deadline: float | None, label: str, privacy: DpSettings,
+    ) -> TrainResult:
+        """DP-SGD steps (see :meth:`train`); Opacus's grad samplers need float32 and NCHW."""
+        compute = replace(compute, amp_dtype=None, channels_last=False)
+        model.to(compute.device)
+        opt = make_optimizer(optimizer, model.parameters(), lr, momentum)
+        with private_training(model, opt, self._train_loader(seed, compute),
+                              privacy) as (dp_opt, dp_loader, accountant):
+            result = train_steps(model, dp_loader, self.private_loss_fn(), dp_opt, steps,
+                                 compute, deadline=deadline, label=label,
+                                 empty_batch_step=noise_only_step)
+        return replace(result, privacy_steps=tuple(accountant.history))
 
     @torch.no_grad()
     def training_loss(self, model: nn.Module, compute: ComputeDevice, subset: int = 0) -> float:

@@ -50,6 +50,9 @@ class TrainResult:
         Loss of the received global model on the first batch (before any step).
     seconds : float
         Wall time of the loop.
+    privacy_steps : tuple of (float, float, int)
+        DP-SGD only: the accountant's history ``(noise multiplier, sample rate,
+        steps)`` of this training (:mod:`clients.site.privacy_ledger`).
     """
 
     num_examples: int
@@ -57,6 +60,7 @@ class TrainResult:
     mean_loss: float
     initial_loss: float
     seconds: float
+    privacy_steps: tuple[tuple[float, float, int], ...] = ()
 
 
 def backward_step(loss: torch.Tensor, optimizer: torch.optim.Optimizer,
@@ -94,6 +98,7 @@ def train_steps(
     label: str = "",
     proximal_mu: float = 0.0,
     channels_last: bool = False,
+    empty_batch_step: Callable[[torch.optim.Optimizer], None] | None = None,
 ) -> TrainResult:
     """Run ``steps`` optimiser steps of ``model`` on ``batches``.
 
@@ -129,6 +134,10 @@ def train_steps(
     channels_last : bool
         Copy 4D inputs as NHWC (``torch.channels_last``); the caller has put
         the model's weights in that layout.
+    empty_batch_step : callable, optional
+        Runs the optimiser step of an empty batch (Poisson sampling of DP-SGD
+        draws them; :func:`clients.training.private_training.noise_only_step`).
+        It counts as a step; the mean loss is over the non-empty batches.
 
     Raises
     ------
@@ -148,9 +157,16 @@ def train_steps(
     initial_loss = math.nan
     examples = 0
     done = 0
+    with_loss = 0
     for x, y in _cycle(batches):
         if done >= steps or (deadline is not None and done > 0 and time.monotonic() >= deadline):
             break
+        if x.shape[0] == 0:
+            if empty_batch_step is None:
+                raise ValueError("the training data loader yielded an empty batch")
+            empty_batch_step(optimizer)
+            done += 1
+            continue
         x = x.to(device, non_blocking=non_blocking,
                  memory_format=layout if x.dim() == 4 else torch.preserve_format)
         y = y.to(device, non_blocking=non_blocking)
@@ -160,21 +176,22 @@ def train_steps(
         if anchor:
             loss = loss + 0.5 * proximal_mu * sum(
                 (p - a).pow(2).sum() for p, a in zip(model.parameters(), anchor))
-        if done == 0:
+        if with_loss == 0:
             initial_loss = float(loss.detach())
             if not math.isfinite(initial_loss):
-                raise NonFiniteLossError(f"{label} non-finite loss {initial_loss} at step 1")
+                raise NonFiniteLossError(f"{label} non-finite loss {initial_loss} at step {done + 1}")
         backward_step(loss, optimizer, scaler)
         loss_sum += loss.detach().float()
         examples += int(x.shape[0])
         done += 1
+        with_loss += 1
         if done % progress_every == 0 or done == steps:
-            mean = float(loss_sum) / done
+            mean = float(loss_sum) / max(with_loss, 1)
             if not math.isfinite(mean):
                 raise NonFiniteLossError(f"{label} non-finite mean loss at step {done}")
             log.info("%s step %d/%d loss %.4f (%.1fs)", label, done, steps, mean,
                      time.monotonic() - start)
-    mean_loss = float(loss_sum) / max(done, 1)
+    mean_loss = float(loss_sum) / max(with_loss, 1)
     if not math.isfinite(mean_loss):
         raise NonFiniteLossError(f"{label} non-finite mean loss after {done} steps")
     return TrainResult(

@@ -21,7 +21,9 @@ Compared with Flower's ``FedAvg`` it
   crashes the federation; stragglers past the deadline are dropped and logged;
 * keeps a trust boundary (:class:`SiteBook`): a site name is bound to the node
   that first sent it (a reply under another node's name is dropped), and a
-  site's ``num-examples`` is capped at what it declared when it joined;
+  site's ``num-examples`` (train and evaluate) is capped at what it declared
+  when it joined and, given a coordinator's roster, at the roster's size (a
+  name not on the roster is dropped);
 * drops a reply the aggregator rejects instead of failing the run, and keeps
   the old model when the new one would not be finite
   (:mod:`strategies.rounds.safe_aggregate`, ``RoundReport.aggregation_failed``);
@@ -37,7 +39,6 @@ the site book).
 from __future__ import annotations
 
 import copy
-import dataclasses
 import math
 import time
 from collections.abc import Callable, Iterable
@@ -49,7 +50,6 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 from flwr.supercore import log
 
-from strategies import message_keys as keys
 from strategies.compression import parse_spec
 from strategies.errors import FederationError
 from strategies.local_solver import LocalSolver
@@ -57,7 +57,7 @@ from strategies.replies import MetricsReply, TrainReply, parse_metrics_reply, pa
 from strategies.rounds.instructions import TrainPlan, Uplink, site_messages
 from strategies.rounds.node_wait import wait_for_nodes
 from strategies.rounds.reply_intake import ReplyIntake, reply_label
-from strategies.rounds.round_metrics import example_weighted_metrics
+from strategies.rounds.round_metrics import aggregated_replies, example_weighted_metrics
 from strategies.rounds.round_policy import RoundPolicy, collect_replies
 from strategies.rounds.round_report import RoundReport
 from strategies.rounds.safe_aggregate import AggregateOutcome, aggregate_safely, apply_update
@@ -114,6 +114,9 @@ class FederatedStrategy(Strategy):
     local_solver : LocalSolver, optional
         The sites' local optimiser settings; the server computes each reply's
         FedNova a-norm from its reported steps with it (default: plain steps).
+    roster : dict[str, int], optional
+        The coordinator's ``{site name: max-examples}`` (:mod:`app.config.roster`):
+        only these sites may reply, each capped at its ``max-examples``.
     """
 
     def __init__(
@@ -133,6 +136,7 @@ class FederatedStrategy(Strategy):
         seed: int = 0,
         max_empty_rounds: int = 3,
         local_solver: LocalSolver | None = None,
+        roster: dict[str, int] | None = None,
     ) -> None:
         if min_nodes < 1:
             raise ValueError(f"min_nodes must be >= 1, got {min_nodes}")
@@ -149,7 +153,7 @@ class FederatedStrategy(Strategy):
                              federation=federation, time_budget=time_budget, seed=seed)
         self.max_empty_rounds = max_empty_rounds
         self.local_solver = local_solver or LocalSolver()
-        self.sites = SiteBook()
+        self.sites = SiteBook(roster=None if roster is None else dict(roster))
         self.reports: dict[int, RoundReport] = {}
         self._plan = TrainPlan({}, {})
         self._down_bytes: dict[int, int] = {}
@@ -206,14 +210,6 @@ class FederatedStrategy(Strategy):
         self._down_bytes = bytes_down(messages)
         return messages
 
-    def _capped(self, reply: TrainReply) -> TrainReply:
-        """``reply`` weighted with at most the examples its site declared when it joined."""
-        count = self.sites.capped(reply.node_id, reply.num_examples)
-        if count == reply.num_examples:
-            return reply
-        return dataclasses.replace(reply, num_examples=count,
-                                   metrics={**reply.metrics, keys.NUM_EXAMPLES: float(count)})
-
     def _parse_train(self, message: Message) -> TrainReply:
         node = message.metadata.src_node_id
         return parse_train_reply(message, self._global, self.uplink.codec,
@@ -233,8 +229,9 @@ class FederatedStrategy(Strategy):
         """
         report = self._report(server_round)
         report.schedule_tau = int(self.schedule.tau)
-        accepted = [self._capped(reply) for reply in
+        accepted = [self.sites.capped_reply(reply) for reply in
                     self._train_intake.accept(replies, report.train_dropped, self.sites)]
+        report.policies.update(self._train_intake.policies)
         before = copy.deepcopy(self.aggregator)
         outcome = (aggregate_safely(self.aggregator, accepted, report.train_dropped)
                    if accepted else AggregateOutcome(None))
@@ -266,7 +263,8 @@ class FederatedStrategy(Strategy):
             log(WARNING, "aggregate_train: round %d: %s", server_round,
                 report.aggregation_failed)
             return None, None
-        report.train_aggregate = example_weighted_metrics(outcome.used)
+        report.train_aggregate = example_weighted_metrics(
+            aggregated_replies(outcome.used, outcome.info))
         log(INFO, "aggregate_train: %d accepted, %d dropped", len(outcome.used),
             len(report.train_dropped))
         record = ArrayRecord({k: Array(v) for k, v in zip(self._keys, updated)})
@@ -291,7 +289,9 @@ class FederatedStrategy(Strategy):
     ) -> MetricRecord | None:
         """Example-weighted mean of the sites' validation metrics."""
         report = self._report(server_round)
-        accepted = self._evaluate_intake.accept(replies, report.evaluate_dropped, self.sites)
+        accepted = [self.sites.capped_reply(reply, evaluate=True) for reply in
+                    self._evaluate_intake.accept(replies, report.evaluate_dropped, self.sites)]
+        report.policies.update(self._evaluate_intake.policies)
         for reply in accepted:
             report.evaluate[reply.site] = dict(reply.metrics)
         if not accepted:
@@ -309,7 +309,7 @@ class FederatedStrategy(Strategy):
         """Continue from a :meth:`snapshot`."""
         self.aggregator, self.schedule = state["aggregator"], state["schedule"]
         self.selector = state["selector"]
-        self.sites = SiteBook.restore(state)
+        self.sites = SiteBook.restore(state, self.sites.roster)
 
     # -------------------------------------------------------------------- loop
     def _exchange(self, grid: Grid, messages: Iterable[Message], report: RoundReport,

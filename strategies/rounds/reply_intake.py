@@ -10,24 +10,28 @@ train reply's update is unpacked and decoded once per round, not twice.
 :meth:`ReplyIntake.accept` then records, under the site's name, why each
 dropped reply was dropped and which selected sites never answered. A valid reply whose declared
 site name is not the one bound to its node (or is bound to another connected
-node) is dropped too (:meth:`SiteBook.identity_problem`).
+node) is dropped too (:meth:`SiteBook.identity_problem`). The site-policy
+fingerprint each accepted reply declares is kept in :attr:`ReplyIntake.policies`.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
 from logging import WARNING
 from typing import Generic, TypeVar
 
-from flwr.app import Message
+from flwr.app import ConfigRecord, Message
 from flwr.supercore import log
 
+from strategies import message_keys as keys
 from strategies.replies import InvalidReplyError, site_name
 from strategies.rounds.site_book import SiteBook
 
-__all__ = ["ReplyIntake", "NO_REPLY", "reply_label"]
+__all__ = ["ReplyIntake", "NO_REPLY", "reply_label", "policy_fingerprint"]
 
 NO_REPLY = "no reply before the round closed (deadline or timeout)"
+_ERROR_SITE = re.compile(r"site ([^\s:]+): ")
 
 Reply = TypeVar("Reply")
 
@@ -35,13 +39,22 @@ Reply = TypeVar("Reply")
 def reply_label(message: Message, book: SiteBook) -> str:
     """The name to record ``message`` under: its node's bound name, else the one it declares.
 
-    A declared name bound to another connected node is not used: such a reply is
-    recorded under ``node-<id>`` (:meth:`SiteBook.label_reply`).
+    An error reply declares its site at the start of its reason (``site <name>: ``,
+    :mod:`app.site_errors`). A declared name bound to another connected node is not
+    used: such a reply is recorded under ``node-<id>`` (:meth:`SiteBook.label_reply`).
     """
     node = message.metadata.src_node_id
     if message.has_content():
         return book.label_reply(node, site_name(message))
-    return book.label(node)
+    declared = _ERROR_SITE.match(message.error.reason) if message.has_error() else None
+    return book.label_reply(node, declared.group(1)) if declared else book.label(node)
+
+
+def policy_fingerprint(message: Message) -> str:
+    """The site-policy fingerprint a reply declares in its ``site`` record ("" if none)."""
+    record = message.content.get(keys.SITE) if message.has_content() else None
+    value = record.get(keys.SITE_POLICY) if isinstance(record, ConfigRecord) else None
+    return value if isinstance(value, str) else ""
 
 
 class ReplyIntake(Generic[Reply]):
@@ -60,11 +73,13 @@ class ReplyIntake(Generic[Reply]):
         self._parse = parse
         self.stage = stage
         self.expected: dict[int, str] = {}
+        self.policies: dict[str, str] = {}
         self._outcomes: dict[int, tuple[Message, Reply | InvalidReplyError]] = {}
 
     def expect(self, expected: dict[int, str]) -> None:
         """Start a round: ``expected`` maps each node sent a message to its label."""
         self.expected = dict(expected)
+        self.policies = {}
         self._outcomes.clear()
 
     def outcome(self, message: Message) -> Reply | InvalidReplyError:
@@ -105,6 +120,8 @@ class ReplyIntake(Generic[Reply]):
                 log(WARNING, "%s: dropped reply of %s: %s", self.stage, name, reason)
                 continue
             accepted.append(reply)
+            if policy_fingerprint(message):
+                self.policies[name] = policy_fingerprint(message)
         for node, name in self.expected.items():
             if node not in answered:
                 label = book.names.get(node, name)

@@ -6,17 +6,39 @@ it, with those sites' numbers of examples as weights
 site (a one-class validation split has no AUC, so the site omits it) does not
 remove it from the round. ``num-examples`` becomes the total. These are the
 ``train-*`` / ``val-*`` aggregates tracked in MLflow.
+
+The train averages are taken over the replies whose update entered the
+aggregate (:func:`aggregated_replies`): a reply a defence left out (Multi-Krum)
+does not move the model, so its loss does not count in ``train-loss`` either.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from strategies import message_keys as keys
 from strategies.replies import MetricsReply, TrainReply
 from strategies.weighted_mean import weighted_mean
 
-__all__ = ["example_weighted_metrics"]
+__all__ = ["SELECTED", "aggregated_replies", "example_weighted_metrics"]
+
+#: Infix of a defence's per-site selection record, ``<rule>-selected/<site>``
+#: (``krum-selected/hospital-a``): 1 = kept, 0 = left out of the aggregate.
+SELECTED = "-selected/"
+
+
+def aggregated_replies(replies: Sequence[TrainReply],
+                       info: Mapping[str, float]) -> list[TrainReply]:
+    """The replies a defence did not leave out (``info[<rule>-selected/<site>] == 0``).
+
+    ``info`` is the aggregation's record (``AggregateOutcome.info``,
+    :mod:`strategies.rounds.safe_aggregate`): every defence that leaves replies
+    out records each site's selection under :data:`SELECTED` (Multi-Krum,
+    Blanchard et al. 2017: the ``m`` replies of lowest Krum score are kept).
+    """
+    left_out = {key.split(SELECTED, 1)[1] for key, value in info.items()
+                if SELECTED in key and value == 0.0}
+    return [reply for reply in replies if reply.site not in left_out]
 
 
 def example_weighted_metrics(replies: Sequence[TrainReply | MetricsReply]) -> dict[str, float]:

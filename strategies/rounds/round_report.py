@@ -49,6 +49,9 @@ class RoundReport:
         Why the round kept the previous global model although it had usable
         replies (the aggregation failed or the new model was not finite);
         empty when the model was updated or no reply was usable.
+    policies : dict[str, str]
+        Per site with an accepted reply, the fingerprint of the site policy it
+        runs under (``clients.site.policy``).
     """
 
     server_round: int
@@ -67,3 +70,4 @@ class RoundReport:
     selection: dict = field(default_factory=dict)
     times_selected: dict[str, float] = field(default_factory=dict)
     aggregation_failed: str = ""
+    policies: dict[str, str] = field(default_factory=dict)

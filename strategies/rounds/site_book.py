@@ -13,7 +13,12 @@ server's trust boundary for both:
 * **size** -- ``num-examples`` is self-reported, so the first value a node
   declares (train or query reply) is kept as its cap: later replies are
   weighted with ``min(reported, cap)`` and a change is logged
-  (:meth:`SiteBook.capped`).
+  (:meth:`SiteBook.capped`). Evaluate replies (a validation split, of another
+  size) are capped the same way at the node's first evaluate declaration.
+* **roster** -- when the coordinator registers the sites (run config
+  ``federation.roster``, parsed by :mod:`app.config.roster`), only names on
+  the roster may reply, and every cap is also at most the roster's
+  ``max-examples`` for that name, from the first reply on.
 
 The book also keeps what selectors use (sizes, last train losses) and is part
 of the strategy's checkpoint (:meth:`snapshot` / :meth:`restore`).
@@ -21,12 +26,18 @@ of the strategy's checkpoint (:meth:`snapshot` / :meth:`restore`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from logging import WARNING
+from typing import TypeVar
 
 from flwr.supercore import log
 
+from strategies import message_keys as keys
+from strategies.replies import MetricsReply, TrainReply
+
 __all__ = ["SiteBook"]
+
+Reply = TypeVar("Reply", TrainReply, MetricsReply)
 
 
 @dataclass
@@ -41,14 +52,22 @@ class SiteBook:
         Examples each node declared the first time it replied: its cap.
     last_losses : dict[int, float]
         Train loss of each node's latest accepted train reply.
+    evaluate_sizes : dict[int, int]
+        Validation examples each node declared in its first evaluate reply: its cap.
     connected : set[int]
         Nodes connected at the start of the current round (not checkpointed).
+    roster : dict[str, int] or None
+        The coordinator's roster, ``{site name: max-examples}``; ``None``: any
+        name may join, capped at its first declaration only (not checkpointed:
+        it comes from the run config).
     """
 
     names: dict[int, str] = field(default_factory=dict)
     sizes: dict[int, int] = field(default_factory=dict)
     last_losses: dict[int, float] = field(default_factory=dict)
+    evaluate_sizes: dict[int, int] = field(default_factory=dict)
     connected: set[int] = field(default_factory=set, compare=False)
+    roster: dict[str, int] | None = field(default=None, compare=False)
 
     def label(self, node_id: int) -> str:
         """The site's bound name, or ``node-<id>`` for a node that never answered validly."""
@@ -58,6 +77,8 @@ class SiteBook:
         """The name to record a reply under: bound name, else the declared one if free."""
         if node_id in self.names:
             return self.names[node_id]
+        if self.roster is not None and declared not in self.roster:
+            return f"node-{node_id}"
         owner = self._owner(declared)
         return declared if owner is None or owner not in self.connected else f"node-{node_id}"
 
@@ -71,10 +92,13 @@ class SiteBook:
     def identity_problem(self, node_id: int, site: str) -> str | None:
         """Why ``node_id`` may not reply as ``site`` (``None``: it may; the name is bound).
 
-        Rule: one name per node and one node per name. A name bound to a node
-        that is not connected is released to ``node_id`` (size cap and last loss
-        move with it).
+        Rules: with a roster, only its names; one name per node and one node
+        per name. A name bound to a node that is not connected is released to
+        ``node_id`` (size caps and last loss move with it).
         """
+        if self.roster is not None and site not in self.roster:
+            return (f"site roster: site '{site}' (node {node_id}) is not on the "
+                    "coordinator's roster (run config 'federation.roster')")
         bound = self.names.get(node_id)
         if bound is not None and bound != site:
             return (f"site identity: node {node_id} is bound to site '{bound}' but this "
@@ -87,38 +111,69 @@ class SiteBook:
             log(WARNING, "site %s moved from node %d (gone) to node %d", site, owner,
                 node_id)
             del self.names[owner]
-            if owner in self.sizes:
-                self.sizes[node_id] = self.sizes.pop(owner)
-            if owner in self.last_losses:
-                self.last_losses[node_id] = self.last_losses.pop(owner)
+            for book in (self.sizes, self.evaluate_sizes, self.last_losses):
+                if owner in book:
+                    book[node_id] = book.pop(owner)
         self.names[node_id] = site
         return None
 
-    def capped(self, node_id: int, num_examples: int) -> int:
-        """``num_examples`` capped at what the node declared first; a change is logged."""
-        cap = self.sizes.setdefault(node_id, num_examples)
+    def _limit(self, node_id: int) -> int | None:
+        """The roster's ``max-examples`` for the node's bound name (``None``: no roster)."""
+        if self.roster is None:
+            return None
+        return self.roster.get(self.names.get(node_id, ""), 0)
+
+    def _first(self, declared: dict[int, int], node_id: int, num_examples: int) -> int:
+        """The node's cap in ``declared``: its first declaration, within the roster."""
+        limit = self._limit(node_id)
+        first = declared.setdefault(node_id, num_examples if limit is None
+                                    else min(num_examples, limit))
+        return first if limit is None else min(first, limit)
+
+    def capped(self, node_id: int, num_examples: int, evaluate: bool = False) -> int:
+        """``num_examples`` capped at the node's first declaration and the roster.
+
+        The first train (or query) declaration caps train replies, the first
+        evaluate declaration caps evaluate replies (``evaluate=True``); a
+        change is logged.
+        """
+        cap = self._first(self.evaluate_sizes if evaluate else self.sizes, node_id,
+                          num_examples)
         if num_examples != cap:
-            log(WARNING, "site %s reports %d examples, declared %d when it joined: "
-                "weighted as %d", self.label(node_id), num_examples, cap,
-                min(num_examples, cap))
+            log(WARNING, "site %s reports %d %s examples, capped at %d (first "
+                "declaration%s): weighted as %d", self.label(node_id), num_examples,
+                "validation" if evaluate else "training", cap,
+                "" if self.roster is None else " and roster", min(num_examples, cap))
         return min(num_examples, cap)
+
+    def capped_reply(self, reply: Reply, evaluate: bool = False) -> Reply:
+        """``reply`` with its ``num-examples`` capped (:meth:`capped`), in its metrics too."""
+        count = self.capped(reply.node_id, reply.num_examples, evaluate)
+        if count == reply.num_examples:
+            return reply
+        return replace(reply, num_examples=count,
+                       metrics={**reply.metrics, keys.NUM_EXAMPLES: float(count)})
 
     def learn(self, node_id: int, site: str, num_examples: int | None = None,
               loss: float | None = None) -> None:
         """Record a valid reply: bind the name, keep the first size, the latest loss."""
         self.names.setdefault(node_id, site)
         if num_examples is not None:
-            self.sizes.setdefault(node_id, num_examples)
+            self._first(self.sizes, node_id, num_examples)
         if loss is not None:
             self.last_losses[node_id] = loss
 
     def snapshot(self) -> dict:
-        """The checkpoint entries (keys kept from the first checkpoint format)."""
+        """The checkpoint entries: the first format's keys plus ``evaluate_sizes``."""
         return {"sizes": dict(self.sizes), "last_losses": dict(self.last_losses),
-                "site_of": dict(self.names)}
+                "site_of": dict(self.names), "evaluate_sizes": dict(self.evaluate_sizes)}
 
     @classmethod
-    def restore(cls, state: dict) -> SiteBook:
-        """The book a :meth:`snapshot` describes."""
+    def restore(cls, state: dict, roster: dict[str, int] | None = None) -> SiteBook:
+        """The book a :meth:`snapshot` describes, under ``roster``.
+
+        A checkpoint made before evaluate sizes were kept has none.
+        """
         return cls(names=dict(state["site_of"]), sizes=dict(state["sizes"]),
-                   last_losses=dict(state["last_losses"]))
+                   last_losses=dict(state["last_losses"]),
+                   evaluate_sizes=dict(state.get("evaluate_sizes", {})), roster=roster)

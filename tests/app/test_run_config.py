@@ -101,9 +101,11 @@ def test_build_strategy_hands_each_plugin_its_section_and_the_run_settings():
         "adacomm.tau-max": 9, "adacomm.loss-smoothing": 0.25,
         "strategy.selector": "cpow-d", "selection.m": 2, "selection.d": 4,
         "selection.subset": 5, "selection.fairness-rounds": 3, "num-server-rounds": 7,
-        "min-nodes": 2, "seed": 1})
+        "min-nodes": 2, "seed": 1, "norm-bound.kappa": 2.0})
     strategy = build_strategy(config)
-    assert strategy.aggregator.server_momentum == 0.5
+    # The default defence (norm-bound) stands in front of the aggregator.
+    assert strategy.aggregator.defence.bound.kappa == 2.0
+    assert strategy.aggregator.aggregator.server_momentum == 0.5
     schedule = strategy.schedule
     assert (schedule.tau0, schedule.tau_min, schedule.tau_max) == (12, 3, 9)
     assert schedule._smoother.beta == 0.25

@@ -29,7 +29,7 @@ def test_the_built_strategy_round_trips_onto_a_fresh_one(tmp_path, plugins):
         running.selector.select(1, [3, 4, 5], None)
     running.sites.learn(3, "hospital-00", num_examples=40, loss=0.8)
     if plugins["strategy.aggregator"] == "fednova":
-        running.aggregator._velocity = [np.ones(2, np.float32)]
+        running.aggregator.aggregator._velocity = [np.ones(2, np.float32)]  # behind norm-bound
         running.schedule.tau, running.schedule._initial = 3, 0.9
     path = run_folder(tmp_path, "fed") / CHECKPOINT_FILE
     save_checkpoint(path, ServerCheckpoint(server_round=2, keys=["w"], arrays=[np.zeros(2)],
@@ -46,5 +46,5 @@ def test_the_built_strategy_round_trips_onto_a_fresh_one(tmp_path, plugins):
     if plugins["strategy.selector"] == "uniform":  # same random state: the same next draw
         assert resumed.selector.select(2, nodes, None) == running.selector.select(2, nodes, None)
     if plugins["strategy.aggregator"] == "fednova":
-        np.testing.assert_array_equal(resumed.aggregator._velocity[0], np.ones(2))
+        np.testing.assert_array_equal(resumed.aggregator.aggregator._velocity[0], np.ones(2))
         assert resumed.schedule.tau == 3 and resumed.schedule._initial == 0.9

@@ -4,10 +4,12 @@ One federation, run twice with ``python -m app.processes.simulate`` (what
 ``make simulate`` runs) in a subprocess with its own FLWR_HOME, data and sqlite
 MLflow store, is checked by every test of this module:
 
-1. two rounds on three sites, the third with a broken manifest: FedNova with
-   heavy-ball SGD, AdaComm (tau clamped to 2, so every site runs 2 steps),
-   top-5% compressed uplink with error feedback, deadline and quorum, a server
-   checkpoint after each round;
+1. two rounds on four sites, the third with a broken manifest and the fourth
+   under a site policy that refuses to train with batches of 4 (its own
+   ``min-batch-size = 16``; it still evaluates): FedNova with heavy-ball SGD,
+   AdaComm (tau clamped to 2, so every site runs 2 steps), top-5% compressed
+   uplink with error feedback, deadline and quorum, a server checkpoint after
+   each round;
 2. ``resume=true`` with three rounds: it continues from the checkpoint in the
    same MLflow run and trains round 3.
 
@@ -31,13 +33,16 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
+from clients.site.policy import SitePolicy, load_policy
+
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.integration
 
 SITES = ("hospital-00", "hospital-01")
 BROKEN = "hospital-02"
+STRICT = "hospital-03"  # a copy of hospital-01 whose policy refuses batches of 4
 RUN_CONFIG = (
-    "local-steps=2", "image-size=32", "batch-size=4", "min-nodes=3", "node-wait-timeout=60",
+    "local-steps=2", "image-size=32", "batch-size=4", "min-nodes=4", "node-wait-timeout=60",
     "experiment=e2e", "strategy.aggregator=fednova", "optimizer=sgd", "lr=0.05",
     "momentum=0.5", "strategy.schedule=adacomm", "adacomm.tau-min=2", "adacomm.tau-max=2",
     "round.deadline=5", "round.quorum=2", "strategy.codec=topk:0.05",
@@ -96,11 +101,15 @@ def federation(tmp_path_factory, small_hospitals) -> Federation:
     broken = data_root / BROKEN
     broken.mkdir()
     (broken / "manifest.csv").write_text("this,is,not\na,manifest,file\n")
-    checkpoint = f"checkpoint-dir={tmp / 'checkpoints'}"
-    first = _simulate(tmp, data_root, sites=3, rounds=2, extra=(checkpoint,))
+    shutil.copytree(data_root / SITES[1], data_root / STRICT)
+    policies = tmp / "policies"  # one file per hospital; no file: the permissive policy
+    policies.mkdir()
+    (policies / f"{STRICT}.toml").write_text("min-batch-size = 16\n")
+    extra = (f"checkpoint-dir={tmp / 'checkpoints'}", f"site-policy={policies}")
+    first = _simulate(tmp, data_root, sites=4, rounds=2, extra=extra)
     assert first.returncode == 0, first.stderr[-2000:]
     shutil.copy(tmp / "mlflow.db", tmp / "first.db")
-    resumed = _simulate(tmp, data_root, sites=3, rounds=3, extra=(checkpoint, "resume=true"))
+    resumed = _simulate(tmp, data_root, sites=4, rounds=3, extra=(*extra, "resume=true"))
     return Federation(tmp, data_root, first, resumed)
 
 
@@ -156,10 +165,10 @@ def test_uplink_is_compressed_with_error_feedback_kept_at_the_site(federation):
 
 
 def test_fednova_adacomm_quorum_round_survives_a_failing_site(federation):
-    """FedNova + AdaComm + deadline/quorum, with a third site whose data is broken."""
+    """FedNova + AdaComm + deadline/quorum, with a broken site and a refusing one."""
     client, run = federation.mlflow("first.db")
     run_id = run.info.run_id
-    assert [m.value for m in client.get_metric_history(run_id, "replies-dropped")] == [1.0, 1.0]
+    assert [m.value for m in client.get_metric_history(run_id, "replies-dropped")] == [2.0, 2.0]
     assert [m.value for m in client.get_metric_history(run_id, "replies-accepted")] == [2.0, 2.0]
     # tau_eff = sum_i p_i ||a_i||_1 with heavy-ball 0.5 over 2 steps: 1 + 1.5 = 2.5
     tau_eff = client.get_metric_history(run_id, "strategy/tau-eff")
@@ -173,6 +182,26 @@ def test_fednova_adacomm_quorum_round_survives_a_failing_site(federation):
     reasons = " ".join(dropped.values())
     assert f"site {BROKEN}: ManifestError" in reasons
     assert str(federation.data_root) not in reasons  # no site path leaves the site
+
+
+def test_a_site_policy_violation_is_refused_and_the_round_goes_on(federation):
+    """The strict site refuses to train (rule named, no path) and reports its policy."""
+    assert (f"{STRICT}: site reported an error: site {STRICT}: policy rule "
+            "min-batch-size (refused)") in federation.first.stdout  # the progress line
+    client, run = federation.mlflow("first.db")
+    run_id = run.info.run_id
+    assert [m.value for m in client.get_metric_history(run_id, f"site/{STRICT}/refused")] \
+        == [1.0, 1.0]
+    assert _steps(client, run_id, f"site/{STRICT}/train-loss") == []
+    assert _steps(client, run_id, f"site/{STRICT}/val-dice") == [1, 2]  # it still evaluates
+    assert run.data.params[f"site/{SITES[0]}/policy"] == SitePolicy.permissive().fingerprint
+    assert (run.data.params[f"site/{STRICT}/policy"]
+            == load_policy(federation.tmp / "policies" / f"{STRICT}.toml").fingerprint)
+    local = client.download_artifacts(run_id, "rounds/round-001-dropped.json",
+                                      str(federation.tmp))
+    reason = json.loads(Path(local).read_text())[f"train/{STRICT}"]
+    assert "policy rule min-batch-size" in reason
+    assert "/" not in reason  # no path leaves the site
 
 
 def test_resume_from_the_server_checkpoint_continues_the_same_mlflow_run(federation):

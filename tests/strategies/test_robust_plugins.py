@@ -79,7 +79,7 @@ def test_the_run_config_chooses_a_defence_and_names_the_key_of_a_bad_one():
                                      "norm-bound.absolute": 2.5})
     assert config.strategy_defence == "norm-bound"
     assert config.plugin_options["norm-bound"].absolute == 2.5
-    assert RunConfig().strategy_defence == "none"
+    assert RunConfig().strategy_defence == "norm-bound"  # chosen from bench/robustness*.py
     with pytest.raises(PluginError, match="'strategy.defence' must be one of "
                                           "\\['multi-krum', 'none', 'norm-bound'\\]"):
         RunConfig.from_mapping({"strategy.defence": "krum"})
@@ -216,4 +216,8 @@ def test_the_server_puts_the_chosen_defence_in_front_of_the_aggregator():
     aggregator = build_strategy(config).aggregator
     assert isinstance(aggregator, DefendedAggregator)
     assert aggregator.defence.f == 2 and aggregator.aggregator.beta == 0.2
-    assert type(build_strategy(RunConfig()).aggregator).__name__ == "FedAvgAggregator"
+    default = build_strategy(RunConfig()).aggregator  # norm-bound in front of FedAvg
+    assert (type(default.defence).__name__, type(default.aggregator).__name__) == (
+        "NormBoundDefence", "FedAvgAggregator")
+    none = RunConfig.from_mapping({"strategy.defence": "none"})
+    assert type(build_strategy(none).aggregator).__name__ == "FedAvgAggregator"

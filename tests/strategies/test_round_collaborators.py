@@ -44,7 +44,7 @@ def test_site_book_snapshot_keeps_the_checkpoint_format():
     assert book.offline([3]) == ["site-d"]
     state = pickle.loads(pickle.dumps(book.snapshot()))
     assert state == {"sizes": {3: 12}, "last_losses": {3: 0.7},
-                     "site_of": {3: "site-c", 4: "site-d"}}
+                     "site_of": {3: "site-c", 4: "site-d"}, "evaluate_sizes": {}}
     assert SiteBook.restore(state) == book
 
 

@@ -1,0 +1,82 @@
+"""Every error reply a site sends, built in one place: a fixed code and the exception type.
+
+An exception's text can hold a path (``PermissionError: [Errno 13] ...
+/data/study-0042/dicom``) or a patient detail; it stays in the site's own log.
+The reply carries only the site's name, a fixed code per error class, the
+exception's type name and, for a policy refusal, the rule's name (a policy
+key such as ``min-batch-size``). :func:`sanitised` wraps each ClientApp
+handler so that no exception, expected or not, reaches Flower, which would
+put its text into the reply.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+from collections.abc import Callable
+
+from flwr.app import Context, Error, Message
+
+from app.config.site_config import SiteConfig
+from clients.site.policy import PolicyRefusal
+from strategies import message_keys as keys
+from strategies.errors import ConfigError, ItemError, SiteError
+
+__all__ = ["ERROR_CODES", "error_code", "error_reply", "sanitised"]
+
+log = logging.getLogger("clients.site")
+
+#: Fixed code per error class, most specific first (a PolicyRefusal is a SiteError).
+ERROR_CODES: tuple[tuple[type[BaseException], int], ...] = (
+    (PolicyRefusal, keys.POLICY_REFUSAL_CODE),
+    (ConfigError, 4002),
+    (SiteError, 4001),
+    (ItemError, 4001),
+    (Exception, 4000),
+)
+_RULE = re.compile(r"[a-z][a-z0-9.\-]*")
+
+Handler = Callable[[Message, Context], Message]
+
+
+def error_code(exc: BaseException) -> int:
+    """The fixed code of ``exc``'s class (4000 for an unexpected error)."""
+    return next(code for cls, code in ERROR_CODES if isinstance(exc, cls))
+
+
+def _site_name(context: Context) -> str:
+    try:
+        return SiteConfig.from_node_config(context.node_config, "/").name
+    except ConfigError:
+        return f"node-{context.node_id}"
+
+
+def error_reply(msg: Message, context: Context, exc: Exception) -> Message:
+    """The error reply to ``msg``: site name, code, exception type; never the exception text.
+
+    The full exception is logged at the site.
+    """
+    code = error_code(exc)
+    name = _site_name(context)
+    if isinstance(exc, PolicyRefusal) and _RULE.fullmatch(exc.rule):
+        log.warning("site %s refused a %s request: %s", name, msg.metadata.message_type, exc)
+        reason = f"site {name}: {keys.POLICY_RULE_PREFIX}{exc.rule} (refused)"
+    else:
+        log.error("site %s cannot answer a %s request", name, msg.metadata.message_type,
+                  exc_info=exc)
+        reason = f"site {name}: {type(exc).__name__} (details in the site's log)"
+    return Message(Error(code=code, reason=reason), reply_to=msg)
+
+
+def sanitised(handler: Handler) -> Handler:
+    """Wrap a ClientApp handler: any exception becomes :func:`error_reply`."""
+
+    @functools.wraps(handler)
+    def wrapped(msg: Message, context: Context) -> Message:
+        try:
+            return handler(msg, context)
+        except Exception as exc:  # noqa: BLE001 - every failure leaves as a sanitised reply
+            return error_reply(msg, context, exc)
+
+    return wrapped

@@ -1,0 +1,221 @@
+"""The site policy: the rules a hospital sets on what its SuperNode computes and sends.
+
+A hospital writes a TOML file (``configs/site-policy.toml`` is the documented
+default) and starts its SuperNode with ``POLICY=/abs/policy.toml``; node_config
+carries only that path. The site reads the file before it touches any data
+and checks every request against it (:mod:`clients.site.policy_check`); a
+request that breaks a rule is refused with :class:`PolicyRefusal`, whose text
+names the rule and never a path.
+
+File format (every key optional; a missing key takes the permissive value of
+:meth:`SitePolicy.permissive`; ``inf`` is TOML's infinity, "no limit")::
+
+    allowed-tasks = ["cxr-cls", "ct3d-cls", "pe-seg"]   # "*": any task
+    allowed-codecs = ["none", "fp16", "topk", "randk", "qsgd", "sign"]  # "*": any
+    answer-queries = true        # answer Power-of-Choice loss queries
+    min-batch-size = 8
+    min-local-steps = 1
+    max-local-steps = inf        # a request above it is refused, not clamped
+    max-time-budget = inf        # seconds; a request without a budget counts as inf
+    min-image-size = 8
+    max-image-size = 512
+    min-val-items = 0            # fewer validation items: only counts leave
+
+    [dp]
+    required = false             # refuse training without DP-SGD
+    min-noise-multiplier = 0.0   # sigma of the Gaussian mechanism, at least
+    max-grad-norm = inf          # per-example clipping norm C, at most
+    delta = 1.0                  # the delta of (epsilon, delta)-DP, at most
+    max-epsilon = inf            # the epsilon budget of one federation
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import tomllib
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from clients.registry import TASKS
+from strategies.errors import ConfigError, SiteError
+
+__all__ = ["PolicyRefusal", "SitePolicyError", "DpRules", "SitePolicy", "load_policy", "ANY"]
+
+ANY = "*"
+CODECS = ("none", "fp16", "topk", "randk", "qsgd", "sign")
+
+
+class PolicyRefusal(SiteError):
+    """A request breaks a rule of the site policy; the site refuses it.
+
+    Parameters
+    ----------
+    rule : str
+        The rule, as its policy key (``min-batch-size``, ``dp.max-epsilon``).
+    detail : str
+        What the request asked and what the rule allows; never a path.
+    """
+
+    def __init__(self, rule: str, detail: str) -> None:
+        super().__init__(f"policy rule {rule}: {detail}")
+        self.rule = rule
+
+
+class SitePolicyError(ConfigError):
+    """A site policy file is unreadable, has an unknown key or a bad value."""
+
+
+@dataclass(frozen=True)
+class DpRules:
+    """The differential-privacy rules of a site (section ``[dp]``).
+
+    ``max_epsilon`` bounds the epsilon of (epsilon, delta)-DP that one
+    federation may spend at this site (Dwork & Roth 2014, Def. 2.4);
+    ``math.inf`` means no limit.
+    """
+
+    required: bool = False
+    min_noise_multiplier: float = 0.0
+    max_grad_norm: float = math.inf
+    delta: float = 1.0
+    max_epsilon: float = math.inf
+
+
+@dataclass(frozen=True)
+class SitePolicy:
+    """The rules a site enforces on every request (see the module docstring)."""
+
+    allowed_tasks: tuple[str, ...] = (ANY,)
+    allowed_codecs: tuple[str, ...] = (ANY,)
+    answer_queries: bool = True
+    min_batch_size: int = 1
+    min_local_steps: int = 1
+    max_local_steps: float = math.inf
+    max_time_budget: float = math.inf
+    min_image_size: int = 1
+    max_image_size: float = math.inf
+    min_val_items: int = 0
+    dp: DpRules = field(default_factory=DpRules)
+    fingerprint: str = ""
+
+    @classmethod
+    def permissive(cls) -> SitePolicy:
+        """The policy that allows every request (simulation's default)."""
+        return _fingerprinted(cls())
+
+    def allows_task(self, task: str) -> bool:
+        """Whether the policy lets the site run ``task``."""
+        return ANY in self.allowed_tasks or task in self.allowed_tasks
+
+    def allows_codec(self, codec_name: str) -> bool:
+        """Whether the policy lets the site send updates packed by ``codec_name``."""
+        return ANY in self.allowed_codecs or codec_name in self.allowed_codecs
+
+
+def _canonical(policy: SitePolicy) -> str:
+    values = asdict(policy)
+    values.pop("fingerprint")
+    return json.dumps(values, sort_keys=True, default=str,
+                      allow_nan=True).replace("Infinity", "inf")
+
+
+def _fingerprinted(policy: SitePolicy) -> SitePolicy:
+    digest = hashlib.sha256(_canonical(policy).encode()).hexdigest()[:16]
+    return replace(policy, fingerprint=digest)
+
+
+def _key(name: str) -> str:
+    return name.replace("_", "-")
+
+
+def _number(value: Any, where: str, *, integer: bool, minimum: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SitePolicyError(f"{where} must be a number, got {value!r}")
+    if math.isnan(value) or value < minimum:
+        raise SitePolicyError(f"{where} must be >= {minimum}, got {value!r}")
+    if integer and not math.isinf(value) and value != int(value):
+        raise SitePolicyError(f"{where} must be a whole number, got {value!r}")
+    return int(value) if integer and not math.isinf(value) else float(value)
+
+
+def _names(value: Any, where: str, known: tuple[str, ...]) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise SitePolicyError(f"{where} must be a list of names, got {value!r}")
+    unknown = sorted(set(value) - set(known) - {ANY})
+    if unknown:
+        raise SitePolicyError(f"{where} has unknown names {unknown}; known: {list(known)}")
+    return tuple(sorted(set(value)))
+
+
+def _typed(name: str, value: Any, default: Any, where: str) -> Any:
+    if name == "allowed_tasks":
+        return _names(value, where, tuple(sorted(TASKS)))
+    if name == "allowed_codecs":
+        return _names(value, where, CODECS)
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise SitePolicyError(f"{where} must be true or false, got {value!r}")
+        return value
+    integer = isinstance(default, int) or name in ("max_local_steps", "max_image_size")
+    minimum = 1.0 if name.endswith(("batch_size", "local_steps", "image_size")) else 0.0
+    number = _number(value, where, integer=integer, minimum=minimum)
+    if name == "delta" and not 0.0 < number <= 1.0:
+        raise SitePolicyError(f"{where} must be in (0, 1], got {value!r}")
+    return number
+
+
+def _section(cls: type, table: Mapping[str, Any], prefix: str, source: str) -> dict[str, Any]:
+    names = {_key(f.name): f for f in fields(cls) if f.name not in ("dp", "fingerprint")}
+    allowed = set(names) | ({"dp"} if cls is SitePolicy else set())
+    for key in table:
+        if key not in allowed:
+            raise SitePolicyError(f"site policy {source}: unknown key '{prefix}{key}'; "
+                                  f"known: {sorted(allowed)}")
+    defaults = cls()
+    return {f.name: _typed(f.name, table[key], getattr(defaults, f.name),
+                           f"site policy {source}: '{prefix}{key}'")
+            for key, f in names.items() if key in table}
+
+
+def load_policy(path: str | Path) -> SitePolicy:
+    """Read, check and fingerprint a site policy file.
+
+    Parameters
+    ----------
+    path : str or Path
+        The TOML file the hospital owns.
+
+    Returns
+    -------
+    SitePolicy
+        With ``fingerprint`` = the first 16 hex digits of the SHA-256 of the
+        policy's canonical form (every rule, defaults filled in), so two files
+        that state the same rules have the same fingerprint.
+
+    Raises
+    ------
+    SitePolicyError
+        The file is unreadable, not TOML, or has an unknown key or a bad
+        value; the message names the file and the key.
+    """
+    source = str(path)
+    try:
+        table = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise SitePolicyError(f"site policy {source}: unreadable ({exc.strerror})") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise SitePolicyError(f"site policy {source}: not valid TOML ({exc})") from exc
+    dp_table = table.get("dp", {})
+    if not isinstance(dp_table, dict):
+        raise SitePolicyError(f"site policy {source}: 'dp' must be a table")
+    dp = DpRules(**_section(DpRules, dp_table, "dp.", source))
+    policy = SitePolicy(**_section(SitePolicy, table, "", source), dp=dp)
+    if policy.min_local_steps > policy.max_local_steps:
+        raise SitePolicyError(f"site policy {source}: 'min-local-steps' exceeds 'max-local-steps'")
+    if policy.min_image_size > policy.max_image_size:
+        raise SitePolicyError(f"site policy {source}: 'min-image-size' exceeds 'max-image-size'")
+    return _fingerprinted(policy)

@@ -1,0 +1,123 @@
+"""Checking one request against the site policy: pure functions, no data touched.
+
+The ClientApp builds a :class:`Request` from the run config and the message's
+instruction and calls :func:`check_train`, :func:`check_evaluate` or
+:func:`check_query` before it loads any study; each raises
+:class:`~clients.site.policy.PolicyRefusal` naming the first rule the request
+breaks. :func:`releases_val_metrics` decides whether an evaluate reply may
+carry validation metrics or only counts (not a refusal).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from clients.site.policy import PolicyRefusal, SitePolicy
+
+__all__ = ["Request", "check_train", "check_evaluate", "check_query", "releases_val_metrics"]
+
+
+@dataclass(frozen=True)
+class Request:
+    """What a server asks a site to compute, in the terms the policy speaks.
+
+    ``time_budget`` 0 means "no budget" (train until ``local_steps``) and
+    counts as infinite; ``dp_noise_multiplier`` 0 means no DP-SGD;
+    ``loss_subset`` 0 means the whole training set.
+    """
+
+    task: str
+    image_size: int
+    batch_size: int = 1
+    codec: str = "none"
+    local_steps: int = 1
+    time_budget: float = 0.0
+    loss_subset: int = 0
+    dp_noise_multiplier: float = 0.0
+    dp_max_grad_norm: float = math.inf
+    dp_delta: float = 1.0
+
+
+def _refuse_if(broken: bool, rule: str, detail: str) -> None:
+    if broken:
+        raise PolicyRefusal(rule, detail)
+
+
+def _check_common(policy: SitePolicy, request: Request) -> None:
+    _refuse_if(not policy.allows_task(request.task), "allowed-tasks",
+               f"task {request.task!r} is not in {list(policy.allowed_tasks)}")
+    _refuse_if(request.image_size < policy.min_image_size, "min-image-size",
+               f"image size {request.image_size} < {policy.min_image_size}")
+    _refuse_if(request.image_size > policy.max_image_size, "max-image-size",
+               f"image size {request.image_size} > {policy.max_image_size}")
+
+
+def _check_dp(policy: SitePolicy, request: Request) -> None:
+    rules = policy.dp
+    uses_dp = request.dp_noise_multiplier > 0
+    _refuse_if(rules.required and not uses_dp, "dp.required",
+               "the site trains only with DP-SGD (privacy.noise-multiplier > 0)")
+    if not uses_dp:
+        return
+    _refuse_if(request.dp_noise_multiplier < rules.min_noise_multiplier,
+               "dp.min-noise-multiplier",
+               f"noise multiplier {request.dp_noise_multiplier} < {rules.min_noise_multiplier}")
+    _refuse_if(request.dp_max_grad_norm > rules.max_grad_norm, "dp.max-grad-norm",
+               f"clipping norm {request.dp_max_grad_norm} > {rules.max_grad_norm}")
+    _refuse_if(request.dp_delta > rules.delta, "dp.delta",
+               f"delta {request.dp_delta} > {rules.delta}")
+
+
+def check_train(policy: SitePolicy, request: Request) -> None:
+    """Refuse a train request that breaks a rule of ``policy``.
+
+    Raises
+    ------
+    PolicyRefusal
+        Naming the first broken rule: task, image size, codec, batch size,
+        local steps (above ``max-local-steps`` is refused, not clamped), time
+        budget, then the DP rules. The epsilon budget (``dp.max-epsilon``) is
+        checked by the DP accountant, which knows what was spent.
+    """
+    _check_common(policy, request)
+    codec = request.codec.split(":", 1)[0]
+    _refuse_if(not policy.allows_codec(codec), "allowed-codecs",
+               f"codec {codec!r} is not in {list(policy.allowed_codecs)}")
+    _refuse_if(request.batch_size < policy.min_batch_size, "min-batch-size",
+               f"batch size {request.batch_size} < {policy.min_batch_size}")
+    _refuse_if(request.local_steps < policy.min_local_steps, "min-local-steps",
+               f"local steps {request.local_steps} < {policy.min_local_steps}")
+    _refuse_if(request.local_steps > policy.max_local_steps, "max-local-steps",
+               f"local steps {request.local_steps} > {policy.max_local_steps}")
+    budget = request.time_budget if request.time_budget > 0 else math.inf
+    _refuse_if(budget > policy.max_time_budget, "max-time-budget",
+               f"time budget {budget} s > {policy.max_time_budget} s")
+    _check_dp(policy, request)
+
+
+def check_evaluate(policy: SitePolicy, request: Request) -> None:
+    """Refuse an evaluate request for a task or image size the policy does not allow."""
+    _check_common(policy, request)
+
+
+def check_query(policy: SitePolicy, request: Request) -> None:
+    """Refuse a loss query the policy does not answer.
+
+    A loss on a subset smaller than ``min-batch-size`` is refused like a
+    training batch of that size: it would tell the server about a handful of
+    patients.
+    """
+    _refuse_if(not policy.answer_queries, "answer-queries",
+               "the site does not answer loss queries")
+    _check_common(policy, request)
+    _refuse_if(0 < request.loss_subset < policy.min_batch_size, "min-batch-size",
+               f"loss subset {request.loss_subset} < {policy.min_batch_size}")
+
+
+def releases_val_metrics(policy: SitePolicy, val_items: int) -> bool:
+    """Whether validation metrics may leave a site with ``val_items`` validation items.
+
+    Below ``min-val-items`` an evaluate reply carries only counts.
+    """
+    return val_items >= policy.min_val_items
