@@ -79,6 +79,7 @@ TRACKING_URI ?= $(if $(MLFLOW_TRACKING_URI),$(MLFLOW_TRACKING_URI),sqlite:///$(C
 ARTIFACT_ROOT ?= $(CURDIR)/mlartifacts
 MLFLOW_PORT  ?= 5000
 PYTEST_ARGS  ?=
+TEST_WORKERS ?= 2
 
 export FLWR_HOME := $(CURDIR)/.flwr
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION := 1
@@ -131,8 +132,11 @@ simulate: install data
 		$(foreach kv,$(RUN_CONFIG),-c $(kv))
 
 # pytest's exit code 5 (no test collected) is reported, not treated as a failure.
+# Two pytest-xdist workers, one test file each at a time (module fixtures are shared
+# within a file): the real-process tests mostly wait on their daemons, so two run
+# side by side on two cores. TEST_WORKERS=0 runs everything in this process.
 test: install
-	@$(PY) -m pytest -q $(PYTEST_ARGS) tests; rc=$$?; \
+	@$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) tests; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 0; fi; exit $$rc
 
 mlflow-ui: install
