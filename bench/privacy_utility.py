@@ -18,8 +18,12 @@ Opacus's :func:`opacus.accountants.utils.get_noise_multiplier` gives for the
 target (epsilon, delta) over the site's planned ``R * tau`` steps at its sampling
 rate ``q`` (so each site ends the run at the target epsilon); the epsilon the
 site really spent (its accountant's history, as the privacy ledger keeps it) is
-reported too. Private runs use the DP-compatible model
-(``build_model(private=True)``); the non-private reference (epsilon = inf) is the
+reported too. The Adam learning rate and ``C`` are per set (:data:`SETS`):
+PneumoniaMNIST lr 3e-3, C = 0.1 (tuned at epsilon = 8 over lr {1e-3, 3e-3, 1e-2} x
+C {0.1, 1}; a tuned lr and a small C, as De et al. 2022, arXiv:2204.13650, and
+Tramer & Boneh 2021, arXiv:2011.11660, advise), msd-lung lr 1e-3, C = 1 (untuned);
+the non-private reference trains at the same lr. Private runs use the DP-compatible
+model (``build_model(private=True)``); the non-private reference (epsilon = inf) is the
 product's plain training of its plain model, i.e. what a run without
 ``privacy.noise-multiplier`` gets. ``relative_to_nonprivate`` = metric / that
 reference (same seed). Throughput: samples per second of DP-SGD over plain
@@ -59,14 +63,14 @@ from strategies.aggregation import fedavg_delta
 
 __all__ = ["SETS", "noise_for", "run_federation", "throughput", "main"]
 
-#: set -> (product task, converter arguments, task settings, metric).
+#: set -> (product task, converter arguments, task settings, metric, (Adam lr, clipping C)).
 SETS = {
     "pneumoniamnist": ("cxr-cls", ["--sites", "3", "--scheme", "dirichlet", "--alpha", "0.5"],
-                       TaskSettings(image_size=28, batch_size=64), "auc"),
+                       TaskSettings(image_size=28, batch_size=64), "auc", (3e-3, 0.1)),
     "msd-lung": ("pe-seg", ["--set", "msd-lung", "--sites", "3", "--scheme", "size"],
-                 TaskSettings(image_size=48, slab_slices=1, batch_size=16), "dice"),
+                 TaskSettings(image_size=48, slab_slices=1, batch_size=16), "dice", (1e-3, 1.0)),
 }
-LR, MOMENTUM, CLIP, DELTA = 1e-3, 0.9, 1.0, 1e-5
+MOMENTUM, DELTA = 0.9, 1e-5
 
 
 def noise_for(epsilon: float, task: SiteTask, steps: int) -> float:
@@ -77,8 +81,9 @@ def noise_for(epsilon: float, task: SiteTask, steps: int) -> float:
 
 
 def run_federation(tasks: list[SiteTask], epsilon: float, rounds: int, tau: int, seed: int,
-                   compute: ComputeDevice) -> dict:
-    """FedAvg for ``rounds`` rounds, DP-SGD at every site when ``epsilon`` is finite."""
+                   compute: ComputeDevice, lr: float, clip: float) -> dict:
+    """FedAvg for ``rounds`` rounds of local Adam at ``lr``; DP-SGD with clipping norm
+    ``clip`` at every site when ``epsilon`` is finite."""
     private = math.isfinite(epsilon)
     torch.manual_seed(seed)
     global_model = tasks[0].build_model(private=private)
@@ -90,8 +95,8 @@ def run_federation(tasks: list[SiteTask], epsilon: float, rounds: int, tau: int,
         deltas = []
         for i, task in enumerate(tasks):
             local = copy.deepcopy(global_model)
-            privacy = DpSettings(sigmas[i], CLIP, DELTA) if private else None
-            res = task.train(local, tau, LR, MOMENTUM, compute, seed=seed + 101 * i + 7919 * (r + 1),
+            privacy = DpSettings(sigmas[i], clip, DELTA) if private else None
+            res = task.train(local, tau, lr, MOMENTUM, compute, seed=seed + 101 * i + 7919 * (r + 1),
                              optimizer="adam", label=f"eps={epsilon}/r{r}/{i}", privacy=privacy)
             histories[i].extend(res.privacy_steps)
             deltas.append([np.asarray(g - x) for g, x in zip(x_global, state_arrays(local))])
@@ -106,14 +111,15 @@ def run_federation(tasks: list[SiteTask], epsilon: float, rounds: int, tau: int,
             **evaluate_all(global_model, tasks, compute)}
 
 
-def throughput(task: SiteTask, steps: int, compute: ComputeDevice) -> dict:
-    """Samples/s of plain and of DP-SGD training (sigma 1, C 1) of the DP-compatible model."""
+def throughput(task: SiteTask, steps: int, compute: ComputeDevice, lr: float,
+               clip: float) -> dict:
+    """Samples/s of plain and of DP-SGD training (sigma 1, C ``clip``) of the DP-compatible model."""
     rates = {}
-    for name, privacy in (("plain", None), ("dp", DpSettings(1.0, CLIP, DELTA))):
+    for name, privacy in (("plain", None), ("dp", DpSettings(1.0, clip, DELTA))):
         torch.manual_seed(0)
         model = task.build_model(private=True)
-        task.train(model, 2, LR, MOMENTUM, compute, seed=0, privacy=privacy)  # warm-up
-        res = task.train(model, steps, LR, MOMENTUM, compute, seed=1, privacy=privacy)
+        task.train(model, 2, lr, MOMENTUM, compute, seed=0, privacy=privacy)  # warm-up
+        res = task.train(model, steps, lr, MOMENTUM, compute, seed=1, privacy=privacy)
         rates[name] = res.num_examples / res.seconds
     return {"plain_samples_per_s": rates["plain"], "dp_samples_per_s": rates["dp"],
             "dp_over_plain": rates["dp"] / rates["plain"]}
@@ -159,8 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     compute = select_device("cpu")
     payload: dict = {
         "description": "FedAvg with site-level DP-SGD (Opacus, RDP) vs non-private training",
-        "config": {"rounds": args.rounds, "local_steps": args.local_steps, "lr": LR,
-                   "clip": CLIP, "delta": DELTA, "optimizer": "adam", "device": "cpu",
+        "config": {"rounds": args.rounds, "local_steps": args.local_steps,
+                   "lr_clip": {name: SETS[name][4] for name in args.sets},
+                   "delta": DELTA, "optimizer": "adam", "device": "cpu",
                    "threads": 1, "quick": args.quick},
         "runs": [], "summary": [], "throughput": [],
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
@@ -169,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.sets:
-            task_name, extra, settings, metric = SETS[name]
+            task_name, extra, settings, metric, (lr, clip) = SETS[name]
             site_root = Path(tmp) / name
             build_sites(task_name, args.shared, site_root, extra)
             tasks = load_tasks(task_name, site_root, settings)
@@ -177,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
                 reference = None
                 for eps in sorted(args.epsilons, reverse=True):  # inf first: the reference
                     t0 = time.perf_counter()
-                    out = run_federation(tasks, eps, args.rounds, args.local_steps, seed, compute)
+                    out = run_federation(tasks, eps, args.rounds, args.local_steps, seed, compute,
+                                         lr, clip)
                     value = float(out["mean"][metric])
                     reference = value if math.isinf(eps) else reference
                     payload["runs"].append({
@@ -190,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
                         "seconds": time.perf_counter() - t0})
                     print(json.dumps(payload["runs"][-1]), flush=True)
                     _write(args.output, payload)
-            rate = throughput(tasks[0], args.throughput_steps, compute)
+            rate = throughput(tasks[0], args.throughput_steps, compute, lr, clip)
             payload["throughput"].append({"task": task_name, "set": name, **rate})
             payload["summary"] = _summary(payload["runs"])
             payload["wall_seconds"] = time.perf_counter() - start
