@@ -17,6 +17,9 @@
 #                   policy; default: permissive, configs/site-policy-permissive.toml)
 #            make simulate DATA_DIR=/abs/folder/with/hospital-00..  (a folder of sites,
 #                   used as it is: nothing is generated into a DATA_DIR that holds site folders)
+#            make simulate RAY_ADDRESS=host:port  (run the virtual sites on an existing Ray
+#                   cluster, `ray start --head --port PORT`; its nodes need this venv and the
+#                   data at the same paths)
 # Unset ROUNDS/STEPS/IMAGE_SIZE/TASK fall back to the preset, then to pyproject.toml.
 
 SHELL        := /bin/bash
@@ -129,7 +132,7 @@ simulate: install data
 		$(if $(STEPS),-c local-steps=$(STEPS)) $(if $(IMAGE_SIZE),-c image-size=$(IMAGE_SIZE)) \
 		-c seed=$(SEED) -c min-nodes=$(SITES) -c checkpoint-dir=$(CHECKPOINT_DIR) \
 		$(if $(RESUME),-c resume=true) $(if $(POLICY),-c site-policy=$(abspath $(POLICY))) \
-		$(foreach kv,$(RUN_CONFIG),-c $(kv))
+		$(if $(RAY_ADDRESS),--ray-address $(RAY_ADDRESS)) $(foreach kv,$(RUN_CONFIG),-c $(kv))
 
 # pytest's exit code 5 (no test collected) is reported, not treated as a failure.
 # Two pytest-xdist workers, one test file each at a time (module fixtures are shared
@@ -161,6 +164,12 @@ distclean: clean
 #                  [POLICY=/abs/policy.toml]   (the site policy; default configs/site-policy.toml)
 #   make supernodes                                (which sites are online)
 #   make federate [ROUNDS=2] [ROSTER=/abs/roster.toml] [RUN_CONFIG="local-steps=20 min-nodes=2"]
+#                 [SIGN_KEY=/abs/app-signing.key]  (sends the app's signature: -c app-signature=...)
+# Approving an app (docs/DEPLOYMENT.md, "Approving an app"):
+#   make signing-key OUT=/abs/dir                  (coordinator: app-signing.key + .pub)
+#   make sign-app KEY=/abs/app-signing.key         (coordinator: the app's sha256 and signature)
+#   make approve-app POLICY=/abs/policy.toml SHA256=<64 hex> | FAB=/abs/app.fab
+#                                                  (hospital: append to the policy's approved-file)
 # Artefacts (keys, SuperLink database, logs) live under DEPLOY_DIR; the flwr CLI
 # uses its own FLWR_HOME (DEPLOY_FLWR_HOME) with the TLS connection "fedmed-deploy".
 DEPLOY_DIR        ?= $(CURDIR)/deploy
@@ -177,9 +186,11 @@ SUPERNODE_PORT    ?=
 PUBKEY            ?=
 MIN_NODES         ?=
 ROSTER            ?=
+SIGN_KEY          ?=
 DEPLOY_ARGS       = --deploy-dir $(DEPLOY_DIR) --port $(SUPERLINK_PORT) --superlink $(SUPERLINK_ADDRESS)
 
-.PHONY: certs site-key superlink register supernode supernodes federate
+.PHONY: certs site-key superlink register supernode supernodes federate signing-key sign-app \
+	approve-app
 
 certs: install
 	$(PY) -m app.processes.certs --out $(DEPLOY_DIR)/certs --hosts $(HOSTS) $(if $(SITES_LIST),--sites $(SITES_LIST))
@@ -217,7 +228,21 @@ federate: install
 		$(if $(MIN_NODES),-c min-nodes=$(MIN_NODES)) \
 		$(if $(ROSTER),-c federation.roster=$(abspath $(ROSTER))) \
 		-c checkpoint-dir=$(DEPLOY_DIR)/checkpoints $(if $(RESUME),-c resume=true) \
+		$(if $(SIGN_KEY),--sign-key $(abspath $(SIGN_KEY))) \
 		$(foreach kv,$(RUN_CONFIG),-c $(kv))
+
+signing-key: install
+	@test -n "$(OUT)" || { echo "usage: make signing-key OUT=/abs/dir" >&2; exit 2; }
+	$(PY) -m app.processes.app_approval keygen --out $(abspath $(OUT))
+
+sign-app: install
+	@test -n "$(KEY)" || { echo "usage: make sign-app KEY=/abs/app-signing.key" >&2; exit 2; }
+	$(PY) -m app.processes.app_approval sign --key $(abspath $(KEY)) --app $(CURDIR)
+
+approve-app: install
+	@test -n "$(POLICY)" -a -n "$(SHA256)$(FAB)" || { echo "usage: make approve-app POLICY=/abs/policy.toml SHA256=<64 hex> | FAB=/abs/app.fab" >&2; exit 2; }
+	$(PY) -m app.processes.app_approval approve --policy $(abspath $(POLICY)) \
+		$(if $(SHA256),--sha256 $(SHA256),--fab $(abspath $(FAB)))
 
 # --- Real shared data as federated sites (../shared/data, see clients/datagen/shared.py) ---
 #   make shared-data TASK=cxr-cls|ct3d-cls|pe-seg [SET=ctpa|msd-lung] [SITES=3]

@@ -29,11 +29,18 @@ from strategies.plugins.options import PluginOptions, typed_value
 from strategies.plugins.run_settings import RunSettings
 from strategies.registry import REGISTRIES, default_sections, parse_sections
 
-__all__ = ["RunConfig", "RunConfigError"]
+__all__ = ["CARRIED_KEYS", "RunConfig", "RunConfigError"]
 
 
 class RunConfigError(ConfigError):
     """A run-config value is missing, of the wrong type or out of range."""
+
+
+#: Run-config keys that carry no setting of the federation: the coordinator's
+#: signature of the app bundle, which the site runner checks
+#: (:mod:`app.processes.app_approval`). Accepted (a string), then left out, so they
+#: are neither MLflow params nor part of a checkpoint's resume check.
+CARRIED_KEYS = ("app-signature",)
 
 
 def _key(f: Field) -> str:
@@ -121,7 +128,11 @@ class RunConfig:
         the plug-in sections are validated by the plug-ins' options
         (:func:`strategies.registry.parse_sections`).
         """
-        sections, rest = parse_sections(values)
+        for key in CARRIED_KEYS:
+            if not isinstance(values.get(key, ""), str):
+                raise RunConfigError(f"run-config '{key}' must be str, got {values[key]!r}")
+        sections, rest = parse_sections({k: v for k, v in values.items()
+                                         if k not in CARRIED_KEYS})
         known, task = {_key(f): f for f in _scalar_fields(cls)}, _task_fields()
         unknown = sorted(set(rest) - set(known) - set(task))
         if unknown:

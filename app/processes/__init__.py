@@ -21,8 +21,11 @@ concept:
 ``run_config_string.py``    the ``--run-config`` string (absolute paths, preset, overrides)
 ``federation_summary.py``   the summary printed after a run, read back from MLflow
 ``certs.py``                CA, SuperLink certificate, SuperNode key pairs (CLI)
-``simulate.py``             ``make simulate`` (CLI)
+``ray_cluster.py``          the RAY_ADDRESS check; LocalRayCluster (loopback head + workers)
+``simulate.py``             ``make simulate`` (CLI; ``--ray-address`` for an existing Ray cluster)
 ``deployment.py``           the deployment make targets (CLI)
+``app_approval.py``         check_app: a run's FAB against the site policy's ``[apps]``;
+                            signing keys, signatures, approvals (CLI)
 ==========================  ===============================================================
 
 Every daemon runs in its own process group and is stopped by PID with bounded

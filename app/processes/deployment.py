@@ -19,6 +19,7 @@ Command line (what the make targets call)::
     python -m app.processes.deployment nodes      --deploy-dir D --flwr-home H
     python -m app.processes.deployment federate   --deploy-dir D --flwr-home H
                                                   --tracking-uri U --artifact-root A [-c k=v]
+                                                  [--sign-key /abs/app-signing.key]
 
 ``superlink`` and ``supernode`` run in the foreground (their log is echoed)
 until Ctrl-C, then stop their daemon and everything it started.
@@ -34,6 +35,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from app.processes.app_approval import SIGNATURE_KEY, fab_sha256, project_fab, sign_app
 from app.processes.certs import CertError
 from app.processes.daemon import DaemonProcess
 from app.processes.errors import FlowerProcessError
@@ -45,6 +47,7 @@ from app.processes.run_config_string import build_run_config
 from app.processes.run_submission import PROJECT_ROOT, submit_run
 from app.processes.superlink import DEFAULT_PORT, SuperLinkProcess
 from app.processes.supernode import SuperNodeProcess
+from clients.site.app_rules import AppApprovalError
 from clients.site.policy import SitePolicyError
 
 __all__ = ["main"]
@@ -143,7 +146,12 @@ def _cmd_nodes(args: argparse.Namespace) -> int:
 
 def _cmd_federate(args: argparse.Namespace) -> int:
     layout = _connected_layout(args)
-    run_config = build_run_config(args.run_config, args.data_root, args.tracking_uri,
+    overrides = list(args.run_config)
+    if args.sign_key is not None:  # the signature of the FAB flwr run submits
+        digest = fab_sha256(project_fab(PROJECT_ROOT))
+        overrides.append(f"{SIGNATURE_KEY}={sign_app(digest, args.sign_key)}")
+        print(f"app {digest[:12]} signed with {args.sign_key}", flush=True)
+    run_config = build_run_config(overrides, args.data_root, args.tracking_uri,
                                   args.artifact_root, args.preset)
     started = time.monotonic()
     outcome = submit_run(args.flwr_home, run_config, args.timeout,
@@ -212,6 +220,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", type=Path, default=None)
     p.add_argument("--timeout", type=float, default=3600.0)
     p.add_argument("-c", "--run-config", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--sign-key", type=Path, default=None,
+                   help="the coordinator's app-signing key: adds -c app-signature=<signature "
+                        "of the project's FAB> (app.processes.app_approval)")
     p.set_defaults(func=_cmd_federate)
     return parser
 
@@ -224,7 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             setattr(args, name, getattr(args, name).resolve())
     try:
         return int(args.func(args))
-    except (FlowerProcessError, CertError, SitePolicyError) as exc:
+    except (FlowerProcessError, CertError, SitePolicyError, AppApprovalError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
 

@@ -1,5 +1,11 @@
 """A hospital's ``flower-supernode``: TLS to the SuperLink, authenticated by its own key.
 
+By default it runs as :mod:`app.processes.site_node`: the SuperNode with the
+hospital's site runner, which runs only app bundles the site policy approves,
+in warm workers (``runner="warm"``). ``runner="flower"`` is Flower's own
+executor (one ``flwr-clientapp`` process per message, any bundle), kept for the
+before/after benchmark (``bench/site_overhead.py``).
+
 The site's data folder and state folder reach the ClientApp as node_config
 (``data-path``, ``state-dir``, ``site-name`` and, when given, ``policy-path``: the
 hospital's site policy, :mod:`clients.site.policy`); they are absolute because the
@@ -8,6 +14,7 @@ daemon does not run in the project directory.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,7 +54,8 @@ class SuperNodeProcess(DaemonProcess):
     def start(cls, layout: DeployLayout, site: str, superlink: str, data_path: Path,
               state_dir: Path | None = None, port: int | None = None,
               private_key: Path | None = None, torch_threads: int = 0,
-              max_wait_time: float | None = None, policy: Path | None = None
+              max_wait_time: float | None = None, policy: Path | None = None,
+              runner: str = "warm", poll_interval: float = 0.25
               ) -> SuperNodeProcess:
         """Start the SuperNode of ``site`` (returns at once; it connects in the background).
 
@@ -73,8 +81,16 @@ class SuperNodeProcess(DaemonProcess):
             Give up connecting to the SuperLink after this many seconds (default: never).
         policy : Path, optional
             Absolute path of the site policy TOML (node_config ``policy-path``);
-            checked here so a bad file fails at start. None: the permissive policy.
+            checked here so a bad file fails at start. None: the permissive policy
+            (any app bundle runs).
+        runner : str
+            ``"warm"``: the hospital's site runner (:mod:`app.processes.site_node`);
+            ``"flower"``: Flower's executor, one process per message, no app check.
+        poll_interval : float
+            With the site runner: cap of the SuperNode's poll waits (Flower: 3 s).
         """
+        if runner not in ("warm", "flower"):
+            raise FlowerProcessError(f"runner must be 'warm' or 'flower', got {runner!r}")
         data_path = Path(data_path)
         if policy is not None:
             load_policy(policy)
@@ -92,16 +108,20 @@ class SuperNodeProcess(DaemonProcess):
         state_dir.mkdir(parents=True, exist_ok=True)
         port = port or free_port()
         command = [
-            "flower-supernode",
             "--superlink", superlink,
             "--root-certificates", str(layout.ca_cert),
             "--auth-supernode-private-key", str(key),
             "--node-config", node_config_string(data_path, state_dir, site, policy),
-            "--isolation", "subprocess",
             "--host", "127.0.0.1", "--port", str(port),
         ]
         if max_wait_time is not None:
             command += ["--max-wait-time", str(max_wait_time)]
+        if runner == "flower":
+            command = ["flower-supernode", *command, "--isolation", "subprocess"]
+        else:
+            command = [sys.executable, "-m", "app.processes.site_node",
+                       *(["--policy", str(policy)] if policy else []),
+                       "--poll-interval", str(poll_interval), "--", *command]
         extra = {"FEDMED_TORCH_THREADS": str(torch_threads)} if torch_threads else {}
         daemon = spawn_daemon(command, flower_env(folder / "flwr-home", extra),
                               folder / "supernode.log", f"flower-supernode {site}", cwd=folder)

@@ -91,7 +91,7 @@ def round_record(report: RoundReport) -> RoundRecord:
               ("eval", report.evaluate_aggregate)]
     for prefix, values in groups:
         metrics.update({metric_key(prefix, name): value for name, value in values.items()})
-    for per_site in (report.train, report.evaluate, report.traffic):
+    for per_site in (report.train, report.evaluate, report.traffic, report.reply_seconds):
         for site, values in per_site.items():
             metrics.update({metric_key("site", site, name): value
                             for name, value in values.items()})

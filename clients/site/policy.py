@@ -27,6 +27,9 @@ File format (every key optional; a missing key takes the permissive value of
     max-grad-norm = inf          # per-example clipping norm C, at most
     delta = 1.0                  # the delta of (epsilon, delta)-DP, at most
     max-epsilon = inf            # the epsilon budget of one federation
+
+    [apps]                       # which app bundles run: clients/site/app_rules.py
+    any = true                   # false: only approved-sha256 / approved-file / trusted-keys
 """
 
 from __future__ import annotations
@@ -41,9 +44,11 @@ from pathlib import Path
 from typing import Any
 
 from clients.registry import TASKS
+from clients.site.app_rules import AppApprovalError, AppRules, parse_app_rules
 from strategies.errors import ConfigError, SiteError
 
-__all__ = ["PolicyRefusal", "SitePolicyError", "DpRules", "SitePolicy", "load_policy", "ANY"]
+__all__ = ["PolicyRefusal", "SitePolicyError", "AppRules", "DpRules", "SitePolicy", "load_policy",
+           "ANY"]
 
 ANY = "*"
 CODECS = ("none", "fp16", "topk", "randk", "qsgd", "sign")
@@ -100,6 +105,7 @@ class SitePolicy:
     max_image_size: float = math.inf
     min_val_items: int = 0
     dp: DpRules = field(default_factory=DpRules)
+    apps: AppRules = field(default_factory=AppRules)
     fingerprint: str = ""
 
     @classmethod
@@ -169,8 +175,8 @@ def _typed(name: str, value: Any, default: Any, where: str) -> Any:
 
 
 def _section(cls: type, table: Mapping[str, Any], prefix: str, source: str) -> dict[str, Any]:
-    names = {_key(f.name): f for f in fields(cls) if f.name not in ("dp", "fingerprint")}
-    allowed = set(names) | ({"dp"} if cls is SitePolicy else set())
+    names = {_key(f.name): f for f in fields(cls) if f.name not in ("dp", "apps", "fingerprint")}
+    allowed = set(names) | ({"dp", "apps"} if cls is SitePolicy else set())
     for key in table:
         if key not in allowed:
             raise SitePolicyError(f"site policy {source}: unknown key '{prefix}{key}'; "
@@ -209,11 +215,15 @@ def load_policy(path: str | Path) -> SitePolicy:
         raise SitePolicyError(f"site policy {source}: unreadable ({exc.strerror})") from exc
     except tomllib.TOMLDecodeError as exc:
         raise SitePolicyError(f"site policy {source}: not valid TOML ({exc})") from exc
-    dp_table = table.get("dp", {})
-    if not isinstance(dp_table, dict):
-        raise SitePolicyError(f"site policy {source}: 'dp' must be a table")
-    dp = DpRules(**_section(DpRules, dp_table, "dp.", source))
-    policy = SitePolicy(**_section(SitePolicy, table, "", source), dp=dp)
+    for section in ("dp", "apps"):
+        if not isinstance(table.get(section, {}), dict):
+            raise SitePolicyError(f"site policy {source}: '{section}' must be a table")
+    dp = DpRules(**_section(DpRules, table.get("dp", {}), "dp.", source))
+    try:
+        apps = parse_app_rules(table.get("apps", {}), source)
+    except AppApprovalError as exc:
+        raise SitePolicyError(str(exc)) from exc
+    policy = SitePolicy(**_section(SitePolicy, table, "", source), dp=dp, apps=apps)
     if policy.min_local_steps > policy.max_local_steps:
         raise SitePolicyError(f"site policy {source}: 'min-local-steps' exceeds 'max-local-steps'")
     if policy.min_image_size > policy.max_image_size:

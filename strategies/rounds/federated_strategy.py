@@ -322,6 +322,9 @@ class FederatedStrategy(Strategy):
             report.late_arrivals.append(name)
             log(WARNING, "%s: late reply from %s (an earlier round) dropped", stage, name)
         report.missing[stage] = len(collected.missing)
+        for reply, seconds in zip(collected.replies, collected.reply_seconds):
+            report.reply_seconds.setdefault(reply_label(reply, self.sites), {})[
+                f"{stage}-reply-seconds"] = seconds
         return collected.replies
 
     # pylint: disable=too-many-arguments

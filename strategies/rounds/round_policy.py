@@ -65,6 +65,8 @@ class Collected:
     missing: list[int] = field(default_factory=list)
     late: list[Message] = field(default_factory=list)
     seconds: float = 0.0
+    #: Per reply (same order as ``replies``), seconds from the push to the pull that got it.
+    reply_seconds: list[float] = field(default_factory=list)
 
 
 def _attribute(reply: Message, node_id: int | None) -> Message:
@@ -113,6 +115,7 @@ def collect_replies(
             if node is None:
                 continue
             result.replies.append(_attribute(reply, node))
+            result.reply_seconds.append(time.monotonic() - started)
             valid += bool(is_valid(reply))
         if not pending:
             break

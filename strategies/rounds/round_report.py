@@ -52,6 +52,10 @@ class RoundReport:
     policies : dict[str, str]
         Per site with an accepted reply, the fingerprint of the site policy it
         runs under (``clients.site.policy``).
+    reply_seconds : dict[str, dict[str, float]]
+        Per site, seconds from sending its instruction to receiving its reply
+        (``train-reply-seconds``, ``evaluate-reply-seconds``): transport, the
+        site's start-up and its work.
     """
 
     server_round: int
@@ -71,3 +75,4 @@ class RoundReport:
     times_selected: dict[str, float] = field(default_factory=dict)
     aggregation_failed: str = ""
     policies: dict[str, str] = field(default_factory=dict)
+    reply_seconds: dict[str, dict[str, float]] = field(default_factory=dict)

@@ -101,3 +101,11 @@ def test_fingerprints_reach_mlflow_as_params_and_a_change_never_stalls_the_outbo
     assert run.data.params["site/hospital-a/policy"] == "aaaa"
     steps = [m.step for m in MlflowClient(uri).get_metric_history(run_id, "round-seconds")]
     assert sorted(steps) == [1, 2]
+
+
+def test_each_sites_reply_seconds_are_a_metric_per_stage():
+    report = RoundReport(server_round=1, reply_seconds={
+        "hospital-a": {"train-reply-seconds": 0.4, "evaluate-reply-seconds": 0.2}})
+    record = round_record(report)
+    assert record.metrics["site/hospital-a/train-reply-seconds"] == 0.4
+    assert record.metrics["site/hospital-a/evaluate-reply-seconds"] == 0.2

@@ -1,5 +1,11 @@
 """A real deployment on 127.0.0.1: TLS SuperLink with SuperNode authentication.
 
+The SuperNodes run as :mod:`app.processes.site_node` (SuperNode + the
+hospital's site runner with warm workers); the federating test gives each site
+a policy that approves the app bundle (one by its sha256, one by the
+coordinator's signature) and then submits the same app with one byte changed,
+which both sites refuse without installing or running any of it.
+
 One ``flower-superlink`` (TLS with a CA made by ``app.processes.certs``,
 ``--enable-supernode-auth``, a sqlite ``--database``; the ``deployment`` fixture of
 ``conftest.py``) is shared by the tests of the session; each test starts its own
@@ -10,9 +16,12 @@ stopped by PID in ``finally`` blocks; every wait is bounded.
 
 from __future__ import annotations
 
+import io
 import json
+import shutil
 import ssl
 import subprocess
+import zipfile
 import urllib.error
 import urllib.request
 from contextlib import contextmanager
@@ -23,12 +32,13 @@ import pytest
 from flwr.supercore.exit import ExitCode
 from mlflow.tracking import MlflowClient
 
+from app.processes.app_approval import fab_sha256, keygen, project_fab, sign_app
 from app.processes.certs import ensure_server_certificate
 from app.processes.environment import free_port
 from app.processes.flwr_cli import list_supernodes, wait_online
 from app.processes.layout import DeployLayout
 from app.processes.registration import register_site
-from app.processes.run_submission import submit_run
+from app.processes.run_submission import PROJECT_ROOT, submit_run
 from app.processes.supernode import SuperNodeProcess
 
 pytestmark = pytest.mark.integration
@@ -40,9 +50,34 @@ def _tail(*daemons) -> str:
     return "\n".join(f"--- {d.name} ---\n{d.log_text()[-3000:]}" for d in daemons)
 
 
+def _approved_app_and_policies(tmp_path: Path) -> tuple[Path, Path, str, str, dict]:
+    """The app bundle unpacked as it was submitted, a copy with one byte changed, and policies.
+
+    hospital-a approves the bundle's sha256; hospital-b trusts the coordinator's
+    key, whose signature the run carries (``app-signature``).
+    """
+    fab = project_fab(PROJECT_ROOT)
+    approved, changed = tmp_path / "app", tmp_path / "app-changed"
+    zipfile.ZipFile(io.BytesIO(fab)).extractall(approved)
+    shutil.copytree(approved, changed)
+    readme = changed / "README.md"
+    text = readme.read_bytes()
+    readme.write_bytes(b"#" + text[1:] if text[:1] != b"#" else b"%" + text[1:])
+    digest = fab_sha256(fab)
+    key, public = keygen(tmp_path / "coordinator")
+    policies = {"hospital-a": f'[apps]\napproved-sha256 = ["{digest}"]\n',
+                "hospital-b": f'[apps]\ntrusted-keys = ["{public}"]\n'}
+    paths = {}
+    for site, text in policies.items():
+        paths[site] = tmp_path / f"{site}-policy.toml"
+        paths[site].write_text(text)
+    return approved, changed, digest, sign_app(digest, key), paths
+
+
 def test_two_authenticated_sites_federate_over_tls(deployment, tmp_path, small_hospitals):
     d = deployment
     data = small_hospitals(tmp_path / "data", 3)
+    approved, changed, digest, signature, policies = _approved_app_and_policies(tmp_path)
     node_ids = {site: register_site(d.layout, d.flwr_home, site) for site in SITES}
     assert len(set(node_ids.values())) == 2
     # Registering again is a no-op that returns the same node id.
@@ -54,20 +89,27 @@ def test_two_authenticated_sites_federate_over_tls(deployment, tmp_path, small_h
     run_config = (
         "num-server-rounds=2 local-steps=2 image-size=32 batch-size=4 min-nodes=2 "
         f'node-wait-timeout=60 data-root="{tmp_path / "data"}" tracking-uri="{tracking}" '
-        f'artifact-root="{tmp_path / "art"}" experiment="deploy"')
+        f'artifact-root="{tmp_path / "art"}" experiment="deploy" app-signature="{signature}"')
     nodes: list[SuperNodeProcess] = []
     output: list[str] = []
     try:
         for site, site_dir in zip(SITES, data):
             nodes.append(SuperNodeProcess.start(
-                d.layout, site, d.link.address, site_dir,
+                d.layout, site, d.link.address, site_dir, policy=policies[site],
                 state_dir=tmp_path / "state" / site, port=free_port(), torch_threads=1))
         assert len({n.port for n in nodes}) == 2
         wait_online(d.flwr_home, node_ids.values(), timeout=90, watch=nodes)
-        outcome = submit_run(d.flwr_home, run_config, timeout=480, on_line=output.append)
+        outcome = submit_run(d.flwr_home, run_config, timeout=480, on_line=output.append,
+                             project=approved)
         assert outcome.run_id is not None, "".join(output)[-3000:]
         assert outcome.status == "finished:completed", \
             "".join(output)[-3000:] + _tail(d.link, *nodes)
+        refused_output: list[str] = []
+        refused = submit_run(d.flwr_home, run_config.replace(
+            'experiment="deploy"', 'experiment="deploy-changed"').replace(
+            "num-server-rounds=2", "num-server-rounds=1"), timeout=300,
+            on_line=refused_output.append, project=changed)
+        assert refused.run_id is not None, "".join(refused_output)[-3000:]
         for node in nodes:
             assert node.process.poll() is None, _tail(node)
     finally:
@@ -101,6 +143,26 @@ def test_two_authenticated_sites_federate_over_tls(deployment, tmp_path, small_h
     # Per-site state went to the state-dir given in node_config.
     for site in SITES:
         assert (tmp_path / "state" / site).is_dir()
+    # The approved bundle ran in one warm worker per site, for every message.
+    for node in nodes:
+        assert node.log_text().count(f"started warm worker") == 1, _tail(node)
+        assert f"installed app {digest[:12]}" in node.log_text()
+
+    # The bundle with one changed byte: refused by both sites, nothing of it installed or run.
+    changed_run = client.search_runs(
+        [client.get_experiment_by_name("deploy-changed").experiment_id])[0]
+    dropped = json.loads(Path(client.download_artifacts(
+        changed_run.info.run_id, "rounds/round-001-dropped.json", str(tmp_path))).read_text())
+    for site, node in zip(SITES, nodes):
+        assert changed_run.data.metrics[f"site/{site}/refused"] == 1.0
+        reason = dropped[f"train/{site}"]
+        assert "policy rule apps (refused): app " in reason and "/" not in reason.split(":", 1)[1]
+        changed_hash = reason.split("app ")[1][:12]
+        assert changed_hash != digest[:12]
+        assert f"refused app {changed_hash}" in node.log_text()
+        assert f"warm worker" not in node.log_text().split(f"refused app {changed_hash}")[1]
+        installed = list((d.layout.supernode_dir(site) / "flwr-home" / "apps").iterdir())
+        assert [p.name for p in installed] == [f"fedmed.fedmed.0.1.0.{digest[:8]}"]
 
 
 @contextmanager

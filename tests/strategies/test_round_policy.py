@@ -135,3 +135,12 @@ def test_a_late_node_unavailable_reply_is_attributed_to_its_node():
     nxt = collect_replies(grid, [], policy, lambda m: True, late)
     assert [r.metadata.src_node_id for r in nxt.late] == [6]
     assert nxt.late[0].has_error() and late == {}
+
+
+def test_each_reply_carries_the_seconds_from_send_to_receipt():
+    """``reply_seconds`` orders like ``replies``: a slow node's reply took longer."""
+    grid = TimedGrid({1: 0.0, 2: 0.15})
+    got = collect_replies(grid, _messages([1, 2]), RoundPolicy(timeout=5.0, poll_interval=0.01),
+                          lambda m: True, {})
+    by_node = dict(zip((r.metadata.src_node_id for r in got.replies), got.reply_seconds))
+    assert by_node[1] < by_node[2] and 0.15 <= by_node[2] <= got.seconds

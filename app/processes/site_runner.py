@@ -1,0 +1,265 @@
+"""The hospital's site runner: only approved apps run, in warm workers.
+
+Flower 1.41's SuperNode in ``--isolation process`` mode serves its Runtime API
+and runs nothing itself; an executor must acquire each task and run it. Flower's
+own executor (``flower-superexec``) starts one ``flwr-clientapp`` process per
+message that installs and imports whatever bundle (FAB) the run uploaded. This
+runner replaces it at a hospital, in a process the hospital starts
+(:mod:`app.processes.site_node`):
+
+1. acquire a ClientApp task (token) from the SuperNode's Runtime API;
+2. pull the message, the run's context and the FAB;
+3. check the FAB against the site policy's ``[apps]`` rules
+   (:func:`app.processes.app_approval.check_app`: approved sha256, or a
+   signature by a key the hospital trusts) *before* anything of it is installed
+   or imported; an unapproved FAB gets an error reply naming the rule and the
+   first 12 hex digits of its hash, and nothing of it runs;
+4. install an approved FAB once and hand the message to the warm worker of
+   (FAB, imaging task) (:mod:`app.processes.site_worker`), started on first use;
+5. push the reply and the task's final status.
+
+A worker that dies is answered for (an error reply with the fixed code
+:data:`~strategies.message_keys.WORKER_FAILURE_CODE`) and started afresh on the
+next message. At most ``max_workers`` workers live at once; the least recently
+used one is stopped to make room.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import OrderedDict
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from flwr.app import Context, Error, Message
+from flwr.cli.install import install_from_fab
+from flwr.common.constant import SubStatus
+from flwr.proto.runtime_pb2 import AcquireTaskRequest  # pylint: disable=E0611
+from flwr.supercore.constant import TaskType
+from flwr.supercore.heartbeat import HeartbeatSender, make_task_heartbeat_fn_http
+from flwr.supercore.interceptors import (
+    RuntimeTokenHttpInterceptor,
+    RuntimeVersionHttpInterceptor,
+)
+from flwr.supercore.retry import make_simple_http_retry_invoker
+from flwr.supercore.runtime import RuntimeHttpClient
+from flwr.supercore.task_identity import TaskIdentity
+from flwr.supernode.runtime.run_clientapp import (
+    pull_task_input,
+    push_message,
+    push_task_output,
+)
+
+from app.processes.app_approval import SIGNATURE_KEY, AppNotApproved, check_app
+from clients.site.policy import SitePolicy, load_policy
+from strategies import message_keys as keys
+from strategies.errors import ConfigError
+
+__all__ = ["WorkerPool", "SiteRunner", "WORKER_SCRIPT"]
+
+log = logging.getLogger("fedmed.site_runner")
+
+#: The worker runs as a script (see :mod:`app.processes.site_worker`).
+WORKER_SCRIPT = Path(__file__).with_name("site_worker.py")
+
+
+class _Worker:
+    """One warm worker process and its socket."""
+
+    def __init__(self, key: tuple[str, str], env: dict[str, str] | None) -> None:
+        ours, theirs = socket.socketpair()
+        self.key = key
+        self.process = subprocess.Popen(  # pylint: disable=consider-using-with
+            [sys.executable, str(WORKER_SCRIPT), "--fd", str(theirs.fileno()),
+             "--parent-pid", str(os.getpid())],
+            pass_fds=[theirs.fileno()], env=env)
+        theirs.close()
+        self.connection = Connection(ours.detach())
+        log.info("started warm worker %d for app %s, task %r",
+                 self.process.pid, key[0][:12], key[1])
+
+    def run(self, job: dict[str, Any]) -> tuple:
+        """Send ``job``; ``("done", ...)``, ``("failed", ...)`` or ``("crashed", exit code)``."""
+        try:
+            self.connection.send(job)
+            while not self.connection.poll(0.5):
+                if self.process.poll() is not None:
+                    return ("crashed", self.process.returncode)
+            return self.connection.recv()
+        except (EOFError, OSError, BrokenPipeError):
+            return ("crashed", self.process.wait(timeout=10))
+
+    def stop(self) -> None:
+        """Close the socket (the worker exits) and reap the process."""
+        self.connection.close()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+class WorkerPool:
+    """Warm workers keyed by (FAB hash, imaging task), at most ``max_workers`` alive.
+
+    Parameters
+    ----------
+    max_workers : int
+        Workers kept at once; the least recently used one is stopped beyond it.
+    env : dict, optional
+        Environment of the workers (default: the runner's).
+    """
+
+    def __init__(self, max_workers: int = 2, env: dict[str, str] | None = None) -> None:
+        if max_workers < 1:
+            raise ValueError(f"max_workers must be >= 1, got {max_workers}")
+        self.max_workers = max_workers
+        self.env = env
+        self._workers: OrderedDict[tuple[str, str], _Worker] = OrderedDict()
+        self.started = 0
+
+    def run(self, key: tuple[str, str], job: dict[str, Any]) -> tuple:
+        """Run ``job`` on the worker of ``key`` (started if needed); a crashed one is dropped."""
+        worker = self._workers.pop(key, None)
+        if worker is None:
+            while len(self._workers) >= self.max_workers:
+                _, oldest = self._workers.popitem(last=False)
+                oldest.stop()
+            worker = _Worker(key, self.env)
+            self.started += 1
+        outcome = worker.run(job)
+        if outcome[0] == "crashed":
+            log.error("warm worker %d of app %s exited with code %s; a new one starts on "
+                      "the next message", worker.process.pid, key[0][:12], outcome[1])
+            worker.stop()
+        else:
+            self._workers[key] = worker
+        return outcome
+
+    def close(self) -> None:
+        """Stop every worker."""
+        while self._workers:
+            self._workers.popitem()[1].stop()
+
+
+def _site(context: Context) -> str:
+    return str(context.node_config.get("site-name", f"node-{context.node_id}"))
+
+
+class SiteRunner:
+    """The hospital's executor for its SuperNode's ClientApp tasks.
+
+    Parameters
+    ----------
+    runtime_api_address : str
+        ``host:port`` of the SuperNode's Runtime API (loopback).
+    policy_path : Path, optional
+        The site policy (its ``[apps]`` rules decide which bundles run); read on
+        every message so that an edit needs no restart. None: the permissive
+        policy (any app; for development only).
+    poll_interval : float
+        Seconds between two asks for a task when there is none.
+    max_workers : int
+        Warm workers kept at once (:class:`WorkerPool`).
+    """
+
+    def __init__(self, runtime_api_address: str, policy_path: Path | None = None,
+                 poll_interval: float = 0.05, max_workers: int = 2) -> None:
+        if poll_interval <= 0:
+            raise ValueError(f"poll_interval must be > 0, got {poll_interval}")
+        self.address = runtime_api_address
+        self.policy_path = Path(policy_path) if policy_path else None
+        self.poll_interval = poll_interval
+        self.pool = WorkerPool(max_workers)
+        self._installed: set[str] = set()
+
+    def _client(self, token: str | None = None) -> RuntimeHttpClient:
+        interceptors: list = [RuntimeVersionHttpInterceptor(
+            component_name="flwr-clientapp" if token else "SuperExec")]
+        if token:
+            interceptors.append(RuntimeTokenHttpInterceptor(token))
+        return RuntimeHttpClient.from_server_address(
+            server_address=self.address, insecure=True, root_certificates=None,
+            interceptors=interceptors,
+            retry_invoker=make_simple_http_retry_invoker())
+
+    def _policy(self) -> SitePolicy:
+        return load_policy(self.policy_path) if self.policy_path else SitePolicy.permissive()
+
+    def serve(self, stop: threading.Event) -> None:
+        """Acquire and answer ClientApp tasks until ``stop`` is set."""
+        client = self._client()
+        request = AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP.value])
+        try:
+            while not stop.is_set():
+                try:
+                    response = client.AcquireTask(request)
+                except Exception as exc:  # pylint: disable=broad-exception-caught
+                    log.warning("site runner: the SuperNode's Runtime API is not answering "
+                                "(%s); retrying", type(exc).__name__)
+                    stop.wait(1.0)
+                    continue
+                if response.HasField("task") and response.token:
+                    self.handle(response.token)
+                else:
+                    stop.wait(self.poll_interval)
+        finally:
+            client.close()
+            self.pool.close()
+
+    def handle(self, token: str) -> None:
+        """Pull one task, answer it (or refuse its app) and push the reply and status."""
+        client = self._client(token)
+        heartbeat = HeartbeatSender(make_task_heartbeat_fn_http(client))
+        heartbeat.start()
+        context = None
+        try:
+            message, context, run, fab = pull_task_input(client)
+            reply, context, status, details = self._answer(message, context, run, fab)
+            push_message(client, reply, context)
+            push_task_output(client, context, status, details)
+        except Exception as exc:  # pylint: disable=broad-exception-caught
+            log.exception("site runner: task failed before a reply could be sent")
+            push_task_output(client, context, SubStatus.FAILED, type(exc).__name__)
+        finally:
+            heartbeat.stop()
+            client.close()
+
+    def _answer(self, message: Message, context: Context, run: Any, fab: Any
+                ) -> tuple[Message, Context, str, str]:
+        site = _site(context)
+        signature = str(context.run_config.get(SIGNATURE_KEY, ""))
+        try:
+            how = check_app(self._policy().apps, fab.hash_str, fab.content, signature)
+        except (AppNotApproved, ConfigError) as refusal:
+            log.warning("site %s refused app %s: %s", site, fab.hash_str[:12], refusal)
+            why = (refusal if isinstance(refusal, AppNotApproved) else
+                   f"the site policy cannot be read ({type(refusal).__name__}, details in "
+                   "the site's log)")  # its text names the file: it stays here
+            reason = f"site {site}: {keys.POLICY_RULE_PREFIX}apps (refused): {why}"
+            return (Message(Error(code=keys.APP_REFUSAL_CODE, reason=reason), reply_to=message),
+                    context, SubStatus.FAILED, str(why))
+        if fab.hash_str not in self._installed:
+            install_from_fab(fab.content, skip_prompt=True)
+            self._installed.add(fab.hash_str)
+            log.info("site %s installed app %s (approved by %s)", site, fab.hash_str[:12], how)
+        job = {"task_id": TaskIdentity.task_id, "run_id": run.run_id, "node_id": context.node_id,
+               "fab_id": run.fab_id, "fab_version": run.fab_version, "fab_hash": fab.hash_str,
+               "message": message, "context": context}
+        started = time.monotonic()
+        outcome = self.pool.run((fab.hash_str, str(context.run_config.get("task", ""))), job)
+        if outcome[0] == "done":
+            log.info("site %s answered a %s message in %.2f s", site,
+                     message.metadata.message_type, time.monotonic() - started)
+            return outcome[1], outcome[2], SubStatus.COMPLETED, ""
+        kind = outcome[1] if outcome[0] == "failed" else "WorkerCrashed"
+        reason = f"site {site}: {kind} (details in the site's log)"
+        return (Message(Error(code=keys.WORKER_FAILURE_CODE, reason=reason), reply_to=message),
+                context, SubStatus.FAILED, kind)

@@ -1,0 +1,147 @@
+"""Seconds per message at a hospital: one process per message (Flower) vs the warm site worker.
+
+A real deployment on 127.0.0.1: a TLS SuperLink with SuperNode authentication
+and two TLS SuperNodes on small synthetic hospitals (32x32 pe-seg, three studies
+each, ``local-steps=1``), so each message costs little work and the rest is
+the site's overhead. The same federation runs twice:
+
+* **before**: ``flower-supernode --isolation subprocess``, Flower's executor: one
+  ``flwr-clientapp`` process per message (imports torch/MONAI, loads the app);
+* **after**: :mod:`app.processes.site_node`: the SuperNode with the hospital's
+  site runner (app check) and a warm worker per (app, task).
+
+Per message: seconds from the ServerApp's push of the instruction to its pull
+of the reply (MLflow ``site/<name>/train-reply-seconds`` and
+``evaluate-reply-seconds``, :class:`strategies.rounds.round_policy.Collected`),
+train and evaluate messages of every round and site. The first round's
+messages include the warm worker's start and are reported apart.
+
+Writes ``bench/results/site_overhead.json``::
+
+    {"before_s": median, "after_s": median, "messages": n, ...}
+
+Run: ``.venv/bin/python bench/site_overhead.py [--rounds 6]`` (about 5 minutes on
+two cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from mlflow.tracking import MlflowClient  # noqa: E402
+
+from app.processes.certs import ensure_server_certificate, ensure_site_keys  # noqa: E402
+from app.processes.environment import free_port  # noqa: E402
+from app.processes.flwr_cli import CONNECTION, wait_online, write_connection  # noqa: E402
+from app.processes.layout import DeployLayout  # noqa: E402
+from app.processes.registration import register_site  # noqa: E402
+from app.processes.run_submission import submit_run  # noqa: E402
+from app.processes.superlink import SuperLinkProcess  # noqa: E402
+from app.processes.supernode import SuperNodeProcess  # noqa: E402
+from clients.pe_seg.manifest import read_manifest, write_manifest  # noqa: E402
+from clients.pe_seg.synthetic import generate_federation  # noqa: E402
+
+SITES = ("hospital-a", "hospital-b")
+OUT = ROOT / "bench" / "results" / "site_overhead.json"
+
+
+def small_hospitals(root: Path) -> list[Path]:
+    """Two synthetic hospitals (32x32) cut to three studies each: two train, one val."""
+    sites = generate_federation(root, num_sites=len(SITES), seed=0, image_size=32)
+    for site in sites:
+        entries = read_manifest(site)
+        write_manifest(site, [e for e in entries if e.split == "train"][:2]
+                       + [e for e in entries if e.split == "val"][:1])
+    return sites
+
+
+def reply_seconds(tracking: str, experiment: str) -> dict[int, list[float]]:
+    """Per round, every site's train and evaluate reply seconds of the experiment's run."""
+    client = MlflowClient(tracking)
+    run = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])[0]
+    by_round: dict[int, list[float]] = {}
+    for key in run.data.metrics:
+        if key.endswith("-reply-seconds"):
+            for metric in client.get_metric_history(run.info.run_id, key):
+                by_round.setdefault(metric.step, []).append(metric.value)
+    return by_round
+
+
+def federate(root: Path, link: SuperLinkProcess, layout: DeployLayout, flwr_home: Path,
+             data: list[Path], runner: str, rounds: int) -> dict[int, list[float]]:
+    """One federation with SuperNodes of kind ``runner``; reply seconds per round."""
+    tracking = f"sqlite:///{root / f'mlflow-{runner}.db'}"
+    run_config = (f"num-server-rounds={rounds} local-steps=1 image-size=32 batch-size=4 "
+                  f'min-nodes=2 node-wait-timeout=90 tracking-uri="{tracking}" '
+                  f'artifact-root="{root / "art"}" experiment="overhead-{runner}"')
+    node_ids = [register_site(layout, flwr_home, s) for s in SITES]
+    nodes = []
+    try:
+        for site, site_dir in zip(SITES, data):
+            nodes.append(SuperNodeProcess.start(
+                layout, site, link.address, site_dir, state_dir=root / runner / site,
+                port=free_port(), torch_threads=1, runner=runner))
+        wait_online(flwr_home, node_ids, timeout=120, watch=nodes)
+        lines: list[str] = []
+        started = time.monotonic()
+        outcome = submit_run(flwr_home, run_config, timeout=1500, on_line=lines.append)
+        if outcome.status != "finished:completed":
+            raise RuntimeError(f"{runner}: run ended {outcome.status}:\n" + "".join(lines)[-3000:])
+        print(f"{runner}: {rounds} rounds in {time.monotonic() - started:.0f} s", flush=True)
+    finally:
+        for node in nodes:
+            node.stop()
+    return reply_seconds(tracking, f"overhead-{runner}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=6)
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="fedmed-overhead-") as tmp:
+        root = Path(tmp)
+        layout = DeployLayout(root / "deploy")
+        ensure_server_certificate(layout.certs, "localhost,127.0.0.1")
+        for site in SITES:
+            ensure_site_keys(layout.certs, site)
+        flwr_home = root / "flwr-cli"
+        data = small_hospitals(root / "data")
+        link = SuperLinkProcess.start_tls(layout, host="127.0.0.1", port=free_port())
+        try:
+            write_connection(flwr_home, CONNECTION, link.address, layout.ca_cert)
+            seconds = {runner: federate(root, link, layout, flwr_home, data, runner, args.rounds)
+                       for runner in ("flower", "warm")}
+        finally:
+            link.stop()
+    later = {runner: [s for r, values in by_round.items() if r > 1 for s in values]
+             for runner, by_round in seconds.items()}
+    first = {runner: by_round.get(1, []) for runner, by_round in seconds.items()}
+    result = {
+        "before_s": statistics.median(later["flower"]),
+        "after_s": statistics.median(later["warm"]),
+        "messages": len(later["warm"]),
+        "ratio": statistics.median(later["flower"]) / statistics.median(later["warm"]),
+        "first_round_median_s": {"before": statistics.median(first["flower"]),
+                                 "after": statistics.median(first["warm"])},
+        "per_message_s": {"before": later["flower"], "after": later["warm"]},
+        "rounds": args.rounds, "sites": len(SITES),
+        "note": "rounds 2.. of each run; round 1 includes the warm worker's start",
+    }
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({k: result[k] for k in ("before_s", "after_s", "messages", "ratio",
+                                              "first_round_median_s")}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

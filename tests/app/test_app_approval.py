@@ -1,0 +1,188 @@
+"""Approved apps only: the FAB check of the site runner, signing keys and the approve tool."""
+
+from __future__ import annotations
+
+import base64
+import pickle
+import stat
+from pathlib import Path
+
+import pytest
+from flwr.common.config import parse_config_args
+
+from app.config.run_config import RunConfig, RunConfigError
+from app.processes import deployment
+from app.processes.app_approval import (SIGNATURE_KEY, AppNotApproved, approve, check_app,
+                                        fab_sha256, keygen, main, project_fab, sign_app)
+from app.processes.run_submission import RunOutcome
+from clients.site.app_rules import AppApprovalError, AppRules, key_fingerprint, load_public_key
+from clients.site.policy import SitePolicyError
+from strategies.errors import SiteError
+from strategies.rounds.checkpoint import config_difference
+
+FAB = b"PK\x03\x04 a stand-in app bundle: check_app only hashes and compares bytes"
+DIGEST = fab_sha256(FAB)
+TINY_PYPROJECT = """[project]
+name = "tinyapp"
+version = "1.0.0"
+
+[tool.flwr.app]
+publisher = "fedmed"
+
+[tool.flwr.app.components]
+serverapp = "tiny:server"
+clientapp = "tiny:client"
+
+[tool.flwr.app.config]
+x = 1
+"""
+
+
+@pytest.fixture
+def keys(tmp_path: Path) -> tuple[Path, Path]:
+    return keygen(tmp_path / "keys")
+
+
+def _trusting(*public: Path) -> AppRules:
+    return AppRules(any=False, trusted_keys=tuple(str(p) for p in public))
+
+
+def _policy(tmp_path: Path, apps: str) -> Path:
+    path = tmp_path / "policy.toml"
+    path.write_text(f"[apps]\n{apps}\n")
+    return path
+
+
+def test_keygen_sign_check_round_trip(keys):
+    private, public = keys
+    assert stat.S_IMODE(private.stat().st_mode) == 0o600
+    signature = sign_app(DIGEST, private)
+    how = check_app(_trusting(public), DIGEST, FAB, signature)
+    assert how == f"key {key_fingerprint(load_public_key(public))}"
+    with pytest.raises(AppApprovalError, match="refusing to overwrite"):
+        keygen(private.parent)
+
+
+def test_one_changed_byte_is_refused_whether_or_not_its_hash_is_updated(keys):
+    private, public = keys
+    signature = sign_app(DIGEST, private)
+    changed = bytes([FAB[0] ^ 1]) + FAB[1:]
+    with pytest.raises(AppNotApproved, match="bundle does not match its hash"):
+        check_app(_trusting(public), DIGEST, changed, signature)
+    with pytest.raises(AppNotApproved, match="no signature from a trusted key"):
+        check_app(_trusting(public), fab_sha256(changed), changed, signature)
+
+
+def test_untrusted_key_and_signature_of_another_hash_are_refused(tmp_path, keys):
+    private, public = keys
+    other_private, _ = keygen(tmp_path / "other")
+    with pytest.raises(AppNotApproved, match="no signature from a trusted key"):
+        check_app(_trusting(public), DIGEST, FAB, sign_app(DIGEST, other_private))
+    with pytest.raises(AppNotApproved, match="no signature from a trusted key"):
+        check_app(_trusting(public), DIGEST, FAB, sign_app(fab_sha256(b"other"), private))
+    for bad in ("", "not base64!", base64.b64encode(b"short").decode()):
+        with pytest.raises(AppNotApproved, match="no signature from a trusted key"):
+            check_app(_trusting(public), DIGEST, FAB, bad)
+
+
+def test_refusal_names_the_rule_and_short_hash_never_a_path(tmp_path, keys):
+    rules = AppRules(any=False, approved_file=str(tmp_path / "approved.txt"),
+                     trusted_keys=(str(keys[1]),))
+    with pytest.raises(AppNotApproved) as info:
+        check_app(rules, DIGEST, FAB, "")
+    text = str(info.value)
+    assert text.startswith(f"app {DIGEST[:12]} is not approved by this site (policy [apps]: ")
+    assert "not in approved-sha256 or approved-file" in text and "/" not in text
+    assert isinstance(info.value, SiteError) and info.value.rule == "apps"
+    copy = pickle.loads(pickle.dumps(info.value))
+    assert (str(copy), copy.rule) == (text, "apps")
+
+
+def test_a_malformed_approved_file_refuses_without_naming_it(tmp_path):
+    approved = tmp_path / "approved.txt"
+    approved.write_text(f"{DIGEST[:-1]}\n")
+    with pytest.raises(AppNotApproved, match="approved-file unreadable or malformed") as info:
+        check_app(AppRules(any=False, approved_file=str(approved)), DIGEST, FAB, "")
+    assert "/" not in str(info.value)
+
+
+def test_any_and_listed_digest_approve(tmp_path):
+    assert check_app(AppRules(), DIGEST, FAB, "") == "any"
+    assert check_app(AppRules(any=False, approved_sha256=(DIGEST,)), DIGEST, FAB, "") == "sha256"
+    with pytest.raises(AppNotApproved, match="bundle does not match"):
+        check_app(AppRules(), DIGEST, FAB + b"x", "")
+
+
+def test_approve_appends_once_and_is_reread_without_restart(tmp_path):
+    approved = tmp_path / "approved.txt"
+    policy = _policy(tmp_path, f'any = false\napproved-file = "{approved}"')
+    before = policy.read_bytes()
+    rules = AppRules(any=False, approved_file=str(approved))
+    with pytest.raises(AppNotApproved):
+        check_app(rules, DIGEST, FAB, "")
+    approved.write_text("# hospital A's approvals\n\n" + "0" * 64 + "  # an older app")
+    assert approve(policy, DIGEST) is True
+    assert approve(policy, DIGEST) is False
+    assert check_app(rules, DIGEST, FAB, "") == "sha256"
+    lines = approved.read_text().splitlines()
+    assert [line.split()[0] for line in lines if line and not line.startswith("#")] == [
+        "0" * 64, DIGEST]
+    assert lines[-1].startswith(f"{DIGEST}  # approved ") and policy.read_bytes() == before
+
+
+def test_approve_needs_an_approved_file_and_a_digest(tmp_path):
+    policy = _policy(tmp_path, "any = false")
+    with pytest.raises(SitePolicyError, match='add approved-file = "/abs/'):
+        approve(policy, DIGEST)
+    with pytest.raises(AppApprovalError, match="64 lowercase hex"):
+        approve(policy, DIGEST.upper())
+
+
+def test_command_line_hash_approve_and_keygen(tmp_path, capsys):
+    fab = tmp_path / "app.fab"
+    fab.write_bytes(FAB)
+    approved = tmp_path / "approved.txt"
+    policy = _policy(tmp_path, f'any = false\napproved-file = "{approved}"')
+    assert main(["hash", "--fab", str(fab)]) == 0
+    assert capsys.readouterr().out.strip() == DIGEST
+    assert main(["approve", "--policy", str(policy), "--fab", str(fab)]) == 0
+    assert DIGEST in approved.read_text()
+    assert main(["keygen", "--out", str(tmp_path / "k")]) == 0
+    assert main(["keygen", "--out", str(tmp_path / "k")]) == 1
+    assert "refusing to overwrite" in capsys.readouterr().err
+
+
+def test_project_fab_is_what_flwr_run_builds_and_deterministic(tmp_path, capsys):
+    project = tmp_path / "tiny"
+    project.mkdir()
+    (project / "pyproject.toml").write_text(TINY_PYPROJECT)
+    (project / "tiny.py").write_text("server = client = None\n")
+    first = project_fab(project)
+    assert project_fab(project) == first
+    assert main(["hash", "--app", str(project)]) == 0
+    assert capsys.readouterr().out.strip() == fab_sha256(first)
+    with pytest.raises(AppApprovalError, match="no Flower app bundle"):
+        project_fab(tmp_path / "absent")
+
+
+def test_federate_sign_key_sends_a_signature_the_site_accepts(tmp_path, keys, monkeypatch):
+    private, public = keys
+    sent: list[str] = []
+    monkeypatch.setattr(deployment, "project_fab", lambda project: FAB)
+    monkeypatch.setattr(deployment, "_connected_layout", lambda args: None)
+    monkeypatch.setattr(deployment, "submit_run",
+                        lambda home, run_config, *a, **k: sent.append(run_config)
+                        or RunOutcome(None, "not-started"))
+    assert deployment.main(["federate", "--tracking-uri", "http://127.0.0.1:1",
+                            "--artifact-root", str(tmp_path), "--sign-key", str(private)]) == 1
+    signature = parse_config_args(sent)[SIGNATURE_KEY]
+    assert check_app(_trusting(public), DIGEST, FAB, signature).startswith("key ")
+
+
+def test_run_config_carries_the_signature_but_no_setting():
+    config = RunConfig.from_mapping({SIGNATURE_KEY: "c2ln", "local-steps": 3})
+    assert SIGNATURE_KEY not in config.as_params() and config == RunConfig(local_steps=3)
+    assert config_difference(RunConfig().as_params(), config.as_params()) == [
+        "local-steps: 200 -> 3"]
+    with pytest.raises(RunConfigError, match=f"'{SIGNATURE_KEY}' must be str"):
+        RunConfig.from_mapping({SIGNATURE_KEY: 1})
