@@ -91,7 +91,7 @@ export FLWR_DISABLE_UPDATE_CHECK := 1
 export RAY_USAGE_STATS_ENABLED := 0
 export MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR := false
 
-.PHONY: install simulate test data mlflow-ui clean distclean
+.PHONY: install simulate test test-ray-cluster data mlflow-ui clean distclean
 
 install: $(STAMP)
 
@@ -141,6 +141,11 @@ simulate: install data
 test: install
 	@$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) tests; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 0; fi; exit $$rc
+
+# The real Ray-cluster test (a loopback head + one worker node; ~6 min on 2 cores, so
+# outside `make test`'s CI budget): `make simulate RAY_ADDRESS=...` on a real cluster.
+test-ray-cluster: install
+	FEDMED_RAY_CLUSTER_TEST=1 $(PY) -m pytest -q tests/integration/test_ray_cluster.py
 
 mlflow-ui: install
 	@echo "MLflow UI on http://127.0.0.1:$(MLFLOW_PORT) (store $(TRACKING_URI))"

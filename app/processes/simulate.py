@@ -7,11 +7,19 @@ the ServerApp's progress, then reads the run's final status with
 ``flwr ls --format json`` (``flwr run`` itself exits 0 even when the run
 failed), prints a summary from MLflow, and stops the SuperLink.
 Exit code 0 only when the run finished as ``finished:completed``.
+
+``--ray-address host:port`` (``make simulate RAY_ADDRESS=host:port``; default:
+the ``RAY_ADDRESS`` environment variable) runs the virtual SuperNodes on that
+existing Ray cluster instead of a Ray started for the run: the address is
+checked first (exit code 2 when nothing answers), then set as ``RAY_ADDRESS``
+in the SuperLink's environment, from which Flower's simulation engine attaches
+(see :mod:`app.processes.ray_cluster`).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -19,6 +27,7 @@ from pathlib import Path
 from app.processes.errors import FlowerProcessError
 from app.processes.federation_summary import print_summary
 from app.processes.flwr_cli import write_connection
+from app.processes.ray_cluster import require_reachable
 from app.processes.run_config_string import build_run_config
 from app.processes.run_submission import PROJECT_ROOT, submit_run
 from app.processes.superlink import SuperLinkProcess
@@ -43,6 +52,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--flwr-home", type=Path, default=PROJECT_ROOT / ".flwr")
     parser.add_argument("--log-dir", type=Path, default=PROJECT_ROOT / "runs" / "simulate")
     parser.add_argument("--cpus-per-site", type=int, default=1)
+    parser.add_argument("--ray-address", default=os.environ.get("RAY_ADDRESS") or None,
+                        help="host:port of an existing Ray cluster to run the sites on "
+                             "(default: $RAY_ADDRESS; unset: a Ray started for this run)")
     parser.add_argument("--timeout", type=float, default=3600.0,
                         help="seconds before the run is abandoned")
     parser.add_argument("--preset", type=Path, default=None,
@@ -61,6 +73,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"missing synthetic hospitals under {args.data_root}: {missing}; "
               "run `make data` (or `make simulate`, which generates them)", file=sys.stderr)
         return 2
+    if args.ray_address:
+        try:
+            os.environ["RAY_ADDRESS"] = require_reachable(args.ray_address)
+        except FlowerProcessError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     flwr_home = args.flwr_home.resolve()
     run_config = build_run_config(args.run_config, args.data_root, args.tracking_uri,
                                   args.artifact_root, args.preset)
@@ -72,8 +90,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     try:
         write_connection(flwr_home, CONNECTION, link.address)
-        print(f"SuperLink {link.address} (logs: {link.flower_log}); submitting the run...",
-              flush=True)
+        where = f"Ray cluster {args.ray_address}" if args.ray_address else "a local Ray"
+        print(f"SuperLink {link.address} (logs: {link.flower_log}; sites on {where}); "
+              "submitting the run...", flush=True)
         outcome = submit_run(
             flwr_home, run_config, args.timeout, connection=CONNECTION, on_line=_echo,
             env_extra={"FEDMED_TORCH_THREADS": str(args.cpus_per_site)},

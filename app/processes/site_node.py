@@ -12,21 +12,25 @@ hospital starts:
 
 Flower's SuperNode waits a fixed 3 s between two polls of the SuperLink when
 it has no message, and 0.5 s between two looks for a finished reply (both
-hard-coded in ``flwr/supernode/start_client_internal.py``, Flower 1.41): on
-average 1.5 s of every message is spent waiting. ``--poll-interval`` caps both
-waits (default 0.25 s), at the price of more idle requests to the SuperLink
-(4 per second per site instead of one every 3 s).
+hard-coded in ``flwr/supernode/start_client_internal.py``, Flower 1.41), and
+backs off up to 10 s while a message's arrays are still being uploaded:
+seconds of every message are spent waiting. ``--poll-interval`` caps all these
+waits (default 0.25 s, :func:`cap_supernode_waits`), at the price of more idle
+requests to the SuperLink (4 per second per site instead of one every 3 s).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import sys
 import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
+
+from flwr.supercore.inflatable.inflatable_utils import pull_objects
 
 from app.processes.errors import FlowerProcessError
 from app.processes.site_runner import SiteRunner
@@ -35,7 +39,16 @@ __all__ = ["main", "cap_supernode_waits"]
 
 
 def cap_supernode_waits(seconds: float) -> None:
-    """Make the SuperNode's fixed poll waits (3 s idle, 0.5 s reply) at most ``seconds``."""
+    """Make the SuperNode's waits at most ``seconds``: polls and the object-pull backoff.
+
+    The fixed poll waits (3 s idle, 0.5 s for a reply) become ``min(wait,
+    seconds)``. The ServerApp pushes a message's header before its arrays, so
+    the SuperNode often asks for arrays not uploaded yet; Flower then backs off
+    1, 2, 4, 8, 10 s (``flwr.supercore.constant.PULL_INITIAL_BACKOFF``,
+    ``PULL_BACKOFF_CAP``) and reads an array that arrived after 7 s only after
+    15 s. Here the backoff starts at 0.05 s and is capped at ``seconds``; the
+    time limit of a pull (``PULL_MAX_TIME``) is unchanged.
+    """
     import flwr.supernode.start_client_internal as supernode_loop  # pylint: disable=C0415
 
     def sleep(duration: float) -> None:
@@ -43,6 +56,8 @@ def cap_supernode_waits(seconds: float) -> None:
 
     clock = {name: getattr(time, name) for name in dir(time) if not name.startswith("_")}
     supernode_loop.time = SimpleNamespace(**{**clock, "sleep": sleep})
+    supernode_loop.pull_objects = functools.partial(
+        pull_objects, max_tries_per_object=None, initial_backoff=0.05, backoff_cap=seconds)
 
 
 def _runtime_address(supernode_args: list[str]) -> str:
@@ -79,7 +94,9 @@ def main(argv: list[str] | None = None) -> None:
     stop = threading.Event()
     threading.Thread(target=runner.serve, args=(stop,), name="site-runner", daemon=True).start()
     cap_supernode_waits(args.poll_interval)
+    from flwr.supercore.logger import update_console_handler  # pylint: disable=C0415
     from flwr.supernode.cli.flower_supernode import flower_supernode  # pylint: disable=C0415
+    update_console_handler(timestamps=True, colored=False)  # a site's log needs the time
     sys.argv = ["flower-supernode", *supernode_args, "--isolation", "process"]
     try:
         flower_supernode()

@@ -51,18 +51,25 @@ from flwr.supercore.interceptors import (
 from flwr.supercore.retry import make_simple_http_retry_invoker
 from flwr.supercore.runtime import RuntimeHttpClient
 from flwr.supercore.task_identity import TaskIdentity
-from flwr.supernode.runtime.run_clientapp import (
-    pull_task_input,
-    push_message,
-    push_task_output,
+from flwr.common.serde import context_from_proto, fab_from_proto, run_from_proto
+from flwr.proto.node_pb2 import Node  # pylint: disable=E0611
+from flwr.proto.runtime_pb2 import (  # pylint: disable=E0611
+    PullAppMessagesRequest,
+    PullTaskInputRequest,
 )
+from flwr.supercore.inflatable.inflatable_protobuf_utils import (
+    make_confirm_message_received_fn_protobuf,
+    make_pull_object_fn_protobuf,
+)
+from flwr.supercore.inflatable.inflatable_utils import pull_and_inflate_object_from_tree
+from flwr.supernode.runtime.run_clientapp import push_message, push_task_output
 
 from app.processes.app_approval import SIGNATURE_KEY, AppNotApproved, check_app
 from clients.site.policy import SitePolicy, load_policy
 from strategies import message_keys as keys
 from strategies.errors import ConfigError
 
-__all__ = ["WorkerPool", "SiteRunner", "WORKER_SCRIPT"]
+__all__ = ["WorkerPool", "SiteRunner", "WORKER_SCRIPT", "pull_task_input"]
 
 log = logging.getLogger("fedmed.site_runner")
 
@@ -149,6 +156,35 @@ class WorkerPool:
             self._workers.popitem()[1].stop()
 
 
+#: Backoff while the SuperNode is still receiving the message's objects from the
+#: SuperLink. The task exists as soon as the message's header is stored, before its
+#: arrays arrived; Flower's pull backs off 1, 2, 4, 8, 10, 10... s (``PULL_INITIAL_BACKOFF``,
+#: ``PULL_BACKOFF_CAP``), so an array that arrives after 16 s is read after 25 s.
+PULL_BACKOFF = (0.05, 0.5)
+
+
+def pull_task_input(client: RuntimeHttpClient) -> tuple[Message, Context, Any, Any]:
+    """Flower's ``run_clientapp.pull_task_input`` with the short :data:`PULL_BACKOFF`."""
+    res = client.PullTaskInput(PullTaskInputRequest())
+    TaskIdentity.task_id = res.task_id
+    TaskIdentity.run_id = res.run.run_id
+    TaskIdentity.node_id = res.context.node_id
+    context = context_from_proto(res.context)
+    pulled = client.PullMessages(PullAppMessagesRequest())
+    if not pulled.messages_list:
+        raise RuntimeError("no message from the SuperNode's Runtime API")
+    node = Node(node_id=context.node_id)
+    tree = pulled.message_object_trees[0]
+    message = pull_and_inflate_object_from_tree(
+        tree, make_pull_object_fn_protobuf(client.PullObject, node, context.run_id),
+        make_confirm_message_received_fn_protobuf(client.ConfirmMessageReceived, node,
+                                                  context.run_id),
+        return_type=Message, max_tries_per_object=None, initial_backoff=PULL_BACKOFF[0],
+        backoff_cap=PULL_BACKOFF[1])
+    message.metadata.__dict__["_message_id"] = tree.object_id
+    return message, context, run_from_proto(res.run), fab_from_proto(res.fab)
+
+
 def _site(context: Context) -> str:
     return str(context.node_config.get("site-name", f"node-{context.node_id}"))
 
@@ -221,10 +257,16 @@ class SiteRunner:
         heartbeat.start()
         context = None
         try:
+            started = time.monotonic()
             message, context, run, fab = pull_task_input(client)
+            pulled = time.monotonic()
             reply, context, status, details = self._answer(message, context, run, fab)
+            answered = time.monotonic()
             push_message(client, reply, context)
             push_task_output(client, context, status, details)
+            log.info("site %s: %s message: pull %.2f s, answer %.2f s, push %.2f s",
+                     _site(context), message.metadata.message_type, pulled - started,
+                     answered - pulled, time.monotonic() - answered)
         except Exception as exc:  # pylint: disable=broad-exception-caught
             log.exception("site runner: task failed before a reply could be sent")
             push_task_output(client, context, SubStatus.FAILED, type(exc).__name__)
@@ -253,11 +295,8 @@ class SiteRunner:
         job = {"task_id": TaskIdentity.task_id, "run_id": run.run_id, "node_id": context.node_id,
                "fab_id": run.fab_id, "fab_version": run.fab_version, "fab_hash": fab.hash_str,
                "message": message, "context": context}
-        started = time.monotonic()
         outcome = self.pool.run((fab.hash_str, str(context.run_config.get("task", ""))), job)
         if outcome[0] == "done":
-            log.info("site %s answered a %s message in %.2f s", site,
-                     message.metadata.message_type, time.monotonic() - started)
             return outcome[1], outcome[2], SubStatus.COMPLETED, ""
         kind = outcome[1] if outcome[0] == "failed" else "WorkerCrashed"
         reason = f"site {site}: {kind} (details in the site's log)"

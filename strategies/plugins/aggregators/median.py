@@ -5,6 +5,13 @@ Towards Optimal Statistical Rates*, ICML 2018, Def. 1: per coordinate, the
 median of the sites' values (:func:`strategies.robust.coordinate_median`);
 breakdown point 1/2. Unweighted, as in the paper, so a self-reported example
 count buys no weight. Integer buffers get the same rule, rounded.
+
+Memory: needs every update of the round at once. Beyond the ``n`` decoded
+updates the round holds (``n`` = replies accepted, at most the selected count
+``selection.m``), it stacks one array position at a time in float64: ``8 n``
+bytes per entry of the model's largest array. Peak server memory is so about
+``n x`` (model in its dtype) ``+ 8 n x`` (largest array), linear in the
+selected count and independent of the number of connected sites.
 """
 
 from __future__ import annotations

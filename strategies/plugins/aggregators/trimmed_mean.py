@@ -8,6 +8,11 @@ site's self-reported example count does not decide what is trimmed, so it
 cannot buy weight. Integer buffers get the same rule, rounded. Tracked per
 round: ``trimmed-per-end`` (``b``; 0 means a plain mean: raise ``beta`` or the
 number of sites, ``b >= 1`` needs ``n >= 1 / beta``).
+
+Memory: needs every update of the round at once, like the median: the ``n``
+decoded updates (``n`` <= the selected count ``selection.m``) plus one float64
+stack of ``n`` x (the model's largest array) at a time; linear in the selected
+count, independent of the number of connected sites.
 """
 
 from __future__ import annotations
