@@ -145,7 +145,7 @@ def stage_seconds(lines: list[str]) -> dict[str, list[int]]:
 
 
 def run_point(sites: int, selected: int, rounds: int, data_root: Path, work: Path,
-              interval: float, timeout: float) -> dict:
+              interval: float, timeout: float, evaluated: int = 0) -> dict:
     """One ``app.processes.simulate`` run; its per-round seconds and peak memory."""
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -155,6 +155,8 @@ def run_point(sites: int, selected: int, rounds: int, data_root: Path, work: Pat
                "--log-dir", str(work / "logs"), "--timeout", str(timeout),
                "-c", f"num-server-rounds={rounds}", "-c", f"selection.m={selected}",
                "-c", f"min-nodes={min(selected, sites)}"]
+    if evaluated:  # fraction-evaluate rounds up: (m - 0.5) / N asks exactly m sites
+        command += ["-c", f"fraction-evaluate={(min(evaluated, sites) - 0.5) / sites:.6f}"]
     for item in RUN_CONFIG:
         command += ["-c", item]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -183,6 +185,7 @@ def run_point(sites: int, selected: int, rounds: int, data_root: Path, work: Pat
                            f"{work / 'simulate.out'}")
     per_round = [marks[r] - marks[r - 1] for r in range(2, rounds + 1)]
     return {"sites": sites, "selected": selected, "rounds": rounds,
+            "evaluated": min(evaluated, sites) if evaluated else sites,
             "seconds_per_round": round(sum(per_round) / len(per_round), 2),
             "seconds_per_round_each": [round(s, 2) for s in per_round],
             **stage_seconds(lines),
@@ -197,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sites", type=int, nargs="+", default=[10, 100, 300, 1000])
     parser.add_argument("--selected", type=int, default=10)
+    parser.add_argument("--evaluated", type=int, default=0,
+                        help="sites evaluating each round (fraction-evaluate); 0: all")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--distinct", type=int, default=10)
     parser.add_argument("--cache", type=Path, default=Path("/tmp/fedmed-bench-scale"))
@@ -205,12 +210,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     data_root = site_folders(args.cache, max(args.sites), args.distinct)
-    runs = []
+    runs = (json.loads(args.out.read_text())["runs"] if args.out.is_file() else [])
     for sites in args.sites:
         point = run_point(sites, args.selected, args.rounds, data_root,
-                          args.cache / f"run-{sites}", args.interval, args.timeout)
+                          args.cache / f"run-{sites}", args.interval, args.timeout,
+                          args.evaluated)
         print(json.dumps(point), flush=True)
-        runs.append(point)
+        runs = [r for r in runs if (r["sites"], r.get("evaluated", r["sites"]))
+                != (sites, point["evaluated"])] + [point]
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({
             "runs": runs,

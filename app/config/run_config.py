@@ -101,6 +101,7 @@ class RunConfig:
     site_policy: str = ""  # simulation only (app.config.site_config): the sites' policy file
     min_nodes: int = 2
     fraction_train: float = 1.0
+    fraction_evaluate: float = 1.0
     node_wait_timeout: float = 120.0
     round_timeout: float = 600.0
     seed: int = 0
@@ -182,6 +183,8 @@ class RunConfig:
             self._fail("momentum", "must be in [0, 1)")
         if not 0.0 < self.fraction_train <= 1.0:
             self._fail("fraction_train", "must be in (0, 1]")
+        if not 0.0 <= self.fraction_evaluate <= 1.0:
+            self._fail("fraction_evaluate", "must be in [0, 1]")
         if self.task_sizes.slab_slices < 1 or self.task_sizes.slab_slices % 2 == 0:
             self._fail("slab_slices", "must be odd and >= 1")
         if self.task_sizes.image_size % 8:

@@ -14,6 +14,9 @@ concept:
 ``superlink.py``            SuperLinkProcess: the one ``flower-superlink`` wrapper
                             (insecure simulation mode, or TLS with SuperNode authentication)
 ``supernode.py``            SuperNodeProcess: a hospital's ``flower-supernode``
+``site_node.py``            the hospital's node process: SuperNode + site runner (CLI)
+``site_runner.py``          SiteRunner: app check before install, WorkerPool of warm workers
+``site_worker.py``          the warm worker script (stdlib + flwr until the bundle loads)
 ``layout.py``               DeployLayout: the paths of a deployment folder
 ``flwr_cli.py``             the ``flwr`` CLI: connections, run status, SuperNode list
 ``run_submission.py``       submit_run: ``flwr run --stream`` and its final status

@@ -94,7 +94,8 @@ class FederatedStrategy(Strategy):
         Sites that must be connected before a round starts (how many train is
         the selector's choice).
     fraction_evaluate : float
-        Fraction of connected sites asked to evaluate, rounded up (0 disables).
+        Fraction of connected sites asked to evaluate, rounded up (0 disables);
+        below 1, a fresh sample each round, seeded by ``seed`` and the round.
     node_wait_timeout : float
         Seconds to wait for ``min_nodes`` sites before failing.
     time_budget : float
@@ -148,6 +149,7 @@ class FederatedStrategy(Strategy):
         self.policy = policy or RoundPolicy()
         self.min_nodes = min_nodes
         self.fraction_evaluate = fraction_evaluate
+        self.seed = seed
         self.node_wait_timeout = node_wait_timeout
         self.uplink = Uplink(codec=str(parse_spec(codec)), error_feedback=error_feedback,
                              federation=federation, time_budget=time_budget, seed=seed)
@@ -281,8 +283,11 @@ class FederatedStrategy(Strategy):
         nodes = wait_for_nodes(grid, self.min_nodes, self.node_wait_timeout)
         self.sites.connected = set(nodes)
         count = min(len(nodes), math.ceil(self.fraction_evaluate * len(nodes)))
-        self._evaluate_intake.expect({n: self.sites.label(n) for n in nodes[:count]})
-        return site_messages(nodes[:count], arrays, config, server_round, MessageType.EVALUATE)
+        if count < len(nodes):  # a fresh sample each round (seeded): every site gets its turn
+            rng = np.random.default_rng([self.seed, server_round])
+            nodes = sorted(int(n) for n in rng.choice(sorted(nodes), size=count, replace=False))
+        self._evaluate_intake.expect({n: self.sites.label(n) for n in nodes})
+        return site_messages(nodes, arrays, config, server_round, MessageType.EVALUATE)
 
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]

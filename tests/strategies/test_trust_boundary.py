@@ -199,3 +199,22 @@ def test_fraction_train_holds_when_min_nodes_is_every_site(selector):
     evaluate = list(strategy.configure_evaluate(1, _global_record(), ConfigRecord(),
                                                 FakeGrid(nodes)))
     assert len(evaluate) == 10
+
+
+def test_fraction_evaluate_samples_afresh_each_round_and_reproducibly():
+    """Not always the first sites: a seeded sample per round, every site gets its turn."""
+    nodes = list(range(1, 101))
+
+    def evaluated(seed: int, server_round: int) -> list[int]:
+        strategy = FederatedStrategy(
+            aggregator=AGGREGATORS.create("fedavg"), schedule=SCHEDULES.create("fixed", tau0=2),
+            selector=SELECTORS.build("uniform", {"selection": SelectionOptions()},
+                                     _settings(0.1, 100)),
+            min_nodes=100, fraction_evaluate=0.1, node_wait_timeout=1, seed=seed)
+        return [m.metadata.dst_node_id for m in strategy.configure_evaluate(
+            server_round, _global_record(), ConfigRecord(), FakeGrid(nodes))]
+
+    first, second = evaluated(0, 1), evaluated(0, 2)
+    assert len(first) == len(second) == 10 and first != second
+    assert first != list(range(1, 11))
+    assert evaluated(0, 1) == first and evaluated(1, 1) != first
