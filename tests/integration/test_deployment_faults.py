@@ -232,7 +232,7 @@ def test_killed_supernode_is_recorded_as_failed_and_trains_again_after_restart(
         for site in SITES:  # round 1 is in MLflow for both sites
             assert 1 in _history(client, mlflow_run.info.run_id, f"site/{site}/val-dice")
         killed = _crash(crashed)
-        assert any("flower-supernode" in c for c in killed.values()), killed
+        assert any("app.processes.site_node" in c for c in killed.values()), killed
 
         # Its session stays 'online' at the SuperLink until its heartbeat expires
         # (2 x 30 s at most); then it may connect again with the same key.
