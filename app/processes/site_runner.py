@@ -41,9 +41,20 @@ from typing import Any
 from flwr.app import Context, Error, Message
 from flwr.cli.install import install_from_fab
 from flwr.common.constant import SubStatus
-from flwr.proto.runtime_pb2 import AcquireTaskRequest  # pylint: disable=E0611
+from flwr.common.serde import context_from_proto, fab_from_proto, run_from_proto
+from flwr.proto.node_pb2 import Node  # pylint: disable=E0611
+from flwr.proto.runtime_pb2 import (  # pylint: disable=E0611
+    AcquireTaskRequest,
+    PullAppMessagesRequest,
+    PullTaskInputRequest,
+)
 from flwr.supercore.constant import TaskType
 from flwr.supercore.heartbeat import HeartbeatSender, make_task_heartbeat_fn_http
+from flwr.supercore.inflatable.inflatable_protobuf_utils import (
+    make_confirm_message_received_fn_protobuf,
+    make_pull_object_fn_protobuf,
+)
+from flwr.supercore.inflatable.inflatable_utils import pull_and_inflate_object_from_tree
 from flwr.supercore.interceptors import (
     RuntimeTokenHttpInterceptor,
     RuntimeVersionHttpInterceptor,
@@ -51,17 +62,6 @@ from flwr.supercore.interceptors import (
 from flwr.supercore.retry import make_simple_http_retry_invoker
 from flwr.supercore.runtime import RuntimeHttpClient
 from flwr.supercore.task_identity import TaskIdentity
-from flwr.common.serde import context_from_proto, fab_from_proto, run_from_proto
-from flwr.proto.node_pb2 import Node  # pylint: disable=E0611
-from flwr.proto.runtime_pb2 import (  # pylint: disable=E0611
-    PullAppMessagesRequest,
-    PullTaskInputRequest,
-)
-from flwr.supercore.inflatable.inflatable_protobuf_utils import (
-    make_confirm_message_received_fn_protobuf,
-    make_pull_object_fn_protobuf,
-)
-from flwr.supercore.inflatable.inflatable_utils import pull_and_inflate_object_from_tree
 from flwr.supernode.runtime.run_clientapp import push_message, push_task_output
 
 from app.processes.app_approval import SIGNATURE_KEY, AppNotApproved, check_app

@@ -19,23 +19,10 @@ from clients.site.app_rules import AppApprovalError, AppRules, key_fingerprint, 
 from clients.site.policy import SitePolicyError
 from strategies.errors import SiteError
 from strategies.rounds.checkpoint import config_difference
+from tests.app.tiny_app import write_tiny_app
 
 FAB = b"PK\x03\x04 a stand-in app bundle: check_app only hashes and compares bytes"
 DIGEST = fab_sha256(FAB)
-TINY_PYPROJECT = """[project]
-name = "tinyapp"
-version = "1.0.0"
-
-[tool.flwr.app]
-publisher = "fedmed"
-
-[tool.flwr.app.components]
-serverapp = "tiny:server"
-clientapp = "tiny:client"
-
-[tool.flwr.app.config]
-x = 1
-"""
 
 
 @pytest.fixture
@@ -153,10 +140,7 @@ def test_command_line_hash_approve_and_keygen(tmp_path, capsys):
 
 
 def test_project_fab_is_what_flwr_run_builds_and_deterministic(tmp_path, capsys):
-    project = tmp_path / "tiny"
-    project.mkdir()
-    (project / "pyproject.toml").write_text(TINY_PYPROJECT)
-    (project / "tiny.py").write_text("server = client = None\n")
+    project = write_tiny_app(tmp_path / "tiny", "app = None\n")
     first = project_fab(project)
     assert project_fab(project) == first
     assert main(["hash", "--app", str(project)]) == 0

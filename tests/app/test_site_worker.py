@@ -9,7 +9,6 @@ exactly as the site runner does.
 from __future__ import annotations
 
 import hashlib
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ from flwr.cli.install import install_from_fab
 from flwr.supercore.task_identity import TaskIdentity
 
 from app.processes.site_runner import WorkerPool
+from tests.app.tiny_app import write_tiny_app
 
 CLIENT = '''
 import os
@@ -38,38 +38,12 @@ def train(msg, context):
                                                     "calls": len(calls)})}), reply_to=msg)
 '''
 
-PYPROJECT = '''
-[build-system]
-requires = ["hatchling"]
-build-backend = "hatchling.build"
-
-[project]
-name = "tinyapp"
-version = "1.0.0"
-dependencies = []
-
-[tool.hatch.build.targets.wheel]
-packages = ["."]
-
-[tool.flwr.app]
-publisher = "fedmed"
-
-[tool.flwr.app.components]
-serverapp = "tinyapp_client:app"
-clientapp = "tinyapp_client:app"
-
-[tool.flwr.app.config]
-task = "tiny"
-'''
 
 
 @pytest.fixture
 def installed_app(tmp_path, monkeypatch) -> str:
     """Build and install the tiny bundle into a private FLWR_HOME; its sha256."""
-    project = tmp_path / "tinyapp"
-    project.mkdir()
-    (project / "pyproject.toml").write_text(textwrap.dedent(PYPROJECT))
-    (project / "tinyapp_client.py").write_text(textwrap.dedent(CLIENT))
+    project = write_tiny_app(tmp_path / "tinyapp", CLIENT)
     monkeypatch.setenv("FLWR_HOME", str(tmp_path / "flwr-home"))
     fab = build_fab_from_disk(project)
     install_from_fab(fab, skip_prompt=True)
