@@ -47,6 +47,7 @@ from clients.site.state_store import SiteStateStore
 from clients.training.private_training import DpSettings, poisson_sample_rate
 from strategies import message_keys as keys
 from strategies.compression import ErrorFeedback, parse_spec
+from strategies.errors import ConfigError
 from strategies.update_codec import pack_update
 
 app = ClientApp()
@@ -59,6 +60,9 @@ if not _progress.handlers:
     _handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(message)s"))
     _progress.addHandler(_handler)
     _progress.setLevel(logging.INFO)
+
+#: Per evaluation split: the reply's loss and studies-count keys (metrics are ``<split>-<name>``).
+_SPLIT_KEYS = {"val": (keys.VAL_LOSS, keys.VAL_STUDIES), "test": (keys.TEST_LOSS, keys.TEST_STUDIES)}
 
 _TASKS: dict[tuple[str, str, TaskSettings], SiteTask] = {}
 _COMPUTE: list[ComputeDevice] = []
@@ -155,6 +159,7 @@ def train(msg: Message, context: Context) -> Message:
     """Train tau local steps and reply with the update and metrics."""
     config, site, policy = _admit(msg, context, check_train)
     task = _site_task(config, site)
+    train_set = task.require_training()  # a test-only site: SiteDataError, an error reply
     instruction = msg.content[keys.CONFIG]
     server_round = int(instruction[keys.SERVER_ROUND])
     steps = int(instruction.get(keys.LOCAL_STEPS, config.local_steps))
@@ -172,7 +177,7 @@ def train(msg: Message, context: Context) -> Message:
             instruction.get(keys.FEDERATION, "")) or f"run-{context.run_id}")
         spent = ledger.epsilon(privacy.delta)
         ledger.check((privacy.noise_multiplier, poisson_sample_rate(
-            len(task.train_set), task.settings.batch_size), steps), privacy.delta,
+            len(train_set), task.settings.batch_size), steps), privacy.delta,
             policy.dp.max_epsilon)
     seed = (config.seed * 1_000_003 + server_round * 7_919 + zlib.crc32(site.name.encode())) % 2**31
     started = time.monotonic()
@@ -197,7 +202,7 @@ def train(msg: Message, context: Context) -> Message:
     arrays, residual_norm = _encode_update(delta, instruction, site, context, raw=buffers)
     metrics = MetricRecord({
         keys.RESIDUAL_NORM: residual_norm,
-        keys.NUM_EXAMPLES: len(task.train_set),
+        keys.NUM_EXAMPLES: len(train_set),
         keys.STEPS: result.steps_done,
         keys.TRAIN_LOSS: result.mean_loss,
         keys.INITIAL_LOSS: result.initial_loss,
@@ -213,27 +218,47 @@ def train(msg: Message, context: Context) -> Message:
     return Message(content, reply_to=msg)
 
 
+def _eval_split(msg: Message) -> str:
+    """The instruction's ``eval-split`` (default ``val``).
+
+    Raises
+    ------
+    ConfigError
+        On a value other than ``val`` or ``test`` (the request is refused).
+    """
+    instruction = msg.content[keys.CONFIG] if keys.CONFIG in msg.content else ConfigRecord()
+    split = str(instruction.get(keys.EVAL_SPLIT, "val"))
+    if split not in keys.EVAL_SPLITS:
+        raise ConfigError(f"evaluate instruction key {keys.EVAL_SPLIT!r} = {split!r}: expected one "
+                          f"of {', '.join(keys.EVAL_SPLITS)}; request refused")
+    return split
+
+
 @app.evaluate()
 @sanitised
 def evaluate(msg: Message, context: Context) -> Message:
-    """Evaluate the received global model on the site's validation studies.
+    """Evaluate the received model on the site's ``val`` split, or ``test`` when asked.
 
-    With fewer validation studies than the policy's ``min-val-items`` only the
-    counts leave the site, not the loss or the metrics.
+    The instruction's ``eval-split`` picks the split (:func:`_eval_split`). With
+    fewer studies in it than the policy's ``min-val-items`` (the rule covers both
+    splits) only the counts leave the site, not the loss or the metrics; a split
+    without items replies the counts 0.
     """
     config, site, policy = _admit(msg, context, check_evaluate)
+    split = _eval_split(msg)
     task = _site_task(config, site)
     model = task.build_model(private=config.dp_noise_multiplier > 0)
     model.load_state_dict(msg.content[keys.ARRAYS].to_torch_state_dict())
-    result = task.evaluate(model, _compute())
+    result = task.evaluate(model, _compute(), split=split)
+    loss_key, studies_key = _SPLIT_KEYS[split]
     metrics = MetricRecord({keys.NUM_EXAMPLES: result.num_examples,
-                            "val-studies": result.num_studies})
-    if releases_val_metrics(policy, result.num_studies):
-        metrics[keys.VAL_LOSS] = result.loss
-        metrics.update({f"val-{name}": value for name, value in result.metrics.items()})
+                            studies_key: result.num_studies})
+    if result.num_examples and releases_val_metrics(policy, result.num_studies):
+        metrics[loss_key] = result.loss
+        metrics.update({f"{split}-{name}": value for name, value in result.metrics.items()})
     else:
-        log.info("site %s: %d validation studies < policy min-val-items %d: only counts "
-                 "leave", site.name, result.num_studies, policy.min_val_items)
+        log.info("site %s: %d %s studies (policy min-val-items %d): only counts leave",
+                 site.name, result.num_studies, split, policy.min_val_items)
     content = RecordDict({keys.METRICS: metrics, keys.SITE: _site_record(site, policy)})
     return Message(content, reply_to=msg)
 
@@ -248,10 +273,11 @@ def query(msg: Message, context: Context) -> Message:
     """
     config, site, policy = _admit(msg, context, check_query)
     task = _site_task(config, site)
+    train_set = task.require_training()  # a test-only site: SiteDataError, an error reply
     model = task.build_model(private=config.dp_noise_multiplier > 0)
     model.load_state_dict(msg.content[keys.ARRAYS].to_torch_state_dict())
     subset = int(msg.content[keys.CONFIG].get(keys.LOSS_SUBSET, 0))
     loss = task.training_loss(model, _compute(), subset=subset)
-    metrics = MetricRecord({keys.NUM_EXAMPLES: len(task.train_set), keys.QUERY_LOSS: loss})
+    metrics = MetricRecord({keys.NUM_EXAMPLES: len(train_set), keys.QUERY_LOSS: loss})
     return Message(RecordDict({keys.METRICS: metrics, keys.SITE: _site_record(site, policy)}),
                    reply_to=msg)

@@ -8,7 +8,13 @@ A train reply carries ``delta`` (the update x_global - x_local packed by
 :mod:`strategies.update_codec`: one encoded ``payload`` plus raw integer
 buffers), ``metrics`` and ``site`` (a ConfigRecord with the site's name and
 its site policy's fingerprint).
-An evaluate reply carries ``metrics`` and ``site``.
+An evaluate instruction's ``config`` may carry ``eval-split``: ``val`` (the default:
+the split the federation selects on) or ``test`` (the held-out split, never used
+for selection). An evaluate reply carries ``metrics`` and ``site``; its metrics
+are ``num-examples``, ``<split>-studies`` and, when the site policy's
+``min-val-items`` allows, ``<split>-loss`` and ``<split>-<metric>`` per task
+metric (``val-loss``, ``val-dice``; ``test-loss``, ``test-dice``). A site without
+items in the split replies ``num-examples`` = 0 and ``<split>-studies`` = 0 only.
 """
 
 ARRAYS = "arrays"
@@ -27,6 +33,8 @@ ERROR_FEEDBACK = "error-feedback"
 CODEC_SEED = "codec-seed"
 FEDERATION = "federation"
 LOSS_SUBSET = "loss-subset"
+EVAL_SPLIT = "eval-split"  # in an evaluate instruction: one of EVAL_SPLITS (default "val")
+EVAL_SPLITS = ("val", "test")
 
 NUM_EXAMPLES = "num-examples"
 STEPS = "steps"
@@ -42,6 +50,9 @@ EPSILON = "epsilon"
 EPSILON_ROUND = "epsilon-round"
 
 VAL_LOSS = "val-loss"
+VAL_STUDIES = "val-studies"
+TEST_LOSS = "test-loss"
+TEST_STUDIES = "test-studies"
 
 TRAIN_REQUIRED = (NUM_EXAMPLES, STEPS, TRAIN_LOSS, INITIAL_LOSS)
 EVALUATE_REQUIRED = (NUM_EXAMPLES,)

@@ -71,7 +71,9 @@ def site_name(message: Message) -> str:
     return fallback
 
 
-def _metrics(message: Message, required: tuple[str, ...]) -> dict[str, float]:
+def _metrics(message: Message, required: tuple[str, ...],
+             allow_none: bool = False) -> dict[str, float]:
+    """The reply's finite metrics; ``num-examples`` a positive integer (or 0 if ``allow_none``)."""
     if message.has_error():
         raise InvalidReplyError(f"site reported an error: {message.error.reason}")
     record = message.content.get(keys.METRICS)
@@ -87,10 +89,11 @@ def _metrics(message: Message, required: tuple[str, ...]) -> dict[str, float]:
         if not math.isfinite(float(value)):
             raise InvalidReplyError(f"metric '{name}' is not finite ({value})")
         values[name] = float(value)
-    if values[keys.NUM_EXAMPLES] <= 0 or values[keys.NUM_EXAMPLES] != int(values[keys.NUM_EXAMPLES]):
-        raise InvalidReplyError(
-            f"'{keys.NUM_EXAMPLES}' must be a positive integer, got {values[keys.NUM_EXAMPLES]}"
-        )
+    count = values[keys.NUM_EXAMPLES]
+    if count < (0 if allow_none else 1) or count != int(count):
+        raise InvalidReplyError(f"'{keys.NUM_EXAMPLES}' must be a "
+                                f"{'non-negative' if allow_none else 'positive'} integer, "
+                                f"got {count}")
     return values
 
 
@@ -157,14 +160,16 @@ def parse_metrics_reply(message: Message,
 
     ``required`` names the metrics that must be present: ``keys.EVALUATE_REQUIRED``
     for an evaluate reply, ``keys.QUERY_REQUIRED`` for a query reply (the global
-    model's loss at a candidate site).
+    model's loss at a candidate site). An evaluate reply may count 0 examples (a
+    site without items in the evaluated split, e.g. a site of test data only,
+    replies the counts alone); a query reply may not.
 
     Raises
     ------
     InvalidReplyError
         With the reason the reply is unusable.
     """
-    metrics = _metrics(message, required)
+    metrics = _metrics(message, required, allow_none=required == keys.EVALUATE_REQUIRED)
     return MetricsReply(
         node_id=message.metadata.src_node_id,
         site=site_name(message),

@@ -60,7 +60,7 @@ def load_site(
     site_dir : Path
         The site folder holding ``labels.csv``.
     split : str or None
-        ``"train"`` or ``"val"`` to load only that split; ``None`` loads all.
+        ``"train"``, ``"val"`` or ``"test"`` to load only that split; ``None`` loads all.
     shape : tuple of int, optional
         ``(D, H, W)`` grid. Default ``(32, 64, 64)``.
     level, width : float, optional
@@ -79,7 +79,7 @@ def load_site(
     ManifestError
         If the manifest is missing, malformed or lists no study.
     ValueError
-        If ``split`` is not ``None``, ``"train"`` or ``"val"``, or ``shape`` is bad.
+        If ``split`` is not ``None`` or one of ``"train"``, ``"val"``, ``"test"``, or ``shape`` is bad.
     """
     rows = rows_of_split(lambda: read_manifest(Path(site_dir)), split, SPLITS)
 

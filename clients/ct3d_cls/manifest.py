@@ -1,7 +1,8 @@
 """The per-site label manifest of 3D CT classification (``labels.csv``).
 
 A site folder holds ``labels.csv`` with the header ``study_id,split,image,label``:
-one row per study; ``split`` is ``train`` or ``val``; ``image`` is a DICOM
+one row per study; ``split`` is ``train``, ``val`` or ``test`` (held out, see
+:data:`clients.manifests.csv_rows.SPLITS`); ``image`` is a DICOM
 series folder, a ``.nii`` / ``.nii.gz`` HU file or a pre-windowed ``.npy``
 volume, relative to the site folder (POSIX separators); ``label`` is the
 volume-level class, ``0`` (negative) or ``1`` (positive, e.g. emphysema).
@@ -24,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from clients.manifests.csv_rows import ManifestFormat, RelativePath
+from clients.manifests.csv_rows import SPLITS, ManifestFormat, RelativePath
 from clients.errors import LabelError, ManifestError
 
 __all__ = [
@@ -40,7 +41,6 @@ __all__ = [
 
 MANIFEST_NAME = "labels.csv"
 MANIFEST_COLUMNS = ("study_id", "split", "image", "label")
-SPLITS = ("train", "val")
 CLASSES = (0, 1)
 FORMAT = ManifestFormat(MANIFEST_NAME, MANIFEST_COLUMNS, ("study_id", "image"), SPLITS, noun="study",
                         what="label manifest")
@@ -49,7 +49,7 @@ FORMAT = ManifestFormat(MANIFEST_NAME, MANIFEST_COLUMNS, ("study_id", "image"), 
 @dataclass(frozen=True)
 class ManifestRow:
     """One ``labels.csv`` row: the site-unique ``study_id`` (never leaves the site), its
-    ``split`` (``train`` / ``val``), the absolute ``image`` (DICOM series folder,
+    ``split`` (``train`` / ``val`` / ``test``), the absolute ``image`` (DICOM series folder,
     NIfTI or ``.npy`` file), the ``label`` (0 or 1; ``None`` when unusable) and the
     ``error`` (a :class:`LabelError` naming the manifest and line) that makes it unusable."""
 

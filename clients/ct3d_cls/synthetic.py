@@ -188,14 +188,17 @@ def _split_and_labels(n: int, profile: SiteProfile, rng: np.random.Generator,
 
 
 def generate_site(site_dir: Path, profile: SiteProfile, seed: int,
-                      val_fraction: float = 0.3) -> Path:
+                      val_fraction: float = 0.3, num_test: int = 2) -> Path:
     """Write one synthetic hospital: its studies and ``labels.csv``.
 
-    Labels are stratified (``round(positive_rate * n)`` positives, at least 2
-    of each class) and so is the split: each class puts
-    ``max(1, round(val_fraction * n_class))`` studies into ``val``, so every
-    site's validation set has both classes (AUC is defined). Study ``k`` has
-    its own random stream ``SeedSequence([seed, k])``.
+    Of the profile's ``n`` studies, labels are stratified (``round(positive_rate
+    * n)`` positives, at least 2 of each class) and so is the split: each class
+    puts ``max(1, round(val_fraction * n_class))`` studies into ``val``, so every
+    site's validation set has both classes (AUC is defined). Then ``num_test``
+    more NIfTI studies (``study-<n>``, ..., alternately positive and negative) go
+    to the held-out split ``test``, so the train and val studies are those of a
+    site without a test split. Study ``k`` has its own random stream
+    ``SeedSequence([seed, k])``.
 
     Parameters
     ----------
@@ -208,6 +211,8 @@ def generate_site(site_dir: Path, profile: SiteProfile, seed: int,
         Hospital seed.
     val_fraction : float, optional
         Share of each class in split ``val``, in (0, 1). Default 0.3.
+    num_test : int, optional
+        Studies in split ``test``, >= 0. Default 2 (one of each class).
 
     Returns
     -------
@@ -217,20 +222,25 @@ def generate_site(site_dir: Path, profile: SiteProfile, seed: int,
     Raises
     ------
     ValueError
-        On a bad ``val_fraction``.
+        On a bad ``val_fraction`` or ``num_test``.
     FileExistsError
         If ``site_dir`` holds anything but is not marked synthetic (``SYNTHETIC.txt``).
     """
     if not 0.0 < val_fraction < 1.0:
         raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
+    if num_test < 0:
+        raise ValueError(f"num_test must be >= 0, got {num_test}")
     site_dir = Path(site_dir)
     studies_dir = federation.claim_site_dir(site_dir, "studies", _MARKER_TEXT)
 
     n = profile.num_studies
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0xC7]))
     labels, splits, as_dicom = _split_and_labels(n, profile, rng, val_fraction)
+    labels += [int(j % 2 == 0) for j in range(num_test)]
+    splits += ["test"] * num_test
+    as_dicom += [False] * num_test
     entries = []
-    for k in range(n):
+    for k in range(n + num_test):
         study_id = f"study-{k:03d}"
         study = synthesize_study(profile, np.random.default_rng(np.random.SeedSequence([seed, k])), labels[k])
         study_dir = studies_dir / study_id
@@ -270,9 +280,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         n = len(entries)
         pos = sum(e.label == 1 for e in entries)
         val = sum(e.split == "val" for e in entries)
+        test = sum(e.split == "test" for e in entries)
         dicom = sum(e.image.is_dir() for e in entries)
         text = (
-            f"{n} studies ({n - val} train, {val} val), "
+            f"{n} studies ({n - val - test} train, {val} val, {test} test), "
             f"{pos} with emphysema, {dicom} DICOM + {n - dicom} NIfTI, noise {profile.noise_hu:g} HU, "
             f"{profile.image_size}x{profile.image_size} px, {profile.num_slices[0]}-{profile.num_slices[1]} slices "
             f"({elapsed:.1f} s)"

@@ -15,6 +15,7 @@ from torch import nn
 
 from clients.training.classification import ClassificationTask, LabelledTensors
 from clients.ct3d_cls.data import load_site
+from clients.ct3d_cls.manifest import MANIFEST_NAME
 from clients.manifests.load_report import LoadReport
 from clients.training.site_task import TaskSettings
 from models.convlstm import ConvLSTMClassifier3D
@@ -28,6 +29,7 @@ class CT3DClsTask(ClassificationTask):
     """One site's labelled CT volumes and the ConvLSTM classifier."""
 
     name = "ct3d-cls"
+    manifest_name = MANIFEST_NAME
     item_noun = "volume"
 
     def _load_split(self, split: str) -> tuple[LabelledTensors, LoadReport]:

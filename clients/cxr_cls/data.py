@@ -89,6 +89,7 @@ def load_site(
         return Item(row.image_id, read_radiograph(row.image_path, size), labels)
 
     items, report = load_each(rows, load, lambda row: row.image_id, noun="image")
-    if not rows:
-        logger.warning("No images in %s for split %s", manifest, split or "any")
+    if not rows:  # a site without val or test items is usable: only missing training data warns
+        (logger.warning if split in (None, "train") else logger.info)(
+            "No images in %s for split %s", manifest, split or "any")
     return items, report

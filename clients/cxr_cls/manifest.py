@@ -1,7 +1,8 @@
 """The per-site manifest of chest X-ray classification (``images.csv``).
 
 A site folder holds ``images.csv`` with the header ``image_id,split,image,labels``:
-one row per radiograph; ``split`` is ``train``, ``val`` or ``test``; ``image``
+one row per radiograph; ``split`` is ``train``, ``val`` or ``test`` (held out, see
+:data:`clients.manifests.csv_rows.SPLITS`); ``image``
 is the PNG/JPEG/DICOM file relative to the site folder (POSIX separators);
 ``labels`` holds one 0/1 value per class of the task, ``;``-separated, in the
 task's class order (``1`` for a binary task, ``0;1;0`` for three classes; the
@@ -27,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from clients.manifests.csv_rows import ManifestFormat
+from clients.manifests.csv_rows import SPLITS, ManifestFormat
 from clients.errors import LabelError
 
 __all__ = [
@@ -45,7 +46,6 @@ __all__ = [
 
 MANIFEST_NAME = "images.csv"
 MANIFEST_COLUMNS = ("image_id", "split", "image", "labels")
-SPLITS = ("train", "val", "test")
 LABEL_SEPARATOR = ";"
 FORMAT = ManifestFormat(MANIFEST_NAME, MANIFEST_COLUMNS, ("image_id", "split", "image"), SPLITS, noun="image")
 

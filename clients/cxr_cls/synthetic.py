@@ -156,14 +156,18 @@ def _stratified_val(rng: np.random.Generator, labels: np.ndarray, val_fraction: 
 
 
 def generate_site(
-    site_dir: Path, profile: SiteProfile, seed: int, image_size: int = 128, val_fraction: float = 0.25
+    site_dir: Path, profile: SiteProfile, seed: int, image_size: int = 128, val_fraction: float = 0.25,
+    num_test: int = 4,
 ) -> Path:
     """Write one synthetic hospital: its radiographs and ``images.csv``.
 
-    ``round(positive_rate * n)`` images are positive (at least one, at most
-    ``n - 1``); ``val_fraction`` of each class goes to split ``val``; file
-    kinds by :func:`_assign_kinds`. Image ``k`` draws from its own stream
-    ``SeedSequence([seed, k])``.
+    Of the profile's ``n`` images, ``round(positive_rate * n)`` are positive (at
+    least one, at most ``n - 1``) and ``val_fraction`` of each class goes to
+    split ``val``, the rest to ``train``; file kinds by :func:`_assign_kinds`.
+    Then ``num_test`` more images (``img-<n>``, ..., alternately positive and
+    negative, the file kinds in turn) go to the held-out split ``test``, so the
+    train and val images are those of a site without a test split. Image ``k``
+    draws from its own stream ``SeedSequence([seed, k])``.
 
     Parameters
     ----------
@@ -178,6 +182,8 @@ def generate_site(
         Side of the written images in pixels. Default 128.
     val_fraction : float, optional
         Fraction of each class in split ``val``, in [0, 1). Default 0.25.
+    num_test : int, optional
+        Images in split ``test``, >= 0. Default 4.
 
     Returns
     -------
@@ -187,7 +193,7 @@ def generate_site(
     Raises
     ------
     ValueError
-        On a bad ``val_fraction`` or ``image_size``.
+        On a bad ``val_fraction``, ``image_size`` or ``num_test``.
     FileExistsError
         If ``site_dir`` holds anything but is not marked synthetic (``SYNTHETIC.txt``).
     """
@@ -195,6 +201,8 @@ def generate_site(
         raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
     if image_size < 32:
         raise ValueError(f"image_size must be >= 32, got {image_size}")
+    if num_test < 0:
+        raise ValueError(f"num_test must be >= 0, got {num_test}")
     site_dir = Path(site_dir)
     images_dir = federation.claim_site_dir(site_dir, IMAGE_DIR, _MARKER_TEXT)
 
@@ -205,8 +213,11 @@ def generate_site(
     labels[rng.permutation(n)[:num_positive]] = 1
     val = _stratified_val(rng, labels, val_fraction)
     kinds = _assign_kinds(rng, n, profile.kind_weights)
+    splits = ["val" if k in val else "train" for k in range(n)] + ["test"] * num_test
+    labels = np.concatenate([labels, (np.arange(num_test) % 2 == 0).astype(np.int64)])
+    kinds += [FILE_KINDS[j % len(FILE_KINDS)] for j in range(num_test)]
     entries = []
-    for k in range(n):
+    for k in range(n + num_test):
         image_id = f"img-{k:03d}"
         image_rng = np.random.default_rng(np.random.SeedSequence([seed, k]))
         radiograph = synthesize_radiograph(image_rng, image_size, profile, positive=bool(labels[k]))
@@ -218,7 +229,7 @@ def generate_site(
             image_id=f"{profile.name}-{image_id}",
             uid_seed=int(image_rng.integers(0, 2**62)),
         )
-        entries.append(ManifestRow(image_id, "val" if k in val else "train", path, format_labels([labels[k]])))
+        entries.append(ManifestRow(image_id, splits[k], path, format_labels([labels[k]])))
     write_manifest(site_dir, entries)
     return site_dir
 
@@ -245,9 +256,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         entries = read_manifest(site_dir)
         positives = sum(e.labels == "1" for e in entries)
         val = sum(e.split == "val" for e in entries)
+        test = sum(e.split == "test" for e in entries)
         dicom = sum(e.image_path.suffix == ".dcm" for e in entries)
         text = (
-            f"{len(entries)} images ({len(entries) - val} train, {val} val), "
+            f"{len(entries)} images ({len(entries) - val - test} train, {val} val, {test} test), "
             f"{positives} pneumothorax, {dicom} DICOM + {len(entries) - dicom} PNG, gamma {profile.gamma:g}, "
             f"noise {profile.noise:g}"
         )

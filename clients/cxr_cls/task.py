@@ -13,6 +13,7 @@ from torch import nn
 
 from clients.training.classification import ClassificationTask, LabelledTensors
 from clients.cxr_cls.data import load_site
+from clients.cxr_cls.manifest import MANIFEST_NAME
 from clients.manifests.load_report import LoadReport
 from clients.training.site_task import TaskSettings
 from models.cxr_densenet import make_cxr_densenet
@@ -24,6 +25,7 @@ class CXRClsTask(ClassificationTask):
     """One site's radiographs and the DenseNet classifier."""
 
     name = "cxr-cls"
+    manifest_name = MANIFEST_NAME
     item_noun = "radiograph"
     channels_last_ok = True
 

@@ -12,7 +12,9 @@ and listed in :data:`clients.registry.TASKS` (the first of a task is its default
 * ``pe-seg``: ``ctpa`` and ``msd-lung`` (:mod:`clients.pe_seg.shared`).
 
 Every site gets a train/val split (stratified by label for the classification
-sets and ``ctpa``; fixed by source file for ``msd-lung``) and a ``SOURCE.txt``
+sets and ``ctpa``; fixed by source file for ``msd-lung``), a held-out ``test``
+split (``--test-fraction``; from the source's own test split where it has one,
+a seeded share otherwise: :mod:`clients.datagen.held_out`) and a ``SOURCE.txt``
 naming the data, the meaning of the label and the license. The output is a
 function of the arguments (``--seed`` included). Nothing is ever written
 inside the shared folder, and a site folder this converter did not write is
@@ -36,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
+from clients.datagen.held_out import HeldOutPool, held_out_rng, move_share, splits_of
 from clients.datagen.partitions import SCHEMES, partition, stratified_iid_partition
 from clients.datagen.shared_set import SharedSet, read_medmnist, source_path
 from clients.errors import StudyError
@@ -57,10 +60,11 @@ class SiteSummary:
     train: int
     val: int
     positives: int
+    test: int = 0
 
     @property
     def total(self) -> int:
-        return self.train + self.val
+        return self.train + self.val + self.test
 
     @property
     def positive_share(self) -> float:
@@ -144,10 +148,11 @@ def _write_source(site_dir: Path, source: SharedSet, args_line: str, summary: Si
     (site_dir / SOURCE_NAME).write_text(
         f"{_MARKER_LINE} ({args_line}).\n\n"
         f"Task: {source.task}\nSet: {source.name}\nSource file(s): {files}"
-        + (" (train + val splits)" if source.task != "pe-seg" else "") + "\n"
+        + (" (train + val splits; its test split feeds the sites' test splits)"
+           if source.task != "pe-seg" else "") + "\n"
         f"{source.description}{note}"
         f"{source.license}\n"
-        f"This site: {summary.train} train, {summary.val} val, "
+        f"This site: {summary.train} train, {summary.val} val, {summary.test} test, "
         f"{summary.positives} {what} ({summary.positive_share:.1%}).\n",
         encoding="utf-8",
     )
@@ -164,6 +169,7 @@ def convert(
     max_per_site: int | None = None,
     val_fraction: float = 0.2,
     log=print,
+    test_fraction: float = 0.2,
     *,
     dataset: str | None = None,
     block_slices: int = 6,
@@ -177,7 +183,8 @@ def convert(
     For the segmentation sets ``iid`` is stratified by that label
     (:func:`clients.datagen.partitions.stratified_iid_partition`) and ``size`` gives
     every site at least ``min(10, n // sites)`` (>= 2) studies, so that every
-    site has a training and a validation study.
+    site has a training and a validation study. ``test_fraction`` sizes each
+    site's held-out ``test`` split (:mod:`clients.datagen.held_out`; 0: none).
 
     Raises
     ------
@@ -193,12 +200,14 @@ def convert(
     source = shared_set(task, dataset)
     if scheme not in SCHEMES:
         raise ValueError(f"unknown partition scheme {scheme!r}; expected one of {', '.join(SCHEMES)}")
+    if not 0.0 <= test_fraction < 1.0:
+        raise ValueError(f"test_fraction must be in [0, 1), got {test_fraction}")
     if max_per_site is not None and max_per_site < 1:
         raise ValueError(f"max_per_site must be >= 1, got {max_per_site}")
     if shared.exists() and _is_inside(out, shared):
         raise ValueError(f"--out {out} lies inside the shared data folder {shared}; never write there")
     items = source.load_items(source, shared, block_slices)
-    labels = items.labels
+    labels = items.partitioned
     rng = np.random.default_rng(seed)
     if source.task == "pe-seg" and scheme == "iid":
         # Few studies with a mask (6 of 18 ctpa blocks): a uniform split often leaves a site without any.
@@ -219,6 +228,8 @@ def convert(
             _prepare_site(stale)  # refuses folders this converter did not write
             stale.rmdir()
     summaries = []
+    test_draws = held_out_rng(seed)
+    pool = HeldOutPool(items.held_out, test_draws) if items.held_out is not None else None
     for k, idx in enumerate(parts):
         if max_per_site is not None and idx.size > max_per_site:
             idx = np.sort(rng.choice(idx, size=max_per_site, replace=False))
@@ -232,13 +243,22 @@ def convert(
             is_val = site_split(labels[idx], rng, val_fraction)
             if source.task == "pe-seg":
                 is_val = _with_positive_val(labels[idx], is_val, rng)
+        splits = splits_of(is_val)
+        if pool is not None:  # the source's own test items, never partitioned
+            extra = pool.take(idx.size, test_fraction)
+            idx, splits = np.concatenate([idx, extra]), np.concatenate([splits, ["test"] * extra.size])
+        else:  # msd-lung: from the other patients' (val) items; ctpa: from the training items
+            splits = move_share(splits, "val" if items.fixed_val is not None else "train",
+                                test_fraction, test_draws)
         site_dir = out / name
         _prepare_site(site_dir)
-        items.write(site_dir, idx, is_val)
-        summary = SiteSummary(name, int((~is_val).sum()), int(is_val.sum()), int(labels[idx].sum()))
+        items.write(site_dir, idx, splits)
+        summary = SiteSummary(name, int((splits == "train").sum()), int((splits == "val").sum()),
+                              int(items.labels[idx].sum()), int((splits == "test").sum()))
         _write_source(site_dir, source, args_line, summary, items.note)
         summaries.append(summary)
-        log(f"[{k + 1}/{sites}] {name}: {summary.total} items ({summary.train} train, {summary.val} val), "
+        log(f"[{k + 1}/{sites}] {name}: {summary.total} items ({summary.train} train, {summary.val} val, "
+            f"{summary.test} test), "
             f"positive share {summary.positive_share:.2f}")
     return summaries
 
@@ -260,12 +280,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-per-site", type=int, default=None, help="cap on items per site (quick runs)")
     parser.add_argument("--val-fraction", type=float, default=0.2)
+    parser.add_argument("--test-fraction", type=float, default=0.2,
+                        help="held-out test share per site (from the source's test split where it has one)")
     parser.add_argument("--block-slices", type=int, default=6, help="slices per study of set ctpa (default 6)")
     args = parser.parse_args(argv)
     try:
         summaries = convert(args.task, args.shared, args.out, args.sites, args.scheme, args.alpha,
                             args.seed, args.max_per_site, args.val_fraction,
-                            dataset=args.dataset, block_slices=args.block_slices)
+                            dataset=args.dataset, block_slices=args.block_slices,
+                            test_fraction=args.test_fraction)
     except (FileNotFoundError, FileExistsError, ValueError, StudyError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -273,8 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     dataset = args.dataset or TASKS[args.task].default_set
     print(f"Wrote {len(summaries)} sites ({total} items) to {args.out} "
           f"[task {args.task}, set {dataset}, scheme {args.scheme}, seed {args.seed}]")
-    print(f"{'site':<12} {'items':>6} {'train':>6} {'val':>5} {'pos.share':>9}")
+    print(f"{'site':<12} {'items':>6} {'train':>6} {'val':>5} {'test':>5} {'pos.share':>9}")
     for s in summaries:
-        print(f"{s.name:<12} {s.total:>6} {s.train:>6} {s.val:>5} {s.positive_share:>9.2f}")
+        print(f"{s.name:<12} {s.total:>6} {s.train:>6} {s.val:>5} {s.test:>5} {s.positive_share:>9.2f}")
     return 0
 

@@ -5,7 +5,7 @@ its sets as a :class:`SharedSet`: the source files under the shared folder,
 what the set and its label are, the license, and the function that loads its
 partitionable items (:class:`SiteItems`: one 0/1 label per item, their ids and
 a writer of one site). The converter (:mod:`clients.datagen.shared`) does the
-rest: partition, train/val split, ``SOURCE.txt``.
+rest: partition, train/val/test split (:mod:`clients.datagen.held_out`), ``SOURCE.txt``.
 """
 
 from __future__ import annotations
@@ -29,8 +29,12 @@ MEDMNIST_LICENSE = "License: CC BY 4.0 (MedMNIST v2). Real public data: do not c
 class SiteItems:
     """The partitionable items of a set: a 0/1 label each, ids, an optional fixed val split, a writer.
 
-    ``write(site_dir, idx, is_val)`` writes the items ``idx`` as one site, those
-    with ``is_val`` in the validation split; ``note`` goes into ``SOURCE.txt``.
+    ``labels`` and ``ids`` cover every item; ``held_out`` (optional) lists the
+    last items' indices, the source's own test split, which are never
+    partitioned (:class:`clients.datagen.held_out.HeldOutPool`).
+    ``write(site_dir, idx, splits)`` writes the items ``idx`` as one site, item
+    ``idx[j]`` in split ``splits[j]`` (``train`` / ``val`` / ``test``); ``note``
+    goes into ``SOURCE.txt``.
     """
 
     labels: np.ndarray
@@ -38,6 +42,14 @@ class SiteItems:
     write: Callable[[Path, np.ndarray, np.ndarray], None]
     fixed_val: np.ndarray | None = None
     note: str = ""
+    held_out: np.ndarray | None = None
+
+    @property
+    def partitioned(self) -> np.ndarray:
+        """Labels of the items to partition: all but the ``held_out`` ones (which come last)."""
+        if self.held_out is None:
+            return self.labels
+        return self.labels[:self.labels.size - self.held_out.size]
 
 
 @dataclass(frozen=True)
@@ -85,8 +97,9 @@ def source_path(shared: Path, relpath: str) -> Path:
     return path
 
 
-def read_medmnist(path: Path, prefix: str) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """The train + val images, 0/1 labels and ids (``<prefix>-<split>-<i>``) of a MedMNIST ``.npz``.
+def read_medmnist(path: Path, prefix: str, splits: tuple[str, ...] = ("train", "val")
+                  ) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """The images, 0/1 labels and ids (``<prefix>-<split>-<i>``) of ``splits`` of a MedMNIST ``.npz``.
 
     Raises
     ------
@@ -95,7 +108,7 @@ def read_medmnist(path: Path, prefix: str) -> tuple[np.ndarray, np.ndarray, list
     """
     images, labels, ids = [], [], []
     with np.load(path) as data:
-        for split in ("train", "val"):
+        for split in splits:
             key_x, key_y = f"{split}_images", f"{split}_labels"
             if key_x not in data or key_y not in data:
                 raise ValueError(f"{path}: missing {key_x} / {key_y}")
@@ -117,19 +130,25 @@ def medmnist_items(source: SharedSet, shared: Path, prefix: str, folder: str, su
                    write_manifest: Callable[[Path, list[R]], Path]) -> SiteItems:
     """The items of a MedMNIST classification set, each written as one file of a site.
 
-    Item ``i`` of a site goes to ``<site>/<folder>/<id><suffix>`` via
-    ``save(path, array)``; its manifest row is ``make_row(id, split, relative
-    path, label)`` and the site's rows are written by ``write_manifest``.
+    The train + val items are partitioned; the file's test split, when it has
+    one, is the sites' held-out ``test`` pool (``SiteItems.held_out``). Item
+    ``i`` of a site goes to ``<site>/<folder>/<id><suffix>`` via ``save(path,
+    array)``; its manifest row is ``make_row(id, split, relative path, label)``
+    and the site's rows are written by ``write_manifest``.
     """
-    images, labels, ids = read_medmnist(source_path(shared, source.files[0]), prefix)
+    path = source_path(shared, source.files[0])
+    with np.load(path) as data:
+        has_test = "test_images" in data and "test_labels" in data
+    images, labels, ids = read_medmnist(path, prefix, ("train", "val", "test") if has_test else ("train", "val"))
+    held_out = np.flatnonzero([i.startswith(f"{prefix}-test-") for i in ids]) if has_test else None
 
-    def write(site_dir: Path, idx: np.ndarray, is_val: np.ndarray) -> None:
+    def write(site_dir: Path, idx: np.ndarray, splits: np.ndarray) -> None:
         (site_dir / folder).mkdir()
         rows = []
-        for i, val in zip(idx, is_val):
+        for i, split in zip(idx, splits):
             rel = Path(f"{folder}/{ids[i]}{suffix}")
             save(site_dir / rel, images[i])
-            rows.append(make_row(ids[i], "val" if val else "train", rel, int(labels[i])))
+            rows.append(make_row(ids[i], str(split), rel, int(labels[i])))
         write_manifest(site_dir, rows)
 
-    return SiteItems(labels, ids, write)
+    return SiteItems(labels, ids, write, held_out=held_out)

@@ -2,7 +2,7 @@
 
 Every task keeps a small CSV in the site folder (``manifest.csv`` for PE
 segmentation, ``images.csv`` for radiographs, ``labels.csv`` for CT volumes)
-whose first column is a unique id and second the split. A problem with the file
+whose first column is a unique id and second the split (:data:`SPLITS`). A problem with the file
 itself (missing, unreadable, empty, wrong header, a row with the wrong number of
 fields, an empty required field, an unknown split, a duplicate id) makes the
 whole site unusable: :class:`~clients.errors.ManifestError` with the line number.
@@ -22,7 +22,14 @@ from typing import Protocol, TypeVar
 
 from clients.errors import ManifestError
 
-__all__ = ["ManifestFormat", "read_manifest_rows", "write_manifest_rows"]
+__all__ = ["SPLITS", "EVAL_SPLITS", "ManifestFormat", "read_manifest_rows", "write_manifest_rows"]
+
+#: The splits of every task's manifest: ``train`` (local training and the loss probe), ``val``
+#: (the evaluation the federation selects and stops on) and ``test`` (held out: evaluated only when
+#: the server asks for it, never used for training or selection).
+SPLITS = ("train", "val", "test")
+#: The splits a site evaluates a model on.
+EVAL_SPLITS = ("val", "test")
 
 
 class ManifestEntry(Protocol):

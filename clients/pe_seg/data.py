@@ -30,7 +30,7 @@ class Item:
     study_id : str
         Site-unique study identifier.
     split : str
-        ``"train"`` or ``"val"``.
+        ``"train"``, ``"val"`` or ``"test"``.
     hu : np.ndarray
         ``float32`` ``(z, y, x)`` Hounsfield units, slices ascending.
     mask : np.ndarray
@@ -79,7 +79,7 @@ def load_site(site_dir: Path, split: str | None = None) -> tuple[list[Item], Loa
     site_dir : Path
         The site folder holding ``manifest.csv``.
     split : str, optional
-        ``"train"`` or ``"val"`` to load only that split; ``None`` loads all.
+        ``"train"``, ``"val"`` or ``"test"`` to load only that split; ``None`` loads all.
 
     Returns
     -------
@@ -93,7 +93,7 @@ def load_site(site_dir: Path, split: str | None = None) -> tuple[list[Item], Loa
     ManifestError
         If the manifest is missing or malformed.
     ValueError
-        If ``split`` is not ``None``, ``"train"`` or ``"val"``.
+        If ``split`` is not ``None`` or one of ``"train"``, ``"val"``, ``"test"``.
     """
     rows = rows_of_split(lambda: read_manifest(Path(site_dir)), split, SPLITS)
     return load_each(rows, load_item, lambda row: row.study_id)

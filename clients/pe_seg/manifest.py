@@ -1,7 +1,8 @@
 """The per-site study manifest (``manifest.csv``).
 
 A site folder holds ``manifest.csv`` with the header ``study_id,split,image,mask``:
-one row per study, ``split`` is ``train`` or ``val``, ``image`` is the DICOM
+one row per study, ``split`` is ``train``, ``val`` or ``test`` (held out, see
+:data:`clients.manifests.csv_rows.SPLITS`), ``image`` is the DICOM
 series folder and ``mask`` the NIfTI label file, both relative to the site
 folder (POSIX separators). The manifest is the site's table of contents: if it
 is missing or malformed the site is unusable (:class:`ManifestError`); a
@@ -14,20 +15,19 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from clients.manifests.csv_rows import ManifestFormat
+from clients.manifests.csv_rows import SPLITS, ManifestFormat
 
 __all__ = ["MANIFEST_NAME", "MANIFEST_COLUMNS", "SPLITS", "ManifestRow", "read_manifest", "write_manifest"]
 
 MANIFEST_NAME = "manifest.csv"
 MANIFEST_COLUMNS = ("study_id", "split", "image", "mask")
-SPLITS = ("train", "val")
 FORMAT = ManifestFormat(MANIFEST_NAME, MANIFEST_COLUMNS, MANIFEST_COLUMNS, SPLITS, noun="study")
 
 
 @dataclass(frozen=True)
 class ManifestRow:
     """One ``manifest.csv`` row: the site-unique ``study_id`` (never leaves the site), its
-    ``split`` (``train`` / ``val``), the absolute ``image_dir`` (DICOM series folder)
+    ``split`` (``train`` / ``val`` / ``test``), the absolute ``image_dir`` (DICOM series folder)
     and ``mask_path`` (NIfTI mask)."""
 
     study_id: str

@@ -8,7 +8,9 @@ grid + ``manifest.csv`` (:mod:`clients.pe_seg.manifest`), read by
 * ``ctpa``: ``ctpa/pulmonary_ct.nii.gz`` (one CTPA-like contrast chest CT, HU)
   and its **pulmonary-artery** mask (TotalSegmentator output, not a manual
   label and **not** pulmonary embolism) -> contiguous z-blocks of
-  ``--block-slices`` slices, each a study. All blocks come from one patient.
+  ``--block-slices`` slices, each a study. All blocks come from one patient; a
+  seeded share of a site's training blocks is its held-out ``test`` split
+  (:mod:`clients.datagen.held_out`).
   The aorta CTA of the same folder is not added: its mask labels the aorta, and
   in the pulmonary CT the aorta is background, so the two studies would
   contradict each other.
@@ -20,7 +22,8 @@ grid + ``manifest.csv`` (:mod:`clients.pe_seg.manifest`), read by
   (:func:`clients.io.windowing.window_ct`, [-250, 450] HU) gives ``v`` back; the
   DICOM RescaleType is ``US`` (unspecified), not ``HU``. Every site trains on
   patches of the ``val`` file and validates on patches of the ``test`` file,
-  which come from other patients.
+  which come from other patients; a seeded share of those ``test``-file
+  patches is the site's held-out ``test`` split (:mod:`clients.datagen.held_out`).
 """
 
 from __future__ import annotations
@@ -57,15 +60,15 @@ def _uid_seed(*parts: str) -> int:
 
 
 def _write_seg_site(site_dir: Path, studies: list[tuple[str, CTVolume, np.ndarray, dict]],
-                    is_val: np.ndarray, dicom_kwargs: dict) -> None:
+                    splits: np.ndarray, dicom_kwargs: dict) -> None:
     """Write ``(study_id, volume, mask, header)`` studies as DICOM series + NIfTI masks + manifest.csv."""
     rows = []
-    for (study_id, volume, mask, header), val in zip(studies, is_val):
+    for (study_id, volume, mask, header), split in zip(studies, splits):
         study_dir = site_dir / _STUDY_DIR / study_id
         write_dicom_series(study_dir / "dicom", volume, patient_id=study_id, uid_seed=_uid_seed(study_id),
                            header=header, **dicom_kwargs)
         write_nifti_mask(study_dir / _MASK_NAME, mask, volume)
-        rows.append(ManifestRow(study_id, "val" if val else "train", study_dir / "dicom", study_dir / _MASK_NAME))
+        rows.append(ManifestRow(study_id, str(split), study_dir / "dicom", study_dir / _MASK_NAME))
     write_manifest(site_dir, rows)
 
 
@@ -101,8 +104,8 @@ def _ctpa_items(source: SharedSet, shared: Path, block_slices: int) -> SiteItems
         labels.append(int(mask[z0:z1].any()))
         ids.append(study_id)
 
-    def write(site_dir: Path, idx: np.ndarray, is_val: np.ndarray) -> None:
-        _write_seg_site(site_dir, [blocks[i] for i in idx], is_val, {})
+    def write(site_dir: Path, idx: np.ndarray, splits: np.ndarray) -> None:
+        _write_seg_site(site_dir, [blocks[i] for i in idx], splits, {})
 
     note = (f"Volume: {hu.shape[0]} x {hu.shape[1]} x {hu.shape[2]} (z, y, x) voxels, "
             f"{len(blocks)} blocks of ~{block_slices} slices, {sum(labels)} with a non-empty mask; "
@@ -132,7 +135,7 @@ def _msd_items(source: SharedSet, shared: Path, block_slices: int) -> SiteItems:
             from_test.append(part == "test")
     slope = MSD_WIDTH_HU / _MSD_LEVELS
 
-    def write(site_dir: Path, idx: np.ndarray, is_val: np.ndarray) -> None:
+    def write(site_dir: Path, idx: np.ndarray, splits: np.ndarray) -> None:
         studies = []
         for i in idx:
             levels, mask = patches[i]
@@ -146,7 +149,7 @@ def _msd_items(source: SharedSet, shared: Path, block_slices: int) -> SiteItems:
                 "NOT Hounsfield units. Medical Segmentation Decathlon Task06, CC BY-SA 4.0.")
             header["RescaleType"] = "US"
             studies.append((ids[i], volume, mask, header))
-        _write_seg_site(site_dir, studies, is_val,
+        _write_seg_site(site_dir, studies, splits,
                         {"rescale_slope": slope, "rescale_intercept": MSD_LOW_HU})
 
     return SiteItems(np.asarray(labels, dtype=np.int64), ids, write, fixed_val=np.asarray(from_test))
@@ -164,7 +167,8 @@ CTPA = SharedSet(
     "which emboli sit, and says nothing about emboli.\n"
     "All studies come from ONE patient: validation blocks are spatially disjoint from the\n"
     "training blocks but neighbour them, so validation measures generalisation along the\n"
-    "body axis of this patient, not to new patients.\n"
+    "body axis of this patient, not to new patients. A seeded share of a site's training\n"
+    "blocks is its held-out test split.\n"
     "Cite: Wasserthal et al., TotalSegmentator, Radiology: Artificial Intelligence 2023.\n",
     "License: Apache-2.0 (TotalSegmentator repository test files). "
     "Real public data: do not commit it into the repository.\n",
@@ -185,7 +189,8 @@ MSD_LUNG = SharedSet(
     f"multiple of 1/{_MSD_LEVELS}). These numbers are NOT Hounsfield units.\n"
     "Split: every site trains on patches of the 'val' file and validates on patches of the\n"
     "'test' file; the two files come from disjoint patients, so validation is on unseen\n"
-    "patients. Patient ids are not distributed, so patches of one patient may sit at\n"
+    "patients. A seeded share of a site's 'test'-file patches is its held-out test split.\n"
+    "Patient ids are not distributed, so patches of one patient may sit at\n"
     "several sites.\n"
     "Cite: Antonelli et al., The Medical Segmentation Decathlon, Nat Commun 2022.\n",
     "License: CC BY-SA 4.0 (share-alike applies to this data and to data derived from it). "

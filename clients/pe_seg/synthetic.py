@@ -231,12 +231,16 @@ def generate_study(
 
 
 def generate_site(
-    site_dir: Path, profile: SiteProfile, seed: int, image_size: int = 96, val_fraction: float = 0.25
+    site_dir: Path, profile: SiteProfile, seed: int, image_size: int = 96, val_fraction: float = 0.25,
+    num_test: int = 1,
 ) -> Path:
     """Write one synthetic hospital: its studies and ``manifest.csv``.
 
-    ``round(NO_PE_FRACTION * n)`` studies have no emboli; ``max(1, round(val_fraction * n))``
-    studies go to split ``val`` (both chosen by the seed). Each study has its own
+    Of the profile's ``n`` studies, ``round(NO_PE_FRACTION * n)`` have no emboli and
+    ``max(1, round(val_fraction * n))`` go to split ``val`` (both chosen by the seed),
+    the rest to ``train``; then ``num_test`` more studies with emboli
+    (``study-<n>``, ...) go to the held-out split ``test``, so the train and val
+    studies are those of a site without a test split. Study ``k`` has its own
     random stream ``SeedSequence([seed, k])``.
 
     Parameters
@@ -252,6 +256,8 @@ def generate_site(
         In-plane size (pixels). Default 96.
     val_fraction : float, optional
         Fraction of studies in split ``val``, in [0, 1). Default 0.25.
+    num_test : int, optional
+        Studies in split ``test``, >= 0. Default 1.
 
     Returns
     -------
@@ -261,12 +267,14 @@ def generate_site(
     Raises
     ------
     ValueError
-        On a bad ``val_fraction``.
+        On a bad ``val_fraction`` or ``num_test``.
     FileExistsError
         If ``site_dir`` holds anything but is not marked synthetic (``SYNTHETIC.txt``).
     """
     if not 0.0 <= val_fraction < 1.0:
         raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+    if num_test < 0:
+        raise ValueError(f"num_test must be >= 0, got {num_test}")
     n = profile.num_studies
     site_dir = Path(site_dir)
     studies_dir = federation.claim_site_dir(site_dir, "studies", _MARKER_TEXT)
@@ -276,14 +284,15 @@ def generate_site(
     val = set(rng.permutation(n)[:num_val].tolist())
     negative = set(rng.permutation(n)[: round(NO_PE_FRACTION * n)].tolist())
     entries = []
-    for k in range(n):
+    for k in range(n + num_test):
         study_id = f"study-{k:03d}"
         study_rng = np.random.default_rng(np.random.SeedSequence([seed, k]))
-        generate_study(studies_dir, study_id, profile, study_rng, image_size, with_pe=k not in negative)
+        generate_study(studies_dir, study_id, profile, study_rng, image_size,
+                       with_pe=k >= n or k not in negative)
         entries.append(
             ManifestRow(
                 study_id,
-                "val" if k in val else "train",
+                "test" if k >= n else "val" if k in val else "train",
                 studies_dir / study_id / IMAGE_DIR,
                 studies_dir / study_id / MASK_NAME,
             )
@@ -298,11 +307,12 @@ def generate_site(
 generate_federation = federation.SyntheticFederation(site_profiles, generate_site, image_size=96)
 
 
-def _site_summary(site_dir: Path) -> tuple[int, int, int]:
-    """(studies, val studies, slices) of a written site."""
+def _site_summary(site_dir: Path) -> tuple[int, int, int, int]:
+    """(studies, val studies, test studies, slices) of a written site."""
     entries = read_manifest(site_dir)
     slices = sum(len(list_series_files(e.image_dir)) for e in entries)
-    return len(entries), sum(e.split == "val" for e in entries), slices
+    return (len(entries), sum(e.split == "val" for e in entries),
+            sum(e.split == "test" for e in entries), slices)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -317,9 +327,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
 
     def describe(profile: SiteProfile, site_dir: Path, elapsed: float) -> tuple[str, dict[str, int]]:
-        studies, val, slices = _site_summary(site_dir)
+        studies, val, test, slices = _site_summary(site_dir)
         text = (
-            f"{studies} studies ({studies - val} train, {val} val), "
+            f"{studies} studies ({studies - val - test} train, {val} val, {test} test), "
             f"{slices} slices, noise {profile.noise_hu:g} HU, contrast +{profile.contrast_hu:g} HU, "
             f"spacing {profile.slice_thickness_mm[0]:g}-{profile.slice_thickness_mm[1]:g} mm"
         )

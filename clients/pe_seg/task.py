@@ -22,10 +22,10 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from clients.training.device import ComputeDevice
-from clients.manifests.load_report import LoadReport
 from clients.pe_seg.data import load_site
+from clients.pe_seg.manifest import MANIFEST_NAME
 from clients.training.sampling import positive_share_sampler
-from clients.training.site_task import EvalResult, SiteDataError, SiteTask, TaskSettings
+from clients.training.site_task import EvalResult, SiteTask, TaskSettings, merged_report
 from clients.pe_seg.slabs import SlabDataset
 from models.unet25d import make_unet25d
 
@@ -72,31 +72,30 @@ class PESegTask(SiteTask):
     Raises
     ------
     SiteDataError
-        If the site has no usable training study.
+        If the site has no usable study in any split (a site with only ``val`` /
+        ``test`` studies loads; training on it is refused).
     """
 
     name = "pe-seg"
     main_metric = "dice"
+    manifest_name = MANIFEST_NAME
     channels_last_ok = True
 
     def __init__(self, site_dir: Path, settings: TaskSettings) -> None:
         super().__init__(site_dir, settings)
-        train, train_report = load_site(self.site_dir, split="train")
-        val, val_report = load_site(self.site_dir, split="val")
-        self.report = LoadReport(
-            loaded=train_report.loaded + val_report.loaded,
-            skipped={**train_report.skipped, **val_report.skipped},
-        )
-        if not train:
-            raise SiteDataError(
-                f"{self.site_dir}: no usable training study "
-                f"({len(self.report.skipped)} skipped: {self.report.skipped})")
+        loaded = {split: load_site(self.site_dir, split=split) for split in ("train", "val", "test")}
+        self.report = merged_report(*(report for _, report in loaded.values()))
         size, slab = settings.image_size, settings.slab_slices
-        self.train_set = SlabDataset(train, slab=slab, image_size=size)
-        self.val_set = SlabDataset(val, slab=slab, image_size=size) if val else None
-        log.info("%s: %d train slabs (%d with a non-empty mask), %d val slabs, %d studies skipped",
-                 self.site_dir.name, len(self.train_set), self.train_set.num_positive_slices,
-                 len(self.val_set) if self.val_set else 0, len(self.report.skipped))
+        train, val, test = (SlabDataset(studies, slab=slab, image_size=size) if studies else None
+                            for studies, _ in loaded.values())
+        self.train_set: SlabDataset | None = train
+        self.val_set: SlabDataset | None = val
+        self.test_set: SlabDataset | None = test
+        self._require_items("study")
+        log.info("%s: %d train slabs (%d with a non-empty mask), %d val slabs, %d test slabs, "
+                 "%d studies skipped", self.site_dir.name, len(train) if train else 0,
+                 train.num_positive_slices if train else 0, len(val) if val else 0,
+                 len(test) if test else 0, len(self.report.skipped))
 
     @classmethod
     def model_for(cls, settings: TaskSettings) -> nn.Module:
@@ -121,7 +120,8 @@ class PESegTask(SiteTask):
 
     def _train_loader(self, seed: int, compute: ComputeDevice) -> DataLoader:
         """Slabs with a mask drawn at least at ``positive_fraction`` (never down-weighted)."""
-        dataset, n = self.train_set, len(self.train_set)
+        dataset = self.require_training()
+        n = len(dataset)
         sampler = positive_share_sampler(n, dataset.positive_indices,
                                          self.settings.positive_fraction, seed, at_least=True)
         return DataLoader(_RandomFlips(dataset), batch_size=self.settings.batch_size,
@@ -130,19 +130,12 @@ class PESegTask(SiteTask):
                           **compute.loader_kwargs())
 
     @torch.no_grad()
-    def evaluate(self, model: nn.Module, compute: ComputeDevice) -> EvalResult:
-        """Dice per validation study (3D, from centre-slice predictions), mean over studies.
-
-        Raises
-        ------
-        SiteDataError
-            If the site has no usable validation study.
-        """
-        if self.val_set is None:
-            raise SiteDataError(f"{self.site_dir}: no usable validation study")
+    def _evaluate_on(self, model: nn.Module, data: SlabDataset,
+                     compute: ComputeDevice) -> EvalResult:
+        """Dice per study of one split (3D, from centre-slice predictions), mean over studies."""
         model.to(compute.device).eval()
         loss_fn = self.loss_fn()
-        loader = DataLoader(self.val_set, batch_size=max(self.settings.batch_size, 16),
+        loader = DataLoader(data, batch_size=max(self.settings.batch_size, 16),
                             **compute.loader_kwargs(workers=False))
         preds, targets, loss_sum, batches = [], [], torch.zeros((), device=compute.device), 0
         for x, y in loader:
@@ -157,10 +150,10 @@ class PESegTask(SiteTask):
             targets.append(y.to(torch.uint8).cpu())
         pred, target = torch.cat(preds)[:, 0], torch.cat(targets)[:, 0]
         metric = DiceMetric(include_background=True, reduction="mean", ignore_empty=False)
-        owners = [self.val_set.location(i)[0] for i in range(len(self.val_set))]
-        for study_id in self.val_set.study_ids:
+        owners = [data.location(i)[0] for i in range(len(data))]
+        for study_id in data.study_ids:
             rows = torch.tensor([i for i, owner in enumerate(owners) if owner == study_id])
             metric(y_pred=pred[rows][None, None], y=target[rows][None, None])
         dice = float(metric.aggregate())
-        return EvalResult(num_examples=len(self.val_set), loss=float(loss_sum) / max(batches, 1),
-                          metrics={"dice": dice}, num_studies=len(self.val_set.study_ids))
+        return EvalResult(num_examples=len(data), loss=float(loss_sum) / max(batches, 1),
+                          metrics={"dice": dice}, num_studies=len(data.study_ids))

@@ -1,4 +1,4 @@
-"""A site's decoded training and validation data, cached on the site's own disk.
+"""A site's decoded training, validation and test data, cached on the site's own disk.
 
 In deployment every train / evaluate / query message runs in a fresh ClientApp
 process, so without a cache each message would re-read and re-decode the
@@ -10,7 +10,9 @@ site's state directory and reuses it while nothing it depends on has changed:
 * the site folder's path and its files (relative path, size and modification
   time of every file under it, the state directory excluded),
 * the task and its settings (image size, slab, depth, ...),
-* the data-layer code (the source of the ``clients`` package).
+* the data-layer code (the source of the ``clients`` package): what a task
+  stores (e.g. its ``test_set`` beside ``train_set`` and ``val_set``) is
+  defined by that code, so a change of what is stored is a change of key.
 
 Any change gives a new key and a rebuild; an unreadable cache file is logged,
 removed and rebuilt. Files are written atomically (temporary file, then

@@ -116,8 +116,9 @@ def check_query(policy: SitePolicy, request: Request) -> None:
 
 
 def releases_val_metrics(policy: SitePolicy, val_items: int) -> bool:
-    """Whether validation metrics may leave a site with ``val_items`` validation items.
+    """Whether evaluation metrics may leave a site with ``val_items`` items in the evaluated split.
 
-    Below ``min-val-items`` an evaluate reply carries only counts.
+    The rule covers both evaluation splits (``val`` and the held-out ``test``):
+    below ``min-val-items`` an evaluate reply carries only counts.
     """
     return val_items >= policy.min_val_items

@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, Dataset
 from clients.training.device import ComputeDevice
 from clients.manifests.load_report import LoadReport
 from clients.training.sampling import positive_share_sampler
-from clients.training.site_task import EvalResult, SiteDataError, SiteTask, TaskSettings
+from clients.training.site_task import EvalResult, SiteTask, TaskSettings, merged_report
 
 __all__ = ["LabelledTensors", "balanced_loader", "evaluate_classifier", "ClassificationTask"]
 
@@ -93,13 +93,14 @@ def evaluate_classifier(model: nn.Module, dataset: LabelledTensors, compute: Com
 class ClassificationTask(SiteTask):
     """A site's labelled images in memory, a sigmoid-per-label classifier, BCE loss and ROC AUC.
 
-    ``__init__`` loads the ``train`` and ``val`` splits with :meth:`_load_split`
-    (the report merges both); a site without a usable training item is a
-    :class:`~clients.training.site_task.SiteDataError`, one without validation items
-    has ``val_set = None``. Training batches are class-balanced
-    (:func:`balanced_loader`); :meth:`evaluate` runs :func:`evaluate_classifier`.
-    Subclasses set ``name`` and ``item_noun`` and implement :meth:`_load_split`,
-    :meth:`model_for` and :meth:`example_input`.
+    ``__init__`` loads the ``train``, ``val`` and ``test`` splits with
+    :meth:`_load_split` (the report merges them); a split without usable items
+    is ``None``, and a site without a usable item in any split is a
+    :class:`~clients.training.site_task.SiteDataError`. Training batches are
+    class-balanced (:func:`balanced_loader`); evaluation runs
+    :func:`evaluate_classifier`. Subclasses set ``name``, ``manifest_name`` and
+    ``item_noun`` and implement :meth:`_load_split`, :meth:`model_for` and
+    :meth:`example_input`.
     """
 
     main_metric = "auc"
@@ -108,15 +109,13 @@ class ClassificationTask(SiteTask):
 
     def __init__(self, site_dir: Path, settings: TaskSettings) -> None:
         super().__init__(site_dir, settings)
-        train, train_report = self._load_split("train")
-        val, val_report = self._load_split("val")
-        self.report = LoadReport(loaded=train_report.loaded + val_report.loaded,
-                                 skipped={**train_report.skipped, **val_report.skipped})
-        if not len(train):
-            raise SiteDataError(f"{self.site_dir}: no usable training {self.item_noun} "
-                                f"({len(self.report.skipped)} skipped)")
-        self.train_set: LabelledTensors = train
-        self.val_set: LabelledTensors | None = val if len(val) else None
+        loaded = {split: self._load_split(split) for split in ("train", "val", "test")}
+        self.report = merged_report(*(report for _, report in loaded.values()))
+        train, val, test = (data if len(data) else None for data, _ in loaded.values())
+        self.train_set: LabelledTensors | None = train
+        self.val_set: LabelledTensors | None = val
+        self.test_set: LabelledTensors | None = test
+        self._require_items(self.item_noun)
 
     @abstractmethod
     def _load_split(self, split: str) -> tuple[LabelledTensors, LoadReport]:
@@ -128,15 +127,14 @@ class ClassificationTask(SiteTask):
         return nn.BCEWithLogitsLoss()
 
     def _train_loader(self, seed: int, compute: ComputeDevice) -> DataLoader:
-        return balanced_loader(self.train_set, self.settings.batch_size,
+        return balanced_loader(self.require_training(), self.settings.batch_size,
                                self.settings.positive_fraction, seed, compute)
 
     def _eval_batch_size(self) -> int:
         """Batch size of :meth:`evaluate`: the training batch size."""
         return self.settings.batch_size
 
-    def evaluate(self, model: nn.Module, compute: ComputeDevice) -> EvalResult:
-        """ROC AUC, accuracy and loss on the site's validation items."""
-        if self.val_set is None:
-            raise SiteDataError(f"{self.site_dir}: no usable validation {self.item_noun}")
-        return evaluate_classifier(model, self.val_set, compute, self._eval_batch_size())
+    def _evaluate_on(self, model: nn.Module, data: LabelledTensors,
+                     compute: ComputeDevice) -> EvalResult:
+        """ROC AUC, accuracy and loss on one split's items."""
+        return evaluate_classifier(model, data, compute, self._eval_batch_size())

@@ -2,15 +2,19 @@
 
 A *site task* ties a site's data (read once, bad items skipped and counted) to
 a model factory, a loss, a sampler and a validation metric. Local training
-(:meth:`SiteTask.train`) and the Power-of-Choice loss probe
-(:meth:`SiteTask.training_loss`) are the same for every task; a task only says
-how to load its data, build its model, batch its training data and evaluate.
-No Flower imports: the ClientApp calls this.
+(:meth:`SiteTask.train`), the Power-of-Choice loss probe
+(:meth:`SiteTask.training_loss`) and evaluation on a split
+(:meth:`SiteTask.evaluate`, ``val`` or the held-out ``test``) are the same for
+every task; a task only says how to load its data, build its model, batch its
+training data and evaluate one data set. A site may hold no training item (a
+test-only site): it loads and evaluates, and training on it is a
+:class:`SiteDataError`. No Flower imports: the ClientApp calls this.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -22,6 +26,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from clients.training.device import ComputeDevice
+from clients.manifests.csv_rows import EVAL_SPLITS
 from clients.manifests.load_report import LoadReport
 from clients.training.private_training import (DpSettings, dp_compatible, noise_only_step,
                                                private_training)
@@ -29,7 +34,7 @@ from clients.training.trainer import TrainResult, train_steps
 from strategies.errors import SiteError
 
 __all__ = ["SiteDataError", "TaskSettings", "EvalResult", "SiteTask", "make_optimizer",
-           "OPTIMIZERS"]
+           "merged_report", "OPTIMIZERS", "EVAL_SPLITS"]
 
 OPTIMIZERS = ("sgd", "adam")
 
@@ -37,7 +42,7 @@ log = logging.getLogger(__name__)
 
 
 class SiteDataError(SiteError):
-    """A site has no usable data for the requested split."""
+    """A site has no usable data for the requested work (no item at all, or none to train on)."""
 
 
 @dataclass(frozen=True)
@@ -63,16 +68,27 @@ class TaskSettings:
 
 @dataclass(frozen=True)
 class EvalResult:
-    """Validation of a model on a site's held-out data.
+    """Evaluation of a model on one split (``val`` or ``test``) of a site's data.
 
     ``metrics`` holds only the metrics defined at this site (finite values); one
     that is undefined on the site's data (ROC AUC of a one-class split) is left out.
+    A split without items gives ``num_examples = num_studies = 0``, ``loss`` NaN
+    and no metrics.
     """
 
     num_examples: int
     loss: float
     metrics: dict[str, float] = field(default_factory=dict)
     num_studies: int = 0
+
+
+def merged_report(*reports: LoadReport) -> LoadReport:
+    """One load report of several splits: loaded ids in order, skipped ids merged."""
+    merged = LoadReport()
+    for report in reports:
+        merged.loaded.extend(report.loaded)
+        merged.skipped.update(report.skipped)
+    return merged
 
 
 def make_optimizer(name: str, params, lr: float, momentum: float) -> torch.optim.Optimizer:
@@ -87,24 +103,69 @@ def make_optimizer(name: str, params, lr: float, momentum: float) -> torch.optim
 class SiteTask(ABC):
     """One site's data for one task, and the operations the ClientApp runs on it.
 
-    Subclasses set ``name`` and ``main_metric`` and implement :meth:`model_for`,
-    :meth:`example_input`, :meth:`loss_fn`, :meth:`_train_loader` and
-    :meth:`evaluate`; their ``__init__`` loads ``train_set`` (a Dataset of
-    ``(input, target)``), ``val_set`` and ``report``. A task whose model is a
-    2D CNN on ``(N, C, H, W)`` inputs sets ``channels_last_ok`` so that it runs
-    NHWC on devices that ask for it (:attr:`ComputeDevice.channels_last`).
+    Subclasses set ``name``, ``main_metric`` and ``manifest_name`` and implement
+    :meth:`model_for`, :meth:`example_input`, :meth:`loss_fn`,
+    :meth:`_train_loader` and :meth:`_evaluate_on`; their ``__init__`` loads
+    ``train_set``, ``val_set`` and ``test_set`` (Datasets of ``(input, target)``,
+    ``None`` for a split without usable items) and ``report``, and calls
+    :meth:`_require_items`. A task whose model is a 2D CNN on ``(N, C, H, W)``
+    inputs sets ``channels_last_ok`` so that it runs NHWC on devices that ask
+    for it (:attr:`ComputeDevice.channels_last`).
     """
 
     name: ClassVar[str]
     main_metric: ClassVar[str]
+    #: The site folder's manifest (``images.csv``, ``manifest.csv``, ``labels.csv``), named in errors.
+    manifest_name: ClassVar[str]
     channels_last_ok: ClassVar[bool] = False
 
     def __init__(self, site_dir: Path, settings: TaskSettings) -> None:
         self.site_dir = Path(site_dir)
         self.settings = settings
-        self.train_set: Dataset
+        self.train_set: Dataset | None = None
         self.val_set: Dataset | None = None
+        self.test_set: Dataset | None = None
         self.report = LoadReport()
+
+    def _require_items(self, noun: str) -> None:
+        """Refuse a site with no usable item in any split (nothing to train or evaluate on).
+
+        Raises
+        ------
+        SiteDataError
+            Naming the manifest and the number of skipped items.
+        """
+        if not any(data is not None and len(data) for data in
+                   (self.train_set, self.val_set, self.test_set)):
+            raise SiteDataError(f"{self.site_dir / self.manifest_name}: no usable {noun} in any "
+                                f"split ({len(self.report.skipped)} skipped)")
+
+    def require_training(self) -> Dataset:
+        """The training data, for :meth:`train` and :meth:`training_loss`.
+
+        Raises
+        ------
+        SiteDataError
+            If the site has no usable training item (a site holding only ``val`` /
+            ``test`` items can evaluate, not train); the message names the manifest.
+        """
+        if self.train_set is None or not len(self.train_set):
+            raise SiteDataError(
+                f"{self.site_dir / self.manifest_name}: no training items (no usable row of split "
+                f"'train'; {len(self.report.skipped)} item(s) skipped): the site can only evaluate")
+        return self.train_set
+
+    def eval_set(self, split: str) -> Dataset | None:
+        """The data of evaluation split ``split`` (``"val"`` or ``"test"``), ``None`` if it has none.
+
+        Raises
+        ------
+        ValueError
+            On any other split.
+        """
+        if split not in EVAL_SPLITS:
+            raise ValueError(f"evaluation split must be one of {EVAL_SPLITS}, got {split!r}")
+        return self.val_set if split == "val" else self.test_set
 
     @classmethod
     @abstractmethod
@@ -147,8 +208,23 @@ class SiteTask(ABC):
         (:meth:`ComputeDevice.loader_kwargs`)."""
 
     @abstractmethod
-    def evaluate(self, model: nn.Module, compute: ComputeDevice) -> EvalResult:
-        """Validation loss and metrics (``main_metric`` among them)."""
+    def _evaluate_on(self, model: nn.Module, data: Dataset, compute: ComputeDevice) -> EvalResult:
+        """Loss and metrics (``main_metric`` among them) on ``data`` (one split, not empty)."""
+
+    def evaluate(self, model: nn.Module, compute: ComputeDevice, split: str = "val") -> EvalResult:
+        """Loss and metrics of ``model`` on the site's ``split`` (``"val"`` or ``"test"``).
+
+        A split without usable items gives ``EvalResult(0, nan)`` (no metrics), not an error.
+
+        Raises
+        ------
+        ValueError
+            On a split other than ``"val"`` or ``"test"``.
+        """
+        data = self.eval_set(split)
+        if data is None or not len(data):
+            return EvalResult(num_examples=0, loss=math.nan, metrics={}, num_studies=0)
+        return self._evaluate_on(model, data, compute)
 
     def build_model(self, private: bool = False) -> nn.Module:
         """A fresh model for this site's settings (DP-SGD-compatible if ``private``)."""
@@ -172,7 +248,13 @@ class SiteTask(ABC):
         :mod:`clients.training.private_training`) on a model from
         ``build_model(private=True)``, in full precision, with
         :meth:`private_loss_fn`; the result carries the accountant's history.
+
+        Raises
+        ------
+        SiteDataError
+            If the site has no training item (:meth:`require_training`).
         """
+        self.require_training()
         torch.manual_seed(seed)
         if privacy is not None and privacy.enabled:
             return self._train_private(model, steps, lr, momentum, compute, seed, optimizer,
@@ -210,14 +292,16 @@ class SiteTask(ABC):
         """Loss of ``model`` on the training data (forward passes only).
 
         ``subset > 0`` uses a fixed, seeded subset of that many examples (the cheap
-        loss estimate of cpow-d); 0 uses all of them (pow-d).
+        loss estimate of cpow-d); 0 uses all of them (pow-d). A site without
+        training items raises :class:`SiteDataError` (:meth:`require_training`).
         """
+        train_set = self.require_training()
         model.to(compute.device).eval()
-        indices = list(range(len(self.train_set)))
+        indices = list(range(len(train_set)))
         if 0 < subset < len(indices):
             generator = torch.Generator().manual_seed(0)
             indices = torch.randperm(len(indices), generator=generator)[:subset].tolist()
-        loader = DataLoader(Subset(self.train_set, indices),
+        loader = DataLoader(Subset(train_set, indices),
                             batch_size=max(self.settings.batch_size, 16),
                             **compute.loader_kwargs(workers=False))
         loss_fn, total, count = self.loss_fn(), torch.zeros((), device=compute.device), 0

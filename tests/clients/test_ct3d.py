@@ -200,15 +200,15 @@ def test_bad_nifti_dimensions(tmp_path):
 
 def test_synthetic_hospital_layout(tiny_site):
     entries = read_manifest(tiny_site)
-    assert [e.study_id for e in entries] == [f"study-{k:03d}" for k in range(6)]
+    assert [e.study_id for e in entries] == [f"study-{k:03d}" for k in range(8)]  # 2 test
     assert all(e.is_valid for e in entries)
     kinds = {e.image.is_dir() for e in entries}
     assert kinds == {True, False}  # both DICOM series and NIfTI files
     assert all(e.image.name == "ct.nii.gz" for e in entries if not e.image.is_dir())
     assert (tiny_site / "SYNTHETIC.txt").is_file()
-    for split in ("train", "val"):
+    for split in ("train", "val", "test"):
         assert {e.label for e in entries if e.split == split} == {0, 1}  # AUC defined at every split
-    assert sum(e.label for e in entries) == 3
+    assert sum(e.label for e in entries) == 4
 
 
 def test_synthetic_hospital_is_deterministic(tiny_site, tmp_path):
@@ -272,10 +272,10 @@ def test_cli_writes_hospitals(tmp_path, capsys, monkeypatch):
                         replace(generator.generate_federation, profiles=tiny_profiles))
     assert main(["--out", str(tmp_path / "fed"), "--sites", "2", "--seed", "4", "--image-size", "16"]) == 0
     out = capsys.readouterr().out
-    assert "[1/2] hospital-00: 6 studies (4 train, 2 val), 3 with emphysema" in out
-    assert "[2/2] hospital-01" in out and "16x16 px" in out and "Done: 2 hospitals, 12 studies" in out
+    assert "[1/2] hospital-00: 8 studies (4 train, 2 val, 2 test), 4 with emphysema" in out
+    assert "[2/2] hospital-01" in out and "16x16 px" in out and "Done: 2 hospitals, 16 studies" in out
     for site in ("hospital-00", "hospital-01"):
-        assert len(read_manifest(tmp_path / "fed" / site)) == 6
+        assert len(read_manifest(tmp_path / "fed" / site)) == 8
     with pytest.raises(SystemExit):
         main(["--out", str(tmp_path / "fed"), "--sites", "0"])
 
@@ -297,7 +297,7 @@ def test_loader_reads_every_study_of_a_clean_site(tiny_site):
         assert label == by_id[study_id].label
         assert np.array_equal(volume, load_ct_volume(by_id[study_id].image, SMALL_GRID))
     with pytest.raises(ValueError, match="split"):
-        load_site(tiny_site, "test")
+        load_site(tiny_site, "holdout")
 
 
 def _rewrite_manifest(site: Path, edit) -> None:
@@ -336,7 +336,7 @@ def test_bad_items_are_skipped_counted_and_logged_once_each(tiny_site, tmp_path,
     bad = {dicom[0].study_id, nifti[0].study_id, bad_label, no_label, "ghost"}
     assert set(report.skipped) == bad and report.num_skipped == 5
     good = [e.study_id for e in entries if e.study_id not in bad] + ["spreadsheet"]
-    assert report.loaded == good == [s for s, _, _ in volumes] and report.num_loaded == 3
+    assert report.loaded == good == [s for s, _, _ in volumes] and report.num_loaded == 5
     assert dict((s, lbl) for s, _, lbl in volumes)["spreadsheet"] == 1
     assert str(corrupt_slice) in report.skipped[dicom[0].study_id]
     assert str(nifti[0].image) in report.skipped[nifti[0].study_id]
@@ -368,7 +368,7 @@ def test_label_rows_carry_their_error(tiny_site, tmp_path):
         ("\n\n", "bad header"),
         ("study_id,split,image,mask\na,train,x,1\n", "bad header"),
         ("study_id,split,image,label\na,train,x\n", "line 2: expected 4 fields"),
-        ("study_id,split,image,label\na,test,x,1\n", "line 2: bad split"),
+        ("study_id,split,image,label\na,holdout,x,1\n", "line 2: bad split"),
         ("study_id,split,image,label\n,train,x,1\n", "line 2: empty study_id"),
         ("study_id,split,image,label\na,train,,1\n", "line 2: empty image"),
         ("study_id,split,image,label\na,train,x,1\na,val,y,0\n", "line 3: duplicate study_id"),

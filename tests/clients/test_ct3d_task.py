@@ -36,5 +36,5 @@ def test_trains_and_reports_auc(ct3d_site: Path):
 
 def test_site_without_volumes_is_an_error(tmp_path: Path):
     (tmp_path / "labels.csv").write_text("study_id,split,image,label\nx,train,missing.nii.gz,1\n")
-    with pytest.raises(SiteDataError, match="no usable training volume"):
+    with pytest.raises(SiteDataError, match=r"labels\.csv: no usable volume in any split \(1 skipped\)"):
         CT3DClsTask(tmp_path, SETTINGS)

@@ -342,9 +342,9 @@ def file_kind(path: Path) -> str:
 
 def test_every_hospital_writes_every_file_kind_and_both_classes(site):
     entries = read_manifest(site)
-    assert len(entries) == SMALL.num_images
+    assert len(entries) == SMALL.num_images + 4  # + 4 held-out test images, 2 positive
     assert {file_kind(e.image_path) for e in entries} == set(FILE_KINDS)
-    assert sum(e.labels == "1" for e in entries) == round(SMALL.positive_rate * SMALL.num_images)
+    assert sum(e.labels == "1" for e in entries) == round(SMALL.positive_rate * SMALL.num_images) + 2
     assert (site / "SYNTHETIC.txt").is_file()
 
 

@@ -39,7 +39,7 @@ def test_missing_manifest(tmp_path) -> None:
     [
         ("", "manifest is empty"),
         ("id,split,image,mask\n", "bad header"),
-        ("study_id,split,image,mask\na,test,x,y\n", "line 2: bad split 'test'"),
+        ("study_id,split,image,mask\na,holdout,x,y\n", "line 2: bad split 'holdout'"),
         ("study_id,split,image,mask\na,train,x\n", "line 2: expected 4 fields"),
         ("study_id,split,image,mask\na,train,x,y\n\na,val,x,y\n", "line 4: duplicate study_id 'a'"),
         ("study_id,split,image,mask\na,train,,y\n", "line 2: empty image"),
@@ -53,4 +53,4 @@ def test_malformed_manifest(tmp_path, text, message) -> None:
 
 def test_write_rejects_bad_split(tmp_path) -> None:
     with pytest.raises(ValueError, match="bad split"):
-        write_manifest(tmp_path, [ManifestRow("a", "test", tmp_path, tmp_path)])
+        write_manifest(tmp_path, [ManifestRow("a", "holdout", tmp_path, tmp_path)])

@@ -158,7 +158,7 @@ def test_ct3d_sites_from_real_data_load(tmp_path: Path) -> None:
 
     shared = _require("ct3d/adrenalmnist3d_64.npz")
     summaries = convert("ct3d-cls", shared, tmp_path, 2, "iid", seed=0, max_per_site=6, log=lambda _: None)
-    assert [s.total for s in summaries] == [6, 6]
+    assert [(s.train + s.val, s.test) for s in summaries] == [(6, 1), (6, 1)]  # + AdrenalMNIST3D test
     site = tmp_path / "hospital-00"
     volumes, report = load_site(site, "train", (16, 32, 32))
     assert volumes and not report.skipped

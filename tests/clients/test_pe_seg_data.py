@@ -41,7 +41,7 @@ def test_skips_exactly_the_bad_studies(small_site, tmp_path, caplog) -> None:
     with caplog.at_level(logging.WARNING, logger="clients.pe_seg.data"):
         studies, report = load_site(site)
 
-    assert report.loaded == ["study-000", "study-003"]
+    assert report.loaded == ["study-000", "study-003", "study-004"]
     assert [s.study_id for s in studies] == report.loaded
     assert set(report.skipped) == {"study-001", "study-002"} and report.num_skipped == 2
     assert str(broken_file) in report.skipped["study-001"]
@@ -57,4 +57,4 @@ def test_manifest_problems_stop_the_site(tmp_path) -> None:
     with pytest.raises(ManifestError):
         load_site(tmp_path)
     with pytest.raises(ValueError, match="split"):
-        load_site(tmp_path, split="test")
+        load_site(tmp_path, split="holdout")

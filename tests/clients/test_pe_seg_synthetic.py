@@ -42,8 +42,9 @@ def test_profiles_are_deterministic_and_differ_between_sites() -> None:
 
 def test_generated_files_are_valid_ct_series(small_site, small_profile) -> None:
     entries = read_manifest(small_site)
-    assert len(entries) == small_profile.num_studies
+    assert len(entries) == small_profile.num_studies + 1  # + one held-out test study
     assert sum(e.split == "val" for e in entries) == 1  # 25 % of 4, at least one
+    assert [e.split for e in entries][-1] == "test"
     series_uids, counts, steps = set(), set(), set()
     for entry in entries:
         files = [p for p in entry.image_dir.iterdir()]
@@ -151,9 +152,9 @@ def test_cli_writes_a_federation(tmp_path, capsys) -> None:
     total = 0
     for profile in profiles:
         entries = read_manifest(tmp_path / profile.name)
-        assert len(entries) == profile.num_studies
+        assert len(entries) == profile.num_studies + 1
         for entry in entries:
             n = len(list(entry.image_dir.iterdir()))
             assert profile.num_slices[0] <= n <= profile.num_slices[1]
             total += n
-    assert f"{sum(p.num_studies for p in profiles)} studies, {total} slices" in lines[2]
+    assert f"{sum(p.num_studies + 1 for p in profiles)} studies, {total} slices" in lines[2]

@@ -53,14 +53,22 @@ def test_site_with_one_broken_study_trains_on_the_rest(small_site: Path, tmp_pat
     assert broken.split("/")[1] in task.report.skipped
 
 
-def test_site_without_training_studies_is_an_error(small_site: Path, tmp_path: Path):
+def test_site_without_training_studies_loads_but_cannot_train(small_site: Path, tmp_path: Path):
     site = tmp_path / "site"
     shutil.copytree(small_site, site)
     lines = (site / "manifest.csv").read_text().splitlines()
     (site / "manifest.csv").write_text("\n".join([lines[0]] + [
         line for line in lines[1:] if ",val," in line]) + "\n")
-    with pytest.raises(SiteDataError, match="no usable training study"):
-        PESegTask(site, SETTINGS)
+    task = PESegTask(site, SETTINGS)
+    assert task.train_set is None and len(task.val_set.study_ids) >= 1
+    with pytest.raises(SiteDataError, match=r"manifest\.csv: no training items"):
+        task.training_loss(task.build_model(), select_device("cpu"))
+
+
+def test_site_without_any_usable_study_is_an_error(tmp_path: Path):
+    (tmp_path / "manifest.csv").write_text("study_id,split,image,mask\nx,test,missing,missing.nii.gz\n")
+    with pytest.raises(SiteDataError, match=r"manifest\.csv: no usable study in any split \(1 skipped\)"):
+        PESegTask(tmp_path, SETTINGS)
 
 
 def test_unknown_optimizer():

@@ -1,7 +1,7 @@
 """Fixtures of the real-process tests: small synthetic hospitals, a TLS SuperLink.
 
-``small_hospitals`` writes synthetic hospitals (32x32) cut to three studies each
-(two train, one val): a federation of real DICOM series and NIfTI masks that
+``small_hospitals`` writes synthetic hospitals (32x32) cut to four studies each
+(two train, one val, one test): a federation of real DICOM series and NIfTI masks that
 trains and evaluates in seconds. ``deployment`` is one TLS SuperLink with
 SuperNode authentication for the whole session (its tests start their own
 SuperNodes); ``private_deployment`` is one per test, for a test that kills and
@@ -33,12 +33,13 @@ DEPLOYMENT_SITES = ("hospital-a", "hospital-b", "rogue")
 
 
 def write_small_hospitals(root: Path, seed: int, num_sites: int = 2) -> list[Path]:
-    """Synthetic hospitals (32x32) cut to three studies each: two train, one val."""
+    """Synthetic hospitals (32x32) cut to four studies each: two train, one val, one test."""
     sites = generate_federation(root, num_sites=num_sites, seed=seed, image_size=32)
     for site in sites:
         entries = read_manifest(site)
         keep = ([e for e in entries if e.split == "train"][:2]
-                + [e for e in entries if e.split == "val"][:1])
+                + [e for e in entries if e.split == "val"][:1]
+                + [e for e in entries if e.split == "test"][:1])
         write_manifest(site, keep)
     return sites
 
