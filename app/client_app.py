@@ -47,6 +47,7 @@ from clients.site.state_store import SiteStateStore
 from clients.training.private_training import DpSettings, poisson_sample_rate
 from strategies import message_keys as keys
 from strategies.compression import ErrorFeedback, parse_spec
+from strategies.model_packing import unpack_arrays
 from strategies.errors import ConfigError
 from strategies.update_codec import pack_update
 
@@ -168,7 +169,7 @@ def train(msg: Message, context: Context) -> Message:
         steps = min(steps, cap)
     budget = float(instruction.get(keys.TIME_BUDGET, config.time_budget))
     deadline = time.monotonic() + budget if budget > 0 else None
-    global_state = msg.content[keys.ARRAYS].to_torch_state_dict()
+    global_state = unpack_arrays(msg.content[keys.ARRAYS]).to_torch_state_dict()
     privacy = DpSettings(config.dp_noise_multiplier, config.dp_max_grad_norm, config.dp_delta)
     model = task.build_model(private=privacy.enabled)
     model.load_state_dict(global_state)
@@ -248,7 +249,7 @@ def evaluate(msg: Message, context: Context) -> Message:
     split = _eval_split(msg)
     task = _site_task(config, site)
     model = task.build_model(private=config.dp_noise_multiplier > 0)
-    model.load_state_dict(msg.content[keys.ARRAYS].to_torch_state_dict())
+    model.load_state_dict(unpack_arrays(msg.content[keys.ARRAYS]).to_torch_state_dict())
     result = task.evaluate(model, _compute(), split=split)
     loss_key, studies_key = _SPLIT_KEYS[split]
     metrics = MetricRecord({keys.NUM_EXAMPLES: result.num_examples,
@@ -275,7 +276,7 @@ def query(msg: Message, context: Context) -> Message:
     task = _site_task(config, site)
     train_set = task.require_training()  # a test-only site: SiteDataError, an error reply
     model = task.build_model(private=config.dp_noise_multiplier > 0)
-    model.load_state_dict(msg.content[keys.ARRAYS].to_torch_state_dict())
+    model.load_state_dict(unpack_arrays(msg.content[keys.ARRAYS]).to_torch_state_dict())
     subset = int(msg.content[keys.CONFIG].get(keys.LOSS_SUBSET, 0))
     loss = task.training_loss(model, _compute(), subset=subset)
     metrics = MetricRecord({keys.NUM_EXAMPLES: len(train_set), keys.QUERY_LOSS: loss})

@@ -8,7 +8,8 @@ setting writes can leak into another site's message.
 A train instruction also carries the round's local steps tau, the uplink codec
 and its per-round, per-site seed (:func:`strategies.compression.derive_seed`),
 which the server needs again to validate and decode the site's reply
-(:class:`TrainPlan`).
+(:class:`TrainPlan`). The global model goes down as one packed buffer
+(:mod:`strategies.model_packing`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 
 from strategies import message_keys as keys
 from strategies.compression import derive_seed
+from strategies.model_packing import pack_arrays
 
 __all__ = ["Uplink", "TrainPlan", "site_messages", "query_messages"]
 
@@ -92,14 +94,16 @@ def site_messages(
 ) -> list[Message]:
     """One message per node with its own content: ``arrays`` and a fresh config.
 
-    The config is ``config`` plus the server round plus ``extra(node_id)``.
+    The config is ``config`` plus the server round plus ``extra(node_id)``. The
+    model travels packed in one buffer (:func:`strategies.model_packing.pack_arrays`,
+    packed once: every message refers to the same Flower objects).
     """
-    messages = []
+    packed, messages = pack_arrays(arrays), []
     for node_id in node_ids:
         site_config = ConfigRecord(dict(config))
         site_config[keys.SERVER_ROUND] = server_round
         site_config.update(extra(node_id) if extra else {})
-        content = RecordDict({keys.ARRAYS: arrays, keys.CONFIG: site_config})
+        content = RecordDict({keys.ARRAYS: packed, keys.CONFIG: site_config})
         messages.append(Message(content=content, dst_node_id=node_id,
                                 message_type=message_type))
     return messages

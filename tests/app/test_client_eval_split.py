@@ -20,6 +20,7 @@ from clients.cxr_cls.synthetic import generate_site, site_profiles
 from clients.manifests.csv_rows import EVAL_SPLITS
 from clients.training.site_task import EvalResult
 from strategies import message_keys as keys
+from strategies.model_packing import pack_arrays
 
 TYPES = {"train": MessageType.TRAIN, "evaluate": MessageType.EVALUATE,
          "query": MessageType.QUERY}
@@ -36,7 +37,7 @@ def site_identity():
 
 def _message(kind: str, **config) -> Message:
     instruction = ConfigRecord({keys.SERVER_ROUND: 1, **config})
-    return Message(RecordDict({keys.ARRAYS: ArrayRecord(), keys.CONFIG: instruction}),
+    return Message(RecordDict({keys.ARRAYS: pack_arrays(ArrayRecord()), keys.CONFIG: instruction}),
                    dst_node_id=7, message_type=TYPES[kind])
 
 
@@ -132,7 +133,7 @@ def test_a_test_only_site_evaluates_and_refuses_train_and_query(test_only_site: 
         assert reply.has_error() and reply.error.code == 4001
         assert reply.error.reason == "site hospital-a: SiteDataError (details in the site's log)"
     task = next(iter(client_app._TASKS.values()))  # noqa: SLF001 - the loaded site task
-    arrays = ArrayRecord(task.build_model().state_dict())
+    arrays = pack_arrays(ArrayRecord(task.build_model().state_dict()))
     message = Message(RecordDict({keys.ARRAYS: arrays, keys.CONFIG: ConfigRecord(
         {keys.SERVER_ROUND: 1, keys.EVAL_SPLIT: "test"})}), dst_node_id=7,
         message_type=MessageType.EVALUATE)

@@ -19,6 +19,7 @@ from app.site_errors import error_code
 from clients.site.policy import PolicyRefusal, SitePolicy, load_policy
 from clients.training.site_task import EvalResult
 from strategies import message_keys as keys
+from strategies.model_packing import pack_arrays
 from strategies.errors import ConfigError, ItemError, SiteError
 
 SECRET = "/srv/hospital-a/study-0042/dicom"
@@ -37,7 +38,7 @@ def site_identity():
 
 def _message(kind: str, **config) -> Message:
     instruction = ConfigRecord({keys.SERVER_ROUND: 1, **config})
-    return Message(RecordDict({keys.ARRAYS: ArrayRecord(), keys.CONFIG: instruction}),
+    return Message(RecordDict({keys.ARRAYS: pack_arrays(ArrayRecord()), keys.CONFIG: instruction}),
                    dst_node_id=7, message_type=TYPES[kind])
 
 

@@ -17,6 +17,7 @@ from clients.cxr_cls.task import CXRClsTask
 from clients.training.classification import LabelledTensors
 from clients.training.site_task import TaskSettings
 from strategies import message_keys as keys
+from strategies.model_packing import pack_arrays
 
 SETTINGS = TaskSettings(image_size=16, batch_size=4)
 RUN = {"task": "cxr-cls", "image-size": 16, "batch-size": 4, "local-steps": 3,
@@ -50,7 +51,7 @@ def _train(tmp_path, server_round: int, max_epsilon: str = "inf") -> Message:
     policy.write_text(f"[dp]\nmax-epsilon = {max_epsilon}\n")
     model = CXRClsTask.model_for_run(SETTINGS, private=True)  # the server's model
     instruction = ConfigRecord({keys.SERVER_ROUND: server_round, keys.FEDERATION: "fed-a"})
-    msg = Message(RecordDict({keys.ARRAYS: ArrayRecord(model.state_dict()),
+    msg = Message(RecordDict({keys.ARRAYS: pack_arrays(ArrayRecord(model.state_dict())),
                               keys.CONFIG: instruction}), dst_node_id=7,
                   message_type=MessageType.TRAIN)
     context = Context(run_id=42, node_id=7, state=RecordDict(), run_config=RUN,
