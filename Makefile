@@ -10,6 +10,7 @@
 #                   unset: synthetic hospitals. configs/<task>-<set>.toml, if present,
 #                   is the preset of a shared set (PRESET= overrides it).
 #   make test       install if needed, run all tests
+#   make predict MODEL=<MLflow URI> DATA=/abs/folder OUT=/abs/out   apply a logged model (below)
 # Overrides: make simulate ROUNDS=2 SITES=2 STEPS=10 RUN_CONFIG="lr=0.02 batch-size=4"
 #            make simulate PRESET=configs/pe-seg-quick.toml
 #            make simulate RESUME=1     (continue from the last server checkpoint)
@@ -160,6 +161,19 @@ clean:
 # Also removes the MLflow store (all tracked federations) and the virtualenv.
 distclean: clean
 	rm -rf $(VENV) mlflow.db mlartifacts
+
+# --- After the federation: apply a logged model at a hospital (README, "After the federation") ---
+#   make predict MODEL=models:/<experiment>-best/<version> | runs:/<run id>/best-model
+#                DATA=/abs/site-or-folder OUT=/abs/out [SPLIT=test] [OVERWRITE=1] [DEVICE=cpu]
+# (the model's task and settings come with it; DATA is only read; an existing non-empty OUT
+# is refused unless OVERWRITE=1; the MLflow store is TRACKING_URI)
+.PHONY: predict
+
+predict: install
+	@test -n "$(MODEL)" -a -n "$(DATA)" -a -n "$(OUT)" || { echo "usage: make predict MODEL=<MLflow model URI> DATA=/abs/folder OUT=/abs/out [SPLIT=test] [OVERWRITE=1] [DEVICE=cpu|cuda]" >&2; exit 2; }
+	$(PY) -m app.predict --model "$(MODEL)" --data $(abspath $(DATA)) --out $(abspath $(OUT)) \
+		--tracking-uri "$(TRACKING_URI)" $(if $(SPLIT),--split $(SPLIT)) \
+		$(if $(OVERWRITE),--overwrite) $(if $(DEVICE),--device $(DEVICE))
 
 # --- Deployment: TLS SuperLink with SuperNode authentication (docs/DEPLOYMENT.md) ---
 #   make certs [HOSTS=localhost,127.0.0.1] [SITES_LIST=hospital-a,hospital-b]

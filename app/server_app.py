@@ -1,9 +1,14 @@
 """ServerApp: the coordinating site's side of a federation.
 
-Builds the initial global model, runs :class:`FederatedStrategy` for the
-configured rounds, logs every round to MLflow through
-:class:`app.tracking.FederationTracker`, prints progress and a final summary,
-and stores the final global model in MLflow.
+Builds the initial global model (random, or from run config ``initial-model``),
+runs :class:`FederatedStrategy` for the configured rounds, logs every round to
+MLflow through
+:class:`app.tracking.FederationTracker`, keeps the best round
+(:class:`app.tracking.BestRound`, on the same round's ``val-<main metric>``;
+optional early stopping), prints progress and a final summary, and stores the
+best and the final global model in MLflow and its Model Registry
+(:func:`app.tracking.log_federation_models`), then has the sites test the selected
+model and builds the cross-site matrix (:func:`app.cross_site_report.report_federation_end`).
 """
 
 from __future__ import annotations
@@ -12,14 +17,24 @@ import time
 from logging import INFO
 from pathlib import Path
 
+import mlflow
 import torch
 from flwr.app import Array, ArrayRecord, Context
 from flwr.serverapp import Grid, ServerApp
 from flwr.supercore import log
+from torch import nn
 
 from app.config.roster import load_roster
 from app.config.run_config import RunConfig
-from app.tracking import FederationTracker
+from app.cross_site_report import report_federation_end, selected_arrays
+from app.model_source import load_state_dict_from
+from app.tracking import (
+    BestRound,
+    FederationTracker,
+    RoundScore,
+    log_federation_models,
+    model_metadata,
+)
 from clients.registry import task_class
 from strategies import message_keys as keys
 from strategies.rounds.checkpoint import (
@@ -101,31 +116,52 @@ def _progress_line(report: RoundReport, num_rounds: int, metric: str) -> str:
             f"{report.seconds:.1f} s | dropped: {dropped}")
 
 
+def initial_arrays(model: nn.Module, source: str) -> ArrayRecord:
+    """The first global model: ``model``'s weights, or with ``source`` (run config
+    ``initial-model``) the weights read from it, checked against ``model``
+    (:func:`app.model_source.load_state_dict_from`); ``model`` then holds them."""
+    if source:
+        model.load_state_dict(load_state_dict_from(source, model))
+        log(INFO, "Initial model: %s", source)
+    return ArrayRecord(model.state_dict())
+
+
 class RoundRecorder:
-    """The ServerApp's round observer: queue the round for MLflow, checkpoint, then send.
+    """The ServerApp's round observer: score the round, queue it for MLflow, checkpoint, send.
 
     The round's record reaches the tracker's outbox (on disk) before the
     checkpoint and is sent to MLflow only after it: a crash between the two
     repeats a round whose step MLflow does not have yet (the resume drops the
     outbox records past the checkpoint), and an MLflow outage never holds up a
     round (:meth:`FederationTracker.flush` does not raise or retry).
+
+    With ``best`` it scores each round (the checkpoint keeps the best round so
+    far) and returns true, which stops the federation, when early stopping says so.
     """
 
     def __init__(self, tracker: FederationTracker, strategy: FederatedStrategy,
-                 checkpoint_path: Path | None, run_config: dict, progress) -> None:
+                 checkpoint_path: Path | None, run_config: dict, progress,
+                 best: BestRound | None = None) -> None:
         self.tracker, self.strategy = tracker, strategy
         self.checkpoint_path, self.run_config = checkpoint_path, run_config
-        self.progress = progress
+        self.progress, self.best = progress, best
 
-    def __call__(self, report: RoundReport, arrays: ArrayRecord) -> None:
+    def __call__(self, report: RoundReport, arrays: ArrayRecord) -> bool:
+        keys_, values = list(arrays.keys()), arrays.to_numpy_ndarrays()
+        improved = self.best is not None and self.best.observe(
+            report.server_round, report.evaluate_aggregate, list(report.evaluate), keys_, values)
         self.tracker.record(report)
         if self.checkpoint_path is not None:
             save_checkpoint(self.checkpoint_path, ServerCheckpoint(
-                server_round=report.server_round, keys=list(arrays.keys()),
-                arrays=arrays.to_numpy_ndarrays(), strategy=self.strategy.snapshot(),
-                mlflow_run_id=self.tracker.run_id, run_config=self.run_config))
+                server_round=report.server_round, keys=keys_, arrays=values,
+                strategy=self.strategy.snapshot(), mlflow_run_id=self.tracker.run_id,
+                run_config=self.run_config, best={} if self.best is None else self.best.state()))
         self.tracker.flush()
         log(INFO, "%s", self.progress(report))
+        if improved:
+            log(INFO, "New best round %d: %s %.4f", self.best.round, self.best.metric,
+                self.best.value)
+        return self.best is not None and self.best.exhausted
 
 
 @app.main()
@@ -146,7 +182,10 @@ def main(grid: Grid, context: Context) -> None:
                        if config.resume else None)
     tracker = FederationTracker(config.task, config.tracking_uri, config.artifact_root,
                                 config.experiment)
-    first_round, initial = 1, ArrayRecord(model.state_dict())
+    resuming = checkpoint_path is not None  # a resume starts from its checkpoint's model
+    first_round, initial = 1, initial_arrays(model, "" if resuming else config.initial_model)
+    metric = f"val-{task.main_metric}"
+    best = BestRound(metric, config.early_stopping_patience, config.early_stopping_min_delta)
     if checkpoint_path is not None:
         strategy = build_strategy(config, federation=checkpoint_path.parent.name,
                                   roster=roster)
@@ -158,6 +197,7 @@ def main(grid: Grid, context: Context) -> None:
                                 flwr_run_id=str(context.run_id),
                                 outbox_dir=checkpoint_path.parent)
         strategy.restore(checkpoint.strategy)
+        best.restore(checkpoint.best)
         initial = ArrayRecord({k: Array(v) for k, v in zip(checkpoint.keys, checkpoint.arrays)})
         first_round = checkpoint.server_round + 1
         log(INFO, "Resuming after round %d from %s", checkpoint.server_round, checkpoint_path)
@@ -176,8 +216,7 @@ def main(grid: Grid, context: Context) -> None:
         tracker.tracking_uri)
     on_round_end = RoundRecorder(
         tracker, strategy, checkpoint_path, run_config,
-        lambda report: _progress_line(report, config.num_server_rounds,
-                                      f"val-{task.main_metric}"))
+        lambda report: _progress_line(report, config.num_server_rounds, metric), best)
 
     started = time.monotonic()
     status = "FAILED"
@@ -189,16 +228,43 @@ def main(grid: Grid, context: Context) -> None:
             on_round_end=on_round_end,
             first_round=first_round,
         )
-        model.load_state_dict(result.arrays.to_torch_state_dict())
-        model_uri = tracker.log_model(model, task.example_input(config.task_settings()))
+        last_round = max(strategy.reports, default=first_round - 1)
+        stopped_early = best.exhausted and last_round < config.num_server_rounds
+        if stopped_early:
+            mlflow.set_tag("early-stopped-at-round", str(last_round))
+        tracker.flush()  # the sites' last epsilon, for the registry's version tags
+        models = log_federation_models(
+            run_id, tracker.experiment_name, model,
+            (list(result.arrays.keys()), result.arrays.to_numpy_ndarrays()),
+            _score(strategy, last_round, metric), best,
+            task.example_input(config.task_settings()),
+            model_metadata(config.task, config.task_settings(), config.dp_noise_multiplier > 0,
+                           task.main_metric),
+            config.strategy_codec)
+        report_federation_end(grid, strategy, selected_arrays(best, result.arrays), tracker,
+                              config, task.main_metric)
         status = "FINISHED"
     finally:
         tracker.finish(status)
     log(INFO, "")
     log(INFO, "Federation finished in %.1f s", time.monotonic() - started)
-    metric = f"val-{task.main_metric}"
     for server_round, report in sorted(strategy.reports.items()):
         log(INFO, "  round %d: %s %.4f", server_round, metric,
             report.evaluate_aggregate.get(metric, float("nan")))
-    log(INFO, "MLflow run %s (experiment '%s', store %s); model %s", run_id,
-        tracker.experiment_name, tracker.tracking_uri, model_uri)
+    if stopped_early:
+        log(INFO, "Early stopping after round %d: no %s gain of %g in %d evaluated rounds",
+            last_round, metric, config.early_stopping_min_delta, config.early_stopping_patience)
+    log(INFO, "Best round %d (%s %.4f): %s, registered %s", models.best_round, metric,
+        best.value if best.found else float("nan"), models.best_uri,
+        models.best_version or "(not registered)")
+    log(INFO, "Final model: %s, registered %s", models.final_uri,
+        models.final_version or "(not registered)")
+    log(INFO, "MLflow run %s (experiment '%s', store %s)", run_id, tracker.experiment_name,
+        tracker.tracking_uri)
+
+
+def _score(strategy: FederatedStrategy, server_round: int, metric: str) -> RoundScore:
+    """Round ``server_round``'s evaluation (NaN, no sites: not evaluated in this process)."""
+    report = strategy.reports.get(server_round, RoundReport(server_round))
+    return RoundScore(server_round, metric, report.evaluate_aggregate.get(metric, float("nan")),
+                      sorted(report.evaluate))

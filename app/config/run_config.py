@@ -117,6 +117,11 @@ class RunConfig:
     dp_noise_multiplier: float = _dotted("privacy.noise-multiplier", 0.0)
     dp_max_grad_norm: float = _dotted("privacy.max-grad-norm", 1.0)
     dp_delta: float = _dotted("privacy.delta", 1e-5)
+    early_stopping_patience: int = _dotted("early-stopping.patience", 0)
+    early_stopping_min_delta: float = _dotted("early-stopping.min-delta", 0.0)
+    initial_model: str = ""
+    final_evaluation: bool = True  # the selected model on every site's test split at the end
+    cross_site_finetune_steps: int = _dotted("cross-site.finetune-steps", 2)
     task_sizes: TaskSettings = field(default_factory=TaskSettings, metadata={"group": "task"})
     plugin_options: dict[str, PluginOptions] = field(default_factory=default_sections,
                                                      metadata={"group": "plug-ins"})
@@ -185,6 +190,12 @@ class RunConfig:
             self._fail("fraction_train", "must be in (0, 1]")
         if not 0.0 <= self.fraction_evaluate <= 1.0:
             self._fail("fraction_evaluate", "must be in [0, 1]")
+        if self.early_stopping_patience < 0 or self.early_stopping_min_delta < 0:
+            self._fail("early_stopping_patience" if self.early_stopping_patience < 0
+                       else "early_stopping_min_delta", "must be >= 0")
+        if self.early_stopping_patience and not self.fraction_evaluate:
+            self._fail("early_stopping_patience", "needs fraction-evaluate > 0 (it watches "
+                       "the validation metric)")
         if self.task_sizes.slab_slices < 1 or self.task_sizes.slab_slices % 2 == 0:
             self._fail("slab_slices", "must be odd and >= 1")
         if self.task_sizes.image_size % 8:
@@ -202,6 +213,8 @@ class RunConfig:
             self._fail("proximal_mu", "with DP-SGD (privacy.noise-multiplier > 0) is not supported")
         if self.proximal_mu and self.momentum:
             self._fail("proximal_mu", "with momentum > 0 is not supported; set momentum = 0")
+        if self.cross_site_finetune_steps < 0:
+            self._fail("cross_site_finetune_steps", "must be >= 0 (0 = only the global model)")
         if self.resume and not self.checkpoint_dir:
             self._fail("resume", "needs run-config 'checkpoint-dir'")
         for name in ("data_root", "artifact_root", "checkpoint_dir", "federation_roster",

@@ -5,7 +5,8 @@ The run holds the run config as params, per round the aggregated and per-site
 train loss and validation Dice, the round wall time and dropped replies (a site
 that refused a request under its site policy also gets ``site/<name>/refused`` = 1),
 each site's policy fingerprint as the param ``site/<name>/policy``, and at
-the end the global model as an MLflow PyTorch model. The store is the tracking
+the end the best and the final model, registered
+(:mod:`app.tracking.federation_models`). The store is the tracking
 URI of the run config, else ``MLFLOW_TRACKING_URI``; `make simulate` points it
 at the project's sqlite file.
 
@@ -19,7 +20,6 @@ request and its record waits for the next flush.
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import time
@@ -30,12 +30,10 @@ from pathlib import Path
 from typing import Any
 
 import mlflow
-import numpy as np
 from flwr.supercore import log
 from mlflow.entities import Metric, Param
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
-from torch import nn
 
 from app.tracking.outbox import OUTBOX_FILE, Outbox, RoundRecord
 from strategies import message_keys as keys
@@ -45,27 +43,7 @@ __all__ = ["FLUSH_TIMEOUT_SECONDS", "FederationTracker", "bounded_requests", "me
            "policy_params", "round_record"]
 
 
-def _import_mlflow_pytorch() -> None:
-    """Import ``mlflow.pytorch`` without the root log handler it installs.
-
-    ``mlflow.pytorch._lightning_autolog`` calls ``logging.basicConfig`` at import,
-    which duplicates every Flower log line in the ServerApp's output.
-    """
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    import mlflow.pytorch  # noqa: F401, PLC0415
-
-    root.handlers[:] = handlers
-    root.setLevel(level)
-
-
-_import_mlflow_pytorch()
-
 _UNSAFE = re.compile(r"[^0-9A-Za-z_\-./ ]")
-
-# Pinned requirements recorded with the model, so MLflow does not run its slow
-# (and network-hungry) requirement inference.
-MODEL_REQUIREMENTS = ["torch==2.13.0", "monai", "numpy"]
 
 #: Seconds one MLflow request of a flush may take (MLflow's own default is 120 s,
 #: with 7 retries and exponential backoff: minutes per call while it is down).
@@ -280,17 +258,6 @@ class FederationTracker:
         """Record one round and send what is pending (:meth:`record` + :meth:`flush`)."""
         self.record(report)
         self.flush()
-
-    def log_model(self, model: nn.Module, input_example: np.ndarray) -> str:
-        """Log the final global model as an MLflow PyTorch model; returns its URI.
-
-        ``input_example`` (one input batch) lets MLflow trace the model and
-        record its signature.
-        """
-        info = mlflow.pytorch.log_model(model.cpu().eval(), name="global-model",
-                                        input_example=input_example,
-                                        pip_requirements=MODEL_REQUIREMENTS)
-        return info.model_uri
 
     def finish(self, status: str = "FINISHED") -> None:
         """Send what is pending and close the run with ``FINISHED`` or ``FAILED``.

@@ -2,9 +2,10 @@
 
 Holds the global model, the last finished round, the composed strategy's state
 (AdaComm's smoothed loss and tau, FedNova's server momentum, the selector's
-counts and random state, known site sizes and losses), the MLflow run id and the
-run config, so a resumed federation continues in the same MLflow run and only
-with the settings it was started with.
+counts and random state, known site sizes and losses), the ServerApp's best round
+so far (``best``: plain values and its arrays, for best-model selection), the
+MLflow run id and the run config, so a resumed federation continues in the same
+MLflow run and only with the settings it was started with.
 
 Checkpoints are kept per federation: ``<checkpoint-dir>/<mlflow run id>/``
 (:func:`run_folder`), a folder created ``0700`` and checked before anything in
@@ -64,6 +65,7 @@ class ServerCheckpoint:
     strategy: dict[str, Any]
     mlflow_run_id: str
     run_config: dict[str, Any] = field(default_factory=dict)
+    best: dict[str, Any] = field(default_factory=dict)
     version: int = _VERSION
 
 
@@ -117,11 +119,13 @@ def save_checkpoint(path: Path, checkpoint: ServerCheckpoint) -> None:
     """Write ``checkpoint`` to ``path`` (a file in a :func:`run_folder`) atomically."""
     path = Path(path)
     state, arrays = encode_tree(checkpoint.strategy)
+    best, best_arrays = encode_tree(checkpoint.best)
     meta = {"version": _VERSION, "server_round": checkpoint.server_round,
             "keys": list(checkpoint.keys), "mlflow_run_id": checkpoint.mlflow_run_id,
-            "run_config": checkpoint.run_config, "strategy": state}
+            "run_config": checkpoint.run_config, "strategy": state, "best": best}
     entries = {f"model-{i}": np.asarray(a) for i, a in enumerate(checkpoint.arrays)}
     entries.update({f"state-{name}": a for name, a in arrays.items()})
+    entries.update({f"best-{name}": a for name, a in best_arrays.items()})
     entries["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
     try:
@@ -207,12 +211,14 @@ def load_checkpoint(path: Path, run_config: dict[str, Any] | None,
         raise CheckpointError(f"{path}: made with another run config ({'; '.join(difference)});"
                               " resume with the run config the federation was started with")
     state = {k[len("state-"):]: v for k, v in arrays.items() if k.startswith("state-")}
+    best = {k[len("best-"):]: v for k, v in arrays.items() if k.startswith("best-")}
     try:
         strategy = decode_tree(meta["strategy"], state, template)
         model = [arrays[f"model-{i}"] for i in range(len(meta["keys"]))]
         return ServerCheckpoint(server_round=int(meta["server_round"]), keys=list(meta["keys"]),
                                 arrays=model, strategy=strategy,
                                 mlflow_run_id=str(meta["mlflow_run_id"]),
-                                run_config=meta["run_config"])
+                                run_config=meta["run_config"],
+                                best=decode_tree(meta["best"], best) if "best" in meta else {})
     except (StateTreeError, KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"{path}: unreadable checkpoint ({exc})") from exc

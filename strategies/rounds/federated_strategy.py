@@ -67,7 +67,9 @@ from strategies.rounds.traffic import bytes_down, record_traffic
 
 __all__ = ["FederatedStrategy", "NoValidRepliesError", "SelectionContext"]
 
-RoundObserver = Callable[[RoundReport, ArrayRecord], None]
+#: Called after each round with its report and the new global arrays; a true return
+#: value stops the federation after this round (early stopping).
+RoundObserver = Callable[[RoundReport, ArrayRecord], bool | None]
 
 OFFLINE = "site offline: not connected to the SuperLink"
 
@@ -350,7 +352,8 @@ class FederatedStrategy(Strategy):
         Same contract as :meth:`Strategy.start` (``timeout`` is ignored: the
         :class:`RoundPolicy` bounds every wait), plus ``on_round_end``, called
         with the round's :class:`RoundReport` and the new global arrays after
-        each round, and ``first_round`` (> 1 when resuming from a checkpoint).
+        each round (when it returns true, no further round runs: early stopping),
+        and ``first_round`` (> 1 when resuming from a checkpoint).
         """
         log(INFO, "Starting %s strategy:", type(self).__name__)
         self.summary()
@@ -382,7 +385,9 @@ class FederatedStrategy(Strategy):
                 if central is not None:
                     result.evaluate_metrics_serverapp[server_round] = central
             report.seconds = time.monotonic() - started
-            if on_round_end is not None:
-                on_round_end(report, arrays)
+            if on_round_end is not None and on_round_end(report, arrays):
+                log(INFO, "Stopping after round %d of %d: the round observer asked to "
+                    "(early stopping)", server_round, num_rounds)
+                break
         result.arrays = arrays
         return result

@@ -357,10 +357,12 @@ def test_server_killed_after_round_1_resumes_in_the_same_mlflow_run(private_depl
     assert final.server_round == 2
     assert final.mlflow_run_id == run_id
     # The model in MLflow is the round-2 model, trained on from the round-1 checkpoint.
-    models = client.search_logged_models(experiment_ids=[mlflow_run.info.experiment_id])
-    assert [m.source_run_id for m in models] == [run_id]
+    models = {m.name: m for m in client.search_logged_models(
+        experiment_ids=[mlflow_run.info.experiment_id])}
+    assert sorted(models) == ["best-model", "global-model"]
+    assert {m.source_run_id for m in models.values()} == {run_id}
     mlflow.set_tracking_uri(tracking)
-    state = mlflow.pytorch.load_model(models[0].model_uri).state_dict()
+    state = mlflow.pytorch.load_model(models["global-model"].model_uri).state_dict()
     assert list(state) == final.keys
     for key, array in zip(final.keys, final.arrays):
         np.testing.assert_allclose(state[key].numpy(), array, err_msg=key)

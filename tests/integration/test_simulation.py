@@ -139,12 +139,10 @@ def test_run_completes_and_is_tracked_per_round_and_site(federation):
     dice = client.get_metric_history(run_id, "eval/val-dice")
     assert all(0.0 <= m.value <= 1.0 for m in dice)
 
-    models = client.search_logged_models(experiment_ids=[run.info.experiment_id])
-    assert [m.source_run_id for m in models] == [run_id]
-    model = mlflow.pytorch.load_model(models[0].model_uri)
-    out = model(torch.zeros(1, 9, 32, 32))
-    assert tuple(out.shape) == (1, 1, 32, 32)
-    assert np.isfinite(out.detach().numpy()).all()
+    models = {m.name: m for m in client.search_logged_models(
+        experiment_ids=[run.info.experiment_id])}
+    assert sorted(models) == ["best-model", "global-model"]
+    assert {m.source_run_id for m in models.values()} == {run_id}
     # Nothing left running: no process of this federation (they all name its log dir).
     processes = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert str(federation.tmp / "logs") not in processes
@@ -217,3 +215,45 @@ def test_resume_from_the_server_checkpoint_continues_the_same_mlflow_run(federat
     assert _steps(client, run_id, "strategy/schedule-tau") == [1, 2, 3]
     assert _steps(client, run_id, f"site/{SITES[0]}/steps") == [1, 2, 3]
     assert any(tag.startswith("resumed-after-round-2") for tag in run.data.tags)
+
+
+def test_the_models_are_registered_and_take_any_batch_size(federation):
+    """Best round by the same round's val-dice, registered; a batch of 4 through both flavours."""
+    client, run = federation.mlflow("first.db")
+    run_id = run.info.run_id
+    dice = {m.step: m.value for m in client.get_metric_history(run_id, "eval/val-dice")}
+    best_round = max(dice, key=lambda r: (dice[r], -r))
+    assert run.data.tags["best-round"] == str(best_round)
+    for name, round_ in (("e2e-best", best_round), ("e2e-final", 2)):
+        versions = client.search_model_versions(f"name='{name}'")
+        assert len(versions) == 1, name
+        tags = versions[0].tags
+        assert tags["run-id"] == run_id and tags["round"] == str(round_), (name, tags)
+        assert tags["codec"] == "topk:0.05"
+        model = mlflow.pytorch.load_model(f"models:/{name}/1")
+        model.eval()
+        out = model(torch.zeros(4, 9, 32, 32))
+        assert tuple(out.shape) == (4, 1, 32, 32) and torch.isfinite(out).all()
+    predicted = mlflow.pyfunc.load_model("models:/e2e-best/1").predict(
+        np.zeros((4, 9, 32, 32), np.float32))
+    assert np.asarray(predicted).shape[0] == 4
+
+
+def test_the_selected_model_is_tested_at_every_site_with_a_cross_site_matrix(federation):
+    """Held-out test split per site at the end, and global + fine-tuned models on every site."""
+    client, run = federation.mlflow("first.db")
+    run_id = run.info.run_id
+    for site in SITES:
+        history = client.get_metric_history(run_id, f"site/{site}/test-dice")
+        assert len(history) == 1 and 0.0 <= history[0].value <= 1.0, site
+    assert len(client.get_metric_history(run_id, "test/dice")) == 1
+    artifacts = {a.path for folder in ("cross-site", "figures")
+                 for a in client.list_artifacts(run_id, folder)}
+    assert {"cross-site/matrix.json", "cross-site/matrix.png", "figures/validation.png",
+            "figures/bytes.png", "figures/tau.png"} <= artifacts, artifacts
+    local = client.download_artifacts(run_id, "cross-site/matrix.json", str(federation.tmp))
+    table = json.loads(Path(local).read_text())
+    rows = [row[0] for row in table["data"]]
+    assert rows[0] == "global" and {f"{s}-finetuned" for s in SITES} <= set(rows), rows
+    for site in SITES:
+        assert site in table["columns"]

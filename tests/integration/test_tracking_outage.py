@@ -12,9 +12,9 @@ at least ``MIN_DOWNTIME`` seconds; then it is started again on the same port
 and sqlite store. Afterwards every round is in MLflow exactly once (every
 metric: no gap, no duplicate step), the rounds ended during the outage keep
 their own end time, the outbox is empty, the run and the Flower run finished,
-and the model was logged. Rounds 3 and 4 may also end while it is down; the
-final model's logging, the one call that needs MLflow, then waits for it
-through MLflow's own retries (:meth:`app.tracking.FederationTracker.log_model`).
+and the best and final models were logged. Rounds 3 and 4 may also end while it is down;
+logging the models, the calls that need MLflow, then wait for it through MLflow's own
+retries (:mod:`app.tracking.federation_models`).
 
 The round durations before, during and after the outage are printed (``-s``)
 and, when ``FEDMED_OUTAGE_TIMINGS`` names a file, written there as JSON.
@@ -134,7 +134,8 @@ def _check_every_round_once(client: MlflowClient, killed_at: float, back_at: flo
     ends = {m.step: m.timestamp / 1000 for m in history}
     assert ends[1] < killed_at < ends[2] < back_at, (killed_at, ends, back_at)
     models = client.search_logged_models(experiment_ids=[experiment.experiment_id])
-    assert [m.source_run_id for m in models] == [run_id]
+    assert sorted(m.name for m in models) == ["best-model", "global-model"]
+    assert {m.source_run_id for m in models} == {run_id}
     return run_id
 
 

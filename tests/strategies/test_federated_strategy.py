@@ -355,3 +355,21 @@ def test_each_reply_is_validated_and_decoded_once_per_round(monkeypatch):
     assert calls == {"decode": 2 + 1, "metrics": 2 * 4}
     assert list(strategy.reports[2].train) == ["site-2"]
     assert strategy.reports[1].evaluate_aggregate["val-dice"] == pytest.approx(0.5)
+
+
+def test_a_round_observer_returning_true_stops_the_federation_after_that_round():
+    """Early stopping: ``on_round_end`` returning true ends the loop (issue 15)."""
+    from strategies.rounds.round_policy import RoundPolicy  # noqa: PLC0415
+
+    strategy = make_strategy(min_nodes=1, fraction_evaluate=0.0,
+                             policy=RoundPolicy(timeout=5.0, poll_interval=0.01))
+    seen = []
+
+    def observer(report, arrays):
+        seen.append(report.server_round)
+        return report.server_round == 2
+
+    result = strategy.start(SuperLinkGrid([2], gone=99, gone_from=1), _global_record(),
+                            num_rounds=5, on_round_end=observer)
+    assert seen == [1, 2] and sorted(strategy.reports) == [1, 2]
+    assert result.arrays is not None

@@ -1,0 +1,138 @@
+"""The end of a federation in MLflow: held-out test metrics, the cross-site matrix, figures.
+
+Called by the ServerApp once the rounds are over and the model is logged
+(:func:`report_federation_end`). With run config ``final-evaluation`` (default
+true) every connected site evaluates the selected model on its ``test`` split
+and, with ``cross-site.finetune-steps`` = k > 0, the cross-site matrix of the
+global and the sites' k-step fine-tuned models is built
+(:func:`strategies.rounds.cross_site.cross_site_evaluation`). Logged to the
+federation's MLflow run:
+
+* ``test/<metric>``: the example-weighted test metrics (``test/dice``,
+  ``test/loss``, ``test/num-examples``, ``test/studies``);
+* ``site/<name>/test-<metric>``: each site's (``site/<name>/test-num-examples``
+  for its count);
+* ``cross-site/matrix.json`` (an MLflow table: column ``model``, then one per
+  site), ``cross-site/matrix.png`` (heatmap) and ``cross-site/dropped.json``
+  (which site's reply was left out of which stage, and why);
+* ``figures/*.png`` (:mod:`app.tracking.figures`), with
+  ``figures/cross-site-matrix.png`` when there is a matrix.
+
+The metrics are logged at step ``num-server-rounds + 1``, the round number the
+evaluation's messages carry. Tracking never stops the federation: an MLflow
+failure is logged as a warning, as is a final evaluation that finds no site.
+"""
+
+from __future__ import annotations
+
+import time
+from logging import INFO, WARNING
+
+from flwr.app import Array, ArrayRecord
+from flwr.serverapp import Grid
+from flwr.supercore import log
+from matplotlib.figure import Figure
+from mlflow.entities import Metric
+from mlflow.tracking import MlflowClient
+
+from app.config.run_config import RunConfig
+from app.tracking import BestRound, FederationTracker, bounded_requests, metric_key
+from app.tracking.figures import federation_figures, matrix_figure
+from strategies.errors import FederationError
+from strategies.rounds.cross_site import CrossSiteResult, CrossSiteSetup, cross_site_evaluation
+from strategies.rounds.federated_strategy import FederatedStrategy
+
+__all__ = ["cross_site_artifacts", "cross_site_metrics", "report_federation_end",
+           "selected_arrays"]
+
+_TEST = "test-"
+
+
+def selected_arrays(best: BestRound, final: ArrayRecord) -> ArrayRecord:
+    """The selected model: the best round's arrays, else (no round evaluated) ``final``."""
+    if not best.found:
+        return final
+    return ArrayRecord({key: Array(value) for key, value in zip(best.keys, best.arrays)})
+
+
+def cross_site_metrics(result: CrossSiteResult) -> dict[str, float]:
+    """MLflow metrics of the test evaluation: ``test/<m>`` (weighted), ``site/<s>/test-<m>``."""
+    metrics = {metric_key("test", name.removeprefix(_TEST)): value
+               for name, value in result.weighted.items()}
+    for site, values in result.sites.items():
+        metrics.update({metric_key("site", site, name if name.startswith(_TEST)
+                                   else f"{_TEST}{name}"): value
+                        for name, value in values.items()})
+    return {key: float(value) for key, value in metrics.items()}
+
+
+def cross_site_artifacts(result: CrossSiteResult) -> dict[str, Figure]:
+    """The matrix heatmap, under ``cross-site/`` and with the federation's figures."""
+    if not result.rows or not result.columns:
+        return {}
+    return {path: matrix_figure(result.rows, result.columns, result.matrix, result.metric)
+            for path in ("cross-site/matrix.png", "figures/cross-site-matrix.png")}
+
+
+def _log(tracker: FederationTracker, result: CrossSiteResult | None,
+         figures: dict[str, Figure], step: int) -> None:
+    """Send the metrics, table and figures to the tracker's run; warn, never raise."""
+    client = MlflowClient(tracker.tracking_uri)
+    try:
+        with bounded_requests():
+            if result is not None:
+                metrics, now = cross_site_metrics(result), int(time.time() * 1000)
+                client.log_batch(tracker.run_id, metrics=[
+                    Metric(key, value, now, step) for key, value in metrics.items()])
+                client.log_table(tracker.run_id, result.table(), "cross-site/matrix.json")
+                if result.dropped:
+                    client.log_dict(tracker.run_id, result.dropped, "cross-site/dropped.json")
+            for path, figure in figures.items():
+                client.log_figure(tracker.run_id, figure, path)
+    except Exception as exc:  # noqa: BLE001 - tracking must never stop the federation
+        log(WARNING, "MLflow at %s: the end-of-federation report was not logged (%s: %s)",
+            tracker.tracking_uri, type(exc).__name__, str(exc).splitlines()[0] if str(exc)
+            else "")
+
+
+def report_federation_end(grid: Grid, strategy: FederatedStrategy, arrays: ArrayRecord,
+                          tracker: FederationTracker, config: RunConfig,
+                          main_metric: str) -> CrossSiteResult | None:
+    """Test-evaluate ``arrays`` (the selected model) and log the federation's report.
+
+    Parameters
+    ----------
+    grid : Grid
+        The federation's grid (the sites are still connected).
+    strategy : FederatedStrategy
+        The strategy that ran the rounds: its policy, site book and reports.
+    arrays : ArrayRecord
+        The selected model: the best round's arrays, else the final ones.
+    tracker : FederationTracker
+        The federation's MLflow run (still open).
+    config : RunConfig
+        ``final-evaluation``, ``cross-site.finetune-steps``, ``num-server-rounds``.
+    main_metric : str
+        The task's main metric (``dice``, ``auc``).
+
+    Returns
+    -------
+    CrossSiteResult or None
+        ``None`` when the final evaluation is off or found no site.
+    """
+    step = config.num_server_rounds + 1
+    result = None
+    if config.final_evaluation:
+        try:
+            result = cross_site_evaluation(grid, CrossSiteSetup.of(strategy), arrays,
+                                           main_metric, config.cross_site_finetune_steps, step)
+        except FederationError as exc:
+            log(WARNING, "final evaluation skipped: %s", exc)
+    figures = federation_figures(list(strategy.reports.values()), f"val-{main_metric}")
+    if result is not None:
+        figures.update(cross_site_artifacts(result))
+        log(INFO, "test %s: %.4f over %d sites (%d examples); dropped: %s", result.metric,
+            result.weighted.get(result.metric, float("nan")), len(result.sites),
+            int(result.weighted.get("num-examples", 0)), result.dropped or "none")
+    _log(tracker, result, figures, step)
+    return result

@@ -1,0 +1,93 @@
+"""Best-round selection and early stopping on the task's main validation metric.
+
+Round ``r``'s global model is the one its sites evaluated in round ``r``
+(:meth:`FederatedStrategy.start` evaluates the new model after aggregating), so
+``RoundReport.evaluate_aggregate["val-<metric>"]`` of round ``r`` scores round
+``r``'s arrays: the best round is the one with the highest value (Dice and ROC AUC
+are better when higher). A round no site evaluated neither improves nor counts
+toward patience.
+
+Early stopping (Prechelt, "Early stopping -- but when?", 1998): stop after
+``patience`` evaluated rounds in a row without an improvement of at least
+``min_delta`` over the best value so far; ``patience = 0`` never stops. The best
+arrays are kept whatever ``min_delta`` says: a smaller gain still selects the
+round, it only does not reset the patience.
+
+The state (:meth:`BestRound.state`) goes into the server checkpoint, so a resumed
+federation keeps the best model found before the crash.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+__all__ = ["BestRound"]
+
+
+class BestRound:
+    """The best round so far, its arrays, and the rounds since the last real improvement.
+
+    Parameters
+    ----------
+    metric : str
+        The aggregate validation metric that selects, e.g. ``val-dice``.
+    patience : int
+        Evaluated rounds without an improvement of ``min_delta`` before stopping
+        (0 = never stop).
+    min_delta : float
+        The least gain over the best value that counts as an improvement.
+    """
+
+    def __init__(self, metric: str, patience: int = 0, min_delta: float = 0.0) -> None:
+        self.metric, self.patience, self.min_delta = metric, patience, min_delta
+        self.round = 0
+        self.value = -math.inf
+        self.sites: list[str] = []
+        self.keys: list[str] = []
+        self.arrays: list[np.ndarray] = []
+        self.stale = 0
+
+    @property
+    def found(self) -> bool:
+        """Whether any round was evaluated."""
+        return self.round > 0
+
+    @property
+    def exhausted(self) -> bool:
+        """Whether early stopping asks to stop now."""
+        return 0 < self.patience <= self.stale
+
+    def observe(self, server_round: int, evaluated: dict[str, float], sites: list[str],
+                keys: list[str], arrays: list[np.ndarray]) -> bool:
+        """Score round ``server_round`` (its aggregate ``evaluated`` metrics, the
+        ``sites`` that evaluated, its global ``arrays``); ``True`` when it is the new best."""
+        value = evaluated.get(self.metric)
+        if value is None or not math.isfinite(value):
+            return False
+        improved = value > self.value
+        if improved and value >= self.value + self.min_delta:
+            self.stale = 0
+        else:
+            self.stale += 1
+        if improved:
+            self.round, self.value, self.sites = server_round, float(value), sorted(sites)
+            self.keys, self.arrays = list(keys), [np.array(a, copy=True) for a in arrays]
+        return improved
+
+    def state(self) -> dict[str, Any]:
+        """Plain values and arrays for the checkpoint (:func:`encode_tree`)."""
+        return {"metric": self.metric, "round": self.round, "value": self.value,
+                "sites": list(self.sites), "keys": list(self.keys),
+                "arrays": list(self.arrays), "stale": self.stale}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Continue from a :meth:`state` (an empty one, from an older checkpoint, changes nothing)."""
+        if not state:
+            return
+        self.round, self.value = int(state["round"]), float(state["value"])
+        self.sites, self.keys = list(state["sites"]), list(state["keys"])
+        self.arrays = [np.asarray(a) for a in state["arrays"]]
+        self.stale = int(state["stale"])

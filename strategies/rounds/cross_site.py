@@ -1,0 +1,275 @@
+"""After the last round: the selected model on every site's test split, and the cross-site matrix.
+
+The federation's model is chosen on the sites' ``val`` splits; its held-out
+performance is measured once, at the end, on their ``test`` splits (issue 15,
+item 4):
+
+1. every connected site evaluates the selected model ``x`` on its test split
+   (an evaluate message whose config says ``eval-split = "test"``): per-site and
+   example-weighted test metrics;
+2. with ``k > 0`` fine-tune steps, each site trains ``k`` local steps from ``x``
+   (a train message with ``local-steps = k``, no codec, no error feedback,
+   ``server-round = num_rounds + 1``) and its reply's update gives its locally
+   adapted model ``x_i = x - delta_i``;
+3. every site evaluates every ``x_i`` on its test split.
+
+The result is the cross-site evaluation matrix ``M[r, c]`` = the task's main
+test metric of model ``r`` (``"global"`` or ``"<site>-finetuned"``) at site
+``c``, as in the cross-site validation of Roth et al. (2020), "Federated
+learning for breast density classification: a real-world implementation",
+DART/MICCAI workshops: the diagonal of the fine-tuned rows shows what local
+adaptation gains at home, the off-diagonal cells what it costs elsewhere.
+A cell is NaN where the site did not answer or released no such metric.
+
+Every exchange goes through the round policy (:func:`collect_replies`) and a
+:class:`ReplyIntake`, so one bad or silent site is recorded with its reason and
+left out, never fatal. A site with only test data has no train split: its
+fine-tune request fails (no row) but it is a column. Test replies are not capped
+by the sites' validation sizes (another split); the weighted means use the
+counts the sites report.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from logging import INFO
+from typing import TYPE_CHECKING
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
+from flwr.serverapp import Grid
+from flwr.supercore import log
+
+from strategies import message_keys as keys
+from strategies.local_solver import LocalSolver
+from strategies.replies import (
+    InvalidReplyError,
+    MetricsReply,
+    TrainReply,
+    parse_metrics_reply,
+    parse_train_reply,
+)
+from strategies.rounds.instructions import TrainPlan, Uplink, site_messages
+from strategies.rounds.node_wait import wait_for_nodes
+from strategies.rounds.reply_intake import ReplyIntake, reply_label
+from strategies.rounds.round_metrics import example_weighted_metrics
+from strategies.rounds.round_policy import RoundPolicy, collect_replies
+from strategies.rounds.safe_aggregate import apply_update
+from strategies.rounds.site_book import SiteBook
+
+if TYPE_CHECKING:
+    from strategies.rounds.federated_strategy import FederatedStrategy
+
+__all__ = ["GLOBAL_ROW", "FINETUNED", "NO_TEST_ITEMS", "CrossSiteResult", "CrossSiteSetup",
+           "cross_site_evaluation", "held_out_messages", "parse_test_reply"]
+
+GLOBAL_ROW = "global"
+FINETUNED = "-finetuned"
+TEST_SPLIT = "test"
+NO_TEST_ITEMS = "no item in the test split"
+
+
+@dataclass(frozen=True)
+class CrossSiteSetup:
+    """What the evaluation borrows from the federation's strategy.
+
+    Attributes
+    ----------
+    policy : RoundPolicy
+        Deadline, quorum and timeout of every exchange.
+    sites : SiteBook
+        The federation's site names and identities (a reply under another
+        node's name is dropped).
+    uplink : Uplink
+        The federation id and time budget sent with the fine-tune instruction
+        (its codec and error feedback are turned off).
+    solver : LocalSolver
+        The sites' local optimiser (for the train reply's a-norm).
+    node_wait_timeout : float
+        Seconds to wait for at least one connected site.
+    """
+
+    policy: RoundPolicy
+    sites: SiteBook
+    uplink: Uplink
+    solver: LocalSolver
+    node_wait_timeout: float
+
+    @classmethod
+    def of(cls, strategy: FederatedStrategy) -> CrossSiteSetup:
+        """The setup of a :class:`~strategies.rounds.federated_strategy.FederatedStrategy`."""
+        return cls(policy=strategy.policy, sites=strategy.sites, uplink=strategy.uplink,
+                   solver=strategy.local_solver, node_wait_timeout=strategy.node_wait_timeout)
+
+
+@dataclass
+class CrossSiteResult:
+    """The end-of-federation test evaluation.
+
+    Attributes
+    ----------
+    metric : str
+        The matrix's metric (``test-<main metric>``).
+    sites : dict[str, dict[str, float]]
+        Per site, its test metrics of the selected model.
+    weighted : dict[str, float]
+        Example-weighted test metrics (``num-examples`` is the total).
+    rows, columns : list[str]
+        Matrix labels: ``"global"`` then ``"<site>-finetuned"``; the sites.
+    matrix : numpy.ndarray
+        ``len(rows) x len(columns)``; NaN where there is no value.
+    dropped : dict[str, str]
+        ``"<stage>/<site>"`` (stage ``test``, ``finetune`` or a row) -> why
+        that site's reply was left out.
+    """
+
+    metric: str
+    sites: dict[str, dict[str, float]] = field(default_factory=dict)
+    weighted: dict[str, float] = field(default_factory=dict)
+    rows: list[str] = field(default_factory=list)
+    columns: list[str] = field(default_factory=list)
+    matrix: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
+    dropped: dict[str, str] = field(default_factory=dict)
+
+    def table(self) -> dict[str, list]:
+        """The matrix as columns of a table: ``model`` then one column per site."""
+        out: dict[str, list] = {"model": list(self.rows)}
+        for j, column in enumerate(self.columns):
+            out[column] = [float(v) for v in self.matrix[:, j]]
+        return out
+
+
+def parse_test_reply(message: Message) -> MetricsReply:
+    """Validate a test-split evaluate reply; a site with no test item is dropped as such.
+
+    A site without test items answers ``num-examples = 0`` (no error); that
+    reply carries no metric and is recorded with :data:`NO_TEST_ITEMS`.
+
+    Raises
+    ------
+    InvalidReplyError
+        With the reason the reply is unusable.
+    """
+    record = message.content.get(keys.METRICS) if message.has_content() else None
+    if isinstance(record, MetricRecord) and record.get(keys.NUM_EXAMPLES) == 0:
+        raise InvalidReplyError(NO_TEST_ITEMS)
+    return parse_metrics_reply(message)
+
+
+def held_out_messages(node_ids: list[int], arrays: ArrayRecord, server_round: int) -> list[Message]:
+    """Evaluate messages asking each node for ``arrays``'s metrics on its test split."""
+    return site_messages(node_ids, arrays, ConfigRecord({keys.EVAL_SPLIT: TEST_SPLIT}),
+                         server_round, MessageType.EVALUATE)
+
+
+class _Exchanges:
+    """The evaluation's exchanges with the connected ``nodes``, all in round ``server_round``.
+
+    ``dropped`` collects ``"<stage>/<site>"`` -> reason; ``labels`` the name each
+    replying node is recorded under (a site whose replies were all dropped is
+    still a column).
+    """
+
+    def __init__(self, grid: Grid, setup: CrossSiteSetup, nodes: list[int],
+                 server_round: int) -> None:
+        self.grid, self.setup, self.nodes, self.server_round = grid, setup, nodes, server_round
+        self.dropped: dict[str, str] = {}
+        self.labels: dict[int, str] = {}
+
+    def send(self, messages: list[Message], intake: ReplyIntake, stage: str) -> list:
+        """Send ``messages`` under the policy; the accepted replies (the others in ``dropped``)."""
+        book = self.setup.sites
+        intake.expect({m.metadata.dst_node_id: book.label(m.metadata.dst_node_id)
+                       for m in messages})
+        collected = collect_replies(self.grid, messages, self.setup.policy, intake.is_valid, {})
+        for message in collected.replies:
+            self.labels.setdefault(message.metadata.src_node_id, reply_label(message, book))
+        reasons: dict[str, str] = {}
+        accepted = intake.accept(collected.replies, reasons, book)
+        self.dropped.update({f"{stage}/{site}": reason for site, reason in reasons.items()})
+        return accepted
+
+    def test_row(self, arrays: ArrayRecord, stage: str) -> list[MetricsReply]:
+        """Every node's test metrics of ``arrays``."""
+        intake: ReplyIntake[MetricsReply] = ReplyIntake(parse_test_reply, f"cross-site {stage}")
+        return self.send(held_out_messages(self.nodes, arrays, self.server_round), intake, stage)
+
+    def finetuned(self, arrays: ArrayRecord, steps: int) -> dict[str, ArrayRecord]:
+        """Each site's model after ``steps`` local steps from ``arrays`` (``x - delta_i``)."""
+        uplink = replace(self.setup.uplink, codec="none", error_feedback=False)
+        plan = TrainPlan.for_round(self.nodes, steps, uplink, self.server_round)
+        names, reference = list(arrays.keys()), arrays.to_numpy_ndarrays()
+
+        def parse(message: Message) -> TrainReply:
+            node = message.metadata.src_node_id
+            return parse_train_reply(message, reference, uplink.codec, plan.seed_of(node),
+                                     plan.tau_of(node), self.setup.solver)
+
+        messages = site_messages(self.nodes, arrays, ConfigRecord(), self.server_round,
+                                 MessageType.TRAIN, lambda node: plan.settings(node, uplink))
+        models: dict[str, ArrayRecord] = {}
+        intake: ReplyIntake[TrainReply] = ReplyIntake(parse, "cross-site finetune")
+        for reply in self.send(messages, intake, "finetune"):
+            updated, failure = apply_update(reference, reply.delta, names)
+            if updated is None:
+                self.dropped[f"finetune/{reply.site}"] = failure
+                continue
+            models[reply.site] = ArrayRecord({k: Array(v) for k, v in zip(names, updated)})
+        return models
+
+    def columns(self) -> list[str]:
+        """The connected sites' names (bound name, else the name recorded, else ``node-<id>``)."""
+        book = self.setup.sites
+        return sorted({book.names.get(n) or self.labels.get(n) or book.label(n)
+                       for n in self.nodes})
+
+
+def cross_site_evaluation(grid: Grid, setup: CrossSiteSetup, arrays: ArrayRecord,
+                          main_metric: str, finetune_steps: int, server_round: int,
+                          on_stage: Callable[[str], None] | None = None) -> CrossSiteResult:
+    """Test metrics of ``arrays`` at every connected site, and the cross-site matrix.
+
+    Parameters
+    ----------
+    grid : Grid
+        The federation's grid.
+    setup : CrossSiteSetup
+        Policy, site book, uplink and solver of the federation.
+    arrays : ArrayRecord
+        The selected model (best round, else final).
+    main_metric : str
+        The task's main metric without prefix (``dice``): the matrix holds
+        ``test-<main_metric>``.
+    finetune_steps : int
+        Local steps ``k`` of the fine-tuned rows; 0 gives the global row only.
+    server_round : int
+        Round number sent with every message (``num_rounds + 1``: fresh seeds).
+    on_stage : callable, optional
+        Called with a progress line before each exchange (default: logged).
+    """
+    if finetune_steps < 0:
+        raise ValueError(f"finetune_steps must be >= 0, got {finetune_steps}")
+    nodes = wait_for_nodes(grid, 1, setup.node_wait_timeout)
+    setup.sites.connected = set(nodes)
+    note = on_stage or (lambda line: log(INFO, "%s", line))
+    exchanges = _Exchanges(grid, setup, nodes, server_round)
+    result = CrossSiteResult(metric=f"{TEST_SPLIT}-{main_metric}", dropped=exchanges.dropped)
+    note(f"cross-site: {len(nodes)} sites evaluate the selected model on their test split")
+    replies = exchanges.test_row(arrays, TEST_SPLIT)
+    result.sites = {reply.site: dict(reply.metrics) for reply in replies}
+    result.weighted = example_weighted_metrics(replies)
+    rows = {GLOBAL_ROW: result.sites}
+    if finetune_steps:
+        note(f"cross-site: each site fine-tunes {finetune_steps} local steps")
+        for site, model in sorted(exchanges.finetuned(arrays, finetune_steps).items()):
+            row = f"{site}{FINETUNED}"
+            note(f"cross-site: every site evaluates {row}")
+            rows[row] = {reply.site: dict(reply.metrics)
+                         for reply in exchanges.test_row(model, row)}
+    result.rows = list(rows)
+    result.columns = sorted(set(exchanges.columns()) | {s for c in rows.values() for s in c})
+    result.matrix = np.array([[cells.get(column, {}).get(result.metric, np.nan)
+                               for column in result.columns] for cells in rows.values()],
+                             dtype=float).reshape(len(result.rows), len(result.columns))
+    return result
