@@ -61,7 +61,7 @@ _STAMPED = re.compile(r"^(\d\d/\d\d/\d{4} \d\d:\d\d:\d\d):INFO:"
                       r"(configure_train|aggregate_train|Round \d+/\d+:)")
 RUN_CONFIG = ("task=cxr-cls", "image-size=32", "batch-size=4", "local-steps=2",
               "optimizer=sgd", "lr=0.05", "experiment=scale", "node-wait-timeout=600",
-              "round-timeout=1200")
+              "round-timeout=1200", "final-evaluation=false")  # rounds only
 
 
 def site_folders(cache: Path, sites: int, distinct: int) -> Path:

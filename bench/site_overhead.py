@@ -81,6 +81,7 @@ def federate(root: Path, link: SuperLinkProcess, layout: DeployLayout, flwr_home
     """One federation with SuperNodes of kind ``runner``; reply seconds per round."""
     tracking = f"sqlite:///{root / f'mlflow-{runner}.db'}"
     run_config = (f"num-server-rounds={rounds} local-steps=1 image-size=32 batch-size=4 "
+                  "final-evaluation=false "  # the rounds' messages only
                   f'min-nodes=2 node-wait-timeout=90 tracking-uri="{tracking}" '
                   f'artifact-root="{root / "art"}" experiment="overhead-{runner}"')
     node_ids = [register_site(layout, flwr_home, s) for s in SITES]

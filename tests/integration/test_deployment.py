@@ -88,6 +88,7 @@ def test_two_authenticated_sites_federate_over_tls(deployment, tmp_path, small_h
     tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
     run_config = (
         "num-server-rounds=2 local-steps=2 image-size=32 batch-size=4 min-nodes=2 "
+        "final-evaluation=false "  # tested in test_simulation; saves CI minutes
         f'node-wait-timeout=60 data-root="{tmp_path / "data"}" tracking-uri="{tracking}" '
         f'artifact-root="{tmp_path / "art"}" experiment="deploy" app-signature="{signature}"')
     nodes: list[SuperNodeProcess] = []

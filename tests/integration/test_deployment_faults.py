@@ -213,6 +213,7 @@ def test_killed_supernode_is_recorded_as_failed_and_trains_again_after_restart(
     # reports the node unavailable (heartbeat expired, <= 60 s after the crash).
     run_config = (
         "num-server-rounds=3 local-steps=2 image-size=32 batch-size=4 min-nodes=2 "
+        "final-evaluation=false "  # tested in test_simulation; saves CI minutes
         "node-wait-timeout=150 round.deadline=90 round.quorum=1 round-timeout=180 "
         f'tracking-uri="{tracking}" artifact-root="{tmp_path / "art"}" experiment="faults"')
     nodes = {site: _start_node(d.layout, site, site_dir, d.link.address, tmp_path)
@@ -295,6 +296,7 @@ def test_server_killed_after_round_1_resumes_in_the_same_mlflow_run(private_depl
 
     run_config = (
         "num-server-rounds=2 local-steps=2 image-size=32 batch-size=4 min-nodes=2 "
+        "final-evaluation=false "  # tested in test_simulation; saves CI minutes
         f'node-wait-timeout=150 checkpoint-dir="{checkpoints}" tracking-uri="{tracking}" '
         f'artifact-root="{tmp_path / "art"}" experiment="resume"')
     nodes = [_start_node(d.layout, site, site_dir, d.link.address, tmp_path)

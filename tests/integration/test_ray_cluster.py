@@ -74,6 +74,7 @@ def _simulate_command(tmp_path: Path, data_root: Path, address: str) -> list[str
         "--flwr-home", str(tmp_path / "flwr-home"), "--log-dir", str(tmp_path / "logs"),
         "--timeout", "300", "-c", "task=cxr-cls", "-c", "num-server-rounds=1",
         "-c", "local-steps=1", "-c", "image-size=32", "-c", "batch-size=4",
+        "-c", "final-evaluation=false",
         "-c", "experiment=ray-cluster",
     ]
 

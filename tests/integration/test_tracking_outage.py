@@ -47,7 +47,8 @@ EXPERIMENT = "outage"
 #: Seconds the server stays down at least (a request's budget is 5 s, no retry).
 MIN_DOWNTIME = 15.0
 RUN_CONFIG = ("local-steps=2", "image-size=32", "batch-size=4", "min-nodes=2",
-              "node-wait-timeout=120", f"experiment={EXPERIMENT}", f"num-server-rounds={ROUNDS}")
+              "node-wait-timeout=120", f"experiment={EXPERIMENT}", f"num-server-rounds={ROUNDS}",
+              "final-evaluation=false")  # the end-of-federation test: test_simulation
 
 
 def _wait_for(check: Callable[[], bool], timeout: float, what: str, federation: DaemonProcess,
