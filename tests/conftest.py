@@ -13,3 +13,26 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def mlflow_store(tmp_path_factory):
+    """``make(folder) -> tracking URI``: a fresh sqlite MLflow store in ``folder``.
+
+    MLflow migrates a new sqlite store's schema on first use (about 10 s on a
+    loaded 2-core machine); the migrated empty store is made once per test
+    process and copied, so each test still gets a store of its own.
+    """
+    import shutil  # noqa: PLC0415
+
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore  # noqa: PLC0415
+
+    template = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
+    SqlAlchemyStore(f"sqlite:///{template}", (template.parent / "artifacts").as_uri())
+
+    def make(folder) -> str:
+        folder.mkdir(parents=True, exist_ok=True)
+        shutil.copy(template, folder / "mlflow.db")
+        return f"sqlite:///{folder / 'mlflow.db'}"
+
+    return make

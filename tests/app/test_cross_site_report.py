@@ -104,8 +104,8 @@ def _reports() -> dict[int, RoundReport]:
 
 
 @pytest.mark.usefixtures("server_identity")
-def test_report_logs_test_metrics_matrix_table_and_figures(tmp_path: Path):
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+def test_report_logs_test_metrics_matrix_table_and_figures(tmp_path: Path, mlflow_store):
+    store = mlflow_store(tmp_path)
     tracker = FederationTracker("pe-seg", tracking_uri=store,
                                 artifact_root=str(tmp_path / "art"), experiment="end")
     try:

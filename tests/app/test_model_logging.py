@@ -22,10 +22,10 @@ TINY = TaskSettings(image_size=16, volume_depth=4, batch_size=2)
 
 
 @pytest.fixture(scope="module")
-def tracker(tmp_path_factory):
+def tracker(tmp_path_factory, mlflow_store):
     """One sqlite MLflow store (with a Model Registry) and one open run for the module."""
     folder = tmp_path_factory.mktemp("mlflow")
-    tracker = FederationTracker("pe-seg", f"sqlite:///{folder / 'mlflow.db'}",
+    tracker = FederationTracker("pe-seg", mlflow_store(folder),
                                 str(folder / "artifacts"), experiment="fedmed-test")
     tracker.start("test", params={}, tags={})
     yield tracker

@@ -79,13 +79,13 @@ def test_uris_are_told_from_paths() -> None:
 
 
 @pytest.fixture(scope="module")
-def mlflow_models(tmp_path_factory: pytest.TempPathFactory):
+def mlflow_models(tmp_path_factory: pytest.TempPathFactory, mlflow_store):
     """A SQLite MLflow store with a logged, registered cxr-cls model (contract metadata) and one without."""
     import mlflow
 
     root = tmp_path_factory.mktemp("mlflow")
     previous = mlflow.get_tracking_uri()
-    mlflow.set_tracking_uri(f"sqlite:///{root / 'mlflow.db'}")
+    mlflow.set_tracking_uri(mlflow_store(root))
     experiment = mlflow.create_experiment("models", artifact_location=(root / "art").as_uri())
     torch.manual_seed(0)
     model = task_class("cxr-cls").model_for(SETTINGS).eval()

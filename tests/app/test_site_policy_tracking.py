@@ -82,8 +82,9 @@ def test_the_intake_keeps_fingerprints_and_names_a_refusal_by_its_site(site_iden
     assert "policy rule min-batch-size" in dropped["hospital-b"]
 
 
-def test_fingerprints_reach_mlflow_as_params_and_a_change_never_stalls_the_outbox(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+def test_fingerprints_reach_mlflow_as_params_and_a_change_never_stalls_the_outbox(
+        tmp_path, mlflow_store):
+    uri = mlflow_store(tmp_path)
     tracker = FederationTracker("pe-seg", tracking_uri=uri, artifact_root=str(tmp_path / "a"),
                                 experiment="policy")
     run_id = tracker.start("run", params={}, tags={})

@@ -37,8 +37,8 @@ def _closed_port_uri() -> str:
 
 
 @pytest.fixture()
-def store(tmp_path: Path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+def store(tmp_path: Path, mlflow_store):
+    uri = mlflow_store(tmp_path)
     yield uri
     while mlflow.active_run() is not None:
         mlflow.end_run()
