@@ -34,26 +34,14 @@ from mlflow.models import infer_signature
 from torch import nn
 
 import models
+from clients.root_logging import root_logging_kept
 
 __all__ = ["MODEL_REQUIREMENTS", "PREPROCESSING", "log_task_model", "model_metadata",
            "register_version"]
 
 
-def _import_mlflow_pytorch() -> None:
-    """Import ``mlflow.pytorch`` without the root log handler it installs.
-
-    ``mlflow.pytorch._lightning_autolog`` calls ``logging.basicConfig`` at import,
-    which duplicates every Flower log line in the ServerApp's output.
-    """
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    import mlflow.pytorch  # noqa: F401, PLC0415
-
-    root.handlers[:] = handlers
-    root.setLevel(level)
-
-
-_import_mlflow_pytorch()
+with root_logging_kept():  # mlflow.pytorch._lightning_autolog calls logging.basicConfig
+    import mlflow.pytorch  # noqa: F401
 
 #: Pinned requirements recorded with the model, so MLflow does not run its slow
 #: (and network-hungry) requirement inference; cloudpickle unpickles the module.

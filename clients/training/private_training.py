@@ -27,14 +27,17 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
-from opacus import PrivacyEngine
-from opacus.accountants import IAccountant
-from opacus.validators import ModuleValidator
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.data import DataLoader
 
+from clients.root_logging import root_logging_kept
 from strategies.errors import ConfigError
+
+with root_logging_kept():  # opacus.utils.module_utils calls logging.basicConfig at import
+    from opacus import PrivacyEngine
+    from opacus.accountants import IAccountant
+    from opacus.validators import ModuleValidator
 
 __all__ = ["DpSettings", "PrivateModelError", "dp_compatible", "noise_only_step",
            "poisson_sample_rate", "private_training", "ACCOUNTANTS"]
