@@ -4,7 +4,8 @@ Each metric (but ``num-examples``) is averaged over the replies that report
 it, with those sites' numbers of examples as weights
 (:func:`strategies.weighted_mean.weighted_mean`): a metric undefined at one
 site (a one-class validation split has no AUC, so the site omits it) does not
-remove it from the round. ``num-examples`` becomes the total. These are the
+remove it from the round. The counts (``num-examples``, ``val-studies``,
+``test-studies``) become totals. These are the
 ``train-*`` / ``val-*`` aggregates tracked in MLflow.
 
 The train averages are taken over the replies whose update entered the
@@ -42,11 +43,19 @@ def aggregated_replies(replies: Sequence[TrainReply],
 
 
 def example_weighted_metrics(replies: Sequence[TrainReply | MetricsReply]) -> dict[str, float]:
-    """Example-weighted mean of each metric over the replies reporting it, plus the total examples."""
+    """Example-weighted mean of each metric over the replies reporting it; counts are totals.
+
+    ``num-examples``, ``val-studies`` and ``test-studies`` are summed (a mean of
+    counts means nothing).
+    """
     if not replies:
         return {}
-    names = set().union(*(r.metrics for r in replies)) - {keys.NUM_EXAMPLES}
+    counts = {keys.NUM_EXAMPLES, keys.VAL_STUDIES, keys.TEST_STUDIES}
+    names = set().union(*(r.metrics for r in replies)) - counts
     out = {name: weighted_mean((r.metrics[name], r.num_examples) for r in replies if name in r.metrics)
            for name in sorted(names)}
     out[keys.NUM_EXAMPLES] = float(sum(r.num_examples for r in replies))
+    for name in counts - {keys.NUM_EXAMPLES}:
+        if any(name in r.metrics for r in replies):
+            out[name] = float(sum(r.metrics.get(name, 0.0) for r in replies))
     return out

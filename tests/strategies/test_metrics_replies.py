@@ -40,3 +40,15 @@ def test_a_query_reply_of_zero_examples_is_still_refused():
     with pytest.raises(InvalidReplyError, match="positive integer"):
         parse_metrics_reply(_reply({keys.NUM_EXAMPLES: 0, keys.QUERY_LOSS: 0.3}),
                             keys.QUERY_REQUIRED)
+
+
+def test_study_counts_are_totals_not_means():
+    """Found: the federation's test-studies was the example-weighted mean of the sites' counts."""
+    a = parse_metrics_reply(_reply({keys.NUM_EXAMPLES: 180, keys.TEST_STUDIES: 180,
+                                    "test-auc": 0.9}, "a"))
+    b = parse_metrics_reply(_reply({keys.NUM_EXAMPLES: 108, keys.TEST_STUDIES: 108,
+                                    "test-auc": 0.8}, "b"))
+    merged = example_weighted_metrics([a, b])
+    assert merged[keys.TEST_STUDIES] == 288.0
+    assert merged["test-auc"] == pytest.approx((0.9 * 180 + 0.8 * 108) / 288)
+    assert keys.VAL_STUDIES not in merged
