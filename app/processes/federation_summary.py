@@ -6,7 +6,8 @@ __all__ = ["print_summary"]
 
 
 def print_summary(tracking_uri: str, flwr_run_id: int, seconds: float) -> None:
-    """Per-round validation metric and the MLflow location, read back from MLflow."""
+    """Per-round validation metric, the selected model and its held-out test, the MLflow
+    location: read back from MLflow."""
     import mlflow  # noqa: PLC0415 - heavy import, only needed at the end
     from mlflow.tracking import MlflowClient  # noqa: PLC0415
 
@@ -36,6 +37,7 @@ def print_summary(tracking_uri: str, flwr_run_id: int, seconds: float) -> None:
               f"down {down / 1e6:.2f} MB (one dense fp32 update: "
               f"{totals['strategy/dense-bytes'] / rounds / 1e6:.2f} MB)")
     experiment = client.get_experiment(run.info.experiment_id)
+    _print_model_lines(client, run, experiment.name, metric)
     skipped = {key.split("/")[1]: int(value) for key, value in run.data.metrics.items()
                if key.startswith("site/") and key.endswith("/studies-skipped")}
     if skipped:
@@ -45,3 +47,24 @@ def print_summary(tracking_uri: str, flwr_run_id: int, seconds: float) -> None:
     print(f"MLflow: experiment '{experiment.name}', run {run.info.run_id} "
           f"({run.info.run_name}), store {tracking_uri}")
     print("open it with: make mlflow-ui")
+
+
+def _print_model_lines(client, run, experiment: str, metric: str) -> None:
+    """The best round and its registered version, its test metric per site, how to apply it."""
+    best = run.data.tags.get("best-round")
+    if best is None:
+        return
+    versions = [v for v in client.search_model_versions(f"name='{experiment}-best'")
+                if v.tags.get("run-id") == run.info.run_id]
+    uri = (f"models:/{experiment}-best/{max(int(v.version) for v in versions)}" if versions
+           else f"runs:/{run.info.run_id}/best-model")
+    value = run.data.metrics.get(f"best-{metric}", float("nan"))
+    print(f"best round: r{best} ({metric} {value:.4f}), model {uri}")
+    name = metric.removeprefix("val-")
+    sites = {key.split("/")[1]: value for key, value in run.data.metrics.items()
+             if key.startswith("site/") and key.endswith(f"/test-{name}")}
+    if f"test/{name}" in run.data.metrics:
+        detail = ", ".join(f"{site} {v:.4f}" for site, v in sorted(sites.items()))
+        print(f"held-out test {name}: {run.data.metrics[f'test/{name}']:.4f} ({detail}); "
+              "cross-site matrix: MLflow artifact cross-site/matrix.png")
+    print(f"apply it at a site: make predict MODEL={uri} DATA=/abs/site OUT=/abs/out")

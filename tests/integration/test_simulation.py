@@ -122,6 +122,8 @@ def test_run_completes_and_is_tracked_per_round_and_site(federation):
     assert "status: finished:completed" in result.stdout
     assert "bytes on the wire over 2 rounds" in result.stdout
     assert "Federation summary" in result.stdout
+    assert "held-out test dice: " in result.stdout
+    assert "apply it at a site: make predict MODEL=models:/e2e-best/1 " in result.stdout
 
     client, run = federation.mlflow("first.db")
     run_id = run.info.run_id
