@@ -1,4 +1,5 @@
-"""Shared pytest setup: GPU-only tests skip on machines without CUDA."""
+"""Shared pytest setup: GPU-only tests skip on machines without CUDA; Flower task identities;
+a migrated MLflow store."""
 
 from __future__ import annotations
 
@@ -36,3 +37,24 @@ def mlflow_store(tmp_path_factory):
         return f"sqlite:///{folder / 'mlflow.db'}"
 
     return make
+
+
+def _identity(node_id: int):
+    from flwr.supercore.task_identity import TaskIdentity  # noqa: PLC0415
+
+    saved = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 42, node_id
+    yield
+    TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = saved
+
+
+@pytest.fixture()
+def server_identity():
+    """Flower needs the identity of the running task to create messages (a ServerApp's here)."""
+    yield from _identity(1)
+
+
+@pytest.fixture()
+def site_identity():
+    """The identity of a ClientApp's task on node 7, to create and answer messages as a site."""
+    yield from _identity(7)

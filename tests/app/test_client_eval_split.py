@@ -12,7 +12,6 @@ from types import SimpleNamespace
 
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
-from flwr.supercore.task_identity import TaskIdentity
 
 from app import client_app
 from clients.cxr_cls import manifest as cxr_manifest
@@ -21,24 +20,9 @@ from clients.manifests.csv_rows import EVAL_SPLITS
 from clients.training.site_task import EvalResult
 from strategies import message_keys as keys
 from strategies.model_packing import pack_arrays
+from tests.app.site_messages import instruction
 
-TYPES = {"train": MessageType.TRAIN, "evaluate": MessageType.EVALUATE,
-         "query": MessageType.QUERY}
-
-
-@pytest.fixture(autouse=True)
-def site_identity():
-    """Flower needs the running task's identity to create messages."""
-    saved = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 42, 7
-    yield
-    TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = saved
-
-
-def _message(kind: str, **config) -> Message:
-    instruction = ConfigRecord({keys.SERVER_ROUND: 1, **config})
-    return Message(RecordDict({keys.ARRAYS: pack_arrays(ArrayRecord()), keys.CONFIG: instruction}),
-                   dst_node_id=7, message_type=TYPES[kind])
+pytestmark = pytest.mark.usefixtures("site_identity")
 
 
 def _context(site: Path, policy: Path | None = None, run_config: dict | None = None) -> Context:
@@ -87,11 +71,11 @@ def _metrics(reply: Message) -> dict:
 
 
 def test_the_test_split_is_evaluated_when_asked(tmp_path: Path, fake_site) -> None:
-    test = _metrics(client_app.evaluate(_message("evaluate", **{keys.EVAL_SPLIT: "test"}),
+    test = _metrics(client_app.evaluate(instruction("evaluate", **{keys.EVAL_SPLIT: "test"}),
                                         _context(tmp_path)))
     assert test == {keys.NUM_EXAMPLES: 20, keys.TEST_STUDIES: 2, keys.TEST_LOSS: 0.5,
                     "test-dice": 0.75}
-    val = _metrics(client_app.evaluate(_message("evaluate"), _context(tmp_path)))
+    val = _metrics(client_app.evaluate(instruction("evaluate"), _context(tmp_path)))
     assert val == {keys.NUM_EXAMPLES: 30, keys.VAL_STUDIES: 3, keys.VAL_LOSS: 0.25,
                    "val-dice": 0.75}
 
@@ -99,13 +83,13 @@ def test_the_test_split_is_evaluated_when_asked(tmp_path: Path, fake_site) -> No
 def test_min_val_items_covers_the_test_split(tmp_path: Path, fake_site) -> None:
     policy = tmp_path / "policy.toml"
     policy.write_text("min-val-items = 3\n")
-    reply = client_app.evaluate(_message("evaluate", **{keys.EVAL_SPLIT: "test"}),
+    reply = client_app.evaluate(instruction("evaluate", **{keys.EVAL_SPLIT: "test"}),
                                 _context(tmp_path, policy))
     assert _metrics(reply) == {keys.NUM_EXAMPLES: 20, keys.TEST_STUDIES: 2}
 
 
 def test_an_unknown_split_is_refused_before_any_data_is_read(tmp_path: Path, fake_site) -> None:
-    reply = client_app.evaluate(_message("evaluate", **{keys.EVAL_SPLIT: "train"}),
+    reply = client_app.evaluate(instruction("evaluate", **{keys.EVAL_SPLIT: "train"}),
                                 _context(tmp_path))
     assert reply.has_error() and reply.error.code == 4002 and "ConfigError" in reply.error.reason
     assert fake_site == []
@@ -129,7 +113,7 @@ def test_a_test_only_site_evaluates_and_refuses_train_and_query(test_only_site: 
     run_config = {"task": "cxr-cls", "image-size": 32, "batch-size": 4}
     context = _context(test_only_site, run_config=run_config)
     for kind in ("train", "query"):
-        reply = getattr(client_app, kind)(_message(kind), context)
+        reply = getattr(client_app, kind)(instruction(kind), context)
         assert reply.has_error() and reply.error.code == 4001
         assert reply.error.reason == "site hospital-a: SiteDataError (details in the site's log)"
     task = next(iter(client_app._TASKS.values()))  # noqa: SLF001 - the loaded site task

@@ -19,7 +19,6 @@ from flwr.app import (
     MetricRecord,
     RecordDict,
 )
-from flwr.supercore.task_identity import TaskIdentity
 from mlflow.tracking import MlflowClient
 
 from app.config.run_config import RunConfig, RunConfigError
@@ -33,13 +32,6 @@ from strategies.rounds.round_report import RoundReport
 from strategies.update_codec import pack_update
 
 
-@pytest.fixture()
-def server_identity():
-    """Flower needs the identity of the running task to create messages (a ServerApp's here)."""
-    saved = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 42, 1
-    yield
-    TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = saved
 
 
 def test_run_config_keys_default_and_range():

@@ -11,35 +11,18 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
-from flwr.supercore.task_identity import TaskIdentity
+from flwr.app import Context, Message, RecordDict
 
 from app import client_app
 from app.site_errors import error_code
 from clients.site.policy import PolicyRefusal, SitePolicy, load_policy
 from clients.training.site_task import EvalResult
 from strategies import message_keys as keys
-from strategies.model_packing import pack_arrays
 from strategies.errors import ConfigError, ItemError, SiteError
+from tests.app.site_messages import instruction
 
 SECRET = "/srv/hospital-a/study-0042/dicom"
-TYPES = {"train": MessageType.TRAIN, "evaluate": MessageType.EVALUATE,
-         "query": MessageType.QUERY}
-
-
-@pytest.fixture(autouse=True)
-def site_identity():
-    """Flower needs the running task's identity to create messages."""
-    saved = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 42, 7
-    yield
-    TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = saved
-
-
-def _message(kind: str, **config) -> Message:
-    instruction = ConfigRecord({keys.SERVER_ROUND: 1, **config})
-    return Message(RecordDict({keys.ARRAYS: pack_arrays(ArrayRecord()), keys.CONFIG: instruction}),
-                   dst_node_id=7, message_type=TYPES[kind])
+pytestmark = pytest.mark.usefixtures("site_identity")
 
 
 def _context(site: Path, policy: Path | None = None, run_config: dict | None = None
@@ -72,7 +55,7 @@ def loads(monkeypatch) -> list[Path]:
 @pytest.mark.parametrize("kind", ["train", "evaluate", "query"])
 def test_a_permission_error_never_puts_its_path_into_the_reply(tmp_path, loads, kind):
     """Found: an unexpected OSError escaped the handler and Flower sent its text (a path)."""
-    reply = _handle(kind, _message(kind), _context(tmp_path))
+    reply = _handle(kind, instruction(kind), _context(tmp_path))
     assert loads and reply.has_error()
     assert reply.error.code == 4000
     assert reply.error.reason == "site hospital-a: PermissionError (details in the site's log)"
@@ -91,7 +74,7 @@ def test_each_error_class_has_a_fixed_code_and_no_text_leaves(tmp_path, monkeypa
         raise exc
 
     monkeypatch.setattr(client_app, "_admit", fail)
-    reply = client_app.train(_message("train"), _context(tmp_path))
+    reply = client_app.train(instruction("train"), _context(tmp_path))
     assert error_code(exc) == code and reply.error.code == code
     assert SECRET not in reply.error.reason and "hospital-a" in reply.error.reason
     assert type(exc).__name__ in reply.error.reason or "policy rule" in reply.error.reason
@@ -115,7 +98,7 @@ def _policy(tmp_path: Path, text: str) -> Path:
 def test_a_policy_violation_is_refused_before_any_data_is_read(
         tmp_path, loads, kind, text, request_config, rule):
     policy = _policy(tmp_path, text)
-    reply = _handle(kind, _message(kind, **request_config), _context(tmp_path, policy))
+    reply = _handle(kind, instruction(kind, **request_config), _context(tmp_path, policy))
     assert not loads  # refused before the site's data was touched
     assert reply.error.code == keys.POLICY_REFUSAL_CODE
     assert reply.error.reason == f"site hospital-a: {keys.POLICY_RULE_PREFIX}{rule} (refused)"
@@ -123,14 +106,14 @@ def test_a_policy_violation_is_refused_before_any_data_is_read(
 
 
 def test_an_invalid_policy_file_answers_nothing_and_names_no_path(tmp_path, loads):
-    reply = client_app.train(_message("train"), _context(tmp_path, _policy(tmp_path, "x = 1\n")))
+    reply = client_app.train(instruction("train"), _context(tmp_path, _policy(tmp_path, "x = 1\n")))
     assert not loads and reply.error.code == 4002
     assert reply.error.reason == "site hospital-a: SitePolicyError (details in the site's log)"
 
 
 def test_a_run_config_policy_is_ignored_by_a_deployed_site(tmp_path, loads):
     strict = _policy(tmp_path, "answer-queries = false\n")
-    reply = client_app.query(_message("query"), _context(tmp_path, run_config={"site-policy": str(strict)}))
+    reply = client_app.query(instruction("query"), _context(tmp_path, run_config={"site-policy": str(strict)}))
     assert loads and reply.error.code == 4000  # it went on to the data: not refused
 
 
@@ -154,7 +137,7 @@ def test_validation_metrics_leave_only_from_enough_studies(tmp_path, monkeypatch
     monkeypatch.setattr(client_app, "_site_task", lambda config, site: _FakeTask(studies))
     monkeypatch.setattr(client_app, "_compute", lambda: None)
     policy = _policy(tmp_path, "min-val-items = 3\n")
-    reply = client_app.evaluate(_message("evaluate"), _context(tmp_path, policy))
+    reply = client_app.evaluate(instruction("evaluate"), _context(tmp_path, policy))
     metrics = dict(reply.content[keys.METRICS])
     assert metrics[keys.NUM_EXAMPLES] == 10 * studies and metrics["val-studies"] == studies
     assert (keys.VAL_LOSS in metrics and "val-dice" in metrics) is released
@@ -168,6 +151,6 @@ def test_validation_metrics_leave_only_from_enough_studies(tmp_path, monkeypatch
 def test_a_site_without_policy_path_reports_the_permissive_fingerprint(tmp_path, monkeypatch):
     monkeypatch.setattr(client_app, "_site_task", lambda config, site: _FakeTask(1))
     monkeypatch.setattr(client_app, "_compute", lambda: None)
-    reply = client_app.evaluate(_message("evaluate"), _context(tmp_path))
+    reply = client_app.evaluate(instruction("evaluate"), _context(tmp_path))
     assert reply.content[keys.SITE][keys.SITE_POLICY] == SitePolicy.permissive().fingerprint
     assert "val-dice" in dict(reply.content[keys.METRICS])
