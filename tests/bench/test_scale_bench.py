@@ -21,7 +21,7 @@ def test_site_folders_link_every_site_to_one_of_the_distinct_ones(tmp_path):
     assert names == [f"hospital-{i:02d}" for i in range(5)]
     assert (root / "hospital-04").resolve() == (tmp_path / "base-2" / "hospital-00").resolve()
     assert (root / "hospital-03").resolve() == (tmp_path / "base-2" / "hospital-01").resolve()
-    assert len(read_manifest(root / "hospital-03")) == 8
+    assert len(read_manifest(root / "hospital-03")) == 12  # 8 + 4 test images
 
 
 def test_sampler_sums_the_tree_and_finds_the_simulation_process(tmp_path):

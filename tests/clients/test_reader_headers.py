@@ -86,7 +86,7 @@ def test_a_study_with_a_malformed_header_is_skipped_and_the_site_goes_on(small_s
     bad = _edit(_slice_files(site / "studies" / "study-001" / "dicom")[0], ImagePositionPatient=["0", "0"])
     _edit(_slice_files(site / "studies" / "study-002" / "dicom")[0], RescaleSlope=["1", "2"])
     items, report = load_site(site)
-    assert report.loaded == ["study-000", "study-003"] and len(items) == 2
+    assert report.loaded == ["study-000", "study-003", "study-004"] and len(items) == 3  # 004: test
     assert list(report.skipped) == ["study-001", "study-002"]
     assert str(bad) in report.skipped["study-001"] and "ImagePositionPatient" in report.skipped["study-001"]
     assert "RescaleSlope must have 1 value(s)" in report.skipped["study-002"]
