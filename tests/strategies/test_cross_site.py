@@ -31,6 +31,7 @@ from strategies.rounds.reply_intake import NO_REPLY
 from strategies.rounds.round_policy import RoundPolicy
 from strategies.rounds.site_book import SiteBook
 from strategies.update_codec import pack_update
+from tests.strategies.test_federated_strategy import RecordingGrid
 
 pytestmark = pytest.mark.usefixtures("server_identity")
 
@@ -71,35 +72,19 @@ class Site:
                        reply_to=message)
 
 
-class SiteGrid:
+class SiteGrid(RecordingGrid):
     """The part of flwr's Grid the evaluation uses; node i is ``sites[i]``."""
 
     def __init__(self, sites: dict[int, Site]) -> None:
+        super().__init__(list(sites))
         self.sites = sites
-        self.sent: dict[str, Message] = {}
 
-    def get_node_ids(self) -> list[int]:
-        return list(self.sites)
-
-    def push_messages(self, messages):
-        ids = []
-        for message in messages:
-            mid = f"id-{len(self.sent)}"
-            message.metadata.__dict__["_message_id"] = mid
-            self.sent[mid] = message
-            ids.append(mid)
-        return ids
-
-    def pull_messages(self, message_ids):
-        out = []
-        for mid in message_ids:
-            message = self.sent[mid]
-            node = message.metadata.dst_node_id
-            reply = self.sites[node].answer(message)
-            if reply is not None:
-                reply.metadata.__dict__["_src_node_id"] = node
-                out.append(reply)
-        return out
+    def answer(self, message: Message) -> Message | None:
+        node = message.metadata.dst_node_id
+        reply = self.sites[node].answer(message)
+        if reply is not None:
+            reply.metadata.__dict__["_src_node_id"] = node
+        return reply
 
 
 def _setup() -> CrossSiteSetup:
