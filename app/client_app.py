@@ -34,6 +34,7 @@ from flwr.clientapp import ClientApp
 
 from app.config.run_config import RunConfig
 from app.config.site_config import SiteConfig
+from app.personalisation import SitePersonalisation
 from app.site_errors import sanitised
 from clients.site.decoded_cache import CACHE_DIR_NAME, load_task
 from clients.training.device import ComputeDevice, select_device
@@ -42,12 +43,16 @@ from clients.registry import task_class
 from clients.site.policy import SitePolicy
 from clients.site.policy_check import (Request, check_evaluate, check_query, check_train,
                                        releases_val_metrics)
+from clients.site.last_global import LastGlobal
 from clients.site.privacy_ledger import PrivacyLedger
 from clients.site.state_store import SiteStateStore
 from clients.training.private_training import DpSettings, poisson_sample_rate
 from strategies import message_keys as keys
 from strategies.compression import ErrorFeedback, parse_spec
-from strategies.model_packing import unpack_arrays
+from strategies.downlink_header import DownlinkHeader
+from strategies.downlink_receive import receive
+from strategies.downlink_reference import Reference
+from strategies.model_packing import PackedModelError, unpack_arrays
 from strategies.errors import ConfigError
 from strategies.update_codec import pack_update
 
@@ -84,7 +89,8 @@ def _request(config: RunConfig, instruction: ConfigRecord) -> Request:
                    time_budget=float(instruction.get(keys.TIME_BUDGET, config.time_budget)),
                    loss_subset=int(instruction.get(keys.LOSS_SUBSET, 0)),
                    dp_noise_multiplier=config.dp_noise_multiplier,
-                   dp_max_grad_norm=config.dp_max_grad_norm, dp_delta=config.dp_delta)
+                   dp_max_grad_norm=config.dp_max_grad_norm, dp_delta=config.dp_delta,
+                   dp_accountant=config.dp_accountant)
 
 
 def _admit(msg: Message, context: Context, check: Callable[[SitePolicy, Request], None]
@@ -121,6 +127,11 @@ def _site_record(site: SiteConfig, policy: SitePolicy) -> ConfigRecord:
     return ConfigRecord({keys.SITE_NAME: site.name, keys.SITE_POLICY: policy.fingerprint})
 
 
+def _federation(instruction: ConfigRecord, context: Context) -> str:
+    """The federation the site's state is keyed by: the server's (MLflow run id), else the run's."""
+    return str(instruction.get(keys.FEDERATION, "")) or f"run-{context.run_id}"
+
+
 def _encode_update(delta: list[np.ndarray], instruction: ConfigRecord, site: SiteConfig,
                    context: Context, raw: frozenset[int] = frozenset()
                    ) -> tuple[dict[str, np.ndarray], float]:
@@ -137,7 +148,7 @@ def _encode_update(delta: list[np.ndarray], instruction: ConfigRecord, site: Sit
     lossy = parse_spec(spec).name != "none"
     if not (lossy and bool(instruction.get(keys.ERROR_FEEDBACK, True))):
         return pack_update(delta, spec, seed, raw=raw), 0.0
-    federation = str(instruction.get(keys.FEDERATION, "")) or f"run-{context.run_id}"
+    federation = _federation(instruction, context)
     state_key = f"ef-residual:{federation}"
     store = SiteStateStore(site.state_dir)
     feedback = ErrorFeedback(spec)
@@ -152,6 +163,30 @@ def _encode_update(delta: list[np.ndarray], instruction: ConfigRecord, site: Sit
     context.state[state_key] = ArrayRecord([residual])
     store.save(federation, "ef-residual", residual)
     return arrays, float(np.linalg.norm(residual))
+
+
+def _received_global(msg: Message, instruction: ConfigRecord, site: SiteConfig,
+                     context: Context) -> tuple[ArrayRecord, dict[str, int]]:
+    """The global model of a train instruction and the reply's downlink metric.
+
+    Without downlink entries the packed model as sent. With them
+    (:mod:`strategies.downlink_receive`) the site's last global model
+    (:class:`~clients.site.last_global.LastGlobal`) advanced by the compressed
+    step, or the dense snapshot, verified by its checksum and saved for the next
+    round; the reply acknowledges its version (``downlink-version``).
+    """
+    header = DownlinkHeader.from_config(instruction)
+    if header is None:
+        return unpack_arrays(msg.content[keys.ARRAYS]), {}
+    store = LastGlobal(site.state_dir, _federation(instruction, context))
+    saved = store.load()
+    try:
+        held = None if saved is None else Reference.from_packed(saved)
+    except PackedModelError:  # an unreadable model: the step is refused, a snapshot follows
+        held = None
+    reference = receive(msg.content[keys.ARRAYS], header, held)
+    store.save(reference.packed())
+    return reference.record(), {keys.DOWNLINK_VERSION: reference.version}
 
 
 @app.train()
@@ -169,23 +204,27 @@ def train(msg: Message, context: Context) -> Message:
         steps = min(steps, cap)
     budget = float(instruction.get(keys.TIME_BUDGET, config.time_budget))
     deadline = time.monotonic() + budget if budget > 0 else None
-    global_state = unpack_arrays(msg.content[keys.ARRAYS]).to_torch_state_dict()
-    privacy = DpSettings(config.dp_noise_multiplier, config.dp_max_grad_norm, config.dp_delta)
+    received, downlink_metrics = _received_global(msg, instruction, site, context)
+    global_state = received.to_torch_state_dict()
+    privacy = DpSettings(config.dp_noise_multiplier, config.dp_max_grad_norm, config.dp_delta,
+                         config.dp_accountant)
     model = task.build_model(private=privacy.enabled)
     model.load_state_dict(global_state)
+    personal = SitePersonalisation.of(config, site.state_dir, _federation(instruction, context))
+    personal.receive(model)  # FedBN: the site's own normalisation layers
     if privacy.enabled:  # refuse before training if the round would overspend the budget
-        ledger = PrivacyLedger(SiteStateStore(site.state_dir), str(
-            instruction.get(keys.FEDERATION, "")) or f"run-{context.run_id}")
+        ledger = PrivacyLedger(SiteStateStore(site.state_dir), _federation(instruction, context),
+                               privacy.accountant)
         spent = ledger.epsilon(privacy.delta)
         ledger.check((privacy.noise_multiplier, poisson_sample_rate(
             len(train_set), task.settings.batch_size), steps), privacy.delta,
             policy.dp.max_epsilon)
     seed = (config.seed * 1_000_003 + server_round * 7_919 + zlib.crc32(site.name.encode())) % 2**31
     started = time.monotonic()
-    result = task.train(model, steps=steps, lr=config.lr, momentum=config.momentum,
-                        compute=_compute(), seed=seed, optimizer=config.optimizer,
-                        deadline=deadline, proximal_mu=config.proximal_mu,
-                        label=f"{site.name} round {server_round}", privacy=privacy)
+    result = personal.train(task, model, steps, seed, deadline, lr=config.lr,
+                            momentum=config.momentum, compute=_compute(),
+                            optimizer=config.optimizer, proximal_mu=config.proximal_mu,
+                            label=f"{site.name} round {server_round}", privacy=privacy)
     dp_metrics = {}
     if privacy.enabled:
         ledger.record(result.privacy_steps)
@@ -198,6 +237,8 @@ def train(msg: Message, context: Context) -> Message:
                    dtype=value.numpy().dtype)
         for name, value in global_state.items()
     ]
+    delta = personal.keep_local(model, delta, list(global_state),  # FedBN: 0, kept at the site
+                                save=server_round <= config.num_server_rounds)
     parameters = {name for name, _ in model.named_parameters()}
     buffers = frozenset(i for i, name in enumerate(global_state) if name not in parameters)
     arrays, residual_norm = _encode_update(delta, instruction, site, context, raw=buffers)
@@ -209,7 +250,7 @@ def train(msg: Message, context: Context) -> Message:
         keys.INITIAL_LOSS: result.initial_loss,
         keys.TRAIN_SECONDS: time.monotonic() - started,
         keys.STUDIES_SKIPPED: len(task.report.skipped),
-        **dp_metrics,
+        **dp_metrics, **downlink_metrics,
     })
     content = RecordDict({
         keys.DELTA: ArrayRecord({name: Array(a) for name, a in arrays.items()}),
@@ -257,6 +298,10 @@ def evaluate(msg: Message, context: Context) -> Message:
     if result.num_examples and releases_val_metrics(policy, result.num_studies):
         metrics[loss_key] = result.loss
         metrics.update({f"{split}-{name}": value for name, value in result.metrics.items()})
+        instruction = msg.content[keys.CONFIG] if keys.CONFIG in msg.content else ConfigRecord()
+        personal = SitePersonalisation.of(config, site.state_dir, _federation(instruction, context))
+        metrics.update(personal.metrics(task, model, _compute(), split, config, site.name,
+                                        int(instruction.get(keys.SERVER_ROUND, 0))))
     else:
         log.info("site %s: %d %s studies (policy min-val-items %d): only counts leave",
                  site.name, result.num_studies, split, policy.min_val_items)

@@ -12,6 +12,10 @@ federation's MLflow run:
   ``test/loss``, ``test/num-examples``, ``test/studies``);
 * ``site/<name>/test-<metric>``: each site's (``site/<name>/test-num-examples``
   for its count);
+* with ``personalisation.method`` other than ``none``: ``site/<name>/personalised-test-<metric>``
+  and ``site/<name>/personalised-gain-test-<metric>`` (personalised minus global), and
+  ``test/personalised-<metric>``, ``test/personalised-gain-<metric>`` (example-weighted
+  over the sites that report one);
 * ``cross-site/matrix.json`` (an MLflow table: column ``model``, then one per
   site), ``cross-site/matrix.png`` (heatmap) and ``cross-site/dropped.json``
   (which site's reply was left out of which stage, and why);
@@ -39,6 +43,7 @@ from app.config.run_config import RunConfig
 from app.tracking import BestRound, FederationTracker, bounded_requests, metric_key
 from app.tracking.figures import federation_figures, matrix_figure
 from strategies.errors import FederationError
+from strategies.plugins.personalisation.gain import GAIN, PERSONALISED, personalisation_gains
 from strategies.rounds.cross_site import CrossSiteResult, CrossSiteSetup, cross_site_evaluation
 from strategies.rounds.federated_strategy import FederatedStrategy
 
@@ -55,14 +60,29 @@ def selected_arrays(best: BestRound, final: ArrayRecord) -> ArrayRecord:
     return ArrayRecord({key: Array(value) for key, value in zip(best.keys, best.arrays)})
 
 
+def _weighted_name(name: str) -> str:
+    """The weighted metric's name: ``test-x`` -> ``x``, ``personalised-test-x`` ->
+    ``personalised-x``, ``personalised-gain-test-x`` -> ``personalised-gain-x``."""
+    for prefix in (GAIN, PERSONALISED, ""):
+        if name.startswith(f"{prefix}{_TEST}"):
+            return f"{prefix}{name[len(prefix) + len(_TEST):]}"
+    return name
+
+
 def cross_site_metrics(result: CrossSiteResult) -> dict[str, float]:
-    """MLflow metrics of the test evaluation: ``test/<m>`` (weighted), ``site/<s>/test-<m>``."""
-    metrics = {metric_key("test", name.removeprefix(_TEST)): value
-               for name, value in result.weighted.items()}
+    """MLflow metrics of the test evaluation: ``test/<m>`` (weighted), ``site/<s>/test-<m>``.
+
+    With personalisation, ``site/<s>/personalised-test-<m>`` and
+    ``site/<s>/personalised-gain-test-<m>`` (personalised minus global) beside each
+    site's ``test-<m>``, and ``test/personalised-<m>``, ``test/personalised-gain-<m>``
+    beside the weighted ``test/<m>``.
+    """
+    weighted = {**result.weighted, **personalisation_gains(result.weighted)}
+    metrics = {metric_key("test", _weighted_name(name)): value for name, value in weighted.items()}
     for site, values in result.sites.items():
-        metrics.update({metric_key("site", site, name if name.startswith(_TEST)
+        metrics.update({metric_key("site", site, name if name.startswith((_TEST, PERSONALISED))
                                    else f"{_TEST}{name}"): value
-                        for name, value in values.items()})
+                        for name, value in {**values, **personalisation_gains(values)}.items()})
     return {key: float(value) for key, value in metrics.items()}
 
 

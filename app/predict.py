@@ -4,6 +4,7 @@
 
     python -m app.predict --model models:/fedmed-pe-seg-best/1 --data /abs/site --out /abs/out
                           [--split test] [--overwrite] [--device auto|cpu|cuda] [--tracking-uri URI]
+                          [--personal /abs/site-folder-or-node-config.toml]
 
 The model (an MLflow URI or a local MLflow model folder;
 :func:`app.model_source.load_logged_model`) carries
@@ -18,6 +19,12 @@ in ``skipped.csv``. With references (the site's masks or labels) the task's
 metric is printed at the end (Dice: mean over studies on the series' own grid;
 ROC AUC: macro over labels), and so is the time per item.
 
+With ``--personal`` (``make predict PERSONAL=...``), at a site of a federation
+with personalisation, the site's personalised model is applied instead of the
+global one: FedBN's kept normalisation layers from the site's state dir, or the
+model adapted ``personalisation.finetune-steps`` steps on the site's training data
+(:mod:`app.prediction.personalised`).
+
 Exit status: 0 when at least one item was predicted, 1 when none could be,
 2 on a usage or configuration error (the message names the folder, file or URI).
 """
@@ -30,7 +37,7 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TextIO
 
@@ -40,6 +47,7 @@ from app.model_source import LoggedModel, load_logged_model
 from app.prediction.classification import classify, read_input
 from app.prediction.inputs import InputItem, discover_items
 from app.prediction.output import MASKS, mask_name, prepare_out, write_table
+from app.prediction.personalised import federation_of, personalise, site_of
 from app.prediction.segmentation import segment_study
 from clients.training.device import ComputeDevice, select_device
 from strategies.errors import ConfigError, FedMedError, ItemError
@@ -226,6 +234,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     parser.add_argument("--tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI")
                         or DEFAULT_TRACKING_URI, help="MLflow tracking (and registry) store")
+    parser.add_argument("--personal", default=None, type=Path,
+                        help="apply this site's personalised model: its site folder or its "
+                             "SuperNode's node-config TOML (data-path, state-dir, site-name)")
     return parser
 
 
@@ -240,6 +251,12 @@ def main(argv: list[str] | None = None) -> int:
         logged = load_logged_model(args.model)
         compute = select_device(args.device)
         print(f"{logged.task} model {args.model} on {compute.device}", file=sys.stderr)
+        if args.personal is not None:
+            site = site_of(args.personal)
+            federation, params = federation_of(args.model)
+            personal = personalise(logged, site, federation, params, compute)
+            logged = replace(logged, model=personal.model)
+            print(f"site {site.name}'s personalised model, {personal.note}", file=sys.stderr)
         summary = predict(logged, args.data, args.out, args.split, args.overwrite, compute)
     except (FedMedError, ValueError) as exc:
         print(f"predict: error: {exc}", file=sys.stderr)

@@ -28,6 +28,9 @@ from app.config.roster import load_roster
 from app.config.run_config import RunConfig
 from app.cross_site_report import report_federation_end, selected_arrays
 from app.model_source import load_state_dict_from
+from app.personalisation import require_local_layers
+from app.processes.grid_waits import cap_grid_waits
+from app.tracking.traffic_text import round_traffic
 from app.tracking import (
     BestRound,
     FederationTracker,
@@ -49,7 +52,7 @@ from strategies.rounds.checkpoint import (
 from strategies.rounds.federated_strategy import FederatedStrategy
 from strategies.local_solver import LocalSolver
 from strategies.plugins.defences.defended import with_defence
-from strategies.registry import AGGREGATORS, DEFENCES, SCHEDULES, SELECTORS
+from strategies.registry import AGGREGATORS, CODEC_RATES, DEFENCES, SCHEDULES, SELECTORS
 from strategies.rounds.round_policy import RoundPolicy
 from strategies.rounds.round_report import RoundReport
 
@@ -82,12 +85,16 @@ def build_strategy(config: RunConfig, federation: str = "",
         node_wait_timeout=config.node_wait_timeout,
         time_budget=config.time_budget,
         codec=config.strategy_codec,
+        codec_warmup_rounds=config.strategy_codec_warmup_rounds,
+        codec_rate=CODEC_RATES.build(config.strategy_codec_rate, sections, settings),
+        downlink_codec=config.strategy_downlink_codec,
         error_feedback=config.strategy_error_feedback,
         federation=federation,
         seed=config.seed,
         local_solver=LocalSolver(optimizer=config.optimizer, momentum=config.momentum,
                                  lr=config.lr, proximal_mu=config.proximal_mu),
         roster=roster,
+        max_held_mb=config.round_max_held_mb,
     )
 
 
@@ -102,11 +109,8 @@ def _progress_line(report: RoundReport, num_rounds: int, metric: str) -> str:
     tau_eff = report.strategy.get("tau-eff")
     tau = f"tau {report.schedule_tau} (done {taus}" + (
         f", tau_eff {tau_eff:.1f})" if tau_eff is not None else ")")
-    traffic = ""
-    if "bytes-up" in report.strategy:
-        traffic = (f" | up {report.strategy['bytes-up'] / 1e3:.0f} kB "
-                   f"(x{report.strategy.get('uplink-ratio', 0):.0f} smaller than dense), "
-                   f"down {report.strategy['bytes-down'] / 1e3:.0f} kB")
+    traffic = round_traffic(report.strategy, report.traffic) + (
+        f", rate {report.strategy['codec-rate']:.3g}" if "codec-rate" in report.strategy else "")
     selected = ""
     if report.selection.get("candidates"):
         selected = (f" | selected {','.join(report.selection['selected'])} of "
@@ -172,13 +176,16 @@ def main(grid: Grid, context: Context) -> None:
     run id>/`` (:func:`strategies.rounds.checkpoint.run_folder`); ``resume``
     continues the newest one made with the same run config.
     """
+    cap_grid_waits()  # a reply's arrays are read within 0.25 s of their upload, not 1-4 s
     config = RunConfig.from_mapping(context.run_config)
     roster = load_roster(config.federation_roster) if config.federation_roster else None
     run_config = config.as_params()
     torch.manual_seed(config.seed)
     task = task_class(config.task)
     model = task.model_for_run(config.task_settings(), private=config.dp_noise_multiplier > 0)
-    checkpoint_path = (find_checkpoint(Path(config.checkpoint_dir), run_config)
+    require_local_layers(config.personalisation, model, config.task)  # FedBN: before round 1
+    defaults = RunConfig().as_params()  # keys an older checkpoint lacks keep these
+    checkpoint_path = (find_checkpoint(Path(config.checkpoint_dir), run_config, defaults)
                        if config.resume else None)
     tracker = FederationTracker(config.task, config.tracking_uri, config.artifact_root,
                                 config.experiment)
@@ -189,7 +196,8 @@ def main(grid: Grid, context: Context) -> None:
     if checkpoint_path is not None:
         strategy = build_strategy(config, federation=checkpoint_path.parent.name,
                                   roster=roster)
-        checkpoint = load_checkpoint(checkpoint_path, run_config, template=strategy.snapshot())
+        checkpoint = load_checkpoint(checkpoint_path, run_config, template=strategy.snapshot(),
+                                     defaults=defaults)
         if checkpoint.mlflow_run_id != checkpoint_path.parent.name:
             raise CheckpointError(f"{checkpoint_path}: holds MLflow run "
                                   f"{checkpoint.mlflow_run_id!r}, not its folder's")

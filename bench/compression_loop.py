@@ -12,30 +12,40 @@ are the bytes a site would really send:
   for the ``+EF`` variants, BatchNorm buffers raw as the ClientApp sends them;
 * bytes up = :func:`strategies.wire_bytes.wire_size` of the reply's
   ``ArrayRecord``; bytes down = ``wire_size`` of the dense global record (the
-  downlink is not compressed);
+  downlink is not compressed), or, with ``instructions`` or a downlink codec,
+  of each site's real train instruction (:mod:`downlink_sites`: the product's
+  messages, a compressed downlink with the server's error feedback, each site
+  training from the model it reconstructs);
 * the server decodes with :func:`strategies.update_codec.unpack_update`,
   aggregates with :func:`strategies.aggregation.fedavg_delta` and sets
   ``x <- x - Delta``.
 
 Local training per (round, site) uses :func:`round_seeds.round_seed` (salt
-``0x7EA1``), the same for every codec config.
+``0x7EA1``), the same for every codec config. A config with warm-up rounds
+encodes and decodes round ``r`` with the product's
+:meth:`strategies.rounds.instructions.Uplink.codec_for` (the kept fraction of
+Deep Gradient Compression's schedule, :mod:`strategies.codecs.warmup`), the
+error-feedback residual carried over as the ClientApp does.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord
 
+from downlink_sites import SiteDownlink
 from model_arrays import load_arrays, state_arrays
 from round_seeds import round_seed
 from strategies.aggregation import fedavg_delta
 from strategies.compression import ErrorFeedback, derive_seed, flatten, parse_spec
+from strategies.downlink import check_downlink_codec
+from strategies.rounds.instructions import Uplink
 from strategies.update_codec import pack_update, unpack_update
 from strategies.weighted_mean import weighted_mean
 from strategies.wire_bytes import wire_size
@@ -51,22 +61,29 @@ TRAIN_SALT = 0x7EA1
 
 @dataclass(frozen=True)
 class CodecConfig:
-    """One uplink codec setting: a codec spec and whether error feedback is on."""
+    """One codec setting: the uplink spec, error feedback, the downlink spec, warm-up rounds."""
 
     spec: str
     error_feedback: bool
+    downlink: str = "none"
+    warmup_rounds: int = 0
+
+    @property
+    def _options(self) -> str:
+        down = f" down={self.downlink}" if parse_spec(self.downlink).name != "none" else ""
+        return down + (f" warmup={self.warmup_rounds}" if self.warmup_rounds else "")
 
     @property
     def name(self) -> str:
         if parse_spec(self.spec).name == "none":
-            return "none"
-        return f"{self.spec}{'+ef' if self.error_feedback else ''}"
+            return "none" + self._options
+        return f"{self.spec}{'+ef' if self.error_feedback else ''}" + self._options
 
     @property
     def label(self) -> str:
         if parse_spec(self.spec).name == "none":
-            return "dense fp32 (none)"
-        return f"{self.spec} {'+EF' if self.error_feedback else 'no EF'}"
+            return "dense fp32 (none)" + self._options
+        return f"{self.spec} {'+EF' if self.error_feedback else 'no EF'}" + self._options
 
 
 CONFIGS: tuple[CodecConfig, ...] = (
@@ -83,11 +100,33 @@ CONFIGS: tuple[CodecConfig, ...] = (
 
 
 def parse_config(text: str) -> CodecConfig:
-    """``"topk:0.01+ef"`` -> ``CodecConfig("topk:0.01", True)``; ``"none"`` -> dense."""
-    ef = text.lower().endswith("+ef")
-    spec = text[:-3] if ef else text
+    """``"topk:0.01+ef"`` -> ``CodecConfig("topk:0.01", True)``; ``"none"`` -> dense.
+
+    Options follow, separated by spaces (as :attr:`CodecConfig.name` writes
+    them): ``down=<downlink spec>`` and ``warmup=<rounds>``, e.g.
+    ``"topk:0.01+ef down=topk:0.01 warmup=4"``.
+
+    Raises
+    ------
+    ValueError
+        For an unknown option or a warm-up that is not an integer (a
+        ``CodecError``, a ``ValueError`` too, for a spec that does not parse).
+    """
+    first, *options = text.split()
+    ef = first.lower().endswith("+ef")
+    spec = first[:-3] if ef else first
     parse_spec(spec)  # validates
-    return CodecConfig(spec, ef and parse_spec(spec).name != "none")
+    settings: dict = {}
+    for option in options:
+        key, _, value = option.partition("=")
+        if key == "down":
+            settings["downlink"] = check_downlink_codec(value)
+        elif key == "warmup" and value.isdigit():
+            settings["warmup_rounds"] = int(value)
+        else:
+            raise ValueError(f"config {text!r}: option {option!r} is not 'down=<spec>' or "
+                             "'warmup=<rounds>'")
+    return CodecConfig(spec, ef and parse_spec(spec).name != "none", **settings)
 
 
 def train_seed(seed: int, round_index: int, site: int) -> int:
@@ -97,6 +136,15 @@ def train_seed(seed: int, round_index: int, site: int) -> int:
 
 def _dense_record(keys: Sequence[str], arrays: Sequence[np.ndarray]) -> ArrayRecord:
     return ArrayRecord({k: Array(v) for k, v in zip(keys, arrays)})
+
+
+def _carried(feedback: ErrorFeedback | None, spec: str) -> ErrorFeedback | None:
+    """A feedback for ``spec`` holding ``feedback``'s residual (``None`` stays ``None``)."""
+    if feedback is None:
+        return None
+    carried = ErrorFeedback(spec)
+    carried.load_state(feedback.state())
+    return carried
 
 
 
@@ -123,6 +171,7 @@ class FederationResult:
     bytes_up: list[list[int]] = field(default_factory=list)        # [round][site]
     payload_bytes: list[list[int]] = field(default_factory=list)   # codec payload only
     bytes_down: list[int] = field(default_factory=list)            # per site, per round
+    bytes_down_sites: list[list[int]] = field(default_factory=list)  # [round][site]
     bytes_plain_record: list[list[int]] = field(default_factory=list)  # plain ArrayRecord(list)
     dense_fp32_bytes: int = 0                                      # codec-free float32 count
     train_loss: list[float] = field(default_factory=list)
@@ -134,12 +183,18 @@ class FederationResult:
 
 
 def run_federation(task, config: CodecConfig, rounds: int, steps: int, seed: int,
-                   cache: dict | None = None, trace: bool = False) -> FederationResult:
+                   cache: dict | None = None, trace: bool = False, instructions: bool = False,
+                   stop: Callable[[dict[str, list[float]]], bool] | None = None
+                   ) -> FederationResult:
     """FedAvg for ``rounds`` rounds with the uplink codec ``config``.
 
     ``cache`` (a dict shared by the configs of one task) keeps round 1's local
-    results, which do not depend on the codec. ``trace`` keeps every site's
+    results, which do not depend on the codec (round 1's downlink is the
+    global model itself, compressed or not). ``trace`` keeps every site's
     true delta, decoded delta, residual and packed arrays per round.
+    ``instructions`` (implied by a downlink codec) sends the model through the
+    product's train instructions (:class:`downlink_sites.SiteDownlink`).
+    ``stop``, given the metric curves after a round, ends the run early.
     """
     started, cpu_started = time.perf_counter(), time.process_time()
     torch.manual_seed(seed)
@@ -155,6 +210,10 @@ def run_federation(task, config: CodecConfig, rounds: int, steps: int, seed: int
     res = FederationResult(config.name, config.label, config.spec, config.error_feedback,
                            traces=[SiteTrace() for _ in range(task.num_sites)] if trace else None)
     res.dense_fp32_bytes = 4 * int(sum(a.size for a in x))
+    uplink = Uplink(codec=config.spec, error_feedback=config.error_feedback, seed=seed,
+                    codec_warmup_rounds=config.warmup_rounds)
+    sender = (SiteDownlink(uplink, config.downlink, task.num_sites, steps)
+              if instructions or parse_spec(config.downlink).name != "none" else None)
 
     def measure() -> None:
         load_arrays(model, x)
@@ -163,16 +222,23 @@ def run_federation(task, config: CodecConfig, rounds: int, steps: int, seed: int
 
     measure()
     for r in range(1, rounds + 1):
-        down = wire_size(_dense_record(keys, x))
+        spec = uplink.codec_for(r)
+        if sender is None:
+            downs = [wire_size(_dense_record(keys, x))] * task.num_sites
+            starts = [x] * task.num_sites
+        else:
+            starts, downs = sender.send(r, keys, x)
+        if config.warmup_rounds:  # the round's spec, the residual carried over (the ClientApp)
+            feedback = [_carried(f, spec) for f in feedback]
         decoded_all, ups, payloads, plain, losses, errs = [], [], [], [], [], []
         for i in range(task.num_sites):
             cached = cache.get((r, i)) if (cache is not None and r == 1) else None
             if cached is None:
-                load_arrays(model, x)
+                load_arrays(model, starts[i])
                 loss = task.train_site(model, i, steps, train_seed(seed, r, i))
                 local = state_arrays(model)
-                # delta = x_global - x_local in the global model's dtypes (as the ClientApp)
-                delta = [np.asarray(g - l, dtype=g.dtype) for g, l in zip(x, local)]
+                # delta = x_received - x_local in the global model's dtypes (as the ClientApp)
+                delta = [np.asarray(g - l, dtype=g.dtype) for g, l in zip(starts[i], local)]
                 if cache is not None and r == 1:
                     cache[(r, i)] = ([d.copy() for d in delta], loss)
             else:
@@ -181,14 +247,14 @@ def run_federation(task, config: CodecConfig, rounds: int, steps: int, seed: int
             codec_seed = derive_seed(seed, r, i)
             z_before = (feedback[i].residual.copy() if feedback[i] is not None
                         and feedback[i].residual.size else None)
-            packed = pack_update(delta, config.spec, codec_seed, feedback[i], raw=raw)
+            packed = pack_update(delta, spec, codec_seed, feedback[i], raw=raw)
             record = ArrayRecord({k: Array(v) for k, v in packed.items()})
             ups.append(wire_size(record))
             payloads.append(int(packed["payload"].size))
             plain.append(wire_size(ArrayRecord(list(delta))))
             # server side: decode what the record carries
             received = {k: record[k].numpy() for k in record.keys()}
-            decoded = unpack_update(received, x, config.spec, codec_seed)
+            decoded = unpack_update(received, x, spec, codec_seed)
             decoded_all.append(decoded)
             true_vec = flatten([delta[j] for j in range(len(delta)) if j not in raw
                                 and np.issubdtype(delta[j].dtype, np.floating)])
@@ -209,7 +275,8 @@ def run_federation(task, config: CodecConfig, rounds: int, steps: int, seed: int
         res.bytes_up.append(ups)
         res.payload_bytes.append(payloads)
         res.bytes_plain_record.append(plain)
-        res.bytes_down.append(down)
+        res.bytes_down.append(int(np.mean(downs)) if sender else downs[0])
+        res.bytes_down_sites.append(list(downs))
         res.train_loss.append(weighted_mean(zip(losses, n)))
         res.decode_error.append(float(np.mean(errs)))
         res.residual_norm.append(float(np.mean(
@@ -219,6 +286,8 @@ def run_federation(task, config: CodecConfig, rounds: int, steps: int, seed: int
                  config.label, r, "  ".join(f"{k} {v[-1]:.3f}" for k, v in res.metrics.items()
                                             if k in task.metrics),
                  np.mean(ups), res.train_loss[-1])
+        if stop is not None and stop(res.metrics):
+            break
     res.seconds = time.perf_counter() - started
     res.cpu_seconds = time.process_time() - cpu_started
     return res

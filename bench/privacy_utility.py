@@ -27,7 +27,9 @@ model (``build_model(private=True)``); the non-private reference (epsilon = inf)
 product's plain training of its plain model, i.e. what a run without
 ``privacy.noise-multiplier`` gets. ``relative_to_nonprivate`` = metric / that
 reference (same seed). Throughput: samples per second of DP-SGD over plain
-training of the same (DP-compatible) model and data at one site, one thread.
+training of the same (DP-compatible) model and data at one site, one thread, for
+each of Opacus's per-example gradient modes the product can use (``hooks``, the
+product's, and ``functorch``).
 
 Writes ``--output`` (default ``bench/results/privacy_utility.json``) after every
 run (partial results survive an interrupted run)::
@@ -35,6 +37,7 @@ run (partial results survive an interrupted run)::
     python bench/privacy_utility.py --shared /work/shared/data [--repeats 2] \\
         [--rounds 10 --local-steps 20] [--sets pneumoniamnist msd-lung]
     python bench/privacy_utility.py --quick   # wiring check: 2 rounds x 2 steps
+    python bench/privacy_utility.py --throughput-only   # only the throughput rows
 """
 
 from __future__ import annotations
@@ -57,7 +60,8 @@ from opacus.accountants.utils import get_noise_multiplier
 from local_fedavg_pooled import ROOT, build_sites, evaluate_all, load_tasks
 from model_arrays import load_arrays, state_arrays
 from clients.training.device import ComputeDevice, select_device
-from clients.training.private_training import DpSettings, poisson_sample_rate
+from clients.training.private_training import (GRAD_SAMPLE_MODES, DpSettings,
+                                               poisson_sample_rate)
 from clients.training.site_task import SiteTask, TaskSettings
 from strategies.aggregation import fedavg_delta
 
@@ -111,18 +115,32 @@ def run_federation(tasks: list[SiteTask], epsilon: float, rounds: int, tau: int,
             **evaluate_all(global_model, tasks, compute)}
 
 
-def throughput(task: SiteTask, steps: int, compute: ComputeDevice, lr: float,
-               clip: float) -> dict:
-    """Samples/s of plain and of DP-SGD training (sigma 1, C ``clip``) of the DP-compatible model."""
-    rates = {}
-    for name, privacy in (("plain", None), ("dp", DpSettings(1.0, clip, DELTA))):
-        torch.manual_seed(0)
-        model = task.build_model(private=True)
-        task.train(model, 2, lr, MOMENTUM, compute, seed=0, privacy=privacy)  # warm-up
-        res = task.train(model, steps, lr, MOMENTUM, compute, seed=1, privacy=privacy)
-        rates[name] = res.num_examples / res.seconds
-    return {"plain_samples_per_s": rates["plain"], "dp_samples_per_s": rates["dp"],
-            "dp_over_plain": rates["dp"] / rates["plain"]}
+def throughput(task: SiteTask, steps: int, compute: ComputeDevice, lr: float, clip: float,
+               repeats: int = 3) -> dict:
+    """Samples/s of plain and of DP-SGD training (sigma 1, C ``clip``) of the DP-compatible model.
+
+    DP-SGD once per Opacus grad-sample mode of :data:`GRAD_SAMPLE_MODES`; the row's
+    ``dp_samples_per_s`` is the product's default mode's (:class:`DpSettings`).
+    Median over ``repeats`` measurements of ``steps`` steps each, the variants
+    interleaved (the machine's load drifts).
+    """
+    variants = {"plain": None, **{mode: DpSettings(1.0, clip, DELTA, grad_sample_mode=mode)
+                                  for mode in GRAD_SAMPLE_MODES}}
+    samples: dict[str, list[float]] = {name: [] for name in variants}
+    for repeat in range(repeats):
+        for name, privacy in variants.items():
+            torch.manual_seed(0)
+            model = task.build_model(private=True)
+            task.train(model, 2, lr, MOMENTUM, compute, seed=0, privacy=privacy)  # warm-up
+            res = task.train(model, steps, lr, MOMENTUM, compute, seed=1 + repeat,
+                             privacy=privacy)
+            samples[name].append(res.num_examples / res.seconds)
+    rates = {name: statistics.median(values) for name, values in samples.items()}
+    mode = DpSettings().grad_sample_mode
+    return {"plain_samples_per_s": rates["plain"], "dp_samples_per_s": rates[mode],
+            "dp_over_plain": rates[mode] / rates["plain"], "grad_sample_mode": mode,
+            "dp_over_plain_by_mode": {m: rates[m] / rates["plain"] for m in GRAD_SAMPLE_MODES},
+            "steps": steps, "repeats": repeats}
 
 
 def _write(path: Path, payload: dict) -> None:
@@ -156,11 +174,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--local-steps", type=int, default=20)
     p.add_argument("--repeats", type=int, default=2, help="training seeds 0 .. repeats-1")
     p.add_argument("--throughput-steps", type=int, default=20)
+    p.add_argument("--throughput-repeats", type=int, default=3)
+    p.add_argument("--throughput-only", action="store_true",
+                   help="measure only the throughput rows of --sets, kept runs of --output")
     p.add_argument("--quick", action="store_true", help="2 rounds x 2 steps, 1 seed (wiring check)")
     p.add_argument("--output", type=Path, default=ROOT / "bench/results/privacy_utility.json")
     args = p.parse_args(argv)
     if args.quick:
         args.rounds, args.local_steps, args.repeats, args.throughput_steps = 2, 2, 1, 2
+        args.throughput_repeats = 1
     torch.set_num_threads(1)
     compute = select_device("cpu")
     payload: dict = {
@@ -173,6 +195,11 @@ def main(argv: list[str] | None = None) -> int:
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
                      "platform": platform.platform()},
     }
+    if args.throughput_only:
+        kept = json.loads(args.output.read_text()) if args.output.is_file() else {}
+        payload.update({k: kept[k] for k in ("description", "config", "runs", "wall_seconds")
+                        if k in kept})
+        payload["throughput"] = [r for r in kept.get("throughput", []) if r["set"] not in args.sets]
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.sets:
@@ -180,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
             site_root = Path(tmp) / name
             build_sites(task_name, args.shared, site_root, extra)
             tasks = load_tasks(task_name, site_root, settings)
-            for seed in range(args.repeats):
+            for seed in range(0 if args.throughput_only else args.repeats):
                 reference = None
                 for eps in sorted(args.epsilons, reverse=True):  # inf first: the reference
                     t0 = time.perf_counter()
@@ -198,10 +225,12 @@ def main(argv: list[str] | None = None) -> int:
                         "seconds": time.perf_counter() - t0})
                     print(json.dumps(payload["runs"][-1]), flush=True)
                     _write(args.output, payload)
-            rate = throughput(tasks[0], args.throughput_steps, compute, lr, clip)
+            rate = throughput(tasks[0], args.throughput_steps, compute, lr, clip,
+                              args.throughput_repeats)
             payload["throughput"].append({"task": task_name, "set": name, **rate})
             payload["summary"] = _summary(payload["runs"])
-            payload["wall_seconds"] = time.perf_counter() - start
+            seconds = "throughput_wall_seconds" if args.throughput_only else "wall_seconds"
+            payload[seconds] = time.perf_counter() - start
             _write(args.output, payload)
             print(json.dumps(payload["throughput"][-1]), flush=True)
     return 0

@@ -145,8 +145,11 @@ def stage_seconds(lines: list[str]) -> dict[str, list[int]]:
 
 
 def run_point(sites: int, selected: int, rounds: int, data_root: Path, work: Path,
-              interval: float, timeout: float, evaluated: int = 0) -> dict:
-    """One ``app.processes.simulate`` run; its per-round seconds and peak memory."""
+              interval: float, timeout: float, evaluated: int = 0, defence: str = "") -> dict:
+    """One ``app.processes.simulate`` run; its per-round seconds and peak memory.
+
+    ``defence`` sets ``strategy.defence`` ("" keeps the run config's default, norm-bound).
+    """
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     command = [sys.executable, "-m", "app.processes.simulate", "--data-root", str(data_root),
@@ -157,7 +160,7 @@ def run_point(sites: int, selected: int, rounds: int, data_root: Path, work: Pat
                "-c", f"min-nodes={min(selected, sites)}"]
     if evaluated:  # fraction-evaluate rounds up: (m - 0.5) / N asks exactly m sites
         command += ["-c", f"fraction-evaluate={(min(evaluated, sites) - 0.5) / sites:.6f}"]
-    for item in RUN_CONFIG:
+    for item in RUN_CONFIG + ((f"strategy.defence={defence}",) if defence else ()):
         command += ["-c", item]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("RAY_ADDRESS", None)
@@ -186,6 +189,7 @@ def run_point(sites: int, selected: int, rounds: int, data_root: Path, work: Pat
     per_round = [marks[r] - marks[r - 1] for r in range(2, rounds + 1)]
     return {"sites": sites, "selected": selected, "rounds": rounds,
             "evaluated": min(evaluated, sites) if evaluated else sites,
+            **({"defence": defence} if defence else {}),
             "seconds_per_round": round(sum(per_round) / len(per_round), 2),
             "seconds_per_round_each": [round(s, 2) for s in per_round],
             **stage_seconds(lines),
@@ -196,12 +200,20 @@ def run_point(sites: int, selected: int, rounds: int, data_root: Path, work: Pat
             "processes_sampled": sorted(sampler.names)}
 
 
+def _identity(point: dict) -> tuple:
+    """What makes two points the same configuration (a new one replaces the old)."""
+    return (point["sites"], point.get("evaluated", point["sites"]), point["selected"],
+            point.get("defence", ""))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sites", type=int, nargs="+", default=[10, 100, 300, 1000])
     parser.add_argument("--selected", type=int, default=10)
     parser.add_argument("--evaluated", type=int, default=0,
                         help="sites evaluating each round (fraction-evaluate); 0: all")
+    parser.add_argument("--defence", default="",
+                        help="strategy.defence (none streams FedAvg); default: norm-bound")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--distinct", type=int, default=10)
     parser.add_argument("--cache", type=Path, default=Path("/tmp/fedmed-bench-scale"))
@@ -214,10 +226,9 @@ def main(argv: list[str] | None = None) -> int:
     for sites in args.sites:
         point = run_point(sites, args.selected, args.rounds, data_root,
                           args.cache / f"run-{sites}", args.interval, args.timeout,
-                          args.evaluated)
+                          args.evaluated, args.defence)
         print(json.dumps(point), flush=True)
-        runs = [r for r in runs if (r["sites"], r.get("evaluated", r["sites"]))
-                != (sites, point["evaluated"])] + [point]
+        runs = [r for r in runs if _identity(r) != _identity(point)] + [point]
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({
             "runs": runs,

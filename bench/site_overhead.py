@@ -20,14 +20,23 @@ Writes ``bench/results/site_overhead.json``::
 
     {"before_s": median, "after_s": median, "messages": n, ...}
 
-Run: ``.venv/bin/python bench/site_overhead.py [--rounds 6]`` (about 5 minutes on
-two cores).
+and, per mode, the median of each phase of a message (``phases_median_s``: the
+SuperNode's receipt from the SuperLink, the time at the site, its send of the
+reply and the rest, read from the SuperNodes' logs by
+``bench/site_overhead_phases.py``).
+
+Run: ``.venv/bin/python bench/site_overhead.py [--rounds 6] [--logs DIR]`` (about 5
+minutes on two cores). ``--logs DIR`` keeps the SuperLink's and the SuperNodes' logs
+and each run's ``flwr run`` output there (the site runner logs ``pull X s, answer Y s,
+push Z s`` per message; with ``FLWR_LOG_LEVEL=DEBUG`` every Flower process logs its
+requests with timestamps). ``--runners warm`` measures one kind only (no JSON written).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -49,6 +58,7 @@ from app.processes.superlink import SuperLinkProcess  # noqa: E402
 from app.processes.supernode import SuperNodeProcess  # noqa: E402
 from clients.pe_seg.manifest import read_manifest, write_manifest  # noqa: E402
 from clients.pe_seg.synthetic import generate_federation  # noqa: E402
+from site_overhead_phases import median_phases, message_phases  # noqa: E402
 
 SITES = ("hospital-a", "hospital-b")
 OUT = ROOT / "bench" / "results" / "site_overhead.json"
@@ -64,21 +74,44 @@ def small_hospitals(root: Path) -> list[Path]:
     return sites
 
 
-def reply_seconds(tracking: str, experiment: str) -> dict[int, list[float]]:
-    """Per round, every site's train and evaluate reply seconds of the experiment's run."""
+def reply_seconds(tracking: str, experiment: str) -> dict[tuple[str, str, int], float]:
+    """``(site, "train" or "evaluate", round) -> reply seconds`` of the experiment's run."""
     client = MlflowClient(tracking)
     run = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])[0]
-    by_round: dict[int, list[float]] = {}
+    seconds: dict[tuple[str, str, int], float] = {}
     for key in run.data.metrics:
-        if key.endswith("-reply-seconds"):
+        if key.startswith("site/") and key.endswith("-reply-seconds"):
+            _, site, name = key.split("/")
             for metric in client.get_metric_history(run.info.run_id, key):
-                by_round.setdefault(metric.step, []).append(metric.value)
-    return by_round
+                seconds[(site, name.split("-")[0], metric.step)] = metric.value
+    return seconds
+
+
+def later_phases(logs: dict[str, str], seconds: dict[tuple[str, str, int], float]) -> dict:
+    """Median phases (``bench/site_overhead_phases.py``) of the messages of rounds 2 onward.
+
+    The k-th train (evaluate) message in a site's log is that of round k.
+    """
+    later, totals = [], []
+    for site, text in logs.items():
+        count: dict[str, int] = {}
+        for message in message_phases(text):
+            count[message["kind"]] = count.get(message["kind"], 0) + 1
+            if count[message["kind"]] > 1 and (site, message["kind"], count[message["kind"]]) \
+                    in seconds:
+                later.append(message)
+                totals.append(seconds[(site, message["kind"], count[message["kind"]])])
+    return median_phases(later, totals)
 
 
 def federate(root: Path, link: SuperLinkProcess, layout: DeployLayout, flwr_home: Path,
-             data: list[Path], runner: str, rounds: int) -> dict[int, list[float]]:
-    """One federation with SuperNodes of kind ``runner``; reply seconds per round."""
+             data: list[Path], runner: str, rounds: int, logs: Path | None = None
+             ) -> tuple[dict[int, list[float]], dict]:
+    """One federation with SuperNodes of kind ``runner``: reply seconds per round, and the
+    median phases of rounds 2 onward (:func:`later_phases`).
+
+    With ``logs``, the run's ``flwr run`` output is written to ``logs/<runner>-run.log``.
+    """
     tracking = f"sqlite:///{root / f'mlflow-{runner}.db'}"
     run_config = (f"num-server-rounds={rounds} local-steps=1 image-size=32 batch-size=4 "
                   "final-evaluation=false "  # the rounds' messages only
@@ -95,19 +128,40 @@ def federate(root: Path, link: SuperLinkProcess, layout: DeployLayout, flwr_home
         lines: list[str] = []
         started = time.monotonic()
         outcome = submit_run(flwr_home, run_config, timeout=1500, on_line=lines.append)
+        if logs is not None:
+            logs.mkdir(parents=True, exist_ok=True)
+            (logs / f"{runner}-run.log").write_text("".join(lines))
         if outcome.status != "finished:completed":
             raise RuntimeError(f"{runner}: run ended {outcome.status}:\n" + "".join(lines)[-3000:])
         print(f"{runner}: {rounds} rounds in {time.monotonic() - started:.0f} s", flush=True)
     finally:
         for node in nodes:
             node.stop()
-    return reply_seconds(tracking, f"overhead-{runner}")
+    seconds = reply_seconds(tracking, f"overhead-{runner}")
+    by_round: dict[int, list[float]] = {}
+    for (_, _, round_), value in seconds.items():
+        by_round.setdefault(round_, []).append(value)
+    return by_round, later_phases({node.site: node.log_text() for node in nodes}, seconds)
+
+
+def keep_logs(layout: DeployLayout, logs: Path) -> None:
+    """Copy the SuperLink's and the SuperNodes' logs of the deployment into ``logs``."""
+    logs.mkdir(parents=True, exist_ok=True)
+    for log_file in [*layout.superlink_dir.glob("superlink.*"),
+                     *(layout.supernode_dir(site) / "supernode.log" for site in SITES)]:
+        if log_file.is_file():
+            shutil.copy(log_file, logs / f"{log_file.parent.name}-{log_file.name}")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--logs", type=Path, default=None,
+                        help="keep the daemons' logs and the runs' output in this folder")
+    parser.add_argument("--runners", default="flower,warm",
+                        help="comma-separated: flower (before), warm (after); JSON needs both")
     args = parser.parse_args(argv)
+    runners = args.runners.split(",")
     with tempfile.TemporaryDirectory(prefix="fedmed-overhead-") as tmp:
         root = Path(tmp)
         layout = DeployLayout(root / "deploy")
@@ -119,13 +173,24 @@ def main(argv: list[str] | None = None) -> int:
         link = SuperLinkProcess.start_tls(layout, host="127.0.0.1", port=free_port())
         try:
             write_connection(flwr_home, CONNECTION, link.address, layout.ca_cert)
-            seconds = {runner: federate(root, link, layout, flwr_home, data, runner, args.rounds)
-                       for runner in ("flower", "warm")}
+            measured = {runner: federate(root, link, layout, flwr_home, data, runner,
+                                         args.rounds, args.logs)
+                        for runner in runners}
         finally:
             link.stop()
+            if args.logs is not None:
+                keep_logs(layout, args.logs)
+    seconds = {runner: by_round for runner, (by_round, _) in measured.items()}
+    phases = {runner: medians for runner, (_, medians) in measured.items()}
     later = {runner: [s for r, values in by_round.items() if r > 1 for s in values]
              for runner, by_round in seconds.items()}
     first = {runner: by_round.get(1, []) for runner, by_round in seconds.items()}
+    if sorted(runners) != ["flower", "warm"]:
+        print(json.dumps({r: {"median_s": statistics.median(later[r]), "per_message_s": later[r],
+                              "first_round_median_s": statistics.median(first[r]),
+                              "phases_median_s": phases[r]}
+                          for r in runners}, indent=2))
+        return 0
     result = {
         "before_s": statistics.median(later["flower"]),
         "after_s": statistics.median(later["warm"]),
@@ -134,13 +199,15 @@ def main(argv: list[str] | None = None) -> int:
         "first_round_median_s": {"before": statistics.median(first["flower"]),
                                  "after": statistics.median(first["warm"])},
         "per_message_s": {"before": later["flower"], "after": later["warm"]},
+        "phases_median_s": {"before": phases["flower"], "after": phases["warm"]},
         "rounds": args.rounds, "sites": len(SITES),
         "note": "rounds 2.. of each run; round 1 includes the warm worker's start",
     }
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: result[k] for k in ("before_s", "after_s", "messages", "ratio",
-                                              "first_round_median_s")}, indent=2))
+                                              "first_round_median_s", "phases_median_s")},
+                     indent=2))
     return 0
 
 

@@ -23,13 +23,16 @@ from numbers import Real
 import numpy as np
 from strategies.errors import ReplyError
 from strategies.local_solver import local_solver_coefficients, local_solver_norm
+from strategies.running_sum import RunningSum
 
 __all__ = [
     "AggregationError",
+    "check_update",
     "fedavg_delta",
     "fednova_delta",
     "local_solver_coefficients",
     "local_solver_norm",
+    "positive_weight",
 ]
 
 
@@ -50,63 +53,69 @@ class AggregationError(ReplyError):
 # --------------------------------------------------------------------------- #
 # Validation helpers
 # --------------------------------------------------------------------------- #
+def positive_weight(value: object, name: str, index: int) -> float:
+    """``value`` as a float after checking it is a finite real number > 0 (``name[index]``)."""
+    if isinstance(value, bool) or not isinstance(value, (Real, np.number)):
+        raise AggregationError(
+            f"{name}[{index}] must be a real number, got {type(value).__name__}", index=index
+        )
+    value = float(value)
+    if not math.isfinite(value) or value <= 0.0:
+        raise AggregationError(f"{name}[{index}] must be finite and > 0, got {value!r}",
+                               index=index)
+    return value
+
+
 def _positive_finite(values: Sequence[float], name: str, count: int) -> np.ndarray:
     """Return ``values`` as float64 after checking length, finiteness and sign."""
     if len(values) != count:
         raise AggregationError(
             f"{name} has {len(values)} entries but there are {count} updates"
         )
-    out = np.empty(count, dtype=np.float64)
-    for i, value in enumerate(values):
-        if isinstance(value, bool) or not isinstance(value, (Real, np.number)):
+    return np.array([positive_weight(value, name, i) for i, value in enumerate(values)],
+                    dtype=np.float64)
+
+
+def check_update(index: int, delta: Sequence[np.ndarray],
+                 reference: Sequence[np.ndarray], against: str = "update 0") -> None:
+    """Check that update ``index`` has ``reference``'s layout and finite float entries.
+
+    ``against`` names the reference in the messages (``update 0``, ``the global model``).
+    """
+    if len(delta) != len(reference):
+        raise AggregationError(
+            f"update {index} has {len(delta)} arrays but {against} has {len(reference)}",
+            index=index)
+    for j, array in enumerate(delta):
+        if not isinstance(array, np.ndarray):
             raise AggregationError(
-                f"{name}[{i}] must be a real number, got {type(value).__name__}", index=i
-            )
-        value = float(value)
-        if not math.isfinite(value) or value <= 0.0:
-            raise AggregationError(f"{name}[{i}] must be finite and > 0, got {value!r}",
-                                   index=i)
-        out[i] = value
-    return out
+                f"update {index}, array {j}: expected numpy.ndarray, got "
+                f"{type(array).__name__}", index=index)
+        ref = reference[j]
+        if array.shape != ref.shape:
+            raise AggregationError(
+                f"update {index}, array {j}: shape {array.shape} != {ref.shape} ({against})",
+                index=index)
+        if array.dtype != ref.dtype:
+            raise AggregationError(
+                f"update {index}, array {j}: dtype {array.dtype} != {ref.dtype} ({against})",
+                index=index)
+        if array.dtype.kind == "f":
+            if not np.isfinite(array).all():
+                raise AggregationError(f"update {index}, array {j} contains NaN or inf",
+                                       index=index)
+        elif array.dtype.kind not in "iu":
+            raise AggregationError(
+                f"update {index}, array {j}: unsupported dtype {array.dtype} "
+                "(expected a float or integer array)", index=index)
 
 
 def _check_updates(deltas: Sequence[Sequence[np.ndarray]]) -> None:
     """Check that all updates have the same layout and finite float entries."""
     if len(deltas) == 0:
         raise AggregationError("no updates to aggregate (empty list of deltas)")
-    reference = deltas[0]
     for i, delta in enumerate(deltas):
-        if len(delta) != len(reference):
-            raise AggregationError(
-                f"update {i} has {len(delta)} arrays but update 0 has {len(reference)}", index=i
-            )
-        for j, array in enumerate(delta):
-            if not isinstance(array, np.ndarray):
-                raise AggregationError(
-                    f"update {i}, array {j}: expected numpy.ndarray, got "
-                    f"{type(array).__name__}", index=i
-                )
-            ref = reference[j]
-            if array.shape != ref.shape:
-                raise AggregationError(
-                    f"update {i}, array {j}: shape {array.shape} != {ref.shape} "
-                    "(update 0)", index=i
-                )
-            if array.dtype != ref.dtype:
-                raise AggregationError(
-                    f"update {i}, array {j}: dtype {array.dtype} != {ref.dtype} "
-                    "(update 0)", index=i
-                )
-            if array.dtype.kind == "f":
-                if not np.isfinite(array).all():
-                    raise AggregationError(
-                        f"update {i}, array {j} contains NaN or inf", index=i
-                    )
-            elif array.dtype.kind not in "iu":
-                raise AggregationError(
-                    f"update {i}, array {j}: unsupported dtype {array.dtype} "
-                    "(expected a float or integer array)", index=i
-                )
+        check_update(i, delta, deltas[0])
 
 
 def _weighted_sum(
@@ -120,19 +129,10 @@ def _weighted_sum(
     arrays use ``int_weights`` and the result is rounded half-to-even and
     clipped to the integer dtype's range.
     """
-    result: list[np.ndarray] = []
-    for j, ref in enumerate(deltas[0]):
-        is_float = ref.dtype.kind == "f"
-        weights = float_weights if is_float else int_weights
-        acc = np.zeros(ref.shape, dtype=np.float64)
-        for delta, weight in zip(deltas, weights):
-            acc += np.multiply(delta[j], weight, dtype=np.float64)
-        if is_float:
-            result.append(acc.astype(ref.dtype))
-        else:
-            info = np.iinfo(ref.dtype)
-            result.append(np.clip(np.rint(acc), info.min, info.max).astype(ref.dtype))
-    return result
+    total = RunningSum(deltas[0])
+    for delta, float_weight, int_weight in zip(deltas, float_weights, int_weights):
+        total.add(delta, float_weight, int_weight)
+    return total.result()
 
 
 # --------------------------------------------------------------------------- #

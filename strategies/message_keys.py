@@ -32,6 +32,13 @@ CODEC = "codec"
 ERROR_FEEDBACK = "error-feedback"
 CODEC_SEED = "codec-seed"
 FEDERATION = "federation"
+# Downlink compression (strategies.downlink_header): in a train instruction's config; a
+# site's train reply echoes DOWNLINK_VERSION, the reference version it now holds.
+DOWNLINK_CODEC = "downlink-codec"
+DOWNLINK_VERSION = "downlink-version"
+DOWNLINK_BASE = "downlink-base"
+DOWNLINK_CHECKSUM = "downlink-checksum"
+DOWNLINK_SEED = "downlink-seed"
 LOSS_SUBSET = "loss-subset"
 EVAL_SPLIT = "eval-split"  # in an evaluate instruction: one of EVAL_SPLITS (default "val")
 EVAL_SPLITS = ("val", "test")

@@ -5,6 +5,8 @@ Each kind of plug-in has a :class:`Registry` that owns one folder of
 
 * ``AGGREGATORS``: ``strategies/plugins/aggregators/``, chosen by ``strategy.aggregator``;
 * ``SCHEDULES``: ``strategies/plugins/schedules/``, chosen by ``strategy.schedule``;
+* ``CODEC_RATES``: the compression-rate schedules in the same folder, chosen by
+  ``strategy.codec-rate`` (the kept fraction of the uplink codec per round);
 * ``SELECTORS``: ``strategies/plugins/selectors/``, chosen by ``strategy.selector``;
 * ``DEFENCES``: ``strategies/plugins/defences/``, chosen by ``strategy.defence``
   (what is done to the accepted replies before the aggregator: norm bound, Multi-Krum).
@@ -36,7 +38,7 @@ from strategies.plugins.options import NoOptions, PluginError, PluginOptions
 from strategies.plugins.run_settings import RunSettings
 
 __all__ = ["PluginError", "Registry", "AGGREGATORS", "SCHEDULES", "SELECTORS", "DEFENCES",
-           "REGISTRIES", "default_sections", "parse_sections"]
+           "CODEC_RATES", "REGISTRIES", "default_sections", "parse_sections"]
 
 T = TypeVar("T")
 
@@ -136,7 +138,9 @@ SCHEDULES: Registry = Registry("local-steps schedule", "strategies.plugins.sched
 SELECTORS: Registry = Registry("client selector", "strategies.plugins.selectors",
                                "strategy.selector")
 DEFENCES: Registry = Registry("defence", "strategies.plugins.defences", "strategy.defence")
-REGISTRIES: tuple[Registry, ...] = (AGGREGATORS, SCHEDULES, SELECTORS, DEFENCES)
+CODEC_RATES: Registry = Registry("compression-rate schedule", "strategies.plugins.schedules",
+                                 "strategy.codec-rate")
+REGISTRIES: tuple[Registry, ...] = (AGGREGATORS, SCHEDULES, SELECTORS, DEFENCES, CODEC_RATES)
 
 
 def _section_types() -> dict[str, type[PluginOptions]]:

@@ -7,7 +7,41 @@ import pytest
 import torch
 
 
+#: The real-process test files in two groups, each run by one xdist worker and started
+#: first (they run longest), so at most two of them run at a time beside the unit tests:
+#: "ray", the files that start a local Ray (two Rays starting at once on two loaded cores
+#: once missed Ray's hard-coded 30 s raylet start in CI), and "deployment", the real
+#: SuperLink/SuperNode deployments. Every other file is its own group.
+PROCESS_GROUPS = {
+    "tests/integration/test_simulation.py": "ray",
+    "tests/integration/test_tracking_outage.py": "ray",
+    "tests/integration/test_ray_cluster.py": "ray",
+    "tests/integration/test_deployment.py": "deployment",
+    "tests/integration/test_deployment_faults.py": "deployment",
+}
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile`` (``make test``) with the groups above as files.
+
+    (xdist's ``loadgroup`` cannot be used: xdist 3.8 names a test's group by
+    assigning ``item._nodeid``, which pytest 9 no longer reads.)
+    """
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling  # noqa: PLC0415 - only with xdist
+
+    class ProcessGroupScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = super()._split_scope(nodeid)
+            return PROCESS_GROUPS.get(path, path)
+
+    return ProcessGroupScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
+    # `make test` keeps this order (--no-loadscope-reorder): the process groups start first.
+    items.sort(key=lambda item: item.nodeid.split("::")[0] not in PROCESS_GROUPS)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")

@@ -21,12 +21,18 @@ from dataclasses import Field, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from clients.training.dp_accountants import ACCOUNTANTS, DEFAULT_ACCOUNTANT
 from clients.training.site_task import OPTIMIZERS, TaskSettings
 from clients.registry import TASKS
-from strategies.compression import parse_spec
+from strategies.compression import check_warmup, parse_spec
+from strategies.downlink import check_downlink_codec
 from strategies.errors import ConfigError
 from strategies.plugins.options import PluginOptions, typed_value
+from strategies.plugins.personalisation.options import (PersonalisationOptions,
+                                                        split_personalisation)
+from strategies.plugins.personalisation.rules import PersonalisationRun, check_personalisation
 from strategies.plugins.run_settings import RunSettings
+from strategies.plugins.schedules.codec_rate import check_codec_rate
 from strategies.registry import REGISTRIES, default_sections, parse_sections
 
 __all__ = ["CARRIED_KEYS", "RunConfig", "RunConfigError"]
@@ -110,13 +116,18 @@ class RunConfig:
     strategy_selector: str = _dotted("strategy.selector", "uniform")
     strategy_defence: str = _dotted("strategy.defence", "norm-bound")
     strategy_codec: str = _dotted("strategy.codec", "none")
+    strategy_codec_warmup_rounds: int = _dotted("strategy.codec-warmup-rounds", 0)
+    strategy_codec_rate: str = _dotted("strategy.codec-rate", "fixed")
+    strategy_downlink_codec: str = _dotted("strategy.downlink-codec", "none")
     strategy_error_feedback: bool = _dotted("strategy.error-feedback", True)
     round_deadline: float = _dotted("round.deadline", 0.0)
     round_quorum: int = _dotted("round.quorum", 0)
+    round_max_held_mb: float = _dotted("round.max-held-mb", 4096.0)
     federation_roster: str = _dotted("federation.roster", "")
     dp_noise_multiplier: float = _dotted("privacy.noise-multiplier", 0.0)
     dp_max_grad_norm: float = _dotted("privacy.max-grad-norm", 1.0)
     dp_delta: float = _dotted("privacy.delta", 1e-5)
+    dp_accountant: str = _dotted("privacy.accountant", DEFAULT_ACCOUNTANT)
     early_stopping_patience: int = _dotted("early-stopping.patience", 0)
     early_stopping_min_delta: float = _dotted("early-stopping.min-delta", 0.0)
     initial_model: str = ""
@@ -125,6 +136,8 @@ class RunConfig:
     task_sizes: TaskSettings = field(default_factory=TaskSettings, metadata={"group": "task"})
     plugin_options: dict[str, PluginOptions] = field(default_factory=default_sections,
                                                      metadata={"group": "plug-ins"})
+    personalisation_options: PersonalisationOptions = field(
+        default_factory=PersonalisationOptions, metadata={"group": "personalisation"})
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> RunConfig:
@@ -137,6 +150,7 @@ class RunConfig:
         for key in CARRIED_KEYS:
             if not isinstance(values.get(key, ""), str):
                 raise RunConfigError(f"run-config '{key}' must be str, got {values[key]!r}")
+        personal, values = split_personalisation(values)
         sections, rest = parse_sections({k: v for k, v in values.items()
                                          if k not in CARRIED_KEYS})
         known, task = {_key(f): f for f in _scalar_fields(cls)}, _task_fields()
@@ -145,7 +159,8 @@ class RunConfig:
             raise RunConfigError(f"unknown run-config keys {unknown}; known: "
                                  f"{sorted([*known, *task])} and the plug-in sections "
                                  f"{sorted(sections)}")
-        kwargs: dict[str, Any] = {"plugin_options": sections}
+        kwargs: dict[str, Any] = {"plugin_options": sections,
+                                  "personalisation_options": personal}
         sizes: dict[str, Any] = {}
         for key in rest:
             f = known.get(key) or task[key]
@@ -171,7 +186,7 @@ class RunConfig:
         if self.task_sizes.model_size not in ("small", "full"):
             self._fail("model_size", "must be 'small' or 'full'")
         for name in ("num_server_rounds", "local_steps", "batch_size", "image_size",
-                     "num_labels", "volume_depth",
+                     "num_labels", "volume_depth", "round_max_held_mb",
                      "min_nodes", "node_wait_timeout", "round_timeout", "lr"):
             if self._value(name) <= 0:
                 self._fail(name, "must be > 0")
@@ -184,6 +199,8 @@ class RunConfig:
             self._fail("dp_max_grad_norm", "must be > 0")
         if not 0.0 < self.dp_delta < 1.0:
             self._fail("dp_delta", "must be in (0, 1)")
+        if self.dp_accountant not in ACCOUNTANTS:
+            self._fail("dp_accountant", f"must be one of {list(ACCOUNTANTS)}")
         if not 0.0 <= self.momentum < 1.0:
             self._fail("momentum", "must be in [0, 1)")
         if not 0.0 < self.fraction_train <= 1.0:
@@ -207,6 +224,16 @@ class RunConfig:
             parse_spec(self.strategy_codec)
         except ValueError as exc:
             self._fail("strategy_codec", f"is not a valid codec spec ({exc})")
+        try:
+            check_warmup(self.strategy_codec, self.strategy_codec_warmup_rounds)
+        except ValueError as exc:
+            self._fail("strategy_codec_warmup_rounds", f"is not valid ({exc})")
+        check_codec_rate(self.strategy_codec_rate, self.strategy_codec,
+                         self.strategy_codec_warmup_rounds)
+        try:
+            check_downlink_codec(self.strategy_downlink_codec)
+        except ValueError as exc:
+            self._fail("strategy_downlink_codec", f"is not a valid downlink codec ({exc})")
         if self.proximal_mu and self.optimizer != "sgd":
             self._fail("proximal_mu", "needs optimizer = \"sgd\"")
         if self.proximal_mu and self.dp_noise_multiplier:
@@ -215,6 +242,10 @@ class RunConfig:
             self._fail("proximal_mu", "with momentum > 0 is not supported; set momentum = 0")
         if self.cross_site_finetune_steps < 0:
             self._fail("cross_site_finetune_steps", "must be >= 0 (0 = only the global model)")
+        check_personalisation(self.personalisation_options,
+                              PersonalisationRun(self.local_steps, self.optimizer, self.momentum,
+                                                 self.proximal_mu, self.strategy_aggregator,
+                                                 self.strategy_schedule, self.dp_noise_multiplier))
         if self.resume and not self.checkpoint_dir:
             self._fail("resume", "needs run-config 'checkpoint-dir'")
         for name in ("data_root", "artifact_root", "checkpoint_dir", "federation_roster",
@@ -223,6 +254,11 @@ class RunConfig:
             if value and not Path(value).is_absolute():
                 self._fail(name, "must be an absolute path (Flower's daemons do not run in "
                                  "the project directory)")
+
+    @property
+    def personalisation(self) -> str:
+        """The run's ``personalisation.method``."""
+        return self.personalisation_options.method
 
     def task_settings(self) -> TaskSettings:
         """The task's sizes and sampling."""
@@ -246,4 +282,5 @@ class RunConfig:
                        for key, f in _task_fields().items()})
         for options in self.plugin_options.values():
             params.update(options.as_params())
+        params.update(self.personalisation_options.as_params())
         return params

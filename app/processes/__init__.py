@@ -17,6 +17,7 @@ concept:
 ``site_node.py``            the hospital's node process: SuperNode + site runner (CLI)
 ``site_runner.py``          SiteRunner: app check before install, WorkerPool of warm workers
 ``site_worker.py``          the warm worker script (stdlib + flwr until the bundle loads)
+``grid_waits.py``           cap_grid_waits: the ServerApp's short backoff for a reply's arrays
 ``layout.py``               DeployLayout: the paths of a deployment folder
 ``flwr_cli.py``             the ``flwr`` CLI: connections, run status, SuperNode list
 ``run_submission.py``       submit_run: ``flwr run --stream`` and its final status

@@ -37,8 +37,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import (Encoding, NoEncryption,
                                                           PrivateFormat, PublicFormat,
                                                           load_pem_private_key)
-from flwr.cli.build import build_fab_from_disk
 
+from app.processes.app_bundle import build_project_fab
 from app.processes.run_submission import PROJECT_ROOT
 from clients.site.app_rules import (SHA256_HEX, AppApprovalError, AppRules, key_fingerprint,
                                     load_public_key, read_approved_file)
@@ -87,7 +87,8 @@ def fab_sha256(fab_bytes: bytes) -> str:
 
 
 def project_fab(project_dir: Path) -> bytes:
-    """The FAB ``flwr run <project_dir>`` submits (Flower's own builder, deterministic).
+    """The FAB ``flwr run <project_dir>`` submits (Flower's builder, deterministic; see
+    :mod:`app.processes.app_bundle`).
 
     Raises
     ------
@@ -95,7 +96,7 @@ def project_fab(project_dir: Path) -> bytes:
         The folder is no Flower app (no valid ``pyproject.toml``); names the folder.
     """
     try:
-        return build_fab_from_disk(Path(project_dir))
+        return build_project_fab(Path(project_dir))
     except ValueError as exc:
         raise AppApprovalError(f"app folder {project_dir}: no Flower app bundle ({exc})") from exc
 

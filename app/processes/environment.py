@@ -25,6 +25,13 @@ def flower_env(flwr_home: Path, extra: dict[str, str] | None = None) -> dict[str
         "FLWR_DISABLE_UPDATE_CHECK": "1",
         "RAY_USAGE_STATS_ENABLED": "0",
         "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
+        # Ray's start on a loaded machine (app/processes/local_ray.py): a raylet
+        # aborts when its dashboard agent has not written its port within
+        # agent_register_timeout_ms (crashed at 17 s under load 14); a worker
+        # (a virtual site importing the ClientApp) is killed if it registers
+        # later than worker_register_timeout_seconds (default 60).
+        "RAY_agent_register_timeout_ms": "240000",
+        "RAY_worker_register_timeout_seconds": "300",
         "PYTHONUNBUFFERED": "1",
     })
     bin_dir = str(Path(sys.executable).parent)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-__all__ = ["print_summary"]
+from app.tracking.traffic_text import ratio_phrase
 
+__all__ = ["print_summary"]
 
 def print_summary(tracking_uri: str, flwr_run_id: int, seconds: float) -> None:
     """Per-round validation metric, the selected model and its held-out test, the MLflow
@@ -21,9 +22,7 @@ def print_summary(tracking_uri: str, flwr_run_id: int, seconds: float) -> None:
         print(f"no MLflow run found with tag flwr.run-id={flwr_run_id} in {tracking_uri}")
         return
     run = runs[0]
-    from clients.registry import task_class  # noqa: PLC0415 - imports torch
-
-    metric = f"val-{task_class(run.data.params['task']).main_metric}"
+    metric = _selection_metric(run.data.metrics)
     for key, label in ((f"eval/{metric}", metric), ("train/train-loss", "train loss")):
         history = sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.step)
         values = ", ".join(f"r{m.step} {m.value:.4f}" for m in history)
@@ -33,9 +32,15 @@ def print_summary(tracking_uri: str, flwr_run_id: int, seconds: float) -> None:
     rounds = len(client.get_metric_history(run.info.run_id, "strategy/bytes-up"))
     if rounds:
         up, down = totals["strategy/bytes-up"], totals["strategy/bytes-down"]
-        print(f"bytes on the wire over {rounds} rounds: up {up / 1e6:.2f} MB, "
-              f"down {down / 1e6:.2f} MB (one dense fp32 update: "
-              f"{totals['strategy/dense-bytes'] / rounds / 1e6:.2f} MB)")
+        dense = totals["strategy/dense-bytes"] / rounds
+        sent = {direction: sum(len(client.get_metric_history(run.info.run_id, key))
+                               for key in run.data.metrics
+                               if key.startswith("site/") and key.endswith(f"/bytes-{direction}"))
+                for direction in ("up", "down")}
+        print(f"bytes on the wire over {rounds} rounds: up {up / 1e6:.2f} MB "
+              f"({ratio_phrase(dense * sent['up'], up)}), down {down / 1e6:.2f} MB "
+              f"({ratio_phrase(dense * sent['down'], down)}); one dense fp32 update: "
+              f"{dense / 1e6:.2f} MB")
     experiment = client.get_experiment(run.info.experiment_id)
     _print_model_lines(client, run, experiment.name, metric)
     skipped = {key.split("/")[1]: int(value) for key, value in run.data.metrics.items()
@@ -47,6 +52,20 @@ def print_summary(tracking_uri: str, flwr_run_id: int, seconds: float) -> None:
     print(f"MLflow: experiment '{experiment.name}', run {run.info.run_id} "
           f"({run.info.run_name}), store {tracking_uri}")
     print("open it with: make mlflow-ui")
+
+
+def _selection_metric(metrics: dict[str, float]) -> str:
+    """``val-<main metric>`` of the task, read from the run (no task import: torch takes ~10 s).
+
+    The best round is logged as ``best-val-<metric>``; a run without one (no
+    evaluation yet) falls back to its first ``eval/val-*`` metric that is not a loss.
+    """
+    for prefix in ("best-val-", "eval/val-"):
+        found = sorted(key.split("/")[-1].removeprefix("best-") for key in metrics
+                       if key.startswith(prefix) and not key.endswith("-loss"))
+        if found:
+            return found[0]
+    return "val-loss"
 
 
 def _print_model_lines(client, run, experiment: str, metric: str) -> None:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from app.processes.app_bundle import staged_project
 from app.processes.environment import flower_env
 from app.processes.flwr_cli import CONNECTION, flwr, run_status
 from app.processes.process_tree import stop_process_group
@@ -64,6 +65,9 @@ def submit_run(flwr_home: Path, run_config: str, timeout: float,
         ``flwr ls --run-id ID --format json``: ``flwr run`` exits 0 even when
         the run failed, so its exit code is not the check.
     """
+    # ``flwr run`` bundles the folder it is given; the staged copy holds only the
+    # bundle's files, so Flower does not walk the checkout's virtual environment.
+    project = staged_project(project, Path(flwr_home) / "staged-apps")
     command = ["flwr", "run", str(project), connection, "--stream", "--run-config", run_config]
     if federation_config is not None:
         command += ["--federation-config", federation_config]

@@ -1,11 +1,13 @@
 """Run a federation locally in Flower's simulation engine, with real Flower processes.
 
 ``python -m app.processes.simulate`` (what ``make simulate`` calls) starts a
+local Ray (tried again when Ray's start times out on a loaded machine,
+:mod:`app.processes.local_ray`), then a
 ``flower-superlink`` in simulation mode on a free loopback port, submits this
 app with ``flwr run`` (one virtual SuperNode per synthetic hospital), streams
 the ServerApp's progress, then reads the run's final status with
 ``flwr ls --format json`` (``flwr run`` itself exits 0 even when the run
-failed), prints a summary from MLflow, and stops the SuperLink.
+failed), prints a summary from MLflow, and stops the SuperLink and Ray.
 Exit code 0 only when the run finished as ``finished:completed``.
 
 ``--ray-address host:port`` (``make simulate RAY_ADDRESS=host:port``; default:
@@ -24,9 +26,11 @@ import sys
 import time
 from pathlib import Path
 
+from app.processes.environment import flower_env
 from app.processes.errors import FlowerProcessError
 from app.processes.federation_summary import print_summary
 from app.processes.flwr_cli import write_connection
+from app.processes.local_ray import local_ray
 from app.processes.ray_cluster import require_reachable
 from app.processes.run_config_string import build_run_config
 from app.processes.run_submission import PROJECT_ROOT, submit_run
@@ -84,10 +88,29 @@ def main(argv: list[str] | None = None) -> int:
                                   args.artifact_root, args.preset)
     started = time.monotonic()
     try:
-        link = SuperLinkProcess.start_simulation(flwr_home, args.log_dir.resolve())
+        if args.ray_address:
+            run_id = _federate(args, flwr_home, run_config)
+        else:
+            with local_ray(flower_env(flwr_home, _site_env(args))) as address:
+                os.environ["RAY_ADDRESS"] = address  # the engine attaches to this Ray
+                run_id = _federate(args, flwr_home, run_config)
     except FlowerProcessError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    if run_id is None:
+        return 1
+    print_summary(args.tracking_uri, run_id, time.monotonic() - started)
+    return 0
+
+
+def _site_env(args: argparse.Namespace) -> dict[str, str]:
+    """Environment of the virtual sites: torch threads per site."""
+    return {"FEDMED_TORCH_THREADS": str(args.cpus_per_site)}
+
+
+def _federate(args: argparse.Namespace, flwr_home: Path, run_config: str) -> int | None:
+    """SuperLink, ``flwr run``, final status; the Flower run id if it completed, else None."""
+    link = SuperLinkProcess.start_simulation(flwr_home, args.log_dir.resolve())
     try:
         write_connection(flwr_home, CONNECTION, link.address)
         where = f"Ray cluster {args.ray_address}" if args.ray_address else "a local Ray"
@@ -95,25 +118,20 @@ def main(argv: list[str] | None = None) -> int:
               "submitting the run...", flush=True)
         outcome = submit_run(
             flwr_home, run_config, args.timeout, connection=CONNECTION, on_line=_echo,
-            env_extra={"FEDMED_TORCH_THREADS": str(args.cpus_per_site)},
-            status_timeout=30.0,
+            env_extra=_site_env(args), status_timeout=30.0,
             federation_config=(f"num-supernodes={args.sites} "
                                f"client-resources-num-cpus={args.cpus_per_site}"))
         if outcome.run_id is None:
             print("flwr run did not start a run (see the output above)", file=sys.stderr)
-            return 1
+            return None
         print(f"\nrun {outcome.run_id} status: {outcome.status}")
         if outcome.status != "finished:completed":
             print(f"the run did not complete; SuperLink log: {link.flower_log}",
                   file=sys.stderr)
-            return 1
-    except FlowerProcessError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+            return None
+        return outcome.run_id
     finally:
         link.stop()
-    print_summary(args.tracking_uri, outcome.run_id, time.monotonic() - started)
-    return 0
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """A hospital's node process: Flower's SuperNode and the hospital's site runner, together.
 
 ``python -m app.processes.site_node --policy /abs/policy.toml [--poll-interval S]
-[--max-workers N] -- <flower-supernode arguments>`` runs, in one process the
+[--max-workers N] [--transfer-lanes N] -- <flower-supernode arguments>`` runs, in one
+process the
 hospital starts:
 
 * ``flower-supernode`` with ``--isolation process`` (it serves its Runtime API on
@@ -17,6 +18,12 @@ backs off up to 10 s while a message's arrays are still being uploaded:
 seconds of every message are spent waiting. ``--poll-interval`` caps all these
 waits (default 0.25 s, :func:`cap_supernode_waits`), at the price of more idle
 requests to the SuperLink (4 per second per site instead of one every 3 s).
+Between the SuperNode and the runner nothing is polled on a message's path:
+the SuperNode wakes the runner when it created a task and when it stored the
+message's objects, and the runner wakes the SuperNode when it stored the reply
+(:class:`~app.processes.node_signals.NodeSignals`). ``--transfer-lanes`` (default
+4) is how many objects of a message go up or down at once (Flower: 2 on a
+two-core machine; :func:`widen_transfers`).
 """
 
 from __future__ import annotations
@@ -29,17 +36,21 @@ import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any, Callable
 
 from flwr.supercore.inflatable.inflatable_utils import pull_objects
+from flwr.supercore.run import RunNotRunningException
 
 from app.processes.errors import FlowerProcessError
+from app.processes.node_signals import NodeSignals
 from app.processes.site_runner import SiteRunner
 
-__all__ = ["main", "cap_supernode_waits"]
+__all__ = ["main", "cap_supernode_waits", "widen_transfers", "pull_objects_of_running_run",
+           "RunStoppedDuringPull"]
 
 
-def cap_supernode_waits(seconds: float) -> None:
-    """Make the SuperNode's waits at most ``seconds``: polls and the object-pull backoff.
+def cap_supernode_waits(seconds: float, signals: NodeSignals | None = None) -> None:
+    """Make the SuperNode's waits at most ``seconds``, and let it drop messages of stopped runs.
 
     The fixed poll waits (3 s idle, 0.5 s for a reply) become ``min(wait,
     seconds)``. The ServerApp pushes a message's header before its arrays, so
@@ -48,16 +59,99 @@ def cap_supernode_waits(seconds: float) -> None:
     ``PULL_BACKOFF_CAP``) and reads an array that arrived after 7 s only after
     15 s. Here the backoff starts at 0.05 s and is capped at ``seconds``; the
     time limit of a pull (``PULL_MAX_TIME``) is unchanged.
+
+    With ``signals`` (:class:`~app.processes.node_signals.NodeSignals`, shared
+    with the site runner of this process) the SuperNode also tells the runner
+    when it created a message's task (its object pull starts right after
+    ``state.create_task`` and ``state.store_message`` in Flower 1.41's
+    ``_pull_and_store_message``) and when every object of the message is
+    stored (just before its ``confirm_message_received``), and its waits end as
+    soon as the runner stored a reply (:meth:`NodeSignals.nap`).
+
+    The object pull is also :func:`pull_objects_of_running_run`: see there.
     """
     import flwr.supernode.start_client_internal as supernode_loop  # pylint: disable=C0415
 
     def sleep(duration: float) -> None:
-        time.sleep(min(duration, seconds))
+        if signals is None:
+            time.sleep(min(duration, seconds))
+        else:
+            signals.nap(min(duration, seconds))
 
     clock = {name: getattr(time, name) for name in dir(time) if not name.startswith("_")}
     supernode_loop.time = SimpleNamespace(**{**clock, "sleep": sleep})
     supernode_loop.pull_objects = functools.partial(
-        pull_objects, max_tries_per_object=None, initial_backoff=0.05, backoff_cap=seconds)
+        pull_objects_of_running_run, max_tries_per_object=None, initial_backoff=0.05,
+        backoff_cap=seconds, on_start=signals.task_created.set if signals else None)
+    if signals is not None:
+        flower_pull_and_store = supernode_loop._pull_and_store_message  # pylint: disable=W0212
+        supernode_loop._pull_and_store_message = functools.partial(  # pylint: disable=W0212
+            _pull_and_store_telling, flower_pull_and_store, signals)
+
+
+def _pull_and_store_telling(flower_pull_and_store: Callable[..., int | None],
+                            signals: NodeSignals, **kwargs: Any) -> int | None:
+    """Flower's ``_pull_and_store_message`` (1.41, keyword arguments only, as its loop calls
+    it), whose ``confirm_message_received`` first tells ``signals`` that the message's
+    objects are stored."""
+    confirm = kwargs["confirm_message_received"]
+
+    def confirm_and_tell(run_id: int, message_id: str) -> None:
+        signals.message_received(message_id)
+        confirm(run_id, message_id)
+
+    return flower_pull_and_store(**{**kwargs, "confirm_message_received": confirm_and_tell})
+
+
+def widen_transfers(lanes: int) -> None:
+    """Let every object transfer of this process use ``lanes`` concurrent requests.
+
+    Flower 1.41 pulls and pushes a message's objects with
+    ``min(FLWR_PRIVATE_MAX_CONCURRENT_OBJ_PULLS or _PUSHES (2), CPU cores)``
+    threads (``flwr.supercore.inflatable.inflatable_utils.get_num_workers``):
+    two on a two-core machine, although each thread mostly waits for the
+    SuperLink's answer. A reply's ~7 objects then go up in four rounds of
+    requests. This replaces ``get_num_workers`` in the node process (the
+    SuperNode's transfers with the SuperLink and the runner's with the
+    SuperNode).
+    """
+    if lanes < 1:
+        raise FlowerProcessError(f"--transfer-lanes must be >= 1, got {lanes}")
+    from flwr.supercore.inflatable import inflatable_utils  # pylint: disable=C0415
+
+    def get_num_workers(max_concurrent: int) -> int:  # pylint: disable=unused-argument
+        return lanes
+
+    inflatable_utils.get_num_workers = get_num_workers
+
+
+class RunStoppedDuringPull(FlowerProcessError):
+    """The SuperLink refused a message's arrays because the message's run is over."""
+
+
+def pull_objects_of_running_run(object_ids: list[str], pull_object_fn: Callable[[str], bytes],
+                                on_start: Callable[[], Any] | None = None,
+                                **options: Any) -> dict[str, bytes]:
+    """Flower's ``pull_objects``, where a run that stopped meanwhile is an ordinary error.
+
+    When the SuperLink answers that the run is over (HTTP 403, e.g. a SuperLink
+    restarted after its ServerApp died), Flower raises ``RunNotRunningException``,
+    a ``BaseException``, which ``_pull_and_store_message`` (Flower 1.41) logs and
+    ignores: the task it created for the message stays open with arrays that never
+    come, and the site runner that acquired it waits for them forever, so the site
+    answers no later message. As :class:`RunStoppedDuringPull`, Flower's own
+    error branch runs instead: it deletes the message and finishes its task.
+
+    ``on_start``, if given, is called first (the message's task exists by then:
+    see :func:`cap_supernode_waits`).
+    """
+    if on_start is not None:
+        on_start()
+    try:
+        return pull_objects(object_ids, pull_object_fn, **options)
+    except RunNotRunningException:
+        raise RunStoppedDuringPull("the run of this message stopped while its arrays were "
+                                   "being received; the message is dropped") from None
 
 
 def _runtime_address(supernode_args: list[str]) -> str:
@@ -82,6 +176,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="cap of the SuperNode's poll waits, seconds (Flower: 3 s)")
     parser.add_argument("--max-workers", type=int, default=2,
                         help="warm workers kept at once (one per app bundle and task)")
+    parser.add_argument("--transfer-lanes", type=int, default=4,
+                        help="concurrent requests per message transfer (Flower: 2 or the "
+                             "CPU cores, the fewer)")
     args = parser.parse_args(ours)
     if "--isolation" in supernode_args:
         raise FlowerProcessError("site_node sets --isolation process itself")
@@ -89,11 +186,13 @@ def main(argv: list[str] | None = None) -> None:
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(message)s"))
     logging.getLogger("fedmed").addHandler(handler)
     logging.getLogger("fedmed").setLevel(logging.INFO)
-    runner = SiteRunner(_runtime_address(supernode_args), args.policy,
-                        max_workers=args.max_workers)
+    widen_transfers(args.transfer_lanes)
+    signals = NodeSignals()
+    runner = SiteRunner(_runtime_address(supernode_args), args.policy, poll_interval=1.0,
+                        max_workers=args.max_workers, signals=signals)
     stop = threading.Event()
     threading.Thread(target=runner.serve, args=(stop,), name="site-runner", daemon=True).start()
-    cap_supernode_waits(args.poll_interval)
+    cap_supernode_waits(args.poll_interval, signals)
     from flwr.supercore.logger import update_console_handler  # pylint: disable=C0415
     from flwr.supernode.cli.flower_supernode import flower_supernode  # pylint: disable=C0415
     update_console_handler(timestamps=True, colored=False)  # a site's log needs the time

@@ -41,35 +41,30 @@ from typing import Any
 from flwr.app import Context, Error, Message
 from flwr.cli.install import install_from_fab
 from flwr.common.constant import SubStatus
-from flwr.common.serde import context_from_proto, fab_from_proto, run_from_proto
-from flwr.proto.node_pb2 import Node  # pylint: disable=E0611
-from flwr.proto.runtime_pb2 import (  # pylint: disable=E0611
-    AcquireTaskRequest,
-    PullAppMessagesRequest,
-    PullTaskInputRequest,
-)
+from flwr.proto.runtime_pb2 import AcquireTaskRequest  # pylint: disable=E0611
 from flwr.supercore.constant import TaskType
-from flwr.supercore.heartbeat import HeartbeatSender, make_task_heartbeat_fn_http
-from flwr.supercore.inflatable.inflatable_protobuf_utils import (
-    make_confirm_message_received_fn_protobuf,
-    make_pull_object_fn_protobuf,
-)
-from flwr.supercore.inflatable.inflatable_utils import pull_and_inflate_object_from_tree
+from flwr.supercore.heartbeat import HeartbeatSender
 from flwr.supercore.interceptors import (
     RuntimeTokenHttpInterceptor,
     RuntimeVersionHttpInterceptor,
 )
-from flwr.supercore.retry import make_simple_http_retry_invoker
 from flwr.supercore.runtime import RuntimeHttpClient
 from flwr.supercore.task_identity import TaskIdentity
 from flwr.supernode.runtime.run_clientapp import push_message, push_task_output
 
 from app.processes.app_approval import SIGNATURE_KEY, AppNotApproved, check_app
+from app.processes.node_signals import NodeSignals
+from app.processes.runtime_channel import (
+    pull_task_input,
+    runtime_retry_invoker,
+    task_heartbeat_fn,
+    withdrawn,
+)
 from clients.site.policy import SitePolicy, load_policy
 from strategies import message_keys as keys
 from strategies.errors import ConfigError
 
-__all__ = ["WorkerPool", "SiteRunner", "WORKER_SCRIPT", "pull_task_input"]
+__all__ = ["WorkerPool", "SiteRunner", "WORKER_SCRIPT"]
 
 log = logging.getLogger("fedmed.site_runner")
 
@@ -156,35 +151,6 @@ class WorkerPool:
             self._workers.popitem()[1].stop()
 
 
-#: Backoff while the SuperNode is still receiving the message's objects from the
-#: SuperLink. The task exists as soon as the message's header is stored, before its
-#: arrays arrived; Flower's pull backs off 1, 2, 4, 8, 10, 10... s (``PULL_INITIAL_BACKOFF``,
-#: ``PULL_BACKOFF_CAP``), so an array that arrives after 16 s is read after 25 s.
-PULL_BACKOFF = (0.05, 0.5)
-
-
-def pull_task_input(client: RuntimeHttpClient) -> tuple[Message, Context, Any, Any]:
-    """Flower's ``run_clientapp.pull_task_input`` with the short :data:`PULL_BACKOFF`."""
-    res = client.PullTaskInput(PullTaskInputRequest())
-    TaskIdentity.task_id = res.task_id
-    TaskIdentity.run_id = res.run.run_id
-    TaskIdentity.node_id = res.context.node_id
-    context = context_from_proto(res.context)
-    pulled = client.PullMessages(PullAppMessagesRequest())
-    if not pulled.messages_list:
-        raise RuntimeError("no message from the SuperNode's Runtime API")
-    node = Node(node_id=context.node_id)
-    tree = pulled.message_object_trees[0]
-    message = pull_and_inflate_object_from_tree(
-        tree, make_pull_object_fn_protobuf(client.PullObject, node, context.run_id),
-        make_confirm_message_received_fn_protobuf(client.ConfirmMessageReceived, node,
-                                                  context.run_id),
-        return_type=Message, max_tries_per_object=None, initial_backoff=PULL_BACKOFF[0],
-        backoff_cap=PULL_BACKOFF[1])
-    message.metadata.__dict__["_message_id"] = tree.object_id
-    return message, context, run_from_proto(res.run), fab_from_proto(res.fab)
-
-
 def _site(context: Context) -> str:
     return str(context.node_config.get("site-name", f"node-{context.node_id}"))
 
@@ -201,19 +167,25 @@ class SiteRunner:
         every message so that an edit needs no restart. None: the permissive
         policy (any app; for development only).
     poll_interval : float
-        Seconds between two asks for a task when there is none.
+        Seconds between two asks for a task when there is none (with ``signals``:
+        the longest such wait, the SuperNode's task signal ends it at once).
     max_workers : int
         Warm workers kept at once (:class:`WorkerPool`).
+    signals : NodeSignals, optional
+        Wake-ups shared with the SuperNode of this process (:mod:`app.processes.site_node`):
+        a new task, a received message, and (set here) a stored reply.
     """
 
     def __init__(self, runtime_api_address: str, policy_path: Path | None = None,
-                 poll_interval: float = 0.05, max_workers: int = 2) -> None:
+                 poll_interval: float = 0.05, max_workers: int = 2,
+                 signals: NodeSignals | None = None) -> None:
         if poll_interval <= 0:
             raise ValueError(f"poll_interval must be > 0, got {poll_interval}")
         self.address = runtime_api_address
         self.policy_path = Path(policy_path) if policy_path else None
         self.poll_interval = poll_interval
         self.pool = WorkerPool(max_workers)
+        self.signals = signals
         self._installed: set[str] = set()
 
     def _client(self, token: str | None = None) -> RuntimeHttpClient:
@@ -224,7 +196,7 @@ class SiteRunner:
         return RuntimeHttpClient.from_server_address(
             server_address=self.address, insecure=True, root_certificates=None,
             interceptors=interceptors,
-            retry_invoker=make_simple_http_retry_invoker())
+            retry_invoker=runtime_retry_invoker())
 
     def _policy(self) -> SitePolicy:
         return load_policy(self.policy_path) if self.policy_path else SitePolicy.permissive()
@@ -235,6 +207,8 @@ class SiteRunner:
         request = AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP.value])
         try:
             while not stop.is_set():
+                if self.signals is not None:
+                    self.signals.task_created.clear()  # a task created from now on wakes us
                 try:
                     response = client.AcquireTask(request)
                 except Exception as exc:  # pylint: disable=broad-exception-caught
@@ -245,34 +219,52 @@ class SiteRunner:
                 if response.HasField("task") and response.token:
                     self.handle(response.token)
                 else:
-                    stop.wait(self.poll_interval)
+                    (stop if self.signals is None else self.signals.task_created).wait(
+                        self.poll_interval)
         finally:
             client.close()
             self.pool.close()
 
     def handle(self, token: str) -> None:
-        """Pull one task, answer it (or refuse its app) and push the reply and status."""
+        """Pull one task, answer it (or refuse its app) and push the reply and status.
+
+        A task the SuperNode withdraws meanwhile (its run stopped; see
+        :mod:`app.processes.runtime_channel`) is dropped with one log line.
+        """
         client = self._client(token)
-        heartbeat = HeartbeatSender(make_task_heartbeat_fn_http(client))
+        gone = threading.Event()
+        heartbeat = HeartbeatSender(task_heartbeat_fn(client, gone))
         heartbeat.start()
         context = None
         try:
             started = time.monotonic()
-            message, context, run, fab = pull_task_input(client)
+            message, context, run, fab = pull_task_input(client, self.signals)
             pulled = time.monotonic()
             reply, context, status, details = self._answer(message, context, run, fab)
             answered = time.monotonic()
             push_message(client, reply, context)
+            if self.signals is not None:
+                self.signals.reply_stored.set()
             push_task_output(client, context, status, details)
-            log.info("site %s: %s message: pull %.2f s, answer %.2f s, push %.2f s",
+            log.info("site %s: %s message: pull %.2f s%s, answer %.2f s, push %.2f s",
                      _site(context), message.metadata.message_type, pulled - started,
-                     answered - pulled, time.monotonic() - answered)
+                     self._receipt(message.metadata.message_id, started), answered - pulled,
+                     time.monotonic() - answered)
         except Exception as exc:  # pylint: disable=broad-exception-caught
-            log.exception("site runner: task failed before a reply could be sent")
-            push_task_output(client, context, SubStatus.FAILED, type(exc).__name__)
+            if withdrawn(exc) or gone.is_set():
+                log.warning("site runner: a task was dropped: %s",
+                            exc if withdrawn(exc) else "the SuperNode withdrew it")
+            else:
+                log.exception("site runner: task failed before a reply could be sent")
+                push_task_output(client, context, SubStatus.FAILED, type(exc).__name__)
         finally:
             heartbeat.stop()
             client.close()
+
+    def _receipt(self, message_id: str, started: float) -> str:
+        """`` (receipt X s)``: when, after the pull started, the SuperNode had every object."""
+        received = self.signals.received_at(message_id) if self.signals else None
+        return "" if received is None else f" (receipt {max(0.0, received - started):.2f} s)"
 
     def _answer(self, message: Message, context: Context, run: Any, fab: Any
                 ) -> tuple[Message, Context, str, str]:

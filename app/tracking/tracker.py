@@ -37,6 +37,7 @@ from mlflow.tracking import MlflowClient
 
 from app.tracking.outbox import OUTBOX_FILE, Outbox, RoundRecord
 from strategies import message_keys as keys
+from strategies.plugins.personalisation.gain import personalisation_gains
 from strategies.rounds.round_report import RoundReport
 
 __all__ = ["FLUSH_TIMEOUT_SECONDS", "FederationTracker", "bounded_requests", "metric_key",
@@ -66,13 +67,17 @@ def round_record(report: RoundReport) -> RoundRecord:
                                  "late-arrivals": float(len(report.late_arrivals)),
                                  "strategy/schedule-tau": float(report.schedule_tau)}
     groups = [("strategy", report.strategy), ("train", report.train_aggregate),
-              ("eval", report.evaluate_aggregate)]
+              ("eval", report.evaluate_aggregate),
+              ("eval", personalisation_gains(report.evaluate_aggregate))]
     for prefix, values in groups:
         metrics.update({metric_key(prefix, name): value for name, value in values.items()})
     for per_site in (report.train, report.evaluate, report.traffic, report.reply_seconds):
         for site, values in per_site.items():
             metrics.update({metric_key("site", site, name): value
                             for name, value in values.items()})
+    for site, values in report.evaluate.items():  # personalised - global (personalisation)
+        metrics.update({metric_key("site", site, name): value
+                        for name, value in personalisation_gains(values).items()})
     metrics.update({metric_key("site", site, "failed"): 0.0 for site in report.train})
     metrics.update({metric_key("site", site, "failed"): 1.0 for site in report.train_dropped})
     for site, reason in {**report.evaluate_dropped, **report.train_dropped}.items():

@@ -27,6 +27,7 @@ File format (every key optional; a missing key takes the permissive value of
     max-grad-norm = inf          # per-example clipping norm C, at most
     delta = 1.0                  # the delta of (epsilon, delta)-DP, at most
     max-epsilon = inf            # the epsilon budget of one federation
+    accountants = ["*"]          # privacy.accountant a run may use: "rdp", "prv"; "*": any
 
     [apps]                       # which app bundles run: clients/site/app_rules.py
     any = true                   # false: only approved-sha256 / approved-file / trusted-keys
@@ -45,6 +46,7 @@ from typing import Any
 
 from clients.registry import TASKS
 from clients.site.app_rules import AppApprovalError, AppRules, parse_app_rules
+from clients.training.dp_accountants import ACCOUNTANTS
 from strategies.errors import ConfigError, SiteError
 
 __all__ = ["PolicyRefusal", "SitePolicyError", "AppRules", "DpRules", "SitePolicy", "load_policy",
@@ -80,7 +82,10 @@ class DpRules:
 
     ``max_epsilon`` bounds the epsilon of (epsilon, delta)-DP that one
     federation may spend at this site (Dwork & Roth 2014, Def. 2.4);
-    ``math.inf`` means no limit.
+    ``math.inf`` means no limit. ``accountants`` are the accountants
+    (:mod:`clients.training.dp_accountants`) a run may measure that epsilon
+    with; the site's ledger counts with the run's, so a site that wants the
+    looser RDP bound to govern its budget allows only ``"rdp"``.
     """
 
     required: bool = False
@@ -88,6 +93,11 @@ class DpRules:
     max_grad_norm: float = math.inf
     delta: float = 1.0
     max_epsilon: float = math.inf
+    accountants: tuple[str, ...] = (ANY,)
+
+    def allows_accountant(self, accountant: str) -> bool:
+        """Whether the site lets a run account its epsilon with ``accountant``."""
+        return ANY in self.accountants or accountant in self.accountants
 
 
 @dataclass(frozen=True)
@@ -162,6 +172,8 @@ def _typed(name: str, value: Any, default: Any, where: str) -> Any:
         return _names(value, where, tuple(sorted(TASKS)))
     if name == "allowed_codecs":
         return _names(value, where, CODECS)
+    if name == "accountants":
+        return _names(value, where, ACCOUNTANTS)
     if isinstance(default, bool):
         if not isinstance(value, bool):
             raise SitePolicyError(f"{where} must be true or false, got {value!r}")

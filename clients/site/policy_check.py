@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass
 
 from clients.site.policy import PolicyRefusal, SitePolicy
+from clients.training.dp_accountants import DEFAULT_ACCOUNTANT
 
 __all__ = ["Request", "check_train", "check_evaluate", "check_query", "releases_val_metrics"]
 
@@ -37,6 +38,7 @@ class Request:
     dp_noise_multiplier: float = 0.0
     dp_max_grad_norm: float = math.inf
     dp_delta: float = 1.0
+    dp_accountant: str = DEFAULT_ACCOUNTANT
 
 
 def _refuse_if(broken: bool, rule: str, detail: str) -> None:
@@ -67,6 +69,8 @@ def _check_dp(policy: SitePolicy, request: Request) -> None:
                f"clipping norm {request.dp_max_grad_norm} > {rules.max_grad_norm}")
     _refuse_if(request.dp_delta > rules.delta, "dp.delta",
                f"delta {request.dp_delta} > {rules.delta}")
+    _refuse_if(not rules.allows_accountant(request.dp_accountant), "dp.accountants",
+               f"accountant {request.dp_accountant!r} is not in {list(rules.accountants)}")
 
 
 def check_train(policy: SitePolicy, request: Request) -> None:

@@ -24,10 +24,10 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
-from opacus.accountants import create_accountant
 
 from clients.site.policy import PolicyRefusal
 from clients.site.state_store import SiteStateStore
+from clients.training.opacus_loader import opacus
 
 __all__ = ["PrivacyLedger", "LEDGER_NAME", "Step"]
 
@@ -48,10 +48,14 @@ class PrivacyLedger:
     federation : str
         The federation (its id in the train instruction).
     accountant : str
-        Opacus accountant that turns the history into epsilon: ``"rdp"`` or ``"prv"``.
+        Opacus accountant that turns the history into epsilon, one of
+        :data:`~clients.training.dp_accountants.ACCOUNTANTS`: the run's
+        ``privacy.accountant``, the one its training used (no default, so that
+        the budget is never counted with another accountant than the reported
+        epsilon). The history is the same for every accountant.
     """
 
-    def __init__(self, store: SiteStateStore, federation: str, accountant: str = "rdp") -> None:
+    def __init__(self, store: SiteStateStore, federation: str, accountant: str) -> None:
         self.store = store
         self.federation = federation
         self.accountant = accountant
@@ -67,7 +71,7 @@ class PrivacyLedger:
         history = [*self.history, *planned]
         if not any(n for _, _, n in history):
             return 0.0
-        accountant = create_accountant(self.accountant)
+        accountant = opacus("accountants").create_accountant(self.accountant)
         accountant.history = [(s, q, n) for s, q, n in history if n > 0]
         return float(accountant.get_epsilon(delta=delta))
 

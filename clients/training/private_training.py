@@ -25,24 +25,30 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.data import DataLoader
 
-from clients.root_logging import root_logging_kept
+from clients.training.dp_accountants import ACCOUNTANTS, DEFAULT_ACCOUNTANT
+from clients.training.opacus_loader import opacus
 from strategies.errors import ConfigError
 
-with root_logging_kept():  # opacus.utils.module_utils calls logging.basicConfig at import
-    from opacus import PrivacyEngine
+if TYPE_CHECKING:
     from opacus.accountants import IAccountant
-    from opacus.validators import ModuleValidator
 
-__all__ = ["DpSettings", "PrivateModelError", "dp_compatible", "noise_only_step",
-           "poisson_sample_rate", "private_training", "ACCOUNTANTS"]
+__all__ = ["DpSettings", "PrivateModelError", "GRAD_SAMPLE_MODES", "dp_compatible",
+           "noise_only_step", "poisson_sample_rate", "private_training"]
 
-ACCOUNTANTS = ("rdp", "prv")
+#: Opacus's per-example gradient engines for a model trained in place (``wrap_model=False``):
+#: ``"hooks"``, a layer's closed-form per-example gradient from its activations and
+#: back-propagated errors (functorch for layers without one), and ``"functorch"``,
+#: every layer's by ``torch.func.vmap`` of its own gradient. ``"hooks"`` is the faster on
+#: CPU for all three tasks' models (``bench/privacy_utility.py``, docs/BENCHMARKS.md);
+#: Opacus's expanded weights (``"ew"``) cannot run the U-Net (PReLU) or the ConvLSTM.
+GRAD_SAMPLE_MODES = ("hooks", "functorch")
 
 
 class PrivateModelError(ConfigError):
@@ -62,13 +68,19 @@ class DpSettings:
     delta : float
         delta of the (epsilon, delta) guarantee the accountant reports.
     accountant : str
-        Opacus accountant, ``"rdp"`` or ``"prv"``.
+        Opacus accountant (run config ``privacy.accountant``), one of
+        :data:`~clients.training.dp_accountants.ACCOUNTANTS`.
+    grad_sample_mode : str
+        How Opacus computes per-example gradients, one of :data:`GRAD_SAMPLE_MODES`.
+        Not a privacy parameter: every mode clips and noises the same per-example
+        gradients, only the cost differs.
     """
 
     noise_multiplier: float = 0.0
     max_grad_norm: float = 1.0
     delta: float = 1e-5
-    accountant: str = "rdp"
+    accountant: str = DEFAULT_ACCOUNTANT
+    grad_sample_mode: str = "hooks"
 
     @property
     def enabled(self) -> bool:
@@ -92,7 +104,8 @@ def dp_compatible(model: nn.Module) -> tuple[nn.Module, tuple[str, ...]]:
         If Opacus still rejects a layer after the fix.
     """
     norms = Counter(type(m).__name__ for m in model.modules() if isinstance(m, _BatchNorm))
-    model = ModuleValidator.fix(model)
+    validator = opacus("validators").ModuleValidator
+    model = validator.fix(model)
     changes = [f"{count} {name} -> GroupNorm" for name, count in sorted(norms.items())]
     inplace = [m for m in model.modules() if getattr(m, "inplace", False) is True]
     for module in inplace:
@@ -104,7 +117,7 @@ def dp_compatible(model: nn.Module) -> tuple[nn.Module, tuple[str, ...]]:
         module.fold_slices = False
     if unfolded:
         changes.append(f"{len(unfolded)} slice-folding modules -> per-slice calls")
-    errors = ModuleValidator.validate(model, strict=False)
+    errors = validator.validate(model, strict=False)
     if errors:
         raise PrivateModelError(f"DP-SGD (privacy.noise-multiplier > 0): model "
                                 f"{type(model).__name__} has layers Opacus rejects: {errors[0]}")
@@ -133,23 +146,30 @@ def private_training(
     so its state-dict keys stay as they are), wraps the optimiser (clip to
     ``max_grad_norm``, add noise ``noise_multiplier * max_grad_norm``, the
     accountant's hook on every step) and replaces the loader's sampler by Poisson
-    sampling at :func:`poisson_sample_rate` (empty batches possible). The sampling
-    draws from torch's global generator (seeded by the caller); the noise from a
-    generator seeded by the operating system's entropy, never from the run's seed,
-    which the server knows (it could otherwise regenerate and subtract the noise).
+    sampling at :func:`poisson_sample_rate` (empty batches possible). The noise and
+    the Poisson sample each draw from a generator seeded by the operating system's
+    entropy, never from the run's seed, which the server knows: it could otherwise
+    regenerate and subtract the noise, or tell in which steps an example was
+    sampled, and the accountant's amplification by subsampling assumes the sample
+    is secret (Balle, Barthe & Gaboardi, NeurIPS 2018).
     Yields ``(optimizer, loader, accountant)``; the hooks are removed on exit.
     """
     if settings.accountant not in ACCOUNTANTS:
-        raise PrivateModelError(f"privacy accountant must be one of {ACCOUNTANTS}, "
-                                f"got {settings.accountant!r}")
-    engine = PrivacyEngine(accountant=settings.accountant)
+        raise PrivateModelError(f"run-config 'privacy.accountant' must be one of "
+                                f"{ACCOUNTANTS}, got {settings.accountant!r}")
+    if settings.grad_sample_mode not in GRAD_SAMPLE_MODES:
+        raise PrivateModelError(f"DpSettings.grad_sample_mode must be one of {GRAD_SAMPLE_MODES}, "
+                                f"got {settings.grad_sample_mode!r}")
+    engine = opacus().PrivacyEngine(accountant=settings.accountant)
     device = next(model.parameters()).device
     noise = torch.Generator(device=device).manual_seed(secrets.randbits(63))
     hooks, dp_optimizer, dp_loader = engine.make_private(
         noise_generator=noise,
         module=model, optimizer=optimizer, data_loader=loader,
         noise_multiplier=settings.noise_multiplier, max_grad_norm=settings.max_grad_norm,
-        poisson_sampling=True, wrap_model=False)
+        poisson_sampling=True, wrap_model=False,
+        grad_sample_mode=settings.grad_sample_mode)
+    dp_loader.batch_sampler.generator = torch.Generator().manual_seed(secrets.randbits(63))
     try:
         yield dp_optimizer, dp_loader, engine.accountant
     finally:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import ClassVar
@@ -234,9 +235,13 @@ class SiteTask(ABC):
         self, model: nn.Module, steps: int, lr: float, momentum: float,
         compute: ComputeDevice, seed: int, optimizer: str = "adam",
         deadline: float | None = None, label: str = "", proximal_mu: float = 0.0,
-        privacy: DpSettings | None = None,
+        privacy: DpSettings | None = None, loop: Callable[..., TrainResult] = train_steps,
     ) -> TrainResult:
         """Run ``steps`` local optimiser steps on the site's training data.
+
+        ``loop`` is the training loop, called as :func:`train_steps` (Per-FedAvg-FO's
+        :func:`~clients.training.personalisation.per_fedavg_fo.per_fedavg_fo_steps`
+        takes its place; not under DP-SGD).
 
         ``optimizer`` is ``"sgd"`` (heavy-ball ``momentum``, PyTorch style) or
         ``"adam"`` (Kingma & Ba 2015; ``momentum`` is its beta1). The optimiser
@@ -265,9 +270,9 @@ class SiteTask(ABC):
             model.to(memory_format=torch.channels_last)
         try:
             opt = make_optimizer(optimizer, model.parameters(), lr, momentum)
-            return train_steps(model, self._train_loader(seed, compute), self.loss_fn(), opt,
-                               steps, compute, deadline=deadline, label=label,
-                               proximal_mu=proximal_mu, channels_last=channels_last)
+            return loop(model, self._train_loader(seed, compute), self.loss_fn(), opt,
+                        steps, compute, deadline=deadline, label=label,
+                        proximal_mu=proximal_mu, channels_last=channels_last)
         finally:
             if channels_last:
                 model.to(memory_format=torch.contiguous_format)

@@ -23,7 +23,7 @@ from torch import nn
 from clients.training.device import ComputeDevice
 from strategies.errors import SiteError
 
-__all__ = ["TrainResult", "NonFiniteLossError", "backward_step", "train_steps"]
+__all__ = ["TrainResult", "NonFiniteLossError", "backward_step", "cycle_batches", "train_steps"]
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ def backward_step(loss: torch.Tensor, optimizer: torch.optim.Optimizer,
         optimizer.step()
 
 
-def _cycle(batches: Iterable) -> Iterator:
+def cycle_batches(batches: Iterable) -> Iterator:
     """Iterate over a DataLoader forever (a new epoch each time it is exhausted)."""
     while True:
         empty = True
@@ -158,7 +158,7 @@ def train_steps(
     examples = 0
     done = 0
     with_loss = 0
-    for x, y in _cycle(batches):
+    for x, y in cycle_batches(batches):
         if done >= steps or (deadline is not None and done > 0 and time.monotonic() >= deadline):
             break
         if x.shape[0] == 0:

@@ -13,7 +13,10 @@ Modules
 - :mod:`.identity` (``none``), :mod:`.fp16`, :mod:`.topk`, :mod:`.randk`,
   :mod:`.qsgd`, :mod:`.sign` -- one codec each, with its section layout and paper.
 - :mod:`.bitpack`, :mod:`.varint` -- bit packing and LEB128 varints.
+- :mod:`.qsgd_buckets` (``qsgd:<s>:b<bucket>``), :mod:`.topk_layers` (``topk:<f>:layer``)
+  -- the bucketed and per-tensor variants.
 - :mod:`.error_feedback` -- :class:`ErrorFeedback` (EF-SGD).
+- :mod:`.warmup` -- the kept fraction's warm-up over the first rounds (DGC).
 - :mod:`.vectors` -- seeds and flatten / unflatten.
 
 Adding a codec is one new module ending in ``CODEC = register(Codec(...))``
@@ -30,12 +33,14 @@ from strategies.codecs.payload import decode, encode
 from strategies.codecs.registry import names
 from strategies.codecs.spec import CodecSpec, parse_spec
 from strategies.codecs.vectors import derive_seed, flatten, unflatten
+from strategies.codecs.warmup import check_warmup, warmup_spec
 
 __all__ = [
     "CodecError",
     "CodecSpec",
     "ErrorFeedback",
     "PayloadError",
+    "check_warmup",
     "decode",
     "derive_seed",
     "encode",
@@ -43,4 +48,5 @@ __all__ = [
     "names",
     "parse_spec",
     "unflatten",
+    "warmup_spec",
 ]

@@ -15,6 +15,8 @@ References
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from strategies.codecs.errors import CodecError
@@ -61,7 +63,8 @@ class ErrorFeedback:
         self.residual: np.ndarray = np.zeros(0, dtype=np.float32)
         self._sized = False
 
-    def step(self, delta: np.ndarray, seed: int | None = None) -> np.ndarray:
+    def step(self, delta: np.ndarray, seed: int | None = None,
+             segments: Sequence[int] | None = None) -> np.ndarray:
         """Add the residual to ``delta``, encode it, keep the new residual.
 
         Parameters
@@ -71,6 +74,8 @@ class ErrorFeedback:
         seed : int or None
             Codec seed for this message (defaults to the constructor's seed);
             the server must decode with the same seed.
+        segments : sequence of int, optional
+            Tensor sizes of ``delta`` (per-tensor specs, :func:`encode`).
 
         Returns
         -------
@@ -95,8 +100,8 @@ class ErrorFeedback:
         else:
             residual = self.residual
         z = residual + v
-        payload = encode(z, self.spec, seed_i)
-        z -= decode(payload, self.spec, z.size, seed_i)
+        payload = encode(z, self.spec, seed_i, segments)
+        z -= decode(payload, self.spec, z.size, seed_i, segments)
         self.residual = z
         self._sized = True
         return payload

@@ -9,6 +9,8 @@ A payload never contains a dense array of zeros.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from strategies.codecs import registry
@@ -30,7 +32,8 @@ from strategies.codecs.wire import (
 __all__ = ["decode", "encode"]
 
 
-def encode(vec: np.ndarray, spec: str | CodecSpec, seed: int = 0) -> np.ndarray:
+def encode(vec: np.ndarray, spec: str | CodecSpec, seed: int = 0,
+           segments: Sequence[int] | None = None) -> np.ndarray:
     """Compress a 1-D update vector into one ``uint8`` payload.
 
     Parameters
@@ -44,6 +47,9 @@ def encode(vec: np.ndarray, spec: str | CodecSpec, seed: int = 0) -> np.ndarray:
         Shared seed in ``[0, 2**64)``: selects the ``randk`` coordinates and
         drives the ``qsgd`` stochastic rounding; ignored by other codecs. Use a
         fresh one per round and site (:func:`strategies.codecs.vectors.derive_seed`).
+    segments : sequence of int, optional
+        The sizes of the tensors ``vec`` is the concatenation of; needed by the
+        per-tensor specs (``topk:<f>:layer``), ignored by the others.
 
     Returns
     -------
@@ -55,14 +61,15 @@ def encode(vec: np.ndarray, spec: str | CodecSpec, seed: int = 0) -> np.ndarray:
     CodecError
         On an invalid spec or seed, or a vector that is not 1-D, numeric or finite.
     """
-    codec = parse_spec(spec)
+    codec = parse_spec(spec).bind(segments)
     seed_i = check_seed(seed)
     v = as_vector(vec)
     sections = registry.codec(codec.name).encode(v, codec, seed_i)
     return join(header(codec.codec_id, v.size), *sections)
 
 
-def decode(payload: np.ndarray, spec: str | CodecSpec, size: int, seed: int = 0) -> np.ndarray:
+def decode(payload: np.ndarray, spec: str | CodecSpec, size: int, seed: int = 0,
+           segments: Sequence[int] | None = None) -> np.ndarray:
     """Decompress a payload produced by :func:`encode` with the same spec.
 
     Parameters
@@ -76,6 +83,8 @@ def decode(payload: np.ndarray, spec: str | CodecSpec, size: int, seed: int = 0)
     seed : int, default 0
         The seed used to encode (needed by ``randk``; checked against the
         seed recorded in the payload).
+    segments : sequence of int, optional
+        The tensor sizes the encoder was given (per-tensor specs only).
 
     Returns
     -------
@@ -92,7 +101,7 @@ def decode(payload: np.ndarray, spec: str | CodecSpec, size: int, seed: int = 0)
     CodecError
         On an invalid spec, size or seed argument.
     """
-    codec = parse_spec(spec)
+    codec = parse_spec(spec).bind(segments)
     d = check_size(size)
     seed_i = check_seed(seed)
     reader = Reader(as_payload(payload))

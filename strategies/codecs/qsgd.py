@@ -9,10 +9,12 @@ with the fewest bits, ``ceil(log2(2s + 1))``. The rounding uses ``seed``.
 One norm covers the whole vector, so the variance bound
 :math:`\min(d/s^2, \sqrt{d}/s)\|v\|^2` (Lemma 3.1 of [1]_) is large for
 big ``d`` (measured ``||Q(v) - v|| ~ 16 ||v||`` at ``d = 3e7, s = 16``); the paper's
-experiments quantise in buckets of a few hundred entries. Use it under
-error feedback, or prefer ``topk``/``sign`` for large models.
+experiments quantise in buckets of a few hundred entries: ``qsgd:<levels>:b<bucket>``
+(:mod:`strategies.codecs.qsgd_buckets`) does, and is the variant to run under
+error feedback; otherwise prefer ``topk``/``sign`` for large models.
 
-Codec section: ``uint32 levels s, float32 norm, ceil(d*b/8) packed bytes``.
+Codec section: ``uint32 levels s, float32 norm, ceil(d*b/8) packed bytes``
+(bucketed: see :mod:`strategies.codecs.qsgd_buckets`).
 
 References
 ----------
@@ -29,6 +31,7 @@ import numpy as np
 
 from strategies.codecs.bitpack import pack_bits, symbol_dtype, unpack_bits
 from strategies.codecs.errors import CodecError, PayloadError
+from strategies.codecs.qsgd_buckets import decode_buckets, encode_buckets
 from strategies.codecs.registry import Codec, register
 from strategies.codecs.spec import CodecSpec, levels_argument
 from strategies.codecs.wire import Reader, non_finite
@@ -52,6 +55,8 @@ def l2_norm(v: np.ndarray) -> float:
 
 def encode(v: np.ndarray, spec: CodecSpec, seed: int) -> tuple[bytes | np.ndarray, ...]:
     """The float32 norm and the bit-packed signed levels."""
+    if spec.bucket is not None:
+        return encode_buckets(v, spec, seed)
     d = v.size
     s = int(spec.levels)  # type: ignore[arg-type]
     bits = (2 * s).bit_length()
@@ -80,6 +85,8 @@ def encode(v: np.ndarray, spec: CodecSpec, seed: int) -> tuple[bytes | np.ndarra
 
 def decode(reader: Reader, spec: CodecSpec, d: int, seed: int) -> np.ndarray:
     """Map the packed levels back through the ``(level - s) * norm / s`` table."""
+    if spec.bucket is not None:
+        return decode_buckets(reader, spec, d, seed)
     s, norm = reader.unpack(_QSGD, "QSGD header")
     if s != spec.levels:
         raise PayloadError(f"payload was quantised with {s} levels but the spec is {spec}")
@@ -109,5 +116,5 @@ def decode(reader: Reader, spec: CodecSpec, d: int, seed: int) -> np.ndarray:
 
 
 CODEC = register(
-    Codec("qsgd", 4, "'qsgd:<1..32767>'", levels_argument, encode, decode, "Unbiased stochastic quantisation to ``2s + 1`` levels of the l2 norm.")
+    Codec("qsgd", 4, "'qsgd:<1..32767>[:b<bucket>]'", levels_argument, encode, decode, "Unbiased stochastic quantisation to ``2s + 1`` levels of the l2 norm.")
 )

@@ -3,8 +3,10 @@
 ``k = max(1, round(fraction * d))`` (Python rounding, half to even). Indices are
 sent either as LEB128 varints of the gaps between increasing indices or as a
 bitmap of ``d`` bits, whichever is smaller (a flag byte says which); values as
-fp16. Codec section: ``uint32 k, uint8 index mode (0 varint gaps, 1 bitmap),
-uint32 index-section bytes, index section, k * float16``.
+fp16. ``topk:<fraction>:layer`` keeps ``k`` per tensor with the same section
+(:mod:`strategies.codecs.topk_layers`). Codec section: ``uint32 k, uint8 index
+mode (0 varint gaps, 1 bitmap), uint32 index-section bytes, index section,
+k * float16``.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ import numpy as np
 
 from strategies.codecs.errors import PayloadError
 from strategies.codecs.registry import Codec, register
-from strategies.codecs.spec import CodecSpec, fraction_argument
+from strategies.codecs.spec import CodecSpec, layer_fraction_argument
+from strategies.codecs.topk_layers import check_layer_counts, layer_topk_indices
 from strategies.codecs.varint import varint_decode, varint_encode, varint_lengths
 from strategies.codecs.wire import F16, Reader, finite_values, non_finite, to_fp16
 
@@ -66,7 +69,8 @@ def encode(v: np.ndarray, spec: CodecSpec, seed: int) -> tuple[bytes | np.ndarra
     magnitude = np.abs(v)
     if d and not math.isfinite(float(magnitude.max())):
         raise non_finite("the vector")
-    idx = topk_indices(magnitude, k)
+    idx = (layer_topk_indices(magnitude, spec, topk_indices) if spec.per_tensor
+           else topk_indices(magnitude, k))
     values = to_fp16(v[idx])
     gaps = np.diff(idx, prepend=0).astype(np.uint32)
     lengths = varint_lengths(gaps)
@@ -106,6 +110,8 @@ def decode(reader: Reader, spec: CodecSpec, d: int, seed: int) -> np.ndarray:
             raise PayloadError(f"bitmap marks {idx.size} entries, expected k = {k}")
     else:
         raise PayloadError(f"unknown top-k index mode {mode} (expected 0 varint or 1 bitmap)")
+    if spec.per_tensor:
+        check_layer_counts(idx, spec, d)
     values = reader.array(F16, k, "top-k values").astype(np.float32)
     finite_values(values, "top-k values")
     reader.finish()
@@ -115,5 +121,5 @@ def decode(reader: Reader, spec: CodecSpec, d: int, seed: int) -> np.ndarray:
 
 
 CODEC = register(
-    Codec("topk", 2, "'topk:<0<f<=1>'", fraction_argument, encode, decode, "Keep the ``k`` entries of largest magnitude.")
+    Codec("topk", 2, "'topk:<0<f<=1>[:layer]'", layer_fraction_argument, encode, decode, "Keep the ``k`` entries of largest magnitude.")
 )

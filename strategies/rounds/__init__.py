@@ -2,6 +2,8 @@
 
 * :mod:`.federated_strategy` -- :class:`FederatedStrategy`, the thin loop
   (configure/aggregate train and evaluate, ``start``).
+* :mod:`.train_stage` -- :class:`TrainStage`, the strategy's train half (instructions
+  with tau and the round's codec rate; replies accepted, aggregated, observed).
 * :mod:`.instructions` -- one fresh message per site (train, evaluate, query) and
   the per-site train settings of a round (tau, codec seed).
 * :mod:`.site_selection` -- what a selector may use (:class:`SelectionContext`),

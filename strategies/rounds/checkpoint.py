@@ -107,9 +107,17 @@ def run_folder(checkpoint_dir: Path, federation: str) -> Path:
     return check_private_folder(folder)
 
 
-def config_difference(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """``key: saved -> current`` for each run-config key that differs (resume keys aside)."""
+def config_difference(saved: dict[str, Any], current: dict[str, Any],
+                      defaults: dict[str, Any] | None = None) -> list[str]:
+    """``key: saved -> current`` for each run-config key that differs (resume keys aside).
+
+    A key the saved config lacks (one a later version of the app added) counts
+    as its value in ``defaults``: a federation checkpointed before the key
+    existed resumes as long as the key keeps its default, i.e. the behaviour
+    the federation was started with.
+    """
     current = json.loads(json.dumps(current))
+    saved = {**json.loads(json.dumps(defaults or {})), **saved}
     keys = sorted((set(saved) | set(current)) - RESUME_KEYS)
     return [f"{k}: {saved.get(k, '<unset>')!r} -> {current.get(k, '<unset>')!r}"
             for k in keys if saved.get(k, "<unset>") != current.get(k, "<unset>")]
@@ -152,8 +160,10 @@ def _read(path: Path, meta_only: bool) -> tuple[dict[str, Any], dict[str, np.nda
     return meta, arrays
 
 
-def find_checkpoint(checkpoint_dir: Path, run_config: dict[str, Any]) -> Path:
-    """The newest checkpoint under ``checkpoint_dir`` made with ``run_config``.
+def find_checkpoint(checkpoint_dir: Path, run_config: dict[str, Any],
+                    defaults: dict[str, Any] | None = None) -> Path:
+    """The newest checkpoint under ``checkpoint_dir`` made with ``run_config``
+    (keys it lacks count as their ``defaults``, :func:`config_difference`).
 
     Raises
     ------
@@ -172,7 +182,7 @@ def find_checkpoint(checkpoint_dir: Path, run_config: dict[str, Any]) -> Path:
         except CheckpointError as exc:
             problems.append(str(exc))
             continue
-        difference = config_difference(meta.get("run_config", {}), run_config)
+        difference = config_difference(meta.get("run_config", {}), run_config, defaults)
         if not difference:
             return path
         problems.append(f"{path}: made with another run config ({'; '.join(difference)})")
@@ -181,7 +191,8 @@ def find_checkpoint(checkpoint_dir: Path, run_config: dict[str, Any]) -> Path:
 
 
 def load_checkpoint(path: Path, run_config: dict[str, Any] | None,
-                    template: dict[str, Any] | None = None) -> ServerCheckpoint:
+                    template: dict[str, Any] | None = None,
+                    defaults: dict[str, Any] | None = None) -> ServerCheckpoint:
     """Read the checkpoint at ``path`` after checking its folder and run config.
 
     Parameters
@@ -196,6 +207,9 @@ def load_checkpoint(path: Path, run_config: dict[str, Any] | None,
         A fresh :meth:`FederatedStrategy.snapshot` of the run config's
         plug-ins; their saved state is restored onto these objects. Without it
         objects come back as dicts of their attributes (for inspection).
+    defaults : dict, optional
+        The app's default run config: a key the checkpoint's run config lacks
+        counts as its default (:func:`config_difference`).
 
     Raises
     ------
@@ -206,7 +220,7 @@ def load_checkpoint(path: Path, run_config: dict[str, Any] | None,
     path = Path(path)
     meta, arrays = _read(path, meta_only=False)
     difference = ([] if run_config is None
-                  else config_difference(meta.get("run_config", {}), run_config))
+                  else config_difference(meta.get("run_config", {}), run_config, defaults))
     if difference:
         raise CheckpointError(f"{path}: made with another run config ({'; '.join(difference)});"
                               " resume with the run config the federation was started with")

@@ -157,10 +157,16 @@ def parse_test_reply(message: Message) -> MetricsReply:
     return parse_metrics_reply(message)
 
 
-def held_out_messages(node_ids: list[int], arrays: ArrayRecord, server_round: int) -> list[Message]:
-    """Evaluate messages asking each node for ``arrays``'s metrics on its test split."""
-    return site_messages(node_ids, arrays, ConfigRecord({keys.EVAL_SPLIT: TEST_SPLIT}),
-                         server_round, MessageType.EVALUATE)
+def held_out_messages(node_ids: list[int], arrays: ArrayRecord, server_round: int,
+                      federation: str = "") -> list[Message]:
+    """Evaluate messages asking each node for ``arrays``'s metrics on its test split.
+
+    ``federation`` keys the site's personalised state (FedBN's layers): with it a
+    site also reports its personalised model's ``personalised-test-<metric>``.
+    """
+    config = {keys.EVAL_SPLIT: TEST_SPLIT, **({keys.FEDERATION: federation} if federation else {})}
+    return site_messages(node_ids, arrays, ConfigRecord(config), server_round,
+                         MessageType.EVALUATE)
 
 
 class _Exchanges:
@@ -193,7 +199,9 @@ class _Exchanges:
     def test_row(self, arrays: ArrayRecord, stage: str) -> list[MetricsReply]:
         """Every node's test metrics of ``arrays``."""
         intake: ReplyIntake[MetricsReply] = ReplyIntake(parse_test_reply, f"cross-site {stage}")
-        return self.send(held_out_messages(self.nodes, arrays, self.server_round), intake, stage)
+        messages = held_out_messages(self.nodes, arrays, self.server_round,
+                                     self.setup.uplink.federation)
+        return self.send(messages, intake, stage)
 
     def finetuned(self, arrays: ArrayRecord, steps: int) -> dict[str, ArrayRecord]:
         """Each site's model after ``steps`` local steps from ``arrays`` (``x - delta_i``)."""

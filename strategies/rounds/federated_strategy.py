@@ -4,66 +4,65 @@ Built on :class:`flwr.serverapp.strategy.Strategy` (Message API) and composed of
 
 * an **aggregator** (``fedavg`` | ``fednova``, :mod:`strategies.plugins`),
 * a **local-steps schedule** (``fixed`` | ``adacomm``) that sets tau per round,
+* a **compression-rate schedule** (``fixed`` | ``adaptive``) that sets the uplink
+  codec's kept fraction per round,
 * a **client selector** (``uniform``),
 * a **round policy** (deadline and quorum, :mod:`strategies.rounds.round_policy`),
 
-each chosen by name from the run config through :mod:`strategies.registry`.
-Compared with Flower's ``FedAvg`` it
+each chosen by name from the run config (:mod:`strategies.registry`). Unlike FedAvg it
 
-* waits a bounded time for sites to connect (:func:`wait_for_nodes`) instead of
-  forever;
+* waits a bounded time for sites to connect (:func:`wait_for_nodes`), not forever;
 * sends every site its own fresh ``RecordDict`` and ``ConfigRecord`` (Flower's
-  FedAvg shares one content object between all train messages);
-* receives *updates* ``delta_i = x_global - x_local_i`` and applies the
-  aggregator's ``Delta`` as ``x <- x - Delta``;
-* validates every reply on its own and drops a malformed one (missing keys,
-  wrong shapes, NaN, site error) with a logged reason, so one bad site never
-  crashes the federation; stragglers past the deadline are dropped and logged;
+  FedAvg shares one content object between all train messages), the model
+  optionally compressed with the server's error feedback (:mod:`strategies.downlink`);
+* receives *updates* ``delta_i = x_global - x_local_i``, applies ``x <- x - Delta``;
+* validates every reply on its own and drops a malformed one (missing keys, wrong
+  shapes, NaN, site error) with a logged reason; stragglers are dropped and logged;
+* folds each reply's update into the aggregate as it arrives (linear aggregators),
+  or holds the round's updates within ``round.max-held-mb`` (robust rules);
 * keeps a trust boundary (:class:`SiteBook`): a site name is bound to the node
   that first sent it (a reply under another node's name is dropped), and a
   site's ``num-examples`` (train and evaluate) is capped at what it declared
-  when it joined and, given a coordinator's roster, at the roster's size (a
-  name not on the roster is dropped);
+  when it joined and at a coordinator's roster (a name not on it is dropped);
 * drops a reply the aggregator rejects instead of failing the run, and keeps
   the old model when the new one would not be finite
   (:mod:`strategies.rounds.safe_aggregate`, ``RoundReport.aggregation_failed``);
-* records a :class:`RoundReport` per round and hands it to an observer (the
-  ServerApp logs it to MLflow).
+* records a :class:`RoundReport` per round for an observer (the ServerApp: MLflow).
 
-The class is the loop only; the work is done by its collaborators in
-:mod:`strategies.rounds` (instructions, site selection and query fan-out, reply
-intake -- each reply validated and decoded once --, traffic, round metrics,
-the site book).
+The class is the loop only; the train stage is :class:`TrainStage`
+(:mod:`strategies.rounds.train_stage`), and the work is done by collaborators in
+:mod:`strategies.rounds` (instructions, site selection, reply intake -- each reply
+validated and decoded once --, update stream, traffic, round metrics, site book).
 """
 
 from __future__ import annotations
 
-import copy
 import math
 import time
 from collections.abc import Callable, Iterable
 from logging import INFO, WARNING
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 from flwr.supercore import log
 
-from strategies.compression import parse_spec
-from strategies.errors import FederationError
+from strategies.compression import check_warmup
+from strategies.downlink import ServerDownlink
 from strategies.local_solver import LocalSolver
-from strategies.replies import MetricsReply, TrainReply, parse_metrics_reply, parse_train_reply
-from strategies.rounds.instructions import TrainPlan, Uplink, site_messages
+from strategies.plugins.schedules.codec_rate import FixedCodecRate
+from strategies.replies import MetricsReply, parse_metrics_reply
+from strategies.rounds.instructions import Uplink, site_messages
 from strategies.rounds.node_wait import wait_for_nodes
 from strategies.rounds.reply_intake import ReplyIntake, reply_label
-from strategies.rounds.round_metrics import aggregated_replies, example_weighted_metrics
+from strategies.rounds.round_metrics import example_weighted_metrics
 from strategies.rounds.round_policy import RoundPolicy, collect_replies
 from strategies.rounds.round_report import RoundReport
-from strategies.rounds.safe_aggregate import AggregateOutcome, aggregate_safely, apply_update
 from strategies.rounds.site_book import SiteBook
-from strategies.rounds.site_selection import SelectionContext, query_losses, record_selection
-from strategies.rounds.traffic import bytes_down, record_traffic
+from strategies.rounds.site_selection import SelectionContext
+from strategies.rounds.train_stage import NoValidRepliesError, TrainStage
+from strategies.rounds.update_stream import DEFAULT_MAX_HELD_MB
 
 __all__ = ["FederatedStrategy", "NoValidRepliesError", "SelectionContext"]
 
@@ -71,45 +70,44 @@ __all__ = ["FederatedStrategy", "NoValidRepliesError", "SelectionContext"]
 #: value stops the federation after this round (early stopping).
 RoundObserver = Callable[[RoundReport, ArrayRecord], bool | None]
 
-OFFLINE = "site offline: not connected to the SuperLink"
 
-
-class NoValidRepliesError(FederationError):
-    """Too many rounds in a row ended with no usable train reply."""
-
-
-class FederatedStrategy(Strategy):
+class FederatedStrategy(TrainStage, Strategy):
     """Plug-in composed strategy with bounded waits and per-reply validation.
 
     Parameters
     ----------
     aggregator : object
-        ``aggregate(replies) -> (delta arrays, info dict)`` and ``state()``.
+        ``aggregate(replies) -> (delta arrays, info dict)``; a linear one also
+        ``needs_all_updates = False``, ``fold`` and ``finish`` (it streams).
     schedule : object
-        ``tau`` (local steps for the next round), ``observe(replies) -> info``
-        and ``state()``.
+        ``tau`` (local steps next round), ``observe(replies) -> info``, ``state()``.
     selector : object
         ``select(server_round, node_ids, SelectionContext) -> node_ids``.
     policy : RoundPolicy
         Deadline, quorum and hard timeout of each round.
     min_nodes : int
-        Sites that must be connected before a round starts (how many train is
-        the selector's choice).
+        Sites connected before a round starts (how many train: the selector's choice).
     fraction_evaluate : float
         Fraction of connected sites asked to evaluate, rounded up (0 disables);
         below 1, a fresh sample each round, seeded by ``seed`` and the round.
     node_wait_timeout : float
         Seconds to wait for ``min_nodes`` sites before failing.
     time_budget : float
-        Per-round wall-clock budget sent to sites (0 = none): a site stops local
-        training after it and reports the steps it actually did.
-    codec : str
-        Update codec spec for the uplink (:mod:`strategies.compression`).
+        Per-round wall-clock budget sent to sites (0 = none); they report the steps done.
+    codec, downlink_codec : str
+        Update codec spec for the uplink (:mod:`strategies.compression`); for the
+        downlink (:mod:`strategies.downlink`; ``none``: dense, as sent before).
+    codec_warmup_rounds : int
+        Rounds over which the uplink codec's kept fraction warms up
+        (:mod:`strategies.codecs.warmup`; 0: none).
+    codec_rate : object, optional
+        Compression-rate schedule (:mod:`strategies.plugins.schedules.codec_rate`):
+        ``rate_for(spec)`` (the round's kept fraction, None: the codec's) and
+        ``observe(rate, site rounds) -> info``; default ``fixed``.
     error_feedback : bool
         Whether sites keep an error-feedback residual for lossy codecs.
     federation : str
-        Stable id of the federation (the MLflow run id); sites key their
-        persistent state (residuals) by it.
+        Id of the federation (MLflow run id); sites key their residuals by it.
     seed : int
         Base of the per-round, per-site codec seeds (``randk``, ``qsgd``).
     max_empty_rounds : int
@@ -120,6 +118,8 @@ class FederatedStrategy(Strategy):
     roster : dict[str, int], optional
         The coordinator's ``{site name: max-examples}`` (:mod:`app.config.roster`):
         only these sites may reply, each capped at its ``max-examples``.
+    max_held_mb : float
+        Run config ``round.max-held-mb`` (:mod:`strategies.rounds.update_stream`).
     """
 
     def __init__(
@@ -134,12 +134,16 @@ class FederatedStrategy(Strategy):
         node_wait_timeout: float = 120.0,
         time_budget: float = 0.0,
         codec: str = "none",
+        codec_warmup_rounds: int = 0,
+        codec_rate=None,
+        downlink_codec: str = "none",
         error_feedback: bool = True,
         federation: str = "",
         seed: int = 0,
         max_empty_rounds: int = 3,
         local_solver: LocalSolver | None = None,
         roster: dict[str, int] | None = None,
+        max_held_mb: float = DEFAULT_MAX_HELD_MB,
     ) -> None:
         if min_nodes < 1:
             raise ValueError(f"min_nodes must be >= 1, got {min_nodes}")
@@ -153,20 +157,18 @@ class FederatedStrategy(Strategy):
         self.fraction_evaluate = fraction_evaluate
         self.seed = seed
         self.node_wait_timeout = node_wait_timeout
-        self.uplink = Uplink(codec=str(parse_spec(codec)), error_feedback=error_feedback,
-                             federation=federation, time_budget=time_budget, seed=seed)
+        self.uplink = Uplink(codec=str(check_warmup(codec, codec_warmup_rounds)),
+                             error_feedback=error_feedback, federation=federation,
+                             time_budget=time_budget, seed=seed,
+                             codec_warmup_rounds=codec_warmup_rounds)
+        self.codec_rate = codec_rate or FixedCodecRate()
+        self.downlink = ServerDownlink(downlink_codec, seed)
         self.max_empty_rounds = max_empty_rounds
         self.local_solver = local_solver or LocalSolver()
         self.sites = SiteBook(roster=None if roster is None else dict(roster))
         self.reports: dict[int, RoundReport] = {}
-        self._plan = TrainPlan({}, {})
-        self._down_bytes: dict[int, int] = {}
-        self._keys: list[str] = []
-        self._global: list[np.ndarray] = []
         self._late_ids: dict[str, int] = {}
-        self._empty_rounds = 0
-        self._train_intake: ReplyIntake[TrainReply] = ReplyIntake(
-            self._parse_train, "aggregate_train")
+        self._start_train_stage(max_held_mb)
         self._evaluate_intake: ReplyIntake[MetricsReply] = ReplyIntake(
             parse_metrics_reply, "aggregate_evaluate")
 
@@ -179,100 +181,6 @@ class FederatedStrategy(Strategy):
             self.policy.deadline, self.policy.quorum or "all", self.policy.timeout)
         log(INFO, "\t└──> Sites: min %d; wait for them at most %.0f s",
             self.min_nodes, self.node_wait_timeout)
-
-    def _report(self, server_round: int) -> RoundReport:
-        return self.reports.setdefault(server_round, RoundReport(server_round))
-
-    # -------------------------------------------------------------------- train
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        """Select sites and send each its own instruction with this round's tau."""
-        self._keys = list(arrays.keys())
-        self._global = arrays.to_numpy_ndarrays()
-        nodes = wait_for_nodes(grid, self.min_nodes, self.node_wait_timeout)
-        self.sites.connected = set(nodes)
-        report = self._report(server_round)
-        context = SelectionContext(
-            sizes=dict(self.sites.sizes), last_losses=dict(self.sites.last_losses),
-            query_losses=lambda candidates, subset: query_losses(
-                grid, self.policy, server_round, arrays, candidates, subset, self.sites,
-                report))
-        node_ids = self.selector.select(server_round, nodes, context)
-        if not node_ids:
-            raise NoValidRepliesError(f"round {server_round}: the selector chose no site")
-        for name in self.sites.offline(nodes):  # a known site whose SuperNode is gone
-            report.train_dropped[name] = OFFLINE
-            log(WARNING, "configure_train: %s is offline", name)
-        record_selection(report, self.selector, self.sites.label)  # relabelled after the replies
-        log(INFO, "configure_train: %d sites selected of %d connected, tau %d",
-            len(node_ids), len(nodes), self.schedule.tau)
-        self._plan = TrainPlan.for_round(node_ids, self.schedule.tau, self.uplink, server_round)
-        messages = site_messages(node_ids, arrays, config, server_round, MessageType.TRAIN,
-                                 lambda node: self._plan.settings(node, self.uplink))
-        self._train_intake.expect({n: self.sites.label(n) for n in node_ids})
-        self._down_bytes = bytes_down(messages)
-        return messages
-
-    def _parse_train(self, message: Message) -> TrainReply:
-        node = message.metadata.src_node_id
-        return parse_train_reply(message, self._global, self.uplink.codec,
-                                 self._plan.seed_of(node), self._plan.tau_of(node),
-                                 self.local_solver)
-
-    def aggregate_train(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Aggregate the accepted updates (validated once, see :class:`ReplyIntake`).
-
-        Sizes are capped by the site book; a reply the aggregator rejects is
-        dropped; a round whose aggregation fails or whose new model is not
-        finite keeps the old model (``(None, None)``) and the aggregator's
-        state as it was (e.g. FedNova's server momentum), with the reason in
-        ``RoundReport.aggregation_failed``.
-        """
-        report = self._report(server_round)
-        report.schedule_tau = int(self.schedule.tau)
-        accepted = [self.sites.capped_reply(reply) for reply in
-                    self._train_intake.accept(replies, report.train_dropped, self.sites)]
-        report.policies.update(self._train_intake.policies)
-        before = copy.deepcopy(self.aggregator)
-        outcome = (aggregate_safely(self.aggregator, accepted, report.train_dropped)
-                   if accepted else AggregateOutcome(None))
-        for reply in outcome.used:
-            if report.train_dropped.get(reply.site) == OFFLINE:  # it came back on a new node
-                del report.train_dropped[reply.site]
-            report.train[reply.site] = dict(reply.metrics)
-            self.sites.learn(reply.node_id, reply.site, reply.num_examples, reply.train_loss)
-        record_selection(report, self.selector, self.sites.label)
-        record_traffic(report, self._down_bytes, accepted, self._global, self.sites.label)
-        report.strategy.update(self.schedule.observe(outcome.used))
-        if not accepted:
-            self._empty_rounds += 1
-            log(WARNING, "aggregate_train: no usable reply in round %d; model unchanged",
-                server_round)
-            if self._empty_rounds >= self.max_empty_rounds:
-                raise NoValidRepliesError(
-                    f"{self._empty_rounds} consecutive rounds without a usable reply; "
-                    f"last reasons: {report.train_dropped}"
-                )
-            return None, None
-        self._empty_rounds = 0
-        report.strategy.update(outcome.info)
-        updated, report.aggregation_failed = (
-            apply_update(self._global, outcome.delta, self._keys)
-            if outcome.delta is not None else (None, outcome.failure))
-        if updated is None:
-            self.aggregator = before
-            log(WARNING, "aggregate_train: round %d: %s", server_round,
-                report.aggregation_failed)
-            return None, None
-        report.train_aggregate = example_weighted_metrics(
-            aggregated_replies(outcome.used, outcome.info))
-        log(INFO, "aggregate_train: %d accepted, %d dropped", len(outcome.used),
-            len(report.train_dropped))
-        record = ArrayRecord({k: Array(v) for k, v in zip(self._keys, updated)})
-        return record, MetricRecord({k: float(v) for k, v in report.train_aggregate.items()})
 
     # ----------------------------------------------------------------- evaluate
     def configure_evaluate(
@@ -289,7 +197,7 @@ class FederatedStrategy(Strategy):
             rng = np.random.default_rng([self.seed, server_round])
             nodes = sorted(int(n) for n in rng.choice(sorted(nodes), size=count, replace=False))
         self._evaluate_intake.expect({n: self.sites.label(n) for n in nodes})
-        return site_messages(nodes, arrays, config, server_round, MessageType.EVALUATE)
+        return site_messages(nodes, arrays, config, server_round, MessageType.EVALUATE, self.uplink.evaluate_settings)
 
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]
@@ -308,14 +216,19 @@ class FederatedStrategy(Strategy):
 
     # --------------------------------------------------------------- checkpoint
     def snapshot(self) -> dict:
-        """The strategy's state to checkpoint (plug-ins and what it learnt of the sites)."""
+        """The strategy's state to checkpoint (plug-ins and what it learnt of the sites);
+        an adaptive compression rate's state under ``codec-rate`` (a fixed one has none,
+        so checkpoints without it keep their layout)."""
+        rate = {} if isinstance(self.codec_rate, FixedCodecRate) else {
+            "codec-rate": self.codec_rate}
         return {"aggregator": self.aggregator, "schedule": self.schedule,
-                "selector": self.selector, **self.sites.snapshot()}
+                "selector": self.selector, **rate, **self.sites.snapshot()}
 
     def restore(self, state: dict) -> None:
         """Continue from a :meth:`snapshot`."""
         self.aggregator, self.schedule = state["aggregator"], state["schedule"]
         self.selector = state["selector"]
+        self.codec_rate = state.get("codec-rate", self.codec_rate)
         self.sites = SiteBook.restore(state, self.sites.roster)
 
     # -------------------------------------------------------------------- loop

@@ -9,21 +9,23 @@ A train instruction also carries the round's local steps tau, the uplink codec
 and its per-round, per-site seed (:func:`strategies.compression.derive_seed`),
 which the server needs again to validate and decode the site's reply
 (:class:`TrainPlan`). The global model goes down as one packed buffer
-(:mod:`strategies.model_packing`).
+(:mod:`strategies.model_packing`), or, with a downlink codec, as a compressed
+step or a dense snapshot per node (:func:`train_messages`, :mod:`strategies.downlink`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 
 from strategies import message_keys as keys
-from strategies.compression import derive_seed
+from strategies.compression import derive_seed, parse_spec, warmup_spec
+from strategies.downlink import ServerDownlink
 from strategies.model_packing import pack_arrays
 
-__all__ = ["Uplink", "TrainPlan", "site_messages", "query_messages"]
+__all__ = ["Uplink", "TrainPlan", "site_messages", "train_messages", "query_messages"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,9 @@ class Uplink:
         Per-round wall-clock budget of local training (0 = none).
     seed : int
         Base of the per-round, per-site codec seeds.
+    codec_warmup_rounds : int
+        Rounds over which the codec's kept fraction warms up to ``codec``
+        (run config ``strategy.codec-warmup-rounds``, :mod:`strategies.codecs.warmup`).
     """
 
     codec: str = "none"
@@ -49,6 +54,20 @@ class Uplink:
     federation: str = ""
     time_budget: float = 0.0
     seed: int = 0
+    codec_warmup_rounds: int = 0
+
+    def codec_for(self, server_round: int, rate: float | None = None) -> str:
+        """The codec spec of ``server_round``: ``codec`` after its warm-up, or with the
+        kept fraction ``rate`` when a compression-rate schedule chose one
+        (:mod:`strategies.plugins.schedules.codec_rate`)."""
+        if rate is not None:
+            return str(replace(parse_spec(self.codec), fraction=float(rate)))
+        return str(warmup_spec(self.codec, server_round, self.codec_warmup_rounds))
+
+    def evaluate_settings(self, node_id: int) -> dict:
+        """The site-specific entries of an evaluate config: the federation, which keys a
+        site's personalised state (FedBN's layers, :mod:`app.personalisation`)."""
+        return {keys.FEDERATION: self.federation}
 
 
 @dataclass(frozen=True)
@@ -56,20 +75,25 @@ class TrainPlan:
     """One round's train settings per node: the tau sent and the codec seed.
 
     ``default_tau`` answers for a node the plan does not know (a reply
-    validated without a matching instruction, e.g. in tests).
+    validated without a matching instruction, e.g. in tests); ``codec`` is the
+    round's codec spec, which every node encodes and the server decodes with.
     """
 
     tau: dict[int, int]
     codec_seeds: dict[int, int]
     default_tau: int = 0
+    server_round: int = 0
+    codec: str = "none"
 
     @classmethod
     def for_round(cls, node_ids: list[int], tau: int, uplink: Uplink,
-                  server_round: int) -> TrainPlan:
-        """The same ``tau`` for every selected node, a derived codec seed each."""
+                  server_round: int, rate: float | None = None) -> TrainPlan:
+        """The same ``tau`` for every selected node, a derived codec seed each, and the
+        round's codec (:meth:`Uplink.codec_for` with the kept fraction ``rate``)."""
         return cls(tau={n: int(tau) for n in node_ids},
                    codec_seeds={n: derive_seed(uplink.seed, server_round, n) for n in node_ids},
-                   default_tau=int(tau))
+                   default_tau=int(tau), server_round=server_round,
+                   codec=uplink.codec_for(server_round, rate))
 
     def seed_of(self, node_id: int) -> int:
         """The codec seed ``node_id`` was sent (0 when it was sent none)."""
@@ -83,7 +107,8 @@ class TrainPlan:
         """The site-specific entries of ``node_id``'s train config."""
         return {keys.LOCAL_STEPS: self.tau[node_id],
                 keys.TIME_BUDGET: float(uplink.time_budget),
-                keys.CODEC: uplink.codec, keys.ERROR_FEEDBACK: uplink.error_feedback,
+                keys.CODEC: self.codec,
+                keys.ERROR_FEEDBACK: uplink.error_feedback,
                 keys.CODEC_SEED: self.codec_seeds[node_id],
                 keys.FEDERATION: uplink.federation}
 
@@ -91,22 +116,44 @@ class TrainPlan:
 def site_messages(
     node_ids: list[int], arrays: ArrayRecord, config: ConfigRecord, server_round: int,
     message_type: str, extra: Callable[[int], dict] | None = None,
+    packed_for: Mapping[int, ArrayRecord] | None = None,
 ) -> list[Message]:
     """One message per node with its own content: ``arrays`` and a fresh config.
 
     The config is ``config`` plus the server round plus ``extra(node_id)``. The
     model travels packed in one buffer (:func:`strategies.model_packing.pack_arrays`,
-    packed once: every message refers to the same Flower objects).
+    packed once: every message refers to the same Flower objects), or as
+    ``packed_for[node_id]`` when given (the compressed downlink's records).
     """
-    packed, messages = pack_arrays(arrays), []
+    packed, messages = (pack_arrays(arrays) if packed_for is None else None), []
     for node_id in node_ids:
         site_config = ConfigRecord(dict(config))
         site_config[keys.SERVER_ROUND] = server_round
         site_config.update(extra(node_id) if extra else {})
-        content = RecordDict({keys.ARRAYS: packed, keys.CONFIG: site_config})
+        content = RecordDict({keys.ARRAYS: packed if packed_for is None else packed_for[node_id],
+                              keys.CONFIG: site_config})
         messages.append(Message(content=content, dst_node_id=node_id,
                                 message_type=message_type))
     return messages
+
+
+def train_messages(node_ids: list[int], arrays: ArrayRecord, config: ConfigRecord,
+                   server_round: int, plan: TrainPlan, uplink: Uplink,
+                   downlink: ServerDownlink) -> list[Message]:
+    """The round's train instructions: each node's settings from ``plan``, and the model.
+
+    With an active ``downlink`` the model goes through
+    :meth:`ServerDownlink.prepare` (a compressed step to the nodes in sync, a
+    dense snapshot to the others, the header in each config); otherwise packed
+    as it is, the same bytes as without a downlink codec.
+    """
+    if not downlink.active:
+        return site_messages(node_ids, arrays, config, server_round, MessageType.TRAIN,
+                             lambda node: plan.settings(node, uplink))
+    down = downlink.prepare(server_round, arrays, node_ids)
+    return site_messages(node_ids, arrays, config, server_round, MessageType.TRAIN,
+                         lambda node: {**plan.settings(node, uplink),
+                                       **down.headers[node].settings()}, down.arrays)
 
 
 def query_messages(node_ids: list[int], arrays: ArrayRecord, server_round: int,

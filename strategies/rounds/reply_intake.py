@@ -12,6 +12,13 @@ dropped reply was dropped and which selected sites never answered. A valid reply
 site name is not the one bound to its node (or is bound to another connected
 node) is dropped too (:meth:`SiteBook.identity_problem`). The site-policy
 fingerprint each accepted reply declares is kept in :attr:`ReplyIntake.policies`.
+
+An ``admit`` hook sees each valid reply right after its first validation, while
+the round is still collecting: the train stage folds the update into the
+running aggregate there and keeps the reply without it
+(:mod:`strategies.rounds.update_stream`), so the decoded updates are not held
+until the round closes. A hook that refuses a reply returns the reason, which
+:meth:`ReplyIntake.accept` records like any other drop.
 """
 
 from __future__ import annotations
@@ -67,14 +74,20 @@ class ReplyIntake(Generic[Reply]):
         unusable reply.
     stage : str
         Name used in the log lines (e.g. ``"aggregate_train"``).
+    admit : callable, optional
+        ``admit(message, reply) -> reply | reason``, called once per valid reply
+        after its parse: the reply to keep, or why it is dropped (a refused reply
+        still counts toward the quorum, as an identity refusal does).
     """
 
-    def __init__(self, parse: Callable[[Message], Reply], stage: str) -> None:
+    def __init__(self, parse: Callable[[Message], Reply], stage: str,
+                 admit: Callable[[Message, Reply], Reply | str] | None = None) -> None:
         self._parse = parse
+        self._admit = admit
         self.stage = stage
         self.expected: dict[int, str] = {}
         self.policies: dict[str, str] = {}
-        self._outcomes: dict[int, tuple[Message, Reply | InvalidReplyError]] = {}
+        self._outcomes: dict[int, tuple[Message, Reply | InvalidReplyError | str]] = {}
 
     def expect(self, expected: dict[int, str]) -> None:
         """Start a round: ``expected`` maps each node sent a message to its label."""
@@ -82,15 +95,18 @@ class ReplyIntake(Generic[Reply]):
         self.policies = {}
         self._outcomes.clear()
 
-    def outcome(self, message: Message) -> Reply | InvalidReplyError:
-        """The parsed reply or the reason it is unusable; parsed on the first call only."""
+    def outcome(self, message: Message) -> Reply | InvalidReplyError | str:
+        """The parsed (and admitted) reply, or why it is unusable or refused; computed once."""
         seen = self._outcomes.get(id(message))
         if seen is not None and seen[0] is message:
             return seen[1]
         try:
-            result: Reply | InvalidReplyError = self._parse(message)
+            result: Reply | InvalidReplyError | str = self._parse(message)
         except InvalidReplyError as exc:
             result = exc
+        else:
+            if self._admit is not None:
+                result = self._admit(message, result)
         self._outcomes[id(message)] = (message, result)
         return result
 
@@ -104,7 +120,7 @@ class ReplyIntake(Generic[Reply]):
 
         The site name of a valid reply is checked against (and, the first time,
         bound to) its node in ``book``. The kept outcomes are released
-        afterwards (they hold decoded updates).
+        afterwards (held replies carry decoded updates).
         """
         accepted: list[Reply] = []
         answered = set()
@@ -113,7 +129,7 @@ class ReplyIntake(Generic[Reply]):
             answered.add(node)
             name = reply_label(message, book)
             reply = self.outcome(message)
-            reason = (str(reply) if isinstance(reply, InvalidReplyError)
+            reason = (str(reply) if isinstance(reply, (InvalidReplyError, str))
                       else book.identity_problem(node, reply.site))
             if reason is not None:
                 dropped[name] = reason

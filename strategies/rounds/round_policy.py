@@ -44,13 +44,15 @@ class RoundPolicy:
     timeout : float
         Hard limit in seconds; the round closes with whatever came in.
     poll_interval : float
-        Seconds between pulls.
+        Seconds between pulls (default 0.1 s: a reply waits 0.05 s on average
+        before the ServerApp asks for it; each pull is one request to the
+        SuperLink, or a lookup in simulation's in-memory grid).
     """
 
     deadline: float = 0.0
     quorum: int = 0
     timeout: float = 600.0
-    poll_interval: float = 0.5
+    poll_interval: float = 0.1
 
     def __post_init__(self) -> None:
         if self.deadline < 0 or self.timeout <= 0 or self.quorum < 0:

@@ -12,7 +12,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_importing_the_apps_leaves_the_root_logger_without_handlers():
     """opacus and mlflow.pytorch call logging.basicConfig at import (found: every line twice)."""
     code = ("import logging, app.server_app, app.client_app; "
-            "print(len(logging.getLogger().handlers))")
+            "from clients.training.opacus_loader import opacus; opacus('validators'); "
+            "opacus('accountants'); print(len(logging.getLogger().handlers))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                          text=True, check=True, timeout=300).stdout
     assert out.strip().splitlines()[-1] == "0"

@@ -151,3 +151,14 @@ def test_deployment_node_config_wins():
 def test_bad_node_config(node_config, root, message):
     with pytest.raises(SiteConfigError, match=message):
         SiteConfig.from_node_config(node_config, root)
+
+
+def test_the_codec_warmup_reaches_the_strategys_uplink_and_is_checked():
+    config = RunConfig.from_mapping({"strategy.codec": "topk:0.01:layer",
+                                     "strategy.codec-warmup-rounds": 3})
+    uplink = build_strategy(config).uplink
+    assert (uplink.codec, uplink.codec_warmup_rounds) == ("topk:0.01:layer", 3)
+    with pytest.raises(RunConfigError, match="'strategy.codec-warmup-rounds' is not valid .*"
+                                             "needs a codec that keeps a fraction"):
+        RunConfig.from_mapping({"strategy.codec": "qsgd:16:b256",
+                                "strategy.codec-warmup-rounds": 2})

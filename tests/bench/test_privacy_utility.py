@@ -35,3 +35,6 @@ def test_quick_run_writes_the_issue_format(bench, tmp_path):
     assert all(e <= 8.0 + 1e-6 for e in runs[8.0]["epsilon_spent"])  # the accountant's own
     (rate,) = result["throughput"]
     assert rate["task"] == "cxr-cls" and rate["dp_over_plain"] > 0
+    assert rate["grad_sample_mode"] == "hooks"
+    assert rate["dp_over_plain_by_mode"]["hooks"] == rate["dp_over_plain"]
+    assert set(rate["dp_over_plain_by_mode"]) == {"hooks", "functorch"}

@@ -56,3 +56,12 @@ def test_stage_seconds_split_rounds_two_on_into_train_and_the_rest():
         (1, 50, "Round 3/3: train loss"))]
     assert _load().stage_seconds(["noise\n", *log]) == {"train_stage_s": [4, 2],
                                                         "evaluate_stage_s": [36, 38]}
+
+
+def test_a_point_replaces_only_the_same_configuration():
+    scale = _load()
+    old = {"sites": 100, "selected": 10, "evaluated": 10}
+    assert scale._identity(dict(old, seconds_per_round=2.0)) == scale._identity(old)
+    assert scale._identity(dict(old, defence="none")) != scale._identity(old)
+    assert scale._identity(dict(old, selected=100)) != scale._identity(old)
+    assert scale._identity({"sites": 100, "selected": 10}) == (100, 100, 10, "")

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from opacus.accountants import RDPAccountant
+from opacus.accountants import PRVAccountant, RDPAccountant
 
 from clients.site.policy import PolicyRefusal
 from clients.site.privacy_ledger import LEDGER_NAME, PrivacyLedger
@@ -24,21 +24,21 @@ def _epsilon(history) -> float:
 
 def test_epsilon_grows_with_rounds_and_survives_a_restart(tmp_path):
     store = SiteStateStore(tmp_path)
-    ledger = PrivacyLedger(store, "fed-1")
+    ledger = PrivacyLedger(store, "fed-1", "rdp")
     assert ledger.epsilon(DELTA) == 0.0
     spent = []
     for _ in range(3):
         ledger.record([ROUND])
         spent.append(ledger.epsilon(DELTA))
     assert spent[0] < spent[1] < spent[2]
-    again = PrivacyLedger(SiteStateStore(tmp_path), "fed-1")  # a restarted SuperNode
+    again = PrivacyLedger(SiteStateStore(tmp_path), "fed-1", "rdp")  # a restarted SuperNode
     assert again.epsilon(DELTA) == spent[2]
     assert np.load(tmp_path / "fed-1" / f"{LEDGER_NAME}.npy", allow_pickle=False).shape == (3, 3)
-    assert PrivacyLedger(store, "fed-2").epsilon(DELTA) == 0.0  # per federation
+    assert PrivacyLedger(store, "fed-2", "rdp").epsilon(DELTA) == 0.0  # per federation
 
 
 def test_cumulative_epsilon_is_the_accountants_composition_not_a_sum(tmp_path):
-    ledger = PrivacyLedger(SiteStateStore(tmp_path), "fed")
+    ledger = PrivacyLedger(SiteStateStore(tmp_path), "fed", "rdp")
     ledger.record([ROUND])
     ledger.record([(2.0, 0.1, 5)])
     exact = _epsilon([ROUND, (2.0, 0.1, 5)])
@@ -47,7 +47,7 @@ def test_cumulative_epsilon_is_the_accountants_composition_not_a_sum(tmp_path):
 
 
 def test_next_round_over_budget_is_refused_before_training(tmp_path):
-    ledger = PrivacyLedger(SiteStateStore(tmp_path), "fed")
+    ledger = PrivacyLedger(SiteStateStore(tmp_path), "fed", "rdp")
     one, two = _epsilon([ROUND]), _epsilon([ROUND, ROUND])
     assert ledger.check(ROUND, DELTA, max_epsilon=one * 1.01) == pytest.approx(one)
     ledger.record([ROUND])
@@ -56,3 +56,16 @@ def test_next_round_over_budget_is_refused_before_training(tmp_path):
     assert refused.value.rule == "dp.max-epsilon"
     assert ledger.check(ROUND, DELTA, max_epsilon=math.inf) == pytest.approx(two)
     assert len(ledger.history) == 1  # a check records nothing
+
+
+def test_prv_ledger_counts_with_opacus_prv_accountant_not_rdp(tmp_path):
+    """The ledger uses the run's accountant (privacy.accountant), the one training used."""
+    history = [ROUND, (2.0, 0.1, 5)]
+    for accountant in ("rdp", "prv"):
+        PrivacyLedger(SiteStateStore(tmp_path), accountant, accountant).record(history)
+    prv = PrivacyLedger(SiteStateStore(tmp_path), "prv", "prv").epsilon(DELTA)
+    reference = PRVAccountant()
+    reference.history = list(history)
+    assert prv == pytest.approx(reference.get_epsilon(DELTA))
+    rdp = PrivacyLedger(SiteStateStore(tmp_path), "rdp", "rdp").epsilon(DELTA)
+    assert rdp == pytest.approx(_epsilon(history)) and prv < 0.95 * rdp  # PRV is tighter

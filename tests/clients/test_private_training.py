@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from opacus import GradSampleModule
@@ -9,8 +11,9 @@ from torch import nn
 
 from clients.registry import task_class
 from clients.training.device import select_device
-from clients.training.private_training import (DpSettings, dp_compatible, noise_only_step,
-                                               poisson_sample_rate, private_training)
+from clients.training.private_training import (GRAD_SAMPLE_MODES, DpSettings, dp_compatible,
+                                               noise_only_step, poisson_sample_rate,
+                                               private_training)
 from clients.training.site_task import TaskSettings
 from models.convlstm import ConvLSTMClassifier3D
 
@@ -139,17 +142,43 @@ def test_empty_poisson_batch_is_a_counted_noise_only_step():
     assert not torch.equal(model.weight, before)  # the noise moved it
 
 
-def test_noise_is_not_reproducible_from_the_run_seed():
-    """Found: the noise came from torch's global generator, seeded from the run config's
-    seed, round and site name, all known to the server, which could regenerate it."""
-    data = torch.utils.data.TensorDataset(torch.randn(8, 3), torch.randn(8, 1))
-    weights = []
+def test_noise_and_poisson_sample_are_not_reproducible_from_the_run_seed():
+    """Found: the noise, and later the Poisson sample, came from torch's global generator,
+    seeded from the run config's seed, round and site name, all known to the server: it
+    could regenerate and subtract the noise, or tell in which steps each example was
+    sampled, which voids the accountant's amplification by subsampling."""
+    data = torch.utils.data.TensorDataset(torch.arange(64.0).reshape(64, 1), torch.zeros(64, 1))
+    runs = []
     for _ in range(2):
         torch.manual_seed(0)
-        model = nn.Linear(3, 1)
-        loader = torch.utils.data.DataLoader(data, batch_size=2)
+        model = nn.Linear(1, 1)
+        loader = torch.utils.data.DataLoader(data, batch_size=16)
         with private_training(model, torch.optim.SGD(model.parameters(), lr=0.1), loader,
-                              DP) as (optimizer, _, _):
+                              DP) as (optimizer, dp_loader, _):
+            sample = [x.flatten().tolist() for x, _ in dp_loader]
             noise_only_step(optimizer)
-        weights.append(model.weight.detach().clone())
-    assert not torch.equal(weights[0], weights[1])
+        runs.append((model.weight.detach().clone(), sample))
+    assert not torch.equal(runs[0][0], runs[1][0])  # the noise
+    assert runs[0][1] != runs[1][1]  # the sample; the same with probability 0.625**256
+
+
+@pytest.mark.parametrize("mode", GRAD_SAMPLE_MODES)
+def test_each_grad_sample_mode_gives_each_examples_own_gradient(mode):
+    """What DP-SGD clips: per-example gradients of the layer types of the three models
+    (convolution, GroupNorm, PReLU, transposed convolution, linear), in every mode."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.GroupNorm(2, 4), nn.PReLU(),
+                          nn.ConvTranspose2d(4, 2, 2, stride=2), nn.Flatten(),
+                          nn.Linear(2 * 16 * 16, 1))
+    x = torch.randn(3, 1, 8, 8)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, torch.zeros(3, 1)),
+                                         batch_size=3)
+    with private_training(model, torch.optim.SGD(model.parameters(), lr=0.1), loader,
+                          replace(DP, grad_sample_mode=mode)):
+        model(x).square().mean().backward()
+        samples = [p.grad_sample.clone() for p in model.parameters()]
+    for i in range(3):
+        model.zero_grad()
+        model(x[i:i + 1]).square().mean().backward()
+        for p, g in zip(model.parameters(), samples):
+            torch.testing.assert_close(g[i], p.grad, atol=1e-5, rtol=1e-4)

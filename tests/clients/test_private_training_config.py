@@ -16,8 +16,10 @@ def test_defaults_are_no_dp_and_delta_is_a_param():
 
 def test_values_are_read():
     config = RunConfig.from_mapping({"privacy.noise-multiplier": 1.1, "privacy.max-grad-norm": 2,
-                                     "privacy.delta": 1e-6})
+                                     "privacy.delta": 1e-6, "privacy.accountant": "prv"})
     assert (config.dp_noise_multiplier, config.dp_max_grad_norm, config.dp_delta) == (1.1, 2.0, 1e-6)
+    assert config.dp_accountant == "prv" and config.as_params()["privacy.accountant"] == "prv"
+    assert RunConfig.from_mapping({}).dp_accountant == "rdp"
 
 
 @pytest.mark.parametrize("key, value, rule", [
@@ -26,6 +28,7 @@ def test_values_are_read():
     ("privacy.delta", 0.0, r"must be in \(0, 1\)"),
     ("privacy.delta", 1.0, r"must be in \(0, 1\)"),
     ("privacy.delta", "small", "must be float"),
+    ("privacy.accountant", "gdp", r"must be one of \['rdp', 'prv'\]"),
 ])
 def test_bad_values_name_the_key(key, value, rule):
     with pytest.raises(RunConfigError, match=f"'{key}' {rule}"):

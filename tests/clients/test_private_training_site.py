@@ -9,10 +9,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from opacus.accountants import create_accountant
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
 from app import client_app
+from clients.site.privacy_ledger import LEDGER_NAME
 from clients.cxr_cls.task import CXRClsTask
 from clients.training.classification import LabelledTensors
 from clients.training.site_task import TaskSettings
@@ -46,15 +48,15 @@ def site(monkeypatch):
     TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = saved
 
 
-def _train(tmp_path, server_round: int, max_epsilon: str = "inf") -> Message:
+def _train(tmp_path, server_round: int, max_epsilon: str = "inf", **run) -> Message:
     policy = tmp_path / "policy.toml"
-    policy.write_text(f"[dp]\nmax-epsilon = {max_epsilon}\n")
+    policy.write_text(f"[dp]\nmax-epsilon = {max_epsilon}\naccountants = [\"rdp\", \"prv\"]\n")
     model = CXRClsTask.model_for_run(SETTINGS, private=True)  # the server's model
     instruction = ConfigRecord({keys.SERVER_ROUND: server_round, keys.FEDERATION: "fed-a"})
     msg = Message(RecordDict({keys.ARRAYS: pack_arrays(ArrayRecord(model.state_dict())),
                               keys.CONFIG: instruction}), dst_node_id=7,
                   message_type=MessageType.TRAIN)
-    context = Context(run_id=42, node_id=7, state=RecordDict(), run_config=RUN,
+    context = Context(run_id=42, node_id=7, state=RecordDict(), run_config={**RUN, **run},
                       node_config={"data-path": str(tmp_path), "site-name": "hospital-a",
                                    "state-dir": str(tmp_path / "state"),
                                    "policy-path": str(policy)})
@@ -73,3 +75,21 @@ def test_epsilon_is_reported_grows_and_the_budget_stops_the_site(tmp_path):
     refused = _train(tmp_path, 3, max_epsilon=str(eps2 * 1.01))
     assert refused.has_error()
     assert refused.error.reason == "site hospital-a: policy rule dp.max-epsilon (refused)"
+
+
+def test_run_accountant_reaches_the_training_and_the_ledger(tmp_path, monkeypatch):
+    """privacy.accountant = "prv": DP-SGD and the site's epsilon both count with PRV."""
+    seen = []
+    train = _TinyCxr.train
+    monkeypatch.setattr(_TinyCxr, "train", lambda self, *a, **kw: seen.append(
+        kw["privacy"].accountant) or train(self, *a, **kw))
+    reply = _train(tmp_path, 1, **{"privacy.accountant": "prv"})
+    assert not reply.has_error() and seen == ["prv"]
+    history = np.load(tmp_path / "state" / "fed-a" / f"{LEDGER_NAME}.npy").tolist()
+    epsilon = {}
+    for name in ("prv", "rdp"):
+        accountant = create_accountant(name)
+        accountant.history = [(s, q, int(n)) for s, q, n in history]
+        epsilon[name] = accountant.get_epsilon(1e-5)
+    assert reply.content[keys.METRICS][keys.EPSILON] == pytest.approx(epsilon["prv"])
+    assert epsilon["prv"] < 0.95 * epsilon["rdp"]

@@ -25,6 +25,7 @@ def test_shipped_default_is_strict_and_permissive_file_matches_the_class():
     assert default.min_batch_size >= 4 and default.min_val_items >= 1
     assert math.isfinite(default.max_local_steps) and math.isfinite(default.dp.max_epsilon)
     assert default.dp.delta <= 1e-5 and default.dp.min_noise_multiplier > 0
+    assert default.dp.allows_accountant("rdp") and default.dp.allows_accountant("prv")
     permissive = load_policy(CONFIGS / "site-policy-permissive.toml")
     assert permissive == SitePolicy.permissive()
     assert default.fingerprint != permissive.fingerprint
@@ -57,6 +58,7 @@ def test_unknown_key_is_refused_naming_file_and_key(tmp_path, text, key):
     ("allowed-tasks = [\"mri-seg\"]\n", "'allowed-tasks' has unknown names"),
     ("allowed-codecs = \"topk\"\n", "'allowed-codecs' must be a list"),
     ("[dp]\ndelta = 2.0\n", "'dp.delta' must be in \\(0, 1\\]"),
+    ("[dp]\naccountants = [\"gdp\"]\n", "'dp.accountants' has unknown names"),
     ("[dp]\nmax-epsilon = nan\n", "'dp.max-epsilon' must be >= 0"),
     ("min-local-steps = 5\nmax-local-steps = 4\n", "'min-local-steps' exceeds"),
     ("dp = 1\n", "'dp' must be a table"),

@@ -18,7 +18,7 @@ STRICT = replace(OPEN, allowed_tasks=("pe-seg",), allowed_codecs=("topk", "qsgd"
                  min_batch_size=8, min_local_steps=10, max_local_steps=50,
                  max_time_budget=120.0, min_image_size=32, max_image_size=128,
                  dp=DpRules(required=True, min_noise_multiplier=0.8, max_grad_norm=2.0,
-                            delta=1e-5, max_epsilon=8.0))
+                            delta=1e-5, max_epsilon=8.0, accountants=("rdp",)))
 
 
 def test_a_request_within_every_rule_is_answered():
@@ -45,6 +45,7 @@ def test_a_request_within_every_rule_is_answered():
     ({"dp_noise_multiplier": 0.5}, "dp.min-noise-multiplier"),
     ({"dp_max_grad_norm": 5.0}, "dp.max-grad-norm"),
     ({"dp_delta": 1e-3}, "dp.delta"),
+    ({"dp_accountant": "prv"}, "dp.accountants"),
 ])
 def test_train_request_breaking_a_rule_is_refused_naming_it(change, rule):
     with pytest.raises(PolicyRefusal) as info:

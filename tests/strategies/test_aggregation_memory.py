@@ -1,8 +1,9 @@
 """Server memory of the aggregation: FedAvg / FedNova add the updates, they never stack them.
 
-The round's decoded updates are held by the reply intake (one per accepted
-reply, at most the selected count); what the aggregation itself allocates on
-top must stay O(model), whatever the number of updates: one float64
+In a round these two stream (each reply folded on arrival,
+``tests/strategies/test_update_stream.py``); given a held set of updates (as
+norm-bound with ``kappa`` holds them), what the aggregation allocates on top
+must stay O(model), whatever the number of updates: one float64
 accumulator per array position and the result, measured with ``tracemalloc``
 (numpy reports its buffers to it). A stacking implementation allocates
 ``8 n`` bytes per entry and fails these bounds from ``n = 16``.

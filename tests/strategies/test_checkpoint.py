@@ -113,6 +113,23 @@ def test_resume_refuses_another_run_config_naming_the_keys(tmp_path: Path):
     assert "lr: 0.01 -> 0.1" in str(info.value)
 
 
+def test_a_checkpoint_older_than_a_new_key_resumes_while_the_key_keeps_its_default(
+        tmp_path: Path):
+    """Found in review: a key added by a later version of the app made every older
+    checkpoint "another run config" ('<unset>' -> its default), so an upgrade broke resume."""
+    path = _save(tmp_path)  # CONFIG has no "personalisation.method"
+    upgraded = {**CONFIG, "resume": True, "personalisation.method": "none"}
+    defaults = {**CONFIG, "personalisation.method": "none"}
+    with pytest.raises(CheckpointError, match="personalisation.method: '<unset>' -> 'none'"):
+        find_checkpoint(tmp_path / "ckpt", upgraded)
+    assert find_checkpoint(tmp_path / "ckpt", upgraded, defaults) == path
+    assert load_checkpoint(path, upgraded, template=_plugins(), defaults=defaults).server_round
+    # The new key set to something else than its default is another federation.
+    with pytest.raises(CheckpointError, match="personalisation.method: 'none' -> 'fedbn'"):
+        load_checkpoint(path, {**upgraded, "personalisation.method": "fedbn"},
+                        template=_plugins(), defaults=defaults)
+
+
 def test_refuses_missing_corrupt_and_misfit_state(tmp_path: Path):
     folder = run_folder(tmp_path / "ckpt", "abc")
     with pytest.raises(CheckpointError, match="no checkpoint"):

@@ -144,3 +144,31 @@ def test_each_reply_carries_the_seconds_from_send_to_receipt():
                           lambda m: True, {})
     by_node = dict(zip((r.metadata.src_node_id for r in got.replies), got.reply_seconds))
     assert by_node[1] < by_node[2] and 0.15 <= by_node[2] <= got.seconds
+
+
+class AnswersOnThirdPull(TimedGrid):
+    """Every node answers on the third pull; the round's waits between pulls are recorded."""
+
+    def __init__(self) -> None:
+        super().__init__({})
+        self.pulls = 0
+
+    def pull_messages(self, message_ids):
+        self.pulls += 1
+        if self.pulls < 3:
+            return []
+        self.delays = {m.metadata.dst_node_id: 0.0 for m, _ in self.sent.values()}
+        return super().pull_messages(message_ids)
+
+
+def test_the_default_policy_asks_for_replies_every_tenth_of_a_second(monkeypatch):
+    """Found in bench/site_overhead.py: a reply waited 0.25 s on average for the next pull
+    (0.5 s apart), a share of the < 1 s a message may cost at a hospital."""
+    import strategies.rounds.round_policy as round_policy
+
+    waits: list[float] = []
+    monkeypatch.setattr(round_policy.time, "sleep", waits.append)
+    grid = AnswersOnThirdPull()
+    got = collect_replies(grid, _messages([1, 2]), RoundPolicy(), lambda m: True, {})
+    assert len(got.replies) == 2 and grid.pulls == 3
+    assert waits == [pytest.approx(0.1)] * 2

@@ -92,3 +92,18 @@ def test_two_raw_buffers_both_arrive_exactly():
     out = unpack_update(pack_update(delta, "sign", raw={1, 2}), reference, "sign")
     np.testing.assert_array_equal(out[1], delta[1])
     np.testing.assert_array_equal(out[2], delta[2])
+
+
+@pytest.mark.parametrize("spec", ["topk:0.2:layer", "qsgd:4:b4"])
+def test_statistics_stay_dense_and_counted_beside_the_new_codec_variants(spec):
+    """The choice for normalisation statistics (issue #17): kept dense, outside the lossy
+    payload (and outside the per-tensor segments), and in the dense baseline as float32."""
+    delta = [np.arange(1, 13, dtype=np.float32).reshape(3, 4),
+             np.full(5, 0.25, np.float32), np.array(-3, np.int64)]
+    packed = pack_update(delta, spec, seed=2, raw={1})
+    assert set(packed) == {PAYLOAD_KEY, "raw-1", "raw-2"}
+    out = unpack_update(packed, REFERENCE, spec, seed=2)
+    np.testing.assert_array_equal(out[1], delta[1])
+    if spec.startswith("topk"):
+        assert np.count_nonzero(out[0]) == 2  # round(0.2 * 12) of the one compressed tensor
+    assert dense_bytes(REFERENCE) == 12 * 4 + 5 * 4 + 8

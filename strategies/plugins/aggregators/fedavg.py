@@ -1,24 +1,44 @@
 """FedAvg aggregation of site updates (McMahan et al., AISTATS 2017).
 
 ``Delta = sum_i p_i delta_i`` with ``p_i = n_i / sum_j n_j`` over the accepted
-replies (:func:`strategies.aggregation.fedavg_delta`).
+replies (:func:`strategies.aggregation.fedavg_delta`). Linear, so it streams
+(:mod:`strategies.rounds.update_stream`): each reply is folded into
+``S = sum_i n_i delta_i`` as it arrives (:meth:`FedAvgAggregator.fold`) and
+``Delta = S / sum_i n_i`` at the end (:meth:`FedAvgAggregator.finish`), so the
+server holds one float64 sum, not every update.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from strategies.aggregation import fedavg_delta
+from strategies.aggregation import fedavg_delta, positive_weight
 from strategies.plugins.options import Plugin
 from strategies.registry import AGGREGATORS
 from strategies.replies import TrainReply
+from strategies.running_sum import RunningSum
 
 
 @AGGREGATORS.register("fedavg")
 class FedAvgAggregator(Plugin):
     """Example-weighted average of the updates (no options)."""
 
+    #: Linear: the round's replies are folded into a running sum as they arrive.
+    needs_all_updates = False
+
     def aggregate(self, replies: list[TrainReply]) -> tuple[list[np.ndarray], dict[str, float]]:
         """Return the aggregated update and info to track."""
         delta = fedavg_delta([r.delta for r in replies], [r.num_examples for r in replies])
         return delta, {}
+
+    def fold(self, total: RunningSum, reply: TrainReply, index: int) -> dict[str, float]:
+        """``S += n_i delta_i`` (``index``: the reply's position, for the error message)."""
+        n = positive_weight(reply.num_examples, "num_examples", index)
+        total.add(reply.delta, n, n)
+        return {}
+
+    def finish(self, total: RunningSum,
+               replies: list[TrainReply]) -> tuple[list[np.ndarray], dict[str, float]]:
+        """``Delta = S / sum_i n_i`` over the folded ``replies``."""
+        count = float(sum(r.num_examples for r in replies))
+        return total.result(1.0 / count, 1.0 / count), {}

@@ -28,6 +28,10 @@ from strategies.robust import coordinate_median, coordinatewise
 class MedianAggregator(Plugin):
     """Coordinate-wise median of the replies' updates (no options)."""
 
+    #: Not linear: every update of the round is held until the aggregation,
+    #: bounded by run config ``round.max-held-mb`` (:mod:`strategies.rounds.update_stream`).
+    needs_all_updates = True
+
     def aggregate(self, replies: list[TrainReply]) -> tuple[list[np.ndarray], dict[str, float]]:
         """Return the coordinate-wise median of the updates."""
         return coordinatewise([r.delta for r in replies], coordinate_median), {}

@@ -46,6 +46,9 @@ class TrimmedMeanAggregator(Plugin):
     """Coordinate-wise beta-trimmed mean of the replies' updates."""
 
     Options = TrimmedMeanOptions
+    #: Not linear: every update of the round is held until the aggregation,
+    #: bounded by run config ``round.max-held-mb`` (:mod:`strategies.rounds.update_stream`).
+    needs_all_updates = True
 
     def __init__(self, beta: float = 0.2) -> None:
         self.beta = TrimmedMeanOptions(beta=beta).beta

@@ -6,6 +6,7 @@ import numpy as np
 
 from strategies.plugins.defences.none import NoDefence
 from strategies.replies import TrainReply
+from strategies.running_sum import RunningSum
 
 __all__ = ["DefendedAggregator", "with_defence"]
 
@@ -19,6 +20,14 @@ class DefendedAggregator:
         A ``strategy.defence`` plug-in (``filter(replies) -> (replies, info)``).
     aggregator : object
         A ``strategy.aggregator`` plug-in (``aggregate(replies) -> (delta, info)``).
+
+    Notes
+    -----
+    Streams (:mod:`strategies.rounds.update_stream`) when both plug-ins do: a
+    defence that treats each update on its own (norm-bound with an absolute bound
+    only) and a linear aggregator. Otherwise every update of the round is held
+    (Multi-Krum compares every pair; norm-bound's ``kappa`` takes the median of the
+    round's norms), bounded by run config ``round.max-held-mb``.
     """
 
     def __init__(self, defence, aggregator) -> None:
@@ -29,6 +38,24 @@ class DefendedAggregator:
         kept, info = self.defence.filter(replies)
         delta, more = self.aggregator.aggregate(kept)
         return delta, {**info, **more}
+
+    @property
+    def needs_all_updates(self) -> bool:
+        """Whether the defence or the aggregator needs the round's set of updates."""
+        return (getattr(self.defence, "needs_all_updates", True)
+                or getattr(self.aggregator, "needs_all_updates", True))
+
+    def fold(self, total: RunningSum, reply: TrainReply, index: int) -> dict[str, float]:
+        """The defence on ``reply`` alone, then the aggregator's fold; the defence's info."""
+        kept, info = self.defence.filter([reply])
+        for defended in kept:
+            self.aggregator.fold(total, defended, index)
+        return info
+
+    def finish(self, total: RunningSum,
+               replies: list[TrainReply]) -> tuple[list[np.ndarray], dict[str, float]]:
+        """The aggregator's finish over the folded ``replies``."""
+        return self.aggregator.finish(total, replies)
 
 
 def with_defence(defence, aggregator):

@@ -53,6 +53,8 @@ class MultiKrumDefence(Plugin):
     """Keep the ``m`` replies of lowest Krum score."""
 
     Options = MultiKrumOptions
+    #: Krum scores compare every pair of the round's updates: they are all held.
+    needs_all_updates = True
 
     def __init__(self, f: int = 1, m: int = 0) -> None:
         options = MultiKrumOptions(f=f, m=m)

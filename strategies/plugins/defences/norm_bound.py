@@ -12,6 +12,11 @@ floating-point arrays; integer buffers are kept (:mod:`strategies.robust.updates
 The clipped replies keep their example counts and a-norms, so FedAvg and
 FedNova weight them as before. Tracked per round: ``norm-bound`` (``M``) and
 ``clip-factor/<site>`` (``min(1, M / ||Delta_k||)``, 1 = not clipped).
+
+Memory: with ``kappa`` (the default) the bound needs every norm of the round, so
+the round's updates are held (bounded by run config ``round.max-held-mb``); with
+an absolute bound only (``norm-bound.kappa = 0``) each update is clipped on its own
+and a linear aggregator streams (:mod:`strategies.rounds.update_stream`).
 """
 
 from __future__ import annotations
@@ -67,6 +72,11 @@ class NormBoundDefence(Plugin):
 
     def __init__(self, absolute: float = 0.0, kappa: float = 3.0) -> None:
         self.bound = NormBoundOptions(absolute=absolute, kappa=kappa).bound()
+
+    @property
+    def needs_all_updates(self) -> bool:
+        """``kappa`` needs the median of the round's norms; an absolute bound alone does not."""
+        return self.bound.kappa is not None
 
     def filter(self, replies: list[TrainReply]) -> tuple[list[TrainReply], dict[str, float]]:
         """Return the replies with their updates clipped, ``M`` and the clip factor per site."""

@@ -1,0 +1,28 @@
+"""The privacy accountants a run may choose and a site policy may allow (their names).
+
+DP-SGD's privacy loss over a history of ``(noise multiplier, sample rate,
+steps)`` is turned into the epsilon of (epsilon, delta)-DP by one of Opacus's
+accountants:
+
+- ``"rdp"``: Renyi DP of the sampled Gaussian mechanism (Mironov, "Renyi
+  differential privacy", CSF 2017; Mironov, Talwar & Zhang 2019), composed over
+  the steps and converted to (epsilon, delta); an upper bound, the looser one.
+- ``"prv"``: privacy random variables composed numerically by FFT (Gopi, Lee &
+  Wutschitz, "Numerical composition of differential privacy", NeurIPS 2021); a
+  tighter estimate, accurate to Opacus's ``eps_error`` (0.01).
+
+The run config's ``privacy.accountant`` picks one (training and the site's
+privacy ledger then use the same); a site policy's ``dp.accountants`` lists the
+ones the site accepts. This module imports nothing, so that the site policy,
+which light processes read, can name the accountants without loading Opacus.
+"""
+
+from __future__ import annotations
+
+__all__ = ["ACCOUNTANTS", "DEFAULT_ACCOUNTANT"]
+
+#: Opacus accountant names (:func:`opacus.accountants.create_accountant`) a run may use.
+ACCOUNTANTS = ("rdp", "prv")
+
+#: The accountant of a run config without ``privacy.accountant``.
+DEFAULT_ACCOUNTANT = "rdp"

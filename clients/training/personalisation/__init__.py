@@ -1,0 +1,1 @@
+"""Site side of personalisation: the Reptile meta-step loop and FedBN's local layers (no Flower)."""

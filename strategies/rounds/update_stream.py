@@ -1,0 +1,128 @@
+"""A round's train updates on their way to the aggregate: folded as they arrive, or held (bounded).
+
+Server memory stays O(model) however many sites reply when the aggregator is
+linear (``needs_all_updates = False``: FedAvg, FedNova, alone or behind a defence
+that treats each update on its own -- norm-bound with an absolute bound only).
+Each accepted reply is folded into one float64 running sum
+(:class:`strategies.running_sum.RunningSum`; the aggregator's ``fold``, which
+also returns the values to track, e.g. a clip factor) the moment it is
+validated, while the round is still collecting (the admit hook of
+:class:`strategies.rounds.reply_intake.ReplyIntake`); then its decoded update
+and the update's arrays in the reply message are released (the message is kept
+for its site record: name, policy fingerprint). The aggregator's ``finish``
+scales the sum at the end (FedAvg: ``S / sum_i n_i``). The result equals the
+held-set aggregation (:func:`strategies.aggregation.fedavg_delta`,
+``fednova_delta``) to float rounding.
+
+An aggregator (or a defence in front of it) that needs every update of the
+round at once -- the coordinate-wise median and trimmed mean (Yin et al., ICML
+2018), Multi-Krum's pairwise distances (Blanchard et al., NeurIPS 2017),
+norm-bound's ``kappa x median`` bound (Sun et al. 2019; the default defence) --
+says so with ``needs_all_updates = True`` (also assumed when it does not say).
+Its updates are held until the aggregation
+(:func:`strategies.rounds.safe_aggregate.aggregate_safely`), and the round is
+refused before anything is sent when the selected sites' updates, ``m x`` the
+model's bytes, would exceed run config ``round.max-held-mb``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+from flwr.app import Message
+
+from strategies import message_keys as keys
+from strategies.aggregation import check_update
+from strategies.errors import ConfigError, ReplyError
+from strategies.replies import TrainReply
+from strategies.rounds.safe_aggregate import AggregateOutcome, aggregate_safely
+from strategies.running_sum import RunningSum
+
+__all__ = ["DEFAULT_MAX_HELD_MB", "MAX_HELD_KEY", "UpdateStream"]
+
+#: The run-config key bounding the updates held for an aggregator that needs them all.
+MAX_HELD_KEY = "round.max-held-mb"
+DEFAULT_MAX_HELD_MB = 4096.0
+_MB = 2.0 ** 20
+
+
+class UpdateStream:
+    """Folds each admitted train reply into the aggregate, or holds it when the rule needs all.
+
+    Parameters
+    ----------
+    max_held_mb : float
+        Run config ``round.max-held-mb``: the most MiB of updates a round may hold
+        for an aggregator with ``needs_all_updates``.
+    """
+
+    def __init__(self, max_held_mb: float = DEFAULT_MAX_HELD_MB) -> None:
+        self.max_held_mb = max_held_mb
+        self.aggregator = None
+        self._reference: list[np.ndarray] = []
+        self._total: RunningSum | None = None
+        self._folded: list[TrainReply] = []
+        self._info: dict[str, float] = {}
+
+    @property
+    def streaming(self) -> bool:
+        """Whether this round's replies are folded on arrival (the aggregator is linear)."""
+        return self._total is not None
+
+    def start(self, aggregator, reference: list[np.ndarray], selected: int) -> None:
+        """Begin a round of ``aggregator`` on the global model ``reference``, ``selected`` sites.
+
+        Raises
+        ------
+        ConfigError
+            The aggregator needs all updates and ``selected`` x the model's bytes
+            exceed ``round.max-held-mb``.
+        """
+        self.aggregator, self._reference, self._folded = aggregator, list(reference), []
+        self._info = {}
+        if not getattr(aggregator, "needs_all_updates", True):
+            self._total = RunningSum(reference)
+            return
+        self._total = None
+        model_mb = sum(array.nbytes for array in reference) / _MB
+        if selected * model_mb > self.max_held_mb:
+            raise ConfigError(
+                f"run config key '{MAX_HELD_KEY}' = {self.max_held_mb:g}: "
+                f"{type(aggregator).__name__} needs all {selected} selected sites' updates at "
+                f"once ({selected} x {model_mb:.1f} MB = {selected * model_mb:.0f} MB); raise "
+                f"'{MAX_HELD_KEY}', select fewer sites ('selection.m') or aggregate with "
+                "fedavg / fednova and no defence, which stream")
+
+    def admit(self, message: Message, reply: TrainReply) -> TrainReply | str:
+        """Fold ``reply`` (streaming) and release its update, or keep it as it is (held).
+
+        Returns the reply to keep (its ``delta`` emptied once folded) or, when the
+        aggregator rejects it, the reason it is dropped.
+        """
+        if self._total is None:
+            return reply
+        index = len(self._folded)
+        try:
+            check_update(index, reply.delta, self._reference, "the global model")
+            info = self.aggregator.fold(self._total, reply, index)
+        except ReplyError as exc:
+            return f"rejected by the aggregation: {exc}"
+        self._info.update(info)
+        self._folded.append(replace(reply, delta=[]))
+        if message.has_content():
+            message.content.pop(keys.DELTA, None)
+        return self._folded[-1]
+
+    def finish(self, accepted: list[TrainReply], dropped: dict[str, str]) -> AggregateOutcome:
+        """The round's aggregate: the scaled running sum, or the held ``accepted`` aggregated.
+
+        Held replies the aggregator rejects go to ``dropped``
+        (:func:`strategies.rounds.safe_aggregate.aggregate_safely`).
+        """
+        if self._total is None:
+            return aggregate_safely(self.aggregator, accepted, dropped)
+        if not self._folded:
+            return AggregateOutcome(None)
+        delta, info = self.aggregator.finish(self._total, self._folded)
+        return AggregateOutcome(list(delta), {**self._info, **info}, list(self._folded))

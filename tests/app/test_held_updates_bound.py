@@ -1,0 +1,42 @@
+"""Run config ``round.max-held-mb`` bounds the updates a robust rule holds; FedAvg streams past it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flwr.app import ArrayRecord, ConfigRecord
+
+from app.config.run_config import RunConfig, RunConfigError
+from app.server_app import build_strategy
+from strategies.errors import ConfigError
+
+
+class Nodes:
+    """The part of flwr's Grid that ``configure_train`` uses: the connected node ids."""
+
+    def get_node_ids(self) -> list[int]:
+        return list(range(1, 11))
+
+
+def _configure(values: dict) -> list:
+    strategy = build_strategy(RunConfig.from_mapping({"min-nodes": 10, **values}))
+    model = ArrayRecord([np.zeros(2**18, np.float32)])  # 1 MiB
+    return list(strategy.configure_train(1, model, ConfigRecord(), Nodes()))
+
+
+def test_a_robust_rule_beyond_the_bound_is_refused_naming_the_key(server_identity):
+    with pytest.raises(ConfigError, match=r"'round\.max-held-mb' = 5: MedianAggregator needs "
+                                          r"all 10 selected"):
+        _configure({"strategy.aggregator": "median", "strategy.defence": "none",
+                    "round.max-held-mb": 5.0})
+    assert len(_configure({"strategy.aggregator": "median", "strategy.defence": "none",
+                           "round.max-held-mb": 10.0})) == 10
+
+
+def test_fedavg_without_defence_streams_whatever_the_bound(server_identity):
+    assert len(_configure({"strategy.defence": "none", "round.max-held-mb": 1.0})) == 10
+
+
+def test_the_bound_must_be_positive():
+    with pytest.raises(RunConfigError, match="'round.max-held-mb' must be > 0"):
+        RunConfig.from_mapping({"round.max-held-mb": 0.0})

@@ -1,0 +1,142 @@
+"""``bench/personalisation.py``: the summary's arithmetic, what the output file keeps, and
+``--quick`` runs on tiny synthetic PE hospitals and (with ``../shared/data``) msd-lung sites
+(the JSON format of issue 16 and equal local computation)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+bench = importlib.import_module("personalisation")
+rounds = importlib.import_module("personalisation_rounds")
+sets = importlib.import_module("personalisation_sets")
+summary = importlib.import_module("personalisation_summary")
+
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
+
+
+def _seed(seed: int, values: dict[str, float | None], examples: int = 64) -> dict:
+    return {"seed": seed, "methods": {m: {"mean": {"auc": v}, "passes": 4, "examples": examples}
+                                      for m, v in values.items()}}
+
+
+def test_summary_is_mean_and_sd_over_seeds_with_the_paired_gain():
+    per_seed = [_seed(0, {"fedavg-global": 0.70, "finetune": 0.76}),
+                _seed(1, {"fedavg-global": 0.80, "finetune": 0.82})]
+    rows = {r["method"]: r for r in summary.summarise("pneumoniamnist", ("auc",), per_seed)}
+    assert set(rows) == {"fedavg-global", "finetune"}
+    tune = rows["finetune"]
+    assert tune["mean"] == pytest.approx(0.79)
+    assert tune["sd"] == pytest.approx(0.0424264, abs=1e-6)  # sample sd of 0.76, 0.82
+    assert tune["gain_vs_fedavg_global"] == pytest.approx(0.04)  # (0.06 + 0.02) / 2
+    assert tune["gain_sd"] == pytest.approx(0.0282843, abs=1e-6)
+    assert tune["seeds"] == 2 and tune["local_examples"] == [64, 64]
+
+
+def test_summary_leaves_out_a_metric_defined_at_no_site():
+    per_seed = [_seed(0, {"fedavg-global": None, "finetune": None})]
+    assert summary.summarise("pneumoniamnist", ("auc",), per_seed) == []
+
+
+def test_each_reptile_alpha_is_its_own_row_in_method_order():
+    per_seed = [_seed(0, {"local-only": 0.5, "per-fedavg-reptile@0.5": 0.6,
+                          "per-fedavg-reptile@0.01": 0.65, "fedavg-global": 0.7})]
+    rows = summary.summarise("s", ("auc",), per_seed)
+    assert [(r["method"], r.get("alpha")) for r in rows] == [
+        ("fedavg-global", None), ("per-fedavg-reptile", 0.01), ("per-fedavg-reptile", 0.5),
+        ("local-only", None)]
+    assert rows[1]["gain_vs_fedavg_global"] == pytest.approx(-0.05)
+    assert summary.variants((0.01, 0.5))[2:4] == ["per-fedavg-reptile@0.01",
+                                                  "per-fedavg-reptile@0.5"]
+
+
+def _payload(protocol: dict, names: list[str]) -> dict:
+    return {"protocol": protocol, "sets": {n: {"name": n, "lr": 0.1} for n in names},
+            "runs": [], "skipped": [], "per_seed": {}, "commands": ["new"]}
+
+
+def _kept(protocol: dict) -> dict:
+    kept = _payload(protocol, ["a", "b"])
+    kept["runs"] = [{"set": "a", "method": "finetune"}, {"set": "b", "method": "finetune"}]
+    kept["skipped"] = [{"set": "a", "method": "fedbn"}]
+    kept["per_seed"] = {"a": [{"seed": 0}], "b": [{"seed": 0}]}
+    kept["commands"] = ["old"]
+    return kept
+
+
+def test_a_run_keeps_the_sets_it_does_not_measure_and_resumes_only_equal_settings(tmp_path):
+    payload = _payload({"tau": 4}, ["b"])
+    summary.kept_sets(_kept({"tau": 4}), payload, ["b"], False, tmp_path)
+    assert payload["sets"]["a"] == {"name": "a", "lr": 0.1}
+    assert payload["runs"] == [{"set": "a", "method": "finetune"}]  # b's rows are recomputed
+    assert payload["skipped"] == [{"set": "a", "method": "fedbn"}]
+    assert payload["per_seed"] == {"a": [{"seed": 0}]} and payload["commands"] == ["old", "new"]
+    resumed = _payload({"tau": 4}, ["b"])
+    summary.kept_sets(_kept({"tau": 4}), resumed, ["b"], True, tmp_path)
+    assert resumed["per_seed"]["b"] == [{"seed": 0}]
+    changed = _payload({"tau": 4}, ["b"])
+    changed["sets"]["b"]["lr"] = 0.2
+    summary.kept_sets(_kept({"tau": 4}), changed, ["b"], True, tmp_path)
+    assert "b" not in changed["per_seed"]
+
+
+def test_an_output_of_another_protocol_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="personalisation.json holds sets measured under another"):
+        summary.kept_sets(_kept({"tau": 2}), _payload({"tau": 4}, ["b"]), ["b"], False,
+                          tmp_path / "personalisation.json")
+
+
+def test_sampling_takes_distinct_sites_the_same_for_every_method():
+    first = rounds.sampled_sites(20, 4, seed=3, server_round=2)
+    assert first == rounds.sampled_sites(20, 4, seed=3, server_round=2)
+    assert len(set(first)) == 4 and all(0 <= i < 20 for i in first)
+    assert first != rounds.sampled_sites(20, 4, seed=3, server_round=3)
+
+
+def _quick(out: Path, name: str) -> dict:
+    threads = torch.get_num_threads()
+    try:
+        assert bench.main(["--quick", "--sets", name, "--output", str(out),
+                           "--shared", str(SHARED)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    return json.loads(out.read_text())
+
+
+def _check_quick_rows(result: dict, name: str, work: tuple[str, ...]) -> None:
+    runs = {r["method"]: r for r in result["runs"] if r["set"] == name}
+    assert set(runs) == set(summary.METHODS) - {"fedbn"}  # the U-Net has no norm-layer state
+    assert {"set": name, "method": "fedbn"}.items() <= result["skipped"][-1].items()
+    assert runs["per-fedavg-reptile"]["alpha"] == sets.SEED_ALPHA
+    for row in runs.values():
+        assert row["seeds"] == 1 and row["metric"] == "dice"
+        assert 0.0 <= row["mean"] <= 1.0 and row["sd"] == 0.0
+    for key in work:
+        counts = {m: tuple(r[key]) for m, r in runs.items()}
+        assert len(set(counts.values())) == 1 and counts["finetune"][0] > 0, counts
+    assert runs["fedavg-global"]["gain_vs_fedavg_global"] == 0.0
+
+
+def test_quick_run_writes_the_issue_format_and_keeps_the_other_sets(tmp_path):
+    out = tmp_path / "personalisation.json"
+    other = {"set": "msd-lung", "method": "finetune", "metric": "dice", "mean": 0.5, "sd": 0.1,
+             "gain_vs_fedavg_global": 0.0, "seeds": 5}
+    out.write_text(json.dumps({
+        "protocol": bench.protocol_record(sets.QUICK, True), "sets": {"msd-lung": {}},
+        "runs": [other], "skipped": [], "per_seed": {"msd-lung": []}, "commands": ["before"]}))
+    result = _quick(out, "pe-synthetic")
+    _check_quick_rows(result, "pe-synthetic", ("local_passes", "local_examples"))  # full batches
+    assert other in result["runs"] and result["commands"][0] == "before"
+
+
+@pytest.mark.skipif(not (SHARED / sets.SETS["msd-lung"].shared_files[1]).is_file(),
+                    reason="../shared/data/seg2d (msd-lung patches) absent")
+def test_quick_run_on_size_skewed_msd_lung_sites(tmp_path):
+    result = _quick(tmp_path / "personalisation.json", "msd-lung")
+    _check_quick_rows(result, "msd-lung", ("local_passes",))  # sites of < 16 patches
+    sizes = result["per_seed"]["msd-lung"][0]["site_sizes"]
+    assert len(sizes) == 3 and all(s["train"] > 0 and s["val"] > 0 for s in sizes.values())
