@@ -5,8 +5,8 @@ a given backend store (``sqlite:///...``) and artifact folder, in its own
 process group (its uvicorn workers with it), and waits for ``/health``.
 :meth:`MlflowServerProcess.kill` stops it the way a crash or an outage would
 (SIGKILL, no shutdown), :meth:`DaemonProcess.stop` the polite way; a server can
-be started again on the same port and store (:meth:`restart`). The fault test
-``tests/integration/test_tracking_outage.py`` uses it to stop MLflow mid-run.
+be started again on the same port and store (:meth:`restart`). The end-to-end
+test ``tests/integration/test_simulation.py`` uses it to stop MLflow mid-run.
 """
 
 from __future__ import annotations

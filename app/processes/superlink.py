@@ -45,7 +45,7 @@ class SuperLinkProcess(DaemonProcess):
 
     @classmethod
     def start_simulation(cls, flwr_home: Path, log_dir: Path,
-                         startup_timeout: float = 60.0) -> SuperLinkProcess:
+                         startup_timeout: float = 180.0) -> SuperLinkProcess:
         """Start an insecure simulation-mode SuperLink on a free loopback port, wait for it.
 
         Its Flower log is ``log_dir/superlink.log``, its output ``log_dir/superlink.stdout``.
@@ -56,7 +56,7 @@ class SuperLinkProcess(DaemonProcess):
 
     @classmethod
     def start_tls(cls, layout: DeployLayout, host: str = "127.0.0.1",
-                  port: int | None = None, startup_timeout: float = 60.0) -> SuperLinkProcess:
+                  port: int | None = None, startup_timeout: float = 180.0) -> SuperLinkProcess:
         """Start the deployment's TLS SuperLink on ``host:port`` (a free port if None).
 
         Uses the certificates of ``layout.certs`` (``make certs``), enables

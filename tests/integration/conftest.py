@@ -77,7 +77,8 @@ def _running_deployment(root: Path) -> Iterator[Deployment]:
     for site in DEPLOYMENT_SITES:
         ensure_site_keys(layout.certs, site)
     flwr_home = root / "flwr-cli"
-    link = SuperLinkProcess.start_tls(layout, host="127.0.0.1", port=free_port())
+    link = SuperLinkProcess.start_tls(layout, host="127.0.0.1", port=free_port(),
+                                     startup_timeout=300)
     deployment = Deployment(root, layout, link, flwr_home)
     try:
         write_connection(flwr_home, CONNECTION, link.address, layout.ca_cert)

@@ -92,7 +92,7 @@ def test_two_authenticated_sites_federate_over_tls(deployment, tmp_path, small_h
         # serving every message (a second round cost CI a minute on 2 loaded cores).
         "num-server-rounds=1 local-steps=2 image-size=32 batch-size=4 min-nodes=2 "
         "final-evaluation=false "  # tested in test_simulation; saves CI minutes
-        f'node-wait-timeout=60 data-root="{tmp_path / "data"}" tracking-uri="{tracking}" '
+        f'node-wait-timeout=300 round-timeout=1200 data-root="{tmp_path / "data"}" tracking-uri="{tracking}" '
         f'artifact-root="{tmp_path / "art"}" experiment="deploy" app-signature="{signature}"')
     nodes: list[SuperNodeProcess] = []
     output: list[str] = []
@@ -102,15 +102,15 @@ def test_two_authenticated_sites_federate_over_tls(deployment, tmp_path, small_h
                 d.layout, site, d.link.address, site_dir, policy=policies[site],
                 state_dir=tmp_path / "state" / site, port=free_port(), torch_threads=1))
         assert len({n.port for n in nodes}) == 2
-        wait_online(d.flwr_home, node_ids.values(), timeout=90, watch=nodes)
-        outcome = submit_run(d.flwr_home, run_config, timeout=480, on_line=output.append,
+        wait_online(d.flwr_home, node_ids.values(), timeout=300, watch=nodes)
+        outcome = submit_run(d.flwr_home, run_config, timeout=1500, on_line=output.append,
                              project=approved)
         assert outcome.run_id is not None, "".join(output)[-3000:]
         assert outcome.status == "finished:completed", \
             "".join(output)[-3000:] + _tail(d.link, *nodes)
         refused_output: list[str] = []
         refused = submit_run(d.flwr_home, run_config.replace(
-            'experiment="deploy"', 'experiment="deploy-changed"'), timeout=300,
+            'experiment="deploy"', 'experiment="deploy-changed"'), timeout=900,
             on_line=refused_output.append, project=changed)
         assert refused.run_id is not None, "".join(refused_output)[-3000:]
         for node in nodes:
