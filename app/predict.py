@@ -211,7 +211,8 @@ def _auc(pairs: list[tuple[np.ndarray, np.ndarray]]) -> float | None:
     if not pairs:
         return None
     import torch
-    from monai.metrics import compute_roc_auc
+
+    from models.monai_core import compute_roc_auc
 
     scores = torch.tensor(np.stack([s for s, _ in pairs]), dtype=torch.float32)
     labels = torch.tensor(np.stack([y for _, y in pairs]), dtype=torch.float32)

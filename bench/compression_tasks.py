@@ -24,13 +24,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from monai.metrics import compute_roc_auc
 from torch import nn
 
 from clients.datagen.partitions import dirichlet_label_partition, iid_partition
 from clients.pe_seg.task import PESegTask
 from clients.training.device import select_device
 from clients.training.site_task import TaskSettings
+from models.monai_core import compute_roc_auc
 from models.small_cnn import SmallCNN
 from pneumoniamnist import PneumoniaMNIST, pixel_stats, standardise
 from strategies.weighted_mean import weighted_mean

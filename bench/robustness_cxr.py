@@ -21,11 +21,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from monai.metrics import compute_roc_auc
 from torch import nn
 
 from clients.datagen.partitions import dirichlet_label_partition
 from model_arrays import load_arrays, state_arrays
+from models.monai_core import compute_roc_auc
 from models.small_cnn import SmallCNN
 from pneumoniamnist import PneumoniaMNIST, pixel_stats, standardise
 

@@ -17,8 +17,9 @@ multi-label) and read probabilities with ``torch.sigmoid``, label by label.
 from __future__ import annotations
 
 import torch
-from monai.networks.nets import DenseNet, DenseNet121
 from torch import nn
+
+from models.monai_core import DenseNet, DenseNet121
 
 __all__ = ["make_cxr_densenet", "SMALL_CONFIG"]
 

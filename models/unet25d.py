@@ -16,9 +16,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from monai.networks.nets import UNet
 import torch
 from torch import nn
+
+from models.monai_core import UNet
 
 __all__ = ["make_unet25d"]
 

@@ -16,8 +16,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from monai.losses import DiceCELoss
-from monai.metrics import DiceMetric
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
@@ -27,6 +25,7 @@ from clients.pe_seg.manifest import MANIFEST_NAME
 from clients.training.sampling import positive_share_sampler
 from clients.training.site_task import EvalResult, SiteTask, TaskSettings, merged_report
 from clients.pe_seg.slabs import SlabDataset
+from models.monai_core import DiceCELoss, DiceMetric
 from models.unet25d import make_unet25d
 
 __all__ = ["PESegTask"]

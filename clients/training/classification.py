@@ -15,7 +15,6 @@ from typing import ClassVar
 
 import numpy as np
 import torch
-from monai.metrics import compute_roc_auc
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
@@ -23,6 +22,7 @@ from clients.training.device import ComputeDevice
 from clients.manifests.load_report import LoadReport
 from clients.training.sampling import positive_share_sampler
 from clients.training.site_task import EvalResult, SiteTask, TaskSettings, merged_report
+from models.monai_core import compute_roc_auc
 
 __all__ = ["LabelledTensors", "balanced_loader", "evaluate_classifier", "ClassificationTask"]
 
