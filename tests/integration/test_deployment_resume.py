@@ -71,7 +71,7 @@ def test_server_killed_after_round_1_resumes_in_the_same_mlflow_run(private_depl
         at_kill = load_checkpoint(checkpoint_file(), None)
         assert at_kill.server_round == 1
         try:
-            first.result(timeout=120)  # its stream broke; its status is unreadable
+            first.result(timeout=300)  # its stream broke; its status is unreadable
         except Exception:  # noqa: BLE001
             pass
         assert first.done(), first.output()
