@@ -126,8 +126,15 @@ def federate(root: Path, link: SuperLinkProcess, layout: DeployLayout, flwr_home
                 port=free_port(), torch_threads=1, runner=runner))
         wait_online(flwr_home, node_ids, timeout=120, watch=nodes)
         lines: list[str] = []
+
+        def progress(line: str) -> None:  # the run's output, and its round lines on stdout
+            lines.append(line)
+            if "[ROUND" in line:
+                print(f"{runner}: {line[line.index('[ROUND'):].strip()}", flush=True)
+
+        print(f"{runner}: {len(nodes)} SuperNodes online, submitting {rounds} rounds", flush=True)
         started = time.monotonic()
-        outcome = submit_run(flwr_home, run_config, timeout=1500, on_line=lines.append)
+        outcome = submit_run(flwr_home, run_config, timeout=1500, on_line=progress)
         if logs is not None:
             logs.mkdir(parents=True, exist_ok=True)
             (logs / f"{runner}-run.log").write_text("".join(lines))
