@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import time
-import zlib
 from collections.abc import Callable
 
 import numpy as np
@@ -36,6 +35,7 @@ from app.config.run_config import RunConfig
 from app.config.site_config import SiteConfig
 from app.personalisation import SitePersonalisation
 from app.site_errors import sanitised
+from app.site_seed import site_seed
 from clients.site.decoded_cache import CACHE_DIR_NAME, load_task
 from clients.training.device import ComputeDevice, select_device
 from clients.training.site_task import SiteTask, TaskSettings
@@ -93,6 +93,11 @@ def _request(config: RunConfig, instruction: ConfigRecord) -> Request:
                    dp_accountant=config.dp_accountant)
 
 
+def _instruction(msg: Message) -> ConfigRecord:
+    """The server's instruction in ``msg`` (an empty one when it sent none)."""
+    return msg.content[keys.CONFIG] if keys.CONFIG in msg.content else ConfigRecord()
+
+
 def _admit(msg: Message, context: Context, check: Callable[[SitePolicy, Request], None]
            ) -> tuple[RunConfig, SiteConfig, SitePolicy]:
     """Parse the configs, read the site policy and check the request: before any data is read.
@@ -102,7 +107,7 @@ def _admit(msg: Message, context: Context, check: Callable[[SitePolicy, Request]
     config = RunConfig.from_mapping(context.run_config)
     site = SiteConfig.from_node_config(context.node_config, config.data_root, config.site_policy)
     policy = site.policy()
-    instruction = msg.content[keys.CONFIG] if keys.CONFIG in msg.content else ConfigRecord()
+    instruction = _instruction(msg)
     check(policy, _request(config, instruction))
     return config, site, policy
 
@@ -219,7 +224,7 @@ def train(msg: Message, context: Context) -> Message:
         ledger.check((privacy.noise_multiplier, poisson_sample_rate(
             len(train_set), task.settings.batch_size), steps), privacy.delta,
             policy.dp.max_epsilon)
-    seed = (config.seed * 1_000_003 + server_round * 7_919 + zlib.crc32(site.name.encode())) % 2**31
+    seed = site_seed(config.seed, server_round, site.name)
     started = time.monotonic()
     result = personal.train(task, model, steps, seed, deadline, lr=config.lr,
                             momentum=config.momentum, compute=_compute(),
@@ -268,7 +273,7 @@ def _eval_split(msg: Message) -> str:
     ConfigError
         On a value other than ``val`` or ``test`` (the request is refused).
     """
-    instruction = msg.content[keys.CONFIG] if keys.CONFIG in msg.content else ConfigRecord()
+    instruction = _instruction(msg)
     split = str(instruction.get(keys.EVAL_SPLIT, "val"))
     if split not in keys.EVAL_SPLITS:
         raise ConfigError(f"evaluate instruction key {keys.EVAL_SPLIT!r} = {split!r}: expected one "
@@ -298,7 +303,7 @@ def evaluate(msg: Message, context: Context) -> Message:
     if result.num_examples and releases_val_metrics(policy, result.num_studies):
         metrics[loss_key] = result.loss
         metrics.update({f"{split}-{name}": value for name, value in result.metrics.items()})
-        instruction = msg.content[keys.CONFIG] if keys.CONFIG in msg.content else ConfigRecord()
+        instruction = _instruction(msg)
         personal = SitePersonalisation.of(config, site.state_dir, _federation(instruction, context))
         metrics.update(personal.metrics(task, model, _compute(), split, config, site.name,
                                         int(instruction.get(keys.SERVER_ROUND, 0))))

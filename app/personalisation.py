@@ -23,7 +23,6 @@ Glue between the run config (``personalisation``, section ``personalisation.*``,
 from __future__ import annotations
 
 import copy
-import zlib
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -32,6 +31,7 @@ import numpy as np
 from torch import nn
 
 from app.config.run_config import RunConfig
+from app.site_seed import site_seed
 from clients.site.state_store import SiteStateStore
 from clients.training.device import ComputeDevice
 from clients.training.personalisation.local_layers import LocalLayers, local_state_names
@@ -159,13 +159,15 @@ class SitePersonalisation:
         """
         if self.method == "none":
             return None
-        personal = copy.deepcopy(model)
         if self.method == "fedbn":
-            return personal if self.layers is not None and self.layers.restore(personal) else None
+            if self.layers is None:
+                return None
+            personal = copy.deepcopy(model)
+            return personal if self.layers.restore(personal) else None
         if task is None or task.train_set is None or not len(task.train_set):
             return None
-        seed = (config.seed * 1_000_003 + server_round * 7_919
-                + zlib.crc32(f"adapt:{site_name}".encode())) % 2**31
+        personal = copy.deepcopy(model)
+        seed = site_seed(config.seed, server_round, f"adapt:{site_name}")
         lr, momentum, optimizer = config.lr, config.momentum, config.optimizer
         if self.method == "per-fedavg-fo":  # Fallah et al.: gradient steps of size alpha
             lr, momentum = self.options.inner_lr, 0.0

@@ -20,10 +20,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from strategies import message_keys as keys
+from strategies.update_codec import PAYLOAD_KEY
 
 __all__ = ["PAYLOAD_KEY", "RAW_KEY", "DownlinkHeader"]
 
-PAYLOAD_KEY = "payload"
 RAW_KEY = "raw"
 
 

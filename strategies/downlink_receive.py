@@ -46,7 +46,7 @@ def _advance(arrays: ArrayRecord, header: DownlinkHeader, held: Reference | None
         raise DownlinkSyncError(f"compressed downlink must hold exactly '{PAYLOAD_KEY}' and "
                                 f"'{RAW_KEY}', got {sorted(arrays.keys())}")
     try:
-        step = decode(arrays[PAYLOAD_KEY].numpy(), header.codec, held.vector().size,
+        step = decode(arrays[PAYLOAD_KEY].numpy(), header.codec, sum(held.segments()),
                       seed=header.seed, segments=held.segments())
         return held.advanced(step, arrays[RAW_KEY].numpy(), header.version)
     except ValueError as exc:

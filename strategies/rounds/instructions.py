@@ -82,7 +82,6 @@ class TrainPlan:
     tau: dict[int, int]
     codec_seeds: dict[int, int]
     default_tau: int = 0
-    server_round: int = 0
     codec: str = "none"
 
     @classmethod
@@ -92,7 +91,7 @@ class TrainPlan:
         round's codec (:meth:`Uplink.codec_for` with the kept fraction ``rate``)."""
         return cls(tau={n: int(tau) for n in node_ids},
                    codec_seeds={n: derive_seed(uplink.seed, server_round, n) for n in node_ids},
-                   default_tau=int(tau), server_round=server_round,
+                   default_tau=int(tau),
                    codec=uplink.codec_for(server_round, rate))
 
     def seed_of(self, node_id: int) -> int:
