@@ -131,7 +131,7 @@ endif
 	@touch $@
 
 simulate: install data
-	$(PY) -m app.processes.simulate --data-root $(DATA_DIR) --sites $(SITES) \
+	$(PY) -m app.tooling.simulate --data-root $(DATA_DIR) --sites $(SITES) \
 		--tracking-uri "$(TRACKING_URI)" --artifact-root $(ARTIFACT_ROOT) \
 		$(if $(RUN_PRESET),--preset $(abspath $(RUN_PRESET))) \
 		$(if $(TASK),-c task=$(TASK)) $(SHARED_RUN) $(if $(ROUNDS),-c num-server-rounds=$(ROUNDS)) \
@@ -221,34 +221,34 @@ DEPLOY_ARGS       = --deploy-dir $(DEPLOY_DIR) --port $(SUPERLINK_PORT) --superl
 	approve-app
 
 certs: install
-	$(PY) -m app.processes.certs --out $(DEPLOY_DIR)/certs --hosts $(HOSTS) $(if $(SITES_LIST),--sites $(SITES_LIST))
+	$(PY) -m app.tooling.certs --out $(DEPLOY_DIR)/certs --hosts $(HOSTS) $(if $(SITES_LIST),--sites $(SITES_LIST))
 
 # At a hospital: create only its own SuperNode key pair (send the .pub to the coordinator).
 site-key: install
 	@test -n "$(SITE)" || { echo "usage: make site-key SITE=<name>" >&2; exit 2; }
-	$(PY) -m app.processes.certs --out $(DEPLOY_DIR)/certs --sites $(SITE)
+	$(PY) -m app.tooling.certs --out $(DEPLOY_DIR)/certs --sites $(SITE)
 
 superlink: install
-	$(PY) -m app.processes.deployment superlink $(DEPLOY_ARGS) --flwr-home $(DEPLOY_FLWR_HOME) \
+	$(PY) -m app.tooling.deployment superlink $(DEPLOY_ARGS) --flwr-home $(DEPLOY_FLWR_HOME) \
 		--host $(SUPERLINK_HOST)
 
 register: install
 	@test -n "$(SITE)" || { echo "usage: make register SITE=<name> [PUBKEY=file.pub]" >&2; exit 2; }
-	$(PY) -m app.processes.deployment register $(DEPLOY_ARGS) --flwr-home $(DEPLOY_FLWR_HOME) \
+	$(PY) -m app.tooling.deployment register $(DEPLOY_ARGS) --flwr-home $(DEPLOY_FLWR_HOME) \
 		--site $(SITE) $(if $(PUBKEY),--public-key $(abspath $(PUBKEY)))
 
 supernode: install
 	@test -n "$(SITE)" -a -n "$(DATA)" || { echo "usage: make supernode SITE=<name> DATA=/abs/site/folder [STATE=/abs/dir] [SUPERNODE_PORT=port] [POLICY=/abs/policy.toml]" >&2; exit 2; }
-	$(PY) -m app.processes.deployment supernode $(DEPLOY_ARGS) --site $(SITE) --data $(abspath $(DATA)) \
+	$(PY) -m app.tooling.deployment supernode $(DEPLOY_ARGS) --site $(SITE) --data $(abspath $(DATA)) \
 		$(if $(STATE),--state $(abspath $(STATE))) \
 		$(if $(SUPERNODE_PORT),--runtime-port $(SUPERNODE_PORT)) \
 		--policy $(if $(POLICY),$(abspath $(POLICY)),$(CURDIR)/configs/site-policy.toml)
 
 supernodes: install
-	@$(PY) -m app.processes.deployment nodes $(DEPLOY_ARGS) --flwr-home $(DEPLOY_FLWR_HOME)
+	@$(PY) -m app.tooling.deployment nodes $(DEPLOY_ARGS) --flwr-home $(DEPLOY_FLWR_HOME)
 
 federate: install
-	$(PY) -m app.processes.deployment federate $(DEPLOY_ARGS) --flwr-home $(DEPLOY_FLWR_HOME) \
+	$(PY) -m app.tooling.deployment federate $(DEPLOY_ARGS) --flwr-home $(DEPLOY_FLWR_HOME) \
 		--tracking-uri "$(TRACKING_URI)" --artifact-root $(ARTIFACT_ROOT) \
 		$(if $(PRESET),--preset $(abspath $(PRESET))) \
 		$(if $(TASK),-c task=$(TASK)) $(if $(ROUNDS),-c num-server-rounds=$(ROUNDS)) \
@@ -261,15 +261,15 @@ federate: install
 
 signing-key: install
 	@test -n "$(OUT)" || { echo "usage: make signing-key OUT=/abs/dir" >&2; exit 2; }
-	$(PY) -m app.processes.app_approval keygen --out $(abspath $(OUT))
+	$(PY) -m app.site_runtime.app_approval keygen --out $(abspath $(OUT))
 
 sign-app: install
 	@test -n "$(KEY)" || { echo "usage: make sign-app KEY=/abs/app-signing.key" >&2; exit 2; }
-	$(PY) -m app.processes.app_approval sign --key $(abspath $(KEY)) --app $(CURDIR)
+	$(PY) -m app.site_runtime.app_approval sign --key $(abspath $(KEY)) --app $(CURDIR)
 
 approve-app: install
 	@test -n "$(POLICY)" -a -n "$(SHA256)$(FAB)" || { echo "usage: make approve-app POLICY=/abs/policy.toml SHA256=<64 hex> | FAB=/abs/app.fab" >&2; exit 2; }
-	$(PY) -m app.processes.app_approval approve --policy $(abspath $(POLICY)) \
+	$(PY) -m app.site_runtime.app_approval approve --policy $(abspath $(POLICY)) \
 		$(if $(SHA256),--sha256 $(SHA256),--fab $(abspath $(FAB)))
 
 # --- Real shared data as federated sites (../shared/data, see clients/datagen/shared.py) ---

@@ -1,6 +1,6 @@
 """Scale in simulation: seconds per round and memory with 10 to 1,000 virtual sites, m selected.
 
-Each point is one real ``python -m app.processes.simulate`` run (what ``make
+Each point is one real ``python -m app.tooling.simulate`` run (what ``make
 simulate`` runs: flower-superlink in simulation mode, ``flwr run``, Flower's
 Ray engine with one CPU per site, so two actors on the 2-core machine) of the
 ``cxr-cls`` task with ``N`` connected virtual sites of which the uniform
@@ -51,7 +51,7 @@ import threading
 import time
 from pathlib import Path
 
-from app.processes.process_tree import descendants
+from app.tooling.process_tree import descendants
 from clients.cxr_cls.synthetic import generate_site, site_profiles
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -146,13 +146,13 @@ def stage_seconds(lines: list[str]) -> dict[str, list[int]]:
 
 def run_point(sites: int, selected: int, rounds: int, data_root: Path, work: Path,
               interval: float, timeout: float, evaluated: int = 0, defence: str = "") -> dict:
-    """One ``app.processes.simulate`` run; its per-round seconds and peak memory.
+    """One ``app.tooling.simulate`` run; its per-round seconds and peak memory.
 
     ``defence`` sets ``strategy.defence`` ("" keeps the run config's default, norm-bound).
     """
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    command = [sys.executable, "-m", "app.processes.simulate", "--data-root", str(data_root),
+    command = [sys.executable, "-m", "app.tooling.simulate", "--data-root", str(data_root),
                "--sites", str(sites), "--tracking-uri", f"sqlite:///{work / 'mlflow.db'}",
                "--artifact-root", str(work / "artifacts"), "--flwr-home", str(work / "flwr"),
                "--log-dir", str(work / "logs"), "--timeout", str(timeout),

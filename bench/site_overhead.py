@@ -7,7 +7,7 @@ the site's overhead. The same federation runs twice:
 
 * **before**: ``flower-supernode --isolation subprocess``, Flower's executor: one
   ``flwr-clientapp`` process per message (imports torch/MONAI, loads the app);
-* **after**: :mod:`app.processes.site_node`: the SuperNode with the hospital's
+* **after**: :mod:`app.site_runtime.site_node`: the SuperNode with the hospital's
   site runner (app check) and a warm worker per (app, task).
 
 Per message: seconds from the ServerApp's push of the instruction to its pull
@@ -48,14 +48,14 @@ sys.path.insert(0, str(ROOT))
 
 from mlflow.tracking import MlflowClient  # noqa: E402
 
-from app.processes.certs import ensure_server_certificate, ensure_site_keys  # noqa: E402
-from app.processes.environment import free_port  # noqa: E402
-from app.processes.flwr_cli import CONNECTION, wait_online, write_connection  # noqa: E402
-from app.processes.layout import DeployLayout  # noqa: E402
-from app.processes.registration import register_site  # noqa: E402
-from app.processes.run_submission import submit_run  # noqa: E402
-from app.processes.superlink import SuperLinkProcess  # noqa: E402
-from app.processes.supernode import SuperNodeProcess  # noqa: E402
+from app.tooling.certs import ensure_server_certificate, ensure_site_keys  # noqa: E402
+from app.tooling.environment import free_port  # noqa: E402
+from app.tooling.flwr_cli import CONNECTION, wait_online, write_connection  # noqa: E402
+from app.tooling.layout import DeployLayout  # noqa: E402
+from app.tooling.registration import register_site  # noqa: E402
+from app.tooling.run_submission import submit_run  # noqa: E402
+from app.tooling.superlink import SuperLinkProcess  # noqa: E402
+from app.site_runtime.supernode import SuperNodeProcess  # noqa: E402
 from clients.pe_seg.manifest import read_manifest, write_manifest  # noqa: E402
 from clients.pe_seg.synthetic import generate_federation  # noqa: E402
 from site_overhead_phases import median_phases, message_phases  # noqa: E402

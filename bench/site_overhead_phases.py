@@ -1,7 +1,7 @@
 """Where a site's seconds per message go, read from its SuperNode's log.
 
 A hospital's node log (``supernodes/<site>/supernode.log``, timestamps on: the
-node process of :mod:`app.processes.site_node` sets them) holds, per message,
+node process of :mod:`app.site_runtime.site_node` sets them) holds, per message,
 Flower's ``Receiving:`` / ``Received successfully`` lines (the SuperNode pulls the
 message's objects from the SuperLink), its ``Sending:`` / ``Sent successfully``
 lines (it pushes the reply's objects to the SuperLink) and, with the site

@@ -70,7 +70,7 @@ QUERY_REQUIRED = (NUM_EXAMPLES, QUERY_LOSS)
 # holding POLICY_RULE_PREFIX + the rule's name.
 POLICY_REFUSAL_CODE = 4003
 POLICY_RULE_PREFIX = "policy rule "
-# The site runner (app.processes.site_runner) refuses an app bundle the site did not
+# The site runner (app.site_runtime.site_runner) refuses an app bundle the site did not
 # approve with this code, and answers with this one when its warm worker failed.
 APP_REFUSAL_CODE = 4005
 WORKER_FAILURE_CODE = 4006

@@ -44,7 +44,7 @@ class RunConfigError(ConfigError):
 
 #: Run-config keys that carry no setting of the federation: the coordinator's
 #: signature of the app bundle, which the site runner checks
-#: (:mod:`app.processes.app_approval`). Accepted (a string), then left out, so they
+#: (:mod:`app.site_runtime.app_approval`). Accepted (a string), then left out, so they
 #: are neither MLflow params nor part of a checkpoint's resume check.
 CARRIED_KEYS = ("app-signature",)
 

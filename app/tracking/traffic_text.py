@@ -1,7 +1,7 @@
 """Bytes on the wire in words: the round's progress line and the end-of-run summary.
 
 Shared by the ServerApp's progress line (:mod:`app.server_app`) and the summary
-after ``make simulate`` (:mod:`app.processes.federation_summary`).
+after ``make simulate`` (:mod:`app.tooling.federation_summary`).
 """
 
 from __future__ import annotations

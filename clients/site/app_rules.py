@@ -5,7 +5,7 @@ A FAB is approved by its SHA-256 digest (``approved-sha256``, or a line of the
 every message), or by an Ed25519 signature (Bernstein et al. 2012, "High-speed
 high-security signatures") over its digest from one of the ``trusted-keys``.
 ``any = true`` runs every bundle (development only). The check itself is
-:func:`app.processes.app_approval.check_app`; this module parses and validates
+:func:`app.site_runtime.app_approval.check_app`; this module parses and validates
 the section at load time (with ``cryptography`` for the key files, so that a
 bad key is reported when the SuperNode starts, not at the first message)::
 

@@ -11,10 +11,10 @@ import pytest
 from flwr.common.config import parse_config_args
 
 from app.config.run_config import RunConfig, RunConfigError
-from app.processes import deployment
-from app.processes.app_approval import (SIGNATURE_KEY, AppNotApproved, approve, check_app,
+from app.tooling import deployment
+from app.site_runtime.app_approval import (SIGNATURE_KEY, AppNotApproved, approve, check_app,
                                         fab_sha256, keygen, main, project_fab, sign_app)
-from app.processes.run_submission import RunOutcome
+from app.tooling.run_submission import RunOutcome
 from clients.site.app_rules import AppApprovalError, AppRules, key_fingerprint, load_public_key
 from clients.site.policy import SitePolicyError
 from strategies.errors import SiteError

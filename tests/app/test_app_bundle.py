@@ -13,8 +13,8 @@ import time
 import pytest
 from flwr.cli.build import build_fab_from_disk
 
-from app.processes import app_bundle
-from app.processes.app_bundle import build_project_fab, project_files, staged_project
+from app.site_runtime import app_bundle
+from app.site_runtime.app_bundle import build_project_fab, project_files, staged_project
 from tests.app.tiny_app import write_tiny_app
 
 

@@ -3,7 +3,7 @@ the bytes of a round read "dense" when nothing was compressed (issue #17, item 5
 
 from __future__ import annotations
 
-from app.processes.federation_summary import _selection_metric
+from app.tooling.federation_summary import _selection_metric
 from app.tracking.traffic_text import ratio_phrase, round_traffic
 
 

@@ -24,7 +24,7 @@ from flwr.supercore.inflatable import inflatable_utils
 from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects, get_object_tree
 from flwr.supercore.run import Run
 
-from app.processes.grid_waits import REPLY_PULL_BACKOFF, cap_grid_waits
+from app.grid_waits import REPLY_PULL_BACKOFF, cap_grid_waits
 
 
 class _WaitRecorder(threading.Event):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from app.processes.errors import FlowerProcessError
-from app.processes.local_ray import STARTUP_TIMEOUT, patient_node_lookup, start_with_retries
+from app.tooling.errors import FlowerProcessError
+from app.tooling.local_ray import STARTUP_TIMEOUT, patient_node_lookup, start_with_retries
 
 RAY_TIMEOUT = Exception(f"The current node {STARTUP_TIMEOUT}. This could happen because "
                         "some of the raylet failed to startup or the GCS has become overloaded.")

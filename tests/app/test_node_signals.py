@@ -34,9 +34,9 @@ from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 from flwr.supernode.nodestate import NodeStateFactory
 
-from app.processes import runtime_channel, site_node, site_runner
-from app.processes.node_signals import NodeSignals
-from app.processes.site_runner import SiteRunner
+from app.site_runtime import runtime_channel, site_node, site_runner
+from app.site_runtime.node_signals import NodeSignals
+from app.site_runtime.site_runner import SiteRunner
 
 
 @pytest.fixture

@@ -19,14 +19,14 @@ import httpx
 import pytest
 from flwr.supercore.run import RunNotRunningException
 
-from app.processes import site_node
-from app.processes.runtime_channel import (
+from app.site_runtime import site_node
+from app.site_runtime.runtime_channel import (
     TaskWithdrawn,
     pull_task_input,
     runtime_retry_invoker,
     task_heartbeat_fn,
 )
-from app.processes.site_runner import SiteRunner
+from app.site_runtime.site_runner import SiteRunner
 
 
 def _http_error(status: int) -> httpx.HTTPStatusError:

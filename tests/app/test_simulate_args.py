@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from app.processes.run_config_string import build_run_config
+from app.tooling.run_config_string import build_run_config
 
 
 def _parse(text: str) -> dict[str, str]:

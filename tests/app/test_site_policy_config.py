@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from app.config.site_config import SiteConfig, SiteConfigError
-from app.processes.errors import FlowerProcessError
-from app.processes.supernode import node_config_string
+from app.tooling.errors import FlowerProcessError
+from app.site_runtime.supernode import node_config_string
 from clients.site.policy import SitePolicy, load_policy
 
 

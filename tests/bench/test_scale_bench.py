@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from app.processes.process_tree import descendants, stop_pids
+from app.tooling.process_tree import descendants, stop_pids
 from clients.cxr_cls.manifest import read_manifest
 
 

@@ -5,7 +5,7 @@
 trains and evaluates in seconds. ``deployment`` is one TLS SuperLink with
 SuperNode authentication for the whole session (its tests start their own
 SuperNodes); ``private_deployment`` is one per test, for a test that kills and
-restarts its SuperLink. Every process is started by ``app.processes`` in its
+restarts its SuperLink. Every process is started by ``app.tooling`` in its
 own process group and stopped by PID; at teardown no process may still name
 the deployment's folder.
 """
@@ -21,11 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from app.processes.certs import ensure_server_certificate, ensure_site_keys
-from app.processes.environment import free_port
-from app.processes.flwr_cli import CONNECTION, write_connection
-from app.processes.layout import DeployLayout
-from app.processes.superlink import SuperLinkProcess
+from app.tooling.certs import ensure_server_certificate, ensure_site_keys
+from app.tooling.environment import free_port
+from app.tooling.flwr_cli import CONNECTION, write_connection
+from app.tooling.layout import DeployLayout
+from app.tooling.superlink import SuperLinkProcess
 from clients.pe_seg.manifest import read_manifest, write_manifest
 from clients.pe_seg.synthetic import generate_federation
 

@@ -14,12 +14,12 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
-from app.processes.daemon import DaemonProcess
-from app.processes.environment import flower_env, free_port
-from app.processes.flwr_cli import CONNECTION, list_supernodes
-from app.processes.process_tree import descendants, start_time
-from app.processes.run_submission import RunOutcome, submit_run
-from app.processes.supernode import SuperNodeProcess
+from app.tooling.daemon import DaemonProcess
+from app.tooling.environment import flower_env, free_port
+from app.tooling.flwr_cli import CONNECTION, list_supernodes
+from app.tooling.process_tree import descendants, start_time
+from app.tooling.run_submission import RunOutcome, submit_run
+from app.site_runtime.supernode import SuperNodeProcess
 
 SITES = ("hospital-a", "hospital-b")
 _STARTED = re.compile(r"Successfully started run (\d+)")

@@ -1,15 +1,15 @@
 """A real deployment on 127.0.0.1: TLS SuperLink with SuperNode authentication.
 
-The SuperNodes run as :mod:`app.processes.site_node` (SuperNode + the
+The SuperNodes run as :mod:`app.site_runtime.site_node` (SuperNode + the
 hospital's site runner with warm workers); the federating test gives each site
 a policy that approves the app bundle (one by its sha256, one by the
 coordinator's signature) and then submits the same app with one byte changed,
 which both sites refuse without installing or running any of it.
 
-One ``flower-superlink`` (TLS with a CA made by ``app.processes.certs``,
+One ``flower-superlink`` (TLS with a CA made by ``app.tooling.certs``,
 ``--enable-supernode-auth``, a sqlite ``--database``; the ``deployment`` fixture of
 ``conftest.py``) is shared by the tests of the session; each test starts its own
-``flower-supernode`` processes. Every process is started by ``app.processes`` in
+``flower-supernode`` processes. Every process is started by ``app.tooling`` in
 its own process group and
 stopped by PID in ``finally`` blocks; every wait is bounded.
 """
@@ -32,14 +32,14 @@ import pytest
 from flwr.supercore.exit import ExitCode
 from mlflow.tracking import MlflowClient
 
-from app.processes.app_approval import fab_sha256, keygen, project_fab, sign_app
-from app.processes.certs import ensure_server_certificate
-from app.processes.environment import free_port
-from app.processes.flwr_cli import list_supernodes, wait_online
-from app.processes.layout import DeployLayout
-from app.processes.registration import register_site
-from app.processes.run_submission import PROJECT_ROOT, submit_run
-from app.processes.supernode import SuperNodeProcess
+from app.site_runtime.app_approval import fab_sha256, keygen, project_fab, sign_app
+from app.tooling.certs import ensure_server_certificate
+from app.tooling.environment import free_port
+from app.tooling.flwr_cli import list_supernodes, wait_online
+from app.tooling.layout import DeployLayout
+from app.tooling.registration import register_site
+from app.tooling.run_submission import PROJECT_ROOT, submit_run
+from app.site_runtime.supernode import SuperNodeProcess
 
 pytestmark = pytest.mark.integration
 
@@ -236,7 +236,7 @@ def test_certs_cli_is_idempotent_keeps_keys_private_and_refuses_other_hosts(tmp_
         load_ssh_public_key,
     )
 
-    from app.processes.certs import main as certs_main
+    from app.tooling.certs import main as certs_main
 
     out = tmp_path / "certs"
     assert certs_main(["--out", str(out), "--hosts", "localhost,127.0.0.1",

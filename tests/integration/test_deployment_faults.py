@@ -10,7 +10,7 @@ the run completes, and the SuperNode restarted under the same key is used
 again in the next rounds. The SuperLink's own death and the resume are in
 ``test_deployment_resume.py`` (run by the other test worker, beside this file).
 
-Every process is started by ``app.processes`` in its own process group and
+Every process is started by ``app.tooling`` in its own process group and
 stopped (or killed) by PID; every wait is bounded. The SuperLink comes from the
 ``deployment`` fixture of ``conftest.py``.
 """
@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from app.processes.flwr_cli import wait_online
-from app.processes.registration import register_site
+from app.tooling.flwr_cli import wait_online
+from app.tooling.registration import register_site
 from tests.integration.deployment_helpers import (SITES, BackgroundRun, crash, history,
                                                   node_status, only_run, start_node, tail,
                                                   wait_for)
@@ -69,7 +69,7 @@ def test_killed_supernode_is_recorded_as_failed_and_trains_again_after_restart(
         for site in SITES:  # round 1 is in MLflow for both sites
             assert 1 in history(client, mlflow_run.info.run_id, f"site/{site}/val-dice")
         killed = crash(crashed)
-        assert any("app.processes.site_node" in c for c in killed.values()), killed
+        assert any("app.site_runtime.site_node" in c for c in killed.values()), killed
 
         # Its session stays 'online' at the SuperLink until its heartbeat expires
         # (2 x 30 s at most); then it may connect again with the same key. Each

@@ -6,7 +6,7 @@ and restarted on the same database and port: the SuperNodes reconnect by
 themselves, ``resume=true`` continues from the server checkpoint in the same
 MLflow run, and the final model is the one trained for all rounds.
 
-Every process is started by ``app.processes`` in its own process group and
+Every process is started by ``app.tooling`` in its own process group and
 stopped (or killed) by PID; every wait is bounded. The SuperLink comes from the
 ``private_deployment`` fixture of ``conftest.py`` (a SuperLink of its own), so
 this file runs on the other test worker than the shared-SuperLink files
@@ -24,9 +24,9 @@ import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
 
-from app.processes.flwr_cli import wait_online
-from app.processes.registration import register_site
-from app.processes.superlink import SuperLinkProcess
+from app.tooling.flwr_cli import wait_online
+from app.tooling.registration import register_site
+from app.tooling.superlink import SuperLinkProcess
 from strategies.rounds.checkpoint import load_checkpoint
 from tests.integration.deployment_helpers import (SITES, BackgroundRun, crash, only_run,
                                                   start_node, tail, wait_for)

@@ -3,7 +3,7 @@
 A Ray head and one worker node (one CPU each) are started on 127.0.0.1 with a
 private ``--temp-dir`` and stopped by PID; two tiny synthetic chest X-ray
 hospitals (8 radiographs of 32 px) federate for one round through
-``python -m app.processes.simulate --ray-address``. The cluster's job table
+``python -m app.tooling.simulate --ray-address``. The cluster's job table
 must then hold the ``flwr-simulation`` driver: a run that silently started its
 own Ray never appears there. An address where nothing listens is refused
 before any Flower process starts.
@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from app.processes import simulate
-from app.processes.environment import free_port
-from app.processes.ray_cluster import LocalRayCluster
+from app.tooling import simulate
+from app.tooling.environment import free_port
+from tests.fixtures.ray_cluster import LocalRayCluster
 from clients.cxr_cls.synthetic import generate_site, site_profiles
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,7 +67,7 @@ def test_simulation_attaches_to_an_existing_ray_cluster(tmp_path):
 
 def _simulate_command(tmp_path: Path, data_root: Path, address: str) -> list[str]:
     return [
-        sys.executable, "-m", "app.processes.simulate", "--data-root", str(data_root),
+        sys.executable, "-m", "app.tooling.simulate", "--data-root", str(data_root),
         "--sites", "2", "--ray-address", address,
         "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}",
         "--artifact-root", str(tmp_path / "artifacts"),

@@ -1,6 +1,6 @@
 """End to end: real SuperLink, real `flwr run`, real DICOM/NIfTI sites, a real MLflow server.
 
-One federation, run with ``python -m app.processes.simulate`` (what
+One federation, run with ``python -m app.tooling.simulate`` (what
 ``make simulate`` runs) in a subprocess with its own FLWR_HOME and data, is
 checked by every test of this module: two rounds on four sites, the third with a
 broken manifest and the fourth under a site policy that refuses to train with
@@ -48,8 +48,8 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from app.processes.daemon import DaemonProcess, spawn_daemon
-from app.processes.mlflow_server import MlflowServerProcess
+from app.tooling.daemon import DaemonProcess, spawn_daemon
+from tests.fixtures.mlflow_server import MlflowServerProcess
 from app.tracking import OUTBOX_FILE
 from clients.site.policy import SitePolicy, load_policy
 from tests.integration.conftest import processes_mentioning
@@ -88,7 +88,7 @@ class Outage:
 
 @dataclass(frozen=True)
 class Federation:
-    """The ``app.processes.simulate`` run of this module, where it wrote, and its outage."""
+    """The ``app.tooling.simulate`` run of this module, where it wrote, and its outage."""
 
     tmp: Path
     data_root: Path
@@ -113,7 +113,7 @@ class Federation:
 def _simulate_command(tmp: Path, data_root: Path, tracking_uri: str,
                       extra: tuple[str, ...]) -> list[str]:
     command = [
-        sys.executable, "-m", "app.processes.simulate",
+        sys.executable, "-m", "app.tooling.simulate",
         "--data-root", str(data_root), "--sites", "4", "--tracking-uri", tracking_uri,
         "--artifact-root", str(tmp / "artifacts"),
         "--flwr-home", str(tmp / "flwr-home"), "--log-dir", str(tmp / "logs"),

@@ -1,6 +1,6 @@
 """The ``flwr`` CLI as this project calls it: connections, run status, SuperNodes.
 
-Every call runs with :func:`~app.processes.environment.flower_env` of a
+Every call runs with :func:`~app.tooling.environment.flower_env` of a
 ``FLWR_HOME`` whose ``config.toml`` (written by :func:`write_connection`) holds
 the connection by name. ``--format json`` output is parsed; a failed call
 raises :class:`FlowerProcessError` with the readable part of Flower's message.
@@ -13,9 +13,9 @@ import subprocess
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from app.processes.daemon import DaemonProcess, poll_until
-from app.processes.environment import flower_env
-from app.processes.errors import FlowerProcessError
+from app.tooling.daemon import DaemonProcess, poll_until
+from app.tooling.environment import flower_env
+from app.tooling.errors import FlowerProcessError
 
 __all__ = [
     "CONNECTION",

@@ -1,6 +1,6 @@
 """A hospital's ``flower-supernode``: TLS to the SuperLink, authenticated by its own key.
 
-By default it runs as :mod:`app.processes.site_node`: the SuperNode with the
+By default it runs as :mod:`app.site_runtime.site_node`: the SuperNode with the
 hospital's site runner, which runs only app bundles the site policy approves,
 in warm workers (``runner="warm"``). ``runner="flower"`` is Flower's own
 executor (one ``flwr-clientapp`` process per message, any bundle), kept for the
@@ -18,11 +18,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.processes.certs import check_site_name
-from app.processes.daemon import DaemonProcess, spawn_daemon
-from app.processes.environment import flower_env, free_port
-from app.processes.errors import FlowerProcessError
-from app.processes.layout import DeployLayout
+from app.tooling.certs import check_site_name
+from app.tooling.daemon import DaemonProcess, spawn_daemon
+from app.tooling.environment import flower_env, free_port
+from app.tooling.errors import FlowerProcessError
+from app.tooling.layout import DeployLayout
 from clients.site.policy import load_policy
 
 __all__ = ["SuperNodeProcess", "node_config_string"]
@@ -84,7 +84,7 @@ class SuperNodeProcess(DaemonProcess):
             checked here so a bad file fails at start. None: the permissive policy
             (any app bundle runs).
         runner : str
-            ``"warm"``: the hospital's site runner (:mod:`app.processes.site_node`);
+            ``"warm"``: the hospital's site runner (:mod:`app.site_runtime.site_node`);
             ``"flower"``: Flower's executor, one process per message, no app check.
         poll_interval : float
             With the site runner: cap of the SuperNode's poll waits (Flower: 3 s).
@@ -102,7 +102,7 @@ class SuperNodeProcess(DaemonProcess):
         if not key.is_file():
             raise FlowerProcessError(
                 f"missing the SuperNode key {key}; run "
-                f"`python -m app.processes.certs --out {layout.certs} --sites {site}`")
+                f"`python -m app.tooling.certs --out {layout.certs} --sites {site}`")
         if not layout.ca_cert.is_file():
             raise FlowerProcessError(f"missing {layout.ca_cert} (the coordinator's ca.crt)")
         state_dir.mkdir(parents=True, exist_ok=True)
@@ -119,7 +119,7 @@ class SuperNodeProcess(DaemonProcess):
         if runner == "flower":
             command = ["flower-supernode", *command, "--isolation", "subprocess"]
         else:
-            command = [sys.executable, "-m", "app.processes.site_node",
+            command = [sys.executable, "-m", "app.site_runtime.site_node",
                        *(["--policy", str(policy)] if policy else []),
                        "--poll-interval", str(poll_interval), "--", *command]
         extra = {"FEDMED_TORCH_THREADS": str(torch_threads)} if torch_threads else {}

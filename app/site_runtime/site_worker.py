@@ -4,7 +4,7 @@ Flower starts one ``flwr-clientapp`` process per message (flwrlabs/flower#3670):
 every message pays the imports (torch, MONAI: 9-20 s on two cores), the decoded
 data cache and the model set-up again. NVIDIA FLARE keeps long-running trainers
 instead (``launch_once``). Here the hospital's site runner
-(:mod:`app.processes.site_runner`) keeps one worker per (approved app bundle,
+(:mod:`app.site_runtime.site_runner`) keeps one worker per (approved app bundle,
 imaging task); the worker loads the bundle's ClientApp once and answers every
 message of that app from the same process, so imports, the per-process task
 cache and the GPU context stay warm.
@@ -17,7 +17,7 @@ exception's *type* only, its text may hold a path (see :mod:`app.site_errors`).
 Only builtins and ``flwr`` objects cross the socket, so unpickling never
 imports the hospital's copy of the product.
 
-The file runs as a script, never as ``app.processes.site_worker``: it imports
+The file runs as a script, never as ``app.site_runtime.site_worker``: it imports
 only the standard library and ``flwr`` before the bundle's ClientApp, so the
 bundle's own packages (``app``, ``clients``, ...) are imported from the bundle
 and not from the hospital's installed copy.

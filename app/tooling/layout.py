@@ -2,8 +2,8 @@
 
 Layout under the deployment folder (``make``: ``$(CURDIR)/deploy``)::
 
-    certs/ca.crt, ca.key, superlink.crt, superlink.key     (app.processes.certs)
-    certs/sites/<site>/supernode.key, supernode.pub          (app.processes.certs)
+    certs/ca.crt, ca.key, superlink.crt, superlink.key     (app.tooling.certs)
+    certs/sites/<site>/supernode.key, supernode.pub          (app.tooling.certs)
     superlink/state.db, superlink.log, superlink.stdout, sites.json, flwr-home/
     supernodes/<site>/supernode.log, state/, flwr-home/
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.processes.certs import cert_paths, check_site_name, site_key_paths
+from app.tooling.certs import cert_paths, check_site_name, site_key_paths
 
 __all__ = ["DeployLayout"]
 
@@ -26,7 +26,7 @@ class DeployLayout:
 
     @property
     def certs(self) -> Path:
-        """Folder of ``app.processes.certs`` (CA, SuperLink certificate, site keys)."""
+        """Folder of ``app.tooling.certs`` (CA, SuperLink certificate, site keys)."""
         return self.root / "certs"
 
     @property

@@ -10,7 +10,7 @@ then pulls the arrays with Flower's ``pull_objects``, which backs off 1, 2, 4,
 arrays arrive 50 ms after its header is read after about 1 s, one that takes
 1.1 s after 3 s. :func:`cap_grid_waits` makes that backoff start at
 :data:`REPLY_PULL_BACKOFF` ``[0]`` and stay below ``[1]`` (as
-:func:`app.processes.site_node.cap_supernode_waits` does on the site's side).
+:func:`app.site_runtime.site_node.cap_supernode_waits` does on the site's side).
 
 An upload still in progress is waited for as before; the wait stays bounded:
 the SuperLink drops an object-push session that received nothing for

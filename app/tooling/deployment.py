@@ -1,23 +1,23 @@
 """A real deployment: TLS SuperLink with SuperNode authentication, hospital SuperNodes.
 
 The command line behind the deployment make targets; the pieces live in
-:mod:`app.processes` (:mod:`~app.processes.superlink`, :mod:`~app.processes.supernode`,
-:mod:`~app.processes.registration`, :mod:`~app.processes.flwr_cli`,
-:mod:`~app.processes.run_submission`, :mod:`~app.processes.certs`). The folder
-layout is :class:`~app.processes.layout.DeployLayout`'s; the ``flwr`` CLI uses
+:mod:`app.tooling` (:mod:`~app.tooling.superlink`, :mod:`~app.site_runtime.supernode`,
+:mod:`~app.tooling.registration`, :mod:`~app.tooling.flwr_cli`,
+:mod:`~app.tooling.run_submission`, :mod:`~app.tooling.certs`). The folder
+layout is :class:`~app.tooling.layout.DeployLayout`'s; the ``flwr`` CLI uses
 its own ``FLWR_HOME`` (``make``: ``$(CURDIR)/.flwr-deploy``) whose
 ``config.toml`` holds one TLS connection, ``fedmed-deploy``.
 
 Command line (what the make targets call)::
 
-    python -m app.processes.deployment superlink  --deploy-dir D --flwr-home H [--host --port]
-    python -m app.processes.deployment register   --deploy-dir D --flwr-home H --site NAME
+    python -m app.tooling.deployment superlink  --deploy-dir D --flwr-home H [--host --port]
+    python -m app.tooling.deployment register   --deploy-dir D --flwr-home H --site NAME
                                                   [--public-key F]
-    python -m app.processes.deployment supernode  --deploy-dir D --site NAME --data /abs
+    python -m app.tooling.deployment supernode  --deploy-dir D --site NAME --data /abs
                                                   [--state /abs] [--superlink HOST:PORT]
                                                   [--runtime-port P]
-    python -m app.processes.deployment nodes      --deploy-dir D --flwr-home H
-    python -m app.processes.deployment federate   --deploy-dir D --flwr-home H
+    python -m app.tooling.deployment nodes      --deploy-dir D --flwr-home H
+    python -m app.tooling.deployment federate   --deploy-dir D --flwr-home H
                                                   --tracking-uri U --artifact-root A [-c k=v]
                                                   [--sign-key /abs/app-signing.key]
 
@@ -35,18 +35,18 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from app.processes.app_approval import SIGNATURE_KEY, fab_sha256, project_fab, sign_app
-from app.processes.certs import CertError
-from app.processes.daemon import DaemonProcess
-from app.processes.errors import FlowerProcessError
-from app.processes.federation_summary import print_summary
-from app.processes.flwr_cli import CONNECTION, list_supernodes, write_connection
-from app.processes.layout import DeployLayout
-from app.processes.registration import read_registry, register_site
-from app.processes.run_config_string import build_run_config
-from app.processes.run_submission import PROJECT_ROOT, submit_run
-from app.processes.superlink import DEFAULT_PORT, SuperLinkProcess
-from app.processes.supernode import SuperNodeProcess
+from app.site_runtime.app_approval import SIGNATURE_KEY, fab_sha256, project_fab, sign_app
+from app.tooling.certs import CertError
+from app.tooling.daemon import DaemonProcess
+from app.tooling.errors import FlowerProcessError
+from app.tooling.federation_summary import print_summary
+from app.tooling.flwr_cli import CONNECTION, list_supernodes, write_connection
+from app.tooling.layout import DeployLayout
+from app.tooling.registration import read_registry, register_site
+from app.tooling.run_config_string import build_run_config
+from app.tooling.run_submission import PROJECT_ROOT, submit_run
+from app.tooling.superlink import DEFAULT_PORT, SuperLinkProcess
+from app.site_runtime.supernode import SuperNodeProcess
 from clients.site.app_rules import AppApprovalError
 from clients.site.policy import SitePolicyError
 
@@ -222,7 +222,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-c", "--run-config", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--sign-key", type=Path, default=None,
                    help="the coordinator's app-signing key: adds -c app-signature=<signature "
-                        "of the project's FAB> (app.processes.app_approval)")
+                        "of the project's FAB> (app.site_runtime.app_approval)")
     p.set_defaults(func=_cmd_federate)
     return parser
 

@@ -18,11 +18,11 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.processes.certs import cert_paths
-from app.processes.daemon import DaemonProcess, poll_until, spawn_daemon
-from app.processes.environment import flower_env, free_port
-from app.processes.errors import FlowerProcessError
-from app.processes.layout import DeployLayout
+from app.tooling.certs import cert_paths
+from app.tooling.daemon import DaemonProcess, poll_until, spawn_daemon
+from app.tooling.environment import flower_env, free_port
+from app.tooling.errors import FlowerProcessError
+from app.tooling.layout import DeployLayout
 
 __all__ = ["SuperLinkProcess", "DEFAULT_PORT"]
 

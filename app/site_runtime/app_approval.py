@@ -1,6 +1,6 @@
 """Approved apps only: the hospital's check of a run's app bundle (FAB), and its tools.
 
-The site runner (:mod:`app.processes.site_runner`) calls :func:`check_app` with
+The site runner (:mod:`app.site_runtime.site_runner`) calls :func:`check_app` with
 the site policy's ``[apps]`` rules (:mod:`clients.site.app_rules`) before
 anything of a FAB is installed or imported. A FAB is approved by its SHA-256
 digest (Flower's ``Fab.hash_str``, the digest of the bundle ``flwr run``
@@ -12,10 +12,10 @@ part of the FAB, so signing does not change the digest.
 
 Command line (what the make targets call)::
 
-    python -m app.processes.app_approval keygen  --out DIR
-    python -m app.processes.app_approval hash    [--app DIR | --fab FILE]
-    python -m app.processes.app_approval sign    --key FILE [--app DIR]
-    python -m app.processes.app_approval approve --policy /abs/policy.toml
+    python -m app.site_runtime.app_approval keygen  --out DIR
+    python -m app.site_runtime.app_approval hash    [--app DIR | --fab FILE]
+    python -m app.site_runtime.app_approval sign    --key FILE [--app DIR]
+    python -m app.site_runtime.app_approval approve --policy /abs/policy.toml
                                                  (--sha256 HEX | --fab FILE | --app DIR)
 """
 
@@ -38,8 +38,8 @@ from cryptography.hazmat.primitives.serialization import (Encoding, NoEncryption
                                                           PrivateFormat, PublicFormat,
                                                           load_pem_private_key)
 
-from app.processes.app_bundle import build_project_fab
-from app.processes.run_submission import PROJECT_ROOT
+from app.site_runtime.app_bundle import build_project_fab
+from app.tooling.run_submission import PROJECT_ROOT
 from clients.site.app_rules import (SHA256_HEX, AppApprovalError, AppRules, key_fingerprint,
                                     load_public_key, read_approved_file)
 from clients.site.atomic_file import write_atomic
@@ -88,7 +88,7 @@ def fab_sha256(fab_bytes: bytes) -> str:
 
 def project_fab(project_dir: Path) -> bytes:
     """The FAB ``flwr run <project_dir>`` submits (Flower's builder, deterministic; see
-    :mod:`app.processes.app_bundle`).
+    :mod:`app.site_runtime.app_bundle`).
 
     Raises
     ------

@@ -1,8 +1,8 @@
-"""Local-process tooling: the Flower daemons and CLI calls behind the make targets.
+"""Developer command lines: the Flower daemons and CLI calls behind the make targets.
 
-``make simulate`` runs :mod:`app.processes.simulate`; ``make certs`` / ``site-key``
-run :mod:`app.processes.certs`; ``make superlink`` / ``register`` / ``supernode`` /
-``supernodes`` / ``federate`` run :mod:`app.processes.deployment`. One room per
+``make simulate`` runs :mod:`app.tooling.simulate`; ``make certs`` / ``site-key``
+run :mod:`app.tooling.certs`; ``make superlink`` / ``register`` / ``supernode`` /
+``supernodes`` / ``federate`` run :mod:`app.tooling.deployment`. One room per
 concept:
 
 ==========================  ===============================================================
@@ -10,14 +10,8 @@ concept:
 ``environment.py``          the environment of every Flower process; free loopback ports
 ``process_tree.py``         a process's descendants and start time; bounded stops by PID
 ``daemon.py``               DaemonProcess (own process group, appended log), bounded polling
-``mlflow_server.py``        MlflowServerProcess: a local ``mlflow server`` (kill, restart)
 ``superlink.py``            SuperLinkProcess: the one ``flower-superlink`` wrapper
                             (insecure simulation mode, or TLS with SuperNode authentication)
-``supernode.py``            SuperNodeProcess: a hospital's ``flower-supernode``
-``site_node.py``            the hospital's node process: SuperNode + site runner (CLI)
-``site_runner.py``          SiteRunner: app check before install, WorkerPool of warm workers
-``site_worker.py``          the warm worker script (stdlib + flwr until the bundle loads)
-``grid_waits.py``           cap_grid_waits: the ServerApp's short backoff for a reply's arrays
 ``layout.py``               DeployLayout: the paths of a deployment folder
 ``flwr_cli.py``             the ``flwr`` CLI: connections, run status, SuperNode list
 ``run_submission.py``       submit_run: ``flwr run --stream`` and its final status
@@ -25,13 +19,14 @@ concept:
 ``run_config_string.py``    the ``--run-config`` string (absolute paths, preset, overrides)
 ``federation_summary.py``   the summary printed after a run, read back from MLflow
 ``certs.py``                CA, SuperLink certificate, SuperNode key pairs (CLI)
-``ray_cluster.py``          the RAY_ADDRESS check; LocalRayCluster (loopback head + workers)
+``ray_cluster.py``          the RAY_ADDRESS check
+``local_ray.py``            the local Ray of ``make simulate``, retried when its start times out
 ``simulate.py``             ``make simulate`` (CLI; ``--ray-address`` for an existing Ray cluster)
 ``deployment.py``           the deployment make targets (CLI)
-``app_approval.py``         check_app: a run's FAB against the site policy's ``[apps]``;
-                            signing keys, signatures, approvals (CLI)
 ==========================  ===============================================================
 
+The hospital's own processes are :mod:`app.site_runtime`; the test fixtures
+(a local ``mlflow server``, a loopback Ray cluster) are under ``tests/fixtures/``.
 Every daemon runs in its own process group and is stopped by PID with bounded
 waits, so nothing is left running.
 """

@@ -12,7 +12,7 @@ So ``simulate`` starts Ray first, in its own process, before the SuperLink:
 a start that times out is shut down and tried again while nothing of the
 federation exists yet. The engine then attaches to this Ray through
 ``RAY_ADDRESS`` in the SuperLink's environment, as it does to a cluster given
-with ``--ray-address`` (:mod:`app.processes.ray_cluster`). Ray's workers (the
+with ``--ray-address`` (:mod:`app.tooling.ray_cluster`). Ray's workers (the
 virtual sites) inherit the environment of the process that started Ray, so
 the Flower environment is set here before ``ray.init``. Ray stops when the
 ``with`` block ends.
@@ -23,7 +23,7 @@ written its port; that takes 3.5 s of the 4 s start on an idle 2-core machine,
 and more than 30 s when two real-process tests start their daemons beside it
 (official CI: four timed-out starts in a row). Two limits hit: the raylet
 aborts when the agent's port is late (``agent_register_timeout_ms``, raised in
-:func:`app.processes.environment.flower_env`), and Ray's own loop gives up on
+:func:`app.tooling.environment.flower_env`), and Ray's own loop gives up on
 the registration after 30 s. For the second, the node lookup that loop calls
 (``ray._private.services.get_node``) is made patient during the start
 (:func:`patient_node_lookup`): it polls up to ``startup_wait`` seconds before
@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from app.processes.errors import FlowerProcessError
+from app.tooling.errors import FlowerProcessError
 
 __all__ = ["STARTUP_TIMEOUT", "local_ray", "patient_node_lookup", "start_with_retries"]
 

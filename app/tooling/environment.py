@@ -25,7 +25,7 @@ def flower_env(flwr_home: Path, extra: dict[str, str] | None = None) -> dict[str
         "FLWR_DISABLE_UPDATE_CHECK": "1",
         "RAY_USAGE_STATS_ENABLED": "0",
         "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
-        # Ray's start on a loaded machine (app/processes/local_ray.py): a raylet
+        # Ray's start on a loaded machine (app/tooling/local_ray.py): a raylet
         # aborts when its dashboard agent has not written its port within
         # agent_register_timeout_ms (crashed at 17 s under load 14); a worker
         # (a virtual site importing the ClientApp) is killed if it registers

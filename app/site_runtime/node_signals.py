@@ -1,7 +1,7 @@
 """In-process wake-ups between a hospital's SuperNode and its site runner.
 
-The site runner (:mod:`app.processes.site_runner`) and Flower's SuperNode run in
-one process (:mod:`app.processes.site_node`) but talk over the SuperNode's
+The site runner (:mod:`app.site_runtime.site_runner`) and Flower's SuperNode run in
+one process (:mod:`app.site_runtime.site_node`) but talk over the SuperNode's
 Runtime API, HTTP on loopback, which has no notifications: Flower's executor
 learns everything by asking again. Three such waits lie on every message's
 path (Flower 1.41, ``flwr/supernode/start_client_internal.py``):
@@ -13,7 +13,7 @@ path (Flower 1.41, ``flwr/supernode/start_client_internal.py``):
 3. the SuperNode looks for the runner's reply every 0.5 s (``_push_messages``).
 
 :class:`NodeSignals` carries one wake-up for each. The SuperNode side is hooked
-by :func:`app.processes.site_node.cap_supernode_waits`; the runner waits on the
+by :func:`app.site_runtime.site_node.cap_supernode_waits`; the runner waits on the
 signals instead of its fixed intervals, which remain as fallbacks (a signal
 that never comes costs what the poll cost before, never more).
 """

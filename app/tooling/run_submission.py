@@ -14,10 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.processes.app_bundle import staged_project
-from app.processes.environment import flower_env
-from app.processes.flwr_cli import CONNECTION, flwr, run_status
-from app.processes.process_tree import stop_process_group
+from app.site_runtime.app_bundle import staged_project
+from app.tooling.environment import flower_env
+from app.tooling.flwr_cli import CONNECTION, flwr, run_status
+from app.tooling.process_tree import stop_process_group
 
 __all__ = ["PROJECT_ROOT", "RunOutcome", "submit_run"]
 
@@ -46,7 +46,7 @@ def submit_run(flwr_home: Path, run_config: str, timeout: float,
     flwr_home : Path
         ``FLWR_HOME`` whose ``config.toml`` names ``connection``.
     run_config : str
-        The ``--run-config`` string (see :mod:`app.processes.run_config_string`).
+        The ``--run-config`` string (see :mod:`app.tooling.run_config_string`).
     timeout : float
         Seconds the run may stream; a run still going then is stopped with ``flwr stop``.
     on_line : callable, optional

@@ -1,6 +1,6 @@
 """TLS certificates and SuperNode authentication keys for a Flower deployment.
 
-``python -m app.processes.certs --out DIR --hosts localhost,127.0.0.1 --sites hospital-a,hospital-b``
+``python -m app.tooling.certs --out DIR --hosts localhost,127.0.0.1 --sites hospital-a,hospital-b``
 writes, with the ``cryptography`` package:
 
 ``DIR/ca.crt``, ``DIR/ca.key``

@@ -11,10 +11,10 @@ import json
 import time
 from pathlib import Path
 
-from app.processes.certs import check_site_name
-from app.processes.errors import FlowerProcessError
-from app.processes.flwr_cli import CONNECTION, cli_error, flwr, json_out
-from app.processes.layout import DeployLayout
+from app.tooling.certs import check_site_name
+from app.tooling.errors import FlowerProcessError
+from app.tooling.flwr_cli import CONNECTION, cli_error, flwr, json_out
+from app.tooling.layout import DeployLayout
 
 __all__ = ["register_site", "read_registry"]
 

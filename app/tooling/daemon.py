@@ -8,8 +8,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.processes.errors import FlowerProcessError
-from app.processes.process_tree import descendants, stop_pids, stop_process_group
+from app.tooling.errors import FlowerProcessError
+from app.tooling.process_tree import descendants, stop_pids, stop_process_group
 
 __all__ = ["DaemonProcess", "spawn_daemon", "poll_until"]
 

@@ -5,17 +5,17 @@ and runs nothing itself; an executor must acquire each task and run it. Flower's
 own executor (``flower-superexec``) starts one ``flwr-clientapp`` process per
 message that installs and imports whatever bundle (FAB) the run uploaded. This
 runner replaces it at a hospital, in a process the hospital starts
-(:mod:`app.processes.site_node`):
+(:mod:`app.site_runtime.site_node`):
 
 1. acquire a ClientApp task (token) from the SuperNode's Runtime API;
 2. pull the message, the run's context and the FAB;
 3. check the FAB against the site policy's ``[apps]`` rules
-   (:func:`app.processes.app_approval.check_app`: approved sha256, or a
+   (:func:`app.site_runtime.app_approval.check_app`: approved sha256, or a
    signature by a key the hospital trusts) *before* anything of it is installed
    or imported; an unapproved FAB gets an error reply naming the rule and the
    first 12 hex digits of its hash, and nothing of it runs;
 4. install an approved FAB once and hand the message to the warm worker of
-   (FAB, imaging task) (:mod:`app.processes.site_worker`), started on first use;
+   (FAB, imaging task) (:mod:`app.site_runtime.site_worker`), started on first use;
 5. push the reply and the task's final status.
 
 A worker that dies is answered for (an error reply with the fixed code
@@ -52,9 +52,9 @@ from flwr.supercore.runtime import RuntimeHttpClient
 from flwr.supercore.task_identity import TaskIdentity
 from flwr.supernode.runtime.run_clientapp import push_message, push_task_output
 
-from app.processes.app_approval import SIGNATURE_KEY, AppNotApproved, check_app
-from app.processes.node_signals import NodeSignals
-from app.processes.runtime_channel import (
+from app.site_runtime.app_approval import SIGNATURE_KEY, AppNotApproved, check_app
+from app.site_runtime.node_signals import NodeSignals
+from app.site_runtime.runtime_channel import (
     pull_task_input,
     runtime_retry_invoker,
     task_heartbeat_fn,
@@ -68,7 +68,7 @@ __all__ = ["WorkerPool", "SiteRunner", "WORKER_SCRIPT"]
 
 log = logging.getLogger("fedmed.site_runner")
 
-#: The worker runs as a script (see :mod:`app.processes.site_worker`).
+#: The worker runs as a script (see :mod:`app.site_runtime.site_worker`).
 WORKER_SCRIPT = Path(__file__).with_name("site_worker.py")
 
 
@@ -172,7 +172,7 @@ class SiteRunner:
     max_workers : int
         Warm workers kept at once (:class:`WorkerPool`).
     signals : NodeSignals, optional
-        Wake-ups shared with the SuperNode of this process (:mod:`app.processes.site_node`):
+        Wake-ups shared with the SuperNode of this process (:mod:`app.site_runtime.site_node`):
         a new task, a received message, and (set here) a stored reply.
     """
 
@@ -229,7 +229,7 @@ class SiteRunner:
         """Pull one task, answer it (or refuse its app) and push the reply and status.
 
         A task the SuperNode withdraws meanwhile (its run stopped; see
-        :mod:`app.processes.runtime_channel`) is dropped with one log line.
+        :mod:`app.site_runtime.runtime_channel`) is dropped with one log line.
         """
         client = self._client(token)
         gone = threading.Event()

@@ -7,10 +7,10 @@ sends ``SIGINT`` to its own process on HTTP 401 and raises
 ``RunNotRunningException`` (a ``BaseException``) on HTTP 403, and its task
 heartbeat (``make_task_heartbeat_fn_http``) raises ``SIGINT`` when the SuperNode
 answers that the task is over. The site runner lives in the hospital's node
-process (:mod:`app.processes.site_node`), beside the SuperNode: either would
+process (:mod:`app.site_runtime.site_node`), beside the SuperNode: either would
 stop the whole site. A task's token is revoked (HTTP 401) as soon as the
 SuperNode finishes the task itself, e.g. when its run stopped while the
-message's arrays were still on their way (:func:`app.processes.site_node.cap_supernode_waits`).
+message's arrays were still on their way (:func:`app.site_runtime.site_node.cap_supernode_waits`).
 
 Here a revoked or refused token is a :class:`TaskWithdrawn` error for the one
 task, and the runner goes on with the next.
@@ -39,8 +39,8 @@ from flwr.supercore.retry import RetryInvoker, make_simple_http_retry_invoker
 from flwr.supercore.runtime import RuntimeHttpClient
 from flwr.supercore.task_identity import TaskIdentity
 
-from app.processes.errors import FlowerProcessError
-from app.processes.node_signals import NodeSignals
+from app.tooling.errors import FlowerProcessError
+from app.site_runtime.node_signals import NodeSignals
 
 __all__ = ["TaskWithdrawn", "PULL_BACKOFF", "RECEIPT_WAIT", "RECEIPT_BACKOFF",
            "WITHDRAWN_STATUS", "withdrawn",
@@ -55,7 +55,7 @@ WITHDRAWN_STATUS = frozenset({httpx.codes.UNAUTHORIZED, httpx.codes.FORBIDDEN})
 #: ``PULL_BACKOFF_CAP``), so an array that arrives after 16 s is read after 25 s.
 PULL_BACKOFF = (0.05, 0.5)
 
-#: With the SuperNode's receipt signal (:class:`~app.processes.node_signals.NodeSignals`):
+#: With the SuperNode's receipt signal (:class:`~app.site_runtime.node_signals.NodeSignals`):
 #: the longest wait for it before a pull is tried anyway (a fallback that costs one
 #: loopback request), and Flower's backoff between tries, short since the wait paces them.
 RECEIPT_WAIT = 0.5

@@ -1,13 +1,13 @@
 """A hospital's node process: Flower's SuperNode and the hospital's site runner, together.
 
-``python -m app.processes.site_node --policy /abs/policy.toml [--poll-interval S]
+``python -m app.site_runtime.site_node --policy /abs/policy.toml [--poll-interval S]
 [--max-workers N] [--transfer-lanes N] -- <flower-supernode arguments>`` runs, in one
 process the
 hospital starts:
 
 * ``flower-supernode`` with ``--isolation process`` (it serves its Runtime API on
   loopback and starts nothing itself), and
-* the :class:`~app.processes.site_runner.SiteRunner` in a thread: it acquires
+* the :class:`~app.site_runtime.site_runner.SiteRunner` in a thread: it acquires
   each ClientApp task, checks the app bundle against the site policy and runs
   approved ones in warm workers.
 
@@ -21,7 +21,7 @@ requests to the SuperLink (4 per second per site instead of one every 3 s).
 Between the SuperNode and the runner nothing is polled on a message's path:
 the SuperNode wakes the runner when it created a task and when it stored the
 message's objects, and the runner wakes the SuperNode when it stored the reply
-(:class:`~app.processes.node_signals.NodeSignals`). ``--transfer-lanes`` (default
+(:class:`~app.site_runtime.node_signals.NodeSignals`). ``--transfer-lanes`` (default
 4) is how many objects of a message go up or down at once (Flower: 2 on a
 two-core machine; :func:`widen_transfers`).
 """
@@ -41,9 +41,9 @@ from typing import Any, Callable
 from flwr.supercore.inflatable.inflatable_utils import pull_objects
 from flwr.supercore.run import RunNotRunningException
 
-from app.processes.errors import FlowerProcessError
-from app.processes.node_signals import NodeSignals
-from app.processes.site_runner import SiteRunner
+from app.tooling.errors import FlowerProcessError
+from app.site_runtime.node_signals import NodeSignals
+from app.site_runtime.site_runner import SiteRunner
 
 __all__ = ["main", "cap_supernode_waits", "widen_transfers", "pull_objects_of_running_run",
            "RunStoppedDuringPull"]
@@ -60,7 +60,7 @@ def cap_supernode_waits(seconds: float, signals: NodeSignals | None = None) -> N
     15 s. Here the backoff starts at 0.05 s and is capped at ``seconds``; the
     time limit of a pull (``PULL_MAX_TIME``) is unchanged.
 
-    With ``signals`` (:class:`~app.processes.node_signals.NodeSignals`, shared
+    With ``signals`` (:class:`~app.site_runtime.node_signals.NodeSignals`, shared
     with the site runner of this process) the SuperNode also tells the runner
     when it created a message's task (its object pull starts right after
     ``state.create_task`` and ``state.store_message`` in Flower 1.41's

@@ -1,8 +1,8 @@
 """Run a federation locally in Flower's simulation engine, with real Flower processes.
 
-``python -m app.processes.simulate`` (what ``make simulate`` calls) starts a
+``python -m app.tooling.simulate`` (what ``make simulate`` calls) starts a
 local Ray (tried again when Ray's start times out on a loaded machine,
-:mod:`app.processes.local_ray`), then a
+:mod:`app.tooling.local_ray`), then a
 ``flower-superlink`` in simulation mode on a free loopback port, submits this
 app with ``flwr run`` (one virtual SuperNode per synthetic hospital), streams
 the ServerApp's progress, then reads the run's final status with
@@ -15,7 +15,7 @@ the ``RAY_ADDRESS`` environment variable) runs the virtual SuperNodes on that
 existing Ray cluster instead of a Ray started for the run: the address is
 checked first (exit code 2 when nothing answers), then set as ``RAY_ADDRESS``
 in the SuperLink's environment, from which Flower's simulation engine attaches
-(see :mod:`app.processes.ray_cluster`).
+(see :mod:`app.tooling.ray_cluster`).
 """
 
 from __future__ import annotations
@@ -26,15 +26,15 @@ import sys
 import time
 from pathlib import Path
 
-from app.processes.environment import flower_env
-from app.processes.errors import FlowerProcessError
-from app.processes.federation_summary import print_summary
-from app.processes.flwr_cli import write_connection
-from app.processes.local_ray import local_ray
-from app.processes.ray_cluster import require_reachable
-from app.processes.run_config_string import build_run_config
-from app.processes.run_submission import PROJECT_ROOT, submit_run
-from app.processes.superlink import SuperLinkProcess
+from app.tooling.environment import flower_env
+from app.tooling.errors import FlowerProcessError
+from app.tooling.federation_summary import print_summary
+from app.tooling.flwr_cli import write_connection
+from app.tooling.local_ray import local_ray
+from app.tooling.ray_cluster import require_reachable
+from app.tooling.run_config_string import build_run_config
+from app.tooling.run_submission import PROJECT_ROOT, submit_run
+from app.tooling.superlink import SuperLinkProcess
 
 __all__ = ["CONNECTION", "main"]
 

@@ -1,0 +1,16 @@
+"""What runs at the hospital: the hospital's security boundary.
+
+==========================  ===============================================================
+``site_node.py``            the hospital's node process: SuperNode + site runner (CLI)
+``supernode.py``            SuperNodeProcess: a hospital's ``flower-supernode`` (TLS, its key)
+``site_runner.py``          SiteRunner: app check before install, WorkerPool of warm workers
+``site_worker.py``          the warm worker script (stdlib + flwr until the bundle loads)
+``runtime_channel.py``      the site runner's HTTP channel to its SuperNode's Runtime API
+``node_signals.py``         in-process wake-ups between the SuperNode and the site runner
+``app_approval.py``         check_app: a run's FAB against the site policy's ``[apps]``;
+                            signing keys, signatures, approvals (CLI)
+``app_bundle.py``           the app bundle (FAB) of a project folder
+==========================  ===============================================================
+
+It uses the process primitives of :mod:`app.tooling` (daemons, environment, errors).
+"""
