@@ -35,7 +35,7 @@ from app.config.run_config import RunConfig
 from app.config.site_config import SiteConfig
 from app.personalisation import SitePersonalisation
 from app.site_errors import sanitised
-from app.site_seed import site_seed
+from strategies.seeds import site_seed
 from clients.site.decoded_cache import CACHE_DIR_NAME, load_task
 from clients.training.device import ComputeDevice, select_device
 from clients.training.site_task import SiteTask, TaskSettings

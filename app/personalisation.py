@@ -31,7 +31,7 @@ import numpy as np
 from torch import nn
 
 from app.config.run_config import RunConfig
-from app.site_seed import site_seed
+from strategies.seeds import site_seed
 from clients.site.state_store import SiteStateStore
 from clients.training.device import ComputeDevice
 from clients.training.personalisation.local_layers import LocalLayers, local_state_names

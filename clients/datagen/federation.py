@@ -9,7 +9,7 @@ hospital with its own function; this module
 * claims a site folder for generated data (:func:`claim_site_dir`: the
   ``SYNTHETIC.txt`` marker, replacing an earlier synthetic hospital, refusing
   any non-empty folder it did not mark),
-* derives hospital ``i``'s seed from the federation seed (:func:`hospital_seed`),
+* derives hospital ``i``'s seed from the federation seed (:func:`strategies.seeds.hospital_seed`),
 * writes the hospitals one after the other (:func:`write_federation`), and
 * runs the command line (:func:`parse_federation_args`, :func:`run_federation_cli`):
   ``--out/--sites/--seed/--image-size``, one progress line per hospital and a summary.
@@ -30,6 +30,8 @@ from typing import Generic, TypeVar
 
 import numpy as np
 
+from strategies.seeds import hospital_seed
+
 __all__ = [
     "MARKER_NAME",
     "SiteProfile",
@@ -38,7 +40,6 @@ __all__ = [
     "profile_rng",
     "stratified",
     "claim_site_dir",
-    "hospital_seed",
     "write_federation",
     "SyntheticFederation",
     "parse_federation_args",
@@ -170,11 +171,6 @@ def claim_site_dir(site_dir: Path, data_dir: str, marker_text: str) -> Path:
     return data
 
 
-def hospital_seed(seed: int, index: int, salt: Sequence[int] = ()) -> int:
-    """Seed of hospital ``index`` in a federation seeded with ``seed``: ``SeedSequence([seed, index, *salt])``."""
-    return int(np.random.SeedSequence([seed, index, *salt]).generate_state(1)[0])
-
-
 def write_federation(
     root: Path,
     profiles: Sequence[P],
@@ -205,7 +201,7 @@ class SyntheticFederation(Generic[P]):
     """A task's synthetic federation writer: ``generate_federation(root, num_sites, seed, image_size)``.
 
     Hospital ``i`` uses ``profiles(num_sites, seed)[i]`` and the seed
-    ``SeedSequence([seed, i, *salt])`` (:func:`hospital_seed`) and is written
+    ``SeedSequence([seed, i, *salt])`` (:func:`strategies.seeds.hospital_seed`) and is written
     by ``write_site(site_dir, profile, seed, image_size=...)``, or, when
     ``in_profile`` is set, with the image size put into its profile by
     ``in_profile(profile, image_size)`` (``None`` keeps the profiles' sizes).

@@ -32,8 +32,9 @@ from strategies.codecs.errors import CodecError, PayloadError
 from strategies.codecs.payload import decode, encode
 from strategies.codecs.registry import names
 from strategies.codecs.spec import CodecSpec, parse_spec
-from strategies.codecs.vectors import derive_seed, flatten, unflatten
+from strategies.codecs.vectors import flatten, unflatten
 from strategies.codecs.warmup import check_warmup, warmup_spec
+from strategies.seeds import derive_seed  # the codec seed of a message (one seed module)
 
 __all__ = [
     "CodecError",

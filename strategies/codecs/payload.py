@@ -46,7 +46,7 @@ def encode(vec: np.ndarray, spec: str | CodecSpec, seed: int = 0,
     seed : int, default 0
         Shared seed in ``[0, 2**64)``: selects the ``randk`` coordinates and
         drives the ``qsgd`` stochastic rounding; ignored by other codecs. Use a
-        fresh one per round and site (:func:`strategies.codecs.vectors.derive_seed`).
+        fresh one per round and site (:func:`strategies.seeds.derive_seed`).
     segments : sequence of int, optional
         The sizes of the tensors ``vec`` is the concatenation of; needed by the
         per-tensor specs (``topk:<f>:layer``), ignored by the others.

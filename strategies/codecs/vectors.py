@@ -1,4 +1,7 @@
-"""Codec seeds and the flat update vector (model parameter order <-> one float32 vector)."""
+"""A codec seed's check and the flat update vector (model parameter order <-> one float32 vector).
+
+The per-message codec seed itself is derived in :mod:`strategies.seeds` (:func:`derive_seed`).
+"""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ import numpy as np
 
 from strategies.codecs.errors import CodecError
 
-__all__ = ["check_seed", "derive_seed", "flatten", "unflatten"]
+__all__ = ["check_seed", "flatten", "unflatten"]
 
 
 def check_seed(seed: object) -> int:
@@ -19,34 +22,6 @@ def check_seed(seed: object) -> int:
     if not 0 <= value < 2**64:
         raise CodecError(f"seed must be in [0, 2**64), got {value}")
     return value
-
-
-def derive_seed(base: int, *keys: int) -> int:
-    """Derive a per-message codec seed from a run seed and integer keys.
-
-    Both ends compute it independently, e.g.
-    ``derive_seed(run_seed, server_round, node_id)``, so that ``randk`` picks
-    fresh coordinates (and ``qsgd`` fresh rounding) every round and site.
-    Uses ``numpy.random.SeedSequence`` (stable across numpy versions).
-
-    Parameters
-    ----------
-    base : int
-        Nonnegative run seed.
-    *keys : int
-        Nonnegative integers (round number, node id, ...).
-
-    Returns
-    -------
-    int
-        A seed in ``[0, 2**64)``.
-    """
-    parts = [base, *keys]
-    for part in parts:
-        if isinstance(part, bool) or not isinstance(part, Integral) or int(part) < 0:
-            raise CodecError(f"derive_seed expects nonnegative ints, got {part!r}")
-    state = np.random.SeedSequence([int(p) for p in parts]).generate_state(1, np.uint64)
-    return int(state[0])
 
 
 def flatten(arrays: Sequence[np.ndarray]) -> np.ndarray:

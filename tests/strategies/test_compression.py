@@ -20,6 +20,7 @@ from strategies.compression import (
     unflatten,
 )
 from strategies.codecs.varint import varint_decode, varint_encode, varint_lengths
+from strategies.errors import ConfigError
 
 ALL_SPECS = ["none", "fp16", "topk:0.01", "topk:0.3", "topk:0.9", "randk:0.05", "qsgd:1", "qsgd:4", "qsgd:16", "qsgd:127", "qsgd:300", "sign"]
 HEADER = 7
@@ -539,5 +540,5 @@ def test_derive_seed() -> None:
     assert derive_seed(1, 2, 3) == derive_seed(1, 2, 3)
     assert len({derive_seed(1, r, n) for r in range(10) for n in range(10)}) == 100
     assert 0 <= derive_seed(0) < 2**64
-    with pytest.raises(CodecError):
+    with pytest.raises(ConfigError, match="nonnegative ints"):
         derive_seed(1, -2)
