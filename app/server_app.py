@@ -52,7 +52,14 @@ from strategies.rounds.checkpoint import (
 from strategies.rounds.federated_strategy import FederatedStrategy
 from strategies.local_solver import LocalSolver
 from strategies.plugins.defences.defended import with_defence
-from strategies.registry import AGGREGATORS, CODEC_RATES, DEFENCES, SCHEDULES, SELECTORS
+from strategies.plugins.registries import (
+    AGGREGATORS,
+    CODEC_RATES,
+    DEFENCES,
+    SCHEDULES,
+    SELECTORS,
+    build,
+)
 from strategies.rounds.round_policy import RoundPolicy
 from strategies.rounds.round_report import RoundReport
 
@@ -64,7 +71,7 @@ def build_strategy(config: RunConfig, federation: str = "",
     """Compose the strategy from the plug-ins named in the run config.
 
     Each plug-in is built by its registry from its own run-config section and the
-    run settings (:meth:`strategies.registry.Registry.build`); ``federation`` (the
+    run settings (:func:`strategies.plugins.registries.build`); ``federation`` (the
     MLflow run id) keys the sites' persistent state. ``roster`` is the
     coordinator's site roster; when omitted, the file named by run config
     ``federation.roster`` is read (:func:`app.config.roster.load_roster`; none
@@ -74,10 +81,10 @@ def build_strategy(config: RunConfig, federation: str = "",
         roster = load_roster(config.federation_roster)
     sections, settings = config.plugin_options, config.run_settings()
     return FederatedStrategy(
-        aggregator=with_defence(DEFENCES.build(config.strategy_defence, sections, settings),
-                                AGGREGATORS.build(config.strategy_aggregator, sections, settings)),
-        schedule=SCHEDULES.build(config.strategy_schedule, sections, settings),
-        selector=SELECTORS.build(config.strategy_selector, sections, settings),
+        aggregator=with_defence(build(DEFENCES, config.strategy_defence, sections, settings),
+                                build(AGGREGATORS, config.strategy_aggregator, sections, settings)),
+        schedule=build(SCHEDULES, config.strategy_schedule, sections, settings),
+        selector=build(SELECTORS, config.strategy_selector, sections, settings),
         policy=RoundPolicy(deadline=config.round_deadline, quorum=config.round_quorum,
                            timeout=config.round_timeout),
         min_nodes=config.min_nodes,
@@ -86,7 +93,7 @@ def build_strategy(config: RunConfig, federation: str = "",
         time_budget=config.time_budget,
         codec=config.strategy_codec,
         codec_warmup_rounds=config.strategy_codec_warmup_rounds,
-        codec_rate=CODEC_RATES.build(config.strategy_codec_rate, sections, settings),
+        codec_rate=build(CODEC_RATES, config.strategy_codec_rate, sections, settings),
         downlink_codec=config.strategy_downlink_codec,
         error_feedback=config.strategy_error_feedback,
         federation=federation,

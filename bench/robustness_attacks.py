@@ -14,7 +14,7 @@ server, :func:`server_update`, is the product's path for a list of
    inflates its count from its first reply sets its own cap, so the cap does
    not stop ``inflated-n`` here;
 4. the update is aggregated by the run config's plug-ins
-   (:mod:`strategies.registry`, options at their defaults) behind the chosen
+   (:mod:`strategies.plugins.registries`, options at their defaults) behind the chosen
    defence (:func:`strategies.plugins.defences.defended.with_defence`).
 
 Attacks (by one site, every round): ``inflated-n`` (claims ``inflated_n``
@@ -38,7 +38,7 @@ from report import write_report
 from strategies.local_solver import LocalSolver
 from strategies.plugins.defences.defended import with_defence
 from strategies.plugins.run_settings import RunSettings
-from strategies.registry import AGGREGATORS, DEFENCES, default_sections
+from strategies.plugins.registries import AGGREGATORS, DEFENCES, build, default_sections
 from strategies.replies import TrainReply
 from strategies.rounds.site_book import SiteBook
 
@@ -93,8 +93,8 @@ def build_aggregator(defence: str, settings: RunSettings):
     """The run config's aggregator for the table's ``defence`` name (default options)."""
     defence_name, aggregator_name = DEFENCES_RUN[defence]
     sections = default_sections()
-    return with_defence(DEFENCES.build(defence_name, sections, settings),
-                        AGGREGATORS.build(aggregator_name, sections, settings))
+    return with_defence(build(DEFENCES, defence_name, sections, settings),
+                        build(AGGREGATORS, aggregator_name, sections, settings))
 
 
 def server_update(aggregator, replies: list[TrainReply], attacker: int, attack: str,

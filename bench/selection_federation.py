@@ -26,7 +26,7 @@ from torch import nn
 from model_arrays import load_arrays, state_arrays
 from models.small_cnn import SmallCNN
 from strategies.aggregation import fedavg_delta
-from strategies.registry import SELECTORS
+from strategies.plugins.registries import SELECTORS
 
 __all__ = ["build_model", "Federation", "run_round", "make_selector", "make_federation",
            "run_method"]

@@ -1,190 +1,171 @@
-"""Name -> plug-in registries: a new plug-in is one new file (and its defaults in pyproject).
+"""The one registry type: name -> entry, for every extension point of the product.
 
-Each kind of plug-in has a :class:`Registry` that owns one folder of
-``strategies/plugins/`` and one run-config choice key:
+Every way to extend the product is an instance of :class:`Registry`:
 
-* ``AGGREGATORS``: ``strategies/plugins/aggregators/``, chosen by ``strategy.aggregator``;
-* ``SCHEDULES``: ``strategies/plugins/schedules/``, chosen by ``strategy.schedule``;
-* ``CODEC_RATES``: the compression-rate schedules in the same folder, chosen by
-  ``strategy.codec-rate`` (the kept fraction of the uplink codec per round);
-* ``SELECTORS``: ``strategies/plugins/selectors/``, chosen by ``strategy.selector``;
-* ``DEFENCES``: ``strategies/plugins/defences/``, chosen by ``strategy.defence``
-  (what is done to the accepted replies before the aggregator: norm bound, Multi-Krum).
+* the strategy plug-ins (:mod:`strategies.plugins.registries`: aggregators,
+  defences, schedules, codec-rate schedules, selectors) and personalisation
+  methods, each discovered from its folder of ``strategies/plugins/``;
+* the update codecs (:data:`strategies.codecs.registry.CODECS`), discovered from
+  ``strategies/codecs/``;
+* the imaging tasks (:data:`clients.registry.TASKS`);
+* the privacy accountants (:data:`clients.training.dp_accountants.ACCOUNTANTS`),
+  registered by dotted path so that listing them imports no Opacus.
 
-A plug-in module registers its class with ``@REGISTRY.register("name")``; every
-module of the folder is imported on first use, so dropping a file there is all
-it takes. A plug-in class (usually a :class:`~strategies.plugins.options.Plugin`)
-provides (see ``plugins/aggregators/fednova.py``):
+An entry joins a registry in one of three ways:
 
-* ``Options``: its typed options, a :class:`~strategies.plugins.options.PluginOptions`
-  dataclass naming its run-config section (:class:`NoOptions` when it has none);
-* ``from_options(options, settings)``: the instance for a run (``Plugin``'s default
-  passes each option as the ``__init__`` keyword of the same name);
-* optionally ``requires(options, settings)``: a check against the rest of the run
-  config (FedNova's needs ``optimizer = "sgd"``), raising :class:`PluginError`.
+* by decorator, ``@AGGREGATORS.register("fedavg")`` on a class or function;
+* directly, ``CODEC = CODECS.add("none", Codec(...))``;
+* lazily by dotted path, ``ACCOUNTANTS.add_path("rdp", "opacus.accountants:RDPAccountant")``:
+  the name is listed at once, the module is imported on the first :meth:`Registry.get`.
 
-:func:`parse_sections` validates every plug-in section of a run config, so the
-run config itself names no plug-in.
+A registry with a ``package`` imports every module of that package on its
+first lookup (the modules register themselves), so dropping a file into a
+plug-in folder is all it takes. Looking up an unknown name raises the
+registry's :class:`~strategies.errors.ConfigError` branch naming the run-config
+key that chose it and the known names.
+
+This module imports only the standard library and :mod:`strategies.errors`, so
+the site side (``clients``) and the cheap command lines can use it.
 """
 
 from __future__ import annotations
 
 import importlib
 import pkgutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-from strategies.plugins.options import NoOptions, PluginError, PluginOptions
-from strategies.plugins.run_settings import RunSettings
+from strategies.errors import ConfigError
 
-__all__ = ["PluginError", "Registry", "AGGREGATORS", "SCHEDULES", "SELECTORS", "DEFENCES",
-           "CODEC_RATES", "REGISTRIES", "default_sections", "parse_sections"]
+__all__ = ["Registry", "import_path"]
 
 T = TypeVar("T")
+E = TypeVar("E")
+
+
+def import_path(path: str) -> Any:
+    """The object at ``"package.module:attribute"`` (the module is imported now).
+
+    Raises
+    ------
+    ConfigError
+        If ``path`` has no ``:`` (the attribute is then not named).
+    """
+    module, _, attribute = path.partition(":")
+    if not module or not attribute:
+        raise ConfigError(f"dotted path {path!r} must read 'package.module:attribute'")
+    return getattr(importlib.import_module(module), attribute)
 
 
 class Registry(Generic[T]):
-    """Plug-ins of one kind, by name, discovered from one package."""
+    """Entries of one extension point, by name.
 
-    def __init__(self, kind: str, package: str, choice_key: str) -> None:
-        self.kind, self.package, self.choice_key = kind, package, choice_key
-        self._factories: dict[str, Any] = {}
-        self._discovered = False
+    Parameters
+    ----------
+    kind : str
+        What an entry is, for messages (``"aggregator"``, ``"task"``).
+    key : str
+        The run-config key whose value is looked up here (``"strategy.aggregator"``).
+    package : str, optional
+        Package whose modules are imported on the first lookup (they register
+        themselves); None: entries are registered explicitly.
+    error : type of ConfigError
+        The branch raised for an unknown name, a name registered twice or bad
+        constructor options (:class:`~strategies.plugins.options.PluginError`
+        for the plug-ins, :class:`~strategies.codecs.errors.CodecError` for codecs).
+    """
 
-    def register(self, name: str) -> Callable[[type], type]:
-        """Class decorator registering a plug-in under ``name``."""
-        def decorate(factory: type) -> type:
-            if name in self._factories:
-                raise PluginError(f"{self.kind} '{name}' registered twice")
-            self._factories[name] = factory
-            return factory
+    def __init__(self, kind: str, key: str, *, package: str | None = None,
+                 error: type[ConfigError] = ConfigError) -> None:
+        self.kind, self.key, self.package, self.error = kind, key, package, error
+        self._entries: dict[str, T] = {}
+        self._paths: dict[str, str] = {}
+        self._discovered = package is None
+
+    def register(self, name: str) -> Callable[[E], E]:
+        """Decorator adding the decorated class or function as ``name``."""
+        def decorate(entry: E) -> E:
+            self.add(name, entry)  # type: ignore[arg-type]
+            return entry
         return decorate
 
-    def _discover(self) -> None:
+    def add(self, name: str, entry: T) -> T:
+        """Add ``entry`` as ``name`` and return it.
+
+        Raises
+        ------
+        ConfigError
+            (the registry's branch) If ``name`` is registered already.
+        """
+        self._refuse_twice(name)
+        self._entries[name] = entry
+        return entry
+
+    def add_path(self, name: str, path: str) -> None:
+        """Add ``name`` now and its entry, ``"module:attribute"``, on its first lookup."""
+        self._refuse_twice(name)
+        self._paths[name] = path
+
+    def _refuse_twice(self, name: str) -> None:
+        if name in self._entries or name in self._paths:
+            raise self.error(f"{self.kind} '{name}' registered twice")
+
+    def discover(self) -> None:
         """Import every module of the registry's package once (they register themselves)."""
         if self._discovered:
             return
         self._discovered = True
-        package = importlib.import_module(self.package)
+        package = importlib.import_module(str(self.package))
         for module in pkgutil.iter_modules(package.__path__):
             importlib.import_module(f"{self.package}.{module.name}")
 
     def names(self) -> list[str]:
-        """Registered names, sorted."""
-        self._discover()
-        return sorted(self._factories)
+        """Every registered name, sorted (dotted-path entries are not imported)."""
+        self.discover()
+        return sorted({*self._entries, *self._paths})
 
-    def plugin(self, name: str) -> Any:
-        """The class registered as ``name``.
+    def __contains__(self, name: object) -> bool:
+        """Whether ``name`` is registered (dotted-path entries are not imported)."""
+        return name in self.names()
 
-        Raises
-        ------
-        PluginError
-            For an unknown name, naming the choice key and the known names.
-        """
-        self._discover()
-        if name not in self._factories:
-            raise PluginError(f"run config key '{self.choice_key}' must be one of "
-                              f"{self.names()} (a {self.kind}), got {name!r}")
-        return self._factories[name]
+    def find(self, name: str) -> T | None:
+        """The entry registered as ``name``, or None."""
+        self.discover()
+        if name in self._paths:
+            self._entries[name] = import_path(self._paths.pop(name))
+        return self._entries.get(name)
 
-    def option_types(self) -> list[type[PluginOptions]]:
-        """The options classes of the registered plug-ins that have a section, by section."""
-        self._discover()
-        types = {f.Options for f in self._factories.values() if f.Options is not NoOptions}
-        return sorted(types, key=lambda t: t.section)
-
-    def create(self, name: str, **options: Any) -> T:
-        """Instantiate ``name`` with constructor keywords (tests, benchmarks).
+    def get(self, name: str) -> T:
+        """The entry registered as ``name``.
 
         Raises
         ------
-        PluginError
-            For an unknown name or bad options.
+        ConfigError
+            (the registry's branch) For an unknown name, naming the run-config
+            key and the known names.
         """
-        factory = self.plugin(name)
+        entry = self.find(name)
+        if entry is None:
+            raise self.error(f"run config key '{self.key}' must be one of {self.names()} "
+                             f"(a {self.kind}), got {name!r}")
+        return entry
+
+    def entries(self) -> dict[str, T]:
+        """Every entry by name, sorted by name (dotted-path entries are imported)."""
+        return {name: self.get(name) for name in self.names()}
+
+    def create(self, name: str, **options: Any) -> Any:
+        """Call the entry ``name`` (a class or factory) with keyword ``options``.
+
+        Raises
+        ------
+        ConfigError
+            (the registry's branch) For an unknown name or options the entry refuses.
+        """
+        factory: Any = self.get(name)
         try:
             return factory(**options)
-        except PluginError:
+        except ConfigError:
             raise
         except (TypeError, ValueError) as exc:
-            raise PluginError(f"{self.kind} '{name}': {exc}") from exc
-
-    def check(self, name: str, sections: Mapping[str, PluginOptions],
-              settings: RunSettings) -> None:
-        """Check that ``name`` exists and suits the rest of the run config."""
-        factory = self.plugin(name)
-        requires = getattr(factory, "requires", None)
-        if requires is not None:
-            requires(_options_of(factory, sections), settings)
-
-    def build(self, name: str, sections: Mapping[str, PluginOptions],
-              settings: RunSettings) -> T:
-        """The plug-in ``name`` for a run: its section's options and the run settings."""
-        self.check(name, sections, settings)
-        factory = self.plugin(name)
-        return factory.from_options(_options_of(factory, sections), settings)
-
-
-def _options_of(factory: Any, sections: Mapping[str, PluginOptions]) -> PluginOptions:
-    options_type = factory.Options
-    return sections.get(options_type.section) or options_type()
-
-
-AGGREGATORS: Registry = Registry("aggregator", "strategies.plugins.aggregators",
-                                 "strategy.aggregator")
-SCHEDULES: Registry = Registry("local-steps schedule", "strategies.plugins.schedules",
-                               "strategy.schedule")
-SELECTORS: Registry = Registry("client selector", "strategies.plugins.selectors",
-                               "strategy.selector")
-DEFENCES: Registry = Registry("defence", "strategies.plugins.defences", "strategy.defence")
-CODEC_RATES: Registry = Registry("compression-rate schedule", "strategies.plugins.schedules",
-                                 "strategy.codec-rate")
-REGISTRIES: tuple[Registry, ...] = (AGGREGATORS, SCHEDULES, SELECTORS, DEFENCES, CODEC_RATES)
-
-
-def _section_types() -> dict[str, type[PluginOptions]]:
-    types: dict[str, type[PluginOptions]] = {}
-    for registry in REGISTRIES:
-        for options_type in registry.option_types():
-            other = types.setdefault(options_type.section, options_type)
-            if other is not options_type:
-                raise PluginError(f"run config section '{options_type.section}' is declared "
-                                  f"by {other.__qualname__} and {options_type.__qualname__}")
-    return types
-
-
-def default_sections() -> dict[str, PluginOptions]:
-    """Every plug-in section with its defaults, by section name."""
-    return {name: options_type() for name, options_type in _section_types().items()}
-
-
-def parse_sections(values: Mapping[str, Any]) -> tuple[dict[str, PluginOptions], list[str]]:
-    """Validate the plug-in sections of a flat run config.
-
-    Parameters
-    ----------
-    values
-        Flower's run config (``{"adacomm.tau-min": 2, "local-steps": 200, ...}``).
-
-    Returns
-    -------
-    sections, rest
-        Every plug-in section's options (defaults where absent), and the keys of
-        ``values`` that belong to no plug-in section.
-
-    Raises
-    ------
-    PluginError
-        For an unknown key in a plug-in section or a bad value, naming the key.
-    """
-    types = _section_types()
-    grouped: dict[str, dict[str, Any]] = {name: {} for name in types}
-    rest: list[str] = []
-    for key, value in values.items():
-        section, _, name = key.partition(".")
-        if section in types and name:
-            grouped[section][name] = value
-        else:
-            rest.append(key)
-    return {name: types[name].from_section(grouped[name]) for name in types}, rest
+            raise self.error(f"{self.kind} '{name}': {exc}") from exc

@@ -11,7 +11,7 @@ The plug-ins' own options live in their sections (``fednova.server-momentum``,
 ``adacomm.tau-min``, ``selection.m``, ...): each plug-in declares and validates
 them (:mod:`strategies.plugins.options`), so this module names no plug-in; it
 hands the sections and the :class:`~strategies.plugins.options.RunSettings`
-plug-ins read to :mod:`strategies.registry`.
+plug-ins read to :mod:`strategies.plugins.registries`.
 """
 
 from __future__ import annotations
@@ -33,7 +33,12 @@ from strategies.plugins.personalisation.options import (PersonalisationOptions,
 from strategies.plugins.personalisation.rules import PersonalisationRun, check_personalisation
 from strategies.plugins.run_settings import RunSettings
 from strategies.plugins.schedules.codec_rate import check_codec_rate
-from strategies.registry import REGISTRIES, default_sections, parse_sections
+from strategies.plugins.registries import (
+    PLUGIN_REGISTRIES,
+    check,
+    default_sections,
+    parse_sections,
+)
 
 __all__ = ["CARRIED_KEYS", "RunConfig", "RunConfigError"]
 
@@ -145,7 +150,7 @@ class RunConfig:
 
         Unknown keys are rejected so that a typo cannot silently keep a default;
         the plug-in sections are validated by the plug-ins' options
-        (:func:`strategies.registry.parse_sections`).
+        (:func:`strategies.plugins.registries.parse_sections`).
         """
         for key in CARRIED_KEYS:
             if not isinstance(values.get(key, ""), str):
@@ -217,9 +222,9 @@ class RunConfig:
             self._fail("slab_slices", "must be odd and >= 1")
         if self.task_sizes.image_size % 8:
             self._fail("image_size", "must be a multiple of 8")
-        for registry in REGISTRIES:
-            registry.check(self.plugin_choice(registry.choice_key), self.plugin_options,
-                           self.run_settings())
+        for registry in PLUGIN_REGISTRIES:
+            check(registry, self.plugin_choice(registry.key), self.plugin_options,
+                  self.run_settings())
         try:
             parse_spec(self.strategy_codec)
         except ValueError as exc:

@@ -9,7 +9,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 
 from app.tracking.tracker import round_record
 from strategies import message_keys as keys
-from strategies.registry import AGGREGATORS, SCHEDULES, SELECTORS
+from strategies.plugins.registries import AGGREGATORS, SCHEDULES, SELECTORS
 from strategies.rounds.federated_strategy import FederatedStrategy
 
 pytestmark = pytest.mark.usefixtures("server_identity")

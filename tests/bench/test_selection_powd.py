@@ -20,7 +20,7 @@ import selection_powd
 from clients.datagen.partitions import dirichlet_label_partition
 from model_arrays import load_arrays
 from strategies.aggregation import fedavg_delta
-from strategies.registry import SELECTORS
+from strategies.plugins.registries import SELECTORS
 
 NUM_SITES, M, D = 8, 2, 4
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from strategies.registry import AGGREGATORS, SCHEDULES, SELECTORS
+from strategies.plugins.registries import AGGREGATORS, SCHEDULES, SELECTORS
 from strategies.rounds.checkpoint import (
     CHECKPOINT_FILE,
     CheckpointError,

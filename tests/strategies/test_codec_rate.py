@@ -17,7 +17,7 @@ from strategies.plugins.schedules.codec_rate import (
     check_codec_rate,
     round_seconds,
 )
-from strategies.registry import AGGREGATORS, CODEC_RATES, SCHEDULES, SELECTORS
+from strategies.plugins.registries import AGGREGATORS, CODEC_RATES, SCHEDULES, SELECTORS
 from strategies.rounds.federated_strategy import FederatedStrategy
 from strategies.rounds.state_tree import decode_tree, encode_tree
 from strategies.update_codec import pack_update

@@ -9,7 +9,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from strategies import message_keys as keys
 from strategies.downlink_header import PAYLOAD_KEY, RAW_KEY, DownlinkHeader
 from strategies.model_packing import pack_arrays
-from strategies.registry import AGGREGATORS, SCHEDULES, SELECTORS
+from strategies.plugins.registries import AGGREGATORS, SCHEDULES, SELECTORS
 from strategies.rounds.federated_strategy import FederatedStrategy
 from strategies.update_codec import pack_update
 

@@ -20,7 +20,7 @@ from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 from strategies import message_keys as keys
 from strategies.rounds.federated_strategy import FederatedStrategy, NoValidRepliesError
 from strategies.rounds.node_wait import NodeWaitTimeout, wait_for_nodes
-from strategies.registry import AGGREGATORS, SCHEDULES, SELECTORS
+from strategies.plugins.registries import AGGREGATORS, SCHEDULES, SELECTORS
 from strategies.update_codec import pack_update
 
 

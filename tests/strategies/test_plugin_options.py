@@ -6,18 +6,19 @@ from dataclasses import FrozenInstanceError, dataclass
 
 import pytest
 
-from strategies.plugins.options import NoOptions, PluginOptions, option
+from strategies.plugins.options import NoOptions, PluginError, PluginOptions, option
 from strategies.plugins.run_settings import RunSettings
-from strategies.registry import (
+from strategies.plugins.registries import (
     AGGREGATORS,
-    REGISTRIES,
+    PLUGIN_REGISTRIES,
     SCHEDULES,
     SELECTORS,
-    PluginError,
-    Registry,
+    build,
+    check,
     default_sections,
     parse_sections,
 )
+from strategies.registry import Registry
 
 
 def _settings(**changes: object) -> RunSettings:
@@ -65,14 +66,14 @@ def test_bad_options_name_the_full_key(values, message):
 def test_every_plugin_declares_options_and_builds_from_them():
     settings = _settings()
     sections = default_sections()
-    for registry in REGISTRIES:
+    for registry in PLUGIN_REGISTRIES:
         for name in registry.names():
-            plugin = registry.plugin(name)
+            plugin = registry.get(name)
             assert issubclass(plugin.Options, PluginOptions), name
             assert plugin.Options is NoOptions or plugin.Options.section in sections
             if name == "cpow-d":
-                assert registry.build(name, sections, settings).subset == 32
-            assert isinstance(registry.build(name, sections, settings), plugin)
+                assert build(registry, name, sections, settings).subset == 32
+            assert isinstance(build(registry, name, sections, settings), plugin)
 
 
 def test_sections_keep_the_rest_of_the_run_config_apart():
@@ -87,7 +88,7 @@ def test_unknown_plugin_names_the_choice_key_and_the_known_names():
     with pytest.raises(PluginError, match="'strategy.aggregator' must be one of "
                                           "\\['fedavg', 'fednova', 'median', "
                                           "'trimmed-mean'\\]"):
-        AGGREGATORS.build("krum", default_sections(), _settings())
+        build(AGGREGATORS, "krum", default_sections(), _settings())
 
 
 def test_plugins_no_longer_swallow_unknown_keywords():
@@ -100,13 +101,14 @@ def test_plugins_no_longer_swallow_unknown_keywords():
 def test_a_plugin_can_check_the_rest_of_the_run_config():
     sections = default_sections()
     with pytest.raises(PluginError, match="needs optimizer = \"sgd\".*got optimizer = 'adam'"):
-        AGGREGATORS.check("fednova", sections, _settings(optimizer="adam"))
-    AGGREGATORS.check("fednova", sections, _settings(optimizer="sgd"))
-    AGGREGATORS.check("fedavg", sections, _settings(optimizer="adam"))
+        check(AGGREGATORS, "fednova", sections, _settings(optimizer="adam"))
+    check(AGGREGATORS, "fednova", sections, _settings(optimizer="sgd"))
+    check(AGGREGATORS, "fedavg", sections, _settings(optimizer="adam"))
 
 
 def test_a_registry_takes_a_new_plugin_with_its_section():
-    toys: Registry = Registry("toy", "strategies.plugins.aggregators", "strategy.toy")
+    toys: Registry[type] = Registry("toy", "strategy.toy", package="strategies.plugins.aggregators",
+                                   error=PluginError)
 
     @toys.register("scaled")
     class Scaled:
@@ -119,8 +121,8 @@ def test_a_registry_takes_a_new_plugin_with_its_section():
         def from_options(cls, options: ToyOptions, settings: RunSettings) -> Scaled:
             return cls(options.scale * settings.local_steps)
 
-    built = toys.build("scaled", {"toy": ToyOptions(scale=0.25)}, _settings(local_steps=4))
+    built = build(toys, "scaled", {"toy": ToyOptions(scale=0.25)}, _settings(local_steps=4))
     assert built.scale == 1.0
-    assert toys.build("scaled", {}, _settings(local_steps=4)).scale == 2.0
+    assert build(toys, "scaled", {}, _settings(local_steps=4)).scale == 2.0
     with pytest.raises(PluginError, match="toy 'scaled' registered twice"):
         toys.register("scaled")(Scaled)

@@ -15,7 +15,13 @@ from strategies.aggregation import fedavg_delta, fednova_delta
 from strategies.plugins.defences.defended import DefendedAggregator, with_defence
 from strategies.plugins.options import PluginError
 from strategies.plugins.run_settings import RunSettings
-from strategies.registry import AGGREGATORS, DEFENCES, default_sections, parse_sections
+from strategies.plugins.registries import (
+    AGGREGATORS,
+    DEFENCES,
+    build as build_plugin,
+    default_sections,
+    parse_sections,
+)
 from strategies.replies import TrainReply
 from strategies.robust import coordinatewise, update_norm
 
@@ -47,8 +53,8 @@ def attacked(replies: list[TrainReply], factor: float) -> list[TrainReply]:
 
 def build(defence: str, aggregator: str = "fedavg", **values):
     sections, _ = parse_sections(values)
-    return with_defence(DEFENCES.build(defence, sections, SETTINGS),
-                        AGGREGATORS.build(aggregator, sections, SETTINGS))
+    return with_defence(build_plugin(DEFENCES, defence, sections, SETTINGS),
+                        build_plugin(AGGREGATORS, aggregator, sections, SETTINGS))
 
 
 def distance(a: list[np.ndarray], b: list[np.ndarray]) -> float:
@@ -166,7 +172,7 @@ def test_multi_krum_options_name_the_key():
 def test_robust_aggregators_give_no_weight_to_a_claimed_example_count(name):
     replies = honest_round()
     inflated = [reply(0, replies[0].delta, n=10**15), *replies[1:]]
-    aggregator = AGGREGATORS.build(name, default_sections(), SETTINGS)
+    aggregator = build_plugin(AGGREGATORS, name, default_sections(), SETTINGS)
     honest, _ = aggregator.aggregate(replies)
     claimed, _ = aggregator.aggregate(inflated)
     assert distance(honest, claimed) == 0.0

@@ -12,7 +12,7 @@ import pytest
 
 from strategies import message_keys as keys
 from strategies.plugins.defences.defended import with_defence
-from strategies.registry import AGGREGATORS, DEFENCES
+from strategies.plugins.registries import AGGREGATORS, DEFENCES
 from strategies.replies import TrainReply
 from strategies.rounds.round_metrics import aggregated_replies
 from strategies.rounds.site_book import SiteBook

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from strategies.registry import SELECTORS
+from strategies.plugins.registries import SELECTORS
 from strategies.selection import adaptive_d, fairness_floor, power_of_choice
 
 SIZES = {0: 10, 1: 10, 2: 20, 3: 20, 4: 20, 5: 20}            # fractions .1 .1 .2 .2 .2 .2

@@ -10,7 +10,7 @@ from strategies import message_keys as keys
 from strategies.aggregation import local_solver_norm
 from strategies.rounds.federated_strategy import FederatedStrategy
 from strategies.local_solver import LocalSolver
-from strategies.registry import AGGREGATORS, SCHEDULES, SELECTORS
+from strategies.plugins.registries import AGGREGATORS, SCHEDULES, SELECTORS
 from tests.strategies.test_federated_strategy import FakeGrid, _reply, _train_metrics
 
 pytestmark = pytest.mark.usefixtures("server_identity")

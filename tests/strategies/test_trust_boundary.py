@@ -17,7 +17,7 @@ from strategies.aggregation import AggregationError, fedavg_delta
 from strategies.errors import ReplyError
 from strategies.plugins.run_settings import RunSettings
 from strategies.plugins.selectors.options import SelectionOptions
-from strategies.registry import AGGREGATORS, SCHEDULES, SELECTORS
+from strategies.plugins.registries import AGGREGATORS, SCHEDULES, SELECTORS
 from strategies.rounds.federated_strategy import FederatedStrategy
 from strategies.rounds.site_book import SiteBook
 from tests.strategies.test_federated_strategy import (

@@ -21,7 +21,7 @@ from strategies.errors import ConfigError
 from strategies.plugins.defences.defended import with_defence
 from strategies.plugins.defences.multi_krum import MultiKrumDefence
 from strategies.plugins.defences.norm_bound import NormBoundDefence
-from strategies.registry import AGGREGATORS
+from strategies.plugins.registries import AGGREGATORS
 from strategies.replies import TrainReply
 from strategies.rounds.round_policy import RoundPolicy
 from strategies.rounds.update_stream import UpdateStream

@@ -14,7 +14,7 @@ import numpy as np
 
 from strategies.aggregation import fedavg_delta, positive_weight
 from strategies.plugins.options import Plugin
-from strategies.registry import AGGREGATORS
+from strategies.plugins.registries import AGGREGATORS
 from strategies.replies import TrainReply
 from strategies.running_sum import RunningSum
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from strategies.plugins.options import Plugin
-from strategies.registry import AGGREGATORS
+from strategies.plugins.registries import AGGREGATORS
 from strategies.replies import TrainReply
 from strategies.robust import coordinate_median, coordinatewise
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from strategies.plugins.options import Plugin, PluginOptions, option
-from strategies.registry import AGGREGATORS
+from strategies.plugins.registries import AGGREGATORS
 from strategies.replies import TrainReply
 from strategies.robust import coordinatewise, trimmed_count, trimmed_mean
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from strategies.plugins.options import Plugin, PluginOptions, option
-from strategies.registry import DEFENCES
+from strategies.plugins.registries import DEFENCES
 from strategies.replies import TrainReply
 from strategies.robust import float_stack, krum_scores, lowest_scores
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from strategies.plugins.options import Plugin
-from strategies.registry import DEFENCES
+from strategies.plugins.registries import DEFENCES
 from strategies.replies import TrainReply
 
 

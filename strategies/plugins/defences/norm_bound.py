@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from strategies.plugins.options import Plugin, PluginOptions, option
-from strategies.registry import DEFENCES
+from strategies.plugins.registries import DEFENCES
 from strategies.replies import TrainReply
 from strategies.robust import NormBound, clip_factors, scaled, update_norm
 

@@ -27,7 +27,7 @@ from strategies import message_keys as keys
 from strategies.local_steps import LossSmoother, adacomm_tau
 from strategies.plugins.options import PluginOptions, option
 from strategies.plugins.run_settings import RunSettings
-from strategies.registry import SCHEDULES
+from strategies.plugins.registries import SCHEDULES
 from strategies.replies import TrainReply
 
 

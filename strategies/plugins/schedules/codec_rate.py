@@ -68,7 +68,7 @@ import numpy as np
 from strategies.codecs.spec import CodecSpec, parse_spec
 from strategies.plugins.options import NoOptions, PluginError, PluginOptions, option
 from strategies.plugins.run_settings import RunSettings
-from strategies.registry import CODEC_RATES
+from strategies.plugins.registries import CODEC_RATES
 
 __all__ = ["AdaptiveCodecRate", "CodecRateOptions", "FixedCodecRate", "SiteRound",
            "check_codec_rate", "round_seconds", "sign_ogd_step"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from strategies.plugins.options import NoOptions
 from strategies.plugins.run_settings import RunSettings
-from strategies.registry import SCHEDULES
+from strategies.plugins.registries import SCHEDULES
 from strategies.replies import TrainReply
 
 

@@ -29,7 +29,7 @@ import numpy as np
 from strategies.plugins.options import PluginError
 from strategies.plugins.run_settings import RunSettings
 from strategies.plugins.selectors.options import SelectionOptions
-from strategies.registry import SELECTORS
+from strategies.plugins.registries import SELECTORS
 from strategies.selection import (
     adaptive_d,
     fairness_floor,

@@ -13,7 +13,7 @@ import numpy as np
 
 from strategies.plugins.run_settings import RunSettings
 from strategies.plugins.selectors.options import SelectionOptions
-from strategies.registry import SELECTORS
+from strategies.plugins.registries import SELECTORS
 from strategies.selection import uniform_sample
 
 
