@@ -14,6 +14,7 @@ model and builds the cross-site matrix (:func:`app.cross_site_report.report_fede
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from logging import INFO
 from pathlib import Path
 
@@ -33,6 +34,7 @@ from app.grid_waits import cap_grid_waits
 from app.tracking.traffic_text import round_traffic
 from app.tracking import (
     BestRound,
+    FederationModels,
     FederationTracker,
     RoundScore,
     log_federation_models,
@@ -40,6 +42,7 @@ from app.tracking import (
 )
 from clients.registry import task_class
 from strategies import message_keys as keys
+from strategies.rounds.cross_site import CrossSiteResult
 from strategies.rounds.checkpoint import (
     CHECKPOINT_FILE,
     CheckpointError,
@@ -175,13 +178,47 @@ class RoundRecorder:
         return self.best is not None and self.best.exhausted
 
 
+@dataclass(frozen=True)
+class FederationOutcome:
+    """What a federation left behind, for callers that run the ServerApp in process.
+
+    Attributes
+    ----------
+    mlflow_run_id : str
+        The federation's MLflow run (its params, metrics, models and artefacts).
+    arrays : ArrayRecord
+        The final global model.
+    reports : dict[int, RoundReport]
+        Every round's report, by server round (resumed rounds included).
+    best_round : int
+        The round whose model was selected (0: no round was evaluated).
+    models : FederationModels
+        The logged models' URIs and registry versions.
+    cross_site : CrossSiteResult or None
+        The held-out test and cross-site matrix (``None``: final evaluation off or no site).
+    """
+
+    mlflow_run_id: str
+    arrays: ArrayRecord
+    reports: dict[int, RoundReport]
+    best_round: int
+    models: FederationModels
+    cross_site: CrossSiteResult | None
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
+    """The ServerApp's entry point: :func:`federate` on Flower's grid."""
+    federate(grid, context)
+
+
+def federate(grid: Grid, context: Context) -> FederationOutcome:
     """Run (or, with ``resume``, continue) the federation described by the run config.
 
     Each federation checkpoints into its own folder ``<checkpoint-dir>/<MLflow
     run id>/`` (:func:`strategies.rounds.checkpoint.run_folder`); ``resume``
-    continues the newest one made with the same run config.
+    continues the newest one made with the same run config. ``grid`` is Flower's
+    (``flwr run``) or the in-process engine's (:mod:`app.engine`).
     """
     cap_grid_waits()  # a reply's arrays are read within 0.25 s of their upload, not 1-4 s
     config = RunConfig.from_mapping(context.run_config)
@@ -256,8 +293,8 @@ def main(grid: Grid, context: Context) -> None:
             model_metadata(config.task, config.task_settings(), config.dp_noise_multiplier > 0,
                            task.main_metric),
             config.strategy_codec)
-        report_federation_end(grid, strategy, selected_arrays(best, result.arrays), tracker,
-                              config, task.main_metric)
+        cross_site = report_federation_end(grid, strategy, selected_arrays(best, result.arrays),
+                                           tracker, config, task.main_metric)
         status = "FINISHED"
     finally:
         tracker.finish(status)
@@ -276,6 +313,8 @@ def main(grid: Grid, context: Context) -> None:
         models.final_version or "(not registered)")
     log(INFO, "MLflow run %s (experiment '%s', store %s)", run_id, tracker.experiment_name,
         tracker.tracking_uri)
+    return FederationOutcome(run_id, result.arrays, dict(strategy.reports), models.best_round,
+                             models, cross_site)
 
 
 def _score(strategy: FederatedStrategy, server_round: int, metric: str) -> RoundScore:

@@ -1,0 +1,268 @@
+"""InProcessGrid: Flower's Grid interface over N virtual sites in this process.
+
+The ServerApp talks to its sites only through a :class:`flwr.serverapp.Grid`
+(push instructions, pull replies, list nodes). :class:`InProcessGrid` is one:
+no SuperLink, no SuperNode, no Ray, no subprocess. Each pushed instruction is
+answered at once by its site's handler (the product's real ClientApp unless a
+test gives another), one site after the other, on a copy of the message, as a
+SuperNode receives its own deserialised copy (:func:`over_the_wire`); the reply
+waits in the grid until it may be pulled (a site's
+:class:`~app.engine.faults.SiteFaults` latency).
+
+Message metadata follows Flower's own grids (``flwr.superlink.grid.inmemory_grid``,
+``flwr/server/superlink/linkstate``): an instruction gets a fresh ``message_id``
+and must have a positive TTL and no ``reply_to_message_id``; the site receives
+it with ``delivered_at`` set; a reply has ``reply_to_message_id`` = the
+instruction's id, ``src_node_id`` = the site's node, ``dst_node_id`` = the
+SuperLink's node id; a ClientApp that raises is answered as a SuperNode does
+(``CLIENT_APP_RAISED_EXCEPTION``), a node that is gone as the SuperLink does
+(``NODE_UNAVAILABLE``, from the SuperLink's node id); a reply that does not
+answer its instruction from its own node is refused, as the SuperLink refuses
+it, and the site counts as silent. Instructions do not expire (Flower's
+default TTL is 12 hours).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from logging import ERROR, WARNING
+from typing import cast
+from uuid import uuid4
+
+from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
+from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
+from flwr.serverapp import Grid
+from flwr.supercore import log
+from flwr.supercore.date import now
+from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
+from flwr.supercore.inflatable.inflatable_utils import inflate_object_from_contents
+from flwr.supercore.run import Run
+
+from app.engine.faults import InjectedFault
+from app.engine.virtual_site import Handler, NodeConfigValue, VirtualSite, default_handler
+from strategies import message_keys as keys
+
+__all__ = ["FIRST_NODE_ID", "InProcessGrid", "NODE_UNAVAILABLE_REASON"]
+
+#: Node id of the first virtual site that was given none (the next ones count up).
+FIRST_NODE_ID = 1001
+#: The reason of the SuperLink's reply for a site whose node is gone (as Flower's).
+NODE_UNAVAILABLE_REASON = "Error: Node Unavailable - the destination node is gone."
+
+
+@dataclass
+class _Held:
+    """A reply and the ``time.monotonic()`` from which it may be pulled."""
+
+    reply: Message
+    available_at: float
+
+
+def server_round(message: Message) -> int:
+    """The server round an instruction carries (config ``server-round``; 0 without one)."""
+    content = message.content if message.has_content() else RecordDict()
+    config = content.config_records.get(keys.CONFIG, ConfigRecord())
+    value = config.get(keys.SERVER_ROUND, 0)
+    return int(value) if isinstance(value, (int, float)) else 0
+
+
+class InProcessGrid(Grid):
+    """A Flower Grid whose nodes are :class:`VirtualSite` objects in this process.
+
+    Parameters
+    ----------
+    sites : sequence of VirtualSite
+        The federation's sites; one without a ``node_id`` gets
+        ``FIRST_NODE_ID + its index``.
+    run_config : Mapping
+        The run config every site's Context holds (Flower gives each ClientApp
+        the run's config).
+    run_id : int
+        The Flower run id of the run (messages and Contexts carry it).
+    pull_interval : float
+        Seconds :meth:`send_and_receive` sleeps between two pulls.
+    """
+
+    def __init__(self, sites: Sequence[VirtualSite],
+                 run_config: Mapping[str, NodeConfigValue] | None = None, run_id: int = 1,
+                 pull_interval: float = 0.05) -> None:
+        for index, site in enumerate(sites):
+            site.node_id = site.node_id or FIRST_NODE_ID + index
+        ids = [site.node_id for site in sites]
+        if len(set(ids)) != len(ids) or SUPERLINK_NODE_ID in ids:
+            raise ValueError(f"InProcessGrid: node ids must be distinct and not the "
+                             f"SuperLink's ({SUPERLINK_NODE_ID}), got {ids}")
+        self._run = Run.create_empty(run_id)
+        self._sites = {site.node_id: site for site in sites}
+        self._contexts = {site.node_id: site.join(run_id, run_config or {}) for site in sites}
+        self._handlers: dict[int, Handler] = {}
+        self._held: dict[str, _Held] = {}
+        self._unanswered: set[str] = set()
+        self._round = 0
+        self.pull_interval = pull_interval
+
+    # --- Flower's Grid interface --------------------------------------------------
+
+    def set_run(self, run: Run) -> None:
+        """Operate in ``run`` (the sites' Contexts keep their run id)."""
+        if not isinstance(run, Run):
+            raise TypeError(f"`run` must be an instance of Run, got {type(run).__name__}")
+        self._run = run
+
+    @property
+    def run(self) -> Run:
+        """A copy of the run this grid operates in."""
+        return Run(**vars(self._run))
+
+    def create_message(self, content: RecordDict, message_type: str, dst_node_id: int,
+                       group_id: str, ttl: float | None = None) -> Message:
+        """A new instruction (Flower deprecates this in favour of ``Message(...)``)."""
+        return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
+
+    def get_node_ids(self) -> Iterable[int]:
+        """The connected sites: all but those disconnected by the latest round sent."""
+        return [node for node, site in self._sites.items()
+                if not site.faults.disconnected(self._round)]
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        """Give each instruction to its site, which answers it now; return the ids.
+
+        An instruction to a node the grid does not know is not stored (logged,
+        left out of the returned ids), as the SuperLink does.
+
+        Raises
+        ------
+        ValueError
+            An instruction is malformed (a reply, no positive TTL, delivered).
+        """
+        ids: list[str] = []
+        for message in messages:
+            message.metadata.__dict__["_message_id"] = str(uuid4())
+            meta = message.metadata
+            if meta.reply_to_message_id or meta.ttl <= 0 or meta.delivered_at:
+                raise ValueError(f"Invalid message: {message}")
+            if meta.dst_node_id not in self._sites:
+                log(ERROR, "Invalid destination node ID for Message: %s", meta.dst_node_id)
+                continue
+            ids.append(meta.message_id)
+            self._deliver(message)
+        return ids
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        """The replies to ``message_ids`` that may be pulled now (each returned once)."""
+        current, replies = time.monotonic(), []
+        for message_id in message_ids:
+            held = self._held.get(message_id)
+            if held is not None and held.available_at <= current:
+                del self._held[message_id]
+                held.reply.metadata.delivered_at = now().isoformat()
+                replies.append(held.reply)
+        return replies
+
+    def send_and_receive(self, messages: Iterable[Message], *,
+                         timeout: float | None = None) -> Iterable[Message]:
+        """Push ``messages`` and pull until all are answered or ``timeout`` s passed."""
+        pending = set(self.push_messages(messages))
+        end = time.monotonic() + (timeout or 0.0)
+        replies: list[Message] = []
+        while pending:
+            got = list(self.pull_messages(pending))
+            replies.extend(got)
+            pending -= {m.metadata.reply_to_message_id for m in got}
+            if not pending or (timeout is not None and time.monotonic() >= end):
+                break
+            if not self._can_answer(pending):
+                break  # only silent sites are left: nothing will come
+            time.sleep(self.pull_interval)
+        return replies
+
+    # --- the sites ----------------------------------------------------------------
+
+    def context(self, node_id: int) -> Context:
+        """The persistent Context of site ``node_id`` (its ``state`` lives across messages)."""
+        return self._contexts[node_id]
+
+    @property
+    def sites(self) -> dict[int, VirtualSite]:
+        """Node id -> site."""
+        return dict(self._sites)
+
+    def unanswered(self) -> set[str]:
+        """Ids of instructions a silent site took and will never answer."""
+        return set(self._unanswered)
+
+    def _can_answer(self, pending: set[str]) -> bool:
+        return any(message_id in self._held for message_id in pending)
+
+    def _handler(self, node_id: int) -> Handler:
+        if node_id not in self._handlers:
+            self._handlers[node_id] = self._sites[node_id].handler or default_handler()
+        return self._handlers[node_id]
+
+    def _deliver(self, message: Message) -> None:
+        """Have the instruction's site answer it; hold the reply for its latency."""
+        node = message.metadata.dst_node_id
+        faults, current = self._sites[node].faults, server_round(message)
+        self._round = max(self._round, current)
+        if faults.disconnected(current):
+            self._hold(_node_unavailable(message), 0.0)
+            return
+        if faults.silent(current):
+            self._unanswered.add(message.metadata.message_id)
+            return
+        received = over_the_wire(message)
+        received.metadata.delivered_at = now().isoformat()
+        try:
+            if faults.fails(current):
+                raise InjectedFault(f"site {node} fails from round {faults.fail_from_round}")
+            reply = self._handler(node)(received, self._contexts[node])
+        except Exception as exc:  # noqa: BLE001 - a SuperNode answers any ClientApp exception
+            reply = Message(Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION,
+                                  f"{type(exc)}:<'{exc}'>"), reply_to=received)
+        if not _answers(reply, message):
+            log(WARNING, "site %s: reply refused (it does not answer message %s from node "
+                "%s); the site counts as silent", node, message.metadata.message_id, node)
+            self._unanswered.add(message.metadata.message_id)
+            return
+        reply = over_the_wire(reply)
+        reply.metadata.__dict__["_message_id"] = str(uuid4())
+        self._hold(reply, faults.latency)
+
+    def _hold(self, reply: Message, latency: float) -> None:
+        self._held[reply.metadata.reply_to_message_id] = _Held(reply, time.monotonic() + latency)
+
+
+def over_the_wire(message: Message) -> Message:
+    """``message`` serialised and read back as Flower's transport does (same message id).
+
+    The receiver gets its own copy, as a SuperNode or the ServerApp does, and a
+    record Flower cannot serialise fails here as it would between processes.
+    """
+    objects = get_all_nested_objects(message)
+    contents = {object_id: obj.deflate() for object_id, obj in objects.items()}
+    received = cast(Message, inflate_object_from_contents(message.object_id, contents))
+    received.metadata.__dict__["_message_id"] = message.metadata.message_id
+    return received
+
+
+def _answers(reply: object, message: Message) -> bool:
+    """Whether ``reply`` is a reply to ``message`` from its destination node."""
+    if not isinstance(reply, Message):
+        return False
+    meta = cast(Message, reply).metadata
+    return (meta.reply_to_message_id == message.metadata.message_id
+            and meta.src_node_id == message.metadata.dst_node_id
+            and meta.dst_node_id == message.metadata.src_node_id
+            and meta.run_id == message.metadata.run_id)
+
+
+def _node_unavailable(message: Message) -> Message:
+    """The SuperLink's own reply for a node that is gone (``src_node_id`` = the SuperLink)."""
+    reply = Message(Error(ErrorCode.NODE_UNAVAILABLE, NODE_UNAVAILABLE_REASON), reply_to=message)
+    reply.metadata.__dict__["_src_node_id"] = SUPERLINK_NODE_ID
+    reply.metadata.__dict__["_message_id"] = str(uuid4())
+    return reply
+
+
