@@ -8,7 +8,7 @@ the whole flattened update vector, one ``uint8`` payload per message
 
 Modules
 -------
-- :mod:`.registry` -- codec name -> codec class; :mod:`.spec` -- the one spec parser.
+- :mod:`.registry` -- :data:`CODECS`, codec name -> codec; :mod:`.spec` -- the one spec parser.
 - :mod:`.payload` -- :func:`encode` / :func:`decode`; :mod:`.wire` -- the common header.
 - :mod:`.identity` (``none``), :mod:`.fp16`, :mod:`.topk`, :mod:`.randk`,
   :mod:`.qsgd`, :mod:`.sign` -- one codec each, with its section layout and paper.
@@ -19,14 +19,12 @@ Modules
 - :mod:`.warmup` -- the kept fraction's warm-up over the first rounds (DGC).
 - :mod:`.vectors` -- seeds and flatten / unflatten.
 
-Adding a codec is one new module ending in ``CODEC = register(Codec(...))``
-(see :mod:`.registry`) and one import line below.
+Adding a codec is one new module ending in ``CODEC = CODECS.add("<name>", Codec(...))``
+(see :mod:`.registry`): the registry finds it on its first lookup.
 """
 
 from __future__ import annotations
 
-# The codec modules register themselves on import; keep one line per codec.
-from strategies.codecs import fp16, identity, qsgd, randk, sign, topk  # noqa: F401
 from strategies.codecs.error_feedback import ErrorFeedback
 from strategies.codecs.errors import CodecError, PayloadError
 from strategies.codecs.payload import decode, encode

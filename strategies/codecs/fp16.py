@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from strategies.codecs.registry import Codec, register
+from strategies.codecs.registry import CODECS, Codec
 from strategies.codecs.spec import CodecSpec, no_argument
 from strategies.codecs.wire import F16, Reader, check_finite, read_dense, to_fp16
 
@@ -22,6 +22,6 @@ def decode(reader: Reader, spec: CodecSpec, d: int, seed: int) -> np.ndarray:
     return read_dense(reader, F16, d)
 
 
-CODEC = register(
-    Codec("fp16", 1, "'fp16'", no_argument, encode, decode, "Half-precision codec (2x smaller than float32).")
+CODEC = CODECS.add(
+    "fp16", Codec(1, "'fp16'", no_argument, encode, decode, "Half-precision codec (2x smaller than float32).")
 )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from strategies.codecs.registry import Codec, register
+from strategies.codecs.registry import CODECS, Codec
 from strategies.codecs.spec import CodecSpec, no_argument
 from strategies.codecs.wire import F32, Reader, check_finite, read_dense
 
@@ -22,6 +22,6 @@ def decode(reader: Reader, spec: CodecSpec, d: int, seed: int) -> np.ndarray:
     return read_dense(reader, F32, d)
 
 
-CODEC = register(
-    Codec("none", 0, "'none'", no_argument, encode, decode, "The lossless reference codec.")
+CODEC = CODECS.add(
+    "none", Codec(0, "'none'", no_argument, encode, decode, "The lossless reference codec.")
 )

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from strategies.codecs import registry
+from strategies.codecs.registry import CODECS, names_by_id
 from strategies.codecs.errors import PayloadError
 from strategies.codecs.spec import CodecSpec, parse_spec
 from strategies.codecs.vectors import check_seed
@@ -64,7 +64,7 @@ def encode(vec: np.ndarray, spec: str | CodecSpec, seed: int = 0,
     codec = parse_spec(spec).bind(segments)
     seed_i = check_seed(seed)
     v = as_vector(vec)
-    sections = registry.codec(codec.name).encode(v, codec, seed_i)
+    sections = CODECS.get(codec.name).encode(v, codec, seed_i)
     return join(header(codec.codec_id, v.size), *sections)
 
 
@@ -113,9 +113,8 @@ def decode(payload: np.ndarray, spec: str | CodecSpec, size: int, seed: int = 0,
     if version != VERSION:
         raise PayloadError(f"unsupported payload format version {version} (expected {VERSION})")
     if codec_id != codec.codec_id:
-        found = registry.codec_by_id(codec_id)
-        name = found.name if found is not None else f"unknown id {codec_id}"
+        name = names_by_id().get(codec_id, f"unknown id {codec_id}")
         raise PayloadError(f"payload codec is {name!r} but the spec is {str(codec)!r}")
     if payload_d != d:
         raise PayloadError(f"payload encodes d = {payload_d} entries but size = {d} was expected")
-    return registry.codec(codec.name).decode(reader, codec, d, seed_i)
+    return CODECS.get(codec.name).decode(reader, codec, d, seed_i)

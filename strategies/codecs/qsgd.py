@@ -32,7 +32,7 @@ import numpy as np
 from strategies.codecs.bitpack import pack_bits, symbol_dtype, unpack_bits
 from strategies.codecs.errors import CodecError, PayloadError
 from strategies.codecs.qsgd_buckets import decode_buckets, encode_buckets
-from strategies.codecs.registry import Codec, register
+from strategies.codecs.registry import CODECS, Codec
 from strategies.codecs.spec import CodecSpec, levels_argument
 from strategies.codecs.wire import Reader, non_finite
 
@@ -115,6 +115,6 @@ def decode(reader: Reader, spec: CodecSpec, d: int, seed: int) -> np.ndarray:
     return np.take(table, symbols)
 
 
-CODEC = register(
-    Codec("qsgd", 4, "'qsgd:<1..32767>[:b<bucket>]'", levels_argument, encode, decode, "Unbiased stochastic quantisation to ``2s + 1`` levels of the l2 norm.")
+CODEC = CODECS.add(
+    "qsgd", Codec(4, "'qsgd:<1..32767>[:b<bucket>]'", levels_argument, encode, decode, "Unbiased stochastic quantisation to ``2s + 1`` levels of the l2 norm.")
 )

@@ -19,7 +19,7 @@ import struct
 import numpy as np
 
 from strategies.codecs.errors import PayloadError
-from strategies.codecs.registry import Codec, register
+from strategies.codecs.registry import CODECS, Codec
 from strategies.codecs.spec import CodecSpec, fraction_argument
 from strategies.codecs.wire import F16, Reader, check_finite, finite_values, to_fp16
 
@@ -82,6 +82,6 @@ def decode(reader: Reader, spec: CodecSpec, d: int, seed: int) -> np.ndarray:
     return out
 
 
-CODEC = register(
-    Codec("randk", 3, "'randk:<0<f<=1>'", fraction_argument, encode, decode, "Keep ``k`` coordinates drawn from the shared seed.")
+CODEC = CODECS.add(
+    "randk", Codec(3, "'randk:<0<f<=1>'", fraction_argument, encode, decode, "Keep ``k`` coordinates drawn from the shared seed.")
 )

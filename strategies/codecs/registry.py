@@ -1,30 +1,60 @@
-"""The codec registry: codec name -> codec class.
+"""The codec registry: codec name -> codec, one :class:`~strategies.registry.Registry`.
 
-A codec is a :class:`Codec` record: its ``name``, the ``codec_id`` byte
-written in the payload header, a ``spec_help`` fragment, a ``parse_argument``
+A codec meets :class:`UpdateCodec`: the ``codec_id`` byte written in the
+payload header, a ``spec_help`` fragment, a ``summary``, a ``parse_argument``
 function (see :mod:`strategies.codecs.spec`) and two functions::
 
     encode(v, spec, seed) -> the codec sections (after the common header)
     decode(reader, spec, d, seed) -> float32 vector of length d
 
-Adding a codec is one new module ending in ``CODEC = register(Codec(...))``
-and one import line in :mod:`strategies.codecs`.
+Adding a codec is one new module of ``strategies/codecs/`` ending in
+``CODEC = CODECS.add("<name>", Codec(...))``: :data:`CODECS` imports every module
+of the package on its first lookup, so the file is all it takes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-__all__ = ["Codec", "codec", "codec_by_id", "codecs", "find", "names", "register"]
+import numpy as np
+
+from strategies.codecs.errors import CodecError
+from strategies.registry import Registry
+
+if TYPE_CHECKING:
+    from strategies.codecs.spec import CodecSpec
+    from strategies.codecs.wire import Reader
+
+__all__ = ["CODECS", "Codec", "UpdateCodec", "names", "names_by_id"]
+
+
+@runtime_checkable
+class UpdateCodec(Protocol):
+    """An update codec: its payload id, its spec syntax and its two functions."""
+
+    #: The byte written in the payload header (unique among the codecs).
+    codec_id: int
+    #: The spec form for error messages (``"'topk:<0<f<=1>[:layer]'"``).
+    spec_help: str
+    #: One line saying what it keeps.
+    summary: str
+
+    def parse_argument(self, spec: str, name: str, sep: str, arg: str) -> CodecSpec:
+        """The :class:`CodecSpec` of ``spec`` = ``name + sep + arg``; ``CodecError`` if bad."""
+
+    def encode(self, v: np.ndarray, spec: CodecSpec, seed: int) -> tuple[np.ndarray, ...]:
+        """The codec sections of the finite float32 vector ``v`` (after the common header)."""
+
+    def decode(self, reader: Reader, spec: CodecSpec, d: int, seed: int) -> np.ndarray:
+        """The float32 vector of length ``d`` read from ``reader``; ``PayloadError`` if bad."""
 
 
 @dataclass(frozen=True)
 class Codec:
-    """One update codec: its names on the wire and in specs, and its two functions."""
+    """An :class:`UpdateCodec` made of a codec module's functions."""
 
-    name: str
     codec_id: int
     spec_help: str
     parse_argument: Callable[..., Any]
@@ -32,42 +62,32 @@ class Codec:
     decode: Callable[..., Any]
     summary: str
 
-
-_BY_NAME: dict[str, Codec] = {}
-_BY_ID: dict[int, Codec] = {}
-
-
-def register(codec: Codec) -> Codec:
-    """Add ``codec`` under its ``name`` and ``codec_id`` (each must be new)."""
-    if codec.name in _BY_NAME or codec.codec_id in _BY_ID:
-        raise RuntimeError(f"codec {codec.name!r} (id {codec.codec_id}) is registered twice")
-    if not 0 <= codec.codec_id <= 255:
-        raise RuntimeError(f"codec {codec.name!r}: codec_id {codec.codec_id} is not one byte")
-    _BY_NAME[codec.name] = codec
-    _BY_ID[codec.codec_id] = codec
-    return codec
+    def __post_init__(self) -> None:
+        if not 0 <= self.codec_id <= 255:
+            raise CodecError(f"codec {self.spec_help}: codec_id {self.codec_id} is not one byte")
 
 
-def find(name: str) -> Codec | None:
-    """The codec registered as ``name``, or None."""
-    return _BY_NAME.get(name)
+#: Every codec by name (``strategy.codec``'s spec starts with one of them).
+CODECS: Registry[UpdateCodec] = Registry("codec", "strategy.codec", package="strategies.codecs",
+                                         error=CodecError)
 
 
-def codec(name: str) -> Codec:
-    """The codec registered as ``name`` (KeyError if none)."""
-    return _BY_NAME[name]
+def names_by_id() -> dict[int, str]:
+    """Codec name by payload id, in id order.
 
-
-def codec_by_id(codec_id: int) -> Codec | None:
-    """The codec whose payload id is ``codec_id``, or None."""
-    return _BY_ID.get(codec_id)
-
-
-def codecs() -> list[Codec]:
-    """All registered codecs, in payload-id order."""
-    return [_BY_ID[i] for i in sorted(_BY_ID)]
+    Raises
+    ------
+    CodecError
+        If two codecs share a payload id.
+    """
+    found: dict[int, str] = {}
+    for name, codec in CODECS.entries().items():
+        other = found.setdefault(codec.codec_id, name)
+        if other != name:
+            raise CodecError(f"codecs {other!r} and {name!r} share payload id {codec.codec_id}")
+    return dict(sorted(found.items()))
 
 
 def names() -> list[str]:
     """All registered codec names, in payload-id order."""
-    return [c.name for c in codecs()]
+    return list(names_by_id().values())

@@ -19,7 +19,7 @@ import numpy as np
 
 from strategies.codecs.bitpack import BYTE_SIGNS
 from strategies.codecs.errors import PayloadError
-from strategies.codecs.registry import Codec, register
+from strategies.codecs.registry import CODECS, Codec
 from strategies.codecs.spec import CodecSpec, no_argument
 from strategies.codecs.wire import Reader, non_finite
 
@@ -52,6 +52,6 @@ def decode(reader: Reader, spec: CodecSpec, d: int, seed: int) -> np.ndarray:
     return np.take(table, packed, axis=0).reshape(-1)[:d]
 
 
-CODEC = register(
-    Codec("sign", 5, "'sign'", no_argument, encode, decode, "One bit per entry plus the mean magnitude.")
+CODEC = CODECS.add(
+    "sign", Codec(5, "'sign'", no_argument, encode, decode, "One bit per entry plus the mean magnitude.")
 )

@@ -1,6 +1,6 @@
 """Codec specs (``"topk:0.01"``): the one place a spec string is parsed.
 
-The name before the colon picks the codec class in :mod:`strategies.codecs.registry`;
+The name before the colon picks the codec in :data:`strategies.codecs.registry.CODECS`;
 that class parses the argument with one of the helpers below
 (:func:`no_argument`, :func:`fraction_argument`, :func:`levels_argument`).
 """
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
-from strategies.codecs import registry
+from strategies.codecs.registry import CODECS, names
 from strategies.codecs.errors import CodecError
 
 __all__ = ["CodecSpec", "MAX_BUCKET", "MAX_LEVELS", "fraction_argument",
@@ -56,7 +56,7 @@ class CodecSpec:
     @property
     def codec_id(self) -> int:
         """The codec id written in the payload header."""
-        return registry.codec(self.name).codec_id
+        return CODECS.get(self.name).codec_id
 
     def k(self, d: int) -> int:
         """Number of kept entries of a ``d``-vector for ``topk`` / ``randk``.
@@ -94,7 +94,7 @@ class CodecSpec:
 
 
 def _spec_help() -> str:
-    return "valid specs: " + ", ".join(c.spec_help for c in registry.codecs())
+    return "valid specs: " + ", ".join(CODECS.get(name).spec_help for name in names())
 
 
 def no_argument(spec: str, name: str, sep: str, arg: str) -> CodecSpec:
@@ -158,7 +158,7 @@ def levels_argument(spec: str, name: str, sep: str, arg: str) -> CodecSpec:
 @lru_cache(maxsize=64)
 def _parse_spec_cached(spec: str) -> CodecSpec:
     name, sep, arg = spec.strip().lower().partition(":")
-    codec = registry.find(name)
+    codec = CODECS.find(name)
     if codec is None:
         raise CodecError(f"unknown codec spec {spec!r}; {_spec_help()}")
     return codec.parse_argument(spec, name, sep, arg)

@@ -17,7 +17,7 @@ import struct
 import numpy as np
 
 from strategies.codecs.errors import PayloadError
-from strategies.codecs.registry import Codec, register
+from strategies.codecs.registry import CODECS, Codec
 from strategies.codecs.spec import CodecSpec, layer_fraction_argument
 from strategies.codecs.topk_layers import check_layer_counts, layer_topk_indices
 from strategies.codecs.varint import varint_decode, varint_encode, varint_lengths
@@ -120,6 +120,6 @@ def decode(reader: Reader, spec: CodecSpec, d: int, seed: int) -> np.ndarray:
     return out
 
 
-CODEC = register(
-    Codec("topk", 2, "'topk:<0<f<=1>[:layer]'", layer_fraction_argument, encode, decode, "Keep the ``k`` entries of largest magnitude.")
+CODEC = CODECS.add(
+    "topk", Codec(2, "'topk:<0<f<=1>[:layer]'", layer_fraction_argument, encode, decode, "Keep the ``k`` entries of largest magnitude.")
 )

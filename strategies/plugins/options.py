@@ -124,14 +124,20 @@ class NoOptions(PluginOptions):
 
 
 class Plugin:
-    """Base of a plug-in class: its ``Options`` and the default way to build it.
+    """Base of a plug-in class: its ``Options``, the default way to build it and to check it.
 
-    The default :meth:`from_options` passes each option field as the keyword of
-    the same name (``server_momentum`` -> ``__init__(server_momentum=...)``); a
-    plug-in that also reads the rest of the run config overrides it.
+    Meets :class:`strategies.plugins.protocols.PluginClass`. The default
+    :meth:`from_options` passes each option field as the keyword of the same
+    name (``server_momentum`` -> ``__init__(server_momentum=...)``); a plug-in
+    that also reads the rest of the run config overrides it. The default
+    :meth:`requires` accepts any run config.
     """
 
     Options: ClassVar[type[PluginOptions]] = NoOptions
+
+    @staticmethod
+    def requires(options: PluginOptions, settings: Any) -> None:
+        """Refuse a run config the plug-in cannot serve (``PluginError``); this one serves any."""
 
     @classmethod
     def from_options(cls, options: PluginOptions, settings: Any) -> Any:

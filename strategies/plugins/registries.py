@@ -23,8 +23,12 @@ provides (see ``plugins/aggregators/fednova.py``):
   dataclass naming its run-config section (:class:`NoOptions` when it has none);
 * ``from_options(options, settings)``: the instance for a run (``Plugin``'s default
   passes each option as the ``__init__`` keyword of the same name);
-* optionally ``requires(options, settings)``: a check against the rest of the run
-  config (FedNova's needs ``optimizer = "sgd"``), raising :class:`PluginError`.
+* ``requires(options, settings)``: a check against the rest of the run config
+  (FedNova's needs ``optimizer = "sgd"``), raising :class:`PluginError`; ``Plugin``'s
+  default accepts any.
+
+These are :class:`~strategies.plugins.protocols.PluginClass`; the built instance
+meets its kind's Protocol (:mod:`strategies.plugins.protocols`).
 
 :func:`parse_sections` validates every plug-in section of a run config, so the
 run config itself names no plug-in; :func:`check` and :func:`build` turn a
@@ -83,9 +87,7 @@ def check(registry: Registry[type], name: str, sections: Mapping[str, PluginOpti
         plug-in whose ``requires`` refuses the run config.
     """
     plugin = registry.get(name)
-    requires = getattr(plugin, "requires", None)
-    if requires is not None:
-        requires(_options_of(plugin, sections), settings)
+    plugin.requires(_options_of(plugin, sections), settings)
 
 
 def build(registry: Registry[type], name: str, sections: Mapping[str, PluginOptions],

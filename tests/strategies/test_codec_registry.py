@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from strategies import codecs
-from strategies.codecs import registry
+from strategies.codecs.registry import CODECS, Codec, names_by_id
 from strategies.codecs.spec import CodecSpec, levels_argument
 from strategies.codecs.wire import F32, Reader, check_finite
 from strategies.errors import ConfigError, ReplyError
@@ -14,7 +14,7 @@ from strategies.errors import ConfigError, ReplyError
 
 def test_registry_lists_the_six_codecs_in_payload_id_order() -> None:
     assert codecs.names() == ["none", "fp16", "topk", "randk", "qsgd", "sign"]
-    assert [c.codec_id for c in registry.codecs()] == [0, 1, 2, 3, 4, 5]
+    assert list(names_by_id()) == [0, 1, 2, 3, 4, 5]
 
 
 def test_error_branches() -> None:
@@ -25,8 +25,7 @@ def test_error_branches() -> None:
 
 
 def test_a_registered_codec_round_trips_through_encode_and_decode(monkeypatch) -> None:
-    monkeypatch.setattr(registry, "_BY_NAME", dict(registry._BY_NAME))
-    monkeypatch.setattr(registry, "_BY_ID", dict(registry._BY_ID))
+    monkeypatch.setattr(CODECS, "_entries", CODECS.entries())
     codecs.spec._parse_spec_cached.cache_clear()
 
     def encode(v: np.ndarray, spec: CodecSpec, seed: int) -> tuple[np.ndarray, ...]:
@@ -38,15 +37,30 @@ def test_a_registered_codec_round_trips_through_encode_and_decode(monkeypatch) -
         reader.finish()
         return values * np.float32(spec.levels)
 
-    scale = registry.register(
-        registry.Codec("scale", 200, "'scale:<k>'", levels_argument, encode, decode, "Divide by k.")
+    scale = CODECS.add(
+        "scale", Codec(200, "'scale:<k>'", levels_argument, encode, decode, "Divide by k.")
     )
 
     try:
         v = np.arange(9, dtype=np.float32)
         assert "scale" in codecs.names()
         np.testing.assert_array_equal(codecs.decode(codecs.encode(v, "scale:4"), "scale:4", 9), v)
-        with pytest.raises(RuntimeError, match="registered twice"):
-            registry.register(scale)
+        with pytest.raises(codecs.CodecError, match="codec 'scale' registered twice"):
+            CODECS.add("scale", scale)
     finally:
         codecs.spec._parse_spec_cached.cache_clear()
+
+
+def test_a_codec_sharing_a_payload_id_or_wider_than_a_byte_is_refused(monkeypatch) -> None:
+    monkeypatch.setattr(CODECS, "_entries", CODECS.entries())
+    none = CODECS.get("none")
+    CODECS.add("copy", Codec(0, "'copy'", none.parse_argument, none.encode, none.decode, "x"))
+    with pytest.raises(codecs.CodecError, match="share payload id 0"):
+        codecs.names()
+    with pytest.raises(codecs.CodecError, match="codec_id 256 is not one byte"):
+        Codec(256, "'wide'", none.parse_argument, none.encode, none.decode, "x")
+
+
+def test_an_unknown_codec_names_the_run_config_key_and_the_codecs() -> None:
+    with pytest.raises(codecs.CodecError, match="'strategy.codec' must be one of \\['fp16', "):
+        CODECS.get("zip")

@@ -6,7 +6,7 @@ from dataclasses import FrozenInstanceError, dataclass
 
 import pytest
 
-from strategies.plugins.options import NoOptions, PluginError, PluginOptions, option
+from strategies.plugins.options import NoOptions, Plugin, PluginError, PluginOptions, option
 from strategies.plugins.run_settings import RunSettings
 from strategies.plugins.registries import (
     AGGREGATORS,
@@ -111,7 +111,7 @@ def test_a_registry_takes_a_new_plugin_with_its_section():
                                    error=PluginError)
 
     @toys.register("scaled")
-    class Scaled:
+    class Scaled(Plugin):
         Options = ToyOptions
 
         def __init__(self, scale: float) -> None:

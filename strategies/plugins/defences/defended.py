@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from strategies.plugins.defences.none import NoDefence
+from strategies.plugins.protocols import Aggregator, Defence
 from strategies.replies import TrainReply
 from strategies.running_sum import RunningSum
 
@@ -16,10 +17,11 @@ class DefendedAggregator:
 
     Parameters
     ----------
-    defence : object
+    defence : Defence
         A ``strategy.defence`` plug-in (``filter(replies) -> (replies, info)``).
-    aggregator : object
-        A ``strategy.aggregator`` plug-in (``aggregate(replies) -> (delta, info)``).
+    aggregator : Aggregator
+        A ``strategy.aggregator`` plug-in (``aggregate(replies) -> (delta, info)``;
+        ``fold`` and ``finish`` too when it streams).
 
     Notes
     -----
@@ -30,7 +32,7 @@ class DefendedAggregator:
     round's norms), bounded by run config ``round.max-held-mb``.
     """
 
-    def __init__(self, defence, aggregator) -> None:
+    def __init__(self, defence: Defence, aggregator: Aggregator) -> None:
         self.defence, self.aggregator = defence, aggregator
 
     def aggregate(self, replies: list[TrainReply]) -> tuple[list[np.ndarray], dict[str, float]]:
@@ -42,8 +44,7 @@ class DefendedAggregator:
     @property
     def needs_all_updates(self) -> bool:
         """Whether the defence or the aggregator needs the round's set of updates."""
-        return (getattr(self.defence, "needs_all_updates", True)
-                or getattr(self.aggregator, "needs_all_updates", True))
+        return self.defence.needs_all_updates or self.aggregator.needs_all_updates
 
     def fold(self, total: RunningSum, reply: TrainReply, index: int) -> dict[str, float]:
         """The defence on ``reply`` alone, then the aggregator's fold; the defence's info."""
@@ -58,7 +59,7 @@ class DefendedAggregator:
         return self.aggregator.finish(total, replies)
 
 
-def with_defence(defence, aggregator):
+def with_defence(defence: Defence, aggregator: Aggregator) -> Aggregator:
     """``aggregator`` behind ``defence``; the aggregator itself when the defence is ``none``."""
     if isinstance(defence, NoDefence):
         return aggregator

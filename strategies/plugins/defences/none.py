@@ -11,6 +11,9 @@ from strategies.replies import TrainReply
 class NoDefence(Plugin):
     """Keep every accepted reply unchanged (no options)."""
 
+    #: Nothing is compared across replies: a linear aggregator behind it streams.
+    needs_all_updates = False
+
     def filter(self, replies: list[TrainReply]) -> tuple[list[TrainReply], dict[str, float]]:
         """Return the replies and nothing to track."""
         return list(replies), {}

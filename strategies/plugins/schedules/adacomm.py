@@ -25,7 +25,7 @@ import numpy as np
 
 from strategies import message_keys as keys
 from strategies.local_steps import LossSmoother, adacomm_tau
-from strategies.plugins.options import PluginOptions, option
+from strategies.plugins.options import Plugin, PluginOptions, option
 from strategies.plugins.run_settings import RunSettings
 from strategies.plugins.registries import SCHEDULES
 from strategies.replies import TrainReply
@@ -58,7 +58,7 @@ class AdaCommOptions(PluginOptions):
 
 
 @SCHEDULES.register("adacomm")
-class AdaCommSchedule:
+class AdaCommSchedule(Plugin):
     """Adaptive tau from the global model's smoothed training loss."""
 
     Options = AdaCommOptions
@@ -79,6 +79,7 @@ class AdaCommSchedule:
         """The schedule for a run: tau_0 = ``local-steps``."""
         return cls(tau0=settings.local_steps, tau_min=options.tau_min,
                    tau_max=options.tau_max or None, smoothing=options.loss_smoothing)
+
     def observe(self, replies: list[TrainReply]) -> dict[str, float]:
         """Update tau from this round's replies; returns what to track."""
         if not replies:

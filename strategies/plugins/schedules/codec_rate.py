@@ -66,7 +66,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from strategies.codecs.spec import CodecSpec, parse_spec
-from strategies.plugins.options import NoOptions, PluginError, PluginOptions, option
+from strategies.plugins.options import Plugin, PluginError, PluginOptions, option
 from strategies.plugins.run_settings import RunSettings
 from strategies.plugins.registries import CODEC_RATES
 
@@ -190,15 +190,8 @@ def check_codec_rate(choice: str, codec: str | CodecSpec, warmup_rounds: int) ->
 
 
 @CODEC_RATES.register("fixed")
-class FixedCodecRate:
+class FixedCodecRate(Plugin):
     """The codec's own fraction every round (its warm-up included); tracks nothing."""
-
-    Options = NoOptions
-
-    @classmethod
-    def from_options(cls, options: NoOptions, settings: RunSettings) -> FixedCodecRate:
-        """The schedule for a run (no options)."""
-        return cls()
 
     def rate_for(self, spec: CodecSpec) -> float | None:
         """None: the round's spec is the codec's."""
@@ -210,7 +203,7 @@ class FixedCodecRate:
 
 
 @CODEC_RATES.register("adaptive")
-class AdaptiveCodecRate:
+class AdaptiveCodecRate(Plugin):
     """Sign-based online gradient descent on the log kept fraction (module docstring)."""
 
     Options = CodecRateOptions

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from strategies.plugins.options import NoOptions
+from strategies.plugins.options import NoOptions, Plugin
 from strategies.plugins.run_settings import RunSettings
 from strategies.plugins.registries import SCHEDULES
 from strategies.replies import TrainReply
 
 
 @SCHEDULES.register("fixed")
-class FixedSchedule:
+class FixedSchedule(Plugin):
     """Constant tau (the local-update SGD of McMahan et al. 2017); no options."""
-
-    Options = NoOptions
 
     def __init__(self, tau0: int) -> None:
         if tau0 < 1:

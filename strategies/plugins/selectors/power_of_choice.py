@@ -26,7 +26,7 @@ import math
 
 import numpy as np
 
-from strategies.plugins.options import PluginError
+from strategies.plugins.options import Plugin, PluginError
 from strategies.plugins.run_settings import RunSettings
 from strategies.plugins.selectors.options import SelectionOptions
 from strategies.plugins.registries import SELECTORS
@@ -38,7 +38,7 @@ from strategies.selection import (
 )
 
 
-class _PowerOfChoice:
+class _PowerOfChoice(Plugin):
     """Shared machinery; subclasses say where the candidates' losses come from."""
 
     Options = SelectionOptions

@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 
+from strategies.plugins.options import Plugin
 from strategies.plugins.run_settings import RunSettings
 from strategies.plugins.selectors.options import SelectionOptions
 from strategies.plugins.registries import SELECTORS
@@ -18,7 +19,7 @@ from strategies.selection import uniform_sample
 
 
 @SELECTORS.register("uniform")
-class UniformSelector:
+class UniformSelector(Plugin):
     """Samples ``m`` sites per round; ``m = 0`` means ``ceil(fraction * N)``."""
 
     Options = SelectionOptions

@@ -1,0 +1,128 @@
+"""What the round machinery relies on from each kind of strategy plug-in.
+
+One :class:`typing.Protocol` per registry of :mod:`strategies.plugins.registries`;
+the rounds (:mod:`strategies.rounds`) read these attributes and call these
+methods directly, never probing with ``getattr``. A plug-in class meets two
+contracts:
+
+* :class:`PluginClass`, the class itself: ``Options``, ``from_options`` and
+  ``requires`` (what :func:`strategies.plugins.registries.build` calls);
+  :class:`~strategies.plugins.options.Plugin` gives the defaults;
+* the Protocol of its kind, for the instance built for a run.
+
+Sign convention (DESIGN.md): an update is ``delta_i = x_global - x_local_i``;
+the new global model is ``x_global - Delta``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from strategies.codecs.spec import CodecSpec
+    from strategies.plugins.options import PluginOptions
+    from strategies.plugins.run_settings import RunSettings
+    from strategies.plugins.schedules.codec_rate import SiteRound
+    from strategies.replies import TrainReply
+    from strategies.rounds.site_selection import SelectionContext
+    from strategies.running_sum import RunningSum
+
+__all__ = ["Aggregator", "CodecRate", "Defence", "PluginClass", "Schedule", "Selector",
+           "StreamingAggregator"]
+
+#: What a plug-in returns to track for the round (MLflow metrics): name -> value.
+Info = dict[str, float]
+
+
+@runtime_checkable
+class PluginClass(Protocol):
+    """A registered plug-in class: its typed options and how a run builds it."""
+
+    #: Its run-config section (:class:`~strategies.plugins.options.NoOptions`: none).
+    Options: ClassVar[type[PluginOptions]]
+
+    @classmethod
+    def from_options(cls, options: PluginOptions, settings: RunSettings) -> Any:
+        """The plug-in for a run, from its section's options and the run settings."""
+
+    @staticmethod
+    def requires(options: PluginOptions, settings: RunSettings | None) -> None:
+        """Refuse (``PluginError``, naming the keys) a run config the plug-in cannot serve."""
+
+
+@runtime_checkable
+class Aggregator(Protocol):
+    """``strategy.aggregator``: the round's accepted replies -> the update ``Delta``."""
+
+    #: False: linear, the replies may be folded one by one as they arrive
+    #: (then it is a :class:`StreamingAggregator`); True: every update of the
+    #: round is held until :meth:`aggregate`, bounded by ``round.max-held-mb``.
+    needs_all_updates: bool
+
+    def aggregate(self, replies: list[TrainReply]) -> tuple[list[np.ndarray], Info]:
+        """``Delta`` over ``replies`` (model order) and what to track."""
+
+
+@runtime_checkable
+class StreamingAggregator(Aggregator, Protocol):
+    """A linear aggregator (``needs_all_updates = False``): fold each reply, then finish.
+
+    ``finish(fold(r_1), ..., fold(r_n))`` equals ``aggregate([r_1, ..., r_n])``.
+    """
+
+    def fold(self, total: RunningSum, reply: TrainReply, index: int) -> Info:
+        """Add ``reply`` (the ``index``-th of the round) to the running sum ``total``."""
+
+    def finish(self, total: RunningSum, replies: list[TrainReply]) -> tuple[list[np.ndarray], Info]:
+        """``Delta`` from ``total`` over the folded ``replies``, and what to track."""
+
+
+@runtime_checkable
+class Defence(Protocol):
+    """``strategy.defence``: what is done to the accepted replies before the aggregator."""
+
+    #: False: each reply is treated on its own (a linear aggregator behind it
+    #: still streams, one reply at a time); True: it needs the round's set.
+    needs_all_updates: bool
+
+    def filter(self, replies: list[TrainReply]) -> tuple[list[TrainReply], Info]:
+        """The replies to aggregate (scaled or a subset, in order) and what to track."""
+
+
+@runtime_checkable
+class Schedule(Protocol):
+    """``strategy.schedule``: the local steps ``tau`` of the next round."""
+
+    #: Local steps the next round's sites run.
+    tau: int
+
+    def observe(self, replies: list[TrainReply]) -> Info:
+        """Learn from the round's accepted replies (may change ``tau``); what to track."""
+
+
+@runtime_checkable
+class CodecRate(Protocol):
+    """``strategy.codec-rate``: the uplink codec's kept fraction of each round."""
+
+    def rate_for(self, spec: CodecSpec) -> float | None:
+        """This round's kept fraction for the codec ``spec``; None keeps the spec's own."""
+
+    def observe(self, rate: float | None, sites: Sequence[SiteRound]) -> Info:
+        """Learn from the round run at ``rate`` (its accepted sites); what to track."""
+
+
+@runtime_checkable
+class Selector(Protocol):
+    """``strategy.selector``: the sites that train this round."""
+
+    #: The last choice, for the round report: ``selected`` and, where the
+    #: selector has them, ``candidates``, ``losses`` (by node id), ``d``, ``m``.
+    last: dict[str, Any]
+    #: Rounds each node id was selected.
+    times_selected: dict[int, int]
+
+    def select(self, server_round: int, nodes: list[int], ctx: SelectionContext) -> list[int]:
+        """The node ids (sorted, a subset of ``nodes``) to train in ``server_round``."""

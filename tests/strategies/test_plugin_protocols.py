@@ -1,0 +1,89 @@
+"""Every registered plug-in meets the Protocol of its kind: attributes and method signatures."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Generic, Protocol
+
+import pytest
+
+from strategies.codecs.registry import CODECS, UpdateCodec
+from strategies.plugins.defences.defended import DefendedAggregator
+from strategies.plugins.protocols import (
+    Aggregator,
+    CodecRate,
+    Defence,
+    PluginClass,
+    Schedule,
+    Selector,
+    StreamingAggregator,
+)
+from strategies.plugins.registries import (
+    AGGREGATORS,
+    CODEC_RATES,
+    DEFENCES,
+    SCHEDULES,
+    SELECTORS,
+    build,
+    default_sections,
+)
+from strategies.plugins.run_settings import RunSettings
+from strategies.registry import Registry
+
+SETTINGS = RunSettings(local_steps=5, num_rounds=3, fraction_train=1.0, min_nodes=1, seed=0,
+                       optimizer="sgd")
+KINDS: list[tuple[Registry[type], type]] = [
+    (AGGREGATORS, Aggregator), (DEFENCES, Defence), (SCHEDULES, Schedule),
+    (CODEC_RATES, CodecRate), (SELECTORS, Selector),
+]
+
+
+def _parameters(function: object) -> list[str]:
+    return [p.name for p in inspect.signature(function).parameters.values()  # type: ignore[arg-type]
+            if p.name not in ("self", "cls")]
+
+
+def assert_meets(value: object, protocol: type) -> None:
+    """``value`` passes ``isinstance`` and each method takes the Protocol's parameters."""
+    assert isinstance(value, protocol), f"{value!r} is no {protocol.__name__}"
+    members = {name: getattr(member, "__func__", member)
+               for klass in reversed(protocol.__mro__) if klass not in (object, Protocol, Generic)
+               for name, member in vars(klass).items()}
+    for name, member in members.items():
+        if inspect.isfunction(member) and not name.startswith("_"):
+            assert _parameters(getattr(value, name)) == _parameters(member), (
+                f"{type(value).__name__}.{name} does not take {protocol.__name__}.{name}'s "
+                f"parameters")
+
+
+@pytest.mark.parametrize(("registry", "protocol"), KINDS, ids=lambda k: getattr(k, "kind", ""))
+def test_every_registered_plugin_meets_its_protocol(registry, protocol):
+    sections = default_sections()
+    assert registry.names()
+    for name, plugin in registry.entries().items():
+        assert_meets(plugin, PluginClass)
+        assert_meets(build(registry, name, sections, SETTINGS), protocol)
+
+
+def test_linear_aggregators_stream_and_the_others_say_they_do_not():
+    streaming = [name for name, plugin in AGGREGATORS.entries().items()
+                 if not build(AGGREGATORS, name, default_sections(), SETTINGS).needs_all_updates]
+    assert streaming == ["fedavg", "fednova"]
+    for name in streaming:
+        assert_meets(AGGREGATORS.create(name), StreamingAggregator)
+
+
+@pytest.mark.parametrize(("defence", "streams"),
+                         [("none", True), ("norm-bound", False), ("multi-krum", False)])
+def test_a_defended_aggregator_streams_only_when_its_defence_does(defence, streams):
+    defended = DefendedAggregator(DEFENCES.create(defence), AGGREGATORS.create("fedavg"))
+    assert_meets(defended, StreamingAggregator)
+    assert defended.needs_all_updates is not streams
+    assert DefendedAggregator(DEFENCES.create("norm-bound", kappa=0.0, absolute=1.0),
+                              AGGREGATORS.create("fedavg")).needs_all_updates is False
+
+
+def test_every_registered_codec_meets_the_codec_protocol():
+    assert CODECS.names()
+    for codec in CODECS.entries().values():
+        assert_meets(codec, UpdateCodec)
