@@ -11,11 +11,12 @@ The model (an MLflow URI or a local MLflow model folder;
 its task and settings. ``--data`` is a site folder (its manifest, all splits or
 ``--split``) or a plain folder of DICOM series / images
 (:mod:`app.prediction.inputs`). Each item is read as in training, predicted
-on CUDA with autocast when present (CPU otherwise), and one progress line per
-item goes to stderr. Outputs (:mod:`app.prediction.output`): ``pe-seg`` writes
-one NIfTI mask per study on the series' grid plus ``findings.csv``; the
-classifiers write ``predictions.csv``; unreadable items are skipped and listed
-in ``skipped.csv``. With references (the site's masks or labels) the task's
+on CUDA with autocast when present (CPU otherwise) by the task's predictor
+(:mod:`clients.prediction`), and one progress line per item goes to stderr.
+Outputs (:mod:`app.prediction.output`): a segmentation task writes one NIfTI
+mask per study on the series' grid plus ``findings.csv``; a classifier writes
+``predictions.csv``; unreadable items are skipped and listed in
+``skipped.csv``. With references (the site's masks or labels) the task's
 metric is printed at the end (Dice: mean over studies on the series' own grid;
 ROC AUC: macro over labels), and so is the time per item.
 
@@ -41,14 +42,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TextIO
 
-import numpy as np
-
 from app.model_source import LoggedModel, load_logged_model
-from app.prediction.classification import classify, read_input
-from app.prediction.inputs import InputItem, discover_items
-from app.prediction.output import MASKS, mask_name, prepare_out, write_table
+from app.prediction.inputs import discover_items
+from app.prediction.output import SKIPPED, prepare_out, write_table
 from app.prediction.personalised import federation_of, personalise, site_of
-from app.prediction.segmentation import segment_study
+from clients.registry import task_class
 from clients.training.device import ComputeDevice, select_device
 from strategies.errors import ConfigError, FedMedError, ItemError
 
@@ -108,7 +106,10 @@ def predict(logged: LoggedModel, data: Path, out: Path, split: str | None = None
             stream: TextIO | None = None) -> PredictSummary:
     """Predict every item of ``data`` with ``logged`` into ``out`` (see the module docstring).
 
-    Progress lines go to ``stream`` (default: ``sys.stderr`` at call time).
+    The model's task finds the items and predicts each one (its
+    :meth:`~clients.training.site_task.SiteTask.predictor`); this loop times
+    them, skips and lists the unreadable ones and writes the tables. Progress
+    lines go to ``stream`` (default: ``sys.stderr`` at call time).
 
     Raises
     ------
@@ -119,28 +120,22 @@ def predict(logged: LoggedModel, data: Path, out: Path, split: str | None = None
         If the site's manifest is malformed.
     """
     data, stream = Path(data).resolve(), stream or sys.stderr
-    items = discover_items(logged.task, data, split, logged.settings.num_labels)
+    task = task_class(logged.task)
+    items = discover_items(task, data, split, logged.settings)
     if not items:
         raise ConfigError(f"DATA {data}: no {logged.task} item found"
                           + (f" in split {split!r}" if split else ""))
-    out = prepare_out(Path(out), data, overwrite, masks=logged.task == "pe-seg")
+    out = prepare_out(Path(out), data, overwrite)
     compute = compute or select_device()
     logged.model.to(compute.device).eval()
-    summary = PredictSummary(logged.task, out, metric="dice" if logged.task == "pe-seg" else "auc")
+    predictor = task.predictor(logged.model, logged.settings, compute, out)
+    summary = PredictSummary(logged.task, out, metric=task.main_metric)
     rows: list[list[object]] = []
-    references: list[tuple[np.ndarray, np.ndarray]] = []
-    dices: list[float] = []
-    taken: set[str] = set()
-    skipped_rows = []
+    skipped_rows: list[list[object]] = []
     for k, item in enumerate(items, 1):
         started = time.perf_counter()
         try:
-            if logged.task == "pe-seg":
-                result, note, score = _segment(logged, item, out, taken, compute)
-                dices += [] if score is None else [score]
-            else:
-                result, note, scores = _classify(logged, item, compute)
-                references += [] if item.labels is None else [(scores, item.labels)]
+            result = predictor.predict(item)
         except ItemError as exc:
             reason = " ".join(str(exc).splitlines())
             summary.skipped[item.item_id] = reason
@@ -149,38 +144,14 @@ def predict(logged: LoggedModel, data: Path, out: Path, split: str | None = None
             continue
         seconds = time.perf_counter() - started
         summary.seconds.append(seconds)
-        rows.append([item.item_id, item.split, _shown(item.image, data), *result, seconds])
-        print(f"[{k}/{len(items)}] {item.item_id}: {note} ({seconds:.2f} s)", file=stream, flush=True)
+        rows.append([item.item_id, item.split, _shown(item.image, data), *result.cells, seconds])
+        print(f"[{k}/{len(items)}] {item.item_id}: {result.note} ({seconds:.2f} s)", file=stream,
+              flush=True)
     summary.predicted = len(rows)
-    _write_tables(logged, out, rows, skipped_rows)
-    if logged.task == "pe-seg":
-        summary.value = statistics.fmean(dices) if dices else None
-    else:
-        summary.value = _auc(references)
+    write_table(out / predictor.table, ["id", "split", "image", *predictor.columns, "seconds"], rows)
+    write_table(out / SKIPPED, ["id", "image", "reason"], skipped_rows)
+    summary.value = predictor.metric()
     return summary
-
-
-def _segment(logged: LoggedModel, item: InputItem, out: Path, taken: set[str],
-             compute: ComputeDevice) -> tuple[list[object], str, float | None]:
-    """A study's mask written: its ``findings.csv`` cells, progress note, and Dice (if a reference)."""
-    name = mask_name(item.item_id, taken)
-    found = segment_study(logged.model, item.image, item.reference, out / MASKS / name,
-                          logged.settings, compute)
-    cells = [f"{MASKS}/{name}", found.voxels, found.volume_ml, found.max_probability, found.dice]
-    return cells, f"{found.voxels} voxels ({found.volume_ml:.2f} ml)", found.dice
-
-
-def _classify(logged: LoggedModel, item: InputItem,
-              compute: ComputeDevice) -> tuple[list[object], str, np.ndarray]:
-    """An item's ``predictions.csv`` cells, progress note, and probabilities."""
-    scores = classify(logged.model, read_input(logged.task, item.image, logged.settings), compute)[0]
-    cells = [float(s) for s in scores] + _labels(item, len(scores))
-    return cells, "p = " + ", ".join(f"{s:.3f}" for s in scores), scores
-
-
-def _labels(item: InputItem, count: int) -> list[object]:
-    """The item's reference labels as table cells (empty when it has none)."""
-    return [None] * count if item.labels is None else [int(v) for v in item.labels]
 
 
 def _shown(path: Path, data: Path) -> str:
@@ -189,36 +160,6 @@ def _shown(path: Path, data: Path) -> str:
         return path.resolve().relative_to(data).as_posix()
     except ValueError:
         return str(path)
-
-
-def _write_tables(logged: LoggedModel, out: Path, rows: list[list[object]],
-                  skipped: list[list[object]]) -> None:
-    """``findings.csv`` / ``predictions.csv`` and ``skipped.csv``."""
-    head = ["id", "split", "image"]
-    if logged.task == "pe-seg":
-        write_table(out / "findings.csv", head + ["mask", "voxels", "volume_ml", "max_probability",
-                                                  "dice", "seconds"], rows)
-    else:
-        n = logged.settings.num_labels
-        names = ["probability"] if n == 1 else [f"probability_{j}" for j in range(n)]
-        labels = ["label"] if n == 1 else [f"label_{j}" for j in range(n)]
-        write_table(out / "predictions.csv", head + names + labels + ["seconds"], rows)
-    write_table(out / "skipped.csv", ["id", "image", "reason"], skipped)
-
-
-def _auc(pairs: list[tuple[np.ndarray, np.ndarray]]) -> float | None:
-    """Macro ROC AUC over labels (Hanley & McNeil, Radiology 1982); ``None`` if a label has one class."""
-    if not pairs:
-        return None
-    import torch
-
-    from models.monai_core import compute_roc_auc
-
-    scores = torch.tensor(np.stack([s for s, _ in pairs]), dtype=torch.float32)
-    labels = torch.tensor(np.stack([y for _, y in pairs]), dtype=torch.float32)
-    if not all(0 < int(labels[:, j].sum()) < len(labels) for j in range(labels.shape[1])):
-        return None
-    return float(compute_roc_auc(scores, labels, average="macro"))
 
 
 def _parser() -> argparse.ArgumentParser:

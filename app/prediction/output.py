@@ -1,8 +1,9 @@
 """The output folder of ``make predict``: created fresh, never inside the input, CSV tables.
 
-``OUT`` holds ``masks/<study>.nii.gz`` and ``findings.csv`` (``pe-seg``) or
-``predictions.csv`` (classification), and ``skipped.csv`` (every item that
-could not be read, with the reason). An existing non-empty ``OUT`` is refused
+``OUT`` holds the task's predictor's outputs (a segmentation task's
+``masks/<study>.nii.gz`` and ``findings.csv``, a classifier's
+``predictions.csv``; :data:`clients.prediction.predictor.OUTPUTS`) and
+``skipped.csv`` (every item that could not be read, with the reason). An existing non-empty ``OUT`` is refused
 unless ``overwrite``; then only these outputs are replaced. ``OUT`` may not be
 ``DATA`` or lie inside it: the input folder is only read.
 """
@@ -10,25 +11,22 @@ unless ``overwrite``; then only these outputs are replaced. ``OUT`` may not be
 from __future__ import annotations
 
 import csv
-import re
 import shutil
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from clients.prediction import predictor
 from strategies.errors import ConfigError
 
-__all__ = ["OUTPUTS", "MASKS", "prepare_out", "mask_name", "write_table"]
+__all__ = ["SKIPPED", "OUTPUTS", "prepare_out", "write_table"]
 
-MASKS = "masks"
+SKIPPED = "skipped.csv"
 #: Everything ``make predict`` writes into OUT (what ``overwrite`` replaces).
-OUTPUTS = ("findings.csv", "predictions.csv", "skipped.csv", MASKS)
-_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+OUTPUTS = (*predictor.OUTPUTS, SKIPPED)
 
 
-def prepare_out(out: Path, data: Path, overwrite: bool, masks: bool = False) -> Path:
+def prepare_out(out: Path, data: Path, overwrite: bool) -> Path:
     """Create ``out`` (or, with ``overwrite``, clear this tool's outputs in it) and return it resolved.
-
-    ``masks``: also create ``out / masks`` (segmentation).
 
     Raises
     ------
@@ -52,19 +50,8 @@ def prepare_out(out: Path, data: Path, overwrite: bool, masks: bool = False) -> 
                 shutil.rmtree(target)
             elif target.exists():
                 target.unlink()
-    (out / MASKS if masks else out).mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     return out
-
-
-def mask_name(item_id: str, taken: set[str]) -> str:
-    """A file name ``<id>.nii.gz`` for a study's mask: unsafe characters replaced, unique in ``taken``."""
-    stem = _UNSAFE.sub("_", item_id).strip("._") or "study"
-    name, n = f"{stem}.nii.gz", 1
-    while name in taken:
-        n += 1
-        name = f"{stem}-{n}.nii.gz"
-    taken.add(name)
-    return name
 
 
 def write_table(path: Path, header: Sequence[str], rows: Iterable[Sequence[object]]) -> Path:

@@ -13,8 +13,8 @@ artifact: load only models of your own registry.
 
 Every model carries ``metadata={"fedmed": {...}}`` (:func:`model_metadata`): the task,
 its settings, whether the network was made DP-compatible, its preprocessing in one line
-and the main metric, so loading it needs no other file. The signature has a batch
-dimension of -1.
+(the task's :meth:`~clients.training.site_task.SiteTask.preprocessing_text`) and the main
+metric, so loading it needs no other file. The signature has a batch dimension of -1.
 """
 
 from __future__ import annotations
@@ -34,10 +34,10 @@ from mlflow.models import infer_signature
 from torch import nn
 
 import models
+from clients.registry import task_class
 from clients.root_logging import root_logging_kept
 
-__all__ = ["MODEL_REQUIREMENTS", "PREPROCESSING", "log_task_model", "model_metadata",
-           "register_version"]
+__all__ = ["MODEL_REQUIREMENTS", "log_task_model", "model_metadata", "register_version"]
 
 
 with root_logging_kept():  # mlflow.pytorch._lightning_autolog calls logging.basicConfig
@@ -47,23 +47,6 @@ with root_logging_kept():  # mlflow.pytorch._lightning_autolog calls logging.bas
 #: (and network-hungry) requirement inference; cloudpickle unpickles the module.
 MODEL_REQUIREMENTS = ["torch==2.13.0", "monai", "numpy", "cloudpickle"]
 
-#: Per task, what a site does to an image before the model sees it (formatted with
-#: the :class:`~clients.training.site_task.TaskSettings` fields).
-PREPROCESSING = {
-    "pe-seg": ("CT series in HU, CTPA window level 100 HU / width 700 HU to [0, 1], each axial "
-               "slice resized (bilinear) to {image_size}x{image_size}; input (N, {slab_slices}, "
-               "{image_size}, {image_size}): {slab_slices} consecutive slices as channels; output "
-               "(N, 1, {image_size}, {image_size}) logits of the centre slice's PE mask"),
-    "cxr-cls": ("radiograph (DICOM Modality and VOI LUT, MONOCHROME1 inverted; PNG/JPEG as luma), "
-                "per-image min-max scaled to [0, 1], longer side resized to {image_size} and "
-                "centred on a zero-padded square; input (N, 1, {image_size}, {image_size}); "
-                "output (N, {num_labels}) logits, sigmoid = probability"),
-    "ct3d-cls": ("CT volume in HU, lung window level -600 HU / width 1500 HU to [0, 1] "
-                 "(pre-windowed .npy as is), resampled to {volume_depth}x{image_size}x"
-                 "{image_size}; input (N, 1, {volume_depth}, {image_size}, {image_size}); "
-                 "output (N, {num_labels}) logits, sigmoid = probability"),
-}
-
 
 def model_metadata(task: str, settings: Any, private: bool, main_metric: str) -> dict[str, Any]:
     """The ``fedmed`` metadata of a logged model (the session's shared contract).
@@ -71,7 +54,7 @@ def model_metadata(task: str, settings: Any, private: bool, main_metric: str) ->
     Parameters
     ----------
     task : str
-        The run config's ``task``; a key of :data:`PREPROCESSING`.
+        The run config's ``task`` (a name of :mod:`clients.registry`).
     settings : TaskSettings
         The task's settings (a dataclass); every field is recorded.
     private : bool
@@ -81,7 +64,7 @@ def model_metadata(task: str, settings: Any, private: bool, main_metric: str) ->
     """
     values = dataclasses.asdict(settings)
     return {"fedmed": {"task": task, "task-settings": values, "private": bool(private),
-                       "preprocessing": PREPROCESSING[task].format(**values),
+                       "preprocessing": task_class(task).preprocessing_text(settings),
                        "main-metric": main_metric}}
 
 

@@ -10,13 +10,17 @@ loss, ROC AUC.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 from torch import nn
 
 from clients.training.classification import ClassificationTask, LabelledTensors
 from clients.ct3d_cls.data import load_site
-from clients.ct3d_cls.manifest import MANIFEST_NAME
+from clients.ct3d_cls.manifest import MANIFEST_NAME, read_manifest
+from clients.io.volume import load_ct_volume
 from clients.manifests.load_report import LoadReport
+from clients.prediction.items import VOLUME_FILES, PredictionItem
 from clients.training.site_task import TaskSettings
 from models.convlstm import ConvLSTMClassifier3D
 
@@ -31,6 +35,12 @@ class CT3DClsTask(ClassificationTask):
     name = "ct3d-cls"
     manifest_name = MANIFEST_NAME
     item_noun = "volume"
+    preprocessing = ("CT volume in HU, lung window level -600 HU / width 1500 HU to [0, 1] "
+                     "(pre-windowed .npy as is), resampled to {volume_depth}x{image_size}x"
+                     "{image_size}; input (N, 1, {volume_depth}, {image_size}, {image_size}); "
+                     "output (N, {num_labels}) logits, sigmoid = probability")
+    item_files = VOLUME_FILES
+    item_series = True
 
     def _load_split(self, split: str) -> tuple[LabelledTensors, LoadReport]:
         """The split's volumes on the ``(volume depth, image size, image size)`` grid."""
@@ -38,6 +48,20 @@ class CT3DClsTask(ClassificationTask):
         volumes, report = load_site(self.site_dir, split, (self.settings.volume_depth, size, size))
         return LabelledTensors([v for _, v, _ in volumes],
                                [np.array([y], np.float32) for _, _, y in volumes]), report
+
+    @classmethod
+    def read_image(cls, path: Path, settings: TaskSettings) -> np.ndarray:
+        """The volume in the lung window on the task's grid (:func:`~clients.io.volume.load_ct_volume`)."""
+        size = settings.image_size
+        return load_ct_volume(path, (settings.volume_depth, size, size))
+
+    @classmethod
+    def manifest_items(cls, site_dir: Path, split: str | None,
+                       settings: TaskSettings) -> list[PredictionItem]:
+        """``labels.csv`` rows; a row without a usable label is predicted without a reference."""
+        return [PredictionItem(r.study_id, r.image, r.split,
+                               labels=None if r.label is None else np.array([r.label], np.float32))
+                for r in read_manifest(site_dir) if split is None or r.split == split]
 
     @classmethod
     def model_for(cls, settings: TaskSettings) -> nn.Module:

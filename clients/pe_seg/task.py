@@ -21,7 +21,9 @@ from torch.utils.data import DataLoader, Dataset
 
 from clients.training.device import ComputeDevice
 from clients.pe_seg.data import load_site
-from clients.pe_seg.manifest import MANIFEST_NAME
+from clients.pe_seg.manifest import MANIFEST_NAME, read_manifest
+from clients.pe_seg.prediction import SegmentationPredictor
+from clients.prediction.items import PredictionItem
 from clients.training.sampling import positive_share_sampler
 from clients.training.site_task import EvalResult, SiteTask, TaskSettings, merged_report
 from clients.pe_seg.slabs import SlabDataset
@@ -79,6 +81,12 @@ class PESegTask(SiteTask):
     main_metric = "dice"
     manifest_name = MANIFEST_NAME
     channels_last_ok = True
+    preprocessing = ("CT series in HU, CTPA window level 100 HU / width 700 HU to [0, 1], each "
+                     "axial slice resized (bilinear) to {image_size}x{image_size}; input (N, "
+                     "{slab_slices}, {image_size}, {image_size}): {slab_slices} consecutive slices "
+                     "as channels; output (N, 1, {image_size}, {image_size}) logits of the centre "
+                     "slice's PE mask")
+    item_series = True
 
     def __init__(self, site_dir: Path, settings: TaskSettings) -> None:
         super().__init__(site_dir, settings)
@@ -95,6 +103,19 @@ class PESegTask(SiteTask):
                  "%d studies skipped", self.site_dir.name, len(train) if train else 0,
                  train.num_positive_slices if train else 0, len(val) if val else 0,
                  len(test) if test else 0, len(self.report.skipped))
+
+    @classmethod
+    def manifest_items(cls, site_dir: Path, split: str | None,
+                       settings: TaskSettings) -> list[PredictionItem]:
+        """``manifest.csv`` rows: the series folder, with the study's PE mask as the reference."""
+        return [PredictionItem(r.study_id, r.image_dir, r.split, reference=r.mask_path)
+                for r in read_manifest(site_dir) if split is None or r.split == split]
+
+    @classmethod
+    def predictor(cls, model: nn.Module, settings: TaskSettings, compute: ComputeDevice,
+                  out: Path) -> SegmentationPredictor:
+        """A NIfTI mask per study on its series' grid and a ``findings.csv`` row (mean Dice)."""
+        return SegmentationPredictor(model, settings, compute, out)
 
     @classmethod
     def model_for(cls, settings: TaskSettings) -> nn.Module:

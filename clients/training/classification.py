@@ -10,6 +10,7 @@ ROC AUC (MONAI ``compute_roc_auc``, macro over labels) plus accuracy at 0.5;
 from __future__ import annotations
 
 from abc import abstractmethod
+from functools import partial
 from pathlib import Path
 from typing import ClassVar
 
@@ -20,9 +21,9 @@ from torch.utils.data import DataLoader, Dataset
 
 from clients.training.device import ComputeDevice
 from clients.manifests.load_report import LoadReport
+from clients.prediction.classifier import ClassifierPredictor, macro_auc
 from clients.training.sampling import positive_share_sampler
 from clients.training.site_task import EvalResult, SiteTask, TaskSettings, merged_report
-from models.monai_core import compute_roc_auc
 
 __all__ = ["LabelledTensors", "balanced_loader", "evaluate_classifier", "ClassificationTask"]
 
@@ -66,10 +67,10 @@ def evaluate_classifier(model: nn.Module, dataset: LabelledTensors, compute: Com
                         batch_size: int) -> EvalResult:
     """BCE loss, macro ROC AUC and accuracy at probability 0.5 over ``dataset``.
 
-    ROC AUC is defined only when every label has both classes in ``dataset``
-    (Hanley & McNeil, Radiology 1982: the probability that a positive scores
-    above a negative); otherwise ``"auc"`` is left out of the metrics rather
-    than sent as NaN, which the server would reject with the whole reply.
+    ROC AUC (:func:`~clients.prediction.classifier.macro_auc`) is defined only
+    when every label has both classes in ``dataset``; otherwise ``"auc"`` is
+    left out of the metrics rather than sent as NaN, which the server would
+    reject with the whole reply.
     """
     model.to(compute.device).eval()
     loss_fn = nn.BCEWithLogitsLoss(reduction="sum")
@@ -83,9 +84,9 @@ def evaluate_classifier(model: nn.Module, dataset: LabelledTensors, compute: Com
     loss = float(loss_fn(out, labels))
     scores = torch.sigmoid(out)
     metrics = {"accuracy": float(((scores > 0.5).float() == labels).float().mean())}
-    if all(0 < int(labels[:, j].sum()) < len(labels) for j in range(labels.shape[1])):
-        metrics["auc"] = float(compute_roc_auc(scores, labels, average="macro"))
-    # else: a label with one class only in ``dataset``: AUC is undefined here and is omitted
+    auc = macro_auc(scores, labels)
+    if auc is not None:  # else a label has one class only in ``dataset``: AUC is omitted
+        metrics["auc"] = auc
     return EvalResult(num_examples=len(dataset), loss=loss / max(labels.numel(), 1),
                       metrics=metrics, num_studies=len(dataset))
 
@@ -98,9 +99,12 @@ class ClassificationTask(SiteTask):
     is ``None``, and a site without a usable item in any split is a
     :class:`~clients.training.site_task.SiteDataError`. Training batches are
     class-balanced (:func:`balanced_loader`); evaluation runs
-    :func:`evaluate_classifier`. Subclasses set ``name``, ``manifest_name`` and
-    ``item_noun`` and implement :meth:`_load_split`, :meth:`model_for` and
-    :meth:`example_input`.
+    :func:`evaluate_classifier`; ``make predict`` scores one item at a time
+    (:class:`~clients.prediction.classifier.ClassifierPredictor`). Subclasses set
+    ``name``, ``manifest_name``, ``item_noun`` and the prediction attributes of
+    :class:`~clients.training.site_task.SiteTask` and implement
+    :meth:`_load_split`, :meth:`read_image`, :meth:`manifest_items`,
+    :meth:`model_for` and :meth:`example_input`.
     """
 
     main_metric = "auc"
@@ -120,6 +124,25 @@ class ClassificationTask(SiteTask):
     @abstractmethod
     def _load_split(self, split: str) -> tuple[LabelledTensors, LoadReport]:
         """The usable items of one split, and the load report (bad items skipped)."""
+
+    @classmethod
+    @abstractmethod
+    def read_image(cls, path: Path, settings: TaskSettings) -> np.ndarray:
+        """One item's image read and preprocessed as :meth:`_load_split` does (``float32``, no
+        channel axis).
+
+        Raises
+        ------
+        ItemError
+            If the file is unreadable.
+        """
+
+    @classmethod
+    def predictor(cls, model: nn.Module, settings: TaskSettings, compute: ComputeDevice,
+                  out: Path) -> ClassifierPredictor:
+        """Probabilities per label of each item (``predictions.csv``; nothing else in ``out``)."""
+        return ClassifierPredictor(model, partial(cls.read_image, settings=settings),
+                                   settings.num_labels, compute)
 
     @staticmethod
     def loss_fn() -> nn.Module:

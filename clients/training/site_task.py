@@ -17,9 +17,9 @@ import logging
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 import torch
@@ -29,10 +29,14 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from clients.training.device import ComputeDevice
 from clients.manifests.csv_rows import EVAL_SPLITS
 from clients.manifests.load_report import LoadReport
+from clients.prediction.items import PredictionItem, plain_folder_items
 from clients.training.private_training import (DpSettings, dp_compatible, noise_only_step,
                                                private_training)
 from clients.training.trainer import TrainResult, train_steps
 from strategies.errors import SiteError
+
+if TYPE_CHECKING:
+    from clients.prediction.predictor import Predictor
 
 __all__ = ["SiteDataError", "TaskSettings", "EvalResult", "SiteTask", "make_optimizer",
            "merged_report", "OPTIMIZERS", "EVAL_SPLITS"]
@@ -112,6 +116,21 @@ class SiteTask(ABC):
     :meth:`_require_items`. A task whose model is a 2D CNN on ``(N, C, H, W)``
     inputs sets ``channels_last_ok`` so that it runs NHWC on devices that ask
     for it (:attr:`ComputeDevice.channels_last`).
+
+    Hooks for applying a logged model (``make predict``) and logging it, all
+    class-level so that no site data is loaded for them; app/ asks the task
+    through them and names no task:
+
+    - ``preprocessing`` (attribute): what a site does to an item before the
+      model sees it, one line formatted with the :class:`TaskSettings` fields
+      (:meth:`preprocessing_text`); logged with the model.
+    - :meth:`manifest_items`: a site folder's manifest rows as
+      :class:`~clients.prediction.items.PredictionItem` s, with their references.
+    - ``item_files`` and ``item_series`` (attributes): which files, and whether
+      folders of other files (DICOM series), are items of a plain folder;
+      override :meth:`folder_items` for another rule.
+    - :meth:`predictor`: reads and preprocesses one item as in training and
+      writes its output (a :class:`~clients.prediction.predictor.Predictor`).
     """
 
     name: ClassVar[str]
@@ -119,6 +138,12 @@ class SiteTask(ABC):
     #: The site folder's manifest (``images.csv``, ``manifest.csv``, ``labels.csv``), named in errors.
     manifest_name: ClassVar[str]
     channels_last_ok: ClassVar[bool] = False
+    #: One line of preprocessing, with ``{image_size}``-style fields of :class:`TaskSettings`.
+    preprocessing: ClassVar[str]
+    #: Lower-case suffixes of a plain folder's files that are one item each.
+    item_files: ClassVar[tuple[str, ...]] = ()
+    #: Whether a plain folder's folder of other files is one item (a DICOM series).
+    item_series: ClassVar[bool] = False
 
     def __init__(self, site_dir: Path, settings: TaskSettings) -> None:
         self.site_dir = Path(site_dir)
@@ -177,6 +202,36 @@ class SiteTask(ABC):
     @abstractmethod
     def example_input(cls, settings: TaskSettings) -> np.ndarray:
         """One input batch of the model, for MLflow's model signature."""
+
+    @classmethod
+    def preprocessing_text(cls, settings: TaskSettings) -> str:
+        """:attr:`preprocessing` with these settings' values (the logged model's ``preprocessing``)."""
+        return cls.preprocessing.format(**asdict(settings))
+
+    @classmethod
+    @abstractmethod
+    def manifest_items(cls, site_dir: Path, split: str | None,
+                       settings: TaskSettings) -> list[PredictionItem]:
+        """The rows of ``site_dir``'s manifest of ``split`` (all when ``None``) as prediction items,
+        in file order, with their reference (mask, labels) where the row has a usable one.
+
+        Raises
+        ------
+        ManifestError
+            If the manifest is missing or malformed.
+        """
+
+    @classmethod
+    def folder_items(cls, folder: Path) -> list[PredictionItem]:
+        """The items of a plain folder (no manifest), by :attr:`item_files` and :attr:`item_series`
+        (:func:`~clients.prediction.items.plain_folder_items`)."""
+        return plain_folder_items(folder, cls.item_files, cls.item_series)
+
+    @classmethod
+    @abstractmethod
+    def predictor(cls, model: nn.Module, settings: TaskSettings, compute: ComputeDevice,
+                  out: Path) -> Predictor:
+        """The predictor of ``model`` (in eval mode), writing beside its table into ``out``."""
 
     @staticmethod
     @abstractmethod

@@ -86,14 +86,15 @@ def test_pe_masks_have_the_series_geometry_and_data_is_untouched(pe_site: Path, 
 
 
 def test_a_plain_folder_of_series_is_one_item_per_series(pe_site: Path) -> None:
-    items = discover_items("pe-seg", pe_site / "studies", split=None)
+    pe = task_class("pe-seg")
+    items = discover_items(pe, pe_site / "studies", None, PE_SETTINGS)
     series = sorted(r["image"].removeprefix("studies/") for r in _rows(pe_site / "manifest.csv"))
     assert [i.item_id for i in items] == series
     assert all(i.reference is None and i.split == "" for i in items)
     with pytest.raises(ConfigError, match="a plain folder has no splits"):
-        discover_items("pe-seg", pe_site / "studies", split="test")
+        discover_items(pe, pe_site / "studies", "test", PE_SETTINGS)
     with pytest.raises(ConfigError, match="holds manifest.csv, a pe-seg site, but the model is for cxr-cls"):
-        discover_items("cxr-cls", pe_site, split=None)
+        discover_items(task_class("cxr-cls"), pe_site, None, CXR_SETTINGS)
 
 
 def test_a_plain_ct_folder_holds_volume_files_and_series_folders(tmp_path: Path) -> None:
@@ -104,7 +105,7 @@ def test_a_plain_ct_folder_holds_volume_files_and_series_folders(tmp_path: Path)
     (tmp_path / "lung.npy").write_bytes(b"")
     (tmp_path / ".hidden").mkdir()
     (tmp_path / ".hidden" / "IM0001").write_bytes(b"")
-    items = discover_items("ct3d-cls", tmp_path, split=None)
+    items = discover_items(task_class("ct3d-cls"), tmp_path, None, TaskSettings())
     assert [i.item_id for i in items] == ["chest.nii.gz", "lung.npy", "patient-1/series-2"]
 
 

@@ -8,11 +8,16 @@ series' in-plane size (bilinear), thresholded at 0.5 (logit 0, as in
 validation) and written as a NIfTI mask on the series' affine
 (:func:`clients.io.nifti.write_nifti_mask`), so it overlays the series in any
 viewer (3D Slicer, ITK-SNAP) and reads back voxel for voxel.
+:class:`SegmentationPredictor` is the task's predictor for ``make predict``:
+``masks/<study>.nii.gz`` plus a ``findings.csv`` row per study, scored by the
+mean Dice over the studies with a reference mask.
 """
 
 from __future__ import annotations
 
 import logging
+import re
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,16 +31,20 @@ from clients.io.dicom_series import CTVolume, read_dicom_series
 from clients.io.nifti import read_nifti_mask, write_nifti_mask
 from clients.pe_seg.data import Item
 from clients.pe_seg.slabs import SlabDataset
+from clients.prediction.items import PredictionItem
+from clients.prediction.predictor import FINDINGS, MASKS, ItemResult
 from clients.training.device import ComputeDevice
 from clients.training.site_task import TaskSettings
 from strategies.errors import ItemError
 
-__all__ = ["Findings", "segment_volume", "dice", "segment_study"]
+__all__ = ["Findings", "segment_volume", "dice", "segment_study", "mask_name",
+           "SegmentationPredictor"]
 
 log = logging.getLogger(__name__)
 
 #: Slabs per forward pass.
 BATCH = 16
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 @dataclass(frozen=True)
@@ -124,3 +133,54 @@ def segment_study(model: nn.Module, series: Path, reference: Path | None, mask_p
     return Findings(voxels=voxels, volume_ml=voxels * dz * dy * dx / 1000.0,
                     max_probability=float(probability.max()) if probability.size else 0.0,
                     dice=score)
+
+
+def mask_name(item_id: str, taken: set[str]) -> str:
+    """A file name ``<id>.nii.gz`` for a study's mask: unsafe characters replaced, unique in ``taken``."""
+    stem = _UNSAFE.sub("_", item_id).strip("._") or "study"
+    name, n = f"{stem}.nii.gz", 1
+    while name in taken:
+        n += 1
+        name = f"{stem}-{n}.nii.gz"
+    taken.add(name)
+    return name
+
+
+class SegmentationPredictor:
+    """A NIfTI mask per study in ``<out>/masks`` and its ``findings.csv`` row.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The 2.5D network, in eval mode.
+    settings : TaskSettings
+        Its ``image_size`` and ``slab_slices``.
+    compute : ComputeDevice
+        Where to run.
+    out : Path
+        The output folder (``masks/`` is created in it).
+    """
+
+    table = FINDINGS
+    columns = ("mask", "voxels", "volume_ml", "max_probability", "dice")
+
+    def __init__(self, model: nn.Module, settings: TaskSettings, compute: ComputeDevice,
+                 out: Path) -> None:
+        self.model, self.settings, self.compute = model, settings, compute
+        self.masks = out / MASKS
+        self.masks.mkdir(parents=True, exist_ok=True)
+        self._taken: set[str] = set()
+        self._dices: list[float] = []
+
+    def predict(self, item: PredictionItem) -> ItemResult:
+        """Segment the item's series (see :func:`segment_study`) and return its findings row."""
+        name = mask_name(item.item_id, self._taken)
+        found = segment_study(self.model, item.image, item.reference, self.masks / name,
+                              self.settings, self.compute)
+        self._dices += [] if found.dice is None else [found.dice]
+        return ItemResult([f"{MASKS}/{name}", found.voxels, found.volume_ml, found.max_probability,
+                           found.dice], f"{found.voxels} voxels ({found.volume_ml:.2f} ml)")
+
+    def metric(self) -> float | None:
+        """Mean Dice over the studies with a usable reference mask."""
+        return statistics.fmean(self._dices) if self._dices else None
