@@ -1,10 +1,11 @@
-"""The imaging tasks a site can run, by name (the run config's ``task``): one entry per task.
+"""The imaging tasks a site can run, by name (the run config's ``task``): one registry line per task.
 
-Each entry names, as dotted paths imported only on use, the task's
+:data:`TASKS` is a :class:`~strategies.registry.Registry` of :class:`TaskEntry`
+records, each naming as dotted paths, imported only on use, the task's
 :class:`~clients.training.site_task.SiteTask` class, its synthetic hospital
-generator and its shared-set converter, and lists the names of its real
+generator and its shared-set converter, and listing the names of its real
 shared sets (the first is the default ``SET``). Importing this module is
-cheap (no torch, no imaging library): the Makefile and ``python -m
+cheap (no numpy, no torch, no imaging library): the Makefile and ``python -m
 clients.datagen`` ask it which generator and which sets a task has.
 """
 
@@ -16,12 +17,13 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 from strategies.errors import ConfigError
+from strategies.registry import Registry, import_path
 
 if TYPE_CHECKING:
     from clients.datagen.shared_set import SharedSet
     from clients.training.site_task import SiteTask
 
-__all__ = ["TaskEntry", "TASKS", "task_entry", "task_class", "synthetic_module", "shared_set"]
+__all__ = ["TaskEntry", "TASKS", "task_class", "synthetic_module", "shared_set"]
 
 
 @dataclass(frozen=True)
@@ -30,8 +32,6 @@ class TaskEntry:
 
     Attributes
     ----------
-    name : str
-        The task name (``task`` of the run config).
     task : str
         ``module:Class`` of its :class:`~clients.training.site_task.SiteTask`.
     synthetic : str
@@ -42,7 +42,6 @@ class TaskEntry:
         Names of its shared sets; the first is the default.
     """
 
-    name: str
     task: str
     synthetic: str
     shared: str
@@ -54,27 +53,14 @@ class TaskEntry:
         return self.shared_sets[0]
 
 
-TASKS: dict[str, TaskEntry] = {entry.name: entry for entry in (
-    TaskEntry("pe-seg", "clients.pe_seg.task:PESegTask", "clients.pe_seg.synthetic",
-              "clients.pe_seg.shared", ("ctpa", "msd-lung")),
-    TaskEntry("cxr-cls", "clients.cxr_cls.task:CXRClsTask", "clients.cxr_cls.synthetic",
-              "clients.cxr_cls.shared", ("pneumoniamnist",)),
-    TaskEntry("ct3d-cls", "clients.ct3d_cls.task:CT3DClsTask", "clients.ct3d_cls.synthetic",
-              "clients.ct3d_cls.shared", ("adrenalmnist3d",)),
-)}
-
-
-def task_entry(name: str) -> TaskEntry:
-    """The registry entry of task ``name``.
-
-    Raises
-    ------
-    ConfigError
-        For an unknown task, listing the known ones.
-    """
-    if name not in TASKS:
-        raise ConfigError(f"unknown task {name!r}; choose one of {sorted(TASKS)}")
-    return TASKS[name]
+#: Every task by name; a new task is its package under ``clients/`` and one line here.
+TASKS: Registry[TaskEntry] = Registry("task", "task")
+TASKS.add("pe-seg", TaskEntry("clients.pe_seg.task:PESegTask", "clients.pe_seg.synthetic",
+                              "clients.pe_seg.shared", ("ctpa", "msd-lung")))
+TASKS.add("cxr-cls", TaskEntry("clients.cxr_cls.task:CXRClsTask", "clients.cxr_cls.synthetic",
+                               "clients.cxr_cls.shared", ("pneumoniamnist",)))
+TASKS.add("ct3d-cls", TaskEntry("clients.ct3d_cls.task:CT3DClsTask", "clients.ct3d_cls.synthetic",
+                                "clients.ct3d_cls.shared", ("adrenalmnist3d",)))
 
 
 def task_class(name: str) -> type[SiteTask]:
@@ -85,13 +71,12 @@ def task_class(name: str) -> type[SiteTask]:
     ConfigError
         For an unknown task, listing the known ones.
     """
-    module, _, cls = task_entry(name).task.partition(":")
-    return getattr(importlib.import_module(module), cls)
+    return import_path(TASKS.get(name).task)
 
 
 def synthetic_module(name: str) -> ModuleType:
     """The synthetic generator module of task ``name``."""
-    return importlib.import_module(task_entry(name).synthetic)
+    return importlib.import_module(TASKS.get(name).synthetic)
 
 
 def shared_set(task: str, name: str | None = None) -> SharedSet:
@@ -102,9 +87,8 @@ def shared_set(task: str, name: str | None = None) -> SharedSet:
     ConfigError
         For an unknown task, or a set the task does not have (listing its sets).
     """
-    entry = task_entry(task)
+    entry = TASKS.get(task)
     name = name or entry.default_set
     if name not in entry.shared_sets:
         raise ConfigError(f"unknown set {name!r} for task {task!r}; expected one of {', '.join(entry.shared_sets)}")
     return importlib.import_module(entry.shared).SETS[name]
-

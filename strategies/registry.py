@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
 from strategies.errors import ConfigError
@@ -127,6 +127,10 @@ class Registry(Generic[T]):
     def __contains__(self, name: object) -> bool:
         """Whether ``name`` is registered (dotted-path entries are not imported)."""
         return name in self.names()
+
+    def __iter__(self) -> Iterator[str]:
+        """The registered names, sorted (as :meth:`names`)."""
+        return iter(self.names())
 
     def find(self, name: str) -> T | None:
         """The entry registered as ``name``, or None."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from clients.registry import TASKS, synthetic_module, task_entry
+from clients.registry import TASKS, synthetic_module
 
 USAGE = ("usage: python -m clients.datagen synthetic --task TASK --out DIR [--sites N] [--seed S] ...\n"
          "       python -m clients.datagen shared --task TASK [--set SET] --shared DIR --out DIR --sites N ...\n"
@@ -37,7 +37,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(USAGE, file=sys.stderr)
             return 2
         try:
-            print(task_entry(rest[0]).default_set)
+            print(TASKS.get(rest[0]).default_set)
         except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2

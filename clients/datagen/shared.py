@@ -269,9 +269,10 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--task", required=True, choices=sorted(TASKS))
     parser.add_argument("--set", dest="dataset", default=None,
-                        choices=sorted(name for entry in TASKS.values() for name in entry.shared_sets),
+                        choices=sorted(name for entry in TASKS.entries().values()
+                                       for name in entry.shared_sets),
                         help="shared set of the task (default: " +
-                        ", ".join(f"{t} -> {e.default_set}" for t, e in TASKS.items()) + ")")
+                        ", ".join(f"{t} -> {e.default_set}" for t, e in TASKS.entries().items()) + ")")
     parser.add_argument("--shared", type=Path, required=True, help="the shared data folder (../shared/data)")
     parser.add_argument("--out", type=Path, required=True, help="folder that receives hospital-00, ...")
     parser.add_argument("--sites", type=int, required=True)
@@ -293,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     total = sum(s.total for s in summaries)
-    dataset = args.dataset or TASKS[args.task].default_set
+    dataset = args.dataset or TASKS.get(args.task).default_set
     print(f"Wrote {len(summaries)} sites ({total} items) to {args.out} "
           f"[task {args.task}, set {dataset}, scheme {args.scheme}, seed {args.seed}]")
     print(f"{'site':<12} {'items':>6} {'train':>6} {'val':>5} {'test':>5} {'pos.share':>9}")

@@ -47,13 +47,13 @@ from typing import Any
 from clients.registry import TASKS
 from clients.site.app_rules import AppApprovalError, AppRules, parse_app_rules
 from clients.training.dp_accountants import ACCOUNTANTS
+from strategies.codecs.registry import CODECS
 from strategies.errors import ConfigError, SiteError
 
 __all__ = ["PolicyRefusal", "SitePolicyError", "AppRules", "DpRules", "SitePolicy", "load_policy",
            "ANY"]
 
 ANY = "*"
-CODECS = ("none", "fp16", "topk", "randk", "qsgd", "sign")
 
 
 class PolicyRefusal(SiteError):
@@ -171,9 +171,9 @@ def _typed(name: str, value: Any, default: Any, where: str) -> Any:
     if name == "allowed_tasks":
         return _names(value, where, tuple(sorted(TASKS)))
     if name == "allowed_codecs":
-        return _names(value, where, CODECS)
+        return _names(value, where, tuple(CODECS))
     if name == "accountants":
-        return _names(value, where, ACCOUNTANTS)
+        return _names(value, where, tuple(ACCOUNTANTS))
     if isinstance(default, bool):
         if not isinstance(value, bool):
             raise SitePolicyError(f"{where} must be true or false, got {value!r}")

@@ -27,7 +27,8 @@ import numpy as np
 
 from clients.site.policy import PolicyRefusal
 from clients.site.state_store import SiteStateStore
-from clients.training.opacus_loader import opacus
+from clients.root_logging import root_logging_kept
+from clients.training.dp_accountants import ACCOUNTANTS
 
 __all__ = ["PrivacyLedger", "LEDGER_NAME", "Step"]
 
@@ -71,7 +72,8 @@ class PrivacyLedger:
         history = [*self.history, *planned]
         if not any(n for _, _, n in history):
             return 0.0
-        accountant = opacus("accountants").create_accountant(self.accountant)
+        with root_logging_kept():  # importing Opacus calls logging.basicConfig
+            accountant = ACCOUNTANTS.get(self.accountant)()
         accountant.history = [(s, q, n) for s, q, n in history if n > 0]
         return float(accountant.get_epsilon(delta=delta))
 

@@ -1,4 +1,4 @@
-"""The privacy accountants a run may choose and a site policy may allow (their names).
+"""The privacy accountants a run may choose and a site policy may allow, by name.
 
 DP-SGD's privacy loss over a history of ``(noise multiplier, sample rate,
 steps)`` is turned into the epsilon of (epsilon, delta)-DP by one of Opacus's
@@ -13,16 +13,22 @@ accountants:
 
 The run config's ``privacy.accountant`` picks one (training and the site's
 privacy ledger then use the same); a site policy's ``dp.accountants`` lists the
-ones the site accepts. This module imports nothing, so that the site policy,
-which light processes read, can name the accountants without loading Opacus.
+ones the site accepts. :data:`ACCOUNTANTS` registers Opacus's classes by dotted
+path, so that the site policy, which light processes read, lists the names
+without loading Opacus (:func:`clients.training.opacus_loader.opacus` imports it
+on first use, keeping the root logger).
 """
 
 from __future__ import annotations
 
+from strategies.registry import Registry
+
 __all__ = ["ACCOUNTANTS", "DEFAULT_ACCOUNTANT"]
 
-#: Opacus accountant names (:func:`opacus.accountants.create_accountant`) a run may use.
-ACCOUNTANTS = ("rdp", "prv")
+#: Opacus accountant classes (``opacus.accountants.IAccountant``) by name.
+ACCOUNTANTS: Registry[type] = Registry("privacy accountant", "privacy.accountant")
+ACCOUNTANTS.add_path("rdp", "opacus.accountants:RDPAccountant")
+ACCOUNTANTS.add_path("prv", "opacus.accountants:PRVAccountant")
 
 #: The accountant of a run config without ``privacy.accountant``.
 DEFAULT_ACCOUNTANT = "rdp"

@@ -156,7 +156,7 @@ def private_training(
     """
     if settings.accountant not in ACCOUNTANTS:
         raise PrivateModelError(f"run-config 'privacy.accountant' must be one of "
-                                f"{ACCOUNTANTS}, got {settings.accountant!r}")
+                                f"{ACCOUNTANTS.names()}, got {settings.accountant!r}")
     if settings.grad_sample_mode not in GRAD_SAMPLE_MODES:
         raise PrivateModelError(f"DpSettings.grad_sample_mode must be one of {GRAD_SAMPLE_MODES}, "
                                 f"got {settings.grad_sample_mode!r}")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -11,6 +13,7 @@ from opacus.accountants import PRVAccountant, RDPAccountant
 from clients.site.policy import PolicyRefusal
 from clients.site.privacy_ledger import LEDGER_NAME, PrivacyLedger
 from clients.site.state_store import SiteStateStore
+from clients.training.dp_accountants import ACCOUNTANTS
 
 ROUND = (1.1, 0.05, 20)  # sigma, q, steps of one round
 DELTA = 1e-5
@@ -69,3 +72,13 @@ def test_prv_ledger_counts_with_opacus_prv_accountant_not_rdp(tmp_path):
     assert prv == pytest.approx(reference.get_epsilon(DELTA))
     rdp = PrivacyLedger(SiteStateStore(tmp_path), "rdp", "rdp").epsilon(DELTA)
     assert rdp == pytest.approx(_epsilon(history)) and prv < 0.95 * rdp  # PRV is tighter
+
+
+def test_accountants_are_listed_without_opacus_and_resolve_to_its_classes():
+    script = ("import sys\n"
+              "from clients.site.policy import load_policy\n"
+              "from clients.training.dp_accountants import ACCOUNTANTS\n"
+              "assert ACCOUNTANTS.names() == ['prv', 'rdp'] and 'gdp' not in ACCOUNTANTS\n"
+              "assert 'opacus' not in sys.modules\n")
+    subprocess.run([sys.executable, "-c", script], check=True)
+    assert ACCOUNTANTS.get("rdp") is RDPAccountant and ACCOUNTANTS.get("prv") is PRVAccountant

@@ -28,7 +28,7 @@ def test_values_are_read():
     ("privacy.delta", 0.0, r"must be in \(0, 1\)"),
     ("privacy.delta", 1.0, r"must be in \(0, 1\)"),
     ("privacy.delta", "small", "must be float"),
-    ("privacy.accountant", "gdp", r"must be one of \['rdp', 'prv'\]"),
+    ("privacy.accountant", "gdp", r"must be one of \['prv', 'rdp'\]"),
 ])
 def test_bad_values_name_the_key(key, value, rule):
     with pytest.raises(RunConfigError, match=f"'{key}' {rule}"):
