@@ -6,7 +6,7 @@ rounds of local-update SGD. The server's side is the product's: each round's
 replies are :class:`strategies.replies.TrainReply` values, FedNova's a-norm
 comes from the reported steps (:class:`strategies.local_solver.LocalSolver`),
 and the update is aggregated by the plug-ins the run config would build
-(:mod:`strategies.registry`, options at their defaults) behind the chosen
+(:mod:`strategies.plugins.registries`, options at their defaults) behind the chosen
 defence (:func:`strategies.plugins.defences.defended.with_defence`). Replies
 with NaN/inf updates and missing replies never reach the aggregator: the
 product's reply validation (:func:`strategies.replies.parse_train_reply`)

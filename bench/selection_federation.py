@@ -4,7 +4,7 @@ Site ``i`` holds a slice of PneumoniaMNIST's training images; the global model
 is the product's :class:`models.small_cnn.SmallCNN` (conv8-pool-conv16-pool-
 fc32-fc2, 26,434 parameters, no normalisation so FedAvg of the state dict is
 exact). A round: the product's selector plug-in
-(``strategies.registry.SELECTORS``) picks ``m`` sites, each trains ``tau``
+(``strategies.plugins.registries.SELECTORS``) picks ``m`` sites, each trains ``tau``
 plain SGD steps from the global model and returns ``delta = x_global -
 x_local``; :func:`strategies.aggregation.fedavg_delta` and ``x <- x - Delta``.
 

@@ -1,6 +1,6 @@
 """Power-of-Choice client selection vs uniform sampling on PneumoniaMNIST.
 
-Benchmarks the product's own selector plug-ins (``strategies.registry.SELECTORS``:
+Benchmarks the product's own selector plug-ins (``strategies.plugins.registries.SELECTORS``:
 ``uniform``, ``pow-d``, ``cpow-d``, ``rpow-d`` and adaptive ``d``) in an
 in-process FedAvg loop (a bench, not the product path: no Flower processes),
 following Cho, Wang, Joshi, "Towards Understanding Biased Client Selection in

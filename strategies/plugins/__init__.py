@@ -1,6 +1,8 @@
 """Strategy plug-ins, one per file, in one folder per kind.
 
-``aggregators/``, ``schedules/`` and ``selectors/`` each belong to one registry of
-:mod:`strategies.registry`; a plug-in declares its typed options
-(:mod:`strategies.plugins.options`) and registers itself by name.
+``aggregators/``, ``defences/``, ``schedules/``, ``selectors/`` and
+``personalisation/`` each belong to one :class:`~strategies.registry.Registry`
+(:mod:`strategies.plugins.registries`); a plug-in declares its typed options
+(:mod:`strategies.plugins.options`), registers itself by name and meets the
+Protocol of its kind (:mod:`strategies.plugins.protocols`).
 """
