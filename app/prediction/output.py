@@ -3,9 +3,10 @@
 ``OUT`` holds the task's predictor's outputs (a segmentation task's
 ``masks/<study>.nii.gz`` and ``findings.csv``, a classifier's
 ``predictions.csv``; :data:`clients.prediction.predictor.OUTPUTS`) and
-``skipped.csv`` (every item that could not be read, with the reason). An existing non-empty ``OUT`` is refused
-unless ``overwrite``; then only these outputs are replaced. ``OUT`` may not be
-``DATA`` or lie inside it: the input folder is only read.
+``skipped.csv`` (every item that could not be read, with the reason). An
+existing non-empty ``OUT`` is refused unless ``overwrite``; then only these
+outputs are replaced. ``OUT`` may not be ``DATA`` or lie inside it: the input
+folder is only read.
 """
 
 from __future__ import annotations

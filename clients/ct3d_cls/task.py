@@ -51,7 +51,8 @@ class CT3DClsTask(ClassificationTask):
 
     @classmethod
     def read_image(cls, path: Path, settings: TaskSettings) -> np.ndarray:
-        """The volume in the lung window on the task's grid (:func:`~clients.io.volume.load_ct_volume`)."""
+        """The volume in the lung window on the task's grid
+        (:func:`~clients.io.volume.load_ct_volume`)."""
         size = settings.image_size
         return load_ct_volume(path, (settings.volume_depth, size, size))
 

@@ -50,7 +50,8 @@ class CXRClsTask(ClassificationTask):
 
     @classmethod
     def read_image(cls, path: Path, settings: TaskSettings) -> np.ndarray:
-        """The radiograph in [0, 1], squared to ``image size`` (:func:`~clients.io.radiograph.read_radiograph`)."""
+        """The radiograph in [0, 1], squared to ``image size``
+        (:func:`~clients.io.radiograph.read_radiograph`)."""
         return read_radiograph(path, settings.image_size)
 
     @classmethod

@@ -1,1 +1,1 @@
-"""What a task gives ``make predict``: the items of a folder and a predictor of one item (no Flower imports)."""
+"""What a task gives ``make predict``: a folder's items and a predictor of one item (no Flower)."""

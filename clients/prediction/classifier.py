@@ -76,7 +76,8 @@ class ClassifierPredictor:
         return torch.sigmoid(logits.float()).cpu().numpy()[0]
 
     def predict(self, item: PredictionItem) -> ItemResult:
-        """The item's probabilities and reference labels (see :class:`~clients.prediction.predictor.Predictor`)."""
+        """The item's probabilities and reference labels (a
+        :class:`~clients.prediction.predictor.Predictor` row)."""
         scores = self._probabilities(self.read(item.image))
         if item.labels is None:
             labels: list[object] = [None] * self.num_labels
