@@ -32,7 +32,6 @@ from strategies.plugins.personalisation.options import (PersonalisationOptions,
                                                         split_personalisation)
 from strategies.plugins.personalisation.rules import PersonalisationRun, check_personalisation
 from strategies.plugins.run_settings import RunSettings
-from strategies.plugins.schedules.codec_rate import check_codec_rate
 from strategies.plugins.registries import (
     PLUGIN_REGISTRIES,
     check,
@@ -222,9 +221,6 @@ class RunConfig:
             self._fail("slab_slices", "must be odd and >= 1")
         if self.task_sizes.image_size % 8:
             self._fail("image_size", "must be a multiple of 8")
-        for registry in PLUGIN_REGISTRIES:
-            check(registry, self.plugin_choice(registry.key), self.plugin_options,
-                  self.run_settings())
         try:
             parse_spec(self.strategy_codec)
         except ValueError as exc:
@@ -233,8 +229,9 @@ class RunConfig:
             check_warmup(self.strategy_codec, self.strategy_codec_warmup_rounds)
         except ValueError as exc:
             self._fail("strategy_codec_warmup_rounds", f"is not valid ({exc})")
-        check_codec_rate(self.strategy_codec_rate, self.strategy_codec,
-                         self.strategy_codec_warmup_rounds)
+        for registry in PLUGIN_REGISTRIES:
+            check(registry, self.plugin_choice(registry.key), self.plugin_options,
+                  self.run_settings())
         try:
             check_downlink_codec(self.strategy_downlink_codec)
         except ValueError as exc:
@@ -278,7 +275,8 @@ class RunConfig:
         """What the plug-ins read from the rest of the run config."""
         return RunSettings(local_steps=self.local_steps, num_rounds=self.num_server_rounds,
                            fraction_train=self.fraction_train, min_nodes=self.min_nodes,
-                           seed=self.seed, optimizer=self.optimizer)
+                           seed=self.seed, optimizer=self.optimizer, codec=self.strategy_codec,
+                           codec_warmup_rounds=self.strategy_codec_warmup_rounds)
 
     def as_params(self) -> dict[str, Any]:
         """Flat ``{key: value}`` with the run-config spelling, for MLflow params."""

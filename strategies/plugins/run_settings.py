@@ -33,6 +33,10 @@ class RunSettings:
         Seed of the selectors' random draws (``seed``).
     optimizer : str
         The sites' local optimiser (``optimizer``).
+    codec : str
+        The uplink codec spec (``strategy.codec``), validated.
+    codec_warmup_rounds : int
+        Rounds of the codec's kept-fraction warm-up (``strategy.codec-warmup-rounds``).
     """
 
     local_steps: int
@@ -41,3 +45,5 @@ class RunSettings:
     min_nodes: int
     seed: int
     optimizer: str
+    codec: str = "none"
+    codec_warmup_rounds: int = 0

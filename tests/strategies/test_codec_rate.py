@@ -14,10 +14,17 @@ from strategies.plugins.options import PluginError
 from strategies.plugins.schedules.codec_rate import (
     AdaptiveCodecRate,
     SiteRound,
-    check_codec_rate,
     round_seconds,
 )
-from strategies.plugins.registries import AGGREGATORS, CODEC_RATES, SCHEDULES, SELECTORS
+from strategies.plugins.registries import (
+    AGGREGATORS,
+    CODEC_RATES,
+    SCHEDULES,
+    SELECTORS,
+    check,
+    default_sections,
+)
+from strategies.plugins.run_settings import RunSettings
 from strategies.rounds.federated_strategy import FederatedStrategy
 from strategies.rounds.state_tree import decode_tree, encode_tree
 from strategies.update_codec import pack_update
@@ -93,13 +100,18 @@ def test_the_round_time_is_the_slowest_site_with_its_bytes_or_as_measured() -> N
 
 
 def test_adaptive_rate_needs_a_fraction_and_no_warmup_and_sane_options() -> None:
-    check_codec_rate("adaptive", "topk:0.01:layer", 0)
-    check_codec_rate("fixed", "qsgd:16", 3)
+    def settings(codec: str, warmup_rounds: int) -> RunSettings:
+        return RunSettings(local_steps=1, num_rounds=3, fraction_train=1.0, min_nodes=1, seed=0,
+                           optimizer="sgd", codec=codec, codec_warmup_rounds=warmup_rounds)
+
+    sections = default_sections()
+    check(CODEC_RATES, "adaptive", sections, settings("topk:0.01:layer", 0))
+    check(CODEC_RATES, "fixed", sections, settings("qsgd:16", 3))
     with pytest.raises(PluginError, match="'strategy.codec-rate' = 'adaptive' needs a codec "
                                           "that keeps a fraction.*'qsgd:16'"):
-        check_codec_rate("adaptive", "qsgd:16", 0)
+        check(CODEC_RATES, "adaptive", sections, settings("qsgd:16", 0))
     with pytest.raises(PluginError, match="'strategy.codec-warmup-rounds' = 2"):
-        check_codec_rate("adaptive", "topk:0.01", 2)
+        check(CODEC_RATES, "adaptive", sections, settings("topk:0.01", 2))
     with pytest.raises(PluginError, match="'codec-rate.max' must be in \\[codec-rate.min"):
         CODEC_RATES.create("adaptive", min=0.1, max=0.01)
     with pytest.raises(PluginError, match="'codec-rate.step' must be > 0"):

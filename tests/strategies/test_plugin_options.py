@@ -23,7 +23,7 @@ from strategies.registry import Registry
 
 def _settings(**changes: object) -> RunSettings:
     values = {"local_steps": 5, "num_rounds": 3, "fraction_train": 1.0, "min_nodes": 1,
-              "seed": 0, "optimizer": "sgd"}
+              "seed": 0, "optimizer": "sgd", "codec": "topk:0.01"}
     return RunSettings(**{**values, **changes})
 
 

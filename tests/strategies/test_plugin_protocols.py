@@ -31,7 +31,7 @@ from strategies.plugins.run_settings import RunSettings
 from strategies.registry import Registry
 
 SETTINGS = RunSettings(local_steps=5, num_rounds=3, fraction_train=1.0, min_nodes=1, seed=0,
-                       optimizer="sgd")
+                       optimizer="sgd", codec="topk:0.01")
 KINDS: list[tuple[Registry[type], type]] = [
     (AGGREGATORS, Aggregator), (DEFENCES, Defence), (SCHEDULES, Schedule),
     (CODEC_RATES, CodecRate), (SELECTORS, Selector),

@@ -71,7 +71,7 @@ from strategies.plugins.run_settings import RunSettings
 from strategies.plugins.registries import CODEC_RATES
 
 __all__ = ["AdaptiveCodecRate", "CodecRateOptions", "FixedCodecRate", "SiteRound",
-           "check_codec_rate", "round_seconds", "sign_ogd_step"]
+           "round_seconds", "sign_ogd_step"]
 
 #: Log-rates closer than this are the same rate (a rate goes to the sites and back).
 _SAME = 1e-9
@@ -168,27 +168,6 @@ class CodecRateOptions(PluginOptions):
             self.fail("step", "must be > 0")
 
 
-def check_codec_rate(choice: str, codec: str | CodecSpec, warmup_rounds: int) -> None:
-    """Refuse an adaptive rate the codec cannot follow, naming the keys.
-
-    Raises
-    ------
-    PluginError
-        ``strategy.codec-rate = "adaptive"`` with a codec that keeps no fraction
-        (only ``topk`` and ``randk`` do), or with a warm-up (two schedules of one rate).
-    """
-    if choice != "adaptive":
-        return
-    if parse_spec(codec).fraction is None:
-        raise PluginError(f"run config key 'strategy.codec-rate' = 'adaptive' needs a codec "
-                          f"that keeps a fraction ('topk:<f>', 'randk:<f>') in "
-                          f"'strategy.codec', got {str(codec)!r}")
-    if warmup_rounds:
-        raise PluginError("run config key 'strategy.codec-rate' = 'adaptive' cannot be "
-                          "combined with 'strategy.codec-warmup-rounds' = "
-                          f"{warmup_rounds} (both set the kept fraction); set one of them")
-
-
 @CODEC_RATES.register("fixed")
 class FixedCodecRate(Plugin):
     """The codec's own fraction every round (its warm-up included); tracks nothing."""
@@ -220,6 +199,28 @@ class AdaptiveCodecRate(Plugin):
         self.log_rates: list[float] = []
         self.seconds: list[float] = []
         self.losses: list[float] = []
+
+    @staticmethod
+    def requires(options: CodecRateOptions, settings: RunSettings | None) -> None:
+        """Refuse a codec the rate cannot follow, naming the keys.
+
+        Raises
+        ------
+        PluginError
+            With a codec that keeps no fraction (only ``topk`` and ``randk`` do), or
+            with a warm-up (two schedules of one rate).
+        """
+        if settings is None:
+            return
+        if parse_spec(settings.codec).fraction is None:
+            raise PluginError(f"run config key 'strategy.codec-rate' = 'adaptive' needs a codec "
+                              f"that keeps a fraction ('topk:<f>', 'randk:<f>') in "
+                              f"'strategy.codec', got {settings.codec!r}")
+        if settings.codec_warmup_rounds:
+            raise PluginError("run config key 'strategy.codec-rate' = 'adaptive' cannot be "
+                              "combined with 'strategy.codec-warmup-rounds' = "
+                              f"{settings.codec_warmup_rounds} (both set the kept fraction); "
+                              "set one of them")
 
     @classmethod
     def from_options(cls, options: CodecRateOptions, settings: RunSettings) -> AdaptiveCodecRate:
