@@ -40,7 +40,7 @@ from strategies.downlink import ServerDownlink
 from strategies.downlink_header import DownlinkHeader
 from strategies.downlink_receive import receive
 from strategies.downlink_reference import Reference
-from strategies.model_packing import unpack_arrays
+from strategies.model_packing import named_arrays, unpack_arrays
 from strategies.rounds.instructions import TrainPlan, Uplink, train_messages
 from strategies.rounds.traffic import bytes_down
 
@@ -97,7 +97,7 @@ class SiteDownlink:
             if header is None:
                 models.append(unpack_arrays(content[keys.ARRAYS]).to_numpy_ndarrays())
                 continue
-            self.held[site] = receive(content[keys.ARRAYS], header, self.held[site])
+            self.held[site] = receive(named_arrays(content[keys.ARRAYS]), header, self.held[site])
             self.server.acknowledge(self.nodes[site], self.held[site].version)
             models.append([np.array(a, copy=True) for a in self.held[site].arrays])
         return models, [sizes[node] for node in self.nodes]

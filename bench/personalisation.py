@@ -31,7 +31,7 @@ no Flower, no Ray), CPU, one thread. The sets (``bench/personalisation_sets.py``
 
 The U-Net's InstanceNorm has neither parameters nor statistics, so ``fedbn`` is
 refused on both segmentation sets (the product's own check,
-:func:`app.personalisation.require_local_layers`) and skipped.
+:func:`clients.training.personalisation.site_personalisation.require_local_layers`) and skipped.
 
 Methods (``method`` of the JSON): ``fedavg-global`` (FedAvg's global model, no
 adaptation), ``finetune`` (the same FedAvg run, then ``finetune-steps`` = 1 SGD
@@ -74,7 +74,7 @@ from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 
-from app.personalisation import require_local_layers  # noqa: E402
+from clients.training.personalisation.site_personalisation import require_local_layers  # noqa: E402,E501
 from clients.registry import task_class  # noqa: E402
 from clients.training.device import ComputeDevice, select_device  # noqa: E402
 from personalisation_rounds import (Federation, local_only, site_outcomes,  # noqa: E402

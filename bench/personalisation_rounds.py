@@ -3,7 +3,8 @@
 The product's own site code, without Flower: every round a seeded sample of
 ``max(1, round(r N))`` of the ``N`` sites (the seed paper's fraction ``r``;
 Xia & Cui 2022, Algorithm 2) receives the global model; each runs the run
-config's personalisation through :class:`app.personalisation.SitePersonalisation`
+config's personalisation through
+:class:`clients.training.personalisation.site_personalisation.SitePersonalisation`
 (``receive`` - FedBN's own layers; ``train`` - Reptile's tasks, Per-FedAvg-FO's
 steps or plain local SGD; ``keep_local`` - FedBN's zeros) on its
 :class:`~clients.training.site_task.SiteTask` and replies
@@ -29,7 +30,8 @@ import torch
 from torch import nn
 
 from app.config.run_config import RunConfig
-from app.personalisation import SitePersonalisation
+from app.site_settings import site_settings
+from clients.training.personalisation.site_personalisation import SitePersonalisation
 from clients.training.device import ComputeDevice
 from clients.training.site_task import SiteTask
 from model_arrays import load_arrays, state_arrays
@@ -144,7 +146,8 @@ def train_federation(fed: Federation, config: RunConfig
     torch.manual_seed(config.seed)
     global_model = fed.tasks[0].build_model()
     names = list(global_model.state_dict())
-    sites = [SitePersonalisation.of(config, _state_dir(fed, config, task), FEDERATION)
+    sites = [SitePersonalisation.of(config.personalisation_options, _state_dir(fed, config, task),
+                                    FEDERATION)
              for task in fed.tasks]
     work = LocalWork()
     per_step = 2 if config.personalisation == "per-fedavg-fo" else 1
@@ -177,7 +180,7 @@ def site_outcomes(fed: Federation, config: RunConfig, global_model: nn.Module,
     outcomes = []
     for task, personal in zip(fed.tasks, sites):
         base = task.evaluate(global_model, fed.compute, split="val").metrics
-        values = personal.metrics(task, global_model, fed.compute, "val", config,
+        values = personal.metrics(task, global_model, fed.compute, "val", site_settings(config),
                                   task.site_dir.name, fed.rounds)
         own = {k[len(prefix):]: v for k, v in values.items()
                if k.startswith(prefix) and k != f"{prefix}loss"}

@@ -45,7 +45,8 @@ from strategies.compression import ErrorFeedback, decode, derive_seed, parse_spe
 from strategies.downlink_header import PAYLOAD_KEY, RAW_KEY, DownlinkHeader
 from strategies.downlink_reference import Reference, raw_bytes
 from strategies.errors import ConfigError
-from strategies.model_packing import pack_arrays
+from strategies.model_buffer import pack_model
+from strategies.model_packing import named_arrays, record_of
 from strategies.update_codec import dense_bytes
 
 __all__ = ["DOWNLINK_CODECS", "DownlinkCodecError", "DownlinkRound", "ServerDownlink",
@@ -142,7 +143,7 @@ class ServerDownlink:
         """
         if server_round < 1:
             raise ValueError(f"downlink versions are server rounds >= 1, got {server_round}")
-        current = Reference.of(arrays, server_round)
+        current = Reference.of(named_arrays(arrays), server_round)
         old = self.reference
         synced = [] if old is None or not _same_layout(old, current) else [
             n for n in node_ids if self.held.get(n) == old.version]
@@ -159,7 +160,8 @@ class ServerDownlink:
             self.reference = old.advanced(step, raw, server_round)
             self._global = vector
             compressed = ArrayRecord({PAYLOAD_KEY: Array(payload), RAW_KEY: Array(raw)})
-        dense = pack_arrays(self.reference.record()) if len(synced) < len(node_ids) else None
+        dense = (record_of(pack_model(self.reference.named())) if len(synced) < len(node_ids)
+                 else None)
         checksum = self.reference.checksum()
         records, headers = {}, {}
         for node in node_ids:

@@ -17,18 +17,21 @@ it answers this round with an error reply, does not acknowledge the version,
 and the server sends it a dense snapshot the next time it is selected
 (:mod:`strategies.downlink`).
 
-Pure numpy: the ClientApp calls it and keeps the reference on disk.
+Pure numpy: the site's round (:mod:`clients.site`) calls it and keeps the
+reference on disk.
 """
 
 from __future__ import annotations
 
-from flwr.app import ArrayRecord
+from collections.abc import Mapping
+
+import numpy as np
 
 from strategies.compression import decode
 from strategies.downlink_header import PAYLOAD_KEY, RAW_KEY, DownlinkHeader
 from strategies.downlink_reference import Reference
 from strategies.errors import SiteError
-from strategies.model_packing import unpack_arrays
+from strategies.model_buffer import unpack_model
 
 __all__ = ["DownlinkSyncError", "receive"]
 
@@ -37,7 +40,7 @@ class DownlinkSyncError(SiteError):
     """A site cannot reconstruct the server's reference model: it needs a dense snapshot."""
 
 
-def _advance(arrays: ArrayRecord, header: DownlinkHeader, held: Reference | None) -> Reference:
+def _advance(arrays: Mapping[str, np.ndarray], header: DownlinkHeader, held: Reference | None) -> Reference:
     if held is None or held.version != header.base:
         have = "no reference" if held is None else f"reference version {held.version}"
         raise DownlinkSyncError(f"downlink step applies to version {header.base}, the site "
@@ -46,19 +49,20 @@ def _advance(arrays: ArrayRecord, header: DownlinkHeader, held: Reference | None
         raise DownlinkSyncError(f"compressed downlink must hold exactly '{PAYLOAD_KEY}' and "
                                 f"'{RAW_KEY}', got {sorted(arrays.keys())}")
     try:
-        step = decode(arrays[PAYLOAD_KEY].numpy(), header.codec, sum(held.segments()),
+        step = decode(np.asarray(arrays[PAYLOAD_KEY]), header.codec, sum(held.segments()),
                       seed=header.seed, segments=held.segments())
-        return held.advanced(step, arrays[RAW_KEY].numpy(), header.version)
+        return held.advanced(step, np.asarray(arrays[RAW_KEY]), header.version)
     except ValueError as exc:
         raise DownlinkSyncError(f"downlink step rejected: {exc}") from exc
 
 
-def receive(arrays: ArrayRecord, header: DownlinkHeader, held: Reference | None) -> Reference:
+def receive(arrays: Mapping[str, np.ndarray], header: DownlinkHeader,
+            held: Reference | None) -> Reference:
     """The reference after this instruction, verified against ``header.checksum``.
 
     Parameters
     ----------
-    arrays : ArrayRecord
+    arrays : mapping of str to numpy.ndarray
         The instruction's ``arrays``: a packed dense snapshot, or ``payload`` and ``raw``.
     header : DownlinkHeader
         The instruction's downlink entries.
@@ -70,10 +74,10 @@ def receive(arrays: ArrayRecord, header: DownlinkHeader, held: Reference | None)
     DownlinkSyncError
         When a step does not apply to ``held``, is malformed, or the result's
         checksum differs from the header's.
-    strategies.model_packing.PackedModelError
+    strategies.model_buffer.PackedModelError
         When a dense snapshot is not a valid packed model.
     """
-    reference = (Reference.of(unpack_arrays(arrays), header.version) if header.dense
+    reference = (Reference.of(unpack_model(arrays), header.version) if header.dense
                  else _advance(arrays, header, held))
     if reference.checksum() != header.checksum:
         raise DownlinkSyncError(f"downlink version {header.version}: the reconstructed model's "

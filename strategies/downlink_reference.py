@@ -17,7 +17,7 @@ The floating-point arrays advance by the decoded step; the integer ones
 (BatchNorm ``num_batches_tracked``) are sent as their new values, raw
 (:func:`raw_bytes` / :meth:`Reference.advanced`).
 
-Pure numpy and Flower records: the strategy and the ClientApp share it.
+Pure numpy: the strategy and the site (:mod:`clients.site`) share it.
 """
 
 from __future__ import annotations
@@ -28,10 +28,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from flwr.app import Array, ArrayRecord
 
 from strategies.compression import flatten, unflatten
-from strategies.model_packing import LAYOUT_KEY, MODEL_KEY, pack_arrays, unpack_arrays
+from strategies.model_buffer import LAYOUT_KEY, MODEL_KEY, pack_model, unpack_model
 from strategies.update_codec import float_positions
 
 __all__ = ["VERSION_KEY", "Reference", "raw_bytes"]
@@ -66,13 +65,13 @@ class Reference:
     version: int
 
     @classmethod
-    def of(cls, record: ArrayRecord, version: int) -> Reference:
-        """The reference holding ``record``'s arrays at ``version``."""
-        return cls(tuple(record.keys()), tuple(record.to_numpy_ndarrays()), int(version))
+    def of(cls, named: Mapping[str, np.ndarray], version: int) -> Reference:
+        """The reference holding the arrays ``named`` (in order) at ``version``."""
+        return cls(tuple(named), tuple(np.asarray(a) for a in named.values()), int(version))
 
-    def record(self) -> ArrayRecord:
-        """The arrays as an ``ArrayRecord`` (what a site loads into its model)."""
-        return ArrayRecord({name: Array(a) for name, a in zip(self.names, self.arrays)})
+    def named(self) -> dict[str, np.ndarray]:
+        """The arrays by name, in order (what a site loads into its model)."""
+        return dict(zip(self.names, self.arrays))
 
     def vector(self) -> np.ndarray:
         """The floating-point arrays flattened into one ``float32`` vector (model order)."""
@@ -127,8 +126,7 @@ class Reference:
 
     def packed(self) -> dict[str, np.ndarray]:
         """The reference as three arrays to store (:meth:`from_packed` reads them back)."""
-        record = pack_arrays(self.record())
-        return {MODEL_KEY: record[MODEL_KEY].numpy(), LAYOUT_KEY: record[LAYOUT_KEY].numpy(),
+        return {**pack_model(self.named()),
                 VERSION_KEY: np.asarray([self.version], dtype=np.int64)}
 
     @classmethod
@@ -137,9 +135,8 @@ class Reference:
 
         Raises
         ------
-        strategies.model_packing.PackedModelError
+        strategies.model_buffer.PackedModelError
             When the model and its layout do not match.
         """
-        record = unpack_arrays(ArrayRecord({MODEL_KEY: Array(np.asarray(packed[MODEL_KEY])),
-                                            LAYOUT_KEY: Array(np.asarray(packed[LAYOUT_KEY]))}))
-        return cls.of(record, int(np.asarray(packed[VERSION_KEY]).reshape(-1)[0]))
+        named = unpack_model({MODEL_KEY: packed[MODEL_KEY], LAYOUT_KEY: packed[LAYOUT_KEY]})
+        return cls.of(named, int(np.asarray(packed[VERSION_KEY]).reshape(-1)[0]))

@@ -1,6 +1,6 @@
 """A site's personalised model for ``make predict PERSONAL=...`` (issue 16, item 2).
 
-With personalisation (:mod:`app.personalisation`) each site ends a federation with
+With personalisation (:mod:`clients.training.personalisation`) each site ends a federation with
 its own model, which never leaves the site. At that site, ``make predict`` can apply
 it instead of the global model:
 
@@ -11,7 +11,7 @@ it instead of the global model:
 * ``finetune``, ``per-fedavg-reptile``, ``per-fedavg-fo``: the logged model adapted
   at predict time, ``personalisation.finetune-steps`` local steps on the site's
   training split, exactly as the site adapts it for its personalised evaluation
-  (:meth:`app.personalisation.SitePersonalisation.personalised`), seeded by the run's
+  (:meth:`~clients.training.personalisation.site_personalisation.SitePersonalisation.personalised`), seeded by the run's
   ``seed``, round ``num-server-rounds + 1`` and the site's name: the seed of the
   end-of-federation test evaluation. Applied to the selected model
   (``<experiment>-best``), this is the model whose ``personalised-test-<metric>``
@@ -42,12 +42,13 @@ from torch import nn
 from app.config.run_config import RunConfig
 from app.config.site_config import SiteConfig
 from app.model_source import LoggedModel
-from app.personalisation import SitePersonalisation
+from app.site_settings import site_settings
 from clients.registry import task_class
 from clients.site.decoded_cache import CACHE_DIR_NAME, load_task
 from clients.site.state_store import SiteStateStore
 from clients.training.device import ComputeDevice
 from clients.training.personalisation.local_layers import LOCAL_LAYERS, LocalLayers
+from clients.training.personalisation.site_personalisation import SitePersonalisation
 from strategies.errors import ConfigError
 from strategies.plugins.personalisation.options import CHOICE_KEY
 
@@ -202,7 +203,7 @@ def personalise(logged: LoggedModel, site: SiteConfig, federation: str,
     task = load_task(task_class(logged.task), site.data_path, logged.settings, cache,
                      exclude=[site.state_dir])
     personal = SitePersonalisation(method, config.personalisation_options, None)
-    model = personal.personalised(task, logged.model, compute, config, site.name,
+    model = personal.personalised(task, logged.model, compute, site_settings(config), site.name,
                                   config.num_server_rounds + 1)
     if model is None:
         raise ConfigError(f"PERSONAL: site folder {site.data_path} has no training item to "

@@ -1,8 +1,9 @@
 """Checking one request against the site policy: pure functions, no data touched.
 
-The ClientApp builds a :class:`Request` from the run config and the message's
-instruction and calls :func:`check_train`, :func:`check_evaluate` or
-:func:`check_query` before it loads any study; each raises
+The site's round (:mod:`clients.site.site_round`) builds a :class:`Request` from
+the run's settings and the instruction and calls :func:`check_request` before it
+loads any study: :func:`check_train`, :func:`check_evaluate` or
+:func:`check_query` by the message's kind; each raises
 :class:`~clients.site.policy.PolicyRefusal` naming the first rule the request
 breaks. :func:`releases_val_metrics` decides whether an evaluate reply may
 carry validation metrics or only counts (not a refusal).
@@ -16,7 +17,8 @@ from dataclasses import dataclass
 from clients.site.policy import PolicyRefusal, SitePolicy
 from clients.training.dp_accountants import DEFAULT_ACCOUNTANT
 
-__all__ = ["Request", "check_train", "check_evaluate", "check_query", "releases_val_metrics"]
+__all__ = ["Request", "check_request", "check_train", "check_evaluate", "check_query",
+           "releases_val_metrics"]
 
 
 @dataclass(frozen=True)
@@ -117,6 +119,19 @@ def check_query(policy: SitePolicy, request: Request) -> None:
     _check_common(policy, request)
     _refuse_if(0 < request.loss_subset < policy.min_batch_size, "min-batch-size",
                f"loss subset {request.loss_subset} < {policy.min_batch_size}")
+
+
+def check_request(policy: SitePolicy, kind: str, request: Request) -> None:
+    """Refuse a ``kind`` request (``train``, ``evaluate`` or ``query``) that breaks a rule.
+
+    Raises
+    ------
+    PolicyRefusal
+        Naming the first broken rule.
+    KeyError
+        For another kind (:class:`~clients.site.instruction.Instruction` admits none).
+    """
+    {"train": check_train, "evaluate": check_evaluate, "query": check_query}[kind](policy, request)
 
 
 def releases_val_metrics(policy: SitePolicy, val_items: int) -> bool:

@@ -1,4 +1,4 @@
-"""The ClientApp's downlink receive path: dense as before, steps onto the model on disk."""
+"""The site's downlink receive path: dense as before, steps onto the model on disk."""
 
 from __future__ import annotations
 
@@ -6,19 +6,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.app import Array, ArrayRecord
 
-from app.client_app import _received_global
 from app.config.run_config import RunConfig, RunConfigError
-from app.config.site_config import SiteConfig
+from clients.site.instruction import Instruction
+from clients.site.received_model import received_model
 from strategies import message_keys as keys
 from strategies.downlink import ServerDownlink
 from strategies.downlink_receive import DownlinkSyncError
-from strategies.model_packing import pack_arrays
+from strategies.model_packing import named_arrays, pack_arrays
+from tests.clients.site_round_fixtures import run_settings
 
 pytestmark = pytest.mark.usefixtures("server_identity")
-
-CONTEXT = Context(run_id=1, node_id=7, node_config={}, state=RecordDict(), run_config={})
 
 
 def _model(shift: float) -> ArrayRecord:
@@ -26,43 +25,41 @@ def _model(shift: float) -> ArrayRecord:
                         "n": Array(np.array(int(shift * 10), np.int64))})
 
 
-def _message(arrays: ArrayRecord, config: dict) -> tuple[Message, ConfigRecord]:
-    instruction = ConfigRecord({keys.SERVER_ROUND: 1, keys.FEDERATION: "fed-1", **config})
-    return Message(RecordDict({keys.ARRAYS: arrays, keys.CONFIG: instruction}), dst_node_id=7,
-                   message_type=MessageType.TRAIN), instruction
+def _receive(arrays: ArrayRecord, config: dict, state_dir: Path):
+    """What the site's train round receives: the message's arrays as numpy, its instruction."""
+    instruction = Instruction.parse("train", {keys.SERVER_ROUND: 1, keys.FEDERATION: "fed-1",
+                                              **config}, run_settings(), "run-1")
+    return received_model(named_arrays(arrays), instruction, state_dir)
 
 
-def _send(server: ServerDownlink, server_round: int, model: ArrayRecord, site: SiteConfig):
+def _send(server: ServerDownlink, server_round: int, model: ArrayRecord, state_dir: Path):
     down = server.prepare(server_round, model, [7])
-    msg, instruction = _message(down.arrays[7], down.headers[7].settings())
-    return _received_global(msg, instruction, site, CONTEXT)
+    return _receive(down.arrays[7], down.headers[7].settings(), state_dir)
 
 
 def test_without_downlink_entries_the_packed_model_as_sent(tmp_path: Path):
-    site = SiteConfig(name="h0", data_path=tmp_path, state_dir=tmp_path / "state")
-    msg, instruction = _message(pack_arrays(_model(0.0)), {})
-    received, metrics = _received_global(msg, instruction, site, CONTEXT)
-    np.testing.assert_array_equal(received["w"].numpy(), _model(0.0)["w"].numpy())
+    received, metrics = _receive(pack_arrays(_model(0.0)), {}, tmp_path / "state")
+    np.testing.assert_array_equal(received["w"], _model(0.0)["w"].numpy())
     assert metrics == {} and not (tmp_path / "state").exists()
 
 
 def test_steps_onto_the_saved_model_and_resync_after_losing_it(tmp_path: Path):
-    site = SiteConfig(name="h0", data_path=tmp_path, state_dir=tmp_path / "state")
+    state_dir = tmp_path / "state"
     server = ServerDownlink("topk:0.2")
     for server_round in (1, 2, 3):
-        received, metrics = _send(server, server_round, _model(0.1 * server_round), site)
+        received, metrics = _send(server, server_round, _model(0.1 * server_round), state_dir)
         assert metrics == {keys.DOWNLINK_VERSION: server_round}
         assert server.last.headers[7].dense == (server_round == 1)
-        np.testing.assert_array_equal(received["w"].numpy(), server.reference.arrays[0])
+        np.testing.assert_array_equal(received["w"], server.reference.arrays[0])
         server.acknowledge(7, float(server_round))
-    assert int(received["n"].numpy()) == 3
-    for saved in (tmp_path / "state" / "fed-1").glob("last-global-*"):
+    assert int(received["n"]) == 3
+    for saved in (state_dir / "fed-1").glob("last-global-*"):
         saved.unlink()  # the site lost its state dir
     with pytest.raises(DownlinkSyncError):
-        _send(server, 4, _model(0.4), site)
-    received, _ = _send(server, 5, _model(0.5), site)
+        _send(server, 4, _model(0.4), state_dir)
+    received, _ = _send(server, 5, _model(0.5), state_dir)
     assert server.last.headers[7].dense
-    np.testing.assert_array_equal(received["w"].numpy(), _model(0.5)["w"].numpy())
+    np.testing.assert_array_equal(received["w"], _model(0.5)["w"].numpy())
 
 
 def test_run_config_downlink_codec_default_and_refusal():

@@ -17,6 +17,8 @@ from app import client_app
 from clients.cxr_cls import manifest as cxr_manifest
 from clients.cxr_cls.synthetic import generate_site, site_profiles
 from clients.manifests.csv_rows import EVAL_SPLITS
+from clients.site.site_tasks import SiteTasks
+from clients.training.device import select_device
 from clients.training.site_task import EvalResult
 from strategies import message_keys as keys
 from strategies.model_packing import pack_arrays
@@ -56,12 +58,11 @@ def fake_site(monkeypatch) -> list[str]:
     """Replace the site's data by :class:`_SplitTask`; returns the record of loads."""
     loads: list[str] = []
 
-    def site_task(config, site):
-        loads.append(str(site.data_path))
+    def load(task_class, data_path, *args, **kwargs):
+        loads.append(str(data_path))
         return _SplitTask({"val": 3, "test": 2})
 
-    monkeypatch.setattr(client_app, "_site_task", site_task)
-    monkeypatch.setattr(client_app, "_compute", lambda: None)
+    monkeypatch.setattr(client_app, "_TASKS", SiteTasks(load, select_device("cpu")))
     return loads
 
 
@@ -109,14 +110,14 @@ def test_only_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_a_test_only_site_evaluates_and_refuses_train_and_query(test_only_site: Path,
                                                                 monkeypatch) -> None:
-    monkeypatch.setattr(client_app, "_TASKS", {})
+    monkeypatch.setattr(client_app, "_TASKS", SiteTasks())
     run_config = {"task": "cxr-cls", "image-size": 32, "batch-size": 4}
     context = _context(test_only_site, run_config=run_config)
     for kind in ("train", "query"):
         reply = getattr(client_app, kind)(instruction(kind), context)
         assert reply.has_error() and reply.error.code == 4001
         assert reply.error.reason == "site hospital-a: SiteDataError (details in the site's log)"
-    task = next(iter(client_app._TASKS.values()))  # noqa: SLF001 - the loaded site task
+    task = client_app._TASKS.loaded()[0]  # noqa: SLF001 - the loaded site task
     arrays = pack_arrays(ArrayRecord(task.build_model().state_dict()))
     message = Message(RecordDict({keys.ARRAYS: arrays, keys.CONFIG: ConfigRecord(
         {keys.SERVER_ROUND: 1, keys.EVAL_SPLIT: "test"})}), dst_node_id=7,

@@ -6,7 +6,7 @@ import pytest
 from torch import nn
 
 from app.config.run_config import RunConfig
-from app.personalisation import require_local_layers
+from clients.training.personalisation.site_personalisation import require_local_layers
 from strategies.errors import ConfigError
 
 REPTILE = {"personalisation.method": "per-fedavg-reptile", "optimizer": "sgd",

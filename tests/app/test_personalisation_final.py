@@ -18,6 +18,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, R
 from app import client_app
 from clients.cxr_cls.synthetic import generate_site, site_profiles
 from clients.registry import task_class
+from clients.site.site_tasks import SiteTasks
 from clients.site.state_store import SiteStateStore
 from clients.training.personalisation.local_layers import LOCAL_LAYERS
 from clients.training.site_task import TaskSettings
@@ -57,7 +58,7 @@ def _ok(reply: Message) -> Message:
 
 
 def test_fedbn_test_metric_and_layers_untouched_by_the_final_finetuning(site: Path, monkeypatch):
-    monkeypatch.setattr(client_app, "_TASKS", {})
+    monkeypatch.setattr(client_app, "_TASKS", SiteTasks())
     state = task_class("cxr-cls").model_for(TaskSettings(image_size=32, batch_size=4)).state_dict()
     store = SiteStateStore(site.parent / "state")
     _ok(client_app.train(_message(MessageType.TRAIN, state, 2), _context(site)))

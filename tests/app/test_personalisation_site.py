@@ -17,6 +17,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, R
 from app import client_app
 from clients.cxr_cls.synthetic import generate_site, site_profiles
 from clients.registry import task_class
+from clients.site.site_tasks import SiteTasks
 from clients.site.state_store import SiteStateStore
 from clients.training.personalisation.local_layers import LOCAL_LAYERS, local_state_names
 from clients.training.site_task import TaskSettings
@@ -59,7 +60,7 @@ def _ok(reply: Message) -> Message:
 
 @pytest.fixture()
 def global_state(monkeypatch) -> dict:
-    monkeypatch.setattr(client_app, "_TASKS", {})
+    monkeypatch.setattr(client_app, "_TASKS", SiteTasks())
     return task_class("cxr-cls").model_for(TaskSettings(image_size=32, batch_size=4)).state_dict()
 
 

@@ -15,6 +15,8 @@ from flwr.app import Context, Message, RecordDict
 
 from app import client_app
 from app.site_errors import error_code
+from clients.site.site_tasks import SiteTasks
+from clients.training.device import select_device
 from clients.site.policy import PolicyRefusal, SitePolicy, load_policy
 from clients.training.site_task import EvalResult
 from strategies import message_keys as keys
@@ -22,6 +24,7 @@ from strategies.errors import ConfigError, ItemError, SiteError
 from tests.app.site_messages import instruction
 
 SECRET = "/srv/hospital-a/study-0042/dicom"
+CPU = select_device("cpu")
 pytestmark = pytest.mark.usefixtures("site_identity")
 
 
@@ -47,8 +50,7 @@ def loads(monkeypatch) -> list[Path]:
         seen.append(data_path)
         raise PermissionError(13, "Permission denied", SECRET)
 
-    monkeypatch.setattr(client_app, "load_task", load_task)
-    monkeypatch.setattr(client_app, "_TASKS", {})
+    monkeypatch.setattr(client_app, "_TASKS", SiteTasks(load=load_task))
     return seen
 
 
@@ -73,7 +75,7 @@ def test_each_error_class_has_a_fixed_code_and_no_text_leaves(tmp_path, monkeypa
     def fail(*args, **kwargs):
         raise exc
 
-    monkeypatch.setattr(client_app, "_admit", fail)
+    monkeypatch.setattr(client_app, "answer", fail)
     reply = client_app.train(instruction("train"), _context(tmp_path))
     assert error_code(exc) == code and reply.error.code == code
     assert SECRET not in reply.error.reason and "hospital-a" in reply.error.reason
@@ -134,8 +136,7 @@ class _FakeTask:
 @pytest.mark.parametrize("studies, released", [(2, False), (3, True)])
 def test_validation_metrics_leave_only_from_enough_studies(tmp_path, monkeypatch, studies,
                                                            released):
-    monkeypatch.setattr(client_app, "_site_task", lambda config, site: _FakeTask(studies))
-    monkeypatch.setattr(client_app, "_compute", lambda: None)
+    monkeypatch.setattr(client_app, "_TASKS", SiteTasks(lambda *a, **k: _FakeTask(studies), CPU))
     policy = _policy(tmp_path, "min-val-items = 3\n")
     reply = client_app.evaluate(instruction("evaluate"), _context(tmp_path, policy))
     metrics = dict(reply.content[keys.METRICS])
@@ -149,8 +150,7 @@ def test_validation_metrics_leave_only_from_enough_studies(tmp_path, monkeypatch
 
 
 def test_a_site_without_policy_path_reports_the_permissive_fingerprint(tmp_path, monkeypatch):
-    monkeypatch.setattr(client_app, "_site_task", lambda config, site: _FakeTask(1))
-    monkeypatch.setattr(client_app, "_compute", lambda: None)
+    monkeypatch.setattr(client_app, "_TASKS", SiteTasks(lambda *a, **k: _FakeTask(1), CPU))
     reply = client_app.evaluate(instruction("evaluate"), _context(tmp_path))
     assert reply.content[keys.SITE][keys.SITE_POLICY] == SitePolicy.permissive().fingerprint
     assert "val-dice" in dict(reply.content[keys.METRICS])

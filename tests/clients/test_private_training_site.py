@@ -15,6 +15,7 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from app import client_app
 from clients.site.privacy_ledger import LEDGER_NAME
+from clients.site.site_tasks import SiteTasks
 from clients.cxr_cls.task import CXRClsTask
 from clients.training.classification import LabelledTensors
 from clients.training.site_task import TaskSettings
@@ -39,8 +40,7 @@ class _TinyCxr(CXRClsTask):
 def site(monkeypatch):
     saved = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 42, 7
-    monkeypatch.setattr(client_app, "load_task", lambda *args, **kwargs: _TinyCxr())
-    monkeypatch.setattr(client_app, "_TASKS", {})
+    monkeypatch.setattr(client_app, "_TASKS", SiteTasks(lambda *args, **kwargs: _TinyCxr()))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

@@ -11,6 +11,7 @@ from strategies.downlink import DownlinkCodecError, ServerDownlink, check_downli
 from strategies.downlink_header import PAYLOAD_KEY, DownlinkHeader
 from strategies.downlink_receive import DownlinkSyncError, receive
 from strategies.downlink_reference import Reference
+from strategies.model_packing import named_arrays
 
 NAMES = ("conv.weight", "conv.bias", "bn.running_var", "bn.num_batches_tracked")
 
@@ -45,7 +46,7 @@ class Site:
 
     def take(self, arrays: ArrayRecord, header: DownlinkHeader) -> Reference:
         held = None if self.stored is None else Reference.from_packed(self.stored)
-        reference = receive(arrays, header, held)
+        reference = receive(named_arrays(arrays), header, held)
         self.stored = reference.packed()
         return reference
 
@@ -70,7 +71,8 @@ def _round(server: ServerDownlink, t: int, model: ArrayRecord, sites: dict[int, 
 def test_server_error_feedback_invariant():
     """sum of decoded steps + server residual == sum of the true aggregated updates."""
     server, models = ServerDownlink("topk:0.05", seed=3), _globals(12)
-    sent = np.zeros(server_size := Reference.of(models[0], 1).vector().size, np.float32)
+    first_model = Reference.of(named_arrays(models[0]), 1)
+    sent = np.zeros(server_size := first_model.vector().size, np.float32)
     _round(server, 1, models[0], {5: Site()})
     first = server.reference.vector()
     for t in range(2, 13):
@@ -80,7 +82,7 @@ def test_server_error_feedback_invariant():
         sent += decode(down.arrays[5][PAYLOAD_KEY].numpy(), header.codec, server_size,
                        seed=header.seed)
         server.acknowledge(5, float(t))
-    true = Reference.of(models[-1], 0).vector() - Reference.of(models[0], 0).vector()
+    true = Reference.of(named_arrays(models[-1]), 0).vector() - first_model.vector()
     assert np.linalg.norm(server.feedback.residual) > 0.1  # lossy: the residual is not zero
     np.testing.assert_allclose(sent + server.feedback.residual, true, atol=1e-5)
     np.testing.assert_allclose(server.reference.vector() - first, sent, atol=1e-5)
@@ -93,7 +95,7 @@ def test_sites_reconstruct_the_reference_over_rounds_and_after_a_restart(spec):
     headers = _round(server, 1, models[0], sites)
     assert all(h.dense for h in headers.values())  # nobody holds anything: dense, exact
     np.testing.assert_array_equal(server.reference.vector(),
-                                  Reference.of(models[0], 1).vector())
+                                  Reference.of(named_arrays(models[0]), 1).vector())
     for t in range(2, 6):
         headers = _round(server, t, models[t - 1], sites)
         assert [h.base for h in headers.values()] == [t - 1, t - 1]

@@ -1,4 +1,4 @@
-"""The ClientApp's personalisation: what a site does around training and evaluation.
+"""A site's personalisation: what it does around training and evaluation (no Flower).
 
 Glue between the run config (``personalisation``, section ``personalisation.*``,
 :mod:`strategies.plugins.personalisation`) and the site-side algorithms
@@ -18,6 +18,8 @@ Glue between the run config (``personalisation``, section ``personalisation.*``,
   ``per-fedavg-fo``: plain gradient steps of ``inner-lr``), or with the site's own
   layers (``fedbn``): :meth:`SitePersonalisation.personalised`, which ``make predict
   PERSONAL=...`` also uses (:mod:`app.prediction.personalised`).
+
+The site's round (:mod:`clients.site.site_round`) calls it.
 """
 
 from __future__ import annotations
@@ -30,8 +32,7 @@ from pathlib import Path
 import numpy as np
 from torch import nn
 
-from app.config.run_config import RunConfig
-from strategies.seeds import site_seed
+from clients.site.run_settings import SiteRunSettings
 from clients.site.state_store import SiteStateStore
 from clients.training.device import ComputeDevice
 from clients.training.personalisation.local_layers import LocalLayers, local_state_names
@@ -42,6 +43,7 @@ from clients.training.trainer import TrainResult
 from strategies.plugins.options import PluginError
 from strategies.plugins.personalisation.gain import PERSONALISED
 from strategies.plugins.personalisation.options import CHOICE_KEY, PersonalisationOptions
+from strategies.seeds import site_seed
 
 __all__ = ["SitePersonalisation", "require_local_layers"]
 
@@ -80,11 +82,12 @@ class SitePersonalisation:
     layers: LocalLayers | None
 
     @classmethod
-    def of(cls, config: RunConfig, state_dir: Path, federation: str) -> SitePersonalisation:
+    def of(cls, options: PersonalisationOptions, state_dir: Path,
+           federation: str) -> SitePersonalisation:
         """The run's personalisation at a site with ``state_dir`` in ``federation`` ("" = none)."""
         layers = (LocalLayers(SiteStateStore(state_dir), federation)
-                  if config.personalisation == "fedbn" and federation else None)
-        return cls(config.personalisation, config.personalisation_options, layers)
+                  if options.method == "fedbn" and federation else None)
+        return cls(options.method, options, layers)
 
     def receive(self, model: nn.Module) -> None:
         """Put the site's own layers onto the received global model (FedBN)."""
@@ -130,7 +133,7 @@ class SitePersonalisation:
         return [np.zeros_like(d) if name in local else d for name, d in zip(names, delta)]
 
     def metrics(self, task: SiteTask, model: nn.Module, compute: ComputeDevice, split: str,
-                config: RunConfig, site_name: str, server_round: int) -> dict[str, float]:
+                run: SiteRunSettings, site_name: str, server_round: int) -> dict[str, float]:
         """The personalised model's loss and metrics on ``split``, named
         ``personalised-<split>-<name>``; ``model`` (the received one) is left as it is.
 
@@ -138,7 +141,7 @@ class SitePersonalisation:
         first training in this federation, for the adapting methods at a site
         without training data, and for a split without items.
         """
-        personal = self.personalised(task, model, compute, config, site_name, server_round)
+        personal = self.personalised(task, model, compute, run, site_name, server_round)
         if personal is None:
             return {}
         result = task.evaluate(personal, compute, split=split)
@@ -148,7 +151,7 @@ class SitePersonalisation:
         return {f"{PERSONALISED}{split}-{name}": value for name, value in values.items()}
 
     def personalised(self, task: SiteTask | None, model: nn.Module, compute: ComputeDevice,
-                     config: RunConfig, site_name: str, server_round: int) -> nn.Module | None:
+                     run: SiteRunSettings, site_name: str, server_round: int) -> nn.Module | None:
         """The site's personalised model of the global ``model`` (a copy; ``model`` is untouched).
 
         FedBN: ``model`` with the site's saved layers; the adapting methods: ``model``
@@ -167,8 +170,8 @@ class SitePersonalisation:
         if task is None or task.train_set is None or not len(task.train_set):
             return None
         personal = copy.deepcopy(model)
-        seed = site_seed(config.seed, server_round, f"adapt:{site_name}")
-        lr, momentum, optimizer = config.lr, config.momentum, config.optimizer
+        seed = site_seed(run.seed, server_round, f"adapt:{site_name}")
+        lr, momentum, optimizer = run.lr, run.momentum, run.optimizer
         if self.method == "per-fedavg-fo":  # Fallah et al.: gradient steps of size alpha
             lr, momentum = self.options.inner_lr, 0.0
         task.train(personal, steps=self.options.finetune_steps, lr=lr, momentum=momentum,

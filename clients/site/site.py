@@ -1,0 +1,44 @@
+"""The site a round runs at: its name, data, state dir, policy and step cap (no Flower).
+
+The ClientApp adapter builds it from the SuperNode's node_config
+(:class:`app.config.site_config.SiteConfig`, which reads the policy file);
+a test or a benchmark builds it directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from clients.site.policy import SitePolicy
+
+__all__ = ["Site"]
+
+
+@dataclass(frozen=True)
+class Site:
+    """One hospital as its round sees it.
+
+    Attributes
+    ----------
+    name : str
+        The site's name (node_config ``site-name``): its replies and its seeds carry it.
+    data_path : Path
+        The site folder (``manifest.csv`` and the studies).
+    state_dir : Path
+        Where what outlives a process is kept (residuals, ledger, FedBN layers, last model).
+    policy : SitePolicy
+        The hospital's rules, checked before any data is read.
+    cache_decoded : bool
+        Whether decoded data is cached under ``state_dir``.
+    max_local_steps : int
+        node_config ``max-local-steps``: a cap on tau (0 = none); unlike the policy's
+        rule of the same name, a request above it is trained to the cap, not refused.
+    """
+
+    name: str
+    data_path: Path
+    state_dir: Path
+    policy: SitePolicy
+    cache_decoded: bool = True
+    max_local_steps: int = 0

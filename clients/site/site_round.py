@@ -1,0 +1,131 @@
+"""THE site's round: one instruction in, the policy checked, the work done, one reply out.
+
+No Flower: the ClientApp (:mod:`app.client_app`) is an adapter that turns a
+Message into an :class:`~clients.site.instruction.Instruction` plus the arrays it
+carries, calls :func:`answer`, and turns the :class:`~clients.site.site_reply.SiteReply`
+back into a Message. A test or the in-process engine calls :func:`answer` alike.
+
+Every kind of request goes through one check path before any study is read
+(:func:`clients.site.policy_check.check_request`); then the site's task is loaded
+once per process (:class:`~clients.site.site_tasks.SiteTasks`) and the site
+
+* trains (:func:`clients.site.site_training.train_round`): the update and its metrics;
+* evaluates the received model on its ``val`` split, or ``test`` when asked: with
+  fewer studies in it than the policy's ``min-val-items`` only the counts leave the
+  site; under personalisation the personalised model's metrics too;
+* answers a loss query (Power-of-Choice): the received model's loss on its
+  training data, forward passes only, optionally on a fixed subset (cpow-d).
+
+Only weights and aggregate metrics leave the site: no paths, no per-patient outputs.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+from torch import nn
+
+from clients.site.instruction import Instruction
+from clients.site.policy_check import Request, check_request, releases_val_metrics
+from clients.site.run_settings import SiteRunSettings
+from clients.site.site import Site
+from clients.site.site_reply import Metrics, SiteReply
+from clients.site.site_tasks import SiteTasks
+from clients.site.site_training import train_round
+from clients.training.personalisation.site_personalisation import SitePersonalisation
+from clients.training.site_task import SiteTask
+from strategies import message_keys as keys
+from strategies.model_buffer import unpack_model
+
+__all__ = ["answer", "request_of"]
+
+log = logging.getLogger("clients.site")
+
+#: Per evaluation split: the reply's loss and studies-count keys (metrics are ``<split>-<name>``).
+_SPLIT_KEYS = {"val": (keys.VAL_LOSS, keys.VAL_STUDIES), "test": (keys.TEST_LOSS, keys.TEST_STUDIES)}
+
+
+def request_of(instruction: Instruction, run: SiteRunSettings) -> Request:
+    """What ``instruction`` asks of the site, in the policy's terms."""
+    return Request(task=run.task, image_size=run.sizes.image_size,
+                   batch_size=run.sizes.batch_size, codec=instruction.codec,
+                   local_steps=instruction.local_steps, time_budget=instruction.time_budget,
+                   loss_subset=instruction.loss_subset,
+                   dp_noise_multiplier=run.privacy.noise_multiplier,
+                   dp_max_grad_norm=run.privacy.max_grad_norm, dp_delta=run.privacy.delta,
+                   dp_accountant=run.privacy.accountant)
+
+
+def _global_model(task: SiteTask, arrays: Mapping[str, np.ndarray],
+                  run: SiteRunSettings) -> nn.Module:
+    """The task's model holding the packed global model in ``arrays``."""
+    model = task.build_model(private=run.privacy.enabled)
+    model.load_state_dict({name: torch.as_tensor(a) for name, a in unpack_model(arrays).items()})
+    return model
+
+
+def _evaluate(task: SiteTask, arrays: Mapping[str, np.ndarray], instruction: Instruction,
+              site: Site, run: SiteRunSettings, tasks: SiteTasks) -> Metrics:
+    split = instruction.eval_split
+    model = _global_model(task, arrays, run)
+    result = task.evaluate(model, tasks.compute(), split=split)
+    loss_key, studies_key = _SPLIT_KEYS[split]
+    metrics: Metrics = {keys.NUM_EXAMPLES: result.num_examples, studies_key: result.num_studies}
+    if not (result.num_examples and releases_val_metrics(site.policy, result.num_studies)):
+        log.info("site %s: %d %s studies (policy min-val-items %d): only counts leave",
+                 site.name, result.num_studies, split, site.policy.min_val_items)
+        return metrics
+    metrics[loss_key] = result.loss
+    metrics.update({f"{split}-{name}": value for name, value in result.metrics.items()})
+    personal = SitePersonalisation.of(run.personalisation, site.state_dir,
+                                      instruction.federation)
+    metrics.update(personal.metrics(task, model, tasks.compute(), split, run, site.name,
+                                    instruction.server_round))
+    return metrics
+
+
+def _query(task: SiteTask, arrays: Mapping[str, np.ndarray], instruction: Instruction,
+           run: SiteRunSettings, tasks: SiteTasks) -> Metrics:
+    train_set = task.require_training()  # a test-only site: SiteDataError, an error reply
+    model = _global_model(task, arrays, run)
+    loss = task.training_loss(model, tasks.compute(), subset=instruction.loss_subset)
+    return {keys.NUM_EXAMPLES: len(train_set), keys.QUERY_LOSS: loss}
+
+
+def answer(instruction: Instruction, arrays: Mapping[str, np.ndarray], site: Site,
+           run: SiteRunSettings, tasks: SiteTasks) -> SiteReply:
+    """The site's answer to one instruction.
+
+    Parameters
+    ----------
+    instruction : Instruction
+        What is asked (train, evaluate or query), the run's defaults filled in.
+    arrays : mapping of str to numpy.ndarray
+        The instruction's arrays as sent: the packed global model
+        (:mod:`strategies.model_buffer`), or a compressed downlink step (train).
+    site : Site
+        The site: name, data, state dir, policy.
+    run : SiteRunSettings
+        The run's settings a site reads.
+    tasks : SiteTasks
+        The process's loaded tasks and device.
+
+    Raises
+    ------
+    PolicyRefusal
+        Naming the broken rule, before any data is read.
+    SiteError, ItemError, ConfigError
+        When the site cannot do the work (the adapter sends a sanitised error reply).
+    """
+    check_request(site.policy, instruction.kind, request_of(instruction, run))
+    task = tasks.task(site, run.task, run.sizes)
+    record = {keys.SITE_NAME: site.name, keys.SITE_POLICY: site.policy.fingerprint}
+    if instruction.kind == "train":
+        update, metrics = train_round(task, arrays, instruction, site, run, tasks.compute())
+        return SiteReply(metrics, record, update)
+    if instruction.kind == "evaluate":
+        return SiteReply(_evaluate(task, arrays, instruction, site, run, tasks), record)
+    return SiteReply(_query(task, arrays, instruction, run, tasks), record)
