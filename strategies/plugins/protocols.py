@@ -10,6 +10,12 @@ contracts:
   :class:`~strategies.plugins.options.Plugin` gives the defaults;
 * the Protocol of its kind, for the instance built for a run.
 
+An instance's attributes are its state: a checkpoint saves them and restores
+them onto the object the run config builds (:mod:`strategies.rounds.state_tree`),
+so a plug-in keeps what it learns (a schedule's ``tau``, a selector's random
+generator and counts, server momentum) in plain attributes: numbers, strings,
+lists, dicts, numpy arrays and generators.
+
 Sign convention (DESIGN.md): an update is ``delta_i = x_global - x_local_i``;
 the new global model is ``x_global - Delta``.
 """
