@@ -18,23 +18,16 @@ from strategies.plugins.protocols import (
     Selector,
     StreamingAggregator,
 )
-from strategies.plugins.registries import (
-    AGGREGATORS,
-    CODEC_RATES,
-    DEFENCES,
-    SCHEDULES,
-    SELECTORS,
-    build,
-    default_sections,
-)
+from strategies.plugins import registries
+from strategies.plugins.registries import AGGREGATORS, DEFENCES, build, default_sections
 from strategies.plugins.run_settings import RunSettings
 from strategies.registry import Registry
 
 SETTINGS = RunSettings(local_steps=5, num_rounds=3, fraction_train=1.0, min_nodes=1, seed=0,
                        optimizer="sgd", codec="topk:0.01")
 KINDS: list[tuple[Registry[type], type]] = [
-    (AGGREGATORS, Aggregator), (DEFENCES, Defence), (SCHEDULES, Schedule),
-    (CODEC_RATES, CodecRate), (SELECTORS, Selector),
+    (AGGREGATORS, Aggregator), (DEFENCES, Defence), (registries.SCHEDULES, Schedule),
+    (registries.CODEC_RATES, CodecRate), (registries.SELECTORS, Selector),
 ]
 
 
@@ -54,6 +47,10 @@ def assert_meets(value: object, protocol: type) -> None:
             assert _parameters(getattr(value, name)) == _parameters(member), (
                 f"{type(value).__name__}.{name} does not take {protocol.__name__}.{name}'s "
                 f"parameters")
+
+
+def test_every_plugin_registry_has_a_protocol():
+    assert sorted(r.key for r, _ in KINDS) == sorted(r.key for r in registries.PLUGIN_REGISTRIES)
 
 
 @pytest.mark.parametrize(("registry", "protocol"), KINDS, ids=lambda k: getattr(k, "kind", ""))
