@@ -29,7 +29,7 @@ from app.config.roster import load_roster
 from app.config.run_config import RunConfig
 from app.cross_site_report import report_federation_end, selected_arrays
 from app.model_source import load_state_dict_from
-from app.personalisation import require_local_layers
+from clients.training.personalisation.site_personalisation import require_local_layers
 from app.grid_waits import cap_grid_waits
 from app.tracking.traffic_text import round_traffic
 from app.tracking import (

@@ -29,7 +29,9 @@ class SiteFaults:
     latency : float
         Seconds of real time between the site's answer and the moment its reply
         can be pulled (a slow link or a slow site): a round's ``round.deadline``
-        and ``round.quorum`` see it as a reply that has not come yet.
+        and ``round.quorum`` see it as a reply that has not come yet. For a site
+        that is gone, the seconds until the SuperLink answers in its place (its
+        heartbeat expiring).
     fail_from_round : int or None
         From this round on the handler is not called: :class:`InjectedFault` is
         raised in its place and the engine answers as a SuperNode does for a

@@ -30,7 +30,7 @@ from app.config.run_config import RunConfig, RunConfigError
 from app.engine.grid import InProcessGrid
 from app.engine.virtual_site import VirtualSite
 
-__all__ = ["PROJECT_ROOT", "full_run_config", "run_federation", "server_identity"]
+__all__ = ["PROJECT_ROOT", "full_run_config", "new_run_id", "run_federation", "server_identity"]
 
 #: The project folder (its pyproject.toml holds the run config's defaults).
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -68,6 +68,11 @@ def full_run_config(overrides: Mapping[str, Any]) -> dict[str, Any]:
     if config.federation_roster:
         load_roster(config.federation_roster)
     return values
+
+
+def new_run_id() -> int:
+    """A fresh Flower run id (a random positive 63-bit integer, as the SuperLink draws one)."""
+    return uuid4().int >> 65
 
 
 @contextmanager
@@ -112,7 +117,7 @@ def run_federation(run_config: Mapping[str, Any], sites: Sequence[VirtualSite], 
     from app.server_app import federate  # noqa: PLC0415 - torch loads with the ServerApp
 
     config = full_run_config(run_config)
-    run_id = run_id if run_id is not None else uuid4().int >> 65
+    run_id = run_id if run_id is not None else new_run_id()
     grid = InProcessGrid(sites, config, run_id)
     context = Context(run_id=run_id, node_id=SUPERLINK_NODE_ID, node_config={},
                       state=RecordDict(), run_config=config)

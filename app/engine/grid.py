@@ -206,8 +206,8 @@ class InProcessGrid(Grid):
         node = message.metadata.dst_node_id
         faults, current = self._sites[node].faults, server_round(message)
         self._round = max(self._round, current)
-        if faults.disconnected(current):
-            self._hold(_node_unavailable(message), 0.0)
+        if faults.disconnected(current):  # the SuperLink answers once it notices (latency)
+            self._hold(_node_unavailable(message), faults.latency)
             return
         if faults.silent(current):
             self._unanswered.add(message.metadata.message_id)

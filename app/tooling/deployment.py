@@ -39,16 +39,16 @@ from app.site_runtime.app_approval import SIGNATURE_KEY, fab_sha256, project_fab
 from app.tooling.certs import CertError
 from app.tooling.daemon import DaemonProcess
 from app.tooling.errors import FlowerProcessError
-from app.tooling.federation_summary import print_summary
 from app.tooling.flwr_cli import CONNECTION, list_supernodes, write_connection
 from app.tooling.layout import DeployLayout
 from app.tooling.registration import read_registry, register_site
-from app.tooling.run_config_string import build_run_config
+from app.tooling.run_config_string import build_run_config, checked_run_config
 from app.tooling.run_submission import PROJECT_ROOT, submit_run
 from app.tooling.superlink import DEFAULT_PORT, SuperLinkProcess
 from app.site_runtime.supernode import SuperNodeProcess
 from clients.site.app_rules import AppApprovalError
 from clients.site.policy import SitePolicyError
+from strategies.errors import ConfigError
 
 __all__ = ["main"]
 
@@ -145,14 +145,21 @@ def _cmd_nodes(args: argparse.Namespace) -> int:
 
 
 def _cmd_federate(args: argparse.Namespace) -> int:
+    run_config = build_run_config(args.run_config, args.data_root, args.tracking_uri,
+                                  args.artifact_root, args.preset)
+    try:
+        checked_run_config(run_config)  # before anything is signed or submitted
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     layout = _connected_layout(args)
-    overrides = list(args.run_config)
     if args.sign_key is not None:  # the signature of the FAB flwr run submits
         digest = fab_sha256(project_fab(PROJECT_ROOT))
-        overrides.append(f"{SIGNATURE_KEY}={sign_app(digest, args.sign_key)}")
+        signature = sign_app(digest, args.sign_key)
+        run_config = build_run_config([*args.run_config, f"{SIGNATURE_KEY}={signature}"],
+                                      args.data_root, args.tracking_uri, args.artifact_root,
+                                      args.preset)
         print(f"app {digest[:12]} signed with {args.sign_key}", flush=True)
-    run_config = build_run_config(overrides, args.data_root, args.tracking_uri,
-                                  args.artifact_root, args.preset)
     started = time.monotonic()
     outcome = submit_run(args.flwr_home, run_config, args.timeout,
                          on_line=lambda line: (sys.stdout.write(line), sys.stdout.flush()))
@@ -164,6 +171,8 @@ def _cmd_federate(args: argparse.Namespace) -> int:
         print(f"the run did not complete; SuperLink log: "
               f"{layout.superlink_dir / 'superlink.log'}", file=sys.stderr)
         return 1
+    from app.tooling.federation_summary import print_summary  # noqa: PLC0415 - MLflow
+
     print_summary(args.tracking_uri, outcome.run_id, time.monotonic() - started)
     return 0
 

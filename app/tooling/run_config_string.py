@@ -1,8 +1,10 @@
-"""The ``flwr run --run-config`` string of ``make simulate`` and ``make federate``.
+"""The ``flwr run --run-config`` string of ``make simulate`` and ``make federate``, checked.
 
 Absolute paths first (the daemons do not run in the project directory), then
 the values of a preset TOML file, then ``KEY=VALUE`` overrides from the
 command line; strings are quoted as TOML, numbers and booleans are not.
+:func:`checked_run_config` reads the string back as ``flwr run`` does and checks
+it as the ServerApp would, before any process starts.
 """
 
 from __future__ import annotations
@@ -10,8 +12,14 @@ from __future__ import annotations
 import re
 import tomllib
 from pathlib import Path
+from typing import Any
 
-__all__ = ["build_run_config"]
+import click
+from flwr.common.config import parse_config_args
+
+from strategies.errors import ConfigError
+
+__all__ = ["build_run_config", "checked_run_config"]
 
 
 def _toml_value(value: str) -> str:
@@ -44,3 +52,28 @@ def build_run_config(overrides: list[str], data_root: Path, tracking_uri: str,
         key, value = item.split("=", 1)
         values[key.strip()] = value.strip()
     return " ".join(f"{k}={_toml_value(v)}" for k, v in values.items())
+
+
+def checked_run_config(run_config: str) -> dict[str, Any]:
+    """The complete run config of ``run_config`` (a :func:`build_run_config` string).
+
+    Parsed by Flower's own ``--run-config`` parser, completed with pyproject.toml's
+    defaults and checked as the ServerApp checks it
+    (:func:`app.engine.federation.full_run_config`: unknown keys, types, ranges,
+    plug-in names and options, the task, the roster file).
+
+    Raises
+    ------
+    ConfigError
+        The first problem, in one line that names the key.
+    """
+    from app.engine.federation import full_run_config  # noqa: PLC0415 - imports torch
+
+    try:
+        values = parse_config_args([run_config])
+    except click.ClickException as exc:
+        raise ConfigError(f"run config {run_config!r}: {exc.message}") from None
+    try:
+        return full_run_config(values)
+    except ConfigError as exc:
+        raise ConfigError(" ".join(str(exc).split())) from None

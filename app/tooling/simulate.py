@@ -1,6 +1,15 @@
-"""Run a federation locally in Flower's simulation engine, with real Flower processes.
+"""Run a federation locally: in Flower's simulation engine (Ray) or in the in-process engine.
 
-``python -m app.tooling.simulate`` (what ``make simulate`` calls) starts a
+``python -m app.tooling.simulate`` (what ``make simulate`` calls) first checks
+the run config as the ServerApp would (:func:`~app.tooling.run_config_string.checked_run_config`):
+a bad key or value ends it at once, exit code 2, with one line naming it.
+
+``--engine local`` (``make simulate ENGINE=local``) runs the same run config in
+this process: the real ServerApp against one virtual site per synthetic
+hospital (:mod:`app.engine`), no SuperLink, no Ray; the same progress lines and
+summary. Small runs start in seconds.
+
+``--engine ray`` (the default) starts a
 local Ray (tried again when Ray's start times out on a loaded machine,
 :mod:`app.tooling.local_ray`), then a
 ``flower-superlink`` in simulation mode on a free loopback port, submits this
@@ -25,16 +34,17 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from app.tooling.environment import flower_env
 from app.tooling.errors import FlowerProcessError
-from app.tooling.federation_summary import print_summary
 from app.tooling.flwr_cli import write_connection
 from app.tooling.local_ray import local_ray
 from app.tooling.ray_cluster import require_reachable
-from app.tooling.run_config_string import build_run_config
+from app.tooling.run_config_string import build_run_config, checked_run_config
 from app.tooling.run_submission import PROJECT_ROOT, submit_run
 from app.tooling.superlink import SuperLinkProcess
+from strategies.errors import ConfigError, FedMedError
 
 __all__ = ["CONNECTION", "main"]
 
@@ -55,12 +65,15 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--artifact-root", type=Path, required=True)
     parser.add_argument("--flwr-home", type=Path, default=PROJECT_ROOT / ".flwr")
     parser.add_argument("--log-dir", type=Path, default=PROJECT_ROOT / "runs" / "simulate")
-    parser.add_argument("--cpus-per-site", type=int, default=1)
-    parser.add_argument("--ray-address", default=os.environ.get("RAY_ADDRESS") or None,
-                        help="host:port of an existing Ray cluster to run the sites on "
+    parser.add_argument("--engine", choices=("ray", "local"), default="ray",
+                        help="ray: Flower's simulation engine (SuperLink + Ray); local: the "
+                             "in-process engine (app.engine), for small fast runs")
+    parser.add_argument("--cpus-per-site", type=int, default=1, help="(ray) CPUs per site")
+    parser.add_argument("--ray-address", default=None,
+                        help="(ray) host:port of an existing Ray cluster to run the sites on "
                              "(default: $RAY_ADDRESS; unset: a Ray started for this run)")
     parser.add_argument("--timeout", type=float, default=3600.0,
-                        help="seconds before the run is abandoned")
+                        help="(ray) seconds before the run is abandoned")
     parser.add_argument("--preset", type=Path, default=None,
                         help="TOML file of run-config values (e.g. configs/pe-seg-quick.toml)")
     parser.add_argument("-c", "--run-config", action="append", default=[],
@@ -71,34 +84,69 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit code."""
     args = _parser().parse_args(argv)
+    if args.engine == "local" and args.ray_address:
+        print("error: --ray-address runs the sites on Ray; it does not go with --engine local",
+              file=sys.stderr)
+        return 2
+    run_config = build_run_config(args.run_config, args.data_root, args.tracking_uri,
+                                  args.artifact_root, args.preset)
+    try:
+        values = checked_run_config(run_config)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     missing = [f"hospital-{i:02d}" for i in range(args.sites)
                if not (args.data_root / f"hospital-{i:02d}").is_dir()]
     if missing:
         print(f"missing synthetic hospitals under {args.data_root}: {missing}; "
               "run `make data` (or `make simulate`, which generates them)", file=sys.stderr)
         return 2
-    if args.ray_address:
+    if args.engine == "local":
+        return _federate_in_process(args, values)
+    ray_address = args.ray_address or os.environ.get("RAY_ADDRESS") or None
+    if ray_address:
         try:
-            os.environ["RAY_ADDRESS"] = require_reachable(args.ray_address)
+            os.environ["RAY_ADDRESS"] = ray_address = require_reachable(ray_address)
         except FlowerProcessError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
     flwr_home = args.flwr_home.resolve()
-    run_config = build_run_config(args.run_config, args.data_root, args.tracking_uri,
-                                  args.artifact_root, args.preset)
     started = time.monotonic()
     try:
-        if args.ray_address:
-            run_id = _federate(args, flwr_home, run_config)
+        if ray_address:
+            run_id = _federate(args, flwr_home, run_config, ray_address)
         else:
             with local_ray(flower_env(flwr_home, _site_env(args))) as address:
                 os.environ["RAY_ADDRESS"] = address  # the engine attaches to this Ray
-                run_id = _federate(args, flwr_home, run_config)
+                run_id = _federate(args, flwr_home, run_config, None)
     except FlowerProcessError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     if run_id is None:
         return 1
+    from app.tooling.federation_summary import print_summary  # noqa: PLC0415 - MLflow
+
+    print_summary(args.tracking_uri, run_id, time.monotonic() - started)
+    return 0
+
+
+def _federate_in_process(args: argparse.Namespace, values: dict[str, Any]) -> int:
+    """The federation in this process (:func:`app.engine.run_federation`), then the summary."""
+    from app.engine import partition_sites, run_federation  # noqa: PLC0415 - torch, MLflow
+    from app.engine.federation import new_run_id  # noqa: PLC0415
+
+    run_id = new_run_id()
+    print(f"In-process engine: {args.sites} sites on {args.data_root.resolve()}, run "
+          f"{run_id}", flush=True)
+    started = time.monotonic()
+    try:
+        run_federation(values, partition_sites(args.sites), run_id=run_id)
+    except FedMedError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"\nrun {run_id} status: finished:completed")
+    from app.tooling.federation_summary import print_summary  # noqa: PLC0415 - MLflow
+
     print_summary(args.tracking_uri, run_id, time.monotonic() - started)
     return 0
 
@@ -108,12 +156,13 @@ def _site_env(args: argparse.Namespace) -> dict[str, str]:
     return {"FEDMED_TORCH_THREADS": str(args.cpus_per_site)}
 
 
-def _federate(args: argparse.Namespace, flwr_home: Path, run_config: str) -> int | None:
+def _federate(args: argparse.Namespace, flwr_home: Path, run_config: str,
+              ray_address: str | None) -> int | None:
     """SuperLink, ``flwr run``, final status; the Flower run id if it completed, else None."""
     link = SuperLinkProcess.start_simulation(flwr_home, args.log_dir.resolve())
     try:
         write_connection(flwr_home, CONNECTION, link.address)
-        where = f"Ray cluster {args.ray_address}" if args.ray_address else "a local Ray"
+        where = f"Ray cluster {ray_address}" if ray_address else "a local Ray"
         print(f"SuperLink {link.address} (logs: {link.flower_log}; sites on {where}); "
               "submitting the run...", flush=True)
         outcome = submit_run(
