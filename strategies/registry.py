@@ -114,10 +114,14 @@ class Registry(Generic[T]):
         """Import every module of the registry's package once (they register themselves)."""
         if self._discovered:
             return
-        self._discovered = True
-        package = importlib.import_module(str(self.package))
-        for module in pkgutil.iter_modules(package.__path__):
-            importlib.import_module(f"{self.package}.{module.name}")
+        self._discovered = True  # first: a module being imported may look names up
+        try:
+            package = importlib.import_module(str(self.package))
+            for module in pkgutil.iter_modules(package.__path__):
+                importlib.import_module(f"{self.package}.{module.name}")
+        except BaseException:
+            self._discovered = False  # the next lookup raises the import error again
+            raise
 
     def names(self) -> list[str]:
         """Every registered name, sorted (dotted-path entries are not imported)."""
@@ -136,7 +140,8 @@ class Registry(Generic[T]):
         """The entry registered as ``name``, or None."""
         self.discover()
         if name in self._paths:
-            self._entries[name] = import_path(self._paths.pop(name))
+            self._entries[name] = import_path(self._paths[name])
+            del self._paths[name]
         return self._entries.get(name)
 
     def get(self, name: str) -> T:

@@ -90,3 +90,12 @@ def test_a_package_registry_imports_every_module_dropped_into_it(tmp_path, monke
 def test_a_dotted_path_must_name_module_and_attribute():
     with pytest.raises(ConfigError, match="'textwrap' must read 'package.module:attribute'"):
         import_path("textwrap")
+
+
+def test_a_path_that_fails_to_import_stays_registered_and_fails_again():
+    toys: Registry[object] = Registry("toy", "toy.kind")
+    toys.add_path("gone", "strategies.no_such_module:THING")
+    for _ in range(2):
+        with pytest.raises(ModuleNotFoundError):
+            toys.get("gone")
+    assert toys.names() == ["gone"]
