@@ -21,6 +21,8 @@
 #            make simulate RAY_ADDRESS=host:port  (run the virtual sites on an existing Ray
 #                   cluster, `ray start --head --port PORT`; its nodes need this venv and the
 #                   data at the same paths)
+#            make simulate ENGINE=local  (the in-process engine, app/engine/: the same apps in
+#                   this process, no SuperLink, no Ray; for small runs. Default ENGINE=ray)
 # Unset ROUNDS/STEPS/IMAGE_SIZE/TASK fall back to the preset, then to pyproject.toml.
 
 SHELL        := /bin/bash
@@ -38,6 +40,7 @@ STEPS        ?=
 IMAGE_SIZE   ?=
 PRESET       ?=
 RUN_CONFIG   ?=
+ENGINE       ?= ray
 RESUME       ?=
 # Data of `make simulate` / `make data`: synthetic (default) or shared (../shared/data).
 # (`make supernode DATA=/abs/site` is a different use of DATA, see the deployment section.)
@@ -138,7 +141,8 @@ simulate: install data
 		$(if $(STEPS),-c local-steps=$(STEPS)) $(if $(IMAGE_SIZE),-c image-size=$(IMAGE_SIZE)) \
 		-c seed=$(SEED) -c min-nodes=$(SITES) -c checkpoint-dir=$(CHECKPOINT_DIR) \
 		$(if $(RESUME),-c resume=true) $(if $(POLICY),-c site-policy=$(abspath $(POLICY))) \
-		$(if $(RAY_ADDRESS),--ray-address $(RAY_ADDRESS)) $(foreach kv,$(RUN_CONFIG),-c $(kv))
+		--engine $(ENGINE) $(if $(filter ray,$(ENGINE)),$(if $(RAY_ADDRESS),--ray-address $(RAY_ADDRESS))) \
+		$(foreach kv,$(RUN_CONFIG),-c $(kv))
 
 # pytest's exit code 5 (no test collected) is reported, not treated as a failure.
 # pytest-xdist workers take one test file at a time (module fixtures are shared within
