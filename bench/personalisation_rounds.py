@@ -31,7 +31,8 @@ from torch import nn
 
 from app.config.run_config import RunConfig
 from app.site_settings import site_settings
-from clients.training.personalisation.site_personalisation import SitePersonalisation
+from clients.training.personalisation.site_personalisation import (SitePersonalisation,
+                                                                    site_personalisation)
 from clients.training.device import ComputeDevice
 from clients.training.site_task import SiteTask
 from model_arrays import load_arrays, state_arrays
@@ -146,8 +147,8 @@ def train_federation(fed: Federation, config: RunConfig
     torch.manual_seed(config.seed)
     global_model = fed.tasks[0].build_model()
     names = list(global_model.state_dict())
-    sites = [SitePersonalisation.of(config.personalisation_options, _state_dir(fed, config, task),
-                                    FEDERATION)
+    sites = [site_personalisation(config.personalisation_options, _state_dir(fed, config, task),
+                                  FEDERATION)
              for task in fed.tasks]
     work = LocalWork()
     per_step = 2 if config.personalisation == "per-fedavg-fo" else 1

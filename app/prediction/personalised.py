@@ -11,7 +11,8 @@ it instead of the global model:
 * ``finetune``, ``per-fedavg-reptile``, ``per-fedavg-fo``: the logged model adapted
   at predict time, ``personalisation.finetune-steps`` local steps on the site's
   training split, exactly as the site adapts it for its personalised evaluation
-  (:meth:`~clients.training.personalisation.site_personalisation.SitePersonalisation.personalised`), seeded by the run's
+  (:meth:`~clients.training.personalisation.site_personalisation.SitePersonalisation.personalised`),
+  seeded by the run's
   ``seed``, round ``num-server-rounds + 1`` and the site's name: the seed of the
   end-of-federation test evaluation. Applied to the selected model
   (``<experiment>-best``), this is the model whose ``personalised-test-<metric>``
@@ -48,9 +49,9 @@ from clients.site.decoded_cache import CACHE_DIR_NAME, load_task
 from clients.site.state_store import SiteStateStore
 from clients.training.device import ComputeDevice
 from clients.training.personalisation.local_layers import LOCAL_LAYERS, LocalLayers
-from clients.training.personalisation.site_personalisation import SitePersonalisation
+from clients.training.personalisation.site_personalisation import site_personalisation
 from strategies.errors import ConfigError
-from strategies.plugins.personalisation.options import CHOICE_KEY
+from strategies.plugins.personalisation.method import CHOICE_KEY, PERSONALISATION
 
 __all__ = ["Personalised", "federation_of", "personalise", "run_config_from_params",
            "site_of"]
@@ -189,20 +190,20 @@ def personalise(logged: LoggedModel, site: SiteConfig, federation: str,
         LocalLayers(store, federation).restore(model)
         return Personalised(model, "fedbn", f"fedbn: the site's normalisation layers from "
                                             f"{layers_file}")
-    run = params()
-    method = run.get(CHOICE_KEY, "none")
-    if method == "none":
-        raise ConfigError(f"PERSONAL: federation {federation} ran with {CHOICE_KEY} = 'none': "
-                          "there is no personalised model; predict without PERSONAL")
-    if method == "fedbn":
+    config = run_config_from_params(params())
+    method = config.personalisation
+    rules = PERSONALISATION.get(method)
+    if not rules.personalises:
+        raise ConfigError(f"PERSONAL: federation {federation} ran with {CHOICE_KEY} = "
+                          f"{method!r}: there is no personalised model; predict without PERSONAL")
+    if rules.keeps_local_layers:
         raise ConfigError(f"PERSONAL: {layers_file}: no such file; site {site.name!r} kept no "
-                          f"FedBN layers for federation {federation} (is this its state dir, "
+                          f"{method} layers for federation {federation} (is this its state dir, "
                           "and did it train in that federation?)")
-    config = run_config_from_params(run)
     cache = site.state_dir / CACHE_DIR_NAME if site.cache_decoded else None
     task = load_task(task_class(logged.task), site.data_path, logged.settings, cache,
                      exclude=[site.state_dir])
-    personal = SitePersonalisation(method, config.personalisation_options, None)
+    personal = site_personalisation(config.personalisation_options, None, "")
     model = personal.personalised(task, logged.model, compute, site_settings(config), site.name,
                                   config.num_server_rounds + 1)
     if model is None:

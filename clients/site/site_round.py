@@ -35,7 +35,7 @@ from clients.site.site import Site
 from clients.site.site_reply import Metrics, SiteReply
 from clients.site.site_tasks import SiteTasks
 from clients.site.site_training import train_round
-from clients.training.personalisation.site_personalisation import SitePersonalisation
+from clients.training.personalisation.site_personalisation import site_personalisation
 from clients.training.site_task import SiteTask
 from strategies import message_keys as keys
 from strategies.model_buffer import unpack_model
@@ -80,8 +80,8 @@ def _evaluate(task: SiteTask, arrays: Mapping[str, np.ndarray], instruction: Ins
         return metrics
     metrics[loss_key] = result.loss
     metrics.update({f"{split}-{name}": value for name, value in result.metrics.items()})
-    personal = SitePersonalisation.of(run.personalisation, site.state_dir,
-                                      instruction.federation)
+    personal = site_personalisation(run.personalisation, site.state_dir,
+                                   instruction.federation)
     metrics.update(personal.metrics(task, model, tasks.compute(), split, run, site.name,
                                     instruction.server_round))
     return metrics

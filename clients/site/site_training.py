@@ -24,7 +24,7 @@ from clients.site.site import Site
 from clients.site.site_reply import Metrics
 from clients.site.state_store import SiteStateStore
 from clients.training.device import ComputeDevice
-from clients.training.personalisation.site_personalisation import SitePersonalisation
+from clients.training.personalisation.site_personalisation import site_personalisation
 from clients.training.private_training import poisson_sample_rate
 from clients.training.site_task import SiteTask
 from clients.site.update_encoding import encode_update
@@ -56,7 +56,7 @@ def train_round(task: SiteTask, arrays: Mapping[str, np.ndarray], instruction: I
     privacy = run.privacy
     model = task.build_model(private=privacy.enabled)
     model.load_state_dict({name: torch.as_tensor(a) for name, a in global_arrays.items()})
-    personal = SitePersonalisation.of(run.personalisation, site.state_dir, instruction.federation)
+    personal = site_personalisation(run.personalisation, site.state_dir, instruction.federation)
     personal.receive(model)  # FedBN: the site's own normalisation layers
     if privacy.enabled:  # refuse before training if the round would overspend the budget
         ledger = PrivacyLedger(SiteStateStore(site.state_dir), instruction.federation,

@@ -33,7 +33,8 @@ def test_the_section_is_split_from_the_run_config_and_defaults_to_none():
 
 
 @pytest.mark.parametrize(("values", "message"), [
-    ({"method": "per-fedavg"}, "'personalisation.method' must be one of \\['none', "),
+    ({"method": "per-fedavg"},
+     "'personalisation.method' must be one of \\[.*'none'.*got 'per-fedavg'"),
     ({"alpha": 0.0}, "'personalisation.alpha' must be in \\(0, 1\\], got 0.0"),
     ({"alpha": 1.5}, "'personalisation.alpha' must be in \\(0, 1\\], got 1.5"),
     ({"tau-in": 0}, "'personalisation.tau-in' must be an int >= 1, got 0"),

@@ -2,7 +2,7 @@
 
 A site evaluating under personalisation replies, beside the global model's
 ``<split>-<metric>``, its personalised model's ``personalised-<split>-<metric>``
-(:mod:`app.personalisation`); the difference ``personalised-gain-<split>-<metric>``
+(:mod:`clients.training.personalisation`); the difference ``personalised-gain-<split>-<metric>``
 = personalised - global is what MLflow shows per site (``site/<s>/...``) and for the
 round's example-weighted values (``eval/...``). For a loss a negative gain is an
 improvement.

@@ -1,7 +1,9 @@
 """The run-config section ``personalisation``: the method and its sizes.
 
-``personalisation.method`` picks the method (:data:`METHODS`; a TOML key cannot
-be both a value and a table, so the choice is a key of the section); the other keys:
+``personalisation.method`` picks the method (a name registered in
+:data:`~strategies.plugins.personalisation.method.PERSONALISATION`, one file per
+method in ``methods/``; a TOML key cannot be both a value and a table, so the
+choice is a key of the section); the other keys:
 
 * ``personalisation.tau-out`` / ``personalisation.tau-in``: Per-FedAvg-Reptile's
   tasks per round and SGD steps per task (Xia & Cui 2022, Algorithm 2);
@@ -22,16 +24,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from strategies.plugins.options import PluginOptions, option
+from strategies.plugins.personalisation.method import CHOICE_KEY, PERSONALISATION, SECTION
 
-__all__ = ["CHOICE_KEY", "METHODS", "SECTION", "PersonalisationOptions",
-           "split_personalisation"]
-
-#: The run-config section.
-SECTION = "personalisation"
-#: The run-config key that picks the method.
-CHOICE_KEY = f"{SECTION}.method"
-#: The methods: ``none`` is FedAvg-style training with the global model only (today's behaviour).
-METHODS = ("none", "per-fedavg-reptile", "per-fedavg-fo", "finetune", "fedbn")
+__all__ = ["CHOICE_KEY", "SECTION", "PersonalisationOptions", "split_personalisation"]
 
 
 @dataclass(frozen=True)
@@ -41,7 +36,8 @@ class PersonalisationOptions(PluginOptions):
     Attributes
     ----------
     method : str
-        ``personalisation.method``: one of :data:`METHODS`.
+        ``personalisation.method``: a registered method (``none``: FedAvg-style training
+        with the global model only).
     tau_out : int
         ``personalisation.tau-out``: Reptile tasks per round (>= 1).
     tau_in : int
@@ -65,9 +61,14 @@ class PersonalisationOptions(PluginOptions):
     finetune_steps: int = option(1, at_least=1)
 
     def check(self) -> None:
-        """A known method; ``alpha`` in (0, 1] (0 never moves, above 1 overshoots the task)."""
-        if self.method not in METHODS:
-            self.fail("method", f"must be one of {list(METHODS)}")
+        """A registered method; ``alpha`` in (0, 1] (0 never moves, above 1 overshoots the task).
+
+        Raises
+        ------
+        PluginError
+            Naming the key (an unknown method: the registered ones too).
+        """
+        PERSONALISATION.get(self.method)
         if not 0.0 < self.alpha <= 1.0:
             self.fail("alpha", "must be in (0, 1]")
         if self.inner_lr <= 0.0:

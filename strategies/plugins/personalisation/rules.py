@@ -51,22 +51,22 @@ The methods that adapt on the training data at evaluation (all but ``none`` and
 ``fedbn``) release metrics of a model trained outside DP-SGD's accountant, and
 Reptile's inner loop is not DP-SGD: they are refused with
 ``privacy.noise-multiplier > 0``. Whether the model has normalisation layers
-(FedBN) needs the model; the app checks it (:func:`app.personalisation.require_local_layers`).
+(FedBN) needs the model; the app checks it
+(:func:`clients.training.personalisation.site_personalisation.require_local_layers`).
+
+Each method's flags (:class:`~strategies.plugins.personalisation.method.PersonalisationMethod`:
+``adapts``, ``sgd_only``) select the generic rules below; Reptile's own are in
+``methods/per_fedavg_reptile.py``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from strategies.plugins.options import PluginError
-from strategies.plugins.personalisation.options import CHOICE_KEY, PersonalisationOptions
+from strategies.plugins.personalisation.method import PERSONALISATION, refuse
+from strategies.plugins.personalisation.options import PersonalisationOptions
 
-__all__ = ["ADAPTING", "SGD_ONLY", "PersonalisationRun", "check_personalisation"]
-
-#: Methods whose site adapts the global model on its training data at evaluation.
-ADAPTING = ("per-fedavg-reptile", "per-fedavg-fo", "finetune")
-#: Methods whose local optimiser must be SGD.
-SGD_ONLY = ("per-fedavg-reptile", "per-fedavg-fo")
+__all__ = ["PersonalisationRun", "check_personalisation"]
 
 
 @dataclass(frozen=True)
@@ -100,40 +100,24 @@ class PersonalisationRun:
     dp_noise_multiplier: float
 
 
-def _refuse(method: str, rule: str) -> None:
-    raise PluginError(f"run config key '{CHOICE_KEY}' = {method!r} {rule}")
-
-
 def check_personalisation(options: PersonalisationOptions, run: PersonalisationRun) -> None:
     """Refuse a method (``personalisation.method``) that does not fit the rest of the run config.
 
     Raises
     ------
     PluginError
-        Naming ``personalisation.method``, the other key and the rule.
+        Naming ``personalisation.method``, the other key and the rule; an unknown
+        method names the registered ones.
     """
-    method = options.method
-    if method in ADAPTING and run.dp_noise_multiplier > 0:
-        _refuse(method, "adapts on the training data outside DP-SGD's accountant: not with "
-                        "privacy.noise-multiplier > 0 (use 'fedbn' or 'none')")
-    if method not in SGD_ONLY:
-        return
-    if run.optimizer != "sgd":
-        _refuse(method, f"needs optimizer = \"sgd\" (its inner optimiser), got {run.optimizer!r}")
-    if run.proximal_mu:
-        _refuse(method, "with proximal-mu > 0 is not defined (its steps do not start from the "
-                        "received model); set proximal-mu = 0")
-    if method != "per-fedavg-reptile":
-        return
-    if run.schedule != "fixed":
-        _refuse(method, "needs strategy.schedule = \"fixed\": its round is "
-                        "personalisation.tau-out x personalisation.tau-in steps, got "
-                        f"{run.schedule!r}")
-    steps = options.tau_out * options.tau_in
-    if run.local_steps != steps:
-        _refuse(method, f"needs local-steps = personalisation.tau-out x personalisation.tau-in "
-                        f"= {steps} (the server checks the steps a site reports against "
-                        f"it), got local-steps = {run.local_steps}")
-    if run.aggregator == "fednova" and run.momentum:
-        _refuse(method, "with strategy.aggregator = \"fednova\" needs momentum = 0: the "
-                        "optimiser restarts every task, so the server's a-norm would be wrong")
+    name = options.method
+    method = PERSONALISATION.get(name)
+    if method.adapts and run.dp_noise_multiplier > 0:
+        refuse(name, "adapts on the training data outside DP-SGD's accountant: not with "
+                     "privacy.noise-multiplier > 0 (use 'fedbn' or 'none')")
+    if method.sgd_only:
+        if run.optimizer != "sgd":
+            refuse(name, f"needs optimizer = \"sgd\" (its inner optimiser), got {run.optimizer!r}")
+        if run.proximal_mu:
+            refuse(name, "with proximal-mu > 0 is not defined (its steps do not start from the "
+                         "received model); set proximal-mu = 0")
+    method.requires(options, run)
