@@ -1,0 +1,104 @@
+"""Malicious sites in the in-process engine (``app/engine/attacks.py``) against the real strategy:
+three scripted sites, one of which lies in its replies."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flwr.app import ArrayRecord
+
+from app.config.run_config import RunConfig
+from app.engine import InProcessGrid, VirtualSite
+from app.engine.attacks import SiteAttack, attacking_site, label_flipped_copy
+from app.server_app import build_strategy
+from strategies.errors import ConfigError
+from tests.fixtures.scripted_site import ScriptedSite
+
+pytestmark = pytest.mark.usefixtures("server_identity")  # run 42, the SuperLink's node 1
+
+INITIAL = [np.zeros(4, np.float32), np.array(0, np.int64)]
+
+
+def _round(attack: SiteAttack | None, **run_config):
+    """One round on three scripted sites (each update: x_local = x_global + 1), site-0
+    attacking; the new global float array and the round's report."""
+    sites = [VirtualSite({"site-name": f"site-{i}"}, ScriptedSite(f"site-{i}", num_examples=10))
+             for i in range(3)]
+    if attack is not None:
+        sites[0] = attacking_site(sites[0], attack)
+    config = RunConfig.from_mapping({"min-nodes": 3, "node-wait-timeout": 5, **run_config})
+    strategy = build_strategy(config)
+    result = strategy.start(grid=InProcessGrid(sites, run_id=42),
+                            initial_arrays=ArrayRecord(INITIAL), num_rounds=1)
+    return result.arrays.to_numpy_ndarrays()[0], strategy.reports[1]
+
+
+def test_honest_sites_move_the_model_by_their_update():
+    weights, report = _round(None, **{"strategy.defence": "none"})
+    np.testing.assert_allclose(weights, np.ones(4))
+    assert sorted(report.train) == ["site-0", "site-1", "site-2"]
+
+
+def test_a_boosted_update_takes_fedavg_over_without_a_defence():
+    weights, _ = _round(SiteAttack(scale=1000.0), **{"strategy.defence": "none"})
+    np.testing.assert_allclose(weights, np.full(4, (1000 + 1 + 1) / 3), rtol=1e-6)
+
+
+def test_norm_bound_at_three_sites_bounds_the_boosted_update():
+    weights, _ = _round(SiteAttack(scale=1000.0), **{"strategy.defence": "norm-bound"})
+    # every update is scaled to at most kappa = 3 x the round's median norm (that of ones)
+    np.testing.assert_allclose(weights, np.full(4, (3 + 1 + 1) / 3), rtol=1e-5)
+
+
+def test_a_sign_flip_and_a_claimed_example_count_reach_the_aggregator():
+    weights, report = _round(SiteAttack(scale=-1.0, claim_examples=80),
+                             **{"strategy.defence": "none"})
+    # example-weighted: 80 x (-1) + 10 + 10 over 100 (the first claim sets the site's cap)
+    np.testing.assert_allclose(weights, np.full(4, (-80 + 10 + 10) / 100), rtol=1e-6)
+    assert report.train["site-0"]["num-examples"] == 80
+
+
+def test_noise_replaces_the_update_seeded_by_the_round():
+    attack = SiteAttack(noise_std=2.0, seed=7)
+    weights, _ = _round(attack, **{"strategy.defence": "none"})
+    noise = attack.update_vector(np.zeros(4, np.float32), 1)
+    np.testing.assert_allclose(weights, -(noise - 1 - 1) / 3, rtol=1e-5)
+    assert not np.allclose(noise, attack.update_vector(np.zeros(4, np.float32), 2))
+
+
+def test_a_non_finite_update_is_dropped_by_the_reply_intake():
+    weights, report = _round(SiteAttack(non_finite=True), **{"strategy.defence": "none"})
+    np.testing.assert_allclose(weights, np.ones(4))
+    assert list(report.train_dropped) == ["site-0"]
+    assert sorted(report.train) == ["site-1", "site-2"]
+
+
+def test_forged_evaluate_metrics_reach_the_report():
+    _, report = _round(SiteAttack(report_metrics={"val-dice": 0.99}))
+    assert report.evaluate["site-0"]["val-dice"] == pytest.approx(0.99)
+    assert report.evaluate["site-1"]["val-dice"] == pytest.approx(0.5)
+
+
+def test_attacks_are_checked():
+    with pytest.raises(ConfigError, match="noise_std"):
+        SiteAttack(noise_std=-1.0)
+    with pytest.raises(ConfigError, match="claim_examples"):
+        SiteAttack(claim_examples=-3)
+    with pytest.raises(ConfigError, match="exclude"):
+        SiteAttack(noise_std=1.0, non_finite=True)
+
+
+def test_a_label_flipped_copy_flips_the_training_labels_only(tmp_path):
+    site = tmp_path / "hospital-00"
+    (site / "images").mkdir(parents=True)
+    (site / "images" / "a.png").write_bytes(b"png")
+    (site / "images.csv").write_text("image_id,split,image,labels\n"
+                                     "a,train,images/a.png,1\nb,train,images/b.png,0;1\n"
+                                     "c,val,images/c.png,1\n")
+    out = label_flipped_copy(site, tmp_path / "flipped")
+    assert (out / "images.csv").read_text().splitlines() == [
+        "image_id,split,image,labels", "a,train,images/a.png,0", "b,train,images/b.png,1;0",
+        "c,val,images/c.png,1"]
+    assert (out / "images" / "a.png").read_bytes() == b"png"
+    with pytest.raises(ConfigError, match="exists"):
+        label_flipped_copy(site, out)
