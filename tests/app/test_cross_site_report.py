@@ -10,28 +10,17 @@ from types import SimpleNamespace
 import mlflow
 import numpy as np
 import pytest
-from flwr.app import (
-    Array,
-    ArrayRecord,
-    ConfigRecord,
-    Message,
-    MessageType,
-    MetricRecord,
-    RecordDict,
-)
+from flwr.app import Array, ArrayRecord
 from mlflow.tracking import MlflowClient
 
 from app.config.run_config import RunConfig, RunConfigError
+from app.engine import InProcessGrid, VirtualSite
 from app.cross_site_report import cross_site_metrics, report_federation_end, selected_arrays
 from app.server_app import build_strategy
 from app.tracking import BestRound, FederationTracker
-from strategies import message_keys as keys
-from strategies.model_packing import unpack_arrays
 from strategies.rounds.cross_site import CrossSiteResult
 from strategies.rounds.round_report import RoundReport
-from strategies.update_codec import pack_update
-
-
+from tests.fixtures.scripted_site import ScriptedSite
 
 
 def test_run_config_keys_default_and_range():
@@ -53,40 +42,13 @@ def test_metric_names_weighted_and_per_site():
         "site/a/test-num-examples": 10.0, "site/a/test-studies": 2.0}
 
 
-class _Grid:
-    """Two sites; site i scores ``i + w[0]`` on its test split and trains ``w += 1``."""
+def _sites() -> list[VirtualSite]:
+    """Two sites; site-i scores ``i + w[0]`` on its test split and trains ``w += 1``."""
+    def scorer(i: int):
+        return lambda weights: {"test-studies": 4, "test-dice": i + float(weights[0][0])}
 
-    def __init__(self) -> None:
-        self.sent: dict[str, Message] = {}
-
-    def get_node_ids(self) -> list[int]:
-        return [1, 2]
-
-    def push_messages(self, messages):
-        for message in messages:
-            message.metadata.__dict__["_message_id"] = f"id-{len(self.sent)}"
-            self.sent[message.metadata.message_id] = message
-        return [m.metadata.message_id for m in messages]
-
-    def pull_messages(self, ids):
-        return [self._answer(self.sent[mid]) for mid in ids]
-
-    @staticmethod
-    def _answer(message: Message) -> Message:
-        node = message.metadata.dst_node_id
-        content = RecordDict({keys.SITE: ConfigRecord({keys.SITE_NAME: f"site-{node}"})})
-        weights = unpack_arrays(message.content[keys.ARRAYS]).to_numpy_ndarrays()
-        if message.metadata.message_type == MessageType.TRAIN:
-            packed = pack_update([-np.ones_like(weights[0])], "none")
-            content[keys.DELTA] = ArrayRecord({k: Array(v) for k, v in packed.items()})
-            content[keys.METRICS] = MetricRecord({keys.NUM_EXAMPLES: 5, keys.STEPS: 1,
-                                                  keys.TRAIN_LOSS: 0.1, keys.INITIAL_LOSS: 0.2})
-        else:
-            content[keys.METRICS] = MetricRecord({keys.NUM_EXAMPLES: 4, "test-studies": 4,
-                                                  "test-dice": node + float(weights[0][0])})
-        reply = Message(content, reply_to=message)
-        reply.metadata.__dict__["_src_node_id"] = node
-        return reply
+    return [VirtualSite({}, ScriptedSite(f"site-{i}", evaluate=scorer(i), num_examples=4))
+            for i in (1, 2)]
 
 
 def _reports() -> dict[int, RoundReport]:
@@ -106,7 +68,8 @@ def test_report_logs_test_metrics_matrix_table_and_figures(tmp_path: Path, mlflo
         strategy = build_strategy(config, federation=run_id)
         strategy.reports = _reports()
         arrays = ArrayRecord({"w": Array(np.array([0.5], np.float32))})
-        result = report_federation_end(_Grid(), strategy, arrays, tracker, config, "dice")
+        grid = InProcessGrid(_sites(), run_id=42)
+        result = report_federation_end(grid, strategy, arrays, tracker, config, "dice")
     finally:
         mlflow.end_run()
     assert result is not None and result.rows == ["global", "site-1-finetuned",
@@ -127,11 +90,9 @@ def test_report_logs_test_metrics_matrix_table_and_figures(tmp_path: Path, mlflo
     assert table["data"][1] == ["site-1-finetuned", 2.5, 3.5]
 
 
+@pytest.mark.usefixtures("server_identity")
 def test_without_final_evaluation_no_site_is_asked_and_mlflow_down_does_not_raise():
-    class NoGrid:
-        def __getattr__(self, name):
-            raise AssertionError(f"the grid was used ({name})")
-
+    sites = _sites()
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         down = f"http://127.0.0.1:{sock.getsockname()[1]}"
@@ -139,8 +100,9 @@ def test_without_final_evaluation_no_site_is_asked_and_mlflow_down_does_not_rais
     strategy = build_strategy(config)
     strategy.reports = _reports()
     tracker = SimpleNamespace(tracking_uri=down, run_id="gone")
-    assert report_federation_end(NoGrid(), strategy, ArrayRecord(), tracker, config,
-                                 "dice") is None
+    grid = InProcessGrid(sites, run_id=42)
+    assert report_federation_end(grid, strategy, ArrayRecord(), tracker, config, "dice") is None
+    assert [site.context.state.config_records for site in sites] == [{}, {}]  # none answered
 
 
 def test_the_selected_model_is_the_best_rounds_else_the_final_one():
