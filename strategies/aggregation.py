@@ -29,6 +29,8 @@ __all__ = [
     "AggregationError",
     "check_update",
     "fedavg_delta",
+    "fedavg_finish",
+    "fedavg_fold",
     "fednova_delta",
     "local_solver_coefficients",
     "local_solver_norm",
@@ -66,12 +68,17 @@ def positive_weight(value: object, name: str, index: int) -> float:
     return value
 
 
-def _positive_finite(values: Sequence[float], name: str, count: int) -> np.ndarray:
-    """Return ``values`` as float64 after checking length, finiteness and sign."""
+def _check_count(values: Sequence[float], name: str, count: int) -> None:
+    """Check that ``values`` has one entry per update."""
     if len(values) != count:
         raise AggregationError(
             f"{name} has {len(values)} entries but there are {count} updates"
         )
+
+
+def _positive_finite(values: Sequence[float], name: str, count: int) -> np.ndarray:
+    """Return ``values`` as float64 after checking length, finiteness and sign."""
+    _check_count(values, name, count)
     return np.array([positive_weight(value, name, i) for i, value in enumerate(values)],
                     dtype=np.float64)
 
@@ -138,6 +145,35 @@ def _weighted_sum(
 # --------------------------------------------------------------------------- #
 # Aggregators
 # --------------------------------------------------------------------------- #
+def fedavg_fold(total: RunningSum, delta: Sequence[np.ndarray], num_examples: object,
+                index: int) -> float:
+    r"""Fold one update into FedAvg's running sum, :math:`S \mathrel{+}= n_i \Delta_i`.
+
+    The one FedAvg path: :func:`fedavg_delta` folds a whole set with it, the
+    ``fedavg`` aggregator each reply as it arrives
+    (:mod:`strategies.rounds.update_stream`). ``delta`` must have the sum's layout
+    (:func:`check_update`); ``index`` names the update in the error.
+
+    Returns
+    -------
+    float
+        :math:`n_i`, the update's weight.
+
+    Raises
+    ------
+    AggregationError
+        If ``num_examples`` is not a finite number > 0.
+    """
+    weight = positive_weight(num_examples, "num_examples", index)
+    total.add(delta, weight, weight)
+    return weight
+
+
+def fedavg_finish(total: RunningSum, examples: float) -> list[np.ndarray]:
+    r"""FedAvg's update from its running sum: :math:`\Delta = S / \sum_i n_i` (``examples``)."""
+    return total.result(1.0 / examples, 1.0 / examples)
+
+
 def fedavg_delta(
     deltas: Sequence[Sequence[np.ndarray]], num_examples: Sequence[int]
 ) -> list[np.ndarray]:
@@ -175,9 +211,11 @@ def fedavg_delta(
         contain non-finite values, or some ``n_i`` is not a positive number.
     """
     _check_updates(deltas)
-    counts = _positive_finite(num_examples, "num_examples", len(deltas))
-    p = counts / counts.sum()
-    return _weighted_sum(deltas, p, p)
+    _check_count(num_examples, "num_examples", len(deltas))
+    total = RunningSum(deltas[0])
+    examples = sum(fedavg_fold(total, delta, n, i)
+                   for i, (delta, n) in enumerate(zip(deltas, num_examples)))
+    return fedavg_finish(total, examples)
 
 
 def fednova_delta(

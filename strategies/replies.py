@@ -58,11 +58,15 @@ class MetricsReply:
     site: str
     num_examples: int
     metrics: dict[str, float] = field(default_factory=dict)
+    wire_bytes: int = 0
 
 
-def site_name(message: Message) -> str:
-    """The site name a reply declares, or ``node-<id>`` when it declares none."""
-    fallback = f"node-{message.metadata.src_node_id}"
+def site_name(message: Message, node_id: int | None = None) -> str:
+    """The site name a reply declares, or ``node-<id>`` when it declares none.
+
+    ``node_id`` is the node the reply answers for (default: its source).
+    """
+    fallback = f"node-{message.metadata.src_node_id if node_id is None else node_id}"
     if not message.has_content():
         return fallback
     record = message.content.get(keys.SITE)
@@ -118,11 +122,13 @@ def _delta(message: Message, reference: list[np.ndarray], codec: str,
 
 def parse_train_reply(message: Message, reference: list[np.ndarray], codec: str = "none",
                       seed: int = 0, max_steps: int | None = None,
-                      solver: LocalSolver | None = None) -> TrainReply:
+                      solver: LocalSolver | None = None, *,
+                      node_id: int | None = None) -> TrainReply:
     """Validate a train reply against the global model ``reference`` and decode its update.
 
     ``codec`` and ``seed`` are the update codec spec and the codec seed this
-    site was given for the round (:mod:`strategies.update_codec`). The
+    site was given for the round (:mod:`strategies.update_codec`); ``node_id``
+    the node the reply answers for (default: its source). The
     reported ``steps`` must be an integer in ``1 .. max_steps`` (the tau the
     site was sent; no upper bound when ``None``). FedNova's a-norm is computed
     here from those steps with ``solver`` (default :class:`LocalSolver`, plain
@@ -141,9 +147,10 @@ def parse_train_reply(message: Message, reference: list[np.ndarray], codec: str 
             f"'{keys.STEPS}' must be a positive integer{bound}, got {steps}")
     a_norm = (solver or LocalSolver()).a_norm(int(steps))
     metrics[keys.A_NORM] = a_norm
+    node_id = message.metadata.src_node_id if node_id is None else node_id
     return TrainReply(
-        node_id=message.metadata.src_node_id,
-        site=site_name(message),
+        node_id=node_id,
+        site=site_name(message, node_id),
         delta=_delta(message, reference, codec, seed),
         wire_bytes=wire_size(message.content),
         num_examples=int(metrics[keys.NUM_EXAMPLES]),
@@ -155,14 +162,16 @@ def parse_train_reply(message: Message, reference: list[np.ndarray], codec: str 
 
 
 def parse_metrics_reply(message: Message,
-                        required: tuple[str, ...] = keys.EVALUATE_REQUIRED) -> MetricsReply:
+                        required: tuple[str, ...] = keys.EVALUATE_REQUIRED, *,
+                        node_id: int | None = None) -> MetricsReply:
     """Validate a reply that carries only metrics: evaluate (default) or query.
 
     ``required`` names the metrics that must be present: ``keys.EVALUATE_REQUIRED``
     for an evaluate reply, ``keys.QUERY_REQUIRED`` for a query reply (the global
     model's loss at a candidate site). An evaluate reply may count 0 examples (a
     site without items in the evaluated split, e.g. a site of test data only,
-    replies the counts alone); a query reply may not.
+    replies the counts alone); a query reply may not. ``node_id`` is the node the
+    reply answers for (default: its source).
 
     Raises
     ------
@@ -170,9 +179,11 @@ def parse_metrics_reply(message: Message,
         With the reason the reply is unusable.
     """
     metrics = _metrics(message, required, allow_none=required == keys.EVALUATE_REQUIRED)
+    node_id = message.metadata.src_node_id if node_id is None else node_id
     return MetricsReply(
-        node_id=message.metadata.src_node_id,
-        site=site_name(message),
+        node_id=node_id,
+        site=site_name(message, node_id),
         num_examples=int(metrics[keys.NUM_EXAMPLES]),
         metrics=metrics,
+        wire_bytes=wire_size(message.content),
     )

@@ -163,7 +163,11 @@ class InProcessGrid(Grid):
 
     def send_and_receive(self, messages: Iterable[Message], *,
                          timeout: float | None = None) -> Iterable[Message]:
-        """Push ``messages`` and pull until all are answered or ``timeout`` s passed."""
+        """Push ``messages`` and pull until all are answered or ``timeout`` s passed.
+
+        Unlike Flower's grids it also returns when only silent sites are left
+        (their instructions will never be answered), instead of waiting forever.
+        """
         pending = set(self.push_messages(messages))
         end = time.monotonic() + (timeout or 0.0)
         replies: list[Message] = []

@@ -21,9 +21,9 @@ DART/MICCAI workshops: the diagonal of the fine-tuned rows shows what local
 adaptation gains at home, the off-diagonal cells what it costs elsewhere.
 A cell is NaN where the site did not answer or released no such metric.
 
-Every exchange goes through the round policy (:func:`collect_replies`) and a
-:class:`ReplyIntake`, so one bad or silent site is recorded with its reason and
-left out, never fatal. A site with only test data has no train split: its
+Every exchange is the round's own (:func:`strategies.rounds.exchange.exchange`:
+the round policy and a :class:`ReplyIntake`), so one bad or silent site is
+recorded with its reason and left out, never fatal. A site with only test data has no train split: its
 fine-tune request fails (no row) but it is a column. Test replies are not capped
 by the sites' validation sizes (another split); the weighted means use the
 counts the sites report.
@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 from logging import INFO
 from typing import TYPE_CHECKING
 
@@ -43,18 +44,13 @@ from flwr.supercore import log
 
 from strategies import message_keys as keys
 from strategies.local_solver import LocalSolver
-from strategies.replies import (
-    InvalidReplyError,
-    MetricsReply,
-    TrainReply,
-    parse_metrics_reply,
-    parse_train_reply,
-)
+from strategies.replies import InvalidReplyError, MetricsReply, TrainReply, parse_metrics_reply
+from strategies.rounds.exchange import exchange
 from strategies.rounds.instructions import TrainPlan, Uplink, site_messages
 from strategies.rounds.node_wait import wait_for_nodes
-from strategies.rounds.reply_intake import ReplyIntake, reply_label
+from strategies.rounds.reply_intake import Reply, ReplyIntake
 from strategies.rounds.round_metrics import example_weighted_metrics
-from strategies.rounds.round_policy import RoundPolicy, collect_replies
+from strategies.rounds.round_policy import RoundPolicy
 from strategies.rounds.safe_aggregate import apply_update
 from strategies.rounds.site_book import SiteBook
 
@@ -140,7 +136,7 @@ class CrossSiteResult:
         return out
 
 
-def parse_test_reply(message: Message) -> MetricsReply:
+def parse_test_reply(message: Message, *, node_id: int | None = None) -> MetricsReply:
     """Validate a test-split evaluate reply; a site with no test item is dropped as such.
 
     A site without test items answers ``num-examples = 0`` (no error); that
@@ -154,7 +150,7 @@ def parse_test_reply(message: Message) -> MetricsReply:
     record = message.content.get(keys.METRICS) if message.has_content() else None
     if isinstance(record, MetricRecord) and record.get(keys.NUM_EXAMPLES) == 0:
         raise InvalidReplyError(NO_TEST_ITEMS)
-    return parse_metrics_reply(message)
+    return parse_metrics_reply(message, node_id=node_id)
 
 
 def held_out_messages(node_ids: list[int], arrays: ArrayRecord, server_round: int,
@@ -183,42 +179,35 @@ class _Exchanges:
         self.dropped: dict[str, str] = {}
         self.labels: dict[int, str] = {}
 
-    def send(self, messages: list[Message], intake: ReplyIntake, stage: str) -> list:
-        """Send ``messages`` under the policy; the accepted replies (the others in ``dropped``)."""
+    def send(self, messages: list[Message], stage: str, parse: Callable[..., Reply]
+             ) -> list[Reply]:
+        """One exchange of ``messages``; the accepted replies (the others in ``dropped``)."""
         book = self.setup.sites
-        intake.expect({m.metadata.dst_node_id: book.label(m.metadata.dst_node_id)
-                       for m in messages})
-        collected = collect_replies(self.grid, messages, self.setup.policy, intake.is_valid, {})
-        for message in collected.replies:
-            self.labels.setdefault(message.metadata.src_node_id, reply_label(message, book))
-        reasons: dict[str, str] = {}
-        accepted = intake.accept(collected.replies, reasons, book)
-        self.dropped.update({f"{stage}/{site}": reason for site, reason in reasons.items()})
-        return accepted
+        expected = {m.metadata.dst_node_id: book.label(m.metadata.dst_node_id)
+                    for m in messages}
+        taken = exchange(self.grid, messages, self.setup.policy,
+                         ReplyIntake(f"cross-site {stage}", book, parse, expected)).taken
+        for node, label in taken.labels.items():
+            self.labels.setdefault(node, label)
+        self.dropped.update({f"{stage}/{site}": reason for site, reason in taken.dropped.items()})
+        return taken.accepted
 
     def test_row(self, arrays: ArrayRecord, stage: str) -> list[MetricsReply]:
         """Every node's test metrics of ``arrays``."""
-        intake: ReplyIntake[MetricsReply] = ReplyIntake(parse_test_reply, f"cross-site {stage}")
         messages = held_out_messages(self.nodes, arrays, self.server_round,
                                      self.setup.uplink.federation)
-        return self.send(messages, intake, stage)
+        return self.send(messages, stage, parse_test_reply)
 
     def finetuned(self, arrays: ArrayRecord, steps: int) -> dict[str, ArrayRecord]:
         """Each site's model after ``steps`` local steps from ``arrays`` (``x - delta_i``)."""
         uplink = replace(self.setup.uplink, codec="none", error_feedback=False)
         plan = TrainPlan.for_round(self.nodes, steps, uplink, self.server_round)
         names, reference = list(arrays.keys()), arrays.to_numpy_ndarrays()
-
-        def parse(message: Message) -> TrainReply:
-            node = message.metadata.src_node_id
-            return parse_train_reply(message, reference, uplink.codec, plan.seed_of(node),
-                                     plan.tau_of(node), self.setup.solver)
-
         messages = site_messages(self.nodes, arrays, ConfigRecord(), self.server_round,
                                  MessageType.TRAIN, lambda node: plan.settings(node, uplink))
+        parse = partial(plan.parse_reply, reference=reference, solver=self.setup.solver)
         models: dict[str, ArrayRecord] = {}
-        intake: ReplyIntake[TrainReply] = ReplyIntake(parse, "cross-site finetune")
-        for reply in self.send(messages, intake, "finetune"):
+        for reply in self.send(messages, "finetune", parse):
             updated, failure = apply_update(reference, reply.delta, names)
             if updated is None:
                 self.dropped[f"finetune/{reply.site}"] = failure

@@ -29,10 +29,13 @@ each chosen by name from the run config (:mod:`strategies.registry`). Unlike Fed
   (:mod:`strategies.rounds.safe_aggregate`, ``RoundReport.aggregation_failed``);
 * records a :class:`RoundReport` per round for an observer (the ServerApp: MLflow).
 
-The class is the loop only; the train stage is :class:`TrainStage`
-(:mod:`strategies.rounds.train_stage`), and the work is done by collaborators in
-:mod:`strategies.rounds` (instructions, site selection, reply intake -- each reply
-validated and decoded once --, update stream, traffic, round metrics, site book).
+The class is the loop only: each round is two exchanges
+(:func:`strategies.rounds.exchange.exchange`, which takes every reply into the
+stage's :class:`ReplyIntake` once, as it arrives), train then evaluate. The train
+half is the collaborator :class:`TrainStage` (:mod:`strategies.rounds.train_stage`:
+the train plug-ins, instructions, update stream, aggregation); the other
+collaborators are in :mod:`strategies.rounds` (instructions, site selection,
+traffic, round metrics, site book).
 """
 
 from __future__ import annotations
@@ -53,11 +56,12 @@ from strategies.downlink import ServerDownlink
 from strategies.local_solver import LocalSolver
 from strategies.plugins.schedules.codec_rate import FixedCodecRate
 from strategies.replies import MetricsReply, parse_metrics_reply
+from strategies.rounds.exchange import Exchanged, exchange
 from strategies.rounds.instructions import Uplink, site_messages
 from strategies.rounds.node_wait import wait_for_nodes
-from strategies.rounds.reply_intake import ReplyIntake, reply_label
+from strategies.rounds.reply_intake import Cap, ReplyIntake, Taken
 from strategies.rounds.round_metrics import example_weighted_metrics
-from strategies.rounds.round_policy import RoundPolicy, collect_replies
+from strategies.rounds.round_policy import RoundPolicy
 from strategies.rounds.round_report import RoundReport
 from strategies.rounds.site_book import SiteBook
 from strategies.rounds.site_selection import SelectionContext
@@ -71,7 +75,7 @@ __all__ = ["FederatedStrategy", "NoValidRepliesError", "SelectionContext"]
 RoundObserver = Callable[[RoundReport, ArrayRecord], bool | None]
 
 
-class FederatedStrategy(TrainStage, Strategy):
+class FederatedStrategy(Strategy):
     """Plug-in composed strategy with bounded waits and per-reply validation.
 
     Parameters
@@ -149,9 +153,6 @@ class FederatedStrategy(TrainStage, Strategy):
             raise ValueError(f"min_nodes must be >= 1, got {min_nodes}")
         if not 0.0 <= fraction_evaluate <= 1.0:
             raise ValueError(f"fraction_evaluate must be in [0, 1], got {fraction_evaluate}")
-        self.aggregator = aggregator
-        self.schedule = schedule
-        self.selector = selector
         self.policy = policy or RoundPolicy()
         self.min_nodes = min_nodes
         self.fraction_evaluate = fraction_evaluate
@@ -161,16 +162,40 @@ class FederatedStrategy(TrainStage, Strategy):
                              error_feedback=error_feedback, federation=federation,
                              time_budget=time_budget, seed=seed,
                              codec_warmup_rounds=codec_warmup_rounds)
-        self.codec_rate = codec_rate or FixedCodecRate()
-        self.downlink = ServerDownlink(downlink_codec, seed)
-        self.max_empty_rounds = max_empty_rounds
         self.local_solver = local_solver or LocalSolver()
         self.sites = SiteBook(roster=None if roster is None else dict(roster))
         self.reports: dict[int, RoundReport] = {}
         self._late_ids: dict[str, int] = {}
-        self._start_train_stage(max_held_mb)
-        self._evaluate_intake: ReplyIntake[MetricsReply] = ReplyIntake(
-            parse_metrics_reply, "aggregate_evaluate")
+        self.train = TrainStage(
+            aggregator=aggregator, schedule=schedule, selector=selector,
+            codec_rate=codec_rate or FixedCodecRate(), sites=self.sites, policy=self.policy,
+            uplink=self.uplink, downlink=ServerDownlink(downlink_codec, seed),
+            local_solver=self.local_solver, max_empty_rounds=max_empty_rounds,
+            max_held_mb=max_held_mb)
+        self._evaluate_intake: ReplyIntake[MetricsReply] = self._intake_of({})
+
+    @property
+    def aggregator(self):
+        """The aggregator plug-in (behind its defence), owned by the train stage."""
+        return self.train.aggregator
+
+    @property
+    def schedule(self):
+        """The local-steps schedule, owned by the train stage."""
+        return self.train.schedule
+
+    @property
+    def selector(self):
+        """The client selector, owned by the train stage."""
+        return self.train.selector
+
+    def _report(self, server_round: int) -> RoundReport:
+        return self.reports.setdefault(server_round, RoundReport(server_round))
+
+    def _intake_of(self, expected: dict[int, str]) -> ReplyIntake[MetricsReply]:
+        """An evaluate exchange's intake: metrics replies capped at the evaluate cap."""
+        return ReplyIntake("aggregate_evaluate", self.sites, parse_metrics_reply, expected,
+                           Cap.EVALUATE)
 
     def summary(self) -> None:
         """Log the strategy's configuration."""
@@ -182,13 +207,31 @@ class FederatedStrategy(TrainStage, Strategy):
         log(INFO, "\t└──> Sites: min %d; wait for them at most %.0f s",
             self.min_nodes, self.node_wait_timeout)
 
+    # -------------------------------------------------------------------- train
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Select sites and send each its own instruction with this round's tau and codec."""
+        nodes = wait_for_nodes(grid, self.min_nodes, self.node_wait_timeout)
+        self.sites.connected = set(nodes)
+        return self.train.configure(server_round, arrays, config, grid, nodes,
+                                    self._report(server_round))
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Aggregate ``replies`` handed over at once (Flower's contract; :meth:`start` takes
+        them in one by one during the exchange), see :meth:`TrainStage.aggregate`."""
+        return self.train.aggregate(self._report(server_round),
+                                    self.train.intake.take_all(replies))
+
     # ----------------------------------------------------------------- evaluate
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """Ask sites to evaluate the new global model on their validation data."""
         if self.fraction_evaluate == 0.0:
-            self._evaluate_intake.expect({})
+            self._evaluate_intake = self._intake_of({})
             return []
         nodes = wait_for_nodes(grid, self.min_nodes, self.node_wait_timeout)
         self.sites.connected = set(nodes)
@@ -196,17 +239,22 @@ class FederatedStrategy(TrainStage, Strategy):
         if count < len(nodes):  # a fresh sample each round (seeded): every site gets its turn
             rng = np.random.default_rng([self.seed, server_round])
             nodes = sorted(int(n) for n in rng.choice(sorted(nodes), size=count, replace=False))
-        self._evaluate_intake.expect({n: self.sites.label(n) for n in nodes})
+        self._evaluate_intake = self._intake_of({n: self.sites.label(n) for n in nodes})
         return site_messages(nodes, arrays, config, server_round, MessageType.EVALUATE, self.uplink.evaluate_settings)
 
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]
     ) -> MetricRecord | None:
-        """Example-weighted mean of the sites' validation metrics."""
-        report = self._report(server_round)
-        accepted = [self.sites.capped_reply(reply, evaluate=True) for reply in
-                    self._evaluate_intake.accept(replies, report.evaluate_dropped, self.sites)]
-        report.policies.update(self._evaluate_intake.policies)
+        """Example-weighted mean of the sites' validation metrics (Flower's contract)."""
+        return self._evaluated(self._report(server_round),
+                               self._evaluate_intake.take_all(replies))
+
+    def _evaluated(self, report: RoundReport,
+                   taken: Taken[MetricsReply]) -> MetricRecord | None:
+        """The evaluate replies ``taken`` into ``report``; their example-weighted mean."""
+        accepted = taken.accepted
+        report.evaluate_dropped.update(taken.dropped)
+        report.policies.update(taken.policies)
         for reply in accepted:
             report.evaluate[reply.site] = dict(reply.metrics)
         if not accepted:
@@ -219,33 +267,29 @@ class FederatedStrategy(TrainStage, Strategy):
         """The strategy's state to checkpoint (plug-ins and what it learnt of the sites);
         an adaptive compression rate's state under ``codec-rate`` (a fixed one has none,
         so checkpoints without it keep their layout)."""
-        rate = {} if isinstance(self.codec_rate, FixedCodecRate) else {
-            "codec-rate": self.codec_rate}
+        rate = {} if isinstance(self.train.codec_rate, FixedCodecRate) else {
+            "codec-rate": self.train.codec_rate}
         return {"aggregator": self.aggregator, "schedule": self.schedule,
                 "selector": self.selector, **rate, **self.sites.snapshot()}
 
     def restore(self, state: dict) -> None:
         """Continue from a :meth:`snapshot`."""
-        self.aggregator, self.schedule = state["aggregator"], state["schedule"]
-        self.selector = state["selector"]
-        self.codec_rate = state.get("codec-rate", self.codec_rate)
-        self.sites = SiteBook.restore(state, self.sites.roster)
+        train = self.train
+        train.aggregator, train.schedule = state["aggregator"], state["schedule"]
+        train.selector = state["selector"]
+        train.codec_rate = state.get("codec-rate", train.codec_rate)
+        self.sites = train.sites = SiteBook.restore(state, self.sites.roster)
 
     # -------------------------------------------------------------------- loop
-    def _exchange(self, grid: Grid, messages: Iterable[Message], report: RoundReport,
-                  stage: str) -> list[Message]:
-        intake = self._train_intake if stage == "train" else self._evaluate_intake
-        collected = collect_replies(grid, messages, self.policy, intake.is_valid,
-                                    self._late_ids)
-        for late in collected.late:
-            name = reply_label(late, self.sites)
+    def _record(self, report: RoundReport, stage: str, exchanged: Exchanged) -> Taken:
+        """An exchange's late arrivals, no-shows and reply seconds into ``report``."""
+        for name in exchanged.late:
             report.late_arrivals.append(name)
             log(WARNING, "%s: late reply from %s (an earlier round) dropped", stage, name)
-        report.missing[stage] = len(collected.missing)
-        for reply, seconds in zip(collected.replies, collected.reply_seconds):
-            report.reply_seconds.setdefault(reply_label(reply, self.sites), {})[
-                f"{stage}-reply-seconds"] = seconds
-        return collected.replies
+        report.missing[stage] = len(exchanged.missing)
+        for name, seconds in exchanged.reply_seconds.items():
+            report.reply_seconds.setdefault(name, {})[f"{stage}-reply-seconds"] = seconds
+        return exchanged.taken
 
     # pylint: disable=too-many-arguments
     def start(
@@ -279,18 +323,17 @@ class FederatedStrategy(TrainStage, Strategy):
             log(INFO, "[ROUND %d/%d]", server_round, num_rounds)
             started = time.monotonic()
             report = self._report(server_round)
-            replies = self._exchange(
-                grid, self.configure_train(server_round, arrays, train_config, grid),
-                report, "train")
-            new_arrays, train_metrics = self.aggregate_train(server_round, replies)
+            messages = self.configure_train(server_round, arrays, train_config, grid)
+            taken = self._record(report, "train", exchange(
+                grid, messages, self.policy, self.train.intake, self._late_ids))
+            new_arrays, train_metrics = self.train.aggregate(report, taken)
             if new_arrays is not None:
                 arrays = result.arrays = new_arrays
             if train_metrics is not None:
                 result.train_metrics_clientapp[server_round] = train_metrics
-            replies = self._exchange(
-                grid, self.configure_evaluate(server_round, arrays, evaluate_config, grid),
-                report, "evaluate")
-            eval_metrics = self.aggregate_evaluate(server_round, replies)
+            messages = self.configure_evaluate(server_round, arrays, evaluate_config, grid)
+            eval_metrics = self._evaluated(report, self._record(report, "evaluate", exchange(
+                grid, messages, self.policy, self._evaluate_intake, self._late_ids)))
             if eval_metrics is not None:
                 result.evaluate_metrics_clientapp[server_round] = eval_metrics
             if evaluate_fn is not None:

@@ -18,12 +18,15 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
+import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 
 from strategies import message_keys as keys
 from strategies.compression import derive_seed, parse_spec, warmup_spec
 from strategies.downlink import ServerDownlink
+from strategies.local_solver import LocalSolver
 from strategies.model_packing import pack_arrays
+from strategies.replies import TrainReply, parse_train_reply
 
 __all__ = ["Uplink", "TrainPlan", "site_messages", "train_messages", "query_messages"]
 
@@ -101,6 +104,13 @@ class TrainPlan:
     def tau_of(self, node_id: int) -> int:
         """The local steps ``node_id`` was sent (the plan's default otherwise)."""
         return self.tau.get(node_id, self.default_tau)
+
+    def parse_reply(self, message: Message, *, node_id: int, reference: list[np.ndarray],
+                    solver: LocalSolver) -> TrainReply:
+        """``node_id``'s train reply validated against ``reference`` with the codec, seed and
+        tau it was sent (:func:`strategies.replies.parse_train_reply`, a-norm by ``solver``)."""
+        return parse_train_reply(message, reference, self.codec, self.seed_of(node_id),
+                                 self.tau_of(node_id), solver, node_id=node_id)
 
     def settings(self, node_id: int, uplink: Uplink) -> dict:
         """The site-specific entries of ``node_id``'s train config."""

@@ -1,60 +1,80 @@
-"""Taking in a round's replies: each validated (and its update decoded) exactly once.
+"""Taking in an exchange's replies: each parsed and identity-checked exactly once.
 
 Under a deadline and quorum (:mod:`.round_policy`) a reply must be validated as
-it arrives, to know whether it counts toward the quorum; the same reply is then
-aggregated. A :class:`ReplyIntake` keeps the outcome of the first validation of
-each reply message -- the parsed value, or the :class:`InvalidReplyError` that
-says why it is unusable -- and hands that same outcome to the aggregation, so a
-train reply's update is unpacked and decoded once per round, not twice.
+it arrives, to know whether it counts toward the quorum; the same outcome is then
+aggregated. A :class:`ReplyIntake` takes each reply message once
+(:meth:`ReplyIntake.take`), for the node the instruction was sent to:
 
-:meth:`ReplyIntake.accept` then records, under the site's name, why each
-dropped reply was dropped and which selected sites never answered. A valid reply whose declared
-site name is not the one bound to its node (or is bound to another connected
-node) is dropped too (:meth:`SiteBook.identity_problem`). The site-policy
-fingerprint each accepted reply declares is kept in :attr:`ReplyIntake.policies`.
+1. its *label*, the name it is recorded under (:func:`reply_label`);
+2. its parse into a typed value (``TrainReply``, ``MetricsReply``), or the
+   :class:`InvalidReplyError` that says why it is unusable;
+3. the site book's identity check (:meth:`SiteBook.identity_problem`: a name is
+   bound to the node that first declared it);
+4. its ``num-examples`` capped by the book (train or evaluate caps, :class:`Cap`);
+5. with a :class:`ReplySink`, its admission: the train stage's update stream
+   folds the update into the running aggregate there and keeps the reply without
+   it (:mod:`strategies.rounds.update_stream`), so the decoded updates are not
+   held until the exchange closes.
 
-An ``admit`` hook sees each valid reply right after its first validation, while
-the round is still collecting: the train stage folds the update into the
-running aggregate there and keeps the reply without it
-(:mod:`strategies.rounds.update_stream`), so the decoded updates are not held
-until the round closes. A hook that refuses a reply returns the reason, which
-:meth:`ReplyIntake.accept` records like any other drop.
+The message itself is only read, never changed, and not kept: the intake keeps
+the typed replies. :meth:`ReplyIntake.close` adds the selected sites that never
+answered and hands back the exchange's :class:`Taken` replies, drops (with the
+reason, under the site's name) and the site-policy fingerprints the accepted
+replies declared.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from enum import Enum
 from logging import WARNING
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from flwr.app import ConfigRecord, Message
 from flwr.supercore import log
 
 from strategies import message_keys as keys
-from strategies.replies import InvalidReplyError, site_name
+from strategies.replies import InvalidReplyError, MetricsReply, TrainReply, site_name
 from strategies.rounds.site_book import SiteBook
 
-__all__ = ["ReplyIntake", "NO_REPLY", "reply_label", "policy_fingerprint"]
+__all__ = ["NO_REPLY", "Cap", "ReplyIntake", "ReplySink", "Taken", "policy_fingerprint",
+           "reply_label"]
 
 NO_REPLY = "no reply before the round closed (deadline or timeout)"
 _ERROR_SITE = re.compile(r"site ([^\s:]+): ")
 
-Reply = TypeVar("Reply")
+Reply = TypeVar("Reply", TrainReply, MetricsReply)
 
 
-def reply_label(message: Message, book: SiteBook) -> str:
-    """The name to record ``message`` under: its node's bound name, else the one it declares.
+class Cap(Enum):
+    """Which of the site book's size caps a stage's ``num-examples`` is held to."""
 
-    An error reply declares its site at the start of its reason (``site <name>: ``,
-    :mod:`app.site_errors`). A declared name bound to another connected node is not
-    used: such a reply is recorded under ``node-<id>`` (:meth:`SiteBook.label_reply`).
+    NONE = "none"
+    TRAIN = "train"
+    EVALUATE = "evaluate"
+
+
+class ReplySink(Protocol[Reply]):
+    """Where an accepted reply goes the moment it is taken (the train stage's update stream)."""
+
+    def admit(self, reply: Reply) -> Reply | str:
+        """The reply to keep, or the reason it is dropped."""
+
+
+def reply_label(message: Message, node_id: int, book: SiteBook) -> str:
+    """The name to record ``message`` (an answer for ``node_id``) under.
+
+    Its node's bound name, else the one it declares: an error reply declares its
+    site at the start of its reason (``site <name>: ``, :mod:`app.site_errors`).
+    A declared name bound to another connected node is not used: such a reply is
+    recorded under ``node-<id>`` (:meth:`SiteBook.label_reply`).
     """
-    node = message.metadata.src_node_id
     if message.has_content():
-        return book.label_reply(node, site_name(message))
+        return book.label_reply(node_id, site_name(message, node_id))
     declared = _ERROR_SITE.match(message.error.reason) if message.has_error() else None
-    return book.label_reply(node, declared.group(1)) if declared else book.label(node)
+    return book.label_reply(node_id, declared.group(1)) if declared else book.label(node_id)
 
 
 def policy_fingerprint(message: Message) -> str:
@@ -64,84 +84,110 @@ def policy_fingerprint(message: Message) -> str:
     return value if isinstance(value, str) else ""
 
 
+@dataclass
+class Taken(Generic[Reply]):
+    """What an exchange took in.
+
+    Attributes
+    ----------
+    accepted : list
+        The usable replies, in arrival order.
+    dropped : dict[str, str]
+        Site name -> why its reply was left out (or that it never came).
+    policies : dict[str, str]
+        Site name -> the site-policy fingerprint its accepted reply declared.
+    labels : dict[int, str]
+        Node -> the name its reply was recorded under.
+    """
+
+    accepted: list[Reply] = field(default_factory=list)
+    dropped: dict[str, str] = field(default_factory=dict)
+    policies: dict[str, str] = field(default_factory=dict)
+    labels: dict[int, str] = field(default_factory=dict)
+
+
 class ReplyIntake(Generic[Reply]):
-    """Validates one stage's replies (train or evaluate) once each.
+    """Takes one exchange's replies (train, evaluate, query or cross-site), once each.
 
     Parameters
     ----------
-    parse : callable
-        ``parse(message) -> reply``; raises :class:`InvalidReplyError` for an
-        unusable reply.
     stage : str
         Name used in the log lines (e.g. ``"aggregate_train"``).
-    admit : callable, optional
-        ``admit(message, reply) -> reply | reason``, called once per valid reply
-        after its parse: the reply to keep, or why it is dropped (a refused reply
-        still counts toward the quorum, as an identity refusal does).
+    book : SiteBook
+        The federation's site names and sizes (identity check, caps).
+    parse : callable
+        ``parse(message, node_id=...) -> reply``; raises :class:`InvalidReplyError`
+        for an unusable reply.
+    expected : dict[int, str]
+        Each node sent an instruction -> its label (a node missing from the
+        replies is recorded with :data:`NO_REPLY`).
+    cap : Cap
+        The size cap of the stage's ``num-examples`` (none for query and test replies).
+    sink : ReplySink, optional
+        Sees each accepted reply at once: the reply to keep, or why it is dropped
+        (a refused reply still counts toward the quorum, as an identity refusal does).
     """
 
-    def __init__(self, parse: Callable[[Message], Reply], stage: str,
-                 admit: Callable[[Message, Reply], Reply | str] | None = None) -> None:
-        self._parse = parse
-        self._admit = admit
-        self.stage = stage
-        self.expected: dict[int, str] = {}
-        self.policies: dict[str, str] = {}
-        self._outcomes: dict[int, tuple[Message, Reply | InvalidReplyError | str]] = {}
+    def __init__(self, stage: str, book: SiteBook, parse: Callable[..., Reply],
+                 expected: dict[int, str] | None = None, cap: Cap = Cap.NONE,
+                 sink: ReplySink[Reply] | None = None) -> None:
+        self.stage, self.book, self._parse = stage, book, parse
+        self.expected = dict(expected or {})
+        self.cap, self.sink = cap, sink
+        self._taken: Taken[Reply] = Taken()
 
-    def expect(self, expected: dict[int, str]) -> None:
-        """Start a round: ``expected`` maps each node sent a message to its label."""
-        self.expected = dict(expected)
-        self.policies = {}
-        self._outcomes.clear()
+    def label(self, message: Message, node_id: int) -> str:
+        """The name ``message`` is recorded under (:func:`reply_label`)."""
+        return reply_label(message, node_id, self.book)
 
-    def outcome(self, message: Message) -> Reply | InvalidReplyError | str:
-        """The parsed (and admitted) reply, or why it is unusable or refused; computed once."""
-        seen = self._outcomes.get(id(message))
-        if seen is not None and seen[0] is message:
-            return seen[1]
-        try:
-            result: Reply | InvalidReplyError | str = self._parse(message)
-        except InvalidReplyError as exc:
-            result = exc
-        else:
-            if self._admit is not None:
-                result = self._admit(message, result)
-        self._outcomes[id(message)] = (message, result)
-        return result
+    def take(self, message: Message, node_id: int | None = None) -> tuple[str, bool]:
+        """Parse, identity-check, cap and admit ``message``, the answer for ``node_id``.
 
-    def is_valid(self, message: Message) -> bool:
-        """Whether ``message`` counts toward the quorum (the check aggregation makes)."""
-        return not isinstance(self.outcome(message), InvalidReplyError)
-
-    def accept(self, replies: Iterable[Message], dropped: dict[str, str],
-               book: SiteBook) -> list[Reply]:
-        """The usable replies; the others and the no-shows go to ``dropped`` with a reason.
-
-        The site name of a valid reply is checked against (and, the first time,
-        bound to) its node in ``book``. The kept outcomes are released
-        afterwards (held replies carry decoded updates).
+        ``node_id`` defaults to the message's source (the SuperLink answers for a
+        node that is gone under its own id: the exchange passes the node it sent
+        the instruction to). Returns the label the reply is recorded under and
+        whether it counts toward the quorum (it parsed).
         """
-        accepted: list[Reply] = []
-        answered = set()
-        for message in replies:
-            node = message.metadata.src_node_id
-            answered.add(node)
-            name = reply_label(message, book)
-            reply = self.outcome(message)
-            reason = (str(reply) if isinstance(reply, (InvalidReplyError, str))
-                      else book.identity_problem(node, reply.site))
-            if reason is not None:
-                dropped[name] = reason
-                log(WARNING, "%s: dropped reply of %s: %s", self.stage, name, reason)
-                continue
-            accepted.append(reply)
-            if policy_fingerprint(message):
-                self.policies[name] = policy_fingerprint(message)
+        node = message.metadata.src_node_id if node_id is None else node_id
+        name = self.label(message, node)
+        self._taken.labels.setdefault(node, name)
+        try:
+            reply = self._parse(message, node_id=node)
+        except InvalidReplyError as exc:
+            self._drop(name, str(exc))
+            return name, False
+        problem = self.book.identity_problem(node, reply.site)
+        if problem is not None:
+            self._drop(name, problem)
+            return name, True
+        if self.cap is not Cap.NONE:
+            reply = self.book.capped_reply(reply, evaluate=self.cap is Cap.EVALUATE)
+        kept = reply if self.sink is None else self.sink.admit(reply)
+        if isinstance(kept, str):
+            self._drop(name, kept)
+            return name, True
+        self._taken.accepted.append(kept)
+        if policy_fingerprint(message):
+            self._taken.policies[name] = policy_fingerprint(message)
+        return name, True
+
+    def take_all(self, messages: Iterable[Message]) -> Taken[Reply]:
+        """Take ``messages`` (each from its own node) and :meth:`close`: a stage's replies
+        handed over at once, as Flower's ``aggregate_train(replies)`` gets them."""
+        for message in messages:
+            self.take(message)
+        return self.close()
+
+    def _drop(self, name: str, reason: str) -> None:
+        self._taken.dropped[name] = reason
+        log(WARNING, "%s: dropped reply of %s: %s", self.stage, name, reason)
+
+    def close(self) -> Taken[Reply]:
+        """What was taken, with every expected node that never answered recorded as such."""
+        taken, self._taken = self._taken, Taken()
         for node, name in self.expected.items():
-            if node not in answered:
-                label = book.names.get(node, name)
-                dropped[label] = NO_REPLY
+            if node not in taken.labels:
+                label = self.book.names.get(node, name)
+                taken.dropped[label] = NO_REPLY
                 log(WARNING, "%s: no reply from %s before the round closed", self.stage, label)
-        self._outcomes.clear()
-        return accepted
+        return taken

@@ -3,24 +3,26 @@
 A selector (:mod:`strategies.plugins`) picks the sites of a round from the
 connected ones. It may use known data sizes and last train losses, and it may
 ask candidates for the current global model's loss with Flower ``query``
-messages (Power-of-Choice, Cho, Wang, Joshi, AISTATS 2022): the fan-out sends
-them under the round policy, keeps the valid answers and counts their bytes.
+messages (Power-of-Choice, Cho, Wang, Joshi, AISTATS 2022): the fan-out is one
+exchange under the round policy; it keeps the valid answers and counts their bytes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from logging import WARNING
+from functools import partial
 
 from flwr.app import ArrayRecord
 from flwr.serverapp import Grid
-from flwr.supercore import log
 
 from strategies import message_keys as keys
-from strategies.replies import InvalidReplyError, parse_metrics_reply
+from strategies.plugins.protocols import Selector
+from strategies.replies import parse_metrics_reply
+from strategies.rounds.exchange import exchange
 from strategies.rounds.instructions import query_messages
-from strategies.rounds.round_policy import RoundPolicy, collect_replies
+from strategies.rounds.reply_intake import ReplyIntake
+from strategies.rounds.round_policy import RoundPolicy
 from strategies.rounds.round_report import RoundReport
 from strategies.rounds.site_book import SiteBook
 from strategies.wire_bytes import wire_size
@@ -47,39 +49,31 @@ def query_losses(grid: Grid, policy: RoundPolicy, server_round: int, arrays: Arr
                  report: RoundReport) -> dict[int, float]:
     """Ask ``candidates`` for the global model's loss on their data (Flower ``query``).
 
-    Valid answers from a node under its own site name (:meth:`SiteBook.identity_problem`)
-    update ``book`` (name, first declared size); bytes down/up and the seconds
-    spent go to ``report.strategy`` (``query-bytes-down``, ``query-bytes-up``,
-    ``query-seconds``).
+    One exchange (:func:`strategies.rounds.exchange.exchange`): valid answers from a
+    node under its own site name (:meth:`SiteBook.identity_problem`) update ``book``
+    (name, first declared size); bytes down/up and the seconds spent go to
+    ``report.strategy`` (``query-bytes-down``, ``query-bytes-up``, ``query-seconds``).
     """
     messages = query_messages(candidates, arrays, server_round, subset)
     sent = sum(wire_size(m.content) for m in messages)
-    collected = collect_replies(grid, messages, policy, lambda m: m.has_content(), {})
+    parse = partial(parse_metrics_reply, required=keys.QUERY_REQUIRED)
+    expected = {node: book.label(node) for node in candidates}
+    exchanged = exchange(grid, messages, policy, ReplyIntake("query", book, parse, expected))
     losses: dict[int, float] = {}
-    received = 0
-    for reply in collected.replies:
-        node = reply.metadata.src_node_id
-        try:
-            parsed = parse_metrics_reply(reply, keys.QUERY_REQUIRED)
-        except InvalidReplyError as exc:
-            log(WARNING, "query: dropped reply of %s: %s", book.label(node), exc)
-            continue
-        received += wire_size(reply.content)
-        problem = book.identity_problem(node, parsed.site)
-        if problem is not None:
-            log(WARNING, "query: dropped reply of %s: %s", book.label(node), problem)
-            continue
-        book.learn(node, parsed.site, num_examples=parsed.num_examples)
-        losses[node] = parsed.metrics[keys.QUERY_LOSS]
-    report.strategy.update({"query-bytes-down": float(sent),
-                            "query-bytes-up": float(received),
-                            "query-seconds": collected.seconds})
+    for reply in exchanged.taken.accepted:
+        book.learn(reply.node_id, reply.site, num_examples=reply.num_examples)
+        losses[reply.node_id] = reply.metrics[keys.QUERY_LOSS]
+    report.strategy.update({
+        "query-bytes-down": float(sent),
+        "query-bytes-up": float(sum(r.wire_bytes for r in exchanged.taken.accepted)),
+        "query-seconds": exchanged.seconds})
     return losses
 
 
-def record_selection(report: RoundReport, selector: object, label: Callable[[int], str]) -> None:
+def record_selection(report: RoundReport, selector: Selector,
+                     label: Callable[[int], str]) -> None:
     """Put the selector's last choice (``selector.last``) and counts in ``report``, by site name."""
-    last = getattr(selector, "last", {})
+    last = selector.last
     report.selection = {
         "selected": [label(n) for n in last.get("selected", [])],
         "candidates": [label(n) for n in last.get("candidates", [])],
@@ -89,4 +83,4 @@ def record_selection(report: RoundReport, selector: object, label: Callable[[int
         if key in last:
             report.strategy[f"selection-{key}"] = float(last[key])
     report.times_selected = {label(n): float(c) for n, c in
-                             getattr(selector, "times_selected", {}).items()}
+                             selector.times_selected.items()}

@@ -6,19 +6,18 @@ that treats each update on its own -- norm-bound with an absolute bound only).
 Each accepted reply is folded into one float64 running sum
 (:class:`strategies.running_sum.RunningSum`; the aggregator's ``fold``, which
 also returns the values to track, e.g. a clip factor) the moment it is
-validated, while the round is still collecting (the admit hook of
-:class:`strategies.rounds.reply_intake.ReplyIntake`); then its decoded update
-and the update's arrays in the reply message are released (the message is kept
-for its site record: name, policy fingerprint). The aggregator's ``finish``
-scales the sum at the end (FedAvg: ``S / sum_i n_i``). The result equals the
-held-set aggregation (:func:`strategies.aggregation.fedavg_delta`,
-``fednova_delta``) to float rounding.
+validated, while the round is still collecting (the stream is the train
+intake's :class:`~strategies.rounds.reply_intake.ReplySink`); the reply is kept
+without its decoded update, and the reply message is not kept at all
+(:func:`strategies.rounds.exchange.exchange`). The aggregator's ``finish``
+scales the sum at the end (FedAvg: ``S / sum_i n_i``). The held-set aggregation (:func:`strategies.aggregation.fedavg_delta`)
+is the same fold over the whole set; ``fednova_delta`` equals it to float rounding.
 
 An aggregator (or a defence in front of it) that needs every update of the
 round at once -- the coordinate-wise median and trimmed mean (Yin et al., ICML
 2018), Multi-Krum's pairwise distances (Blanchard et al., NeurIPS 2017),
 norm-bound's ``kappa x median`` bound (Sun et al. 2019; the default defence) --
-says so with ``needs_all_updates = True`` (also assumed when it does not say).
+says so with ``needs_all_updates = True`` (:mod:`strategies.plugins.protocols`).
 Its updates are held until the aggregation
 (:func:`strategies.rounds.safe_aggregate.aggregate_safely`), and the round is
 refused before anything is sent when the selected sites' updates, ``m x`` the
@@ -30,11 +29,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
-from flwr.app import Message
 
-from strategies import message_keys as keys
 from strategies.aggregation import check_update
 from strategies.errors import ConfigError, ReplyError
+from strategies.plugins.protocols import Aggregator
 from strategies.replies import TrainReply
 from strategies.rounds.safe_aggregate import AggregateOutcome, aggregate_safely
 from strategies.running_sum import RunningSum
@@ -70,7 +68,7 @@ class UpdateStream:
         """Whether this round's replies are folded on arrival (the aggregator is linear)."""
         return self._total is not None
 
-    def start(self, aggregator, reference: list[np.ndarray], selected: int) -> None:
+    def start(self, aggregator: Aggregator, reference: list[np.ndarray], selected: int) -> None:
         """Begin a round of ``aggregator`` on the global model ``reference``, ``selected`` sites.
 
         Raises
@@ -81,7 +79,7 @@ class UpdateStream:
         """
         self.aggregator, self._reference, self._folded = aggregator, list(reference), []
         self._info = {}
-        if not getattr(aggregator, "needs_all_updates", True):
+        if not aggregator.needs_all_updates:
             self._total = RunningSum(reference)
             return
         self._total = None
@@ -94,7 +92,7 @@ class UpdateStream:
                 f"'{MAX_HELD_KEY}', select fewer sites ('selection.m') or aggregate with "
                 "fedavg / fednova and no defence, which stream")
 
-    def admit(self, message: Message, reply: TrainReply) -> TrainReply | str:
+    def admit(self, reply: TrainReply) -> TrainReply | str:
         """Fold ``reply`` (streaming) and release its update, or keep it as it is (held).
 
         Returns the reply to keep (its ``delta`` emptied once folded) or, when the
@@ -110,8 +108,6 @@ class UpdateStream:
             return f"rejected by the aggregation: {exc}"
         self._info.update(info)
         self._folded.append(replace(reply, delta=[]))
-        if message.has_content():
-            message.content.pop(keys.DELTA, None)
         return self._folded[-1]
 
     def finish(self, accepted: list[TrainReply], dropped: dict[str, str]) -> AggregateOutcome:

@@ -69,17 +69,15 @@ def test_the_intake_keeps_fingerprints_and_names_a_refusal_by_its_site(site_iden
                       reply_to=instruction(6))
     assert policy_fingerprint(good) == "abcd" and policy_fingerprint(refused) == ""
 
-    def parse(message: Message):
+    def parse(message: Message, node_id: int):
         if message.has_error():
             raise InvalidReplyError(message.error.reason)
         return type("Reply", (), {"site": "hospital-a"})()
 
-    intake = ReplyIntake(parse, "aggregate_evaluate")
-    intake.expect({5: "node-5", 6: "node-6"})
-    dropped: dict[str, str] = {}
-    accepted = intake.accept([good, refused], dropped, SiteBook())
-    assert len(accepted) == 1 and intake.policies == {"hospital-a": "abcd"}
-    assert "policy rule min-batch-size" in dropped["hospital-b"]
+    intake = ReplyIntake("aggregate_evaluate", SiteBook(), parse, {5: "node-5", 6: "node-6"})
+    taken = intake.take_all([good, refused])
+    assert len(taken.accepted) == 1 and taken.policies == {"hospital-a": "abcd"}
+    assert "policy rule min-batch-size" in taken.dropped["hospital-b"]
 
 
 def test_fingerprints_reach_mlflow_as_params_and_a_change_never_stalls_the_outbox(

@@ -93,4 +93,4 @@ def test_acknowledged_site_gets_the_step_the_other_a_snapshot():
     strategy.aggregate_train(2, [_reply(second[11], "a", 2), _reply(second[12], "b", 2)])
     traffic = strategy.reports[2].traffic
     assert traffic["a"]["bytes-down"] * 10 < traffic["b"]["bytes-down"]
-    assert strategy.downlink.held == {11: 2, 12: 2}
+    assert strategy.train.downlink.held == {11: 2, 12: 2}

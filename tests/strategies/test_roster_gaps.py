@@ -46,7 +46,7 @@ def test_evaluate_and_train_caps_are_kept_apart_and_checkpointed():
 # ---------------------------------------------------- Multi-Krum's left-outs
 def test_a_reply_multi_krum_leaves_out_does_not_count_in_the_train_averages():
     strategy = make_strategy(min_nodes=4)
-    strategy.aggregator = with_defence(DEFENCES.create("multi-krum", f=1),
+    strategy.train.aggregator = with_defence(DEFENCES.create("multi-krum", f=1),
                                        AGGREGATORS.create("fedavg"))
     honest = {node: (_delta(0.1 * node), _train_metrics(10, loss=0.5), f"hospital-0{node}")
               for node in (1, 2, 3)}

@@ -17,7 +17,7 @@ from strategies.aggregation import AggregationError, fedavg_delta
 from strategies.errors import ReplyError
 from strategies.plugins.run_settings import RunSettings
 from strategies.plugins.selectors.options import SelectionOptions
-from strategies.plugins.registries import AGGREGATORS, SCHEDULES, SELECTORS
+from strategies.plugins.registries import AGGREGATORS, SCHEDULES, SELECTORS, build
 from strategies.rounds.federated_strategy import FederatedStrategy
 from strategies.rounds.site_book import SiteBook
 from tests.strategies.test_federated_strategy import (
@@ -114,6 +114,8 @@ def test_times_selected_are_tracked_under_site_names_from_the_first_round():
 class _Refusing:
     """An aggregator that rejects the reply of site ``bad`` (or, ``bad=None``, all)."""
 
+    needs_all_updates = True
+
     def __init__(self, bad: str | None) -> None:
         self.bad = bad
 
@@ -128,7 +130,7 @@ class _Refusing:
 
 def test_a_reply_the_aggregator_rejects_is_dropped_not_the_run():
     strategy = make_strategy(min_nodes=2)
-    strategy.aggregator = _Refusing("b")
+    strategy.train.aggregator = _Refusing("b")
     arrays, _ = _round(strategy, 1, [1, 2], {1: (_delta(1.0), _train_metrics(10), "a"),
                                              2: (_delta(9.0), _train_metrics(10), "b")})
     np.testing.assert_allclose(arrays.to_numpy_ndarrays()[0], GLOBAL[0] - 1.0)
@@ -140,7 +142,7 @@ def test_a_reply_the_aggregator_rejects_is_dropped_not_the_run():
 
 def test_an_unattributable_aggregation_failure_keeps_the_model():
     strategy = make_strategy(min_nodes=2)
-    strategy.aggregator = _Refusing(None)
+    strategy.train.aggregator = _Refusing(None)
     assert _round(strategy, 1, [1, 2], {1: (_delta(1.0), _train_metrics(10), "a"),
                                         2: (_delta(9.0), _train_metrics(10), "b")}) == (
         None, None)
@@ -164,7 +166,7 @@ def test_a_non_finite_new_model_is_never_kept(momentum):
     The aggregator's state (server momentum) is rolled back with the model.
     """
     strategy = make_strategy(min_nodes=2, aggregator="fednova")
-    strategy.aggregator = AGGREGATORS.create("fednova", server_momentum=momentum)
+    strategy.train.aggregator = AGGREGATORS.create("fednova", server_momentum=momentum)
     huge = _delta(-2e38)
     arrays, metrics = _round(strategy, 1, [1, 2], {
         1: (huge, _train_metrics(10, steps=1), "a"),
@@ -189,7 +191,7 @@ def test_fraction_train_holds_when_min_nodes_is_every_site(selector):
     nodes = list(range(1, 101))
     strategy = FederatedStrategy(
         aggregator=AGGREGATORS.create("fedavg"), schedule=SCHEDULES.create("fixed", tau0=2),
-        selector=SELECTORS.build(selector, {"selection": SelectionOptions()},
+        selector=build(SELECTORS, selector, {"selection": SelectionOptions()},
                                  _settings(0.1, 100)),
         min_nodes=100, fraction_evaluate=0.1, node_wait_timeout=1)
     messages = list(strategy.configure_train(1, _global_record(), ConfigRecord(),
@@ -208,7 +210,7 @@ def test_fraction_evaluate_samples_afresh_each_round_and_reproducibly():
     def evaluated(seed: int, server_round: int) -> list[int]:
         strategy = FederatedStrategy(
             aggregator=AGGREGATORS.create("fedavg"), schedule=SCHEDULES.create("fixed", tau0=2),
-            selector=SELECTORS.build("uniform", {"selection": SelectionOptions()},
+            selector=build(SELECTORS, "uniform", {"selection": SelectionOptions()},
                                      _settings(0.1, 100)),
             min_nodes=100, fraction_evaluate=0.1, node_wait_timeout=1, seed=seed)
         return [m.metadata.dst_node_id for m in strategy.configure_evaluate(

@@ -1,18 +1,21 @@
 """FedAvg aggregation of site updates (McMahan et al., AISTATS 2017).
 
 ``Delta = sum_i p_i delta_i`` with ``p_i = n_i / sum_j n_j`` over the accepted
-replies (:func:`strategies.aggregation.fedavg_delta`). Linear, so it streams
-(:mod:`strategies.rounds.update_stream`): each reply is folded into
-``S = sum_i n_i delta_i`` as it arrives (:meth:`FedAvgAggregator.fold`) and
-``Delta = S / sum_i n_i`` at the end (:meth:`FedAvgAggregator.finish`), so the
-server holds one float64 sum, not every update.
+replies, always computed by one fold (:func:`strategies.aggregation.fedavg_fold`):
+``S = sum_i n_i delta_i``, then ``Delta = S / sum_i n_i``
+(:func:`strategies.aggregation.fedavg_finish`). Linear, so it streams
+(:mod:`strategies.rounds.update_stream`): each reply is folded as it arrives
+(:meth:`FedAvgAggregator.fold`, :meth:`FedAvgAggregator.finish`), so the server
+holds one float64 sum, not every update; a set held behind a defence that needs
+all of them is folded the same way (:meth:`FedAvgAggregator.aggregate`,
+:func:`strategies.aggregation.fedavg_delta`).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from strategies.aggregation import fedavg_delta, positive_weight
+from strategies.aggregation import fedavg_delta, fedavg_finish, fedavg_fold
 from strategies.plugins.options import Plugin
 from strategies.plugins.registries import AGGREGATORS
 from strategies.replies import TrainReply
@@ -33,12 +36,10 @@ class FedAvgAggregator(Plugin):
 
     def fold(self, total: RunningSum, reply: TrainReply, index: int) -> dict[str, float]:
         """``S += n_i delta_i`` (``index``: the reply's position, for the error message)."""
-        n = positive_weight(reply.num_examples, "num_examples", index)
-        total.add(reply.delta, n, n)
+        fedavg_fold(total, reply.delta, reply.num_examples, index)
         return {}
 
     def finish(self, total: RunningSum,
                replies: list[TrainReply]) -> tuple[list[np.ndarray], dict[str, float]]:
         """``Delta = S / sum_i n_i`` over the folded ``replies``."""
-        count = float(sum(r.num_examples for r in replies))
-        return total.result(1.0 / count, 1.0 / count), {}
+        return fedavg_finish(total, float(sum(r.num_examples for r in replies))), {}
