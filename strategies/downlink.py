@@ -41,12 +41,13 @@ import numpy as np
 from flwr.app import Array, ArrayRecord
 
 from strategies import message_keys as keys
-from strategies.compression import ErrorFeedback, decode, derive_seed, parse_spec
+from strategies.compression import ErrorFeedback, decode, parse_spec
 from strategies.downlink_header import PAYLOAD_KEY, RAW_KEY, DownlinkHeader
 from strategies.downlink_reference import Reference, raw_bytes
 from strategies.errors import ConfigError
 from strategies.model_buffer import pack_model
 from strategies.model_packing import named_arrays, record_of
+from strategies.seeds import derive_seed
 from strategies.update_codec import dense_bytes
 
 __all__ = ["DOWNLINK_CODECS", "DownlinkCodecError", "DownlinkRound", "ServerDownlink",
@@ -106,7 +107,7 @@ class ServerDownlink:
         Downlink codec spec (run config ``strategy.downlink-codec``); ``none``
         leaves the downlink dense (:attr:`active` is false).
     seed : int
-        Base of the per-round codec seed (:func:`~strategies.compression.derive_seed`).
+        Base of the per-round codec seed (:func:`~strategies.seeds.derive_seed`).
 
     Attributes
     ----------

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -29,4 +29,4 @@ class SiteReply:
 
     metrics: Metrics
     site: dict[str, str]
-    update: dict[str, np.ndarray] | None = field(default=None)
+    update: dict[str, np.ndarray] | None = None
