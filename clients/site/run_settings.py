@@ -18,41 +18,27 @@ __all__ = ["SiteRunSettings"]
 
 @dataclass(frozen=True)
 class SiteRunSettings:
-    """The run's settings a site's round uses (run-config keys in brackets).
+    """The run's settings a site's round uses (run-config keys in the comments)."""
 
-    Attributes
-    ----------
-    task : str
-        ``task``: the registered task name.
-    sizes : TaskSettings
-        ``image-size``, ``batch-size``, ... of the task.
-    local_steps : int
-        ``local-steps``: tau when an instruction names none.
-    optimizer, lr, momentum
-        ``optimizer``, ``lr``, ``momentum``: the local solver.
-    seed : int
-        ``seed``: the run seed (:func:`strategies.seeds.site_seed`).
-    num_server_rounds : int
-        ``num-server-rounds``: a train message after the last round is the final fine-tuning.
-    time_budget : float
-        ``time-budget``: seconds of local training when an instruction names none (0 = none).
-    proximal_mu : float
-        ``proximal-mu``: FedProx's proximal term (0 = none).
-    privacy : DpSettings
-        ``privacy.*``: DP-SGD (noise multiplier 0 = none).
-    personalisation : PersonalisationOptions
-        ``personalisation.*``.
-    """
-
+    #: ``task``: the registered task name.
     task: str
+    #: ``image-size``, ``batch-size``, ... of the task.
     sizes: TaskSettings
+    #: ``local-steps``: tau when an instruction names none.
     local_steps: int
+    #: ``optimizer``, ``lr``, ``momentum``: the local solver.
     optimizer: str
     lr: float
     momentum: float
+    #: ``seed``: the run seed (:func:`strategies.seeds.site_seed`).
     seed: int
+    #: ``num-server-rounds``: a train message after the last round is the final fine-tuning.
     num_server_rounds: int
+    #: ``time-budget``: seconds of local training when an instruction names none (0 = none).
     time_budget: float = 0.0
+    #: ``proximal-mu``: FedProx's proximal term (0 = none).
     proximal_mu: float = 0.0
+    #: ``privacy.*``: DP-SGD (noise multiplier 0 = none).
     privacy: DpSettings = field(default_factory=DpSettings)
+    #: ``personalisation.*``: the method and its sizes.
     personalisation: PersonalisationOptions = field(default_factory=PersonalisationOptions)

@@ -17,28 +17,18 @@ __all__ = ["Site"]
 
 @dataclass(frozen=True)
 class Site:
-    """One hospital as its round sees it.
+    """One hospital as its round sees it: node_config values and its policy, read."""
 
-    Attributes
-    ----------
-    name : str
-        The site's name (node_config ``site-name``): its replies and its seeds carry it.
-    data_path : Path
-        The site folder (``manifest.csv`` and the studies).
-    state_dir : Path
-        Where what outlives a process is kept (residuals, ledger, FedBN layers, last model).
-    policy : SitePolicy
-        The hospital's rules, checked before any data is read.
-    cache_decoded : bool
-        Whether decoded data is cached under ``state_dir``.
-    max_local_steps : int
-        node_config ``max-local-steps``: a cap on tau (0 = none); unlike the policy's
-        rule of the same name, a request above it is trained to the cap, not refused.
-    """
-
+    #: The site's name (node_config ``site-name``): its replies and its seeds carry it.
     name: str
+    #: The site folder (``manifest.csv`` and the studies).
     data_path: Path
+    #: Where what outlives a process is kept (residuals, ledger, FedBN layers, last model).
     state_dir: Path
+    #: The hospital's rules, checked before any data is read.
     policy: SitePolicy
+    #: Whether decoded data is cached under ``state_dir``.
     cache_decoded: bool = True
+    #: node_config ``max-local-steps``: a cap on tau (0 = none); unlike the policy's rule
+    #: of the same name, a request above it is trained to the cap, not refused.
     max_local_steps: int = 0
