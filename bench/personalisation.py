@@ -5,8 +5,11 @@ algorithm based on Reptile", Computer Systems & Applications 2022: a fraction
 ``r = 0.2`` of the sites per round, ``tau_out = tau_in = 4``, Reptile's
 ``alpha = 0.01``, each site's model adapted one step from the learned
 initialisation, mean +- sd over runs) transposed to our data (issue 16, item
-4), in-process with the product's site code (``bench/personalisation_rounds.py``;
-no Flower, no Ray), CPU, one thread. The sets (``bench/personalisation_sets.py``):
+4). Each method is a run config of the product (``personalisation.*`` keys)
+run by the in-process engine (``bench/personalisation_rounds.py``: the real
+ServerApp and ClientApp, the default norm-bound defence, the site policy),
+CPU. The sets (``bench/personalisation_sets.py``; ``--sites``, ``--rounds`` and
+``--max-per-site`` shorten them):
 
 - ``pneumoniamnist``: PneumoniaMNIST (28 px read at 32: the run config wants a
   multiple of 8; ``../shared/data/cxr2d``, skipped when absent) cut by the
@@ -30,8 +33,8 @@ no Flower, no Ray), CPU, one thread. The sets (``bench/personalisation_sets.py``
   metric Dice.
 
 The U-Net's InstanceNorm has neither parameters nor statistics, so ``fedbn`` is
-refused on both segmentation sets (the product's own check,
-:func:`clients.training.personalisation.site_personalisation.require_local_layers`) and skipped.
+refused on both segmentation sets (the product's own check when the federation
+starts) and skipped.
 
 Methods (``method`` of the JSON): ``fedavg-global`` (FedAvg's global model, no
 adaptation), ``finetune`` (the same FedAvg run, then ``finetune-steps`` = 1 SGD
@@ -44,8 +47,9 @@ every method runs the same number of forward/backward passes of a training
 batch in all: 16 passes per sampled site and round (Reptile 4 x 4 SGD steps;
 FedAvg and FedBN 16 steps; Per-FedAvg-FO 8 steps of two batches each), and local
 only spreads the federation's total evenly over the sites. All use plain SGD
-(no momentum) at the set's lr. A seed fixes the data split or hospitals, the
-initial model, the sampled sites and every batch.
+(no momentum) at the set's lr. A seed (the product's ``seed`` key) fixes the data
+split or hospitals, the initial model, the sampled sites (``selection.m`` of the
+product's uniform selector) and every batch (the product's per-site seeds).
 
 The summary (``bench/personalisation_summary.py``) averages the per-site metric
 over the sites (unweighted); ``mean`` / ``sd`` are over seeds, and
@@ -54,7 +58,8 @@ Writes ``--output`` (default ``bench/results/personalisation.json``) after every
 seed, keeping the sets it does not measure::
 
     python bench/personalisation.py [--seeds 5] [--sets msd-lung] [--alphas 0.01 0.5] [--resume]
-    python bench/personalisation.py --quick   # wiring check: 3 tiny sites, 3 rounds
+    python bench/personalisation.py --sets pneumoniamnist --sites 5 --rounds 4 --seeds 1
+    python bench/personalisation.py --quick   # wiring check: 2 tiny sites, 1 round
 """
 
 from __future__ import annotations
@@ -72,19 +77,13 @@ from collections.abc import Callable  # noqa: E402
 from dataclasses import asdict, replace  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-import torch  # noqa: E402
-
-from clients.training.personalisation.site_personalisation import require_local_layers  # noqa: E402,E501
-from clients.registry import task_class  # noqa: E402
-from clients.training.device import ComputeDevice, select_device  # noqa: E402
-from personalisation_rounds import (Federation, local_only, site_outcomes,  # noqa: E402
-                                    train_federation)
+from personalisation_rounds import federated_outcomes, local_only  # noqa: E402
 from personalisation_sets import (QUICK, SEED_ALPHA, SETS, BenchSet, Protocol,  # noqa: E402
-                                  build_sites, quick_set, run_config)
-from personalisation_summary import (REPTILE, kept_sets, seed_record, summarise,  # noqa: E402
-                                     variant, variants)
+                                  build_sites, quick_set, run_config, shortened)
+from personalisation_summary import (METHODS, REPTILE, kept_sets, seed_record,  # noqa: E402
+                                     split_variant, summarise, variant, variants)
 from report import Column, environment, print_table, write_report  # noqa: E402
-from strategies.plugins.options import PluginError  # noqa: E402
+from strategies.errors import ConfigError  # noqa: E402
 
 __all__ = ["protocol_record", "set_record", "run_seed", "main"]
 
@@ -101,7 +100,8 @@ def protocol_record(protocol: Protocol, quick: bool) -> dict:
 
 def set_record(bench_set: BenchSet) -> dict:
     """The JSON's ``sets[name]``: the set's settings (``--resume`` keeps seeds only when equal)."""
-    return json.loads(json.dumps({**asdict(bench_set), "settings": asdict(bench_set.settings)}))
+    return json.loads(json.dumps({**asdict(bench_set), "settings": asdict(bench_set.settings),
+                                  "engine": "in-process"}))
 
 
 def _timed(run: Callable[[], tuple]) -> tuple:
@@ -110,10 +110,11 @@ def _timed(run: Callable[[], tuple]) -> tuple:
     return *run(), time.perf_counter() - start
 
 
-def run_seed(bench_set: BenchSet, fed: Federation, seed: int, protocol: Protocol,
-             wanted: list[str], alphas: tuple[float, ...]) -> dict:
-    """The variants in ``wanted`` on ``fed`` with ``seed``: ``{variant: {"outcomes", "work",
-    "seconds"}}`` (fedbn absent when the product refuses it for the task's model)."""
+def run_seed(bench_set: BenchSet, folders: list[Path], seed: int, protocol: Protocol,
+             wanted: list[str], alphas: tuple[float, ...], workdir: Path) -> dict:
+    """The variants in ``wanted`` on the sites ``folders`` with ``seed``: ``{variant:
+    {"outcomes", "work", "seconds"}}`` (fedbn absent when the product refuses it for the
+    task's model)."""
     out: dict[str, dict] = {}
     for name, methods in _TRAINED.items():
         for alpha in alphas if name == REPTILE else (SEED_ALPHA,):
@@ -122,35 +123,30 @@ def run_seed(bench_set: BenchSet, fed: Federation, seed: int, protocol: Protocol
                 continue
             config = run_config(bench_set, name, seed, protocol, alpha)
             try:
-                require_local_layers(name, fed.tasks[0].build_model(), bench_set.task)
-            except PluginError:
+                outcomes, work, sampled, seconds = _timed(
+                    lambda: federated_outcomes(folders, config, workdir))
+            except ConfigError as exc:  # the product refuses FedBN for a model without BN
+                print(f"{bench_set.name} {name}: refused by the product ({exc})", flush=True)
                 continue
-            model, sites, work, seconds = _timed(lambda: train_federation(fed, config))
-            outcomes = site_outcomes(fed, config, model, sites)
             for key in keys:
                 kept = outcomes if key != "fedavg-global" else [
                     replace(o, personal_metrics=o.global_metrics, fallback=False)
                     for o in outcomes]
-                out[key] = {"outcomes": kept, "work": work, "seconds": seconds}
+                out[key] = {"outcomes": kept, "work": work, "seconds": seconds,
+                            "sampled": sampled}
     if "local-only" in wanted:
-        steps, rest = divmod(bench_set.rounds * fed.per_round * protocol.passes, len(fed.tasks))
+        per_round = protocol.per_round(len(folders))
+        steps, rest = divmod(bench_set.rounds * per_round * protocol.passes, len(folders))
         if rest:
             raise ValueError(f"set {bench_set.name}: rounds x sites per round x "
                              f"{protocol.passes} passes is not a multiple of the "
-                             f"{len(fed.tasks)} sites (local only)")
+                             f"{len(folders)} sites (local only)")
         config = run_config(bench_set, "finetune", seed, protocol)
-        outcomes, work, seconds = _timed(lambda: local_only(fed, config, steps))
-        out["local-only"] = {"outcomes": outcomes, "work": work, "seconds": seconds}
+        outcomes, work, sampled, seconds = _timed(
+            lambda: local_only(folders, config, steps, workdir))
+        out["local-only"] = {"outcomes": outcomes, "work": work, "seconds": seconds,
+                             "sampled": sampled}
     return out
-
-
-def _federation(bench_set: BenchSet, root: Path, fraction: float,
-                compute: ComputeDevice) -> Federation:
-    """The product's site tasks of the folders under ``root / 'sites'``."""
-    cls = task_class(bench_set.task)
-    tasks = [cls(d, bench_set.settings)
-             for d in sorted(p for p in (root / "sites").iterdir() if p.is_dir())]
-    return Federation(tasks, bench_set.rounds, fraction, compute, root / "state")
 
 
 def _print(rows: list[dict]) -> None:
@@ -164,9 +160,9 @@ def _print(rows: list[dict]) -> None:
 
 
 def _measure(bench_set: BenchSet, payload: dict, args: argparse.Namespace, protocol: Protocol,
-             tmp: Path, compute: ComputeDevice) -> None:
+             tmp: Path) -> None:
     """Every seed of ``bench_set`` missing a wanted variant; the output after each seed."""
-    wanted = variants(tuple(args.alphas))
+    wanted = [v for v in variants(tuple(args.alphas)) if split_variant(v)[0] in args.methods]
     records = payload["per_seed"].setdefault(bench_set.name, [])
     by_seed = {r["seed"]: r for r in records}
     for seed in range(args.seeds):
@@ -176,11 +172,10 @@ def _measure(bench_set: BenchSet, payload: dict, args: argparse.Namespace, proto
             continue  # complete (a measured seed without fedbn: the product refused it)
         root = tmp / f"{bench_set.name}-seed{seed}"
         build_sites(bench_set, args.shared, root / "sites", seed)
-        fed = _federation(bench_set, root, protocol.fraction, compute)
-        results = run_seed(bench_set, fed, seed, protocol, missing, tuple(args.alphas))
+        folders = sorted(p for p in (root / "sites").iterdir() if p.is_dir())
+        results = run_seed(bench_set, folders, seed, protocol, missing, tuple(args.alphas),
+                           root / "runs")
         record["methods"].update(seed_record(results, bench_set.metrics))
-        record["site_sizes"] = {t.site_dir.name: {"train": len(t.train_set),
-                                                  "val": len(t.val_set)} for t in fed.tasks}
         if seed not in by_seed:
             records.append(record)
             by_seed[seed] = record
@@ -202,25 +197,32 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, default=5, help="seeds 0 .. seeds-1")
     p.add_argument("--alphas", type=float, nargs="+", default=[SEED_ALPHA],
                    help="Reptile meta step sizes, one per-fedavg-reptile row each")
+    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS,
+                   help="the methods measured (fedavg-global comes with finetune's run)")
+    p.add_argument("--sites", type=int, default=0, help="fewer sites than the set's (0: its)")
+    p.add_argument("--rounds", type=int, default=0, help="fewer rounds than the set's (0: its)")
+    p.add_argument("--max-per-site", type=int, default=0,
+                   help="at most this many items per site of a shared set (0: all)")
     p.add_argument("--quick", action="store_true",
-                   help="wiring check: 3 tiny sites, 3 rounds of tau 2 x 2, 1 seed")
+                   help="wiring check: 2 tiny sites, 1 round of tau 2 x 2, 1 seed")
     p.add_argument("--output", type=Path, default=ROOT / "bench/results/personalisation.json")
     p.add_argument("--resume", action="store_true",
                    help="keep the seeds and methods --output holds for the same set settings")
     args = p.parse_args(argv)
     protocol = QUICK if args.quick else Protocol()
-    sets = [SETS[name] for name in args.sets]
+    sets = [shortened(SETS[name], args.sites, args.rounds, args.max_per_site)
+            for name in args.sets]
     if args.quick:
         args.seeds = 1
         sets = [quick_set(s) for s in sets]
-    torch.set_num_threads(1)
     payload: dict = {
         "description": "personalised FL (issue 16): per-site val metric after the last round, "
                        "mean +- sd over seeds; equal local computation",
         "protocol": protocol_record(protocol, args.quick),
         "sets": {s.name: set_record(s) for s in sets}, "runs": [], "skipped": [], "per_seed": {},
         "commands": [" ".join(["python", "bench/personalisation.py", *(argv or sys.argv[1:])])],
-        "machine": {**environment(), "torch": torch.__version__, "platform": platform.platform(),
+        "engine": "in-process",
+        "machine": {**environment(), "platform": platform.platform(),
                     "processor": platform.processor(), "device": "cpu"},
     }
     kept = json.loads(args.output.read_text()) if args.output.is_file() else {}
@@ -233,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
                                            f"{args.shared / absent[0]} (shared data absent)"})
                 print(f"skipped {bench_set.name}: shared data absent", flush=True)
                 continue
-            _measure(bench_set, payload, args, protocol, Path(tmp), select_device("cpu"))
+            _measure(bench_set, payload, args, protocol, Path(tmp))
     write_report(args.output, payload, allow_nan=False)
     _print(payload["runs"])
     return 0

@@ -1,104 +1,47 @@
-"""The in-process personalised federation of ``bench/personalisation.py``: rounds, site metrics.
+"""The personalised federations of ``bench/personalisation.py``, run by the product.
 
-The product's own site code, without Flower: every round a seeded sample of
-``max(1, round(r N))`` of the ``N`` sites (the seed paper's fraction ``r``;
-Xia & Cui 2022, Algorithm 2) receives the global model; each runs the run
-config's personalisation through
-:class:`clients.training.personalisation.site_personalisation.SitePersonalisation`
-(``receive`` - FedBN's own layers; ``train`` - Reptile's tasks, Per-FedAvg-FO's
-steps or plain local SGD; ``keep_local`` - FedBN's zeros) on its
-:class:`~clients.training.site_task.SiteTask` and replies
-``delta = x_global - x_local`` in state-dict order, as the ClientApp does; the
-server applies FedAvg, :func:`strategies.aggregation.fedavg_delta`
-(``p_i = n_i / sum_j n_j`` over the replies; McMahan et al. 2017), and
-``x <- x - Delta``. At the end every site evaluates on its ``val`` split the
-global model and its personalised model
-(:meth:`SitePersonalisation.metrics`, i.e. ``personalised-val-<metric>``);
-"local only" trains one model per site from the same initial weights and
-evaluates it on that site. Site ``i``'s batches in round ``r`` are seeded by
-:func:`round_seeds.round_seed` (the same draws for every method).
+Each method is a run config of the product (``personalisation.*`` keys)
+run by the in-process engine (:func:`app.engine.run_federation`) on the set's
+site folders: every round the product's uniform selector samples
+``selection.m = max(1, round(r N))`` of the ``N`` sites (the seed paper's
+fraction ``r``; Xia & Cui 2022, Algorithm 2), each runs the method at its
+ClientApp, the server aggregates with FedAvg under the default norm-bound
+defence, and every site evaluates on its ``val`` split the global model
+(``val-<metric>``) and its personalised model (``personalised-val-<metric>``).
+The last round's evaluate replies are the outcome. The product's ``seed``
+key and its per-(round, site) seeds give every method the same initial model,
+samples and batches. "Local only" is a federation of one site per site.
 """
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-import torch
-from torch import nn
+from engine_runs import run_product
+from federation_sites import folder_sites, site_evaluations, train_totals
 
-from app.config.run_config import RunConfig
-from app.site_settings import site_settings
-from clients.training.personalisation.site_personalisation import (SitePersonalisation,
-                                                                    site_personalisation)
-from clients.training.device import ComputeDevice
-from clients.training.site_task import SiteTask
-from model_arrays import load_arrays, state_arrays
-from round_seeds import round_seed
-from strategies.aggregation import fedavg_delta
-from strategies.plugins.personalisation.gain import PERSONALISED
+__all__ = ["LocalWork", "SiteOutcome", "federated_outcomes", "local_only"]
 
-__all__ = ["FEDERATION", "Federation", "LocalWork", "SiteOutcome", "sampled_sites",
-           "train_federation", "site_outcomes", "local_only"]
-
-#: The federation name under which FedBN's layers are kept in each site's state dir.
-FEDERATION = "bench-personalisation"
-#: Salt of the sampling stream and of local-only training's seeds.
-_SAMPLE_SALT, _LOCAL_SALT = 0x5A3F, 0x10CA1
-
-
-@dataclass(frozen=True)
-class Federation:
-    """The sites and the protocol of one benchmark federation.
-
-    Attributes
-    ----------
-    tasks : list of SiteTask
-        One per site, in site order.
-    rounds : int
-        Server rounds ``R``.
-    fraction : float
-        Share ``r`` of the sites sampled per round.
-    compute : ComputeDevice
-        Where training and evaluation run (the benchmark: CPU, one thread).
-    state_root : Path
-        Parent of the sites' state dirs (FedBN's layers), one folder per run.
-    """
-
-    tasks: list[SiteTask]
-    rounds: int
-    fraction: float
-    compute: ComputeDevice
-    state_root: Path
-
-    @property
-    def per_round(self) -> int:
-        """Sites sampled per round, ``max(1, round(r N))``."""
-        return max(1, round(self.fraction * len(self.tasks)))
+#: What the product's evaluate reply calls a personalised model's metric (``<prefix><metric>``).
+PERSONALISED = "personalised-val-"
 
 
 @dataclass
 class LocalWork:
-    """The local training a run did, over all sites and rounds.
+    """The local training a run did, over all sites and rounds (from the train replies).
 
     Attributes
     ----------
     passes : int
         Forward/backward passes of a training batch: one per SGD step, two per
-        Per-FedAvg-FO step (:mod:`clients.training.personalisation.per_fedavg_fo`).
+        Per-FedAvg-FO step (:mod:`clients.training.personalisation.methods`).
     examples : int
-        Training examples in those batches.
+        Nominal training examples in those batches (passes x batch size).
     """
 
     passes: int = 0
     examples: int = 0
-
-    def add(self, steps: int, examples: int, passes_per_step: int = 1) -> None:
-        """Count one local training of ``steps`` steps over ``examples`` examples."""
-        self.passes += steps * passes_per_step
-        self.examples += examples
 
 
 @dataclass(frozen=True)
@@ -114,8 +57,8 @@ class SiteOutcome:
     personal_metrics : dict
         The personalised model's metrics (local only: the site's own model).
     fallback : bool
-        True when the method gave no personalised model (a FedBN site never sampled
-        keeps the global model): ``personal_metrics`` are then the global model's.
+        True when the site reported no personalised model (a FedBN site never
+        sampled keeps the global model): ``personal_metrics`` are the global model's.
     """
 
     site: str
@@ -124,84 +67,48 @@ class SiteOutcome:
     fallback: bool = False
 
 
-def sampled_sites(num_sites: int, per_round: int, seed: int, server_round: int) -> list[int]:
-    """The ``per_round`` sites of round ``server_round`` (uniform without replacement, seeded)."""
-    rng = np.random.default_rng([seed, server_round, _SAMPLE_SALT])
-    return sorted(int(i) for i in rng.choice(num_sites, size=per_round, replace=False))
+def _work(outcome, passes_per_step: int, batch_size: int) -> LocalWork:
+    passes = int(sum(t["steps"] for t in train_totals(outcome).values())) * passes_per_step
+    return LocalWork(passes, passes * batch_size)
 
 
-def _state_dir(fed: Federation, config: RunConfig, task: SiteTask) -> Path:
-    return fed.state_root / f"{config.personalisation}-seed{config.seed}" / task.site_dir.name
+def _metrics(values: dict[str, float], prefix: str) -> dict[str, float]:
+    return {k[len(prefix):]: v for k, v in values.items()
+            if k.startswith(prefix) and not k.endswith("-loss")}
 
 
-def train_federation(fed: Federation, config: RunConfig
-                     ) -> tuple[nn.Module, list[SitePersonalisation], LocalWork]:
-    """``fed.rounds`` FedAvg rounds under ``config``'s personalisation.
+def federated_outcomes(folders: list[Path], overrides: dict, workdir: Path
+                       ) -> tuple[list[SiteOutcome], LocalWork, list[list[str]]]:
+    """One federation of the product under ``overrides``: every site's last-round outcome,
+    the local work and, per round, the sites that trained.
 
-    Returns
-    -------
-    tuple
-        The final global model, each site's :class:`SitePersonalisation` (FedBN's
-        layers in its state dir) and the sites' local training work.
+    Raises
+    ------
+    strategies.errors.ConfigError
+        The product refuses the run config (FedBN on a model without local layers).
     """
-    torch.manual_seed(config.seed)
-    global_model = fed.tasks[0].build_model()
-    names = list(global_model.state_dict())
-    sites = [site_personalisation(config.personalisation_options, _state_dir(fed, config, task),
-                                  FEDERATION)
-             for task in fed.tasks]
-    work = LocalWork()
-    per_step = 2 if config.personalisation == "per-fedavg-fo" else 1
-    for server_round in range(1, fed.rounds + 1):
-        x_global = state_arrays(global_model)
-        deltas, counts = [], []
-        for i in sampled_sites(len(fed.tasks), fed.per_round, config.seed, server_round):
-            task, personal = fed.tasks[i], sites[i]
-            local = copy.deepcopy(global_model)
-            personal.receive(local)
-            result = personal.train(task, local, config.local_steps,
-                                    round_seed(config.seed, server_round, i), None,
-                                    lr=config.lr, momentum=config.momentum, compute=fed.compute,
-                                    optimizer=config.optimizer,
-                                    label=f"{task.site_dir.name} round {server_round}")
-            work.add(result.steps_done, result.num_examples, per_step)
-            delta = [np.asarray(g - x, dtype=g.dtype)
-                     for g, x in zip(x_global, state_arrays(local))]
-            deltas.append(personal.keep_local(local, delta, names))
-            counts.append(len(task.train_set))
-        update = fedavg_delta(deltas, counts)
-        load_arrays(global_model, [g - d for g, d in zip(x_global, update)])
-    return global_model, sites, work
-
-
-def site_outcomes(fed: Federation, config: RunConfig, global_model: nn.Module,
-                  sites: list[SitePersonalisation]) -> list[SiteOutcome]:
-    """Every site's global and personalised metrics on ``val`` after the last round."""
-    prefix = f"{PERSONALISED}val-"
+    outcome, _ = run_product(overrides, folder_sites(folders), workdir)
     outcomes = []
-    for task, personal in zip(fed.tasks, sites):
-        base = task.evaluate(global_model, fed.compute, split="val").metrics
-        values = personal.metrics(task, global_model, fed.compute, "val", site_settings(config),
-                                  task.site_dir.name, fed.rounds)
-        own = {k[len(prefix):]: v for k, v in values.items()
-               if k.startswith(prefix) and k != f"{prefix}loss"}
-        outcomes.append(SiteOutcome(task.site_dir.name, dict(base), own or dict(base),
-                                    fallback=not values))
-    return outcomes
+    for site, values in sorted(site_evaluations(outcome).items()):
+        base, own = _metrics(values, "val-"), _metrics(values, PERSONALISED)
+        outcomes.append(SiteOutcome(site, base, own or dict(base), fallback=not own))
+    per_step = 2 if overrides["personalisation.method"] == "per-fedavg-fo" else 1
+    sampled = [sorted(outcome.reports[r].train) for r in sorted(outcome.reports)]
+    return outcomes, _work(outcome, per_step, overrides["batch-size"]), sampled
 
 
-def local_only(fed: Federation, config: RunConfig, steps: int
-               ) -> tuple[list[SiteOutcome], LocalWork]:
-    """Each site alone: ``steps`` steps of ``config``'s optimiser from the federation's
-    initial weights, evaluated on its own ``val`` split; and the training work."""
-    outcomes, work = [], LocalWork()
-    for i, task in enumerate(fed.tasks):
-        torch.manual_seed(config.seed)
-        model = task.build_model()
-        result = task.train(model, steps, config.lr, config.momentum, fed.compute,
-                            seed=round_seed(config.seed, 0, i, _LOCAL_SALT),
-                            optimizer=config.optimizer, label=f"{task.site_dir.name} local")
-        work.add(result.steps_done, result.num_examples)
-        own = task.evaluate(model, fed.compute, split="val").metrics
-        outcomes.append(SiteOutcome(task.site_dir.name, {}, dict(own)))
-    return outcomes, work
+def local_only(folders: list[Path], overrides: dict, steps: int, workdir: Path
+               ) -> tuple[list[SiteOutcome], LocalWork, list[list[str]]]:
+    """Each site alone: a federation of that one site, one round of ``steps`` steps from
+    the federation's initial weights, evaluated on its own ``val`` split."""
+    alone = {**overrides, "personalisation.method": "none", "num-server-rounds": 1,
+             "local-steps": steps, "min-nodes": 1, "selection.m": 0}
+    outcomes, work, sampled = [], LocalWork(), []
+    for folder in folders:
+        outcome, _ = run_product(alone, folder_sites([folder]), workdir)
+        done = _work(outcome, 1, overrides["batch-size"])
+        work.passes, work.examples = work.passes + done.passes, work.examples + done.examples
+        own = _metrics(site_evaluations(outcome)[folder.name], "val-")
+        outcomes.append(SiteOutcome(folder.name, {}, own))
+        sampled.append([folder.name])
+    return outcomes, work, sampled

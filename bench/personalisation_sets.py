@@ -15,10 +15,11 @@ from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
-from app.config.run_config import RunConfig
 from clients.training.site_task import TaskSettings
+from federation_sites import convert_shared
 
-__all__ = ["SEED_ALPHA", "BenchSet", "Protocol", "SETS", "QUICK", "quick_set", "run_config",
+__all__ = ["SEED_ALPHA", "BenchSet", "Protocol", "SETS", "QUICK", "quick_set", "shortened",
+           "run_config",
            "build_sites"]
 
 #: The seed paper's Reptile meta step size (Xia & Cui 2022, its experiments; issue 16).
@@ -60,6 +61,10 @@ class Protocol:
     tau: int = 4
     finetune_steps: int = 1
 
+    def per_round(self, sites: int) -> int:
+        """Sites sampled per round, ``max(1, round(r N))``."""
+        return max(1, round(self.fraction * sites))
+
     @property
     def passes(self) -> int:
         """Training passes (examples batches) per sampled site and round: ``tau_out x tau_in``."""
@@ -86,27 +91,39 @@ QUICK = Protocol(tau=2)
 
 
 def quick_set(bench_set: BenchSet) -> BenchSet:
-    """The ``--quick`` wiring check of a set: 3 sites, 3 rounds, small hospitals, and at
-    most 16 items per site of a shared set."""
-    capped = ("--max-per-site", "16") if bench_set.shared_files else ()
-    return replace(bench_set, sites=3, rounds=3, generate_size=32, studies=3,
+    """The ``--quick`` wiring check of a set: 2 sites, 1 round, small hospitals."""
+    return shortened(replace(bench_set, generate_size=32, studies=3), sites=2, rounds=1,
+                     max_per_site=16)
+
+
+def shortened(bench_set: BenchSet, sites: int = 0, rounds: int = 0,
+              max_per_site: int = 0) -> BenchSet:
+    """``bench_set`` with fewer sites or rounds (0: the set's) and at most ``max_per_site``
+    items per site of a shared set (0: all)."""
+    capped = ("--max-per-site", str(max_per_site)) if max_per_site and bench_set.shared_files \
+        else ()
+    return replace(bench_set, sites=sites or bench_set.sites, rounds=rounds or bench_set.rounds,
                    converter_args=bench_set.converter_args + capped)
 
 
 def run_config(bench_set: BenchSet, method: str, seed: int, protocol: Protocol,
-               alpha: float = SEED_ALPHA) -> RunConfig:
-    """The product's run config of ``method`` (validated by its own rules); Per-FedAvg-FO
-    takes half the steps (two batches each) for equal local computation."""
+               alpha: float = SEED_ALPHA) -> dict:
+    """The product's run-config overrides of ``method`` (the engine checks them with the
+    product's own rules): ``selection.m`` sites per round, plain SGD at the set's lr, the
+    seed paper's tau; Per-FedAvg-FO takes half the steps (two batches each) for equal
+    local computation."""
     s = bench_set.settings
     steps = protocol.passes // 2 if method == "per-fedavg-fo" else protocol.passes
-    return RunConfig.from_mapping({
+    return {
         "task": bench_set.task, "optimizer": "sgd", "lr": bench_set.lr, "momentum": 0.0,
         "seed": seed, "local-steps": steps, "image-size": s.image_size,
         "batch-size": s.batch_size, "slab-slices": s.slab_slices,
+        "num-server-rounds": bench_set.rounds, "min-nodes": bench_set.sites,
+        "selection.m": protocol.per_round(bench_set.sites), "experiment": "personalisation",
         "personalisation.method": method, "personalisation.tau-out": protocol.tau,
         "personalisation.tau-in": protocol.tau, "personalisation.alpha": alpha,
         "personalisation.inner-lr": bench_set.lr,
-        "personalisation.finetune-steps": protocol.finetune_steps})
+        "personalisation.finetune-steps": protocol.finetune_steps}
 
 
 def _pe_profiles(num_sites: int, seed: int, studies: int) -> list:
@@ -128,7 +145,5 @@ def build_sites(bench_set: BenchSet, shared: Path, out: Path, seed: int) -> None
                                     generate_site, image_size=bench_set.generate_size)
         write(out, num_sites=bench_set.sites, seed=seed)
         return
-    from local_fedavg_pooled import build_sites as convert
-
-    convert(bench_set.task, shared, out, [*bench_set.converter_args, "--sites",
-                                          str(bench_set.sites), "--seed", str(seed)])
+    convert_shared(bench_set.task, shared, out, [*bench_set.converter_args, "--sites",
+                                                 str(bench_set.sites), "--seed", str(seed)])

@@ -101,7 +101,8 @@ def summarise(name: str, metrics: tuple[str, ...], per_seed: list[dict]) -> list
 
 def seed_record(results: dict, metrics: tuple[str, ...]) -> dict:
     """The per-seed record of every variant in ``results`` (``{variant: {"outcomes",
-    "work", "seconds"}}``): site-averaged metrics, work, time and each site's metrics."""
+    "work", "seconds", "sampled"}}``): site-averaged metrics, work, time, the sites that
+    trained in each round and each site's metrics."""
     methods = {}
     for key, result in results.items():
         outcomes = result["outcomes"]
@@ -109,7 +110,7 @@ def seed_record(results: dict, metrics: tuple[str, ...]) -> dict:
             "mean": {m: site_mean(outcomes, m, True) for m in metrics},
             "global_mean": {m: site_mean(outcomes, m, False) for m in metrics},
             "passes": result["work"].passes, "examples": result["work"].examples,
-            "seconds": result["seconds"],
+            "seconds": result["seconds"], "sampled": result["sampled"],
             "fallback_sites": [o.site for o in outcomes if o.fallback],
             "sites": {o.site: o.personal_metrics for o in outcomes}}
     return methods

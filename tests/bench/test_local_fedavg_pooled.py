@@ -1,98 +1,74 @@
-"""Wiring test of ``bench/local_fedavg_pooled.py`` on a tiny synthetic CXR federation.
-
-Two synthetic hospitals (32 px), the small DenseNet, S_total = 4 steps: local,
-FedAvg (1 round x 2 steps x 2 sites) and pooled must each do exactly S_total
-optimiser steps, and every metric must lie in [0, 1] (AUC may be NaN only where a
-site's validation split has a single class).
-"""
+"""``bench/local_fedavg_pooled.py``: the pooled site folder holds every site's items, and the
+three regimes run through the product (in-process engine) on tiny PneumoniaMNIST sites with
+the same total optimiser steps (skipped without ``../shared/data``)."""
 
 from __future__ import annotations
 
+import csv
 import importlib
 import json
 import math
+from pathlib import Path
 
 import pytest
-import torch
 
-from clients.cxr_cls.synthetic import generate_federation as generate_cxr_federation
-from clients.pe_seg.synthetic import SiteProfile, generate_site
-from clients.training.device import select_device
-from clients.training.site_task import TaskSettings
+bench = importlib.import_module("local_fedavg_pooled")
+sites = importlib.import_module("federation_sites")
 
-
-
-@pytest.fixture(scope="module")
-def bench():
-    return importlib.import_module("local_fedavg_pooled")
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
+CXR = SHARED / "cxr2d" / "pneumoniamnist_balanced.npz"
+MSD = SHARED / "seg2d" / "msd_lung_tumour_patches_val.npz"
 
 
-def _check_metrics(per_site):
-    for site in per_site:
-        assert 0.0 <= site["accuracy"] <= 1.0
-        assert math.isnan(site["auc"]) or 0.0 <= site["auc"] <= 1.0
+def _rows(folder: Path, index: str) -> list[dict]:
+    with (folder / index).open(newline="") as f:
+        return list(csv.DictReader(f))
 
 
-def test_three_regimes_same_steps(bench, tmp_path):
-    torch.set_num_threads(1)
-    generate_cxr_federation(tmp_path / "sites", num_sites=2, seed=0, image_size=32)
-    tasks = bench.load_tasks("cxr-cls", tmp_path / "sites",
-                             TaskSettings(image_size=32, batch_size=4))
-    assert len(tasks) == 2
-    cfg = bench.RunConfig(task="cxr-cls", steps_total=4, rounds=1, seed=0)
-    result = bench.compare(tasks, cfg, select_device("cpu"))
+@pytest.mark.parametrize(("task", "args", "index", "data", "source"), [
+    ("cxr-cls", ["--scheme", "dirichlet"], "images.csv", "images", CXR),
+    ("pe-seg", ["--set", "msd-lung", "--scheme", "size"], "manifest.csv", "studies", MSD)])
+def test_the_pooled_folder_holds_every_item_of_every_site(tmp_path, task, args, index, data,
+                                                          source):
+    if not source.is_file():
+        pytest.skip(f"{source} absent")
+    folders = sites.convert_shared(task, SHARED, tmp_path / "sites",
+                                   [*args, "--sites", "2", "--max-per-site", "12"])
+    pooled = sites.pooled_folder(folders, tmp_path / "pooled")
+    rows = _rows(pooled, index)
+    assert rows == [r for f in folders for r in _rows(f, index)]  # splits kept
+    assert sorted(p.name for p in (pooled / data).iterdir()) == sorted(
+        p.name for f in folders for p in (f / data).iterdir())
+
+
+def test_steps_must_split_evenly(tmp_path):
+    with pytest.raises(ValueError, match="multiple"):
+        bench.compare([tmp_path / "a", tmp_path / "b"], tmp_path / "p",
+                      bench.ENTRIES["cxr-cls"], bench.Budget(steps_total=7, rounds=2), tmp_path)
+
+
+@pytest.mark.skipif(not CXR.is_file(), reason=f"{CXR} absent")
+def test_three_regimes_through_the_product_with_the_same_steps(tmp_path):
+    out = tmp_path / "local_fedavg_pooled.json"
+    assert bench.main(["--tasks", "cxr-cls", "--sites", "2", "--max-per-site", "16",
+                       "--steps", "4", "--rounds", "1", "--output", str(out)]) == 0
+    payload = json.loads(out.read_text())
+    assert payload["engine"] == "in-process"
+    result = payload["results"]["cxr-cls"]
     regimes = result["regimes"]
-
     assert {regimes[name]["steps_done"] for name in bench.REGIMES} == {4}
-    assert regimes["local"]["steps_per_site"] == 2
-    assert regimes["fedavg"]["rounds"] * regimes["fedavg"]["local_steps"] * len(tasks) == 4
-    assert regimes["pooled"]["num_train"] == sum(len(t.train_set) for t in tasks)
-
-    for model_eval in regimes["local"]["models"]:
-        assert len(model_eval["per_site"]) == 2
-        _check_metrics(model_eval["per_site"])
-    _check_metrics(regimes["fedavg"]["per_site"])
-    _check_metrics(regimes["pooled"]["per_site"])
+    assert regimes["local"]["steps_per_site"] == 2 and len(regimes["local"]["models"]) == 2
+    assert regimes["fedavg"]["rounds"] * regimes["fedavg"]["local_steps"] * 2 == 4
+    assert regimes["pooled"]["num_train"] == sum(regimes["fedavg"]["num_examples"].values())
+    # the measuring sites refuse training by their site policy, named in the dropped reply
+    assert sorted(regimes["pooled"]["refused"]) == ["hospital-00", "hospital-01"]
+    assert all("min-local-steps" in why for why in regimes["pooled"]["refused"].values())
     for name in bench.REGIMES:
         mean = result["summary"][name]
         assert 0.0 <= mean["accuracy"] <= 1.0
         assert math.isnan(mean["auc"]) or 0.0 <= mean["auc"] <= 1.0
-    json.dumps(result)  # JSON-able
+    # the site-alone models differ, and so do the regimes' models
+    first, second = (m["per_site"]["hospital-00"]["loss"] for m in regimes["local"]["models"])
+    assert first != second
+    assert result["summary"]["fedavg"]["loss"] != result["summary"]["pooled"]["loss"]
     assert "FedAvg" in bench.markdown("cxr-cls", result)
-
-
-def test_steps_must_split_evenly(bench, tmp_path):
-    with pytest.raises(ValueError, match="multiple"):
-        bench.compare([object(), object()], bench.RunConfig("cxr-cls", steps_total=7, rounds=2),
-                      select_device("cpu"))
-
-
-def test_segmentation_regimes_report_dice(bench, tmp_path):
-    """pe-seg: pooled training on the union of the sites' studies, Dice per regime."""
-    torch.set_num_threads(1)
-    profile = SiteProfile(name="h", num_studies=3, noise_hu=20.0, contrast_hu=200.0,
-                              slice_thickness_mm=(2.0, 3.0), num_slices=(6, 8))
-    for k in range(2):
-        generate_site(tmp_path / "sites" / f"hospital-{k:02d}", profile, seed=k, image_size=32)
-    tasks = bench.load_tasks("pe-seg", tmp_path / "sites",
-                             TaskSettings(image_size=32, slab_slices=1, batch_size=2))
-    pooled = bench.pooled_seg_task(tasks)
-    assert len(pooled.train_set) == sum(len(t.train_set) for t in tasks)
-    assert pooled.site_dir == tasks[0].site_dir and len(tasks[0].train_set) < len(pooled.train_set)
-
-    result = bench.compare(tasks, bench.RunConfig(task="pe-seg", steps_total=4, rounds=1, seed=0),
-                           select_device("cpu"))
-    regimes = result["regimes"]
-    assert {regimes[name]["steps_done"] for name in bench.REGIMES} == {4}
-    assert regimes["pooled"]["num_train"] == len(pooled.train_set)
-    for name in bench.REGIMES:
-        assert set(result["summary"][name]) == {"dice", "loss"}
-        assert 0.0 <= result["summary"][name]["dice"] <= 1.0
-    assert "mean val Dice" in bench.markdown("pe-seg-ctpa", result)
-    json.dumps(result)
-
-    twice = bench.combine_repeats([result, result])
-    assert twice["config"]["seeds"] == [0, 0] and len(twice["runs"]) == 2
-    assert twice["summary"]["fedavg"]["dice"] == pytest.approx(result["summary"]["fedavg"]["dice"])
-    assert twice["summary_sd"]["pooled"]["dice"] == pytest.approx(0.0)
-    assert "+- 0.000" in bench.markdown("pe-seg-ctpa", twice)

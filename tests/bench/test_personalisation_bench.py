@@ -1,6 +1,7 @@
 """``bench/personalisation.py``: the summary's arithmetic, what the output file keeps, and
-``--quick`` runs on tiny synthetic PE hospitals and (with ``../shared/data``) msd-lung sites
-(the JSON format of issue 16 and equal local computation)."""
+``--quick`` runs through the product (in-process engine) on tiny synthetic PE hospitals and
+(with ``../shared/data``) msd-lung sites: the JSON format of issue 16, equal local
+computation, the same sampled sites for every method."""
 
 from __future__ import annotations
 
@@ -9,10 +10,8 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 bench = importlib.import_module("personalisation")
-rounds = importlib.import_module("personalisation_rounds")
 sets = importlib.import_module("personalisation_sets")
 summary = importlib.import_module("personalisation_summary")
 
@@ -90,20 +89,19 @@ def test_an_output_of_another_protocol_is_refused(tmp_path):
                           tmp_path / "personalisation.json")
 
 
-def test_sampling_takes_distinct_sites_the_same_for_every_method():
-    first = rounds.sampled_sites(20, 4, seed=3, server_round=2)
-    assert first == rounds.sampled_sites(20, 4, seed=3, server_round=2)
-    assert len(set(first)) == 4 and all(0 <= i < 20 for i in first)
-    assert first != rounds.sampled_sites(20, 4, seed=3, server_round=3)
+def test_the_run_config_asks_the_product_for_the_protocol():
+    protocol = sets.Protocol()
+    config = sets.run_config(sets.SETS["pneumoniamnist"], "per-fedavg-fo", 3, protocol)
+    assert config["selection.m"] == 4 and config["min-nodes"] == 20  # r = 0.2 of 20 sites
+    assert config["local-steps"] == 8  # two batches a step: 16 passes, as the others
+    assert sets.run_config(sets.SETS["pneumoniamnist"], "finetune", 3, protocol)[
+        "local-steps"] == 16
+    assert config["seed"] == 3 and config["personalisation.method"] == "per-fedavg-fo"
 
 
-def _quick(out: Path, name: str) -> dict:
-    threads = torch.get_num_threads()
-    try:
-        assert bench.main(["--quick", "--sets", name, "--output", str(out),
-                           "--shared", str(SHARED)]) == 0
-    finally:
-        torch.set_num_threads(threads)
+def _quick(out: Path, name: str, *extra: str) -> dict:
+    assert bench.main(["--quick", "--sets", name, "--output", str(out),
+                       "--shared", str(SHARED), *extra]) == 0
     return json.loads(out.read_text())
 
 
@@ -129,14 +127,25 @@ def test_quick_run_writes_the_issue_format_and_keeps_the_other_sets(tmp_path):
         "protocol": bench.protocol_record(sets.QUICK, True), "sets": {"msd-lung": {}},
         "runs": [other], "skipped": [], "per_seed": {"msd-lung": []}, "commands": ["before"]}))
     result = _quick(out, "pe-synthetic")
-    _check_quick_rows(result, "pe-synthetic", ("local_passes", "local_examples"))  # full batches
+    _check_quick_rows(result, "pe-synthetic", ("local_passes", "local_examples"))
     assert other in result["runs"] and result["commands"][0] == "before"
+    assert result["engine"] == "in-process"
+    (record,) = result["per_seed"]["pe-synthetic"]
+    trained = {m: r["sampled"] for m, r in record["methods"].items() if m != "local-only"}
+    assert len({json.dumps(v) for v in trained.values()}) == 1  # the same site every method
+    assert len(trained["finetune"][0]) == 1  # selection.m = max(1, round(0.2 x 2))
+    personal = record["methods"]["finetune"]["mean"]["dice"]
+    assert personal != record["methods"]["fedavg-global"]["mean"]["dice"]  # adapted
 
 
 @pytest.mark.skipif(not (SHARED / sets.SETS["msd-lung"].shared_files[1]).is_file(),
                     reason="../shared/data/seg2d (msd-lung patches) absent")
 def test_quick_run_on_size_skewed_msd_lung_sites(tmp_path):
-    result = _quick(tmp_path / "personalisation.json", "msd-lung")
-    _check_quick_rows(result, "msd-lung", ("local_passes",))  # sites of < 16 patches
-    sizes = result["per_seed"]["msd-lung"][0]["site_sizes"]
-    assert len(sizes) == 3 and all(s["train"] > 0 and s["val"] > 0 for s in sizes.values())
+    result = _quick(tmp_path / "personalisation.json", "msd-lung",
+                    "--methods", "finetune", "local-only")
+    runs = {r["method"]: r for r in result["runs"]}
+    assert set(runs) == {"fedavg-global", "finetune", "local-only"}
+    assert runs["local-only"]["local_passes"] == runs["finetune"]["local_passes"]
+    sites = result["per_seed"]["msd-lung"][0]["methods"]["local-only"]["sites"]
+    assert sorted(sites) == ["hospital-00", "hospital-01"]
+    assert all(0.0 <= m["dice"] <= 1.0 for m in sites.values())
