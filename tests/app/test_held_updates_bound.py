@@ -7,21 +7,16 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord
 
 from app.config.run_config import RunConfig, RunConfigError
+from app.engine import InProcessGrid, VirtualSite
 from app.server_app import build_strategy
 from strategies.errors import ConfigError
-
-
-class Nodes:
-    """The part of flwr's Grid that ``configure_train`` uses: the connected node ids."""
-
-    def get_node_ids(self) -> list[int]:
-        return list(range(1, 11))
 
 
 def _configure(values: dict) -> list:
     strategy = build_strategy(RunConfig.from_mapping({"min-nodes": 10, **values}))
     model = ArrayRecord([np.zeros(2**18, np.float32)])  # 1 MiB
-    return list(strategy.configure_train(1, model, ConfigRecord(), Nodes()))
+    ten_sites = InProcessGrid([VirtualSite({}, node_id=node) for node in range(2, 12)])
+    return list(strategy.configure_train(1, model, ConfigRecord(), ten_sites))
 
 
 def test_a_robust_rule_beyond_the_bound_is_refused_naming_the_key(server_identity):

@@ -28,6 +28,7 @@ from strategies.plugins.run_settings import RunSettings
 from strategies.rounds.federated_strategy import FederatedStrategy
 from strategies.rounds.state_tree import decode_tree, encode_tree
 from strategies.update_codec import pack_update
+from tests.strategies.scripted_grid import connected
 
 pytestmark = pytest.mark.usefixtures("server_identity")
 
@@ -121,13 +122,12 @@ def test_adaptive_rate_needs_a_fraction_and_no_warmup_and_sane_options() -> None
 def _round(strategy: FederatedStrategy, server_round: int, loss: float) -> list[str]:
     """One train round with two sites replying with an update packed by the round's codec;
     returns the codec each instruction carried."""
-    grid = type("Grid", (), {"get_node_ids": lambda self: [1, 2]})()
+    grid = connected([2, 3])
     arrays = ArrayRecord([np.zeros(200, np.float32)])
     messages = list(strategy.configure_train(server_round, arrays, ConfigRecord(), grid))
     replies, codecs = [], []
     for i, message in enumerate(messages):
         message.metadata.__dict__["_message_id"] = f"msg-{server_round}-{i}"
-        message.metadata.__dict__["_src_node_id"] = 1
         config = message.content[keys.CONFIG]
         codecs.append(config[keys.CODEC])
         packed = pack_update([np.linspace(-1, 1, 200, dtype=np.float32)], config[keys.CODEC],

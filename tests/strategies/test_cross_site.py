@@ -31,7 +31,7 @@ from strategies.rounds.reply_intake import NO_REPLY
 from strategies.rounds.round_policy import RoundPolicy
 from strategies.rounds.site_book import SiteBook
 from strategies.update_codec import pack_update
-from tests.strategies.test_federated_strategy import RecordingGrid
+from tests.strategies.scripted_grid import scripted_grid
 
 pytestmark = pytest.mark.usefixtures("server_identity")
 
@@ -47,10 +47,8 @@ class Site:
         self.trains, self.silent = trains, silent
         self.received: list[Message] = []
 
-    def answer(self, message: Message) -> Message | None:
+    def __call__(self, message: Message) -> Message:
         self.received.append(message)
-        if self.silent:
-            return None
         site = ConfigRecord({keys.SITE_NAME: self.name})
         weights = unpack_arrays(message.content[keys.ARRAYS]).to_numpy_ndarrays()
         if message.metadata.message_type == MessageType.TRAIN:
@@ -72,21 +70,6 @@ class Site:
                        reply_to=message)
 
 
-class SiteGrid(RecordingGrid):
-    """The part of flwr's Grid the evaluation uses; node i is ``sites[i]``."""
-
-    def __init__(self, sites: dict[int, Site]) -> None:
-        super().__init__(list(sites))
-        self.sites = sites
-
-    def answer(self, message: Message) -> Message | None:
-        node = message.metadata.dst_node_id
-        reply = self.sites[node].answer(message)
-        if reply is not None:
-            reply.metadata.__dict__["_src_node_id"] = node
-        return reply
-
-
 def _setup() -> CrossSiteSetup:
     return CrossSiteSetup(policy=RoundPolicy(timeout=0.3, poll_interval=0.01), sites=SiteBook(),
                           uplink=Uplink(codec="qsgd-8", error_feedback=True, federation="fed-1"),
@@ -98,13 +81,14 @@ def _arrays() -> ArrayRecord:
 
 
 def _run(sites: dict[int, Site], k: int):
-    return cross_site_evaluation(SiteGrid(sites), _setup(), _arrays(), "dice", k, 7,
+    grid = scripted_grid(sites, silent=[node for node, site in sites.items() if site.silent])
+    return cross_site_evaluation(grid, _setup(), _arrays(), "dice", k, 7,
                                  on_stage=lambda line: None)
 
 
 def test_global_row_per_site_and_weighted_test_metrics_with_no_finetuning():
     a, b = Site("a", 0.0, 1.0, examples=10), Site("b", 0.25, 1.0, examples=30)
-    result = _run({1: a, 2: b}, k=0)
+    result = _run({4: a, 2: b}, k=0)
     assert result.metric == "test-dice"
     assert result.sites["a"]["test-dice"] == pytest.approx(0.5)
     assert result.sites["b"]["test-dice"] == pytest.approx(0.75)
@@ -122,7 +106,7 @@ def test_global_row_per_site_and_weighted_test_metrics_with_no_finetuning():
 
 def test_finetuned_rows_are_the_sites_models_evaluated_everywhere():
     a, b = Site("a", 0.0, 1.0), Site("b", 10.0, 2.0)
-    result = _run({1: a, 2: b}, k=2)
+    result = _run({4: a, 2: b}, k=2)
     assert result.rows == [GLOBAL_ROW, "a-finetuned", "b-finetuned"]
     # x_a = x - delta_a = 0.5 + 1.0, x_b = 0.5 + 2.0; cell = column's offset + model weight
     np.testing.assert_allclose(result.matrix, [[0.5, 10.5], [1.5, 11.5], [2.5, 12.5]])
@@ -138,7 +122,7 @@ def test_finetuned_rows_are_the_sites_models_evaluated_everywhere():
 
 def test_a_test_only_site_is_a_column_without_a_row():
     a, c = Site("a", 0.0, 1.0), Site("c", 5.0, 1.0, trains=False)
-    result = _run({1: a, 3: c}, k=2)
+    result = _run({4: a, 3: c}, k=2)
     assert result.rows == [GLOBAL_ROW, "a-finetuned"]
     assert result.columns == ["a", "c"]
     np.testing.assert_allclose(result.matrix, [[0.5, 5.5], [1.5, 6.5]])
@@ -148,7 +132,7 @@ def test_a_test_only_site_is_a_column_without_a_row():
 def test_a_site_without_test_items_or_reply_is_nan_and_recorded():
     a = Site("a", 0.0, 1.0)
     empty, silent = Site("empty", 0.0, 1.0, examples=0), Site("quiet", 0.0, 1.0, silent=True)
-    result = _run({1: a, 2: empty, 3: silent}, k=0)
+    result = _run({4: a, 2: empty, 3: silent}, k=0)
     assert result.columns == ["a", "empty", "node-3"]
     assert result.matrix[0, 0] == pytest.approx(0.5)
     assert math.isnan(result.matrix[0, 1]) and math.isnan(result.matrix[0, 2])
@@ -159,7 +143,7 @@ def test_a_site_without_test_items_or_reply_is_nan_and_recorded():
 
 def test_a_malformed_test_reply_is_dropped_not_fatal():
     a, b = Site("a", 0.0, 1.0), Site("b", float("nan"), 1.0)
-    result = _run({1: a, 2: b}, k=0)
+    result = _run({4: a, 2: b}, k=0)
     assert list(result.sites) == ["a"]
     assert "not finite" in result.dropped["test/b"]
     assert math.isnan(result.matrix[0, 1])
@@ -167,4 +151,4 @@ def test_a_malformed_test_reply_is_dropped_not_fatal():
 
 def test_negative_finetune_steps_are_refused():
     with pytest.raises(ValueError, match="finetune_steps"):
-        _run({1: Site("a", 0.0, 1.0)}, k=-1)
+        _run({4: Site("a", 0.0, 1.0)}, k=-1)

@@ -12,16 +12,14 @@ import pytest
 from flwr.app import MessageType
 
 from strategies import message_keys as keys
-from strategies.rounds.cross_site import cross_site_evaluation
-from tests.strategies.test_cross_site import Site, SiteGrid, _arrays, _setup
+from tests.strategies.test_cross_site import Site, _run
 
 pytestmark = pytest.mark.usefixtures("server_identity")
 
 
 def test_every_test_split_message_names_the_federation():
     a, b = Site("a", 0.0, 1.0), Site("b", 0.5, 2.0)
-    result = cross_site_evaluation(SiteGrid({1: a, 2: b}), _setup(), _arrays(), "dice", 2, 7,
-                                   on_stage=lambda line: None)
+    result = _run({3: a, 2: b}, k=2)
     assert len(result.rows) == 3
     for site in (a, b):
         tests = [m for m in site.received if m.metadata.message_type == MessageType.EVALUATE]

@@ -12,20 +12,25 @@ from strategies.model_packing import pack_arrays
 from strategies.plugins.registries import AGGREGATORS, SCHEDULES, SELECTORS
 from strategies.rounds.federated_strategy import FederatedStrategy
 from strategies.update_codec import pack_update
+from tests.strategies.scripted_grid import flower_round, scripted_grid
 
 pytestmark = pytest.mark.usefixtures("server_identity")
 
 WEIGHTS = np.linspace(-1.0, 1.0, 4000, dtype=np.float32)
 
 
-class Grid:
-    """The part of flwr's Grid the strategy uses."""
+class Site:
+    """A scripted site: it keeps each instruction it receives and answers it with a small
+    update, acknowledging the downlink version ``acks[server round]`` (None: none)."""
 
-    def __init__(self, nodes: list[int]) -> None:
-        self.nodes = nodes
+    def __init__(self, name: str, acks: dict[int, int | None]) -> None:
+        self.name, self.acks = name, acks
+        self.received: list[Message] = []
 
-    def get_node_ids(self) -> list[int]:
-        return list(self.nodes)
+    def __call__(self, instruction: Message) -> Message:
+        self.received.append(instruction)
+        return _reply(instruction, self.name,
+                      self.acks[instruction.content[keys.CONFIG][keys.SERVER_ROUND]])
 
 
 def _strategy(downlink: str) -> FederatedStrategy:
@@ -39,13 +44,12 @@ def _model(weights: np.ndarray) -> ArrayRecord:
     return ArrayRecord({"w": Array(weights), "n": Array(np.array(3, np.int64))})
 
 
-def _train(strategy: FederatedStrategy, server_round: int, model: ArrayRecord) -> list[Message]:
-    messages = list(strategy.configure_train(server_round, model, ConfigRecord({"lr": 0.1}),
-                                             Grid([11, 12])))
-    for i, message in enumerate(messages):  # as Flower stamps them when it pushes them
-        message.metadata.__dict__["_message_id"] = f"msg-{server_round}-{i}"
-        message.metadata.__dict__["_src_node_id"] = 1
-    return messages
+def _train(strategy: FederatedStrategy, server_round: int, model: ArrayRecord,
+           sites: dict[int, Site]) -> tuple[ArrayRecord | None, dict[int, Message]]:
+    """One train round on ``sites``: the new model and the instruction each node received."""
+    new, _ = flower_round(strategy, server_round, scripted_grid(sites), model,
+                          ConfigRecord({"lr": 0.1}))
+    return new, {node: site.received[-1] for node, site in sites.items()}
 
 
 def _reply(instruction: Message, site: str, version: int | None) -> Message:
@@ -63,34 +67,31 @@ def _reply(instruction: Message, site: str, version: int | None) -> Message:
 
 def test_downlink_none_sends_the_packed_model_as_before():
     model, strategy = _model(WEIGHTS), _strategy("none")
-    messages = _train(strategy, 1, model)
-    for message in messages:
+    _, messages = _train(strategy, 1, model, {11: Site("s0", {1: None}),
+                                              12: Site("s1", {1: None})})
+    for message in messages.values():
         assert not any(k.startswith("downlink-") for k in message.content[keys.CONFIG])
         sent, packed = message.content[keys.ARRAYS], pack_arrays(model)
         assert list(sent.keys()) == list(packed.keys())
         assert all(sent[k].numpy().tobytes() == packed[k].numpy().tobytes() for k in packed)
-    strategy.aggregate_train(1, [_reply(m, f"s{i}", None) for i, m in enumerate(messages)])
     assert not any(k.startswith("downlink-") for k in strategy.reports[1].strategy)
 
 
 def test_acknowledged_site_gets_the_step_the_other_a_snapshot():
     strategy = _strategy("topk:0.01")
-    first = _train(strategy, 1, _model(WEIGHTS))
-    headers = [DownlinkHeader.from_config(m.content[keys.CONFIG]) for m in first]
+    sites = {11: Site("a", {1: 1, 2: 2}), 12: Site("b", {1: None, 2: 2})}
+    new, first = _train(strategy, 1, _model(WEIGHTS), sites)
+    headers = [DownlinkHeader.from_config(m.content[keys.CONFIG]) for m in first.values()]
     assert [h.dense for h in headers] == [True, True] and headers[0].version == 1
-    by_node = {m.metadata.dst_node_id: m for m in first}
-    new, _ = strategy.aggregate_train(1, [_reply(by_node[11], "a", 1),
-                                          _reply(by_node[12], "b", None)])
     report = strategy.reports[1]
     assert report.strategy["downlink-dense"] == 2.0
     down = sum(t["bytes-down"] for t in report.traffic.values())
     assert report.strategy["downlink-ratio"] == pytest.approx(2 * (WEIGHTS.nbytes + 8) / down)
-    second = {m.metadata.dst_node_id: m for m in _train(strategy, 2, new)}
+    _, second = _train(strategy, 2, new, sites)
     step = DownlinkHeader.from_config(second[11].content[keys.CONFIG])
     assert (step.base, step.version) == (1, 2)
     assert set(second[11].content[keys.ARRAYS].keys()) == {PAYLOAD_KEY, RAW_KEY}
     assert DownlinkHeader.from_config(second[12].content[keys.CONFIG]).dense
-    strategy.aggregate_train(2, [_reply(second[11], "a", 2), _reply(second[12], "b", 2)])
     traffic = strategy.reports[2].traffic
     assert traffic["a"]["bytes-down"] * 10 < traffic["b"]["bytes-down"]
     assert strategy.train.downlink.held == {11: 2, 12: 2}

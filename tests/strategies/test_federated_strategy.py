@@ -1,4 +1,4 @@
-"""FederatedStrategy against an in-memory grid: messages, validation, FedAvg, waits."""
+"""FederatedStrategy on the in-process engine: messages, validation, FedAvg, waits."""
 
 from __future__ import annotations
 
@@ -15,14 +15,14 @@ from flwr.app import (
     RecordDict,
 )
 
-from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
-
+from app.engine import SiteFaults
 from strategies import message_keys as keys
+from strategies.plugins.registries import AGGREGATORS, SCHEDULES, SELECTORS
 from strategies.rounds.federated_strategy import FederatedStrategy, NoValidRepliesError
 from strategies.rounds.node_wait import NodeWaitTimeout, wait_for_nodes
-from strategies.plugins.registries import AGGREGATORS, SCHEDULES, SELECTORS
+from strategies.rounds.round_policy import RoundPolicy
 from strategies.update_codec import pack_update
-
+from tests.strategies.scripted_grid import connected, flower_round, scripted_grid
 
 def make_strategy(min_nodes: int = 2, aggregator: str = "fedavg", schedule: str = "fixed",
                   **kwargs) -> FederatedStrategy:
@@ -34,16 +34,6 @@ def make_strategy(min_nodes: int = 2, aggregator: str = "fedavg", schedule: str 
 
 
 pytestmark = pytest.mark.usefixtures("server_identity")
-
-
-class FakeGrid:
-    """The part of flwr's Grid the strategy uses: node ids."""
-
-    def __init__(self, nodes: list[int]) -> None:
-        self.nodes = nodes
-
-    def get_node_ids(self) -> list[int]:
-        return list(self.nodes)
 
 
 GLOBAL = [np.array([1.0, 2.0], dtype=np.float32), np.array([[3.0]], dtype=np.float32),
@@ -72,20 +62,10 @@ def _train_metrics(n: int, loss: float = 0.5, steps: int = 3, a_norm: float = 3.
             keys.INITIAL_LOSS: initial_loss, keys.A_NORM: a_norm}
 
 
-def _configured(strategy: FederatedStrategy, nodes: list[int]) -> list[Message]:
-    grid = FakeGrid(nodes)
-    config = ConfigRecord({"lr": 0.1})
-    messages = list(strategy.configure_train(1, _global_record(), config, grid))
-    # Flower stamps ids when it pushes messages; do the same so replies can refer to them.
-    for i, m in enumerate(messages):
-        m.metadata.__dict__["_message_id"] = f"msg-{i}"
-        m.metadata.__dict__["_src_node_id"] = 1
-    return messages
-
-
 def test_each_site_gets_its_own_content_and_config():
     strategy = make_strategy(min_nodes=2)
-    messages = _configured(strategy, [11, 12, 13])
+    messages = list(strategy.configure_train(1, _global_record(), ConfigRecord({"lr": 0.1}),
+                                             connected([11, 12, 13])))
     assert sorted(m.metadata.dst_node_id for m in messages) == [11, 12, 13]
     assert all(m.metadata.message_type == MessageType.TRAIN for m in messages)
     contents = {id(m.content) for m in messages}
@@ -99,22 +79,20 @@ def test_each_site_gets_its_own_content_and_config():
 
 def test_fedavg_of_updates_with_bad_replies_dropped():
     strategy = make_strategy(min_nodes=2)
-    m = _configured(strategy, [1, 2, 3, 4, 5, 6])
     d1 = [np.array([1.0, 1.0], np.float32), np.array([[2.0]], np.float32), np.array(-1, np.int64)]
     d2 = [np.array([4.0, -2.0], np.float32), np.array([[-1.0]], np.float32), np.array(-1, np.int64)]
     nan = pack_update(d1, "none")
     nan["payload"] = nan["payload"].copy()
     nan["payload"][7:11] = np.frombuffer(np.float32(np.nan).tobytes(), np.uint8)
     wrong_shape = [np.zeros(3, np.float32), d1[1], d1[2]]
-    replies = [
-        _reply(m[0], d1, _train_metrics(1), "site-a"),
-        _reply(m[1], d2, _train_metrics(3), "site-b"),
-        _reply(m[2], nan, _train_metrics(5), "site-nan"),
-        _reply(m[3], wrong_shape, _train_metrics(5), "site-shape"),
-        _reply(m[4], d1, {keys.NUM_EXAMPLES: 5}, "site-missing"),
-        Message(Error(code=0, reason="boom: disk full"), reply_to=m[5]),
-    ]
-    arrays, metrics = strategy.aggregate_train(1, replies)
+    grid = scripted_grid({
+        11: lambda m: _reply(m, d1, _train_metrics(1), "site-a"),
+        12: lambda m: _reply(m, d2, _train_metrics(3), "site-b"),
+        13: lambda m: _reply(m, nan, _train_metrics(5), "site-nan"),
+        14: lambda m: _reply(m, wrong_shape, _train_metrics(5), "site-shape"),
+        15: lambda m: _reply(m, d1, {keys.NUM_EXAMPLES: 5}, "site-missing"),
+        16: lambda m: Message(Error(code=0, reason="boom: disk full"), reply_to=m)})
+    arrays, metrics = flower_round(strategy, 1, grid, _global_record())
     # p = (1/4, 3/4): delta = (3.25, -1.25), [[-0.25]], -1 ; x - delta
     new = arrays.to_numpy_ndarrays()
     np.testing.assert_allclose(new[0], [1.0 - 3.25, 2.0 + 1.25])
@@ -126,48 +104,50 @@ def test_fedavg_of_updates_with_bad_replies_dropped():
     assert dropped["site-nan"] == "payload rejected: payload values contain NaN or inf"
     assert "payload rejected" in dropped["site-shape"]
     assert "missing metrics" in dropped["site-missing"]
-    assert "boom: disk full" in dropped["node-6"]
+    assert "boom: disk full" in dropped["node-16"]
     assert metrics[keys.NUM_EXAMPLES] == 4.0
     assert metrics[keys.TRAIN_LOSS] == pytest.approx(0.5)
 
 
+def _zeros(message: Message) -> Message:
+    """A train reply of a zero update from site ``site-<node>``."""
+    node = message.metadata.dst_node_id
+    return _reply(message, [np.zeros_like(g) for g in GLOBAL], _train_metrics(2), f"site-{node}")
+
+
 def test_missing_replies_are_recorded_as_timeouts():
     strategy = make_strategy(min_nodes=1)
-    m = _configured(strategy, [1, 2])
-    d = [np.zeros(2, np.float32), np.zeros((1, 1), np.float32), np.array(0, np.int64)]
-    strategy.aggregate_train(1, [_reply(m[0], d, _train_metrics(2), "site-a")])
+    flower_round(strategy, 1, scripted_grid({11: _zeros}, silent=[12]), _global_record())
     assert strategy.reports[1].train_dropped == {
-        "node-2": "no reply before the round closed (deadline or timeout)"}
+        "node-12": "no reply before the round closed (deadline or timeout)"}
 
 
 def test_rounds_without_usable_replies_keep_the_model_then_abort():
-    strategy = make_strategy(min_nodes=1, max_empty_rounds=2)
-    _configured(strategy, [1])
-    assert strategy.aggregate_train(1, []) == (None, None)
-    _configured(strategy, [1])
+    strategy = make_strategy(min_nodes=1, max_empty_rounds=2, fraction_evaluate=0.0,
+                             policy=RoundPolicy(timeout=0.2, poll_interval=0.01))
+    seen = []
     with pytest.raises(NoValidRepliesError, match="2 consecutive rounds"):
-        strategy.aggregate_train(2, [])
+        strategy.start(scripted_grid({}, silent=[11]), _global_record(), num_rounds=3,
+                       on_round_end=lambda report, arrays: seen.append(arrays))
+    assert len(seen) == 1  # round 1 kept the model; round 2 aborted
+    np.testing.assert_array_equal(seen[0].to_numpy_ndarrays()[0], GLOBAL[0])
 
 
 def test_evaluate_metrics_are_example_weighted():
     strategy = make_strategy(min_nodes=2)
-    grid = FakeGrid([1, 2])
-    messages = list(strategy.configure_evaluate(1, _global_record(), ConfigRecord(), grid))
-    for i, m in enumerate(messages):
-        m.metadata.__dict__["_message_id"] = f"e-{i}"
-    replies = [
-        _reply(messages[0], None, {keys.NUM_EXAMPLES: 10, "val-dice": 0.2}, "a"),
-        _reply(messages[1], None, {keys.NUM_EXAMPLES: 30, "val-dice": 0.6}, "b"),
-    ]
-    metrics = strategy.aggregate_evaluate(1, replies)
+    grid = scripted_grid({
+        11: lambda m: _reply(m, None, {keys.NUM_EXAMPLES: 10, "val-dice": 0.2}, "a"),
+        12: lambda m: _reply(m, None, {keys.NUM_EXAMPLES: 30, "val-dice": 0.6}, "b")})
+    messages = strategy.configure_evaluate(1, _global_record(), ConfigRecord(), grid)
+    metrics = strategy.aggregate_evaluate(1, grid.send_and_receive(messages, timeout=5.0))
     assert metrics["val-dice"] == pytest.approx(0.5)
     assert strategy.reports[1].evaluate["b"]["val-dice"] == pytest.approx(0.6)
 
 
 def test_node_wait_is_bounded():
     with pytest.raises(NodeWaitTimeout, match="only 1 of the required 3 sites"):
-        wait_for_nodes(FakeGrid([5]), min_nodes=3, timeout=0.2, poll_interval=0.05)
-    assert wait_for_nodes(FakeGrid([2, 1]), min_nodes=2, timeout=0.2) == [1, 2]
+        wait_for_nodes(connected([5]), min_nodes=3, timeout=0.2, poll_interval=0.05)
+    assert wait_for_nodes(connected([3, 2]), min_nodes=2, timeout=0.2) == [2, 3]
 
 
 @pytest.mark.parametrize(("aggregator", "expected"), [("fedavg", 0.30), ("fednova", 0.0)])
@@ -182,16 +162,12 @@ def test_hand_computed_fedavg_and_fednova(aggregator, expected):
                                  schedule=SCHEDULES.create("fixed", tau0=8),
                                  selector=SELECTORS.create("uniform"),
                                  min_nodes=2, node_wait_timeout=1)
-    grid = FakeGrid([1, 2])
-    messages = list(strategy.configure_train(1, ArrayRecord([np.zeros(1)]), ConfigRecord(),
-                                             grid))
-    for i, m in enumerate(messages):
-        m.metadata.__dict__["_message_id"] = f"m-{i}"
-    replies = [
-        _reply(messages[0], [np.array([0.2])], _train_metrics(10, steps=2, a_norm=2.0), "a"),
-        _reply(messages[1], [np.array([-0.8])], _train_metrics(10, steps=8, a_norm=8.0), "b"),
-    ]
-    arrays, _ = strategy.aggregate_train(1, replies)
+    grid = scripted_grid({
+        11: lambda m: _reply(m, [np.array([0.2])], _train_metrics(10, steps=2, a_norm=2.0),
+                             "a"),
+        12: lambda m: _reply(m, [np.array([-0.8])], _train_metrics(10, steps=8, a_norm=8.0),
+                             "b")})
+    arrays, _ = flower_round(strategy, 1, grid, ArrayRecord([np.zeros(1)]))
     assert arrays.to_numpy_ndarrays()[0][0] == pytest.approx(expected, abs=1e-7)  # float32 wire
     if aggregator == "fednova":
         assert strategy.reports[1].strategy["tau-eff"] == pytest.approx(5.0)
@@ -214,57 +190,19 @@ def _fake_reply(initial_loss: float):
                       metrics={keys.INITIAL_LOSS: initial_loss})
 
 
-class RecordingGrid(FakeGrid):
-    """Keeps every pushed message under a fresh message id; ``answer`` replies to it."""
-
-    def __init__(self, nodes: list[int]) -> None:
-        super().__init__(nodes)
-        self.sent: dict[str, Message] = {}
-
-    def push_messages(self, messages):
-        ids = []
-        for message in messages:
-            mid = f"m-{len(self.sent)}"
-            message.metadata.__dict__["_message_id"] = mid
-            self.sent[mid] = message
-            ids.append(mid)
-        return ids
-
-    def pull_messages(self, message_ids):
-        replies = (self.answer(self.sent[mid]) for mid in message_ids)
-        return [reply for reply in replies if reply is not None]
-
-    def answer(self, message: Message) -> Message | None:
-        """The reply to ``message`` available now (None: not yet)."""
-        raise NotImplementedError
-
-
-def _from(reply: Message, node: int) -> Message:
-    reply.metadata.__dict__["_src_node_id"] = node
-    return reply
-
-
-class AnsweringGrid(RecordingGrid):
-    """Answers query messages at once with a per-node loss; nodes in ``silent`` never answer."""
-
-    def __init__(self, losses: dict[int, float], silent: set[int] = frozenset()) -> None:
-        super().__init__(list(losses))
-        self.losses, self.silent = losses, silent
-
-    def answer(self, message: Message) -> Message | None:
+def _query_answer(losses: dict[int, float]):
+    """Answers a query with the node's loss in ``losses``."""
+    def answer(message: Message) -> Message:
         node = message.metadata.dst_node_id
-        if node in self.silent:
-            return None
         assert message.metadata.message_type == MessageType.QUERY
-        return _from(_reply(message, None, {keys.NUM_EXAMPLES: 10 * node,
-                                            keys.QUERY_LOSS: self.losses[node]},
-                            f"site-{node}"), node)
+        return _reply(message, None, {keys.NUM_EXAMPLES: 10 * node,
+                                      keys.QUERY_LOSS: losses[node]}, f"site-{node}")
+    return answer
 
 
 def test_pow_d_queries_candidates_and_records_the_selection():
-    from strategies.rounds.round_policy import RoundPolicy  # noqa: PLC0415
-
-    grid = AnsweringGrid({1: 0.3, 2: 2.0, 3: 1.0, 4: 5.0}, silent={4})
+    losses = {5: 0.3, 2: 2.0, 3: 1.0, 4: 5.0}
+    grid = scripted_grid({node: _query_answer(losses) for node in (2, 3, 5)}, silent=[4])
     strategy = FederatedStrategy(
         aggregator=AGGREGATORS.create("fedavg"), schedule=SCHEDULES.create("fixed", tau0=2),
         selector=SELECTORS.create("pow-d", m=2, d=4, seed=0), min_nodes=2,
@@ -276,53 +214,42 @@ def test_pow_d_queries_candidates_and_records_the_selection():
     assert all(m.metadata.message_type == MessageType.TRAIN for m in messages)
     report = strategy.reports[1]
     assert sorted(report.selection["selected"]) == ["site-2", "site-3"]
-    assert report.selection["losses"] == {"site-1": 0.3, "site-2": 2.0, "site-3": 1.0}
+    assert report.selection["losses"] == {"site-5": 0.3, "site-2": 2.0, "site-3": 1.0}
     assert report.strategy["query-bytes-down"] > 0 and report.strategy["query-bytes-up"] > 0
     assert report.times_selected == {"site-2": 1.0, "site-3": 1.0}
 
 
 def test_a_known_site_that_disconnected_is_recorded_as_failed():
     strategy = make_strategy(min_nodes=1)
-    m = _configured(strategy, [1, 2])
-    d = [np.zeros(2, np.float32), np.zeros((1, 1), np.float32), np.array(0, np.int64)]
-    strategy.aggregate_train(1, [_reply(m[0], d, _train_metrics(2), "site-a"),
-                                 _reply(m[1], d, _train_metrics(2), "site-b")])
-    grid = FakeGrid([1])  # site-b's SuperNode is gone
-    messages = list(strategy.configure_train(2, _global_record(), ConfigRecord(), grid))
-    assert [msg.metadata.dst_node_id for msg in messages] == [1]
+    flower_round(strategy, 1, scripted_grid({2: _zeros, 3: _zeros}), _global_record())
+    # site-3's SuperNode is gone: the grid of round 2 no longer lists it
+    messages = list(strategy.configure_train(2, _global_record(), ConfigRecord(),
+                                             scripted_grid({2: _zeros})))
+    assert [msg.metadata.dst_node_id for msg in messages] == [2]
     assert strategy.reports[2].train_dropped == {
-        "site-b": "site offline: not connected to the SuperLink"}
+        "site-3": "site offline: not connected to the SuperLink"}
 
 
-class SuperLinkGrid(RecordingGrid):
-    """Sites answer train and evaluate messages at once; from round ``gone_from`` on,
-    node ``gone`` is unreachable and the SuperLink answers for it as Flower 1.41 does:
-    an error reply (NODE_UNAVAILABLE) whose source is the SuperLink's node id."""
+def _answers(message: Message) -> Message:
+    """Evaluate: 5 examples, val-dice 0.5; train: a zero update (site ``site-<node>``)."""
+    node = message.metadata.dst_node_id
+    if message.metadata.message_type == MessageType.EVALUATE:
+        return _reply(message, None, {keys.NUM_EXAMPLES: 5, "val-dice": 0.5}, f"site-{node}")
+    return _zeros(message)
 
-    def __init__(self, nodes: list[int], gone: int, gone_from: int) -> None:
-        super().__init__(nodes)
-        self.gone, self.gone_from = gone, gone_from
 
-    def answer(self, message: Message) -> Message:
-        node = message.metadata.dst_node_id
-        if node == self.gone and (message.content[keys.CONFIG][keys.SERVER_ROUND]
-                                  >= self.gone_from):
-            return _from(Message(Error(code=ErrorCode.NODE_UNAVAILABLE,
-                                       reason="Error: Node Unavailable"), reply_to=message),
-                         SUPERLINK_NODE_ID)
-        if message.metadata.message_type == MessageType.EVALUATE:
-            return _from(_reply(message, None, {keys.NUM_EXAMPLES: 5, "val-dice": 0.5},
-                                f"site-{node}"), node)
-        delta = [np.zeros_like(g) for g in GLOBAL]
-        return _from(_reply(message, delta, _train_metrics(2), f"site-{node}"), node)
+def _superlink_grid(nodes: list[int], gone: int, gone_from: int):
+    """Sites answer train and evaluate at once; from round ``gone_from`` on node ``gone`` is
+    unreachable and the SuperLink answers for it as Flower 1.41 does: an error reply
+    (NODE_UNAVAILABLE) whose source is the SuperLink's node id."""
+    return scripted_grid({node: _answers for node in nodes},
+                         faults={gone: SiteFaults(disconnect_from_round=gone_from)})
 
 
 def test_a_site_the_superlink_reports_unavailable_is_recorded_failed_under_its_name():
-    from strategies.rounds.round_policy import RoundPolicy  # noqa: PLC0415
-
     strategy = make_strategy(min_nodes=1, fraction_evaluate=0.0,
                              policy=RoundPolicy(timeout=5.0, poll_interval=0.01))
-    grid = SuperLinkGrid([2, 3], gone=3, gone_from=2)
+    grid = _superlink_grid([2, 3], gone=3, gone_from=2)
     strategy.start(grid, _global_record(), num_rounds=2)
     assert strategy.reports[1].train_dropped == {}
     dropped = strategy.reports[2].train_dropped
@@ -334,8 +261,6 @@ def test_a_site_the_superlink_reports_unavailable_is_recorded_failed_under_its_n
 def test_each_reply_is_validated_and_decoded_once_per_round(monkeypatch):
     """The reply counted toward the quorum is the one aggregated: one parse, one decode."""
     from strategies import replies  # noqa: PLC0415
-    from strategies.rounds.round_policy import RoundPolicy  # noqa: PLC0415
-
     calls = {"decode": 0, "metrics": 0}
 
     def counting(name, function):
@@ -346,21 +271,20 @@ def test_each_reply_is_validated_and_decoded_once_per_round(monkeypatch):
 
     monkeypatch.setattr(replies, "unpack_update", counting("decode", replies.unpack_update))
     monkeypatch.setattr(replies, "_metrics", counting("metrics", replies._metrics))
-    strategy = make_strategy(min_nodes=2, policy=RoundPolicy(deadline=5.0, quorum=2,
+    strategy = make_strategy(min_nodes=1, policy=RoundPolicy(deadline=5.0, quorum=2,
                                                              timeout=5.0, poll_interval=0.01))
-    grid = SuperLinkGrid([2, 3], gone=3, gone_from=2)
+    grid = _superlink_grid([2, 3], gone=3, gone_from=2)
     strategy.start(grid, _global_record(), num_rounds=2)
-    # 2 rounds x (2 train + 2 evaluate replies), each validated once; in round 2
-    # site-3's replies are SuperLink errors, rejected before their update is decoded
-    assert calls == {"decode": 2 + 1, "metrics": 2 * 4}
+    # round 1: 2 train + 2 evaluate replies; round 2: 2 train replies (site-3's is the
+    # SuperLink's error, rejected before any update is decoded) and site-2's evaluate reply
+    # (site-3 is no longer listed); each validated once
+    assert calls == {"decode": 2 + 1, "metrics": 4 + 3}
     assert list(strategy.reports[2].train) == ["site-2"]
     assert strategy.reports[1].evaluate_aggregate["val-dice"] == pytest.approx(0.5)
 
 
 def test_a_round_observer_returning_true_stops_the_federation_after_that_round():
     """Early stopping: ``on_round_end`` returning true ends the loop (issue 15)."""
-    from strategies.rounds.round_policy import RoundPolicy  # noqa: PLC0415
-
     strategy = make_strategy(min_nodes=1, fraction_evaluate=0.0,
                              policy=RoundPolicy(timeout=5.0, poll_interval=0.01))
     seen = []
@@ -369,7 +293,7 @@ def test_a_round_observer_returning_true_stops_the_federation_after_that_round()
         seen.append(report.server_round)
         return report.server_round == 2
 
-    result = strategy.start(SuperLinkGrid([2], gone=99, gone_from=1), _global_record(),
+    result = strategy.start(_superlink_grid([2], gone=99, gone_from=1000), _global_record(),
                             num_rounds=5, on_round_end=observer)
     assert seen == [1, 2] and sorted(strategy.reports) == [1, 2]
     assert result.arrays is not None

@@ -8,6 +8,8 @@ sites are named ``hospital-<partition-id>`` (two digits), as here.
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import pytest
 from flwr.app import ConfigRecord
@@ -15,9 +17,9 @@ from flwr.app import ConfigRecord
 from strategies import message_keys as keys
 from strategies.rounds.federated_strategy import FederatedStrategy
 from strategies.rounds.site_book import SiteBook
+from tests.strategies.scripted_grid import scripted_grid
 from tests.strategies.test_federated_strategy import (
     GLOBAL,
-    FakeGrid,
     _global_record,
     _reply,
     _train_metrics,
@@ -33,47 +35,47 @@ ROSTER = {"hospital-00": 10, "hospital-01": 10}
 def _evaluate(strategy: FederatedStrategy, server_round: int, nodes: list[int],
               answers: dict[int, tuple[int, float, str]]):
     """An evaluate round on ``nodes``; ``answers[node] = (num-examples, val-dice, site)``."""
-    messages = list(strategy.configure_evaluate(server_round, _global_record(),
-                                                ConfigRecord(), FakeGrid(nodes)))
-    for i, m in enumerate(messages):
-        m.metadata.__dict__["_message_id"] = f"e{server_round}-{i}"
-    replies = [_reply(m, None, {keys.NUM_EXAMPLES: answers[m.metadata.dst_node_id][0],
-                                "val-dice": answers[m.metadata.dst_node_id][1]},
-                      answers[m.metadata.dst_node_id][2])
-               for m in messages if m.metadata.dst_node_id in answers]
-    return strategy.aggregate_evaluate(server_round, replies)
+    grid = scripted_grid({node: partial(_answer, answer=answer) for node, answer in answers.items()},
+                         silent=[node for node in nodes if node not in answers])
+    messages = strategy.configure_evaluate(server_round, _global_record(), ConfigRecord(), grid)
+    return strategy.aggregate_evaluate(server_round, grid.send_and_receive(messages, timeout=5.0))
+
+
+def _answer(message, answer: tuple[int, float, str]):
+    count, dice, site = answer
+    return _reply(message, None, {keys.NUM_EXAMPLES: count, "val-dice": dice}, site)
 
 
 def test_a_site_lying_from_round_one_is_weighted_at_its_roster_size():
-    answers = {1: (_delta(1.0), _train_metrics(10), "hospital-00"),
+    answers = {8: (_delta(1.0), _train_metrics(10), "hospital-00"),
                2: (_delta(-1.0), _train_metrics(10**15), "hospital-01")}
     unregistered = make_strategy(min_nodes=2)
-    arrays, _ = _round(unregistered, 1, [1, 2], answers)
+    arrays, _ = _round(unregistered, 1, [8, 2], answers)
     # today's cap is the first declaration: the liar is the global model
     np.testing.assert_allclose(arrays.to_numpy_ndarrays()[0], GLOBAL[0] + 1.0, rtol=1e-6)
     strategy = make_strategy(min_nodes=2, roster=ROSTER)
-    arrays, metrics = _round(strategy, 1, [1, 2], answers)
+    arrays, metrics = _round(strategy, 1, [8, 2], answers)
     np.testing.assert_allclose(arrays.to_numpy_ndarrays()[0], GLOBAL[0])
     assert metrics[keys.NUM_EXAMPLES] == 20.0
     assert strategy.reports[1].train["hospital-01"][keys.NUM_EXAMPLES] == 10.0
-    assert strategy.sites.sizes == {1: 10, 2: 10}
+    assert strategy.sites.sizes == {8: 10, 2: 10}
 
 
 def test_an_honest_smaller_site_keeps_its_first_declaration_under_the_roster():
     strategy = make_strategy(min_nodes=2, roster={"hospital-00": 100, "hospital-01": 100})
-    _round(strategy, 1, [1, 2], {1: (_delta(0.0), _train_metrics(10), "hospital-00"),
+    _round(strategy, 1, [8, 2], {8: (_delta(0.0), _train_metrics(10), "hospital-00"),
                                  2: (_delta(0.0), _train_metrics(30), "hospital-01")})
-    _, metrics = _round(strategy, 2, [1, 2], {
-        1: (_delta(0.0), _train_metrics(10), "hospital-00"),
+    _, metrics = _round(strategy, 2, [8, 2], {
+        8: (_delta(0.0), _train_metrics(10), "hospital-00"),
         2: (_delta(0.0), _train_metrics(90), "hospital-01")})  # within the roster, not its first
     assert metrics[keys.NUM_EXAMPLES] == 40.0
-    assert strategy.sites.sizes == {1: 10, 2: 30}
+    assert strategy.sites.sizes == {8: 10, 2: 30}
 
 
 def test_a_name_not_on_the_roster_is_dropped_naming_the_rule():
     strategy = make_strategy(min_nodes=2, roster=ROSTER)
-    arrays, _ = _round(strategy, 1, [1, 2, 3], {
-        1: (_delta(1.0), _train_metrics(10), "hospital-00"),
+    arrays, _ = _round(strategy, 1, [8, 2, 3], {
+        8: (_delta(1.0), _train_metrics(10), "hospital-00"),
         2: (_delta(1.0), _train_metrics(10), "hospital-01"),
         3: (_delta(-50.0), _train_metrics(10), "mallory")})
     np.testing.assert_allclose(arrays.to_numpy_ndarrays()[0], GLOBAL[0] - 1.0)
@@ -95,7 +97,7 @@ def test_without_a_roster_any_free_name_may_join():
 
 def test_evaluate_replies_are_capped_at_the_roster_and_off_roster_names_dropped():
     strategy = make_strategy(min_nodes=2, roster=ROSTER)
-    metrics = _evaluate(strategy, 1, [1, 2, 3], {1: (10, 1.0, "hospital-00"),
+    metrics = _evaluate(strategy, 1, [8, 2, 3], {8: (10, 1.0, "hospital-00"),
                                                  2: (10**15, 0.0, "hospital-01"),
                                                  3: (10, 0.0, "mallory")})
     assert metrics["val-dice"] == pytest.approx(0.5)

@@ -26,8 +26,8 @@ pytestmark = pytest.mark.usefixtures("server_identity")
 # ------------------------------------------------------------- evaluate sizes
 def test_an_evaluate_reply_cannot_inflate_its_examples_after_its_first():
     strategy = make_strategy(min_nodes=2)
-    _evaluate(strategy, 1, [1, 2], {1: (10, 1.0, "a"), 2: (10, 0.0, "b")})
-    metrics = _evaluate(strategy, 2, [1, 2], {1: (10, 1.0, "a"), 2: (10**15, 0.0, "b")})
+    _evaluate(strategy, 1, [8, 2], {8: (10, 1.0, "a"), 2: (10, 0.0, "b")})
+    metrics = _evaluate(strategy, 2, [8, 2], {8: (10, 1.0, "a"), 2: (10**15, 0.0, "b")})
     assert metrics["val-dice"] == pytest.approx(0.5)
     assert metrics[keys.NUM_EXAMPLES] == 20.0
     assert strategy.reports[2].evaluate["b"][keys.NUM_EXAMPLES] == 10.0
@@ -47,11 +47,11 @@ def test_evaluate_and_train_caps_are_kept_apart_and_checkpointed():
 def test_a_reply_multi_krum_leaves_out_does_not_count_in_the_train_averages():
     strategy = make_strategy(min_nodes=4)
     strategy.train.aggregator = with_defence(DEFENCES.create("multi-krum", f=1),
-                                       AGGREGATORS.create("fedavg"))
-    honest = {node: (_delta(0.1 * node), _train_metrics(10, loss=0.5), f"hospital-0{node}")
-              for node in (1, 2, 3)}
-    outlier = {4: (_delta(100.0), _train_metrics(30, loss=50.0), "hospital-04")}
-    arrays, metrics = _round(strategy, 1, [1, 2, 3, 4], {**honest, **outlier})
+                                             AGGREGATORS.create("fedavg"))
+    honest = {node: (_delta(0.1 * (node - 1)), _train_metrics(10, loss=0.5),
+                     f"hospital-0{node - 1}") for node in (2, 3, 4)}
+    outlier = {5: (_delta(100.0), _train_metrics(30, loss=50.0), "hospital-04")}
+    arrays, metrics = _round(strategy, 1, [2, 3, 4, 5], {**honest, **outlier})
     report = strategy.reports[1]
     assert report.strategy["krum-selected/hospital-04"] == 0.0
     np.testing.assert_allclose(arrays.to_numpy_ndarrays()[0], [0.8, 1.8], rtol=1e-6)
@@ -63,8 +63,8 @@ def test_a_reply_multi_krum_leaves_out_does_not_count_in_the_train_averages():
 
 def test_aggregated_replies_keeps_all_without_a_selection_record():
     strategy = make_strategy(min_nodes=2)
-    _, metrics = _round(strategy, 1, [1, 2], {
-        1: (_delta(0.0), _train_metrics(10, loss=1.0), "a"),
+    _, metrics = _round(strategy, 1, [8, 2], {
+        8: (_delta(0.0), _train_metrics(10, loss=1.0), "a"),
         2: (_delta(0.0), _train_metrics(30, loss=3.0), "b")})
     assert metrics[keys.TRAIN_LOSS] == pytest.approx(2.5)
 

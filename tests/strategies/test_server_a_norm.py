@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import pytest
-from flwr.app import ArrayRecord, ConfigRecord
+from flwr.app import ArrayRecord
 
 from strategies import message_keys as keys
 from strategies.aggregation import local_solver_norm
 from strategies.rounds.federated_strategy import FederatedStrategy
 from strategies.local_solver import LocalSolver
 from strategies.plugins.registries import AGGREGATORS, SCHEDULES, SELECTORS
-from tests.strategies.test_federated_strategy import FakeGrid, _reply, _train_metrics
+from tests.strategies.scripted_grid import flower_round, scripted_grid
+from tests.strategies.test_federated_strategy import _reply, _train_metrics
 
 pytestmark = pytest.mark.usefixtures("server_identity")
 
@@ -35,14 +38,11 @@ def _round(solver: LocalSolver, replies_metrics: list[dict], tau: int = 8):
                                  schedule=SCHEDULES.create("fixed", tau0=tau),
                                  selector=SELECTORS.create("uniform"),
                                  min_nodes=2, node_wait_timeout=1, local_solver=solver)
-    messages = list(strategy.configure_train(1, ArrayRecord([np.zeros(1)]), ConfigRecord(),
-                                             FakeGrid([1, 2])))
-    for i, m in enumerate(messages):
-        m.metadata.__dict__["_message_id"] = f"m-{i}"
     deltas = ([np.array([0.2])], [np.array([-0.8])])
-    replies = [_reply(m, d, metrics, name) for m, d, metrics, name
-               in zip(messages, deltas, replies_metrics, "ab")]
-    arrays, _ = strategy.aggregate_train(1, replies)
+    grid = scripted_grid({node: partial(_reply, delta=delta, metrics=metrics, site=name)
+                          for node, delta, metrics, name
+                          in zip((2, 3), deltas, replies_metrics, "ab")})
+    arrays, _ = flower_round(strategy, 1, grid, ArrayRecord([np.zeros(1)]))
     return strategy, arrays
 
 

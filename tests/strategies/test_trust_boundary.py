@@ -8,6 +8,8 @@ from a site is ignored: see ``tests/strategies/test_server_a_norm.py``.
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, MessageType
@@ -20,9 +22,9 @@ from strategies.plugins.selectors.options import SelectionOptions
 from strategies.plugins.registries import AGGREGATORS, SCHEDULES, SELECTORS, build
 from strategies.rounds.federated_strategy import FederatedStrategy
 from strategies.rounds.site_book import SiteBook
+from tests.strategies.scripted_grid import connected, flower_round, scripted_grid
 from tests.strategies.test_federated_strategy import (
     GLOBAL,
-    FakeGrid,
     _global_record,
     _reply,
     _train_metrics,
@@ -35,14 +37,15 @@ pytestmark = pytest.mark.usefixtures("server_identity")
 def _round(strategy: FederatedStrategy, server_round: int, nodes: list[int],
            answers: dict[int, tuple[list[np.ndarray], dict, str]],
            arrays: ArrayRecord | None = None):
-    """Configure a train round on ``nodes``; ``answers[node] = (delta, metrics, site)``."""
-    messages = list(strategy.configure_train(server_round, arrays or _global_record(),
-                                             ConfigRecord(), FakeGrid(nodes)))
-    for i, m in enumerate(messages):
-        m.metadata.__dict__["_message_id"] = f"r{server_round}-{i}"
-    replies = [_reply(m, *answers[m.metadata.dst_node_id]) for m in messages
-               if m.metadata.dst_node_id in answers]
-    return strategy.aggregate_train(server_round, replies)
+    """A train round on ``nodes``; ``answers[node] = (delta, metrics, site)``, the others
+    never answer."""
+    grid = scripted_grid({node: partial(_answer, answer=answer) for node, answer in answers.items()},
+                         silent=[node for node in nodes if node not in answers])
+    return flower_round(strategy, server_round, grid, arrays or _global_record())
+
+
+def _answer(message, answer: tuple[list[np.ndarray], dict, str]):
+    return _reply(message, *answer)
 
 
 def _delta(value: float) -> list[np.ndarray]:
@@ -53,10 +56,10 @@ def _delta(value: float) -> list[np.ndarray]:
 # ------------------------------------------------------------- num-examples cap
 def test_a_site_cannot_inflate_its_examples_after_joining():
     strategy = make_strategy(min_nodes=2)
-    _round(strategy, 1, [1, 2], {1: (_delta(0.0), _train_metrics(10), "a"),
+    _round(strategy, 1, [8, 2], {8: (_delta(0.0), _train_metrics(10), "a"),
                                  2: (_delta(0.0), _train_metrics(10), "b")})
-    arrays, metrics = _round(strategy, 2, [1, 2], {
-        1: (_delta(1.0), _train_metrics(10), "a"),
+    arrays, metrics = _round(strategy, 2, [8, 2], {
+        8: (_delta(1.0), _train_metrics(10), "a"),
         2: (_delta(-1.0), _train_metrics(10**15), "b")})
     # weighted as its first declaration (10): the mean of +1 and -1, not b's update
     np.testing.assert_allclose(arrays.to_numpy_ndarrays()[0], GLOBAL[0])
@@ -76,22 +79,22 @@ def test_the_size_cap_survives_a_checkpoint_and_a_smaller_size_is_used():
 # --------------------------------------------------------------------- identity
 def test_a_site_cannot_pose_as_another():
     strategy = make_strategy(min_nodes=2)
-    _round(strategy, 1, [1, 2, 3], {1: (_delta(0.0), _train_metrics(10), "a"),
+    _round(strategy, 1, [8, 2, 3], {8: (_delta(0.0), _train_metrics(10), "a"),
                                     2: (_delta(0.0), _train_metrics(10), "b")})
-    _round(strategy, 2, [1, 2, 3], {
-        1: (_delta(0.0), _train_metrics(10), "a"),
+    _round(strategy, 2, [8, 2, 3], {
+        8: (_delta(0.0), _train_metrics(10), "a"),
         2: (_delta(5.0), _train_metrics(10), "a"),     # node of b declares a
         3: (_delta(5.0), _train_metrics(10), "a")})    # new node claims a's name
     report = strategy.reports[2]
     assert list(report.train) == ["a"]
     assert "node 2 is bound to site 'b'" in report.train_dropped["b"]
-    assert "bound to node 1" in report.train_dropped["node-3"]
-    assert strategy.sites.names == {1: "a", 2: "b"}
+    assert "bound to node 8" in report.train_dropped["node-3"]
+    assert strategy.sites.names == {8: "a", 2: "b"}
 
 
 def test_a_name_moves_to_a_new_node_only_when_its_node_is_gone():
     strategy = make_strategy(min_nodes=1)
-    _round(strategy, 1, [1, 2], {1: (_delta(0.0), _train_metrics(10), "a"),
+    _round(strategy, 1, [8, 2], {8: (_delta(0.0), _train_metrics(10), "a"),
                                  2: (_delta(0.0), _train_metrics(10), "b")})
     # a's SuperNode restarted under node id 7: the name, and its size cap, move
     _round(strategy, 2, [2, 7], {2: (_delta(0.0), _train_metrics(10), "b"),
@@ -131,7 +134,7 @@ class _Refusing:
 def test_a_reply_the_aggregator_rejects_is_dropped_not_the_run():
     strategy = make_strategy(min_nodes=2)
     strategy.train.aggregator = _Refusing("b")
-    arrays, _ = _round(strategy, 1, [1, 2], {1: (_delta(1.0), _train_metrics(10), "a"),
+    arrays, _ = _round(strategy, 1, [8, 2], {8: (_delta(1.0), _train_metrics(10), "a"),
                                              2: (_delta(9.0), _train_metrics(10), "b")})
     np.testing.assert_allclose(arrays.to_numpy_ndarrays()[0], GLOBAL[0] - 1.0)
     report = strategy.reports[1]
@@ -143,7 +146,7 @@ def test_a_reply_the_aggregator_rejects_is_dropped_not_the_run():
 def test_an_unattributable_aggregation_failure_keeps_the_model():
     strategy = make_strategy(min_nodes=2)
     strategy.train.aggregator = _Refusing(None)
-    assert _round(strategy, 1, [1, 2], {1: (_delta(1.0), _train_metrics(10), "a"),
+    assert _round(strategy, 1, [8, 2], {8: (_delta(1.0), _train_metrics(10), "a"),
                                         2: (_delta(9.0), _train_metrics(10), "b")}) == (
         None, None)
     assert strategy.reports[1].aggregation_failed == (
@@ -168,14 +171,14 @@ def test_a_non_finite_new_model_is_never_kept(momentum):
     strategy = make_strategy(min_nodes=2, aggregator="fednova")
     strategy.train.aggregator = AGGREGATORS.create("fednova", server_momentum=momentum)
     huge = _delta(-2e38)
-    arrays, metrics = _round(strategy, 1, [1, 2], {
-        1: (huge, _train_metrics(10, steps=1), "a"),
+    arrays, metrics = _round(strategy, 1, [8, 2], {
+        8: (huge, _train_metrics(10, steps=1), "a"),
         2: (_delta(0.0), _train_metrics(10, steps=8), "b")})
     assert (arrays, metrics) == (None, None)
     report = strategy.reports[1]
     assert "is not finite; the previous model is kept" in report.aggregation_failed
     # the run goes on: the next round starts from the old model
-    arrays, _ = _round(strategy, 2, [1, 2], {1: (_delta(1.0), _train_metrics(10, steps=8), "a"),
+    arrays, _ = _round(strategy, 2, [8, 2], {8: (_delta(1.0), _train_metrics(10, steps=8), "a"),
                                              2: (_delta(1.0), _train_metrics(10, steps=8), "b")})
     np.testing.assert_allclose(arrays.to_numpy_ndarrays()[0], GLOBAL[0] - 1.0)
 
@@ -188,24 +191,24 @@ def _settings(fraction: float, min_nodes: int) -> RunSettings:
 
 @pytest.mark.parametrize("selector", ["uniform", "rpow-d"])
 def test_fraction_train_holds_when_min_nodes_is_every_site(selector):
-    nodes = list(range(1, 101))
+    nodes = list(range(2, 102))
     strategy = FederatedStrategy(
         aggregator=AGGREGATORS.create("fedavg"), schedule=SCHEDULES.create("fixed", tau0=2),
         selector=build(SELECTORS, selector, {"selection": SelectionOptions()},
                                  _settings(0.1, 100)),
         min_nodes=100, fraction_evaluate=0.1, node_wait_timeout=1)
     messages = list(strategy.configure_train(1, _global_record(), ConfigRecord(),
-                                             FakeGrid(nodes)))
+                                             connected(nodes)))
     assert len(messages) == 10
     assert all(m.metadata.message_type == MessageType.TRAIN for m in messages)
     evaluate = list(strategy.configure_evaluate(1, _global_record(), ConfigRecord(),
-                                                FakeGrid(nodes)))
+                                                connected(nodes)))
     assert len(evaluate) == 10
 
 
 def test_fraction_evaluate_samples_afresh_each_round_and_reproducibly():
     """Not always the first sites: a seeded sample per round, every site gets its turn."""
-    nodes = list(range(1, 101))
+    nodes = list(range(2, 102))
 
     def evaluated(seed: int, server_round: int) -> list[int]:
         strategy = FederatedStrategy(
@@ -214,9 +217,9 @@ def test_fraction_evaluate_samples_afresh_each_round_and_reproducibly():
                                      _settings(0.1, 100)),
             min_nodes=100, fraction_evaluate=0.1, node_wait_timeout=1, seed=seed)
         return [m.metadata.dst_node_id for m in strategy.configure_evaluate(
-            server_round, _global_record(), ConfigRecord(), FakeGrid(nodes))]
+            server_round, _global_record(), ConfigRecord(), connected(nodes))]
 
     first, second = evaluated(0, 1), evaluated(0, 2)
     assert len(first) == len(second) == 10 and first != second
-    assert first != list(range(1, 11))
+    assert first != list(range(2, 12))
     assert evaluated(0, 1) == first and evaluated(1, 1) != first

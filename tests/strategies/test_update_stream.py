@@ -26,11 +26,7 @@ from strategies.replies import TrainReply
 from strategies.rounds.round_policy import RoundPolicy
 from strategies.rounds.update_stream import UpdateStream
 from strategies.update_codec import pack_update
-from tests.strategies.test_federated_strategy import (
-    RecordingGrid,
-    _train_metrics,
-    make_strategy,
-)
+from tests.strategies.test_federated_strategy import _train_metrics, make_strategy
 
 REFERENCE = [np.zeros(2, np.float32), np.zeros((1, 1), np.float32), np.array(0, np.int64)]
 D1 = [np.array([1.0, 2.0], np.float32), np.array([[3.0]], np.float32), np.array(-2, np.int64)]
@@ -152,18 +148,37 @@ ENTRIES = 250_000  # float32: 1 MB per update
 SITES = 16
 
 
-class OneAtATimeGrid(RecordingGrid):
-    """Answers one train message per pull with a 1 MB update, noting the memory then."""
+class OneAtATimeGrid:
+    """Answers one train message per pull with a 1 MB update, noting the memory then.
+
+    The suite's one hand-written Grid: the engine (:class:`app.engine.InProcessGrid`)
+    answers every instruction when it is pushed and holds the replies, so a memory
+    trace could not tell what the round keeps per reply from what the engine holds.
+    Here each reply is made only when it is pulled.
+    """
 
     def __init__(self, nodes: list[int]) -> None:
-        super().__init__(nodes)
+        self.nodes = nodes
+        self.sent: dict[str, Message] = {}
         self.traced: list[int] = []
+
+    def get_node_ids(self) -> list[int]:
+        return list(self.nodes)
+
+    def push_messages(self, messages):
+        ids = []
+        for message in messages:
+            message.metadata.__dict__["_message_id"] = f"m-{len(self.sent)}"
+            self.sent[message.metadata.message_id] = message
+            ids.append(message.metadata.message_id)
+        return ids
 
     def pull_messages(self, message_ids):
         self.traced.append(tracemalloc.get_traced_memory()[0])
-        return super().pull_messages(message_ids[:1])
+        return [self._answer(self.sent[mid]) for mid in message_ids[:1]]
 
-    def answer(self, message: Message) -> Message:
+    @staticmethod
+    def _answer(message: Message) -> Message:
         delta = [np.full(ENTRIES, 0.5, np.float32), np.array(0, np.int64)]
         content = RecordDict({
             keys.SITE: ConfigRecord({keys.SITE_NAME: f"site-{message.metadata.dst_node_id}"}),
