@@ -69,7 +69,7 @@ class Uplink:
 
     def evaluate_settings(self, node_id: int) -> dict:
         """The site-specific entries of an evaluate config: the federation, which keys a
-        site's personalised state (FedBN's layers, :mod:`app.personalisation`)."""
+        site's personalised state (FedBN's layers, :mod:`clients.training.personalisation`)."""
         return {keys.FEDERATION: self.federation}
 
 
