@@ -54,6 +54,7 @@ from flwr.supercore import log
 from strategies.compression import check_warmup
 from strategies.downlink import ServerDownlink
 from strategies.local_solver import LocalSolver
+from strategies.plugins.protocols import Aggregator, CodecRate, Schedule, Selector
 from strategies.plugins.schedules.codec_rate import FixedCodecRate
 from strategies.replies import MetricsReply, parse_metrics_reply
 from strategies.rounds.exchange import Exchanged, exchange
@@ -80,12 +81,12 @@ class FederatedStrategy(Strategy):
 
     Parameters
     ----------
-    aggregator : object
-        ``aggregate(replies) -> (delta arrays, info dict)``; a linear one also
-        ``needs_all_updates = False``, ``fold`` and ``finish`` (it streams).
-    schedule : object
-        ``tau`` (local steps next round), ``observe(replies) -> info``, ``state()``.
-    selector : object
+    aggregator : Aggregator
+        The aggregator behind its defence (:mod:`strategies.plugins.protocols`); a
+        linear one (``needs_all_updates = False``) streams.
+    schedule : Schedule
+        The local-steps schedule: ``tau`` next round, ``observe(replies) -> info``.
+    selector : Selector
         ``select(server_round, node_ids, SelectionContext) -> node_ids``.
     policy : RoundPolicy
         Deadline, quorum and hard timeout of each round.
@@ -104,7 +105,7 @@ class FederatedStrategy(Strategy):
     codec_warmup_rounds : int
         Rounds over which the uplink codec's kept fraction warms up
         (:mod:`strategies.codecs.warmup`; 0: none).
-    codec_rate : object, optional
+    codec_rate : CodecRate, optional
         Compression-rate schedule (:mod:`strategies.plugins.schedules.codec_rate`):
         ``rate_for(spec)`` (the round's kept fraction, None: the codec's) and
         ``observe(rate, site rounds) -> info``; default ``fixed``.
@@ -129,9 +130,9 @@ class FederatedStrategy(Strategy):
     def __init__(
         self,
         *,
-        aggregator,
-        schedule,
-        selector,
+        aggregator: Aggregator,
+        schedule: Schedule,
+        selector: Selector,
         policy: RoundPolicy | None = None,
         min_nodes: int = 2,
         fraction_evaluate: float = 1.0,
@@ -139,7 +140,7 @@ class FederatedStrategy(Strategy):
         time_budget: float = 0.0,
         codec: str = "none",
         codec_warmup_rounds: int = 0,
-        codec_rate=None,
+        codec_rate: CodecRate | None = None,
         downlink_codec: str = "none",
         error_feedback: bool = True,
         federation: str = "",
@@ -175,17 +176,17 @@ class FederatedStrategy(Strategy):
         self._evaluate_intake: ReplyIntake[MetricsReply] = self._intake_of({})
 
     @property
-    def aggregator(self):
+    def aggregator(self) -> Aggregator:
         """The aggregator plug-in (behind its defence), owned by the train stage."""
         return self.train.aggregator
 
     @property
-    def schedule(self):
+    def schedule(self) -> Schedule:
         """The local-steps schedule, owned by the train stage."""
         return self.train.schedule
 
     @property
-    def selector(self):
+    def selector(self) -> Selector:
         """The client selector, owned by the train stage."""
         return self.train.selector
 
