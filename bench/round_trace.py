@@ -37,7 +37,12 @@ if str(ROOT) not in sys.path:
 from flwr.app import ArrayRecord  # noqa: E402
 
 from app.config.run_config import RunConfig  # noqa: E402
-from app.engine import InProcessGrid, full_run_config, partition_sites, server_identity  # noqa: E402
+from app.engine import (  # noqa: E402
+    InProcessGrid,
+    full_run_config,
+    partition_sites,
+    server_identity,
+)
 from app.server_app import build_strategy  # noqa: E402
 from clients.pe_seg.manifest import read_manifest, write_manifest  # noqa: E402
 from clients.pe_seg.synthetic import generate_federation  # noqa: E402

@@ -23,8 +23,8 @@ A cell is NaN where the site did not answer or released no such metric.
 
 Every exchange is the round's own (:func:`strategies.rounds.exchange.exchange`:
 the round policy and a :class:`ReplyIntake`), so one bad or silent site is
-recorded with its reason and left out, never fatal. A site with only test data has no train split: its
-fine-tune request fails (no row) but it is a column. Test replies are not capped
+recorded with its reason and left out, never fatal. A site with only test data
+has no train split: its fine-tune request fails (no row) but it is a column. Test replies are not capped
 by the sites' validation sizes (another split); the weighted means use the
 counts the sites report.
 """
@@ -44,7 +44,7 @@ from flwr.supercore import log
 
 from strategies import message_keys as keys
 from strategies.local_solver import LocalSolver
-from strategies.replies import InvalidReplyError, MetricsReply, TrainReply, parse_metrics_reply
+from strategies.replies import InvalidReplyError, MetricsReply, parse_metrics_reply
 from strategies.rounds.exchange import exchange
 from strategies.rounds.instructions import TrainPlan, Uplink, site_messages
 from strategies.rounds.node_wait import wait_for_nodes

@@ -241,7 +241,8 @@ class FederatedStrategy(Strategy):
             rng = np.random.default_rng([self.seed, server_round])
             nodes = sorted(int(n) for n in rng.choice(sorted(nodes), size=count, replace=False))
         self._evaluate_intake = self._intake_of({n: self.sites.label(n) for n in nodes})
-        return site_messages(nodes, arrays, config, server_round, MessageType.EVALUATE, self.uplink.evaluate_settings)
+        return site_messages(nodes, arrays, config, server_round, MessageType.EVALUATE,
+                             self.uplink.evaluate_settings)
 
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]

@@ -35,7 +35,8 @@ ROSTER = {"hospital-00": 10, "hospital-01": 10}
 def _evaluate(strategy: FederatedStrategy, server_round: int, nodes: list[int],
               answers: dict[int, tuple[int, float, str]]):
     """An evaluate round on ``nodes``; ``answers[node] = (num-examples, val-dice, site)``."""
-    grid = scripted_grid({node: partial(_answer, answer=answer) for node, answer in answers.items()},
+    grid = scripted_grid({node: partial(_answer, answer=answer)
+                          for node, answer in answers.items()},
                          silent=[node for node in nodes if node not in answers])
     messages = strategy.configure_evaluate(server_round, _global_record(), ConfigRecord(), grid)
     return strategy.aggregate_evaluate(server_round, grid.send_and_receive(messages, timeout=5.0))

@@ -39,7 +39,8 @@ def _round(strategy: FederatedStrategy, server_round: int, nodes: list[int],
            arrays: ArrayRecord | None = None):
     """A train round on ``nodes``; ``answers[node] = (delta, metrics, site)``, the others
     never answer."""
-    grid = scripted_grid({node: partial(_answer, answer=answer) for node, answer in answers.items()},
+    grid = scripted_grid({node: partial(_answer, answer=answer)
+                          for node, answer in answers.items()},
                          silent=[node for node in nodes if node not in answers])
     return flower_round(strategy, server_round, grid, arrays or _global_record())
 
