@@ -19,7 +19,9 @@ from logging import WARNING
 import numpy as np
 from flwr.supercore import log
 
+from strategies.aggregation import AggregationError
 from strategies.errors import ReplyError
+from strategies.plugins.protocols import Aggregator
 from strategies.replies import TrainReply
 
 __all__ = ["AggregateOutcome", "aggregate_safely", "apply_update"]
@@ -47,7 +49,7 @@ class AggregateOutcome:
     failure: str = ""
 
 
-def aggregate_safely(aggregator, replies: list[TrainReply],
+def aggregate_safely(aggregator: Aggregator, replies: list[TrainReply],
                      dropped: dict[str, str]) -> AggregateOutcome:
     """``aggregator.aggregate(replies)``, dropping each reply it names as at fault.
 
@@ -60,8 +62,8 @@ def aggregate_safely(aggregator, replies: list[TrainReply],
         try:
             delta, info = aggregator.aggregate(used)
         except ReplyError as exc:
-            index = getattr(exc, "index", None)
-            if not isinstance(index, int) or not 0 <= index < len(used):
+            index = exc.index if isinstance(exc, AggregationError) else None
+            if index is None or not 0 <= index < len(used):
                 return AggregateOutcome(None, used=used,
                                         failure=f"aggregation failed: {exc}")
             culprit = used.pop(index)
