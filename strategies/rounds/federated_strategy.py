@@ -190,6 +190,11 @@ class FederatedStrategy(Strategy):
         """The client selector, owned by the train stage."""
         return self.train.selector
 
+    @property
+    def codec_rate(self) -> CodecRate:
+        """The compression-rate schedule, owned by the train stage."""
+        return self.train.codec_rate
+
     def _report(self, server_round: int) -> RoundReport:
         return self.reports.setdefault(server_round, RoundReport(server_round))
 
@@ -269,8 +274,8 @@ class FederatedStrategy(Strategy):
         """The strategy's state to checkpoint (plug-ins and what it learnt of the sites);
         an adaptive compression rate's state under ``codec-rate`` (a fixed one has none,
         so checkpoints without it keep their layout)."""
-        rate = {} if isinstance(self.train.codec_rate, FixedCodecRate) else {
-            "codec-rate": self.train.codec_rate}
+        rate = {} if isinstance(self.codec_rate, FixedCodecRate) else {
+            "codec-rate": self.codec_rate}
         return {"aggregator": self.aggregator, "schedule": self.schedule,
                 "selector": self.selector, **rate, **self.sites.snapshot()}
 
