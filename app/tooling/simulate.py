@@ -68,7 +68,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--engine", choices=("ray", "local"), default="ray",
                         help="ray: Flower's simulation engine (SuperLink + Ray); local: the "
                              "in-process engine (app.engine), for small fast runs")
-    parser.add_argument("--cpus-per-site", type=int, default=1, help="(ray) CPUs per site")
+    parser.add_argument("--cpus-per-site", type=int, default=1,
+                        help="CPUs (torch threads) per site; the local engine runs the sites "
+                             "one after the other, each with these threads")
     parser.add_argument("--ray-address", default=None,
                         help="(ray) host:port of an existing Ray cluster to run the sites on "
                              "(default: $RAY_ADDRESS; unset: a Ray started for this run)")
@@ -135,6 +137,7 @@ def _federate_in_process(args: argparse.Namespace, values: dict[str, Any]) -> in
     from app.engine import partition_sites, run_federation  # noqa: PLC0415 - torch, MLflow
     from app.engine.federation import new_run_id  # noqa: PLC0415
 
+    os.environ.update(_site_env(args))  # torch threads as a Ray site gets them (one CPU)
     run_id = new_run_id()
     print(f"In-process engine: {args.sites} sites on {args.data_root.resolve()}, run "
           f"{run_id}", flush=True)
