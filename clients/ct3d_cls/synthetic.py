@@ -39,7 +39,6 @@ Command line::
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,6 +47,7 @@ import numpy as np
 from clients.ct3d_cls.manifest import ManifestRow, read_manifest, write_manifest
 from clients.ct3d_cls.phantom import SyntheticChestCT, synthesize_chest_ct
 from clients.datagen import federation
+from clients.datagen.generator_cli import GeneratorCommand
 from clients.datagen.axial_grid import draw_axial_grid
 from clients.datagen.splits import check_split_arguments, split_counts, stratified_val
 from clients.io.dicom_writer import write_dicom_series
@@ -163,40 +163,19 @@ def generate_site(site_dir: Path, profile: SiteProfile, seed: int,
                       val_fraction: float = 0.3, num_test: int = 2) -> Path:
     """Write one synthetic hospital: its studies and ``labels.csv``.
 
-    Of the profile's ``n`` studies, labels are stratified (``round(positive_rate
-    * n)`` positives, at least 2 of each class) and so is the split: each class
-    puts ``max(1, round(val_fraction * n_class))`` studies into ``val``, so every
-    site's validation set has both classes (AUC is defined). Then ``num_test``
-    more NIfTI studies (``study-<n>``, ..., alternately positive and negative) go
-    to the held-out split ``test``, so the train and val studies are those of a
-    site without a test split. Study ``k`` has its own random stream
-    ``SeedSequence([seed, k])``.
-
-    Parameters
-    ----------
-    site_dir : Path
-        Site folder; created. A previous synthetic hospital there is replaced;
-        a folder holding ``studies/`` without the synthetic marker is refused.
-    profile : SiteProfile
-        The hospital's profile.
-    seed : int
-        Hospital seed.
-    val_fraction : float, optional
-        Share of each class in split ``val``, in (0, 1). Default 0.3.
-    num_test : int, optional
-        Studies in split ``test``, >= 0. Default 2 (one of each class).
-
-    Returns
-    -------
-    Path
-        ``site_dir``.
+    The ``write_site`` of :data:`generate_federation`. Of the profile's ``n`` studies,
+    labels are stratified (``round(positive_rate * n)`` positives, at least 2 of each class)
+    and so is the split: each class puts ``max(1, round(val_fraction * n_class))`` studies
+    into ``val`` (``val_fraction`` in (0, 1), default 0.3), so every site's validation set
+    has both classes (AUC is defined). Then ``num_test`` (>= 0, default 2) more NIfTI
+    studies (``study-<n>``, ..., alternately positive and negative) go to the held-out split
+    ``test``, so the train and val studies are those of a site without a test split. Study
+    ``k`` has its own random stream ``SeedSequence([seed, k])``.
 
     Raises
     ------
     ValueError
         On a bad ``val_fraction`` or ``num_test``.
-    FileExistsError
-        If ``site_dir`` holds anything but is not marked synthetic (``SYNTHETIC.txt``).
     """
     check_split_arguments(val_fraction, num_test, val_required=True)
     site_dir = Path(site_dir)
@@ -224,6 +203,21 @@ def generate_site(site_dir: Path, profile: SiteProfile, seed: int,
     return site_dir
 
 
+def _describe(profile: SiteProfile, site_dir: Path, elapsed: float) -> tuple[str, dict[str, int]]:
+    """The progress line of a written hospital, its study and positive counts."""
+    entries = read_manifest(site_dir)
+    n = len(entries)
+    pos = sum(e.label == 1 for e in entries)
+    dicom = sum(e.image.is_dir() for e in entries)
+    text = (
+        f"{n} studies {split_counts(e.split for e in entries)}, "
+        f"{pos} with emphysema, {dicom} DICOM + {n - dicom} NIfTI, noise {profile.noise_hu:g} HU, "
+        f"{profile.image_size}x{profile.image_size} px, {profile.num_slices[0]}-{profile.num_slices[1]} slices "
+        f"({elapsed:.1f} s)"
+    )
+    return text, {"studies": n, "with emphysema": pos}
+
+
 #: ``generate_federation(root, num_sites=3, seed=0, image_size=None, *, on_site=None)``: the
 #: hospitals ``root/hospital-NN`` of :func:`site_profiles` (in-plane size ``image_size``, or the
 #: profiles' 64-96 px when None), seeds ``SeedSequence([seed, i, 0x3D])``
@@ -232,36 +226,8 @@ generate_federation = federation.SyntheticFederation(
     site_profiles, generate_site, image_size=None, salt=(0x3D,),
     in_profile=lambda profile, size: dataclasses.replace(profile, image_size=size))
 
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Command-line entry point; see the module docstring."""
-    args = federation.parse_federation_args(
-        argv,
-        prog="python -m clients.datagen synthetic --task ct3d-cls",
-        description="Write synthetic chest-CT emphysema hospitals (DICOM series / NIfTI volumes + labels.csv).",
-        image_size=None,
-        image_size_help="in-plane size for every hospital (default: 64-96, per hospital)",
-        min_image_size=16,
-    )
-
-    def describe(profile: SiteProfile, site_dir: Path, elapsed: float) -> tuple[str, dict[str, int]]:
-        entries = read_manifest(site_dir)
-        n = len(entries)
-        pos = sum(e.label == 1 for e in entries)
-        dicom = sum(e.image.is_dir() for e in entries)
-        text = (
-            f"{n} studies {split_counts(e.split for e in entries)}, "
-            f"{pos} with emphysema, {dicom} DICOM + {n - dicom} NIfTI, noise {profile.noise_hu:g} HU, "
-            f"{profile.image_size}x{profile.image_size} px, {profile.num_slices[0]}-{profile.num_slices[1]} slices "
-            f"({elapsed:.1f} s)"
-        )
-        return text, {"studies": n, "positives": pos}
-
-    return federation.run_federation_cli(
-        args,
-        lambda on_site: generate_federation(args.out, args.sites, args.seed, image_size=args.image_size,
-                                            on_site=on_site),
-        describe,
-        lambda totals: f"{totals['studies']} studies ({totals['positives']} with emphysema)",
-    )
-
+#: Command-line entry point; see the module docstring.
+main = GeneratorCommand(
+    "ct3d-cls", generate_federation,
+    "Write synthetic chest-CT emphysema hospitals (DICOM series / NIfTI volumes + labels.csv).",
+    "in-plane size for every hospital (default: 64-96, per hospital)", 16, _describe)

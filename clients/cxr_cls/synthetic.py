@@ -46,6 +46,7 @@ import numpy as np
 from clients.cxr_cls.manifest import ManifestRow, format_labels, read_manifest, write_manifest
 from clients.cxr_cls.phantom import synthesize_radiograph
 from clients.datagen import federation
+from clients.datagen.generator_cli import GeneratorCommand
 from clients.datagen.splits import check_split_arguments, split_counts, stratified_val
 from clients.io.radiograph_writer import FILE_KINDS, write_radiograph
 
@@ -133,41 +134,19 @@ def generate_site(
 ) -> Path:
     """Write one synthetic hospital: its radiographs and ``images.csv``.
 
-    Of the profile's ``n`` images, ``round(positive_rate * n)`` are positive (at
-    least one, at most ``n - 1``) and ``val_fraction`` of each class goes to
-    split ``val``, the rest to ``train``; file kinds by :func:`_assign_kinds`.
-    Then ``num_test`` more images (``img-<n>``, ..., alternately positive and
-    negative, the file kinds in turn) go to the held-out split ``test``, so the
-    train and val images are those of a site without a test split. Image ``k``
-    draws from its own stream ``SeedSequence([seed, k])``.
-
-    Parameters
-    ----------
-    site_dir : Path
-        Site folder; created. A previous synthetic hospital there is replaced;
-        a folder holding ``images/`` without the synthetic marker is refused.
-    profile : SiteProfile
-        The hospital's profile.
-    seed : int
-        Hospital seed.
-    image_size : int, optional
-        Side of the written images in pixels. Default 128.
-    val_fraction : float, optional
-        Fraction of each class in split ``val``, in [0, 1). Default 0.25.
-    num_test : int, optional
-        Images in split ``test``, >= 0. Default 4.
-
-    Returns
-    -------
-    Path
-        ``site_dir``.
+    The ``write_site`` of :data:`generate_federation`. Of the profile's ``n`` images,
+    ``round(positive_rate * n)`` are positive (at least one, at most ``n - 1``) and
+    ``val_fraction`` (in [0, 1), default 0.25) of each class goes to split ``val``, the rest
+    to ``train``; file kinds by :func:`_assign_kinds`. Then ``num_test`` (>= 0, default 4)
+    more images (``img-<n>``, ..., alternately positive and negative, the file kinds in
+    turn) go to the held-out split ``test``, so the train and val images are those of a site
+    without a test split. Images are ``image_size`` pixels square (>= 32, default 128).
+    Image ``k`` draws from its own stream ``SeedSequence([seed, k])``.
 
     Raises
     ------
     ValueError
         On a bad ``val_fraction``, ``image_size`` or ``num_test``.
-    FileExistsError
-        If ``site_dir`` holds anything but is not marked synthetic (``SYNTHETIC.txt``).
     """
     check_split_arguments(val_fraction, num_test)
     if image_size < 32:
@@ -203,39 +182,26 @@ def generate_site(
     return site_dir
 
 
+def _describe(profile: SiteProfile, site_dir: Path, elapsed: float) -> tuple[str, dict[str, int]]:
+    """The progress line of a written hospital and its image count."""
+    entries = read_manifest(site_dir)
+    positives = sum(e.labels == "1" for e in entries)
+    dicom = sum(e.image_path.suffix == ".dcm" for e in entries)
+    text = (
+        f"{len(entries)} images {split_counts(e.split for e in entries)}, "
+        f"{positives} pneumothorax, {dicom} DICOM + {len(entries) - dicom} PNG, gamma {profile.gamma:g}, "
+        f"noise {profile.noise:g}"
+    )
+    return text, {"radiographs": len(entries)}
+
+
 #: ``generate_federation(root, num_sites=3, seed=0, image_size=128, *, on_site=None)``: the
 #: hospitals ``root/hospital-NN`` of :func:`site_profiles`, seeds ``SeedSequence([seed, i, 0xC42])``,
 #: images of side ``image_size`` (:class:`~clients.datagen.federation.SyntheticFederation`).
 generate_federation = federation.SyntheticFederation(site_profiles, generate_site, image_size=128, salt=(0xC42,))
 
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Command-line entry point; see the module docstring."""
-    args = federation.parse_federation_args(
-        argv,
-        prog="python -m clients.datagen synthetic --task cxr-cls",
-        description="Write synthetic chest X-ray hospitals "
-        "(PNG + DICOM radiographs + images.csv; label 1 = pneumothorax).",
-        image_size=128,
-        image_size_help="side of the written images (default 128)",
-        min_image_size=32,
-    )
-
-    def describe(profile: SiteProfile, site_dir: Path, elapsed: float) -> tuple[str, dict[str, int]]:
-        entries = read_manifest(site_dir)
-        positives = sum(e.labels == "1" for e in entries)
-        dicom = sum(e.image_path.suffix == ".dcm" for e in entries)
-        text = (
-            f"{len(entries)} images {split_counts(e.split for e in entries)}, "
-            f"{positives} pneumothorax, {dicom} DICOM + {len(entries) - dicom} PNG, gamma {profile.gamma:g}, "
-            f"noise {profile.noise:g}"
-        )
-        return text, {"images": len(entries)}
-
-    return federation.run_federation_cli(
-        args,
-        lambda on_site: generate_federation(args.out, args.sites, args.seed, args.image_size, on_site=on_site),
-        describe,
-        lambda totals: f"{totals['images']} radiographs ({args.image_size}x{args.image_size})",
-    )
-
+#: Command-line entry point; see the module docstring.
+main = GeneratorCommand(
+    "cxr-cls", generate_federation,
+    "Write synthetic chest X-ray hospitals (PNG + DICOM radiographs + images.csv; label 1 = pneumothorax).",
+    "side of the written images (default 128)", 32, _describe)

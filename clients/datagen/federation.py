@@ -1,4 +1,4 @@
-"""What the synthetic hospital generators share: site folders, per-hospital seeds, the federation loop, the CLI.
+"""What the synthetic hospital generators share: site folders, per-hospital seeds, the federation loop.
 
 Each generator (:mod:`clients.pe_seg.synthetic`, :mod:`clients.cxr_cls.synthetic`,
 :mod:`clients.ct3d_cls.synthetic`) draws its own hospital profiles and writes one
@@ -10,19 +10,16 @@ hospital with its own function; this module
   ``SYNTHETIC.txt`` marker, replacing an earlier synthetic hospital, refusing
   any non-empty folder it did not mark),
 * derives hospital ``i``'s seed from the federation seed (:func:`strategies.seeds.hospital_seed`),
-* writes the hospitals one after the other (:func:`write_federation`), and
-* runs the command line (:func:`parse_federation_args`, :func:`run_federation_cli`):
-  ``--out/--sites/--seed/--image-size``, one progress line per hospital and a summary.
+* writes the hospitals one after the other (:func:`write_federation`,
+  :class:`SyntheticFederation`).
+
+The generators' command line is :mod:`clients.datagen.generator_cli`.
 """
 
 from __future__ import annotations
 
-import argparse
 import shutil
-import sys
-import time
-from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -42,8 +39,6 @@ __all__ = [
     "claim_site_dir",
     "write_federation",
     "SyntheticFederation",
-    "parse_federation_args",
-    "run_federation_cli",
 ]
 
 #: File that marks a site folder as generated data (so it may be overwritten).
@@ -202,7 +197,9 @@ class SyntheticFederation(Generic[P]):
 
     Hospital ``i`` uses ``profiles(num_sites, seed)[i]`` and the seed
     ``SeedSequence([seed, i, *salt])`` (:func:`strategies.seeds.hospital_seed`) and is written
-    by ``write_site(site_dir, profile, seed, image_size=...)``, or, when
+    by ``write_site(site_dir, profile, seed, image_size=...)`` (a task's ``generate_site``:
+    it claims ``root / profile.name`` with :func:`claim_site_dir`, so a folder it did not
+    write raises ``FileExistsError``, writes the hospital and returns the folder), or, when
     ``in_profile`` is set, with the image size put into its profile by
     ``in_profile(profile, image_size)`` (``None`` keeps the profiles' sizes).
     ``root`` is created; ``on_site(index, profile, site_dir)`` is called after
@@ -239,64 +236,3 @@ class SyntheticFederation(Generic[P]):
             if size is not None:
                 profiles = [self.in_profile(profile, int(size)) for profile in profiles]
         return write_federation(root, profiles, write, seed, salt=self.salt, on_site=on_site)
-
-
-def parse_federation_args(
-    argv: Sequence[str] | None,
-    *,
-    prog: str,
-    description: str,
-    image_size: int | None,
-    image_size_help: str,
-    min_image_size: int,
-) -> argparse.Namespace:
-    """Parse ``--out/--sites/--seed/--image-size`` (exits with a usage error on bad values).
-
-    ``image_size`` is the default of ``--image-size`` (``None``: no override);
-    a given size below ``min_image_size`` is refused.
-    """
-    parser = argparse.ArgumentParser(prog=prog, description=description)
-    parser.add_argument("--out", type=Path, required=True, help="output folder (one sub-folder per hospital)")
-    parser.add_argument("--sites", type=int, default=3, help="number of hospitals (default 3)")
-    parser.add_argument("--seed", type=int, default=0, help="federation seed (default 0)")
-    parser.add_argument("--image-size", type=int, default=image_size, help=image_size_help)
-    args = parser.parse_args(argv)
-    if args.sites < 1:
-        parser.error("--sites must be >= 1")
-    if args.image_size is not None and args.image_size < min_image_size:
-        parser.error(f"--image-size must be >= {min_image_size}")
-    return args
-
-
-def run_federation_cli(
-    args: argparse.Namespace,
-    generate: Callable[[Callable[[int, P, Path], None]], object],
-    describe: Callable[[P, Path, float], tuple[str, Mapping[str, int]]],
-    summarize: Callable[[Mapping[str, int]], str],
-) -> int:
-    """Write a federation from the command line, printing progress; return the exit status.
-
-    ``generate(on_site)`` writes the federation and calls ``on_site(index, profile,
-    site_dir)`` after each hospital, which prints ``[i/n] <name>: <text> -> <site_dir>``
-    with ``text, counts = describe(profile, site_dir, elapsed_s)`` (the counts are
-    totalled); the last line is ``Done: <n> hospitals, <summarize(totals)> in <t> s
-    under <out>`` (``args`` from :func:`parse_federation_args`). A site that cannot
-    be written (``FileExistsError``, ``OSError``) prints ``error: ...`` to stderr and
-    gives 1.
-    """
-    start = time.perf_counter()
-    totals: Counter[str] = Counter()
-
-    def report(i: int, profile: P, site_dir: Path) -> None:
-        text, counts = describe(profile, site_dir, time.perf_counter() - start)
-        totals.update(counts)
-        print(f"[{i + 1}/{args.sites}] {profile.name}: {text} -> {site_dir}", flush=True)
-
-    try:
-        generate(report)
-    except (FileExistsError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    elapsed = time.perf_counter() - start
-    print(f"Done: {args.sites} hospitals, {summarize(totals)} in {elapsed:.1f} s under {args.out}")
-    return 0

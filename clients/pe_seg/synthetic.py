@@ -21,7 +21,6 @@ Command line::
 from __future__ import annotations
 
 import shutil
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +32,7 @@ from clients.io.dicom_writer import write_dicom_series
 from clients.pe_seg.manifest import ManifestRow, read_manifest, write_manifest
 from clients.io.nifti import write_nifti_mask
 from clients.datagen import federation
+from clients.datagen.generator_cli import GeneratorCommand
 from clients.datagen.axial_grid import draw_axial_grid
 from clients.datagen.splits import check_split_arguments, split_counts
 
@@ -211,40 +211,18 @@ def generate_site(
 ) -> Path:
     """Write one synthetic hospital: its studies and ``manifest.csv``.
 
-    Of the profile's ``n`` studies, ``round(NO_PE_FRACTION * n)`` have no emboli and
-    ``max(1, round(val_fraction * n))`` go to split ``val`` (both chosen by the seed),
-    the rest to ``train``; then ``num_test`` more studies with emboli
-    (``study-<n>``, ...) go to the held-out split ``test``, so the train and val
-    studies are those of a site without a test split. Study ``k`` has its own
-    random stream ``SeedSequence([seed, k])``.
-
-    Parameters
-    ----------
-    site_dir : Path
-        Site folder; created. A previous synthetic hospital there is replaced;
-        a folder holding ``studies/`` without the synthetic marker is refused.
-    profile : SiteProfile
-        The hospital's profile.
-    seed : int
-        Hospital seed.
-    image_size : int, optional
-        In-plane size (pixels). Default 96.
-    val_fraction : float, optional
-        Fraction of studies in split ``val``, in [0, 1). Default 0.25.
-    num_test : int, optional
-        Studies in split ``test``, >= 0. Default 1.
-
-    Returns
-    -------
-    Path
-        ``site_dir``.
+    The ``write_site`` of :data:`generate_federation`. Of the profile's ``n`` studies
+    (``image_size`` pixels in-plane, default 96), ``round(NO_PE_FRACTION * n)`` have no
+    emboli and ``max(1, round(val_fraction * n))`` go to split ``val`` (``val_fraction`` in
+    [0, 1), default 0.25; both chosen by the seed), the rest to ``train``; then ``num_test``
+    (>= 0, default 1) more studies with emboli (``study-<n>``, ...) go to the held-out split
+    ``test``, so the train and val studies are those of a site without a test split. Study
+    ``k`` has its own random stream ``SeedSequence([seed, k])``.
 
     Raises
     ------
     ValueError
         On a bad ``val_fraction`` or ``num_test``.
-    FileExistsError
-        If ``site_dir`` holds anything but is not marked synthetic (``SYNTHETIC.txt``).
     """
     check_split_arguments(val_fraction, num_test)
     n = profile.num_studies
@@ -273,38 +251,26 @@ def generate_site(
     return site_dir
 
 
+def _describe(profile: SiteProfile, site_dir: Path, elapsed: float) -> tuple[str, dict[str, int]]:
+    """The progress line of a written hospital, its study and slice counts."""
+    entries = read_manifest(site_dir)
+    studies = len(entries)
+    slices = sum(len(list_series_files(e.image_dir)) for e in entries)
+    text = (
+        f"{studies} studies {split_counts(e.split for e in entries)}, "
+        f"{slices} slices, noise {profile.noise_hu:g} HU, contrast +{profile.contrast_hu:g} HU, "
+        f"spacing {profile.slice_thickness_mm[0]:g}-{profile.slice_thickness_mm[1]:g} mm"
+    )
+    return text, {"studies": studies, "slices": slices}
+
+
 #: ``generate_federation(root, num_sites=3, seed=0, image_size=96, *, on_site=None)``: the
 #: hospitals ``root/hospital-NN`` of :func:`site_profiles`, seeds ``SeedSequence([seed, i])``,
 #: in-plane size ``image_size`` (:class:`~clients.datagen.federation.SyntheticFederation`).
 generate_federation = federation.SyntheticFederation(site_profiles, generate_site, image_size=96)
 
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Command-line entry point; see the module docstring."""
-    args = federation.parse_federation_args(
-        argv,
-        prog="python -m clients.datagen synthetic --task pe-seg",
-        description="Write synthetic CTPA hospitals (DICOM series + NIfTI PE masks + manifest.csv).",
-        image_size=96,
-        image_size_help="in-plane size in pixels (default 96)",
-        min_image_size=16,
-    )
-
-    def describe(profile: SiteProfile, site_dir: Path, elapsed: float) -> tuple[str, dict[str, int]]:
-        entries = read_manifest(site_dir)
-        studies = len(entries)
-        slices = sum(len(list_series_files(e.image_dir)) for e in entries)
-        text = (
-            f"{studies} studies {split_counts(e.split for e in entries)}, "
-            f"{slices} slices, noise {profile.noise_hu:g} HU, contrast +{profile.contrast_hu:g} HU, "
-            f"spacing {profile.slice_thickness_mm[0]:g}-{profile.slice_thickness_mm[1]:g} mm"
-        )
-        return text, {"studies": studies, "slices": slices}
-
-    return federation.run_federation_cli(
-        args,
-        lambda on_site: generate_federation(args.out, args.sites, args.seed, args.image_size, on_site=on_site),
-        describe,
-        lambda totals: f"{totals['studies']} studies, {totals['slices']} slices ({args.image_size}x{args.image_size})",
-    )
-
+#: Command-line entry point; see the module docstring.
+main = GeneratorCommand(
+    "pe-seg", generate_federation,
+    "Write synthetic CTPA hospitals (DICOM series + NIfTI PE masks + manifest.csv).",
+    "in-plane size in pixels (default 96)", 16, _describe)

@@ -261,16 +261,13 @@ def test_hospitals_differ_and_profiles_are_validated(tmp_path):
         generate_site(tmp_path / "real", TINY, seed=0)
 
 
-def test_cli_writes_hospitals(tmp_path, capsys, monkeypatch):
-    import clients.ct3d_cls.synthetic as generator
-
+def test_cli_writes_hospitals(tmp_path, capsys):
     tiny_profiles = lambda n, seed: [  # noqa: E731  (full-size hospitals are too slow for a unit test)
         replace(TINY, name=f"hospital-{i:02d}", noise_hu=10.0 + seed + i)
         for i in range(n)
     ]
-    monkeypatch.setattr(generator, "generate_federation",
-                        replace(generator.generate_federation, profiles=tiny_profiles))
-    assert main(["--out", str(tmp_path / "fed"), "--sites", "2", "--seed", "4", "--image-size", "16"]) == 0
+    tiny_main = replace(main, generate=replace(main.generate, profiles=tiny_profiles))
+    assert tiny_main(["--out", str(tmp_path / "fed"), "--sites", "2", "--seed", "4", "--image-size", "16"]) == 0
     out = capsys.readouterr().out
     assert "[1/2] hospital-00: 8 studies (4 train, 2 val, 2 test), 4 with emphysema" in out
     assert "[2/2] hospital-01" in out and "16x16 px" in out and "Done: 2 hospitals, 16 studies" in out
