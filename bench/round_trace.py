@@ -20,7 +20,7 @@ runs under the ClientApp):
 Run: ``.venv/bin/python bench/round_trace.py [--json bench/results/round_trace.json]``
 (about three minutes on two cores). ``bench/results/round_trace_94d096a.json`` is
 the same trace of the tree at commit 94d096a, before issue 27's round loop (this
-script and ``app/engine`` copied into it).
+script and ``app/engine`` copied into it, run with ``PYTHONPATH`` = that tree).
 """
 
 from __future__ import annotations
@@ -32,23 +32,18 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
+from flwr.app import ArrayRecord
+
+from app.config.run_config import RunConfig
+from app.engine import InProcessGrid, full_run_config, partition_sites, server_identity
+from app.server_app import build_strategy
+from clients.pe_seg.manifest import read_manifest, write_manifest
+from clients.pe_seg.synthetic import generate_federation
+from clients.registry import task_class
+
+#: The tree traced: the one this script lies in (the project is installed editable;
+#: ``PYTHONPATH=<tree>`` traces another checkout, the script copied into it).
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from flwr.app import ArrayRecord  # noqa: E402
-
-from app.config.run_config import RunConfig  # noqa: E402
-from app.engine import (  # noqa: E402
-    InProcessGrid,
-    full_run_config,
-    partition_sites,
-    server_identity,
-)
-from app.server_app import build_strategy  # noqa: E402
-from clients.pe_seg.manifest import read_manifest, write_manifest  # noqa: E402
-from clients.pe_seg.synthetic import generate_federation  # noqa: E402
-from clients.registry import task_class  # noqa: E402
 
 SITES = 3
 

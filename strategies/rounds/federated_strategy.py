@@ -175,26 +175,6 @@ class FederatedStrategy(Strategy):
             max_held_mb=max_held_mb)
         self._evaluate_intake: ReplyIntake[MetricsReply] = self._intake_of({})
 
-    @property
-    def aggregator(self) -> Aggregator:
-        """The aggregator plug-in (behind its defence), owned by the train stage."""
-        return self.train.aggregator
-
-    @property
-    def schedule(self) -> Schedule:
-        """The local-steps schedule, owned by the train stage."""
-        return self.train.schedule
-
-    @property
-    def selector(self) -> Selector:
-        """The client selector, owned by the train stage."""
-        return self.train.selector
-
-    @property
-    def codec_rate(self) -> CodecRate:
-        """The compression-rate schedule, owned by the train stage."""
-        return self.train.codec_rate
-
     def _report(self, server_round: int) -> RoundReport:
         return self.reports.setdefault(server_round, RoundReport(server_round))
 
@@ -206,8 +186,8 @@ class FederatedStrategy(Strategy):
     def summary(self) -> None:
         """Log the strategy's configuration."""
         log(INFO, "\t├──> Aggregator: %s | schedule: %s (tau %d) | selector: %s",
-            type(self.aggregator).__name__, type(self.schedule).__name__,
-            self.schedule.tau, type(self.selector).__name__)
+            type(self.train.aggregator).__name__, type(self.train.schedule).__name__,
+            self.train.schedule.tau, type(self.train.selector).__name__)
         log(INFO, "\t├──> Round policy: deadline %.0f s, quorum %s, timeout %.0f s",
             self.policy.deadline, self.policy.quorum or "all", self.policy.timeout)
         log(INFO, "\t└──> Sites: min %d; wait for them at most %.0f s",
@@ -274,10 +254,11 @@ class FederatedStrategy(Strategy):
         """The strategy's state to checkpoint (plug-ins and what it learnt of the sites);
         an adaptive compression rate's state under ``codec-rate`` (a fixed one has none,
         so checkpoints without it keep their layout)."""
-        rate = {} if isinstance(self.codec_rate, FixedCodecRate) else {
-            "codec-rate": self.codec_rate}
-        return {"aggregator": self.aggregator, "schedule": self.schedule,
-                "selector": self.selector, **rate, **self.sites.snapshot()}
+        train = self.train
+        rate = {} if isinstance(train.codec_rate, FixedCodecRate) else {
+            "codec-rate": train.codec_rate}
+        return {"aggregator": train.aggregator, "schedule": train.schedule,
+                "selector": train.selector, **rate, **self.sites.snapshot()}
 
     def restore(self, state: dict) -> None:
         """Continue from a :meth:`snapshot`."""

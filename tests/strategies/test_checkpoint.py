@@ -11,16 +11,9 @@ import numpy as np
 import pytest
 
 from strategies.plugins.registries import AGGREGATORS, SCHEDULES, SELECTORS
-from strategies.rounds.checkpoint import (
-    CHECKPOINT_FILE,
-    CheckpointError,
-    ServerCheckpoint,
-    find_checkpoint,
-    load_checkpoint,
-    run_folder,
-    safe_name,
-    save_checkpoint,
-)
+from strategies.rounds.checkpoint import CHECKPOINT_FILE, CheckpointError, ServerCheckpoint
+from strategies.rounds.checkpoint import find_checkpoint, load_checkpoint, run_folder
+from strategies.rounds.checkpoint import safe_name, save_checkpoint
 
 CONFIG = {"task": "pe-seg", "strategy.aggregator": "fednova", "lr": 0.01, "resume": False}
 

@@ -6,16 +6,8 @@ import math
 
 import numpy as np
 import pytest
-from flwr.app import (
-    Array,
-    ArrayRecord,
-    ConfigRecord,
-    Error,
-    Message,
-    MessageType,
-    MetricRecord,
-    RecordDict,
-)
+from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MessageType
+from flwr.app import MetricRecord, RecordDict
 
 from strategies import message_keys as keys
 from strategies.model_packing import unpack_arrays

@@ -18,13 +18,8 @@ from strategies import message_keys as keys
 from strategies.rounds.federated_strategy import FederatedStrategy
 from strategies.rounds.site_book import SiteBook
 from tests.strategies.scripted_grid import scripted_grid
-from tests.strategies.test_federated_strategy import (
-    GLOBAL,
-    _global_record,
-    _reply,
-    _train_metrics,
-    make_strategy,
-)
+from tests.strategies.test_federated_strategy import GLOBAL, _global_record, _reply
+from tests.strategies.test_federated_strategy import _train_metrics, make_strategy
 from tests.strategies.test_trust_boundary import _delta, _round
 
 pytestmark = pytest.mark.usefixtures("server_identity")
@@ -111,8 +106,7 @@ def test_the_roster_holds_after_a_resume_and_over_an_older_checkpoint():
     book = SiteBook()
     book.learn(1, "hospital-00", num_examples=10**15)
     strategy = make_strategy(min_nodes=2, roster=ROSTER)
-    strategy.restore({"aggregator": strategy.aggregator, "schedule": strategy.schedule,
-                      "selector": strategy.selector, **book.snapshot()})
+    strategy.restore({**strategy.snapshot(), **book.snapshot()})
     assert strategy.sites.roster == ROSTER
     assert strategy.sites.capped(1, 10**15) == 10
     assert strategy.sites.identity_problem(5, "mallory") is not None
