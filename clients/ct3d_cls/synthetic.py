@@ -53,14 +53,8 @@ from clients.datagen.splits import check_split_arguments, split_counts, stratifi
 from clients.io.dicom_writer import write_dicom_series
 from clients.io.nifti import write_nifti_ct
 
-__all__ = [
-    "SiteProfile",
-    "site_profiles",
-    "synthesize_study",
-    "generate_site",
-    "generate_federation",
-    "main",
-]
+__all__ = ["SiteProfile", "site_profiles", "synthesize_study", "generate_site",
+           "generate_federation", "main"]
 
 IMAGE_DIR = "dicom"
 NIFTI_NAME = "ct.nii.gz"
@@ -108,7 +102,7 @@ def site_profiles(num_sites: int, seed: int) -> list[SiteProfile]:
         low_dz = round(5.0 + 2.5 * float(spacing[i]), 2)
         profiles.append(
             SiteProfile(
-                name=f"hospital-{i:02d}",
+                name=federation.hospital_name(i),
                 num_studies=14 + int(12 * count[i]),
                 noise_hu=round(8.0 + 32.0 * float(noise[i]), 1),
                 positive_rate=round(0.3 + 0.3 * float(rate[i]), 2),
@@ -172,10 +166,7 @@ def generate_site(site_dir: Path, profile: SiteProfile, seed: int,
     ``test``, so the train and val studies are those of a site without a test split. Study
     ``k`` has its own random stream ``SeedSequence([seed, k])``.
 
-    Raises
-    ------
-    ValueError
-        On a bad ``val_fraction`` or ``num_test``.
+    A bad ``val_fraction`` or ``num_test`` raises ``ValueError`` (:func:`check_split_arguments`).
     """
     check_split_arguments(val_fraction, num_test, val_required=True)
     site_dir = Path(site_dir)

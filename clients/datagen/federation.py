@@ -31,6 +31,7 @@ from strategies.seeds import hospital_seed
 
 __all__ = [
     "MARKER_NAME",
+    "hospital_name",
     "SiteProfile",
     "check_profile",
     "ProfileCheck",
@@ -62,6 +63,11 @@ class SiteProfile:
 
 
 P = TypeVar("P", bound=SiteProfile)
+
+
+def hospital_name(index: int) -> str:
+    """The name (and site folder) of synthetic hospital ``index``: ``hospital-00``, ``hospital-01``, ..."""
+    return f"hospital-{index:02d}"
 
 
 def check_profile(name: str, problems: Sequence[str]) -> None:

@@ -38,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
+from clients.datagen.federation import hospital_name
 from clients.datagen.held_out import HeldOutPool, held_out_rng, move_share, splits_of
 from clients.datagen.partitions import SCHEMES, partition, stratified_iid_partition
 from clients.datagen.shared_set import SharedSet, read_medmnist, source_path
@@ -233,7 +234,7 @@ def convert(
     for k, idx in enumerate(parts):
         if max_per_site is not None and idx.size > max_per_site:
             idx = np.sort(rng.choice(idx, size=max_per_site, replace=False))
-        name = f"hospital-{k:02d}"
+        name = hospital_name(k)
         if items.fixed_val is not None:
             is_val = items.fixed_val[idx]
             if is_val.all() or not is_val.any():

@@ -36,17 +36,8 @@ from clients.datagen.generator_cli import GeneratorCommand
 from clients.datagen.axial_grid import draw_axial_grid
 from clients.datagen.splits import check_split_arguments, split_counts
 
-__all__ = [
-    "SiteProfile",
-    "SyntheticStudy",
-    "NO_PE_FRACTION",
-    "site_profiles",
-    "synthesize_study",
-    "generate_study",
-    "generate_site",
-    "generate_federation",
-    "main",
-]
+__all__ = ["SiteProfile", "SyntheticStudy", "NO_PE_FRACTION", "site_profiles", "synthesize_study",
+           "generate_study", "generate_site", "generate_federation", "main"]
 
 #: Fraction of the studies of a hospital without any embolus.
 NO_PE_FRACTION = 0.2
@@ -117,7 +108,7 @@ def site_profiles(num_sites: int, seed: int) -> list[SiteProfile]:
         low_n = 24 + int(12 * slices[i])
         profiles.append(
             SiteProfile(
-                name=f"hospital-{i:02d}",
+                name=federation.hospital_name(i),
                 num_studies=6 + int(7 * count[i]),
                 noise_hu=round(10.0 + 35.0 * float(noise[i]), 1),
                 contrast_hu=round(150.0 + 150.0 * float(contrast[i]), 1),
@@ -215,14 +206,11 @@ def generate_site(
     (``image_size`` pixels in-plane, default 96), ``round(NO_PE_FRACTION * n)`` have no
     emboli and ``max(1, round(val_fraction * n))`` go to split ``val`` (``val_fraction`` in
     [0, 1), default 0.25; both chosen by the seed), the rest to ``train``; then ``num_test``
-    (>= 0, default 1) more studies with emboli (``study-<n>``, ...) go to the held-out split
-    ``test``, so the train and val studies are those of a site without a test split. Study
-    ``k`` has its own random stream ``SeedSequence([seed, k])``.
+    (>= 0, default 1) more studies with emboli (``study-<n>``, ...) are held out as split
+    ``test`` (train and val as if the site had none). Each study draws from its own stream,
+    ``SeedSequence([seed, k])`` for study ``k``.
 
-    Raises
-    ------
-    ValueError
-        On a bad ``val_fraction`` or ``num_test``.
+    A bad ``val_fraction`` or ``num_test`` raises ``ValueError`` (:func:`check_split_arguments`).
     """
     check_split_arguments(val_fraction, num_test)
     n = profile.num_studies
