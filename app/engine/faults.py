@@ -16,10 +16,6 @@ from strategies.errors import ConfigError
 __all__ = ["InjectedFault", "SiteFaults"]
 
 
-class InjectedFault(RuntimeError):
-    """Raised in place of the site's handler by :attr:`SiteFaults.fail_from_round`."""
-
-
 @dataclass(frozen=True)
 class SiteFaults:
     """What goes wrong at one virtual site (the default: nothing).
@@ -69,6 +65,10 @@ class SiteFaults:
     def disconnected(self, server_round: int) -> bool:
         """Whether the site's node is gone at ``server_round``."""
         return _reached(self.disconnect_from_round, server_round)
+
+
+class InjectedFault(RuntimeError):
+    """Raised in place of the site's handler by :attr:`SiteFaults.fail_from_round`."""
 
 
 def _reached(start: int | None, server_round: int) -> bool:
