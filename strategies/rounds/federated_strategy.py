@@ -175,6 +175,12 @@ class FederatedStrategy(Strategy):
             max_held_mb=max_held_mb)
         self._evaluate_intake: ReplyIntake[MetricsReply] = self._intake_of({})
 
+    #: The train plug-ins, owned by the train stage (:class:`TrainStage`), read here.
+    aggregator = property(lambda self: self.train.aggregator)
+    schedule = property(lambda self: self.train.schedule)
+    selector = property(lambda self: self.train.selector)
+    codec_rate = property(lambda self: self.train.codec_rate)
+
     def _report(self, server_round: int) -> RoundReport:
         return self.reports.setdefault(server_round, RoundReport(server_round))
 
@@ -186,8 +192,8 @@ class FederatedStrategy(Strategy):
     def summary(self) -> None:
         """Log the strategy's configuration."""
         log(INFO, "\t├──> Aggregator: %s | schedule: %s (tau %d) | selector: %s",
-            type(self.train.aggregator).__name__, type(self.train.schedule).__name__,
-            self.train.schedule.tau, type(self.train.selector).__name__)
+            type(self.aggregator).__name__, type(self.schedule).__name__,
+            self.schedule.tau, type(self.selector).__name__)
         log(INFO, "\t├──> Round policy: deadline %.0f s, quorum %s, timeout %.0f s",
             self.policy.deadline, self.policy.quorum or "all", self.policy.timeout)
         log(INFO, "\t└──> Sites: min %d; wait for them at most %.0f s",

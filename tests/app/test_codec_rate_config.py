@@ -16,12 +16,12 @@ def test_adaptive_rate_is_built_from_its_section_and_warmup_from_the_constructor
     config = RunConfig.from_mapping({"strategy.codec": "topk:0.01", "strategy.codec-rate":
                                      "adaptive", "codec-rate.min": 0.002,
                                      "codec-rate.link-mbps": 10})
-    rate = build_strategy(config).train.codec_rate
+    rate = build_strategy(config).codec_rate
     assert isinstance(rate, AdaptiveCodecRate) and rate.link_mbps == 10.0
     assert config.as_params()["codec-rate.min"] == 0.002
     warm = build_strategy(RunConfig.from_mapping({"strategy.codec": "topk:0.01",
                                                   "strategy.codec-warmup-rounds": 2}))
-    assert isinstance(warm.train.codec_rate, FixedCodecRate)
+    assert isinstance(warm.codec_rate, FixedCodecRate)
     assert warm.uplink.codec_for(1) != "topk:0.01" and warm.uplink.codec_for(3) == "topk:0.01"
 
 

@@ -104,12 +104,12 @@ def test_build_strategy_hands_each_plugin_its_section_and_the_run_settings():
         "min-nodes": 2, "seed": 1, "norm-bound.kappa": 2.0})
     strategy = build_strategy(config)
     # The default defence (norm-bound) stands in front of the aggregator.
-    assert strategy.train.aggregator.defence.bound.kappa == 2.0
-    assert strategy.train.aggregator.aggregator.server_momentum == 0.5
-    schedule = strategy.train.schedule
+    assert strategy.aggregator.defence.bound.kappa == 2.0
+    assert strategy.aggregator.aggregator.server_momentum == 0.5
+    schedule = strategy.schedule
     assert (schedule.tau0, schedule.tau_min, schedule.tau_max) == (12, 3, 9)
     assert schedule._smoother.beta == 0.25
-    selector = strategy.train.selector
+    selector = strategy.selector
     assert (selector.m, selector.d, selector.subset, selector.fairness_rounds,
             selector.num_rounds) == (2, 4, 5, 3, 7)
 
