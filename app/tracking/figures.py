@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from matplotlib.axes import Axes
 from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 
@@ -41,41 +42,47 @@ def _sites(per_round: Sequence[dict]) -> list[str]:
     return sorted(set().union(*per_round)) if per_round else []
 
 
+def _round_axes() -> tuple[Figure, Axes]:
+    """A figure of one panel for a per-round plot."""
+    figure = Figure(figsize=(7, 4), layout="constrained")
+    return figure, figure.add_subplot()
+
+
+def _labelled(figure: Figure, axes: Axes, ylabel: str, title: str) -> Figure:
+    """``figure`` with the rounds on x, ``ylabel`` on y, ``title`` and the legend."""
+    axes.set(xlabel="round", ylabel=ylabel, title=title)
+    axes.legend(fontsize="small")
+    return figure
+
+
 def validation_figure(reports: Sequence[RoundReport], metric: str) -> Figure:
     """``metric`` (e.g. ``val-dice``) per site per round, and the weighted mean (dashed)."""
     reports = _ordered(reports)
-    figure = Figure(figsize=(7, 4), layout="constrained")
-    axes = figure.add_subplot()
+    figure, axes = _round_axes()
     rounds = [r.server_round for r in reports]
     for site in _sites([r.evaluate for r in reports]):
         values = [r.evaluate.get(site, {}).get(metric, np.nan) for r in reports]
         axes.plot(rounds, values, marker="o", label=site)
     axes.plot(rounds, [r.evaluate_aggregate.get(metric, np.nan) for r in reports], "k--",
               label="weighted mean")
-    axes.set(xlabel="round", ylabel=metric, title=f"Validation {metric} per site")
-    axes.legend(fontsize="small")
-    return figure
+    return _labelled(figure, axes, metric, f"Validation {metric} per site")
 
 
 def traffic_figure(reports: Sequence[RoundReport]) -> Figure:
     """Bytes down (train instructions) and up (train replies) per round, all sites together."""
     reports = _ordered(reports)
-    figure = Figure(figsize=(7, 4), layout="constrained")
-    axes = figure.add_subplot()
+    figure, axes = _round_axes()
     rounds = np.array([r.server_round for r in reports], dtype=float)
     for offset, name in ((-0.2, "bytes-down"), (0.2, "bytes-up")):
         axes.bar(rounds + offset, [r.strategy.get(name, 0.0) for r in reports], width=0.4,
                  label=name)
-    axes.set(xlabel="round", ylabel="bytes", title="Traffic per round")
-    axes.legend(fontsize="small")
-    return figure
+    return _labelled(figure, axes, "bytes", "Traffic per round")
 
 
 def tau_figure(reports: Sequence[RoundReport]) -> Figure:
     """The schedule's tau per round, the steps each site reported, and tau_eff if tracked."""
     reports = _ordered(reports)
-    figure = Figure(figsize=(7, 4), layout="constrained")
-    axes = figure.add_subplot()
+    figure, axes = _round_axes()
     rounds = [r.server_round for r in reports]
     axes.step(rounds, [r.schedule_tau for r in reports], "k-", where="mid", label="schedule tau")
     for site in _sites([r.train for r in reports]):
@@ -84,9 +91,7 @@ def tau_figure(reports: Sequence[RoundReport]) -> Figure:
     if any("tau-eff" in r.strategy for r in reports):
         axes.plot(rounds, [r.strategy.get("tau-eff", np.nan) for r in reports], "r--",
                   label="tau_eff")
-    axes.set(xlabel="round", ylabel="local steps", title="Local steps (tau) per round")
-    axes.legend(fontsize="small")
-    return figure
+    return _labelled(figure, axes, "local steps", "Local steps (tau) per round")
 
 
 def _selection_grid(reports: Sequence[RoundReport]) -> tuple[list[str], np.ndarray]:
