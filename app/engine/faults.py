@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from strategies.errors import ConfigError
+from strategies.errors import ConfigError, SiteError
 
 __all__ = ["InjectedFault", "SiteFaults"]
 
@@ -67,7 +67,7 @@ class SiteFaults:
         return _reached(self.disconnect_from_round, server_round)
 
 
-class InjectedFault(RuntimeError):
+class InjectedFault(SiteError):
     """Raised in place of the site's handler by :attr:`SiteFaults.fail_from_round`."""
 
 
