@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from uuid import uuid4
 
 from flwr.app import Context, RecordDict
@@ -29,6 +29,9 @@ from app.config.roster import load_roster
 from app.config.run_config import RunConfig, RunConfigError
 from app.engine.grid import InProcessGrid
 from app.engine.virtual_site import VirtualSite
+
+if TYPE_CHECKING:  # the ServerApp imports torch and MLflow: loaded when a federation runs
+    from app.server_app import FederationOutcome
 
 __all__ = ["PROJECT_ROOT", "full_run_config", "new_run_id", "run_federation", "server_identity"]
 
@@ -87,7 +90,7 @@ def server_identity(run_id: int) -> Iterator[None]:
 
 
 def run_federation(run_config: Mapping[str, Any], sites: Sequence[VirtualSite], *,
-                   run_id: int | None = None):
+                   run_id: int | None = None) -> FederationOutcome:
     """Run one federation of the product against ``sites`` in this process.
 
     Parameters
