@@ -1,7 +1,7 @@
 """The ServerApp's wait for a reply's arrays: a short backoff instead of Flower's 1, 2, 4 s.
 
 A SuperNode sends a reply's header to the SuperLink before its arrays
-(``flwr/supernode/start_client_internal.py``, ``_push_messages``, Flower 1.41),
+(``flwr/supernode/start_client_internal.py``, ``_push_messages``, Flower 1.42),
 and the SuperLink hands the header to the ServerApp as soon as it is stored.
 The ServerApp's grid (``flwr.superlink.grid.http_grid.HttpGrid.pull_messages``)
 then pulls the arrays with Flower's ``pull_objects``, which backs off 1, 2, 4,
@@ -14,7 +14,7 @@ arrays arrive 50 ms after its header is read after about 1 s, one that takes
 
 An upload still in progress is waited for as before; the wait stays bounded:
 the SuperLink drops an object-push session that received nothing for
-``OBJECT_PUSH_SESSION_TTL_SECONDS`` (180 s, Flower 1.41), after which the pull
+``OBJECT_PUSH_SESSION_TTL_SECONDS`` (180 s, Flower 1.42), after which the pull
 ends with an error reply (``MESSAGE_UNAVAILABLE``) that the round records as the
 site's failure, and Flower's overall limit ``PULL_MAX_TIME`` is unchanged.
 Flower's count limit (500 tries per object) is lifted, since 500 short tries

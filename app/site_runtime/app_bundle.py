@@ -1,6 +1,6 @@
 """The app bundle (FAB) of a project folder, built without walking what no bundle holds.
 
-Flower's builder (``flwr.cli.build.build_fab_from_disk``, Flower 1.41) first
+Flower's builder (``flwr.cli.build.build_fab_from_disk``, Flower 1.42) first
 lists every file under the project (``flwr.cli.utils.collect_files``: ``os.walk``
 and a ``resolve()`` per file) and only then filters them. In a checkout with its
 virtual environment that is about 60,000 files for a bundle of about 260: 15 s

@@ -4,7 +4,7 @@ The site runner (:mod:`app.site_runtime.site_runner`) and Flower's SuperNode run
 one process (:mod:`app.site_runtime.site_node`) but talk over the SuperNode's
 Runtime API, HTTP on loopback, which has no notifications: Flower's executor
 learns everything by asking again. Three such waits lie on every message's
-path (Flower 1.41, ``flwr/supernode/start_client_internal.py``):
+path (Flower 1.42, ``flwr/supernode/start_client_internal.py``):
 
 1. the runner asks for a new task (``AcquireTask``) at a fixed interval;
 2. the SuperNode creates the message's task *before* it has received the

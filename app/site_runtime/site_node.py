@@ -13,7 +13,7 @@ hospital starts:
 
 Flower's SuperNode waits a fixed 3 s between two polls of the SuperLink when
 it has no message, and 0.5 s between two looks for a finished reply (both
-hard-coded in ``flwr/supernode/start_client_internal.py``, Flower 1.41), and
+hard-coded in ``flwr/supernode/start_client_internal.py``, Flower 1.42), and
 backs off up to 10 s while a message's arrays are still being uploaded:
 seconds of every message are spent waiting. ``--poll-interval`` caps all these
 waits (default 0.25 s, :func:`cap_supernode_waits`), at the price of more idle
@@ -63,7 +63,7 @@ def cap_supernode_waits(seconds: float, signals: NodeSignals | None = None) -> N
     With ``signals`` (:class:`~app.site_runtime.node_signals.NodeSignals`, shared
     with the site runner of this process) the SuperNode also tells the runner
     when it created a message's task (its object pull starts right after
-    ``state.create_task`` and ``state.store_message`` in Flower 1.41's
+    ``state.create_task`` and ``state.store_message`` in Flower 1.42's
     ``_pull_and_store_message``) and when every object of the message is
     stored (just before its ``confirm_message_received``), and its waits end as
     soon as the runner stored a reply (:meth:`NodeSignals.nap`).
@@ -91,7 +91,7 @@ def cap_supernode_waits(seconds: float, signals: NodeSignals | None = None) -> N
 
 def _pull_and_store_telling(flower_pull_and_store: Callable[..., int | None],
                             signals: NodeSignals, **kwargs: Any) -> int | None:
-    """Flower's ``_pull_and_store_message`` (1.41, keyword arguments only, as its loop calls
+    """Flower's ``_pull_and_store_message`` (1.42, keyword arguments only, as its loop calls
     it), whose ``confirm_message_received`` first tells ``signals`` that the message's
     objects are stored."""
     confirm = kwargs["confirm_message_received"]
@@ -106,7 +106,7 @@ def _pull_and_store_telling(flower_pull_and_store: Callable[..., int | None],
 def widen_transfers(lanes: int) -> None:
     """Let every object transfer of this process use ``lanes`` concurrent requests.
 
-    Flower 1.41 pulls and pushes a message's objects with
+    Flower 1.42 pulls and pushes a message's objects with
     ``min(FLWR_PRIVATE_MAX_CONCURRENT_OBJ_PULLS or _PUSHES (2), CPU cores)``
     threads (``flwr.supercore.inflatable.inflatable_utils.get_num_workers``):
     two on a two-core machine, although each thread mostly waits for the
@@ -136,7 +136,7 @@ def pull_objects_of_running_run(object_ids: list[str], pull_object_fn: Callable[
 
     When the SuperLink answers that the run is over (HTTP 403, e.g. a SuperLink
     restarted after its ServerApp died), Flower raises ``RunNotRunningException``,
-    a ``BaseException``, which ``_pull_and_store_message`` (Flower 1.41) logs and
+    a ``BaseException``, which ``_pull_and_store_message`` (Flower 1.42) logs and
     ignores: the task it created for the message stays open with arrays that never
     come, and the site runner that acquired it waits for them forever, so the site
     answers no later message. As :class:`RunStoppedDuringPull`, Flower's own

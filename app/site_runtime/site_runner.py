@@ -1,6 +1,6 @@
 """The hospital's site runner: only approved apps run, in warm workers.
 
-Flower 1.41's SuperNode in ``--isolation process`` mode serves its Runtime API
+Flower 1.42's SuperNode in ``--isolation process`` mode serves its Runtime API
 and runs nothing itself; an executor must acquire each task and run it. Flower's
 own executor (``flower-superexec``) starts one ``flwr-clientapp`` process per
 message that installs and imports whatever bundle (FAB) the run uploaded. This

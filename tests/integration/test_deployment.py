@@ -248,7 +248,7 @@ def test_certs_cli_is_idempotent_keeps_keys_private_and_refuses_other_hosts(tmp_
     assert {p: p.read_bytes() for p in files} == before  # nothing rewritten
     for key in (out / "ca.key", out / "superlink.key", out / "sites/hospital-a/supernode.key"):
         assert key.stat().st_mode & 0o777 == 0o600, key
-    # The formats flwr 1.41 loads: OpenSSH EC private key, OpenSSH public key line.
+    # The formats flwr 1.42 loads: OpenSSH EC private key, OpenSSH public key line.
     private = load_ssh_private_key((out / "sites/hospital-a/supernode.key").read_bytes(), None)
     public_line = (out / "sites/hospital-a/supernode.pub").read_text()
     assert public_line.startswith("ecdsa-sha2-nistp384 ")
