@@ -1,8 +1,8 @@
 r"""Bytes to a target metric: the convergence rule, per-run ratios vs dense, the issue's goals.
 
 A run of ``bench/compression_to_target.py`` is one row: its primary metric per
-round (index 0 = the initial model) and the bytes every site sent up and
-received down per round. Against the dense fp32 row of the same set and seed:
+round (round 1 first) and the bytes every site sent up and received down per
+round. Against the dense fp32 row of the same set and seed:
 
 * ``up_ratio`` = dense's mean uplink bytes per site and round / ours (the
   dense row's own wire bytes, so dense is exactly 1); ``down_ratio`` the same
@@ -20,8 +20,9 @@ received down per round. Against the dense fp32 row of the same set and seed:
   leaves it out on both sides (sites that start from a model they already
   hold, e.g. one built from a shared seed): the updates alone.
 
-The convergence rule (:func:`flattened`) decides how many rounds dense runs;
-every other config of the set and seed runs as many.
+How many rounds dense runs is the product's early stopping
+(``early-stopping.patience`` / ``min-delta``); every other config of the set
+and seed runs as many.
 """
 
 from __future__ import annotations
@@ -32,30 +33,16 @@ import numpy as np
 
 from curves import rounds_to_target
 
-__all__ = ["flattened", "compare", "summarise", "goals", "markdown_table"]
+__all__ = ["compare", "summarise", "goals", "markdown_table"]
 
 #: The issue's goals: uplink and downlink ratios, final metric within 2%, bytes to target.
 GOAL_UP, GOAL_DOWN, GOAL_REL, GOAL_TARGET = 100.0, 10.0, -0.02, 50.0
 
 
-def flattened(curve: Sequence[float], window: int = 5, min_gain: float = 0.005,
-              min_rounds: int = 10) -> bool:
-    """Whether a curve (index 0 = before round 1) has stopped improving.
-
-    True once at least ``min_rounds`` rounds are done and the best of the last
-    ``window`` rounds is at most ``min_gain`` above the best of every earlier
-    round (no gain of more than half a point over the last five rounds).
-    """
-    rounds = np.asarray(curve[1:], dtype=float)
-    if rounds.size < max(min_rounds, window + 1):
-        return False
-    return bool(rounds[-window:].max() - rounds[:-window].max() <= min_gain)
-
-
 def _bytes_to(row: dict, target: float, initial: bool = True
               ) -> tuple[int | None, float | None]:
     """First round at ``target`` and the bytes up to it (``initial``: round 1's downlink too)."""
-    r = rounds_to_target(row["curve"][1:], target, 1)
+    r = rounds_to_target(row["curve"], target, 1)
     if r is None:
         return None, None
     total = np.add(row["bytes_up_per_round"], row["bytes_down_per_round"])

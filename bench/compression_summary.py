@@ -14,8 +14,6 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from compression_loop import FederationResult
-
 __all__ = ["tail_mean", "summarise", "markdown_table", "targets_text"]
 
 
@@ -24,35 +22,36 @@ def tail_mean(values: Sequence[float], tail: int) -> float:
     return float(np.mean(values[-tail:]))
 
 
-def summarise(task_name: str, metric_names: Sequence[str], results: Sequence[FederationResult],
+def summarise(task_name: str, metric_names: Sequence[str], rows: Sequence[dict],
               tail: int) -> dict:
-    """Per-config bytes, ratios, final metrics and the two targets of the issue."""
-    by_name = {r.config: r for r in results}
+    """Per-config bytes, ratios, final metrics and the two targets of the issue.
+
+    ``rows`` are :func:`compression_sets.codec_run` rows of one set and seed.
+    """
+    by_name = {r["config"]: r for r in rows}
     dense = by_name.get("none")
-    dense_up = float(np.mean(dense.bytes_up)) if dense else None
-    rows = {}
-    for r in results:
-        up = float(np.mean(r.bytes_up))
+    dense_up = dense["up_bytes_per_site_round"] if dense else None
+    configs = {}
+    for r in rows:
+        up = r["up_bytes_per_site_round"]
         row = {
-            "label": r.label, "spec": r.spec, "error_feedback": r.error_feedback,
+            "label": r["label"], "spec": r["uplink"], "error_feedback": r["error_feedback"],
             "uplink_bytes_per_site_round": up,
-            "payload_bytes_per_site_round": float(np.mean(r.payload_bytes)),
-            "downlink_bytes_per_site_round": float(np.mean(r.bytes_down)),
-            "plain_arrayrecord_bytes": float(np.mean(r.bytes_plain_record)),
-            "dense_fp32_value_bytes": r.dense_fp32_bytes,
+            "downlink_bytes_per_site_round": r["down_bytes_per_site_round"],
+            "dense_fp32_value_bytes": r["dense_fp32_bytes"],
             "uplink_ratio_vs_dense": (dense_up / up) if dense_up else None,
-            "seconds": r.seconds, "cpu_seconds": r.cpu_seconds,
+            "seconds": r["seconds"],
         }
         for m in metric_names:
-            final = tail_mean(r.metrics[m], tail)
+            final = tail_mean(r["curves"][m], tail)
             row[f"final_{m}"] = final
             if dense:
-                ref = tail_mean(dense.metrics[m], tail)
+                ref = tail_mean(dense["curves"][m], tail)
                 row[f"rel_diff_{m}"] = (final - ref) / ref if ref else None
-        rows[r.config] = row
+        configs[r["config"]] = row
 
     targets: dict = {}
-    ef01 = rows.get("topk:0.01+ef")
+    ef01 = configs.get("topk:0.01+ef")
     if dense and ef01:
         within = {m: ef01[f"rel_diff_{m}"] is not None and ef01[f"rel_diff_{m}"] >= -0.02
                   for m in metric_names}
@@ -65,7 +64,7 @@ def summarise(task_name: str, metric_names: Sequence[str], results: Sequence[Fed
         }
     pairs = {}
     for frac in ("0.1", "0.01", "0.001"):
-        a, b = rows.get(f"topk:{frac}+ef"), rows.get(f"topk:{frac}")
+        a, b = configs.get(f"topk:{frac}+ef"), configs.get(f"topk:{frac}")
         if a and b:
             pairs[f"topk:{frac}"] = {
                 "bytes": {"ef": a["uplink_bytes_per_site_round"],
@@ -82,11 +81,11 @@ def summarise(task_name: str, metric_names: Sequence[str], results: Sequence[Fed
     spread = None
     if dense:
         m0 = metric_names[0]
-        v = np.asarray(dense.metrics[m0][1:], dtype=np.float64)
+        v = np.asarray(dense["curves"][m0], dtype=np.float64)
         if v.size > 2:
             spread = float(np.mean(np.abs(np.diff(v[-max(3, tail + 1):]))))
     return {"task": task_name, "tail_rounds": tail, "primary_metric": metric_names[0],
-            "configs": rows, "targets": targets,
+            "configs": configs, "targets": targets,
             "dense_round_to_round_change_last_rounds": spread}
 
 
