@@ -93,3 +93,12 @@ def server_identity():
 def site_identity():
     """The identity of a ClientApp's task on node 7, to create and answer messages as a site."""
     yield from _identity(7)
+
+
+@pytest.fixture()
+def one_torch_thread():
+    """Tiny tensors on a shared 2-core machine: one torch thread avoids oversubscription."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

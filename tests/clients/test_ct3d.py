@@ -30,7 +30,7 @@ from clients.io.volume import (
     resample_volume,
 )
 from clients.io.dicom_series import read_dicom_series
-from clients.errors import DicomSeriesError, ManifestError, StudyError
+from clients.errors import DicomSeriesError, StudyError
 from clients.io.dicom_writer import write_dicom_series
 from clients.ct3d_cls.synthetic import (
     SiteProfile,
@@ -40,6 +40,7 @@ from clients.ct3d_cls.synthetic import (
     synthesize_study,
 )
 from clients.io.nifti import write_nifti_ct
+from tests.clients.manifest_cases import manifest_error
 
 #: ../shared/data relative to the project root (see DESIGN.md, "Real data").
 REAL_DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
@@ -50,25 +51,12 @@ REAL_SERIES_LABELS = REAL_DATA / "ctpa" / "ct_dicom_series_labels.nii.gz"
 AORTA = 52  # TotalSegmentator label of the aorta in REAL_SERIES_LABELS
 
 #: A tiny, fast hospital: 6 studies (3 positive), 32 px, 8-10 slices, DICOM and NIfTI.
-TINY = SiteProfile(
-    name="tiny-hospital",
-    num_studies=6,
-    noise_hu=20.0,
-    positive_rate=0.5,
-    dicom_fraction=0.5,
-    image_size=32,
-    num_slices=(8, 10),
-    slice_spacing_mm=(20.0, 24.0),
-)
+TINY = SiteProfile(name="tiny-hospital", num_studies=6, noise_hu=20.0, positive_rate=0.5, dicom_fraction=0.5,
+                   image_size=32, num_slices=(8, 10), slice_spacing_mm=(20.0, 24.0))
 SMALL_GRID = (8, 16, 16)
 
 
-@pytest.fixture(autouse=True)
-def _single_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _require(path: Path) -> Path:
@@ -372,11 +360,8 @@ def test_label_rows_carry_their_error(tiny_site, tmp_path):
     ],
 )
 def test_malformed_manifest_stops_the_site(tmp_path, content, reason):
-    if content is not None:
-        (tmp_path / MANIFEST_NAME).write_text(content, encoding="utf-8")
-    with pytest.raises(ManifestError, match=reason) as info:
-        load_site(tmp_path, "train", SMALL_GRID)
-    assert info.value.path == tmp_path.resolve() / MANIFEST_NAME
+    error = manifest_error(tmp_path, MANIFEST_NAME, content, lambda site: load_site(site, "train", SMALL_GRID))
+    assert reason in str(error) and error.path == tmp_path.resolve() / MANIFEST_NAME
 
 
 def test_unreadable_dicom_is_a_dicom_series_error(tiny_site, tmp_path):

@@ -20,10 +20,11 @@ from clients.cxr_cls.manifest import (
     parse_labels,
     read_manifest,
 )
-from clients.errors import ManifestError, StudyError
+from clients.errors import StudyError
 from clients.cxr_cls.phantom import synthesize_radiograph
 from clients.cxr_cls.synthetic import SiteProfile, generate_site, main, site_profiles
 from clients.io.radiograph_writer import FILE_KINDS, write_radiograph
+from tests.clients.manifest_cases import manifest_error
 
 #: ../shared/data/cxr2d/samples relative to the project root (optional real data).
 SAMPLES = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "cxr2d" / "samples"
@@ -31,16 +32,8 @@ NIH_PNGS = ("nih_cxr14_00000001_000.png", "nih_cxr14_00027426_000.png")
 JPEG_DICOM = "siim_cxr_jpeg_baseline.dcm"
 MONO1_DICOM = "cr_chest_monochrome1_16bit.dcm"
 
-SMALL = SiteProfile(
-    name="test-hospital",
-    num_images=12,
-    positive_rate=0.4,
-    gamma=1.0,
-    lung_contrast=1.0,
-    blur_px=0.5,
-    noise=0.02,
-    kind_weights=(1.0, 1.0, 1.0, 1.0, 1.0),
-)
+SMALL = SiteProfile(name="test-hospital", num_images=12, positive_rate=0.4, gamma=1.0, lung_contrast=1.0,
+                    blur_px=0.5, noise=0.02, kind_weights=(1.0, 1.0, 1.0, 1.0, 1.0))
 SIZE = 64
 
 
@@ -312,11 +305,8 @@ def test_empty_site_loads_nothing(site_copy, caplog):
     ],
 )
 def test_malformed_manifest_raises_manifest_error(tmp_path, text, reason):
-    if text is not None:
-        (tmp_path / MANIFEST_NAME).write_text(text)
-    with pytest.raises(ManifestError) as info:
-        load_site(tmp_path, None, 32, 1)
-    assert reason in info.value.reason and MANIFEST_NAME in str(info.value)
+    error = manifest_error(tmp_path, MANIFEST_NAME, text, lambda site: load_site(site, None, 32, 1))
+    assert reason in error.reason and MANIFEST_NAME in str(error)
 
 
 # --------------------------------------------------------------------------- synthetic hospitals

@@ -23,12 +23,7 @@ SETTINGS = {"cxr-cls": TaskSettings(image_size=32, batch_size=2),
 DP = DpSettings(noise_multiplier=1.0, max_grad_norm=1.0, delta=1e-5)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module", params=sorted(SETTINGS))
