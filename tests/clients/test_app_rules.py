@@ -11,6 +11,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from clients.site.app_rules import AppRules
 from clients.site.policy import SitePolicy, SitePolicyError, load_policy
+from tests.clients.policy_files import policy_refusal, write_policy
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 DIGEST = "3fa2c1d0e9b7" + "0" * 52
@@ -22,10 +23,13 @@ def _public_pem(path: Path, key) -> Path:
     return path
 
 
+def _with_apps(apps: str) -> str:
+    """A policy whose [apps] section holds ``apps``."""
+    return f"min-batch-size = 4\n[apps]\n{apps}\n"
+
+
 def _write(tmp_path: Path, apps: str) -> Path:
-    path = tmp_path / "policy.toml"
-    path.write_text(f"min-batch-size = 4\n[apps]\n{apps}\n")
-    return path
+    return write_policy(tmp_path, _with_apps(apps))
 
 
 def test_shipped_policies_default_deny_and_permissive():
@@ -73,10 +77,8 @@ def test_a_missing_approved_file_approves_nothing_yet(tmp_path):
     (f'any = true\napproved-sha256 = ["{DIGEST}"]', "'apps.any' is true but the section"),
 ])
 def test_bad_apps_values_are_refused_naming_the_key(tmp_path, apps, key):
-    path = _write(tmp_path, apps)
-    with pytest.raises(SitePolicyError, match=key) as info:
-        load_policy(path)
-    assert str(path) in str(info.value)
+    path, error = policy_refusal(tmp_path, _with_apps(apps), key)
+    assert str(path) in str(error)
 
 
 def test_key_files_must_be_ed25519_public_keys_naming_the_file(tmp_path):

@@ -10,14 +10,9 @@ import pytest
 from clients.site.policy import (DpRules, PolicyRefusal, SitePolicy, SitePolicyError,
                                  load_policy)
 from strategies.errors import ConfigError, SiteError
+from tests.clients.policy_files import policy_refusal, write_policy
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-
-
-def _write(tmp_path: Path, text: str, name: str = "policy.toml") -> Path:
-    path = tmp_path / name
-    path.write_text(text)
-    return path
 
 
 def test_shipped_default_is_strict_and_permissive_file_matches_the_class():
@@ -32,7 +27,7 @@ def test_shipped_default_is_strict_and_permissive_file_matches_the_class():
 
 
 def test_missing_keys_take_the_permissive_values(tmp_path):
-    policy = load_policy(_write(tmp_path, "min-batch-size = 8\n[dp]\nmax-epsilon = 3.0\n"))
+    policy = load_policy(write_policy(tmp_path, "min-batch-size = 8\n[dp]\nmax-epsilon = 3.0\n"))
     assert policy.min_batch_size == 8 and policy.dp == DpRules(max_epsilon=3.0)
     assert policy.allows_task("pe-seg") and policy.allows_codec("topk")
     assert policy.max_local_steps == math.inf
@@ -43,10 +38,8 @@ def test_missing_keys_take_the_permissive_values(tmp_path):
     ("[dp]\nepsilon = 8.0\n", "'dp.epsilon'"),
 ])
 def test_unknown_key_is_refused_naming_file_and_key(tmp_path, text, key):
-    path = _write(tmp_path, text)
-    with pytest.raises(SitePolicyError, match=key) as info:
-        load_policy(path)
-    assert str(path) in str(info.value) and isinstance(info.value, ConfigError)
+    path, error = policy_refusal(tmp_path, text, key)
+    assert str(path) in str(error) and isinstance(error, ConfigError)
 
 
 @pytest.mark.parametrize("text, key", [
@@ -65,10 +58,8 @@ def test_unknown_key_is_refused_naming_file_and_key(tmp_path, text, key):
     ("min-batch-size = \n", "not valid TOML"),
 ])
 def test_bad_value_is_refused_naming_the_key(tmp_path, text, key):
-    path = _write(tmp_path, text)
-    with pytest.raises(SitePolicyError, match=key) as info:
-        load_policy(path)
-    assert str(path) in str(info.value)
+    path, error = policy_refusal(tmp_path, text, key)
+    assert str(path) in str(error)
 
 
 def test_unreadable_file_names_the_file(tmp_path):
@@ -77,11 +68,11 @@ def test_unreadable_file_names_the_file(tmp_path):
 
 
 def test_fingerprint_depends_on_the_rules_not_on_the_layout(tmp_path):
-    a = load_policy(_write(tmp_path, "min-batch-size = 8\n", "a.toml"))
-    b = load_policy(_write(tmp_path, "# comment\n\nmin-batch-size   =   8 # same rule\n"
+    a = load_policy(write_policy(tmp_path, "min-batch-size = 8\n", "a.toml"))
+    b = load_policy(write_policy(tmp_path, "# comment\n\nmin-batch-size   =   8 # same rule\n"
                                      "min-local-steps = 1\n", "b.toml"))
-    c = load_policy(_write(tmp_path, "min-batch-size = 9\n", "c.toml"))
-    d = load_policy(_write(tmp_path, "[dp]\nrequired = true\n", "d.toml"))
+    c = load_policy(write_policy(tmp_path, "min-batch-size = 9\n", "c.toml"))
+    d = load_policy(write_policy(tmp_path, "[dp]\nrequired = true\n", "d.toml"))
     assert a.fingerprint == b.fingerprint
     assert len({a.fingerprint, c.fingerprint, d.fingerprint,
                 SitePolicy.permissive().fingerprint}) == 4
