@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from clients.training.dp_accountants import ACCOUNTANTS, DEFAULT_ACCOUNTANT
-from clients.training.site_task import OPTIMIZERS, TaskSettings
+from clients.training.task_settings import OPTIMIZERS, TaskSettings
 from clients.registry import TASKS
 from strategies.compression import check_warmup, parse_spec
 from strategies.downlink import check_downlink_codec

@@ -27,6 +27,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from clients.training.device import ComputeDevice
+from clients.training.task_settings import OPTIMIZERS, TaskSettings
 from clients.manifests.csv_rows import EVAL_SPLITS
 from clients.manifests.load_report import LoadReport
 from clients.prediction.items import PredictionItem, plain_folder_items
@@ -41,34 +42,11 @@ if TYPE_CHECKING:
 __all__ = ["SiteDataError", "TaskSettings", "EvalResult", "SiteTask", "make_optimizer",
            "merged_report", "OPTIMIZERS", "EVAL_SPLITS"]
 
-OPTIMIZERS = ("sgd", "adam")
-
 log = logging.getLogger(__name__)
 
 
 class SiteDataError(SiteError):
     """A site has no usable data for the requested work (no item at all, or none to train on)."""
-
-
-@dataclass(frozen=True)
-class TaskSettings:
-    """Sizes and sampling of a task (from the run config).
-
-    ``positive_fraction`` is the expected share of positive training examples
-    the sampler draws (rare targets such as emboli would otherwise be almost
-    absent from the batches): exactly that share for the classifiers (class
-    balance), at least that share for segmentation (slabs with a mask are never
-    down-weighted, see :mod:`clients.training.sampling`). ``num_labels`` and ``model_size`` (``small`` |
-    ``full``) are for the classifiers, ``volume_depth`` (slices) for 3D volumes.
-    """
-
-    image_size: int = 64
-    slab_slices: int = 9
-    batch_size: int = 8
-    positive_fraction: float = 0.5
-    num_labels: int = 1
-    model_size: str = "small"
-    volume_depth: int = 32
 
 
 @dataclass(frozen=True)
