@@ -27,6 +27,7 @@ from strategies.running_sum import RunningSum
 
 __all__ = [
     "AggregationError",
+    "apply_update",
     "check_update",
     "fedavg_delta",
     "fedavg_finish",
@@ -43,7 +44,7 @@ class AggregationError(ReplyError):
 
     ``index`` is the position of the update (reply) at fault, ``None`` when no
     single one is; the round loop drops that reply and aggregates the others
-    (:mod:`strategies.rounds.safe_aggregate`). Invalid local solver settings
+    (:mod:`strategies.rounds.update_stream`). Invalid local solver settings
     raise :class:`strategies.local_solver.LocalSolverError`.
     """
 
@@ -279,3 +280,21 @@ def fednova_delta(
     p = counts / counts.sum()
     tau_eff = float(np.dot(p, norms))
     return _weighted_sum(deltas, tau_eff * p / norms, p)
+
+
+def apply_update(global_arrays: list[np.ndarray], delta: list[np.ndarray],
+                 keys: list[str]) -> tuple[list[np.ndarray] | None, str]:
+    """The new global arrays ``x - Delta`` in ``x``'s dtypes, or ``None`` and why not.
+
+    ``None`` when an entry is NaN or infinite (the reason names the array's
+    key): the caller keeps the old model, so nothing non-finite is ever
+    checkpointed (finite updates can still overflow, e.g. float32 near 3.4e38).
+    """
+    with np.errstate(over="ignore", invalid="ignore"):
+        updated = [np.asarray(g - d).astype(g.dtype, copy=False)
+                   for g, d in zip(global_arrays, delta)]
+    for key, array in zip(keys, updated):
+        if array.dtype.kind == "f" and not np.isfinite(array).all():
+            return None, (f"aggregation failed: new global array '{key}' is not finite; "
+                          "the previous model is kept")
+    return updated, ""

@@ -43,6 +43,7 @@ from flwr.serverapp import Grid
 from flwr.supercore import log
 
 from strategies import message_keys as keys
+from strategies.aggregation import apply_update
 from strategies.local_solver import LocalSolver
 from strategies.replies import InvalidReplyError, MetricsReply, parse_metrics_reply
 from strategies.rounds.exchange import exchange
@@ -51,7 +52,6 @@ from strategies.rounds.node_wait import wait_for_nodes
 from strategies.rounds.reply_intake import Reply, ReplyIntake
 from strategies.rounds.round_metrics import example_weighted_metrics
 from strategies.rounds.round_policy import RoundPolicy
-from strategies.rounds.safe_aggregate import apply_update
 from strategies.rounds.site_book import SiteBook
 
 if TYPE_CHECKING:

@@ -26,7 +26,7 @@ each chosen by name from the run config (:mod:`strategies.registry`). Unlike Fed
   when it joined and at a coordinator's roster (a name not on it is dropped);
 * drops a reply the aggregator rejects instead of failing the run, and keeps
   the old model when the new one would not be finite
-  (:mod:`strategies.rounds.safe_aggregate`, ``RoundReport.aggregation_failed``);
+  (:mod:`strategies.rounds.update_stream`, ``RoundReport.aggregation_failed``);
 * records a :class:`RoundReport` per round for an observer (the ServerApp: MLflow).
 
 The class is the loop only: each round is two exchanges

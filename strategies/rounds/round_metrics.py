@@ -33,7 +33,7 @@ def aggregated_replies(replies: Sequence[TrainReply],
     """The replies a defence did not leave out (``info[<rule>-selected/<site>] == 0``).
 
     ``info`` is the aggregation's record (``AggregateOutcome.info``,
-    :mod:`strategies.rounds.safe_aggregate`): every defence that leaves replies
+    :mod:`strategies.rounds.update_stream`): every defence that leaves replies
     out records each site's selection under :data:`SELECTED` (Multi-Krum,
     Blanchard et al. 2017: the ``m`` replies of lowest Krum score are kept).
     """

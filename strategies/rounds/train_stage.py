@@ -26,6 +26,7 @@ from flwr.serverapp import Grid
 from flwr.supercore import log
 
 from strategies import message_keys as keys
+from strategies.aggregation import apply_update
 from strategies.compression import parse_spec
 from strategies.downlink import ServerDownlink
 from strategies.errors import FederationError
@@ -38,11 +39,10 @@ from strategies.rounds.reply_intake import Cap, ReplyIntake, Taken
 from strategies.rounds.round_metrics import aggregated_replies, example_weighted_metrics
 from strategies.rounds.round_policy import RoundPolicy
 from strategies.rounds.round_report import RoundReport
-from strategies.rounds.safe_aggregate import AggregateOutcome, apply_update
 from strategies.rounds.site_book import SiteBook
 from strategies.rounds.site_selection import SelectionContext, query_losses, record_selection
 from strategies.rounds.traffic import bytes_down, record_traffic
-from strategies.rounds.update_stream import DEFAULT_MAX_HELD_MB, UpdateStream
+from strategies.rounds.update_stream import DEFAULT_MAX_HELD_MB, AggregateOutcome, UpdateStream
 
 __all__ = ["OFFLINE", "NoValidRepliesError", "TrainStage", "site_rounds"]
 

@@ -19,31 +19,87 @@ round at once -- the coordinate-wise median and trimmed mean (Yin et al., ICML
 2018), Multi-Krum's pairwise distances (Blanchard et al., NeurIPS 2017),
 norm-bound's ``kappa x median`` bound (Sun et al. 2019; the default defence) --
 says so with ``needs_all_updates = True`` (:mod:`strategies.plugins.protocols`).
-Its updates are held until the aggregation
-(:func:`strategies.rounds.safe_aggregate.aggregate_safely`), and the round is
-refused before anything is sent when the selected sites' updates, ``m x`` the
-model's bytes, would exceed run config ``round.max-held-mb``.
+Its updates are held until the aggregation, and the round is refused before
+anything is sent when the selected sites' updates, ``m x`` the model's bytes,
+would exceed run config ``round.max-held-mb``.
+
+No reply can end the run (:func:`aggregate_safely`): every reply was validated on
+its own (:mod:`strategies.replies`), yet the aggregator can still refuse the set (a
+weight out of range, a robust rule that rejects an update) with a
+:class:`strategies.errors.ReplyError`. When the error names the reply at fault
+(:class:`strategies.aggregation.AggregationError`'s ``index``), that reply is
+dropped with the reason and the others are aggregated again; otherwise the round
+keeps the old model and records why (``AggregateOutcome.failure``).
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
+from logging import WARNING
 
 import numpy as np
+from flwr.supercore import log
 
-from strategies.aggregation import check_update
+from strategies.aggregation import AggregationError, check_update
 from strategies.errors import ConfigError, ReplyError
 from strategies.plugins.protocols import Aggregator
 from strategies.replies import TrainReply
-from strategies.rounds.safe_aggregate import AggregateOutcome, aggregate_safely
 from strategies.running_sum import RunningSum
 
-__all__ = ["DEFAULT_MAX_HELD_MB", "MAX_HELD_KEY", "UpdateStream"]
+__all__ = ["DEFAULT_MAX_HELD_MB", "MAX_HELD_KEY", "AggregateOutcome", "UpdateStream",
+           "aggregate_safely"]
 
 #: The run-config key bounding the updates held for an aggregator that needs them all.
 MAX_HELD_KEY = "round.max-held-mb"
 DEFAULT_MAX_HELD_MB = 4096.0
 _MB = 2.0 ** 20
+
+
+@dataclass
+class AggregateOutcome:
+    """The aggregated update of a round, or why there is none.
+
+    Attributes
+    ----------
+    delta : list of numpy.ndarray or None
+        The update ``Delta`` to apply (``None`` when aggregation failed).
+    info : dict[str, float]
+        The aggregator's values to track (e.g. ``tau-eff``).
+    used : list of TrainReply
+        The replies aggregated (those the aggregator did not reject).
+    failure : str
+        Why the round keeps the old model; empty when ``delta`` is usable.
+    """
+
+    delta: list[np.ndarray] | None
+    info: dict[str, float] = field(default_factory=dict)
+    used: list[TrainReply] = field(default_factory=list)
+    failure: str = ""
+
+
+def aggregate_safely(aggregator: Aggregator, replies: list[TrainReply],
+                     dropped: dict[str, str]) -> AggregateOutcome:
+    """``aggregator.aggregate(replies)``, dropping each reply it names as at fault.
+
+    A :class:`ReplyError` with an ``index`` drops ``replies[index]`` into
+    ``dropped`` (by site name) and retries with the rest; one without is
+    returned as the round's failure, as is a round whose every reply was dropped.
+    """
+    used = list(replies)
+    while used:
+        try:
+            delta, info = aggregator.aggregate(used)
+        except ReplyError as exc:
+            index = exc.index if isinstance(exc, AggregationError) else None
+            if index is None or not 0 <= index < len(used):
+                return AggregateOutcome(None, used=used,
+                                        failure=f"aggregation failed: {exc}")
+            culprit = used.pop(index)
+            dropped[culprit.site] = f"rejected by the aggregation: {exc}"
+            log(WARNING, "aggregate_train: dropped reply of %s: %s", culprit.site, exc)
+            continue
+        return AggregateOutcome(list(delta), dict(info), used)
+    return AggregateOutcome(None, failure="aggregation failed: it rejected every reply")
 
 
 class UpdateStream:
@@ -114,8 +170,7 @@ class UpdateStream:
     def finish(self, accepted: list[TrainReply], dropped: dict[str, str]) -> AggregateOutcome:
         """The round's aggregate: the scaled running sum, or the held ``accepted`` aggregated.
 
-        Held replies the aggregator rejects go to ``dropped``
-        (:func:`strategies.rounds.safe_aggregate.aggregate_safely`).
+        Held replies the aggregator rejects go to ``dropped`` (:func:`aggregate_safely`).
         """
         if self._total is None:
             return aggregate_safely(self.aggregator, accepted, dropped)
