@@ -33,6 +33,13 @@ def _set_z(path: Path, z: float) -> None:
     ds.save_as(path)
 
 
+def _refusal(folder: Path, match: str | None = None) -> DicomSeriesError:
+    """The :class:`DicomSeriesError` reading ``folder`` raises (its message matching ``match``)."""
+    with pytest.raises(DicomSeriesError, match=match) as info:
+        read_dicom_series(folder)
+    return info.value
+
+
 def test_real_series_reads_sorted_in_hu(real_volume) -> None:
     vol = real_volume
     assert vol.hu.shape == (20, 512, 512)
@@ -75,9 +82,8 @@ def test_empty_and_missing_folder(tmp_path) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()
     (empty / ".hidden").write_text("x")
-    with pytest.raises(DicomSeriesError) as info:
-        read_dicom_series(empty)
-    assert info.value.path == empty and "no DICOM files" in str(info.value)
+    error = _refusal(empty)
+    assert error.path == empty and "no DICOM files" in str(error)
     with pytest.raises(DicomSeriesError, match="does not exist"):
         read_dicom_series(tmp_path / "nope")
 
@@ -86,20 +92,18 @@ def test_unreadable_file_is_named(small_site, tmp_path) -> None:
     folder = _series_copy(small_site, tmp_path)
     bad = folder / "notes.txt"
     bad.write_text("this is not DICOM")
-    with pytest.raises(DicomSeriesError) as info:
-        read_dicom_series(folder)
-    assert info.value.path == bad
-    assert str(info.value).startswith(f"{bad}: not a readable DICOM file")
-    assert isinstance(info.value, StudyError)
+    error = _refusal(folder)
+    assert error.path == bad
+    assert str(error).startswith(f"{bad}: not a readable DICOM file")
+    assert isinstance(error, StudyError)
 
 
 def test_truncated_file_is_named(small_site, tmp_path) -> None:
     folder = _series_copy(small_site, tmp_path)
     victim = _files_by_position(folder)[3]
     victim.write_bytes(victim.read_bytes()[:2000])
-    with pytest.raises(DicomSeriesError) as info:
-        read_dicom_series(folder)
-    assert info.value.path == victim
+    error = _refusal(folder)
+    assert error.path == victim
 
 
 def test_non_image_dicom_is_named(small_site, tmp_path) -> None:
@@ -115,31 +119,28 @@ def test_non_image_dicom_is_named(small_site, tmp_path) -> None:
     ds.Modality = "SR"
     report = folder / "report"
     ds.save_as(report, enforce_file_format=True)
-    with pytest.raises(DicomSeriesError, match="no pixel data") as info:
-        read_dicom_series(folder)
-    assert info.value.path == report
+    error = _refusal(folder, "no pixel data")
+    assert error.path == report
 
 
 def test_missing_slice(small_site, tmp_path) -> None:
     folder = _series_copy(small_site, tmp_path)
     files = _files_by_position(folder)
     files[5].unlink()
-    with pytest.raises(DicomSeriesError, match="missing slice") as info:
-        read_dicom_series(folder)
-    assert info.value.path == folder
-    assert files[4].name in str(info.value) and files[6].name in str(info.value)
+    error = _refusal(folder, "missing slice")
+    assert error.path == folder
+    assert files[4].name in str(error) and files[6].name in str(error)
 
 
 def test_duplicate_slice(small_site, tmp_path) -> None:
     folder = _series_copy(small_site, tmp_path)
     files = _files_by_position(folder)
     shutil.copy(files[2], folder / "copy-of-slice")
-    with pytest.raises(DicomSeriesError, match="duplicate slice position") as info:
-        read_dicom_series(folder)
+    error = _refusal(folder, "duplicate slice position")
     pair = {"copy-of-slice", files[2].name}
-    assert info.value.path.name in pair
-    (other,) = pair - {info.value.path.name}
-    assert f"same as {other}" in info.value.reason
+    assert error.path.name in pair
+    (other,) = pair - {error.path.name}
+    assert f"same as {other}" in error.reason
 
 
 def test_inconsistent_spacing(small_site, tmp_path) -> None:
@@ -148,9 +149,8 @@ def test_inconsistent_spacing(small_site, tmp_path) -> None:
     z = [float(pydicom.dcmread(p, stop_before_pixels=True).ImagePositionPatient[2]) for p in files]
     step = z[1] - z[0]
     _set_z(files[4], z[4] + 0.3 * step)  # steps 1.3 and 0.7 x the median: uneven, not a gap
-    with pytest.raises(DicomSeriesError, match="inconsistent slice spacing") as info:
-        read_dicom_series(folder)
-    assert info.value.path in (files[4], files[5])
+    error = _refusal(folder, "inconsistent slice spacing")
+    assert error.path in (files[4], files[5])
 
 
 def test_inconsistent_geometry_between_slices(small_site, tmp_path) -> None:
@@ -159,16 +159,14 @@ def test_inconsistent_geometry_between_slices(small_site, tmp_path) -> None:
     ds = pydicom.dcmread(victim)
     ds.PixelSpacing = ["1.5", "1.5"]
     ds.save_as(victim)
-    with pytest.raises(DicomSeriesError, match="inconsistent PixelSpacing") as info:
-        read_dicom_series(folder)
-    assert info.value.path == victim
+    error = _refusal(folder, "inconsistent PixelSpacing")
+    assert error.path == victim
 
     ds.PixelSpacing = pydicom.dcmread(_files_by_position(folder)[0]).PixelSpacing
     ds.ImageOrientationPatient = ["1", "0", "0", "0", "0", "-1"]
     ds.save_as(victim)
-    with pytest.raises(DicomSeriesError, match="inconsistent ImageOrientationPatient") as info:
-        read_dicom_series(folder)
-    assert info.value.path == victim
+    error = _refusal(folder, "inconsistent ImageOrientationPatient")
+    assert error.path == victim
 
 
 def test_position_off_the_normal_axis(small_site, tmp_path) -> None:
@@ -177,15 +175,13 @@ def test_position_off_the_normal_axis(small_site, tmp_path) -> None:
     ds = pydicom.dcmread(victim)
     ds.ImagePositionPatient = [f"{float(ds.ImagePositionPatient[0]) + 20.0:.4f}", *ds.ImagePositionPatient[1:]]
     ds.save_as(victim)
-    with pytest.raises(DicomSeriesError, match="off the slice-normal axis") as info:
-        read_dicom_series(folder)
-    assert info.value.path == victim
+    error = _refusal(folder, "off the slice-normal axis")
+    assert error.path == victim
 
 
 def test_other_series_is_rejected(small_site, tmp_path) -> None:
     folder = _series_copy(small_site, tmp_path)
     other = next(p for p in (small_site / "studies" / "study-001" / "dicom").iterdir())
     shutil.copy(other, folder / "stray")
-    with pytest.raises(DicomSeriesError, match="another series") as info:
-        read_dicom_series(folder)
-    assert info.value.path.name == "stray"
+    error = _refusal(folder, "another series")
+    assert error.path.name == "stray"
