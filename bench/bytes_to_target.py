@@ -12,8 +12,8 @@ round. Against the dense fp32 row of the same set and seed:
   ``final / final_dense`` and ``rel_diff`` = ``relative_to_dense - 1``;
 * the target is ``fraction`` (95%) of dense's final metric; ``bytes_to_target``
   = up + down bytes of all sites summed over rounds ``1..r`` with ``r`` the
-  first round whose metric reaches it (:func:`curves.rounds_to_target`, one
-  round window); ``bytes_to_target_ratio`` = dense's / ours (``None`` if never).
+  first round whose metric reaches it (a round without evaluation never
+  does); ``bytes_to_target_ratio`` = dense's / ours (``None`` if never).
   Round 1's downlink is the initial model to every site, dense in every
   config (a compressed downlink starts with a snapshot), so it bounds that
   ratio by about twice the rounds dense needs; ``bytes_to_target_ratio_updates``
@@ -31,8 +31,6 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from curves import rounds_to_target
-
 __all__ = ["compare", "summarise", "goals", "markdown_table"]
 
 #: The issue's goals: uplink and downlink ratios, final metric within 2%, bytes to target.
@@ -42,11 +40,17 @@ GOAL_UP, GOAL_DOWN, GOAL_REL, GOAL_TARGET = 100.0, 10.0, -0.02, 50.0
 def _bytes_to(row: dict, target: float, initial: bool = True
               ) -> tuple[int | None, float | None]:
     """First round at ``target`` and the bytes up to it (``initial``: round 1's downlink too)."""
-    r = rounds_to_target(row["curve"], target, 1)
+    r = next((i + 1 for i, value in enumerate(row["curve"])
+              if value is not None and value >= target), None)
     if r is None:
         return None, None
     total = np.add(row["bytes_up_per_round"], row["bytes_down_per_round"])
     return r, float(np.sum(total[:r])) - (0 if initial else row["bytes_down_per_round"][0])
+
+
+def _tail_mean(curve: Sequence[float | None], tail: int) -> float:
+    """Mean of the last ``tail`` rounds that have a value (``None``: no evaluation)."""
+    return float(np.nanmean(np.asarray(curve[-tail:], dtype=float)))
 
 
 def _ratio(dense: float | None, ours: float | None) -> float | None:
@@ -63,7 +67,7 @@ def compare(rows: Sequence[dict], tail: int = 3, fraction: float = 0.95) -> list
     for row in rows:
         row = dict(row)
         ref = dense.get((row["set"], row["seed"]))
-        row["final_metric"] = float(np.mean(row["curve"][-tail:]))
+        row["final_metric"] = _tail_mean(row["curve"], tail)
         row["up_ratio_vs_fp32"] = row["dense_fp32_bytes"] / row["up_bytes_per_site_round"]
         row["down_ratio_vs_fp32"] = row["dense_fp32_bytes"] / row["down_bytes_per_site_round"]
         keys = ("up_ratio", "down_ratio", "relative_to_dense", "rel_diff", "target",
@@ -71,7 +75,7 @@ def compare(rows: Sequence[dict], tail: int = 3, fraction: float = 0.95) -> list
                 "bytes_to_target_ratio_updates")
         row.update(dict.fromkeys(keys))
         if ref is not None:
-            final = float(np.mean(ref["curve"][-tail:]))
+            final = _tail_mean(ref["curve"], tail)
             target = fraction * final
             dense_rounds, dense_bytes = _bytes_to(ref, target)
             rounds, spent = _bytes_to(row, target)

@@ -18,8 +18,8 @@ __all__ = ["tail_mean", "summarise", "markdown_table", "targets_text"]
 
 
 def tail_mean(values: Sequence[float], tail: int) -> float:
-    """Mean of the last ``tail`` values."""
-    return float(np.mean(values[-tail:]))
+    """Mean of the last ``tail`` values that exist (``None``: a round without evaluation)."""
+    return float(np.nanmean(np.asarray(values[-tail:], dtype=float)))
 
 
 def summarise(task_name: str, metric_names: Sequence[str], rows: Sequence[dict],

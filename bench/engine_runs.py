@@ -91,8 +91,10 @@ class RoundSeries:
 
     Attributes
     ----------
-    metrics : dict[str, list[float]]
-        Aggregated validation metrics per round (``val-auc`` -> ``auc``...).
+    metrics : dict[str, list[float | None]]
+        Aggregated validation metrics per round (``val-auc`` -> ``auc``...);
+        ``None`` for a round whose every evaluate reply was dropped (e.g. a
+        non-finite loss: the server keeps no metric of that round).
     bytes_up, bytes_down : list[list[int]]
         Per round, per site (sorted by name): serialised reply and instruction bytes.
     dense_fp32_bytes : int
@@ -105,7 +107,7 @@ class RoundSeries:
         Per round, the train replies the server dropped and why.
     """
 
-    metrics: dict[str, list[float]]
+    metrics: dict[str, list[float | None]]
     bytes_up: list[list[int]]
     bytes_down: list[list[int]]
     dense_fp32_bytes: int
@@ -118,14 +120,17 @@ class RoundSeries:
         return len(self.bytes_up)
 
 
+def _value(value: float | None) -> float | None:
+    return None if value is None else float(value)
+
+
 def series(outcome) -> RoundSeries:
     """The :class:`RoundSeries` of a :class:`~app.server_app.FederationOutcome`."""
     reports = [outcome.reports[r] for r in sorted(outcome.reports)]
-    metrics: dict[str, list[float]] = {}
-    for report in reports:
-        for key, value in report.evaluate_aggregate.items():
-            if key.startswith("val-"):
-                metrics.setdefault(key[len("val-"):], []).append(float(value))
+    names = sorted({key for report in reports for key in report.evaluate_aggregate
+                    if key.startswith("val-")})
+    metrics = {key[len("val-"):]: [_value(report.evaluate_aggregate.get(key))
+                                   for report in reports] for key in names}
     fp32 = next((int(round(t["bytes-up"] * t["uplink-ratio"])) for report in reports
                  for t in report.traffic.values() if t.get("uplink-ratio")), 0)
     return RoundSeries(
