@@ -28,23 +28,15 @@ __all__ = ["TaskEntry", "TASKS", "task_class", "synthetic_module", "shared_set"]
 
 @dataclass(frozen=True)
 class TaskEntry:
-    """Where a task's pieces live.
+    """Where a task's pieces live."""
 
-    Attributes
-    ----------
-    task : str
-        ``module:Class`` of its :class:`~clients.training.site_task.SiteTask`.
-    synthetic : str
-        Module of its synthetic generator (``generate_federation``, ``main``).
-    shared : str
-        Module of its shared-set conversion (a ``SETS`` mapping name -> SharedSet).
-    shared_sets : tuple of str
-        Names of its shared sets; the first is the default.
-    """
-
+    #: ``module:Class`` of its :class:`~clients.training.site_task.SiteTask`.
     task: str
+    #: Module of its synthetic generator (``generate_federation``, ``main``).
     synthetic: str
+    #: Module of its shared-set conversion (a ``SETS`` mapping name -> SharedSet).
     shared: str
+    #: Names of its shared sets; the first is the default.
     shared_sets: tuple[str, ...]
 
     @property

@@ -29,26 +29,17 @@ RAW_KEY = "raw"
 
 @dataclass(frozen=True)
 class DownlinkHeader:
-    """The downlink entries of one train instruction (see the module docstring).
+    """The downlink entries of one train instruction (see the module docstring)."""
 
-    Attributes
-    ----------
-    codec : str
-        Canonical downlink codec spec.
-    version : int
-        Version of the reference after this message (the server round).
-    base : int
-        0 for a dense snapshot; else the version the compressed step applies to.
-    checksum : str
-        SHA-256 (hex) of the reference after this message.
-    seed : int
-        Codec seed of the step.
-    """
-
+    #: Canonical downlink codec spec.
     codec: str
+    #: Version of the reference after this message (the server round).
     version: int
+    #: 0 for a dense snapshot; else the version the compressed step applies to.
     base: int
+    #: SHA-256 (hex) of the reference after this message.
     checksum: str
+    #: Codec seed of the step.
     seed: int = 0
 
     @property

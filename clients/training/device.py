@@ -26,26 +26,17 @@ WORKERS_ENV = "FEDMED_LOADER_WORKERS"
 
 @dataclass(frozen=True)
 class ComputeDevice:
-    """Where a trainer runs, in which precision, and how its batches are fed.
+    """Where a trainer runs, in which precision, and how its batches are fed."""
 
-    Attributes
-    ----------
-    device : torch.device
-        ``cuda`` when available, else ``cpu``.
-    amp_dtype : torch.dtype | None
-        Autocast dtype on CUDA (bfloat16 where supported, else float16);
-        ``None`` on CPU (full float32).
-    channels_last : bool
-        Run 2D convolutional models with NHWC (``torch.channels_last``) weights
-        and inputs; on by default on CUDA.
-    loader_workers : int
-        DataLoader worker processes for training batches (0: load in the
-        training process).
-    """
-
+    #: ``cuda`` when available, else ``cpu``.
     device: torch.device
+    #: Autocast dtype on CUDA (bfloat16 where supported, else float16); ``None`` on CPU (full
+    #: float32).
     amp_dtype: torch.dtype | None
+    #: Run 2D convolutional models with NHWC (``torch.channels_last``) weights and inputs; on by
+    #: default on CUDA.
     channels_last: bool = False
+    #: DataLoader worker processes for training batches (0: load in the training process).
     loader_workers: int = 0
 
     def __post_init__(self) -> None:

@@ -57,29 +57,20 @@ class PrivateModelError(ConfigError):
 
 @dataclass(frozen=True)
 class DpSettings:
-    """The DP-SGD parameters of a run (run config ``privacy.*``).
+    """The DP-SGD parameters of a run (run config ``privacy.*``)."""
 
-    Attributes
-    ----------
-    noise_multiplier : float
-        sigma: noise standard deviation over the clipping norm (0 = no DP-SGD).
-    max_grad_norm : float
-        C: per-example gradient clipping norm (L2).
-    delta : float
-        delta of the (epsilon, delta) guarantee the accountant reports.
-    accountant : str
-        Opacus accountant (run config ``privacy.accountant``), one of
-        :data:`~clients.training.dp_accountants.ACCOUNTANTS`.
-    grad_sample_mode : str
-        How Opacus computes per-example gradients, one of :data:`GRAD_SAMPLE_MODES`.
-        Not a privacy parameter: every mode clips and noises the same per-example
-        gradients, only the cost differs.
-    """
-
+    #: sigma: noise standard deviation over the clipping norm (0 = no DP-SGD).
     noise_multiplier: float = 0.0
+    #: C: per-example gradient clipping norm (L2).
     max_grad_norm: float = 1.0
+    #: delta of the (epsilon, delta) guarantee the accountant reports.
     delta: float = 1e-5
+    #: Opacus accountant (run config ``privacy.accountant``), one of
+    #: :data:`~clients.training.dp_accountants.ACCOUNTANTS`.
     accountant: str = DEFAULT_ACCOUNTANT
+    #: How Opacus computes per-example gradients, one of :data:`GRAD_SAMPLE_MODES`. Not a
+    #: privacy parameter: every mode clips and noises the same per-example gradients, only
+    #: the cost differs.
     grad_sample_mode: str = "hooks"
 
     @property

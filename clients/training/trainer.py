@@ -36,30 +36,20 @@ class NonFiniteLossError(SiteError):
 
 @dataclass(frozen=True)
 class TrainResult:
-    """Outcome of one site's local training.
+    """Outcome of one site's local training."""
 
-    Attributes
-    ----------
-    num_examples : int
-        Training examples seen (steps done x batch size, last batch exact).
-    steps_done : int
-        Optimiser steps actually run (can be below the request at a deadline).
-    mean_loss : float
-        Mean training loss over the steps.
-    initial_loss : float
-        Loss of the received global model on the first batch (before any step).
-    seconds : float
-        Wall time of the loop.
-    privacy_steps : tuple of (float, float, int)
-        DP-SGD only: the accountant's history ``(noise multiplier, sample rate,
-        steps)`` of this training (:mod:`clients.site.privacy_ledger`).
-    """
-
+    #: Training examples seen (steps done x batch size, last batch exact).
     num_examples: int
+    #: Optimiser steps actually run (can be below the request at a deadline).
     steps_done: int
+    #: Mean training loss over the steps.
     mean_loss: float
+    #: Loss of the received global model on the first batch (before any step).
     initial_loss: float
+    #: Wall time of the loop.
     seconds: float
+    #: DP-SGD only: the accountant's history ``(noise multiplier, sample rate, steps)`` of
+    #: this training (:mod:`clients.site.privacy_ledger`).
     privacy_steps: tuple[tuple[float, float, int], ...] = ()
 
 
