@@ -15,7 +15,6 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, R
 
 from app import client_app
 from clients.cxr_cls import manifest as cxr_manifest
-from clients.cxr_cls.synthetic import generate_site, site_profiles
 from clients.manifests.csv_rows import EVAL_SPLITS
 from clients.site.site_tasks import SiteTasks
 from clients.training.device import select_device
@@ -23,6 +22,7 @@ from clients.training.site_task import EvalResult
 from strategies import message_keys as keys
 from strategies.model_packing import pack_arrays
 from tests.app.site_messages import instruction
+from tests.clients.small_sites import small_cxr_site
 
 pytestmark = pytest.mark.usefixtures("site_identity")
 
@@ -100,9 +100,7 @@ def test_an_unknown_split_is_refused_before_any_data_is_read(tmp_path: Path, fak
 @pytest.fixture(scope="module")
 def test_only_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A synthetic radiograph site whose 8 images are all in split ``test``."""
-    profile = dataclasses.replace(site_profiles(1, 0)[0], num_images=8)
-    site = generate_site(tmp_path_factory.mktemp("test-only") / "hospital", profile, seed=1,
-                         image_size=32, num_test=0)
+    site = small_cxr_site(tmp_path_factory.mktemp("test-only") / "hospital", 8, seed=1)
     rows = cxr_manifest.read_manifest(site)
     cxr_manifest.write_manifest(site, [dataclasses.replace(r, split="test") for r in rows])
     return site

@@ -8,7 +8,6 @@ so the site's personalised model stays the one its test metric was reported for.
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +15,6 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 
 from app import client_app
-from clients.cxr_cls.synthetic import generate_site, site_profiles
 from clients.registry import task_class
 from clients.site.site_tasks import SiteTasks
 from clients.site.state_store import SiteStateStore
@@ -24,6 +22,7 @@ from clients.training.personalisation.local_layers import LOCAL_LAYERS
 from clients.training.site_task import TaskSettings
 from strategies import message_keys as keys
 from strategies.model_packing import pack_arrays
+from tests.clients.small_sites import small_cxr_site
 
 pytestmark = pytest.mark.usefixtures("site_identity")
 
@@ -34,9 +33,7 @@ RUN = {"task": "cxr-cls", "image-size": 32, "batch-size": 4, "local-steps": 2,
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A synthetic radiograph site: 9 train, 3 val and 4 test images of 32 px."""
-    profile = dataclasses.replace(site_profiles(1, 0)[0], num_images=12)
-    return generate_site(tmp_path_factory.mktemp("final") / "hospital", profile, seed=2,
-                         image_size=32, num_test=4)
+    return small_cxr_site(tmp_path_factory.mktemp("final") / "hospital", 12, seed=2, num_test=4)
 
 
 def _context(site: Path) -> Context:

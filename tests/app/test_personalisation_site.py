@@ -7,7 +7,6 @@ metrics beside the global ones.
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +14,6 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 
 from app import client_app
-from clients.cxr_cls.synthetic import generate_site, site_profiles
 from clients.registry import task_class
 from clients.site.site_tasks import SiteTasks
 from clients.site.state_store import SiteStateStore
@@ -24,6 +22,7 @@ from clients.training.site_task import TaskSettings
 from strategies import message_keys as keys
 from strategies.model_packing import pack_arrays
 from strategies.update_codec import unpack_update
+from tests.clients.small_sites import small_cxr_site
 
 pytestmark = pytest.mark.usefixtures("site_identity")
 
@@ -33,9 +32,7 @@ SIZES = {"task": "cxr-cls", "image-size": 32, "batch-size": 4}
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A synthetic radiograph site: 12 training and 4 validation images of 32 px."""
-    profile = dataclasses.replace(site_profiles(1, 0)[0], num_images=16)
-    return generate_site(tmp_path_factory.mktemp("personal") / "hospital", profile, seed=1,
-                         image_size=32, num_test=0)
+    return small_cxr_site(tmp_path_factory.mktemp("personal") / "hospital", 16, seed=1)
 
 
 def _context(site: Path, run_config: dict) -> Context:

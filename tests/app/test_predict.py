@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import hashlib
 import shutil
-from dataclasses import replace
 from pathlib import Path
 
 import nibabel as nib
@@ -18,7 +17,6 @@ from app.model_source import LoggedModel
 from app.predict import predict
 from app.prediction.inputs import discover_items
 from app.prediction.output import prepare_out
-from clients.cxr_cls.synthetic import generate_site as generate_cxr_site, site_profiles
 from clients.io.dicom_series import read_dicom_series
 from clients.io.nifti import read_nifti_mask, volume_affine_ras
 from clients.pe_seg.synthetic import SiteProfile, generate_site as generate_pe_site
@@ -26,6 +24,7 @@ from clients.registry import task_class
 from clients.training.device import select_device
 from clients.training.site_task import TaskSettings
 from strategies.errors import ConfigError
+from tests.clients.small_sites import small_cxr_site
 
 PE_SETTINGS = TaskSettings(image_size=32, slab_slices=3)
 CXR_SETTINGS = TaskSettings(image_size=32)
@@ -58,8 +57,7 @@ def pe_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def cxr_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A few synthetic radiographs (PNG and DICOM, 32 px) with labels; read-only."""
-    profile = replace(site_profiles(1, 0)[0], num_images=6)
-    return generate_cxr_site(tmp_path_factory.mktemp("cxr") / "site", profile, seed=1, image_size=32)
+    return small_cxr_site(tmp_path_factory.mktemp("cxr") / "site", 6, seed=1, num_test=4)
 
 
 def test_pe_masks_have_the_series_geometry_and_data_is_untouched(pe_site: Path, tmp_path: Path) -> None:

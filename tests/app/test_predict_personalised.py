@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import csv
-import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -25,13 +24,13 @@ from app.site_settings import site_settings
 from clients.training.personalisation.site_personalisation import site_personalisation
 from app.prediction.personalised import (federation_of, personalise, run_config_from_params,
                                          site_of)
-from clients.cxr_cls.synthetic import generate_site, site_profiles
 from clients.registry import task_class
 from clients.site.state_store import SiteStateStore
 from clients.training.device import select_device
 from clients.training.personalisation.local_layers import LocalLayers, local_state_names
 from clients.training.site_task import TaskSettings
 from strategies.errors import ConfigError
+from tests.clients.small_sites import small_cxr_site
 
 SETTINGS = TaskSettings(image_size=32, batch_size=4)
 CPU = select_device("cpu")
@@ -43,9 +42,7 @@ FINETUNE = {"task": "cxr-cls", "image-size": 32, "batch-size": 4, "optimizer": "
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A synthetic radiograph site: 9 train, 3 val and 2 test images of 32 px."""
-    profile = dataclasses.replace(site_profiles(1, 0)[0], num_images=12)
-    return generate_site(tmp_path_factory.mktemp("personal") / "hospital-03", profile, seed=4,
-                         image_size=32, num_test=2)
+    return small_cxr_site(tmp_path_factory.mktemp("personal") / "hospital-03", 12, seed=4, num_test=2)
 
 
 def _logged() -> LoggedModel:

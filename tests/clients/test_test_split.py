@@ -25,6 +25,7 @@ from clients.pe_seg.task import PESegTask
 from clients.site.decoded_cache import load_task
 from clients.training.device import select_device
 from clients.training.site_task import SiteDataError, TaskSettings
+from tests.clients.small_sites import small_cxr_site
 
 CPU = select_device("cpu")
 CXR = TaskSettings(image_size=32, batch_size=4)
@@ -60,9 +61,7 @@ def _relabel(site: Path, splits: dict[int, str], default: str) -> None:
 @pytest.fixture(scope="module")
 def cxr_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 12-radiograph synthetic site (copied and relabelled by the tests)."""
-    profile = dataclasses.replace(site_profiles(1, 0)[0], num_images=12)
-    return generate_cxr_site(tmp_path_factory.mktemp("cxr") / "hospital", profile, seed=3,
-                             image_size=32, num_test=0)
+    return small_cxr_site(tmp_path_factory.mktemp("cxr") / "hospital", 12, seed=3)
 
 
 def _copy(source: Path, tmp_path: Path) -> Path:
