@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ssl
 import subprocess
 import time
+import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,3 +74,29 @@ def poll_until(check: Callable[[], bool], timeout: float, watch: Sequence[Daemon
         if time.monotonic() >= deadline:
             return False
         time.sleep(interval)
+
+
+def wait_until_healthy(daemon: DaemonProcess, url: str, timeout: float,
+                       context: ssl.SSLContext | None = None) -> None:
+    """Poll ``url`` (a ``/health`` endpoint) every 0.3 s until it answers 200.
+
+    Raises
+    ------
+    FlowerProcessError
+        As soon as ``daemon`` exits, or after ``timeout`` s (``daemon`` stopped first):
+        ``<name> not healthy on <url> after <t> s (<last error>); see <log file>``.
+    """
+    errors: list[str] = []
+
+    def healthy() -> bool:
+        try:
+            with urllib.request.urlopen(url, timeout=2.0, context=context) as response:
+                return response.status == 200
+        except OSError as exc:  # URLError, refused, TLS not up yet
+            errors.append(str(exc))
+            return False
+
+    if not poll_until(healthy, timeout, watch=[daemon], interval=0.3):
+        daemon.stop()
+        raise FlowerProcessError(f"{daemon.name} not healthy on {url} after "
+                                 f"{timeout:.0f} s ({errors[-1:]}); see {daemon.log_file}")

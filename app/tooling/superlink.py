@@ -14,12 +14,11 @@ SuperLink and every process it started (ServerApp, Ray workers) by PID.
 from __future__ import annotations
 
 import ssl
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 from app.tooling.certs import cert_paths
-from app.tooling.daemon import DaemonProcess, poll_until, spawn_daemon
+from app.tooling.daemon import DaemonProcess, spawn_daemon, wait_until_healthy
 from app.tooling.environment import flower_env, free_port
 from app.tooling.errors import FlowerProcessError
 from app.tooling.layout import DeployLayout
@@ -106,17 +105,4 @@ class SuperLinkProcess(DaemonProcess):
         url = f"{scheme}://{dial}:{self.port}/health"
         context = (ssl.create_default_context(cafile=str(self.ca_cert))
                    if self.ca_cert is not None else None)
-        errors: list[str] = []
-
-        def healthy() -> bool:
-            try:
-                with urllib.request.urlopen(url, timeout=2.0, context=context) as response:
-                    return response.status == 200
-            except OSError as exc:  # URLError, refused, TLS not up yet
-                errors.append(str(exc))
-                return False
-
-        if not poll_until(healthy, timeout, watch=[self], interval=0.3):
-            self.stop()
-            raise FlowerProcessError(f"flower-superlink not healthy on {url} after "
-                                     f"{timeout:.0f} s ({errors[-1:]}); see {self.log_file}")
+        wait_until_healthy(self, url, timeout, context)
