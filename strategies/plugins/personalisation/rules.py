@@ -71,32 +71,21 @@ __all__ = ["PersonalisationRun", "check_personalisation"]
 
 @dataclass(frozen=True)
 class PersonalisationRun:
-    """What the rules read from the rest of the run config (keys in brackets).
+    """What the rules read from the rest of the run config (keys in brackets)."""
 
-    Attributes
-    ----------
-    local_steps : int
-        ``local-steps``.
-    optimizer : str
-        ``optimizer``.
-    momentum : float
-        ``momentum``.
-    proximal_mu : float
-        ``proximal-mu``.
-    aggregator : str
-        ``strategy.aggregator``.
-    schedule : str
-        ``strategy.schedule``.
-    dp_noise_multiplier : float
-        ``privacy.noise-multiplier``.
-    """
-
+    #: ``local-steps``.
     local_steps: int
+    #: ``optimizer``.
     optimizer: str
+    #: ``momentum``.
     momentum: float
+    #: ``proximal-mu``.
     proximal_mu: float
+    #: ``strategy.aggregator``.
     aggregator: str
+    #: ``strategy.schedule``.
     schedule: str
+    #: ``privacy.noise-multiplier``.
     dp_noise_multiplier: float
 
 
