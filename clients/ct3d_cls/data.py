@@ -47,20 +47,17 @@ def load_site(
     level: float = LUNG_LEVEL,
     width: float = LUNG_WIDTH,
 ) -> tuple[list[Item], LoadReport]:
-    """Load every usable labelled volume of a site, skipping (and reporting) bad rows.
+    """Load every usable labelled volume of split ``split`` of a site, skipping (and reporting) bad rows.
 
-    Each volume goes through :func:`clients.io.volume.load_ct_volume` (lung
-    window, fixed grid). A row with a bad label, or whose image is missing,
-    unreadable or of the wrong dimensions (any
-    :class:`~clients.errors.StudyError`), is skipped: recorded in the report
-    and logged as one warning line ``Skipping study <id>: <file>: <reason>``.
+    ``site_dir`` holds ``labels.csv``; ``split`` is ``"train"``, ``"val"``, ``"test"`` or
+    ``None`` (all). Each volume goes through :func:`clients.io.volume.load_ct_volume`
+    (lung window, fixed grid). A row with a bad label, or whose image is missing,
+    unreadable or of the wrong dimensions (any :class:`~clients.errors.StudyError`), is
+    skipped: recorded in the report and logged as one warning line
+    ``Skipping study <id>: <file>: <reason>``.
 
     Parameters
     ----------
-    site_dir : Path
-        The site folder holding ``labels.csv``.
-    split : str or None
-        ``"train"``, ``"val"`` or ``"test"`` to load only that split; ``None`` loads all.
     shape : tuple of int, optional
         ``(D, H, W)`` grid. Default ``(32, 64, 64)``.
     level, width : float, optional

@@ -45,17 +45,14 @@ class Item(NamedTuple):
 def load_site(
     site_dir: Path, split: str | None, size: int, num_labels: int
 ) -> tuple[list[Item], LoadReport]:
-    """Load every usable radiograph of a site, skipping (and reporting) bad items.
+    """Load every usable radiograph of split ``split`` of a site, skipping (and reporting) bad items.
 
-    Labels are checked before the image is decoded, so an item with bad labels
-    costs no decoding time.
+    ``site_dir`` holds ``images.csv``; ``split`` is ``"train"``, ``"val"``, ``"test"`` or
+    ``None`` (all). Labels are checked before the image is decoded, so an item with bad
+    labels costs no decoding time.
 
     Parameters
     ----------
-    site_dir : Path
-        The site folder holding ``images.csv``.
-    split : str or None
-        ``"train"``, ``"val"`` or ``"test"`` to load only that split; ``None`` loads all.
     size : int
         Output side of every image (:func:`clients.io.radiograph.read_radiograph`).
     num_labels : int
