@@ -283,6 +283,25 @@ def test_each_reply_is_validated_and_decoded_once_per_round(monkeypatch):
     assert strategy.reports[1].evaluate_aggregate["val-dice"] == pytest.approx(0.5)
 
 
+def test_each_reply_is_identity_checked_once(monkeypatch):
+    """The site book sees each train and evaluate reply once (it was twice for train)."""
+    from strategies.rounds.site_book import SiteBook  # noqa: PLC0415
+
+    checked: list[tuple[int, str]] = []
+    check = SiteBook.identity_problem
+
+    def counting(book, node_id, site):
+        checked.append((node_id, site))
+        return check(book, node_id, site)
+
+    monkeypatch.setattr(SiteBook, "identity_problem", counting)
+    strategy = make_strategy(min_nodes=2, policy=RoundPolicy(timeout=5.0, poll_interval=0.01))
+    strategy.start(_superlink_grid([2, 3], gone=99, gone_from=1000), _global_record(),
+                   num_rounds=1)
+    assert sorted(checked) == [(2, "site-2"), (2, "site-2"), (3, "site-3"), (3, "site-3")]
+    assert sorted(strategy.reports[1].train) == ["site-2", "site-3"]
+
+
 def test_a_round_observer_returning_true_stops_the_federation_after_that_round():
     """Early stopping: ``on_round_end`` returning true ends the loop (issue 15)."""
     strategy = make_strategy(min_nodes=1, fraction_evaluate=0.0,
