@@ -65,10 +65,12 @@ class SiteSummary:
 
     @property
     def total(self) -> int:
+        """Items in all three splits."""
         return self.train + self.val + self.test
 
     @property
     def positive_share(self) -> float:
+        """Share of positive items (0 for an empty site)."""
         return self.positives / self.total if self.total else 0.0
 
 
@@ -159,22 +161,10 @@ def _write_source(site_dir: Path, source: SharedSet, args_line: str, summary: Si
     )
 
 
-def convert(
-    task: str,
-    shared: Path,
-    out: Path,
-    sites: int,
-    scheme: str = "iid",
-    alpha: float = 0.5,
-    seed: int = 0,
-    max_per_site: int | None = None,
-    val_fraction: float = 0.2,
-    log=print,
-    test_fraction: float = 0.2,
-    *,
-    dataset: str | None = None,
-    block_slices: int = 6,
-) -> list[SiteSummary]:
+def convert(task: str, shared: Path, out: Path, sites: int, scheme: str = "iid", alpha: float = 0.5,
+            seed: int = 0, max_per_site: int | None = None, val_fraction: float = 0.2, log=print,
+            test_fraction: float = 0.2, *, dataset: str | None = None,
+            block_slices: int = 6) -> list[SiteSummary]:
     """Write ``out/hospital-00 ..`` from a shared set of ``task``; returns per-site counts.
 
     ``dataset`` picks the set (default: the task's first, see :data:`TASKS`);
