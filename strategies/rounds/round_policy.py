@@ -18,26 +18,18 @@ __all__ = ["RoundPolicy"]
 
 @dataclass(frozen=True)
 class RoundPolicy:
-    """When a round stops waiting.
+    """When an exchange stops waiting (run config ``round.deadline``, ``round.quorum``,
+    ``round-timeout``); ``ValueError`` for a negative deadline or quorum, or a timeout <= 0."""
 
-    Attributes
-    ----------
-    deadline : float
-        Seconds after which the round closes once ``quorum`` valid replies are
-        in; 0 means no deadline (wait for all, up to ``timeout``).
-    quorum : int
-        Valid replies needed to close at the deadline; 0 means "all selected".
-    timeout : float
-        Hard limit in seconds; the round closes with whatever came in.
-    poll_interval : float
-        Seconds between pulls (default 0.1 s: a reply waits 0.05 s on average
-        before the ServerApp asks for it; each pull is one request to the
-        SuperLink, or a lookup in simulation's in-memory grid).
-    """
-
+    #: Seconds after which the exchange closes once ``quorum`` valid replies are in;
+    #: 0: no deadline (wait for all, up to ``timeout``).
     deadline: float = 0.0
+    #: Valid replies needed to close at the deadline; 0: all selected.
     quorum: int = 0
+    #: Hard limit in seconds: the exchange closes with whatever came in.
     timeout: float = 600.0
+    #: Seconds between pulls: a reply waits half of it on average before the ServerApp
+    #: asks for it; each pull is one request to the SuperLink (a lookup in process).
     poll_interval: float = 0.1
 
     def __post_init__(self) -> None:
