@@ -85,6 +85,14 @@ class SiteProfile(federation.SiteProfile):
          .done())
 
 
+#: How the hospitals differ (each characteristic stratified over the sites; the in-plane
+#: size is 64, 80 or 96 px by size_step, the slice ranges start at low_slices, low_spacing_mm).
+SPREADS = {"num_studies": federation.Spread(14, 12), "noise_hu": federation.Spread(8.0, 32.0, 1),
+           "positive_rate": federation.Spread(0.3, 0.3, 2), "dicom_fraction": federation.Spread(0.2, 0.4, 2),
+           "size_step": federation.Spread(0, 3), "low_slices": federation.Spread(32, 8),
+           "low_spacing_mm": federation.Spread(5.0, 2.5, 2)}
+
+
 def site_profiles(num_sites: int, seed: int) -> list[SiteProfile]:
     """``num_sites`` (>= 1) deterministic, deliberately different hospitals.
 
@@ -95,23 +103,12 @@ def site_profiles(num_sites: int, seed: int) -> list[SiteProfile]:
     ``num_sites < 1``.
     """
     rng = federation.profile_rng(num_sites, seed, 0xE3F1)
-    count, noise, rate, dicom, size, slices, spacing = federation.stratified(rng, num_sites, 7)
     profiles = []
-    for i in range(num_sites):
-        low_n = 32 + int(8 * slices[i])
-        low_dz = round(5.0 + 2.5 * float(spacing[i]), 2)
-        profiles.append(
-            SiteProfile(
-                name=federation.hospital_name(i),
-                num_studies=14 + int(12 * count[i]),
-                noise_hu=round(8.0 + 32.0 * float(noise[i]), 1),
-                positive_rate=round(0.3 + 0.3 * float(rate[i]), 2),
-                dicom_fraction=round(0.2 + 0.4 * float(dicom[i]), 2),
-                image_size=64 + 16 * min(2, int(3 * size[i])),
-                num_slices=(low_n, low_n + 8),
-                slice_spacing_mm=(low_dz, round(low_dz + 0.5, 2)),
-            )
-        )
+    for i, drawn in enumerate(federation.spread_over_sites(rng, num_sites, SPREADS)):
+        step, low_n, low_dz = drawn.pop("size_step"), drawn.pop("low_slices"), drawn.pop("low_spacing_mm")
+        profiles.append(SiteProfile(name=federation.hospital_name(i), **drawn,
+                                    image_size=64 + 16 * min(2, step), num_slices=(low_n, low_n + 8),
+                                    slice_spacing_mm=(low_dz, round(low_dz + 0.5, 2))))
     return profiles
 
 

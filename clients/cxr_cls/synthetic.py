@@ -82,6 +82,12 @@ class SiteProfile(federation.SiteProfile):
          .done())
 
 
+#: How the hospitals differ (each characteristic stratified over the sites).
+SPREADS = {"num_images": federation.Spread(40, 40), "positive_rate": federation.Spread(0.25, 0.25, 3),
+           "gamma": federation.Spread(0.75, 0.6, 3), "lung_contrast": federation.Spread(0.8, 0.4, 3),
+           "blur_px": federation.Spread(0.2, 0.8, 3), "noise": federation.Spread(0.01, 0.03, 4)}
+
+
 def site_profiles(num_sites: int, seed: int) -> list[SiteProfile]:
     """``num_sites`` (>= 1) deterministic, deliberately different hospital profiles.
 
@@ -91,22 +97,11 @@ def site_profiles(num_sites: int, seed: int) -> list[SiteProfile]:
     Raises ``ValueError`` if ``num_sites < 1``.
     """
     rng = federation.profile_rng(num_sites, seed, 0xC42)
-    count, rate, gamma, contrast, blur, noise = federation.stratified(rng, num_sites, 6)
     profiles = []
-    for i in range(num_sites):
+    for i, drawn in enumerate(federation.spread_over_sites(rng, num_sites, SPREADS)):
         weights = rng.dirichlet(np.full(len(FILE_KINDS), 0.8))
-        profiles.append(
-            SiteProfile(
-                name=federation.hospital_name(i),
-                num_images=40 + int(40 * count[i]),
-                positive_rate=round(0.25 + 0.25 * float(rate[i]), 3),
-                gamma=round(0.75 + 0.6 * float(gamma[i]), 3),
-                lung_contrast=round(0.8 + 0.4 * float(contrast[i]), 3),
-                blur_px=round(0.2 + 0.8 * float(blur[i]), 3),
-                noise=round(0.01 + 0.03 * float(noise[i]), 4),
-                kind_weights=tuple(round(float(w), 4) for w in weights),
-            )
-        )
+        profiles.append(SiteProfile(name=federation.hospital_name(i), **drawn,
+                                    kind_weights=tuple(round(float(w), 4) for w in weights)))
     return profiles
 
 

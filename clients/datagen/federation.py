@@ -19,7 +19,7 @@ The generators' command line is :mod:`clients.datagen.generator_cli`.
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -37,6 +37,8 @@ __all__ = [
     "ProfileCheck",
     "profile_rng",
     "stratified",
+    "Spread",
+    "spread_over_sites",
     "claim_site_dir",
     "write_federation",
     "SyntheticFederation",
@@ -141,6 +143,34 @@ def stratified(rng: np.random.Generator, num_sites: int, count: int) -> list[np.
     characteristic), so any two sites differ in every characteristic.
     """
     return [(rng.permutation(num_sites) + rng.uniform(0.15, 0.85, num_sites)) / num_sites for _ in range(count)]
+
+
+@dataclass(frozen=True)
+class Spread:
+    """How one hospital characteristic varies over a federation: ``low + width * u``, u in [0, 1).
+
+    ``digits`` None keeps a whole number, ``low + int(width * u)``; else the value is
+    rounded to ``digits`` decimals.
+    """
+
+    low: float
+    width: float
+    digits: int | None = None
+
+    def at(self, u: float) -> float:
+        """The characteristic at position ``u`` of its range."""
+        if self.digits is None:
+            return self.low + int(self.width * u)
+        return round(self.low + self.width * float(u), self.digits)
+
+
+def spread_over_sites(rng: np.random.Generator, num_sites: int,
+                      spreads: Mapping[str, Spread]) -> list[dict[str, float]]:
+    """Each site's value of every characteristic in ``spreads`` (in its order), each
+    stratified over the sites (:func:`stratified`), so any two sites differ in all of them."""
+    positions = stratified(rng, num_sites, len(spreads))
+    return [{name: spread.at(u[i]) for (name, spread), u in zip(spreads.items(), positions)}
+            for i in range(num_sites)]
 
 
 def claim_site_dir(site_dir: Path, data_dir: str, marker_text: str) -> Path:

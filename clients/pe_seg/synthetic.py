@@ -92,6 +92,13 @@ class SyntheticStudy:
         return int(np.count_nonzero(self.pe_mask))
 
 
+#: How the hospitals differ (each characteristic stratified over the sites; the slice
+#: spacing and count ranges start at low_spacing_mm and low_slices).
+SPREADS = {"noise_hu": federation.Spread(10.0, 35.0, 1), "contrast_hu": federation.Spread(150.0, 150.0, 1),
+           "low_spacing_mm": federation.Spread(1.25, 1.5, 2), "low_slices": federation.Spread(24, 12),
+           "num_studies": federation.Spread(6, 7)}
+
+
 def site_profiles(num_sites: int, seed: int) -> list[SiteProfile]:
     """``num_sites`` (>= 1) deterministic, deliberately different acquisition profiles.
 
@@ -101,21 +108,12 @@ def site_profiles(num_sites: int, seed: int) -> list[SiteProfile]:
     sites differ in all of them. Raises ``ValueError`` if ``num_sites < 1``.
     """
     rng = federation.profile_rng(num_sites, seed, 0x5EED)
-    noise, contrast, spacing, slices, count = federation.stratified(rng, num_sites, 5)
     profiles = []
-    for i in range(num_sites):
-        low_dz = round(1.25 + 1.5 * float(spacing[i]), 2)
-        low_n = 24 + int(12 * slices[i])
-        profiles.append(
-            SiteProfile(
-                name=federation.hospital_name(i),
-                num_studies=6 + int(7 * count[i]),
-                noise_hu=round(10.0 + 35.0 * float(noise[i]), 1),
-                contrast_hu=round(150.0 + 150.0 * float(contrast[i]), 1),
-                slice_thickness_mm=(low_dz, round(low_dz + 0.5, 2)),
-                num_slices=(low_n, low_n + 12),
-            )
-        )
+    for i, drawn in enumerate(federation.spread_over_sites(rng, num_sites, SPREADS)):
+        low_dz, low_n = drawn.pop("low_spacing_mm"), drawn.pop("low_slices")
+        profiles.append(SiteProfile(name=federation.hospital_name(i), **drawn,
+                                    slice_thickness_mm=(low_dz, round(low_dz + 0.5, 2)),
+                                    num_slices=(low_n, low_n + 12)))
     return profiles
 
 
