@@ -18,7 +18,11 @@ messages include the warm worker's start and are reported apart.
 
 Writes ``bench/results/site_overhead.json``::
 
-    {"before_s": median, "after_s": median, "messages": n, ...}
+    {"before_s": median, "after_s": median, "messages": n, "flwr": version, ...}
+
+with the Flower version, the time and the machine's load average, and under
+``earlier`` the summaries of the runs the file held before (newest first), so a
+re-measurement (e.g. after a Flower upgrade) stands beside the figures it replaces.
 
 and, per mode, the median of each phase of a message (``phases_median_s``: the
 SuperNode's receipt from the SuperLink, the time at the site, its send of the
@@ -36,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -46,6 +51,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import flwr  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 
 from app.tooling.certs import ensure_server_certificate, ensure_site_keys  # noqa: E402
@@ -62,6 +68,18 @@ from site_overhead_phases import median_phases, message_phases  # noqa: E402
 
 SITES = ("hospital-a", "hospital-b")
 OUT = ROOT / "bench" / "results" / "site_overhead.json"
+#: What an earlier run's summary keeps (``earlier`` in the JSON).
+SUMMARY_KEYS = ("before_s", "after_s", "ratio", "messages", "rounds", "first_round_median_s",
+                "flwr", "measured_at", "load_average")
+
+
+def earlier_runs(path: Path) -> list[dict]:
+    """The summaries of the runs ``path`` holds (its own first, then its ``earlier``)."""
+    if not path.is_file():
+        return []
+    previous = json.loads(path.read_text())
+    return [{k: previous[k] for k in SUMMARY_KEYS if k in previous},
+            *previous.get("earlier", [])]
 
 
 def small_hospitals(root: Path) -> list[Path]:
@@ -169,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="comma-separated: flower (before), warm (after); JSON needs both")
     args = parser.parse_args(argv)
     runners = args.runners.split(",")
+    measured_at = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="fedmed-overhead-") as tmp:
         root = Path(tmp)
         layout = DeployLayout(root / "deploy")
@@ -208,12 +228,16 @@ def main(argv: list[str] | None = None) -> int:
         "per_message_s": {"before": later["flower"], "after": later["warm"]},
         "phases_median_s": {"before": phases["flower"], "after": phases["warm"]},
         "rounds": args.rounds, "sites": len(SITES),
+        "flwr": flwr.__version__, "measured_at": measured_at,
+        "load_average": f"{load_before:.1f} at start, {os.getloadavg()[0]:.1f} at end",
         "note": "rounds 2.. of each run; round 1 includes the warm worker's start",
+        "earlier": earlier_runs(OUT),
     }
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: result[k] for k in ("before_s", "after_s", "messages", "ratio",
-                                              "first_round_median_s", "phases_median_s")},
+                                              "first_round_median_s", "phases_median_s",
+                                              "flwr", "load_average")},
                      indent=2))
     return 0
 
