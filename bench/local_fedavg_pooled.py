@@ -205,7 +205,8 @@ def combine_repeats(runs: list[dict]) -> dict:
         keys = list(get(runs[0]))
         values = {k: [get(r)[k] for r in runs] for k in keys}
         return ({k: _nanmean(v) for k, v in values.items()},
-                {k: statistics.stdev([x for x in v if math.isfinite(x)]) for k, v in values.items()})
+                {k: statistics.stdev([x for x in v if math.isfinite(x)])
+                 for k, v in values.items()})
 
     summary, summary_sd = {}, {}
     for name in REGIMES:

@@ -186,10 +186,10 @@ def main(argv: list[str] | None = None) -> int:
             for seed in range(args.repeats):
                 reference, sizes = None, []
                 for eps in sorted(args.epsilons, reverse=True):  # inf first: the reference
-                    sigma = noise_for(eps, sizes, spec.settings["batch-size"],
-                                      args.rounds * args.local_steps) if sizes else 0.0
                     if math.isfinite(eps) and not sizes:
                         raise ValueError("--epsilons must include inf (the reference run)")
+                    sigma = noise_for(eps, sizes, spec.settings["batch-size"],
+                                      args.rounds * args.local_steps) if sizes else 0.0
                     out = run_epsilon(folders, spec, sigma, args, seed, Path(tmp) / "runs")
                     sizes = sizes or list(out["train_sizes"].values())
                     reference = out["metric"] if math.isinf(eps) else reference
