@@ -21,10 +21,10 @@ refused there), the first-declaration cap on ``num-examples``, the size caps, th
 site policy, tracking. Metric: the product's validation AUC of the final global
 model (the last round's per-site ``val-auc``, example-weighted over the honest
 sites' held-out validation splits: the attacker's own split is left out, so a
-site that fails and one whose update is refused score alike; higher is better); ``relative_to_clean`` = metric / clean
-FedAvg's. The #12 target: every attack at least 0.98 of clean under the defence,
-the defence's clean run at least 0.99. A run whose final model has no finite AUC
-has ``metric`` null.
+site that fails and one whose update is refused score alike; higher is better);
+``relative_to_clean`` = metric / clean FedAvg's. The #12 target: every attack at
+least 0.98 of clean under the defence, the defence's clean run at least 0.99. A run
+whose final model has no finite AUC has ``metric`` null.
 
 Every finished run is kept in ``--checkpoint`` at once (a rerun resumes); the
 report merges its sets into ``--output``, replacing only those sets.
@@ -90,9 +90,8 @@ _BASE = {"sites": 3, "alpha": 0.5, "seed": 0, "rounds": 4, "local_steps": 10, "b
          "attacks": list(ATTACKS)}
 SETS: dict[str, dict] = {
     "pneumoniamnist-dirichlet-3sites": _BASE,
-    "pneumoniamnist-dirichlet-2sites": {
-        **_BASE, "sites": 2, "defences": ["fedavg", "norm-bound"],
-        "attacks": ["none", "scaled", "sign-flip", "noise", "label-flip"]},
+    "pneumoniamnist-dirichlet-2sites": {**_BASE, "sites": 2,
+                                        "defences": ["fedavg", "norm-bound"]},
 }
 QUICK: dict[str, dict] = {
     "pneumoniamnist-quick": {**_BASE, "rounds": 1, "local_steps": 2,
@@ -181,8 +180,8 @@ def report_set(name: str, setup: dict, done: dict) -> dict:
         runs.append({"set": name, "attack": attack, "defence": defence, "metric": metric,
                      "relative_to_clean": relative, "seeds": [setup["seed"]],
                      "within_target": relative is not None and relative >= bound,
-                     **{k: result[k] for k in ("val_auc_per_round", "final_site_val_auc", "attacker",
-                                               "attacker_dropped_rounds",
+                     **{k: result[k] for k in ("val_auc_per_round", "final_site_val_auc",
+                                               "attacker", "attacker_dropped_rounds",
                                                "aggregation_failed_rounds", "wall_s")}})
     entry = {"description": f"PneumoniaMNIST (balanced npz) over {setup['sites']} "
                             f"Dirichlet({setup['alpha']}) sites by clients.datagen shared, "
