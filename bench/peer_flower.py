@@ -1,8 +1,7 @@
 """A peer, side by side: the same federation as a plain Flower app and as the product, both on Ray.
 
-Both runs take ``make simulate``'s path: a local Ray, ``flower-superlink --simulation``,
-``flwr run`` of an app bundle (nothing installed at run time: the project's virtual
-environment runs both), 3 virtual SuperNodes of one CPU each.
+Both take ``make simulate``'s path: a local Ray, ``flower-superlink --simulation``, ``flwr
+run`` of an app bundle (nothing installed at run time), 3 virtual SuperNodes of one CPU each.
 
 * ``flower``: ``bench/peer_flower_app/``, Flower's own ``flwr.serverapp.strategy.FedAvg``
   (``start``) and a ClientApp written as Flower's quickstart-pytorch writes it
@@ -252,13 +251,15 @@ def pooled_test_auc(state: dict, data_root: Path, config: PeerConfig) -> float:
     return round(result.metrics["auc"], 4)
 
 
-def product_final_state(checkpoints: Path) -> dict:
-    """The product's final global model: the arrays of its last server checkpoint."""
-    from strategies.rounds.checkpoint import CHECKPOINT_FILE, load_checkpoint  # noqa: PLC0415
-
-    path, = checkpoints.glob(f"*/{CHECKPOINT_FILE}")
-    saved = load_checkpoint(path, None)
-    return dict(zip(saved.keys, saved.arrays))
+def product_final_state(tracking_uri: str) -> dict:
+    """The product's final global model: its run's logged ``global-model`` (as ``make predict`` reads it)."""
+    import mlflow  # noqa: PLC0415
+    from app.model_source import load_state_dict_from  # noqa: PLC0415
+    from models.cxr_densenet import make_cxr_densenet  # noqa: PLC0415
+    mlflow.set_tracking_uri(tracking_uri)
+    run, = mlflow.search_runs(search_all_experiments=True, output_format="list")
+    return {name: tensor.numpy() for name, tensor in load_state_dict_from(
+        f"runs:/{run.info.run_id}/global-model", make_cxr_densenet(num_labels=1, small=True)).items()}
 
 
 def product_phases(tracking_uri: str) -> dict:
@@ -344,7 +345,7 @@ def run_pair(config: PeerConfig, cache: Path, interval: float, timeout: float,
             state = {k: v.numpy() for k, v in torch.load(work / "final_model.pt").items()}
             result["site_train_seconds_each"] = [round(s, 2) for s in flower_train_seconds(lines)]
         else:
-            state = product_final_state(work / "checkpoints")
+            state = product_final_state(f"sqlite:///{work / 'mlflow.db'}")
             result["phases"] = product_phases(f"sqlite:///{work / 'mlflow.db'}")
         result["final_auc"] = pooled_test_auc(state, data_root, config)
         print(json.dumps(result), flush=True)
