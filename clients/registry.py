@@ -39,9 +39,17 @@ class TaskEntry:
     #: Names of its shared sets; the first is the default.
     shared_sets: tuple[str, ...]
 
-    @property
-    def default_set(self) -> str:
-        """The shared set used when none is named."""
+    def default_set(self, task: str) -> str:
+        """The shared set used when none is named.
+
+        Raises
+        ------
+        ConfigError
+            When the task (named ``task``) has no shared set at all.
+        """
+        if not self.shared_sets:
+            raise ConfigError(f"task {task!r} has no shared real set (clients/registry.py); "
+                              "use its synthetic hospitals (DATA=synthetic)")
         return self.shared_sets[0]
 
 
@@ -80,7 +88,7 @@ def shared_set(task: str, name: str | None = None) -> SharedSet:
         For an unknown task, or a set the task does not have (listing its sets).
     """
     entry = TASKS.get(task)
-    name = name or entry.default_set
+    name = name or entry.default_set(task)
     if name not in entry.shared_sets:
         raise ConfigError(f"unknown set {name!r} for task {task!r}; expected one of {', '.join(entry.shared_sets)}")
     return importlib.import_module(entry.shared).SETS[name]

@@ -37,7 +37,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(USAGE, file=sys.stderr)
             return 2
         try:
-            print(TASKS.get(rest[0]).default_set)
+            print(TASKS.get(rest[0]).default_set(rest[0]))
         except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2

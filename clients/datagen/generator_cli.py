@@ -69,7 +69,7 @@ class GeneratorCommand:
             print(f"[{i + 1}/{args.sites}] {profile.name}: {text} -> {site_dir}", flush=True)
 
         try:
-            self.generate(args.out, args.sites, args.seed, args.image_size, on_site=report)
+            self.generate(args.out.resolve(), args.sites, args.seed, args.image_size, on_site=report)
         except (FileExistsError, OSError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1

@@ -263,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
                         choices=sorted(name for entry in TASKS.entries().values()
                                        for name in entry.shared_sets),
                         help="shared set of the task (default: " +
-                        ", ".join(f"{t} -> {e.default_set}" for t, e in TASKS.entries().items()) + ")")
+                        ", ".join(f"{t} -> {e.shared_sets[0]}" for t, e in TASKS.entries().items()
+                                  if e.shared_sets) + ")")
     parser.add_argument("--shared", type=Path, required=True, help="the shared data folder (../shared/data)")
     parser.add_argument("--out", type=Path, required=True, help="folder that receives hospital-00, ...")
     parser.add_argument("--sites", type=int, required=True)
@@ -285,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     total = sum(s.total for s in summaries)
-    dataset = args.dataset or TASKS.get(args.task).default_set
+    dataset = args.dataset or TASKS.get(args.task).default_set(args.task)
     print(f"Wrote {len(summaries)} sites ({total} items) to {args.out} "
           f"[task {args.task}, set {dataset}, scheme {args.scheme}, seed {args.seed}]")
     print(f"{'site':<12} {'items':>6} {'train':>6} {'val':>5} {'test':>5} {'pos.share':>9}")

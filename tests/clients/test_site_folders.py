@@ -58,3 +58,13 @@ def test_a_file_where_a_site_folder_should_be_is_refused(tmp_path) -> None:
     (tmp_path / "hospital-00").write_text("not a folder")
     with pytest.raises(FileExistsError, match="not a synthetic hospital"):
         claim_site_dir(tmp_path / "hospital-00", "images", "synthetic")
+
+
+def test_generator_cli_takes_a_relative_out_folder(tmp_path, monkeypatch, capsys) -> None:
+    from clients.pe_seg.synthetic import main as pe_main
+
+    monkeypatch.chdir(tmp_path)
+    assert pe_main(["--out", "data/x", "--sites", "1", "--image-size", "32"]) == 0
+    series = list((tmp_path / "data" / "x" / "hospital-00" / "studies").glob("*/dicom/*.dcm"))
+    assert series, capsys.readouterr()
+    assert not (tmp_path / "data" / "x" / "hospital-00" / "data").exists()  # no doubled path

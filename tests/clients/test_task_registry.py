@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import subprocess
 import sys
@@ -31,7 +32,7 @@ def test_every_task_names_modules_that_exist_and_its_default_set_first():
     for name, entry in TASKS.entries().items():
         for module in (entry.task.partition(":")[0], entry.synthetic, entry.shared):
             assert importlib.util.find_spec(module) is not None, (name, module)
-        assert entry.default_set == entry.shared_sets[0]
+        assert entry.default_set(name) == entry.shared_sets[0]
 
 
 def test_an_unknown_task_or_set_is_refused_naming_the_known_ones():
@@ -42,3 +43,9 @@ def test_an_unknown_task_or_set_is_refused_naming_the_known_ones():
     with pytest.raises(ConfigError, match="unknown set 'lidc' for task 'pe-seg'; expected one "
                                           "of ctpa, msd-lung"):
         shared_set("pe-seg", "lidc")
+
+
+def test_a_task_without_a_shared_set_is_refused_naming_it_not_an_index_error():
+    entry = dataclasses.replace(TASKS.get("cxr-cls"), shared_sets=())
+    with pytest.raises(ConfigError, match=r"task 'toy' has no shared real set"):
+        entry.default_set("toy")
