@@ -65,6 +65,6 @@ def test_generator_cli_takes_a_relative_out_folder(tmp_path, monkeypatch, capsys
 
     monkeypatch.chdir(tmp_path)
     assert pe_main(["--out", "data/x", "--sites", "1", "--image-size", "32"]) == 0
-    series = list((tmp_path / "data" / "x" / "hospital-00" / "studies").glob("*/dicom/*.dcm"))
+    series = list((tmp_path / "data" / "x" / "hospital-00" / "studies").glob("*/dicom/*"))
     assert series, capsys.readouterr()
     assert not (tmp_path / "data" / "x" / "hospital-00" / "data").exists()  # no doubled path
