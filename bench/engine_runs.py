@@ -60,7 +60,7 @@ def shared_sites(task: str, set_name: str, sites: int, seed: int, scheme: str = 
                  alpha: float = 0.5, shared: Path = SHARED, root: Path = DATA) -> list[Path]:
     """A shared real set dealt to ``sites`` folders (``clients.datagen shared``), once."""
     tag = f"{set_name}-{scheme}{alpha if scheme == 'dirichlet' else ''}-seed{seed}"
-    out = (root / f"shared-{task}-{tag}").resolve()
+    out = (root / f"shared-{task}-{tag}-sites{sites}").resolve()  # a site count of its own
     return _datagen(["shared", "--task", task, "--set", set_name, "--shared", str(shared),
                      "--scheme", scheme, "--alpha", str(alpha), "--seed", str(seed)],
                     out, sites)
