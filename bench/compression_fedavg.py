@@ -42,7 +42,6 @@ from __future__ import annotations
 from single_thread import BENCH  # noqa: I001
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import platform  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
@@ -53,6 +52,7 @@ from pathlib import Path  # noqa: E402
 from codec_configs import CONFIGS, parse_config  # noqa: E402
 from compression_sets import PRIMARY, add_set_arguments, codec_run, compression_set  # noqa: E402
 from compression_summary import markdown_table, summarise, targets_text  # noqa: E402
+from report import write_report  # noqa: E402
 
 __all__ = ["SETS", "main"]
 
@@ -112,8 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                   + markdown_table(summary) + "\n\n" + targets_text(summary), flush=True)
     out["wall_seconds"] = time.perf_counter() - started
     out["versions"] = {"python": platform.python_version()}
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(out, indent=1) + "\n")
+    write_report(args.output, out, indent=1)
     print(f"\nwall time {out['wall_seconds']:.0f} s; results in {args.output}")
     return 0
 

@@ -54,6 +54,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from report import write_report
 from scale import MemorySampler
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -390,8 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     order = ("flower", "product") if args.first == "flower" else ("product", "flower")
     result = summary_with_previous(
         run_pair(config, args.cache, args.interval, args.timeout, order), args.out)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_report(args.out, result)
     print(f"product / flower seconds per round: {result['ratio_seconds_per_round']}")
     return 0
 

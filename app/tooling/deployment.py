@@ -56,9 +56,9 @@ __all__ = ["main"]
 # --- command line ---------------------------------------------------------------------
 
 
-def _foreground(daemon: DaemonProcess, banner: str) -> int:
-    """Print the daemon's log as it grows until it exits or we are interrupted."""
-    print(banner, flush=True)
+def _foreground(daemon: DaemonProcess, banner: str, log_file: Path) -> int:
+    """Print ``banner`` and the daemon's log as it grows until it exits or we are interrupted."""
+    print(f"{banner}\n  log      {log_file}\nCtrl-C stops it.", flush=True)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda *_: stop.set())
@@ -105,12 +105,11 @@ def _cmd_superlink(args: argparse.Namespace) -> int:
     except FlowerProcessError:
         link.stop()
         raise
-    return _foreground(link, (
-        f"SuperLink on https://{link.address} (TLS, SuperNode authentication on), pid "
-        f"{link.pid}\n  database {layout.superlink_dir / 'state.db'}\n  log      "
-        f"{link.flower_log}\n  CLI      FLWR_HOME={args.flwr_home} "
-        f"{Path(sys.executable).parent / 'flwr'} supernode list {CONNECTION}\n"
-        "Ctrl-C stops it."))
+    cli = f"FLWR_HOME={args.flwr_home} {Path(sys.executable).parent / 'flwr'}"
+    return _foreground(link, f"SuperLink on https://{link.address} (TLS, SuperNode "
+                       f"authentication on), pid {link.pid}\n  database "
+                       f"{layout.superlink_dir / 'state.db'}\n  CLI      {cli} supernode list "
+                       f"{CONNECTION}", link.flower_log)
 
 
 def _cmd_register(args: argparse.Namespace) -> int:
@@ -127,11 +126,10 @@ def _cmd_supernode(args: argparse.Namespace) -> int:
                                   else None, args.runtime_port, args.private_key,
                                   torch_threads=args.torch_threads,
                                   policy=args.policy.resolve())
-    return _foreground(node, (
-        f"SuperNode {args.site} -> {_superlink_address(args)} (pid {node.pid}, runtime API "
-        f"127.0.0.1:{node.port})\n  data {args.data.resolve()}\n  policy {args.policy.resolve()}"
-        f"\n  log  {node.log_file}\n"
-        "Ctrl-C stops it."))
+    return _foreground(node, f"SuperNode {args.site} -> {_superlink_address(args)} (pid "
+                       f"{node.pid}, runtime API 127.0.0.1:{node.port})\n  data     "
+                       f"{args.data.resolve()}\n  policy   {args.policy.resolve()}",
+                       node.log_file)
 
 
 def _cmd_nodes(args: argparse.Namespace) -> int:
