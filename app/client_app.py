@@ -1,6 +1,7 @@
 """ClientApp: the Flower adapter of the site's round (:mod:`clients.site.site_round`).
 
-For each train / evaluate / query message: the run config and node_config become
+For each train / evaluate / query message: the site's keys of the run config
+(:meth:`~clients.site.run_settings.SiteRunSettings.from_run_config`) and node_config become
 the site's settings and the :class:`~clients.site.site.Site` (its policy read from
 node_config ``policy-path``), the message's config record becomes a typed
 :class:`~clients.site.instruction.Instruction`, its arrays plain numpy; the site's
@@ -18,11 +19,10 @@ import logging
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from app.config.run_config import RunConfig
 from app.config.site_config import SiteConfig
 from app.site_errors import sanitised
-from app.site_settings import site_settings
 from clients.site.instruction import Instruction
+from clients.site.run_settings import SiteRunSettings
 from clients.site.site import Site
 from clients.site.site_round import answer
 from clients.site.site_tasks import SiteTasks
@@ -45,11 +45,10 @@ _TASKS = SiteTasks()
 
 def _round(kind: str, msg: Message, context: Context) -> Message:
     """Message -> instruction, the site's round, reply -> Message."""
-    config = RunConfig.from_mapping(context.run_config)
-    node = SiteConfig.from_node_config(context.node_config, config.data_root, config.site_policy)
+    run = SiteRunSettings.from_run_config(context.run_config)
+    node = SiteConfig.from_node_config(context.node_config, run.data_root, run.site_policy)
     site = Site(node.name, node.data_path, node.state_dir, node.policy(), node.cache_decoded,
                 int(context.node_config.get("max-local-steps", 0)))
-    run = site_settings(config)
     record = msg.content[keys.CONFIG] if keys.CONFIG in msg.content else ConfigRecord()
     instruction = Instruction.parse(kind, record, run, f"run-{context.run_id}")
     arrays = named_arrays(msg.content[keys.ARRAYS]) if keys.ARRAYS in msg.content else {}

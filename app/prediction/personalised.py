@@ -43,9 +43,9 @@ from torch import nn
 from app.config.run_config import RunConfig
 from app.config.site_config import SiteConfig
 from app.model_source import LoggedModel
-from app.site_settings import site_settings
 from clients.registry import task_class
 from clients.site.decoded_cache import CACHE_DIR_NAME, load_task
+from clients.site.run_settings import SiteRunSettings
 from clients.site.state_store import SiteStateStore
 from clients.training.device import ComputeDevice
 from clients.training.personalisation.local_layers import LOCAL_LAYERS, LocalLayers
@@ -204,7 +204,7 @@ def personalise(logged: LoggedModel, site: SiteConfig, federation: str,
     task = load_task(task_class(logged.task), site.data_path, logged.settings, cache,
                      exclude=[site.state_dir])
     personal = site_personalisation(config.personalisation_options, None, "")
-    model = personal.personalised(task, logged.model, compute, site_settings(config), site.name,
+    model = personal.personalised(task, logged.model, compute, SiteRunSettings.from_run_config(config.as_params()), site.name,
                                   config.num_server_rounds + 1)
     if model is None:
         raise ConfigError(f"PERSONAL: site folder {site.data_path} has no training item to "

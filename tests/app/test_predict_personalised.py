@@ -20,7 +20,7 @@ import app.predict as predict_cli
 from app.config.run_config import RunConfig
 from app.config.site_config import SiteConfig
 from app.model_source import LoggedModel
-from app.site_settings import site_settings
+from clients.site.run_settings import SiteRunSettings
 from clients.training.personalisation.site_personalisation import site_personalisation
 from app.prediction.personalised import (federation_of, personalise, run_config_from_params,
                                          site_of)
@@ -104,7 +104,7 @@ def test_adapting_gives_the_model_the_site_evaluated_at_the_end(site: Path):
     config = RunConfig.from_mapping(FINETUNE)  # what the site did for personalised-test-<m>
     task = task_class("cxr-cls")(site, SETTINGS)
     at_site = site_personalisation(config.personalisation_options, None, "").personalised(
-        task, _logged().model, CPU, site_settings(config), "hospital-03", 4)
+        task, _logged().model, CPU, SiteRunSettings.from_run_config(config.as_params()), "hospital-03", 4)
     got, want, start = _state(personal.model), _state(at_site), _state(logged.model)
     assert all(np.array_equal(got[k], want[k]) for k in want)
     assert any(not np.array_equal(got[k], start[k]) for k in start)
