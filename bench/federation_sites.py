@@ -23,7 +23,7 @@ from pathlib import Path
 from single_thread import ROOT
 
 from app.engine import VirtualSite
-from strategies.weighted_mean import weighted_mean
+from strategies.rounds.round_metrics import weighted_mean
 
 __all__ = ["EVALUATE_ONLY", "convert_shared", "pooled_folder", "folder_sites",
            "site_evaluations", "site_mean", "train_totals"]

@@ -5,6 +5,12 @@ whole federation because of one bad site. Here every reply is checked on its
 own (records present, required metrics finite, update arrays matching the
 global model's count, shapes and dtypes, all entries finite) and turned into a
 typed value, or into an :class:`InvalidReplyError` whose message says why.
+
+A reply's size is the bytes Flower really puts on the wire (:func:`wire_size`):
+Flower 1.4x sends a message as a tree of content-addressed objects (RecordDict
+-> ArrayRecord -> Array, ...), each serialised by its ``deflate()``; the size of
+a message's content is the sum over that tree. The byte accounting of a round
+(:mod:`strategies.rounds.traffic`) measures the instructions the same way.
 """
 
 from __future__ import annotations
@@ -14,11 +20,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.supercore.inflatable.inflatable_object import InflatableObject
 
 from strategies import message_keys as keys
 from strategies.local_solver import LocalSolver
 from strategies.update_codec import UpdateFormatError, unpack_update
-from strategies.wire_bytes import wire_size
 from strategies.errors import ReplyError
 
 __all__ = [
@@ -28,7 +34,14 @@ __all__ = [
     "site_name",
     "parse_train_reply",
     "parse_metrics_reply",
+    "wire_size",
 ]
+
+
+def wire_size(obj: InflatableObject) -> int:
+    """Serialised size in bytes of ``obj`` and all the objects it references."""
+    children = obj.children or {}
+    return len(obj.deflate()) + sum(wire_size(child) for child in children.values())
 
 
 class InvalidReplyError(ReplyError):

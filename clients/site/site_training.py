@@ -1,24 +1,38 @@
-"""A site's train round: tau local steps from the global model, the update out.
+"""A site's train round: the global model in, tau local steps, the update out.
 
-Loads the received global model (:mod:`clients.site.received_model`), puts the
-site's own layers on it (FedBN), checks the DP budget before training (the one
-privacy ledger per federation, :mod:`clients.site.privacy_ledger`), trains
-(through the run's personalisation), computes ``delta = x_global - x_local``
-(DESIGN.md's sign convention), zeroes what the site keeps, and encodes it with
-the round's codec and error feedback (:mod:`clients.site.update_encoding`).
+In (:func:`received_model`): without downlink entries the instruction's arrays
+are the packed model (:mod:`strategies.model_buffer`); with them
+(:mod:`strategies.downlink_receive`) the site's last global model
+(:class:`~clients.site.last_global.LastGlobal`) is advanced by the compressed
+step, or replaced by the dense snapshot, verified by its checksum and saved for
+the next round; the reply acknowledges its version (``downlink-version``).
+
+Train (:func:`train_round`): puts the site's own layers on the model (FedBN),
+checks the DP budget before training (the one privacy ledger per federation,
+:mod:`clients.site.privacy_ledger`), trains (through the run's personalisation),
+computes ``delta = x_global - x_local`` (DESIGN.md's sign convention) and zeroes
+what the site keeps.
+
+Out (:func:`encode_update`): the round's codec with EF-SGD's error feedback
+(Karimireddy et al. 2019, "Error feedback fixes SignSGD and other gradient
+compression schemes", Algorithm 2): ``z = e + delta``, send ``C(z)``,
+``e <- z - decode(C(z))``. The residual ``e`` is kept in the site's state store
+(``state-dir``/<federation>/``ef-residual``), so it survives a restart of the
+SuperNode or of the site's worker.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from clients.site.instruction import Instruction
+from clients.site.last_global import LastGlobal
 from clients.site.privacy_ledger import PrivacyLedger
-from clients.site.received_model import received_model
 from clients.site.run_settings import SiteRunSettings
 from clients.site.site import Site
 from clients.site.site_reply import Metrics
@@ -27,11 +41,79 @@ from clients.training.device import ComputeDevice
 from clients.training.personalisation.site_personalisation import site_personalisation
 from clients.training.private_training import poisson_sample_rate
 from clients.training.site_task import SiteTask
-from clients.site.update_encoding import encode_update
 from strategies import message_keys as keys
+from strategies.compression import ErrorFeedback, parse_spec
+from strategies.downlink_receive import receive
+from strategies.downlink_reference import Reference
+from strategies.model_buffer import PackedModelError, unpack_model
 from strategies.seeds import site_seed
+from strategies.update_codec import pack_update
 
-__all__ = ["train_round"]
+__all__ = ["RESIDUAL_NAME", "encode_update", "received_model", "train_round"]
+
+#: The error-feedback residual's name in the site's state store.
+RESIDUAL_NAME = "ef-residual"
+
+
+def received_model(arrays: Mapping[str, np.ndarray], instruction: Instruction,
+                   state_dir: Path) -> tuple[dict[str, np.ndarray], dict[str, int]]:
+    """The global model (arrays by name, in the model's order) and the reply's downlink metric.
+
+    Raises
+    ------
+    strategies.model_buffer.PackedModelError
+        When a packed model is malformed.
+    strategies.downlink_receive.DownlinkSyncError
+        When a compressed step does not apply to what the site holds.
+    """
+    header = instruction.downlink
+    if header is None:
+        return unpack_model(arrays), {}
+    store = LastGlobal(state_dir, instruction.federation)
+    saved = store.load()
+    try:
+        held = None if saved is None else Reference.from_packed(saved)
+    except PackedModelError:  # an unreadable model: the step is refused, a snapshot follows
+        held = None
+    reference = receive(arrays, header, held)
+    store.save(reference.packed())
+    return reference.named(), {keys.DOWNLINK_VERSION: reference.version}
+
+
+def encode_update(delta: Sequence[np.ndarray], instruction: Instruction, state_dir: Path,
+                  raw: Collection[int] = frozenset()) -> tuple[dict[str, np.ndarray], float]:
+    """Pack ``delta`` with the instruction's codec; keep the error-feedback residual.
+
+    Parameters
+    ----------
+    delta : sequence of numpy.ndarray
+        ``x_global - x_local``, in the model's order.
+    instruction : Instruction
+        Its codec, codec seed, error-feedback flag and federation.
+    state_dir : Path
+        The site's state dir (the residual's home).
+    raw : collection of int
+        Positions of the model's buffers (normalisation statistics), sent uncompressed.
+
+    Returns
+    -------
+    arrays, residual_norm
+        The arrays to send (:func:`strategies.update_codec.pack_update`) and
+        ``||e||_2`` after this round (0 without error feedback).
+    """
+    spec = instruction.codec
+    lossy = parse_spec(spec).name != "none"
+    if not (lossy and instruction.error_feedback):
+        return pack_update(delta, spec, instruction.codec_seed, raw=raw), 0.0
+    store = SiteStateStore(state_dir)
+    feedback = ErrorFeedback(spec)
+    saved = store.load(instruction.federation, RESIDUAL_NAME)
+    if saved is not None:
+        feedback.load_state(saved)
+    arrays = pack_update(delta, spec, instruction.codec_seed, feedback, raw=raw)
+    residual = feedback.state()
+    store.save(instruction.federation, RESIDUAL_NAME, residual)
+    return arrays, float(np.linalg.norm(residual))
 
 
 def train_round(task: SiteTask, arrays: Mapping[str, np.ndarray], instruction: Instruction,

@@ -65,6 +65,8 @@ class Uplink:
         (:mod:`strategies.plugins.schedules.codec_rate`)."""
         if rate is not None:
             return str(replace(parse_spec(self.codec), fraction=float(rate)))
+        if not self.codec_warmup_rounds:
+            return self.codec
         return str(warmup_spec(self.codec, server_round, self.codec_warmup_rounds))
 
     def evaluate_settings(self, node_id: int) -> dict:

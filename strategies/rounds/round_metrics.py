@@ -1,8 +1,15 @@
-"""The federation's value of each site metric: the example-weighted mean over the replies.
+r"""The federation's value of each site metric: the example-weighted mean over the replies.
 
 Each metric (but ``num-examples``) is averaged over the replies that report
-it, with those sites' numbers of examples as weights
-(:func:`strategies.weighted_mean.weighted_mean`): a metric undefined at one
+it, with those sites' numbers of examples as weights (:func:`weighted_mean`,
+the one place the example-weighted mean is written,
+
+.. math:: \bar v = \sum_i n_i v_i \Big/ \sum_i n_i ,
+
+the metric of the pooled data when the metric is itself a per-example mean:
+McMahan et al., AISTATS 2017, FedAvg's weighting :math:`p_i = n_i / n`; the
+aggregation of *updates* with the same weights is
+:func:`strategies.aggregation.fedavg_delta`): a metric undefined at one
 site (a one-class validation split has no AUC, so the site omits it) does not
 remove it from the round. The counts (``num-examples``, ``val-studies``,
 ``test-studies``) become totals. These are the
@@ -15,17 +22,37 @@ does not move the model, so its loss does not count in ``train-loss`` either.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Iterable, Mapping, Sequence
 
 from strategies import message_keys as keys
 from strategies.replies import MetricsReply, TrainReply
-from strategies.weighted_mean import weighted_mean
 
-__all__ = ["SELECTED", "aggregated_replies", "example_weighted_metrics"]
+__all__ = ["SELECTED", "aggregated_replies", "example_weighted_metrics", "weighted_mean"]
 
 #: Infix of a defence's per-site selection record, ``<rule>-selected/<site>``
 #: (``krum-selected/hospital-a``): 1 = kept, 0 = left out of the aggregate.
 SELECTED = "-selected/"
+
+
+def weighted_mean(pairs: Iterable[tuple[float, float]]) -> float:
+    """Mean of the values weighted by their weights, from ``(value, weight)`` pairs.
+
+    Parameters
+    ----------
+    pairs : iterable of (float, float)
+        ``(v_i, n_i)``: a site's value and its weight (number of examples).
+
+    Returns
+    -------
+    float
+        :math:`\\sum_i n_i v_i / \\sum_i n_i`, or ``nan`` when the total weight
+        is not positive (no pairs, or all weights zero). Callers that must skip
+        undefined values filter the pairs first.
+    """
+    pairs = list(pairs)
+    total = sum(weight for _, weight in pairs)
+    return sum(value * weight for value, weight in pairs) / total if total > 0 else math.nan
 
 
 def aggregated_replies(replies: Sequence[TrainReply],

@@ -18,14 +18,13 @@ from flwr.serverapp import Grid
 
 from strategies import message_keys as keys
 from strategies.plugins.protocols import Selector
-from strategies.replies import parse_metrics_reply
+from strategies.replies import parse_metrics_reply, wire_size
 from strategies.rounds.exchange import exchange
 from strategies.rounds.instructions import query_messages
 from strategies.rounds.reply_intake import ReplyIntake
 from strategies.rounds.round_policy import RoundPolicy
 from strategies.rounds.round_report import RoundReport
 from strategies.rounds.site_book import SiteBook
-from strategies.wire_bytes import wire_size
 
 __all__ = ["SelectionContext", "query_losses", "record_selection"]
 

@@ -1,6 +1,6 @@
 """Byte accounting of a round: what each site received and sent, against dense fp32.
 
-Bytes are the serialised sizes Flower really sends (:func:`strategies.wire_bytes.wire_size`):
+Bytes are the serialised sizes Flower really sends (:func:`strategies.replies.wire_size`):
 down is a site's train instruction, up its train reply. The baseline is the
 update as dense float32 (:func:`strategies.update_codec.dense_bytes`); the
 uplink ratio ``dense / bytes up`` is the codec's compression as seen on the wire.
@@ -13,10 +13,9 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from flwr.app import Message
 
-from strategies.replies import TrainReply
+from strategies.replies import TrainReply, wire_size
 from strategies.rounds.round_report import RoundReport
 from strategies.update_codec import dense_bytes
-from strategies.wire_bytes import wire_size
 
 __all__ = ["bytes_down", "record_traffic"]
 

@@ -10,7 +10,7 @@ from flwr.app import Array, ArrayRecord
 
 from app.config.run_config import RunConfig, RunConfigError
 from clients.site.instruction import Instruction
-from clients.site.received_model import received_model
+from clients.site.site_training import received_model
 from strategies import message_keys as keys
 from strategies.downlink import ServerDownlink
 from strategies.downlink_receive import DownlinkSyncError

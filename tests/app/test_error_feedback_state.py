@@ -8,7 +8,7 @@ import numpy as np
 
 from clients.site.instruction import Instruction
 from clients.site.state_store import SiteStateStore
-from clients.site.update_encoding import RESIDUAL_NAME, encode_update
+from clients.site.site_training import RESIDUAL_NAME, encode_update
 from strategies import message_keys as keys
 from strategies.compression import decode
 from strategies.update_codec import PAYLOAD_KEY

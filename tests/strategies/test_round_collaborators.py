@@ -16,7 +16,7 @@ from strategies.rounds.round_metrics import example_weighted_metrics
 from strategies.rounds.round_report import RoundReport
 from strategies.rounds.site_book import SiteBook
 from strategies.rounds.traffic import record_traffic
-from strategies.weighted_mean import weighted_mean
+from strategies.rounds.round_metrics import weighted_mean
 
 pytestmark = pytest.mark.usefixtures("server_identity")
 
