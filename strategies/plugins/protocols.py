@@ -28,13 +28,13 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 import numpy as np
 
 if TYPE_CHECKING:
+    from strategies.aggregation import RunningSum
     from strategies.codecs.spec import CodecSpec
     from strategies.plugins.options import PluginOptions
     from strategies.plugins.run_settings import RunSettings
     from strategies.plugins.schedules.codec_rate import SiteRound
     from strategies.replies import TrainReply
     from strategies.rounds.site_selection import SelectionContext
-    from strategies.running_sum import RunningSum
 
 __all__ = ["Aggregator", "CodecRate", "Defence", "PluginClass", "Schedule", "Selector",
            "StreamingAggregator"]

@@ -10,11 +10,17 @@ absolute bound or ``kappa`` times the median of the round's update norms (an
 adaptive bound that follows the natural shrinking of updates during training,
 as in Andrew et al., *Differentially Private Learning with Adaptive Clipping*,
 NeurIPS 2021, but without noise). When both are given the smaller one holds.
+
+On a model update (a list of arrays, :func:`update_norm`, :func:`scaled`) only
+the **floating-point** arrays are measured and scaled: an integer buffer (such as
+BatchNorm's ``num_batches_tracked``, whose update is minus the local step count)
+carries no learnt signal and would dominate the norm.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,7 +28,8 @@ import numpy as np
 from strategies.errors import ConfigError
 from strategies.robust.stack import as_stack
 
-__all__ = ["NormBound", "clip_factors", "clip_to_bound", "round_bound"]
+__all__ = ["NormBound", "clip_factors", "clip_to_bound", "round_bound", "scaled",
+           "update_norm"]
 
 
 @dataclass(frozen=True)
@@ -88,3 +95,19 @@ def clip_factors(norms: np.ndarray, bound: NormBound) -> tuple[np.ndarray, float
     over = norms > m
     factors[over] = m / norms[over]
     return factors, m
+
+
+def update_norm(update: Sequence[np.ndarray]) -> float:
+    """``||Delta_k||_2`` over the floating-point arrays of one update (float64)."""
+    total = 0.0
+    for array in update:
+        if np.issubdtype(array.dtype, np.floating):
+            flat = array.ravel().astype(np.float64, copy=False)
+            total += float(flat @ flat)
+    return float(np.sqrt(total))
+
+
+def scaled(update: Sequence[np.ndarray], factor: float) -> list[np.ndarray]:
+    """``factor * Delta_k`` on the floating-point arrays; integer arrays are kept as they are."""
+    return [(array * array.dtype.type(factor)) if np.issubdtype(array.dtype, np.floating)
+            else array for array in update]

@@ -1,7 +1,7 @@
 """The robust rules on model updates: lists of arrays in the model's parameter order.
 
-A site's update ``Delta_k`` is a list of numpy arrays. The norm bound and
-Multi-Krum measure only its **floating-point** arrays: an integer buffer (such
+A site's update ``Delta_k`` is a list of numpy arrays. Multi-Krum (and the
+norm bound, :mod:`.norm_bound`) measure only its **floating-point** arrays: an integer buffer (such
 as BatchNorm's ``num_batches_tracked``, whose update is minus the local step
 count) carries no learnt signal and would dominate an L2 norm or a distance.
 The coordinate-wise rules (trimmed mean, median) are applied to every array,
@@ -16,29 +16,13 @@ import numpy as np
 
 from strategies.errors import ConfigError
 
-__all__ = ["coordinatewise", "float_stack", "scaled", "update_norm"]
+__all__ = ["coordinatewise", "float_stack"]
 
 Update = Sequence[np.ndarray]
 
 
 def _is_float(array: np.ndarray) -> bool:
     return np.issubdtype(array.dtype, np.floating)
-
-
-def update_norm(update: Update) -> float:
-    """``||Delta_k||_2`` over the floating-point arrays of one update (float64)."""
-    total = 0.0
-    for array in update:
-        if _is_float(array):
-            flat = array.ravel().astype(np.float64, copy=False)
-            total += float(flat @ flat)
-    return float(np.sqrt(total))
-
-
-def scaled(update: Update, factor: float) -> list[np.ndarray]:
-    """``factor * Delta_k`` on the floating-point arrays; integer arrays are kept as they are."""
-    return [(array * array.dtype.type(factor)) if _is_float(array) else array
-            for array in update]
 
 
 def float_stack(updates: Sequence[Update]) -> np.ndarray:

@@ -4,7 +4,7 @@ Server memory stays O(model) however many sites reply when the aggregator is
 linear (``needs_all_updates = False``: FedAvg, FedNova, alone or behind a defence
 that treats each update on its own -- norm-bound with an absolute bound only).
 Each accepted reply is folded into one float64 running sum
-(:class:`strategies.running_sum.RunningSum`; the aggregator's ``fold``, which
+(:class:`strategies.aggregation.RunningSum`; the aggregator's ``fold``, which
 also returns the values to track, e.g. a clip factor) the moment it is
 validated, while the round is still collecting (the stream is the train
 intake's :class:`~strategies.rounds.reply_intake.ReplySink`); the reply is kept
@@ -40,11 +40,10 @@ from logging import WARNING
 import numpy as np
 from flwr.supercore import log
 
-from strategies.aggregation import AggregationError, check_update
+from strategies.aggregation import AggregationError, RunningSum, check_update
 from strategies.errors import ConfigError, ReplyError
 from strategies.plugins.protocols import Aggregator
 from strategies.replies import TrainReply
-from strategies.running_sum import RunningSum
 
 __all__ = ["DEFAULT_MAX_HELD_MB", "MAX_HELD_KEY", "AggregateOutcome", "UpdateStream",
            "aggregate_safely"]

@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from strategies.aggregation import fedavg_delta, fedavg_finish, fedavg_fold
+from strategies.aggregation import RunningSum, fedavg_delta, fedavg_finish, fedavg_fold
 from strategies.plugins.options import Plugin
 from strategies.plugins.registries import AGGREGATORS
 from strategies.replies import TrainReply
-from strategies.running_sum import RunningSum
 
 
 @AGGREGATORS.register("fedavg")

@@ -26,12 +26,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from strategies.aggregation import fednova_delta, positive_weight
+from strategies.aggregation import RunningSum, fednova_delta, positive_weight
 from strategies.plugins.options import Plugin, PluginError, PluginOptions, option
 from strategies.plugins.run_settings import RunSettings
 from strategies.plugins.registries import AGGREGATORS
 from strategies.replies import TrainReply
-from strategies.running_sum import RunningSum
 
 
 @dataclass(frozen=True)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from strategies.aggregation import RunningSum
 from strategies.plugins.defences.none import NoDefence
 from strategies.plugins.protocols import Aggregator, Defence
 from strategies.replies import TrainReply
-from strategies.running_sum import RunningSum
 
 __all__ = ["DefendedAggregator", "with_defence"]
 

@@ -8,7 +8,7 @@ NeurIPS FL workshop 2019, Sec. 3: each update is scaled to
 with ``M`` an absolute bound (``norm-bound.absolute``) and/or ``kappa`` times
 the median of the round's update norms (``norm-bound.kappa``; the smaller
 holds), :mod:`strategies.robust.norm_bound`. Norms are taken over the
-floating-point arrays; integer buffers are kept (:mod:`strategies.robust.updates`).
+floating-point arrays; integer buffers are kept.
 The clipped replies keep their example counts and a-norms, so FedAvg and
 FedNova weight them as before. Tracked per round: ``norm-bound`` (``M``) and
 ``clip-factor/<site>`` (``min(1, M / ||Delta_k||)``, 1 = not clipped).
