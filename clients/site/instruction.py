@@ -103,8 +103,9 @@ class Instruction:
             raise ConfigError(f"evaluate instruction key {keys.EVAL_SPLIT!r} = {split!r}: "
                                    f"expected one of {', '.join(keys.EVAL_SPLITS)}; request "
                                    "refused")
-        try:
-            downlink = DownlinkHeader.from_config(config)
+        try:  # a dense downlink (no header) needs no parse
+            downlink = (DownlinkHeader.from_config(config)
+                        if keys.DOWNLINK_VERSION in config else None)
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"instruction downlink entries are incomplete or "
                                    f"malformed ({exc!r}); request refused") from None

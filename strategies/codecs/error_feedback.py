@@ -22,8 +22,7 @@ import numpy as np
 from strategies.codecs.errors import CodecError
 from strategies.codecs.payload import decode, encode
 from strategies.codecs.spec import CodecSpec, parse_spec
-from strategies.codecs.vectors import check_seed
-from strategies.codecs.wire import as_vector
+from strategies.codecs.wire import as_vector, check_seed
 
 __all__ = ["ErrorFeedback"]
 

@@ -16,7 +16,6 @@ import numpy as np
 from strategies.codecs.registry import CODECS, names_by_id
 from strategies.codecs.errors import PayloadError
 from strategies.codecs.spec import CodecSpec, parse_spec
-from strategies.codecs.vectors import check_seed
 from strategies.codecs.wire import (
     HEADER,
     MAGIC,
@@ -24,6 +23,7 @@ from strategies.codecs.wire import (
     Reader,
     as_payload,
     as_vector,
+    check_seed,
     check_size,
     header,
     join,

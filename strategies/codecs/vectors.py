@@ -1,27 +1,14 @@
-"""A codec seed's check and the flat update vector (model parameter order <-> one float32 vector).
-
-The per-message codec seed itself is derived in :mod:`strategies.seeds` (:func:`derive_seed`).
-"""
+"""The flat update vector: model parameter order <-> one float32 vector."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from numbers import Integral
 
 import numpy as np
 
 from strategies.codecs.errors import CodecError
 
-__all__ = ["check_seed", "flatten", "unflatten"]
-
-
-def check_seed(seed: object) -> int:
-    if isinstance(seed, bool) or not isinstance(seed, Integral):
-        raise CodecError(f"seed must be an int, got {type(seed).__name__}")
-    value = int(seed)
-    if not 0 <= value < 2**64:
-        raise CodecError(f"seed must be in [0, 2**64), got {value}")
-    return value
+__all__ = ["flatten", "unflatten"]
 
 
 def flatten(arrays: Sequence[np.ndarray]) -> np.ndarray:

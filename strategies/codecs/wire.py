@@ -1,4 +1,4 @@
-"""The payload wire format shared by every codec: header, reader, value checks.
+"""The payload wire format shared by every codec: header, reader, value and argument checks.
 
 Version 1, little-endian, one contiguous ``uint8`` buffer::
 
@@ -22,8 +22,8 @@ import numpy as np
 from strategies.codecs.errors import CodecError, PayloadError
 
 __all__ = ["F16", "F32", "HEADER", "MAGIC", "MAX_SIZE", "VERSION", "Reader", "as_payload",
-           "as_vector", "check_finite", "check_size", "finite_values", "header", "join",
-           "non_finite", "to_fp16"]
+           "as_vector", "check_finite", "check_seed", "check_size", "finite_values", "header",
+           "join", "non_finite", "to_fp16"]
 
 MAGIC = 0xFC
 VERSION = 1
@@ -134,13 +134,24 @@ def as_payload(payload: object) -> np.ndarray:
     return np.ascontiguousarray(payload)
 
 
+def _bounded_int(value: object, name: str, upper: int, bounds: str) -> int:
+    """``value`` as an int in ``[0, upper]``, else :class:`CodecError` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise CodecError(f"{name} must be an int, got {type(value).__name__}")
+    number = int(value)
+    if not 0 <= number <= upper:
+        raise CodecError(f"{name} must be in {bounds}, got {number}")
+    return number
+
+
 def check_size(size: object) -> int:
-    if isinstance(size, bool) or not isinstance(size, Integral):
-        raise CodecError(f"size must be an int, got {type(size).__name__}")
-    value = int(size)
-    if not 0 <= value <= MAX_SIZE:
-        raise CodecError(f"size must be in [0, {MAX_SIZE}], got {value}")
-    return value
+    """A dense vector's length ``d``: an int in ``[0, 2**32 - 1]``."""
+    return _bounded_int(size, "size", MAX_SIZE, f"[0, {MAX_SIZE}]")
+
+
+def check_seed(seed: object) -> int:
+    """A codec seed: an int in ``[0, 2**64)`` (:func:`strategies.seeds.derive_seed` makes them)."""
+    return _bounded_int(seed, "seed", 2**64 - 1, "[0, 2**64)")
 
 
 def finite_values(values: np.ndarray, what: str) -> np.ndarray:

@@ -46,9 +46,8 @@ from strategies import message_keys as keys
 from strategies.aggregation import apply_update
 from strategies.local_solver import LocalSolver
 from strategies.replies import InvalidReplyError, MetricsReply, parse_metrics_reply
-from strategies.rounds.exchange import exchange
+from strategies.rounds.exchange import exchange, wait_for_nodes
 from strategies.rounds.instructions import TrainPlan, Uplink, site_messages
-from strategies.rounds.node_wait import wait_for_nodes
 from strategies.rounds.reply_intake import Reply, ReplyIntake
 from strategies.rounds.round_metrics import example_weighted_metrics
 from strategies.rounds.round_policy import RoundPolicy

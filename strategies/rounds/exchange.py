@@ -17,6 +17,11 @@ When a site's SuperNode is gone (its heartbeat expired), the SuperLink answers
 in its place with an error reply whose ``src_node_id`` is the SuperLink's own
 id; the exchange hands such a reply to the intake as the answer of the node the
 instruction was sent to, so the failure is recorded under the site's name.
+
+Before a round the server waits for the sites (:func:`wait_for_nodes`), also
+bounded: Flower's ``sample_nodes`` loops forever until ``min_available_nodes``
+SuperNodes are connected, so a federation whose hospital never comes up would
+hang silently; here the wait has a deadline and fails with a clear error.
 """
 
 from __future__ import annotations
@@ -24,15 +29,18 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from logging import INFO
 from typing import Generic
 
 from flwr.app import Message
 from flwr.serverapp import Grid
+from flwr.supercore import log
 
+from strategies.errors import FederationError
 from strategies.rounds.reply_intake import Reply, ReplyIntake, Taken
 from strategies.rounds.round_policy import RoundPolicy
 
-__all__ = ["Exchanged", "exchange"]
+__all__ = ["Exchanged", "NodeWaitTimeout", "exchange", "wait_for_nodes"]
 
 
 @dataclass
@@ -106,3 +114,35 @@ def exchange(grid: Grid, messages: Iterable[Message], policy: RoundPolicy,
     result.taken = intake.close()
     result.seconds = time.monotonic() - started
     return result
+
+
+class NodeWaitTimeout(FederationError, TimeoutError):
+    """Fewer sites than required connected before the deadline."""
+
+
+def wait_for_nodes(
+    grid: Grid, min_nodes: int, timeout: float, poll_interval: float = 1.0
+) -> list[int]:
+    """Return the connected node ids once at least ``min_nodes`` are connected.
+
+    Raises
+    ------
+    NodeWaitTimeout
+        If fewer than ``min_nodes`` are connected after ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    last_logged = -1
+    while True:
+        nodes = sorted(grid.get_node_ids())
+        if len(nodes) >= min_nodes:
+            return nodes
+        if time.monotonic() >= deadline:
+            raise NodeWaitTimeout(
+                f"only {len(nodes)} of the required {min_nodes} sites connected "
+                f"within {timeout:.0f} s; check that the SuperNodes are running and "
+                "can reach the SuperLink, or lower min-nodes"
+            )
+        if len(nodes) != last_logged:
+            log(INFO, "Waiting for sites: %d of %d connected", len(nodes), min_nodes)
+            last_logged = len(nodes)
+        time.sleep(poll_interval)

@@ -57,9 +57,8 @@ from strategies.local_solver import LocalSolver
 from strategies.plugins.protocols import Aggregator, CodecRate, Schedule, Selector
 from strategies.plugins.schedules.codec_rate import FixedCodecRate
 from strategies.replies import MetricsReply, parse_metrics_reply
-from strategies.rounds.exchange import Exchanged, exchange
+from strategies.rounds.exchange import Exchanged, exchange, wait_for_nodes
 from strategies.rounds.instructions import Uplink, site_messages
-from strategies.rounds.node_wait import wait_for_nodes
 from strategies.rounds.reply_intake import Cap, ReplyIntake, Taken
 from strategies.rounds.round_metrics import example_weighted_metrics
 from strategies.rounds.round_policy import RoundPolicy

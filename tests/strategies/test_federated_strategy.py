@@ -19,7 +19,7 @@ from app.engine import SiteFaults
 from strategies import message_keys as keys
 from strategies.plugins.registries import AGGREGATORS, SCHEDULES, SELECTORS
 from strategies.rounds.federated_strategy import FederatedStrategy, NoValidRepliesError
-from strategies.rounds.node_wait import NodeWaitTimeout, wait_for_nodes
+from strategies.rounds.exchange import NodeWaitTimeout, wait_for_nodes
 from strategies.rounds.round_policy import RoundPolicy
 from strategies.update_codec import pack_update
 from tests.strategies.scripted_grid import connected, flower_round, scripted_grid
