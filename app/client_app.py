@@ -24,8 +24,7 @@ from app.site_errors import sanitised
 from clients.site.instruction import Instruction
 from clients.site.run_settings import SiteRunSettings
 from clients.site.site import Site
-from clients.site.site_round import answer
-from clients.site.site_tasks import SiteTasks
+from clients.site.site_round import SiteTasks, answer
 from strategies import message_keys as keys
 from strategies.model_packing import named_arrays, record_of
 

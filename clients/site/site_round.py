@@ -7,7 +7,9 @@ back into a Message. A test or the in-process engine calls :func:`answer` alike.
 
 Every kind of request goes through one check path before any study is read
 (:func:`clients.site.policy_check.check_request`); then the site's task is loaded
-once per process (:class:`~clients.site.site_tasks.SiteTasks`) and the site
+once per process (:class:`SiteTasks`: in a new process, in deployment every
+message, from the site's disk cache of decoded data under ``state-dir`` unless the
+site says ``cache-decoded = false``, :mod:`clients.site.decoded_cache`) and the site
 
 * trains (:func:`clients.site.site_training.train_round`): the update and its metrics;
 * evaluates the received model on its ``val`` split, or ``test`` when asked: with
@@ -22,30 +24,79 @@ Only weights and aggregate metrics leave the site: no paths, no per-patient outp
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 
+from clients.registry import task_class
+from clients.site.decoded_cache import CACHE_DIR_NAME, load_task
 from clients.site.instruction import Instruction
 from clients.site.policy_check import Request, check_request, releases_val_metrics
 from clients.site.run_settings import SiteRunSettings
 from clients.site.site import Site
 from clients.site.site_reply import Metrics, SiteReply
-from clients.site.site_tasks import SiteTasks
 from clients.site.site_training import train_round
+from clients.training.device import ComputeDevice, select_device
 from clients.training.personalisation.site_personalisation import site_personalisation
-from clients.training.site_task import SiteTask
+from clients.training.site_task import SiteTask, TaskSettings
 from strategies import message_keys as keys
 from strategies.model_buffer import unpack_model
 
-__all__ = ["answer", "request_of"]
+__all__ = ["SiteTasks", "TaskLoader", "answer", "request_of"]
 
 log = logging.getLogger("clients.site")
 
 #: Per evaluation split: the reply's loss and studies-count keys (metrics are ``<split>-<name>``).
 _SPLIT_KEYS = {"val": (keys.VAL_LOSS, keys.VAL_STUDIES), "test": (keys.TEST_LOSS, keys.TEST_STUDIES)}
+
+
+#: ``load(task_class, site_dir, settings, cache_dir, exclude=[...]) -> SiteTask``.
+TaskLoader = Callable[..., SiteTask]
+
+
+class SiteTasks:
+    """The tasks a process has loaded, by (task, site folder, settings), and its device.
+
+    Parameters
+    ----------
+    load : callable
+        How a task is loaded (:func:`clients.site.decoded_cache.load_task`; a test
+        passes a fake).
+    compute : ComputeDevice or None
+        The device; ``None``: :func:`~clients.training.device.select_device` on first use.
+    """
+
+    def __init__(self, load: TaskLoader = load_task, compute: ComputeDevice | None = None
+                 ) -> None:
+        self._load = load
+        self._compute = compute
+        self._tasks: dict[tuple[str, str, TaskSettings], SiteTask] = {}
+
+    def task(self, site: Site, name: str, settings: TaskSettings) -> SiteTask:
+        """Task ``name`` at ``site`` with ``settings``, loaded on first use."""
+        key = (name, str(site.data_path), settings)
+        if key not in self._tasks:
+            cache_dir: Path | None = site.state_dir / CACHE_DIR_NAME if site.cache_decoded else None
+            self._tasks[key] = self._load(task_class(name), site.data_path, settings, cache_dir,
+                                          exclude=[site.state_dir])
+        return self._tasks[key]
+
+    def compute(self) -> ComputeDevice:
+        """The process's compute device."""
+        if self._compute is None:
+            self._compute = select_device()
+        return self._compute
+
+    def loaded(self) -> list[SiteTask]:
+        """The tasks loaded so far."""
+        return list(self._tasks.values())
+
+    def clear(self) -> None:
+        """Forget the loaded tasks (a restarted process)."""
+        self._tasks.clear()
 
 
 def request_of(instruction: Instruction, run: SiteRunSettings) -> Request:

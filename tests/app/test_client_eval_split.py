@@ -16,7 +16,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, R
 from app import client_app
 from clients.cxr_cls import manifest as cxr_manifest
 from clients.manifests.csv_rows import EVAL_SPLITS
-from clients.site.site_tasks import SiteTasks
+from clients.site.site_round import SiteTasks
 from clients.training.device import select_device
 from clients.training.site_task import EvalResult
 from strategies import message_keys as keys

@@ -16,7 +16,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, R
 
 from app import client_app
 from clients.registry import task_class
-from clients.site.site_tasks import SiteTasks
+from clients.site.site_round import SiteTasks
 from clients.site.state_store import SiteStateStore
 from clients.training.personalisation.local_layers import LOCAL_LAYERS
 from clients.training.site_task import TaskSettings

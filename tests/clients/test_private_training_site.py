@@ -15,7 +15,7 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from app import client_app
 from clients.site.privacy_ledger import LEDGER_NAME
-from clients.site.site_tasks import SiteTasks
+from clients.site.site_round import SiteTasks
 from clients.cxr_cls.task import CXRClsTask
 from clients.training.classification import LabelledTensors
 from clients.training.site_task import TaskSettings

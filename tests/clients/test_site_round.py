@@ -13,8 +13,7 @@ import torch
 
 from clients.site.instruction import Instruction
 from clients.site.policy import PolicyRefusal, SitePolicy
-from clients.site.site_round import answer
-from clients.site.site_tasks import SiteTasks
+from clients.site.site_round import SiteTasks, answer
 from clients.training.device import select_device
 from strategies import message_keys as keys
 from strategies.errors import ConfigError
