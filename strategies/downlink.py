@@ -117,21 +117,20 @@ class ServerDownlink:
         The server residual :math:`e`.
     held : dict[int, int]
         Per node, the reference version its last accepted train reply acknowledged.
+    active : bool
+        Whether the downlink is compressed (a codec other than ``none``); a dense
+        downlink's round never enters this class.
     """
 
     def __init__(self, spec: str = "none", seed: int = 0) -> None:
         self.spec = check_downlink_codec(spec)
+        self.active = parse_spec(self.spec).name != "none"
         self.seed = int(seed)
         self.feedback = ErrorFeedback(self.spec)
         self.reference: Reference | None = None
         self.held: dict[int, int] = {}
         self.last = DownlinkRound({}, {})
         self._global = np.zeros(0, np.float32)
-
-    @property
-    def active(self) -> bool:
-        """Whether the downlink is compressed (a codec other than ``none``)."""
-        return parse_spec(self.spec).name != "none"
 
     def prepare(self, server_round: int, arrays: ArrayRecord,
                 node_ids: Sequence[int]) -> DownlinkRound:

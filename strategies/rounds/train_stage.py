@@ -170,7 +170,8 @@ class TrainStage:
             self.sites.learn(reply.node_id, reply.site, reply.num_examples, reply.train_loss)
         record_selection(report, self.selector, self.sites.label)
         record_traffic(report, self.down_bytes, accepted, self.reference, self.sites.label)
-        report.strategy.update(self.downlink.observe(accepted, self.down_bytes))
+        if self.downlink.active:  # a dense downlink records nothing
+            report.strategy.update(self.downlink.observe(accepted, self.down_bytes))
         report.strategy.update(self.schedule.observe(outcome.used))
         report.strategy.update(self.codec_rate.observe(parse_spec(self.plan.codec).fraction,
                                                        site_rounds(report, outcome.used)))
