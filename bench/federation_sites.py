@@ -20,10 +20,11 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from single_thread import ROOT
+from single_thread import ROOT  # noqa: I001 - first: one BLAS thread
 
-from app.engine import VirtualSite
-from strategies.rounds.round_metrics import weighted_mean
+import numpy as np  # noqa: E402
+
+from app.engine import VirtualSite  # noqa: E402
 
 __all__ = ["EVALUATE_ONLY", "convert_shared", "pooled_folder", "folder_sites",
            "site_evaluations", "site_mean", "train_totals"]
@@ -95,7 +96,8 @@ def site_mean(per_site: Mapping[str, Mapping[str, float]], key: str) -> float:
     """Example-weighted mean of ``key`` over the sites where it is finite (NaN: nowhere)."""
     pairs = [(m[key], m["num-examples"]) for m in per_site.values()
              if key in m and math.isfinite(m[key])]
-    return weighted_mean(pairs) if pairs else math.nan
+    values, weights = zip(*pairs) if pairs else ((), ())
+    return float(np.average(values, weights=weights)) if sum(weights) > 0 else math.nan
 
 
 def train_totals(outcome, first_round: int = 1) -> dict[str, dict[str, float]]:
