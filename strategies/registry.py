@@ -156,7 +156,8 @@ class Registry(Generic[T]):
         entry = self.find(name)
         if entry is None:
             raise self.error(f"run config key '{self.key}' must be one of {self.names()} "
-                             f"(a {self.kind}), got {name!r}")
+                             f"({'an' if self.kind[:1] in 'aeiou' else 'a'} {self.kind}), "
+                             f"got {name!r}")
         return entry
 
     def entries(self) -> dict[str, T]:
