@@ -55,6 +55,15 @@ RESIDUAL_NORM = "residual-norm"
 # the site after this round, and this round's increase of it (MLflow site/<name>/epsilon).
 EPSILON = "epsilon"
 EPSILON_ROUND = "epsilon-round"
+# The site's one privacy ledger (per site and dataset, every federation together): the epsilon
+# spent on the site's data by every computation so far, and what is left of the site's budget
+# (inf: no budget). Sent with EPSILON on every reply that trained.
+EPSILON_SPENT = "epsilon-spent"
+EPSILON_LEFT = "epsilon-left"
+# In the SITE record of an evaluate reply: the policy rules (comma-separated) under which the
+# site withheld metrics it would otherwise send ("min-val-items", "evaluate-trains"); absent
+# when nothing was withheld. The server reports "withheld by site policy (<rule>)", not NaN.
+WITHHELD = "withheld"
 
 VAL_LOSS = "val-loss"
 VAL_STUDIES = "val-studies"
