@@ -51,14 +51,12 @@ A_NORM = "a-norm"  # computed by the server (strategies.local_solver); not read 
 TRAIN_SECONDS = "train-seconds"
 STUDIES_SKIPPED = "studies-skipped"
 RESIDUAL_NORM = "residual-norm"
-# DP-SGD at the site (clients.site.privacy_ledger): the federation's cumulative epsilon at
-# the site after this round, and this round's increase of it (MLflow site/<name>/epsilon).
+# DP-SGD at the site (clients.site.privacy_ledger): the epsilon spent on the site's data
+# after this computation, by every federation and message together (the site's one ledger,
+# per site and dataset), this computation's increase of it, and what is left of the site's
+# budget (inf: no budget). Sent by every reply whose computation was charged to the ledger.
 EPSILON = "epsilon"
 EPSILON_ROUND = "epsilon-round"
-# The site's one privacy ledger (per site and dataset, every federation together): the epsilon
-# spent on the site's data by every computation so far, and what is left of the site's budget
-# (inf: no budget). Sent with EPSILON on every reply that trained.
-EPSILON_SPENT = "epsilon-spent"
 EPSILON_LEFT = "epsilon-left"
 # In the SITE record of an evaluate reply: the policy rules (comma-separated) under which the
 # site withheld metrics it would otherwise send ("min-val-items", "evaluate-trains"); absent
