@@ -13,7 +13,8 @@ slices, uneven steps, mixed geometry) raises :class:`DicomSeriesError` naming
 the offending file or folder: silently resampling such a series would hide a
 data problem from the site. So does a file whose header cannot be trusted:
 a Modality other than CT, a header value of the wrong count or type, a
-non-finite rescale, or a size over :data:`MAX_SLICES` / :data:`MAX_SLICE_PIXELS`
+non-finite rescale, a RescaleSlope of 0 (every pixel would be the
+intercept; an absent RescaleSlope is 1), or a size over :data:`MAX_SLICES` / :data:`MAX_SLICE_PIXELS`
 (checked before any pixel is decoded or stacked).
 """
 
@@ -181,7 +182,7 @@ def _read_slice(path: Path) -> _Slice:
 
     Header values are checked before the pixels are decoded (modality, size,
     value counts); ``RescaleSlope`` / ``RescaleIntercept`` must be single finite
-    numbers (DICOM PS3.3 C.11.1.1.2).
+    numbers (DICOM PS3.3 C.11.1.1.2), the slope non-zero.
     """
     try:
         ds = pydicom.dcmread(path)
@@ -210,7 +211,10 @@ def _read_slice(path: Path) -> _Slice:
     orientation = _numbers(ds, "ImageOrientationPatient", 6, path)
     position = _numbers(ds, "ImagePositionPatient", 3, path)
     spacing = _numbers(ds, "PixelSpacing", 2, path)
-    slope = _optional_number(ds, "RescaleSlope", 1.0, path) or 1.0
+    slope = _optional_number(ds, "RescaleSlope", 1.0, path)
+    if slope == 0.0:
+        raise DicomSeriesError(path, "RescaleSlope 0 maps every pixel to the intercept "
+                                     "(no image): the study is skipped")
     intercept = _optional_number(ds, "RescaleIntercept", 0.0, path)
     thickness = _optional_number(ds, "SliceThickness", 1.0, path) or 1.0
     try:
@@ -262,7 +266,8 @@ def read_dicom_series(folder: Path, *, spacing_tolerance: float = 0.02) -> CTVol
         slice (a step larger than 1.5 x the median step); uneven steps; a
         Modality other than CT; a header value of the wrong count or type
         (e.g. ImagePositionPatient with 2 values, a multi-valued
-        RescaleSlope); a non-finite RescaleSlope/Intercept or HU value; more
+        RescaleSlope); a non-finite RescaleSlope/Intercept or HU value; a
+        RescaleSlope of 0; more
         than :data:`MAX_SLICES` files or more than :data:`MAX_SLICE_PIXELS`
         pixels in a slice.
     """

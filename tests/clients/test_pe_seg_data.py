@@ -6,6 +6,7 @@ import logging
 import shutil
 
 import numpy as np
+import pydicom
 import pytest
 
 from clients.io.dicom_series import read_dicom_series
@@ -58,3 +59,18 @@ def test_manifest_problems_stop_the_site(tmp_path) -> None:
         load_site(tmp_path)
     with pytest.raises(ValueError, match="split"):
         load_site(tmp_path, split="holdout")
+
+
+def test_a_study_with_rescale_slope_zero_is_skipped_not_read_as_slope_one(small_site, tmp_path) -> None:
+    site = shutil.copytree(small_site, tmp_path / "site")
+    sliced = sorted((site / "studies" / "study-001" / "dicom").iterdir())[0]
+    ds = pydicom.dcmread(sliced)
+    ds.RescaleSlope = 0
+    ds.save_as(sliced)
+
+    studies, report = load_site(site)
+
+    assert "study-001" not in report.loaded and report.num_skipped == 1
+    assert "RescaleSlope 0" in report.skipped["study-001"]
+    assert str(sliced) in report.skipped["study-001"]
+    assert [s.study_id for s in studies] == report.loaded
