@@ -43,7 +43,7 @@ MANIFEST_NAME = "labels.csv"
 MANIFEST_COLUMNS = ("study_id", "split", "image", "label")
 CLASSES = (0, 1)
 FORMAT = ManifestFormat(MANIFEST_NAME, MANIFEST_COLUMNS, ("study_id", "image"), SPLITS, noun="study",
-                        what="label manifest")
+                        what="label manifest", paths=("image",))
 
 
 @dataclass(frozen=True)

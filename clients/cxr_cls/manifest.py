@@ -47,7 +47,8 @@ __all__ = [
 MANIFEST_NAME = "images.csv"
 MANIFEST_COLUMNS = ("image_id", "split", "image", "labels")
 LABEL_SEPARATOR = ";"
-FORMAT = ManifestFormat(MANIFEST_NAME, MANIFEST_COLUMNS, ("image_id", "split", "image"), SPLITS, noun="image")
+FORMAT = ManifestFormat(MANIFEST_NAME, MANIFEST_COLUMNS, ("image_id", "split", "image"), SPLITS, noun="image",
+                        paths=("image",))
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,14 @@ Every task keeps a small CSV in the site folder (``manifest.csv`` for PE
 segmentation, ``images.csv`` for radiographs, ``labels.csv`` for CT volumes)
 whose first column is a unique id and second the split (:data:`SPLITS`). A problem with the file
 itself (missing, unreadable, empty, wrong header, a row with the wrong number of
-fields, an empty required field, an unknown split, a duplicate id) makes the
-whole site unusable: :class:`~clients.errors.ManifestError` with the line number.
+fields, an empty required field, an unknown split, a duplicate id, a path that
+leaves the site folder) makes the whole site unusable:
+:class:`~clients.errors.ManifestError` with the line number.
+A path column's value (relative to the site folder, or absolute) must stay inside
+the site folder once resolved: ``../other/...``, an absolute path elsewhere and a
+link inside the folder that resolves outside it are all refused, so a manifest can
+never feed another folder's files to training. The site folder itself may be a
+link (it is resolved first).
 Writing (:func:`write_manifest_rows`) refuses an unknown split or an empty or
 duplicate id with a :class:`ValueError` and stores paths relative to the site
 folder (POSIX separators).
@@ -50,11 +56,14 @@ def read_manifest_rows(
     required: Sequence[str],
     splits: Sequence[str],
     what: str = "manifest",
+    paths: Sequence[str] = (),
 ) -> list[tuple[int, dict[str, str]]]:
     """Rows of the CSV at ``path`` as ``(line number, {column: stripped value})``.
 
     Blank lines are skipped. ``columns[0]`` is the id (unique), ``columns[1]``
-    the split (one of ``splits``); the ``required`` columns must be non-empty.
+    the split (one of ``splits``); the ``required`` columns must be non-empty;
+    a non-empty value of a ``paths`` column must resolve inside ``path``'s folder
+    (the site folder).
 
     Raises
     ------
@@ -88,12 +97,22 @@ def read_manifest_rows(
         split = values[columns[1]]
         if split not in splits:
             raise ManifestError(path, f"line {line}: bad split {split!r}; expected one of {', '.join(splits)}")
+        for name in paths:
+            if values[name] and not _inside(path.parent, values[name]):
+                raise ManifestError(path, f"line {line}: {name} {values[name]!r} leaves the site "
+                                          "folder (paths must stay inside it, links included)")
         key = values[columns[0]]
         if key in seen:
             raise ManifestError(path, f"line {line}: duplicate {columns[0]} {key!r}")
         seen.add(key)
         out.append((line, values))
     return out
+
+
+def _inside(site_dir: Path, value: str) -> bool:
+    """Whether ``value`` (relative to ``site_dir``, or absolute) resolves inside ``site_dir``."""
+    root = site_dir.resolve()
+    return (root / value).resolve().is_relative_to(root)
 
 
 def write_manifest_rows(
@@ -150,7 +169,8 @@ def write_manifest_rows(
 
 @dataclass(frozen=True)
 class ManifestFormat:
-    """One task's manifest: file name, columns, required columns, splits, the noun of a row.
+    """One task's manifest: file name, columns, required columns, splits, the noun of a row,
+    the columns that hold paths (each kept inside the site folder).
 
     ``read`` and ``write`` are :func:`read_manifest_rows` and
     :func:`write_manifest_rows` with these settings, so each task's manifest
@@ -163,6 +183,7 @@ class ManifestFormat:
     splits: tuple[str, ...]
     noun: str
     what: str = "manifest"
+    paths: tuple[str, ...] = ()  # the columns holding a path inside the site folder
 
     def read(self, site_dir: Path) -> tuple[Path, list[tuple[int, dict[str, str]]]]:
         """The resolved site folder and the rows ``(line, {column: value})`` of its manifest.
@@ -174,7 +195,7 @@ class ManifestFormat:
         """
         site_dir = Path(site_dir).resolve()
         return site_dir, read_manifest_rows(site_dir / self.name, self.columns, self.required,
-                                            self.splits, what=self.what)
+                                            self.splits, what=self.what, paths=self.paths)
 
     def write(self, site_dir: Path, entries: Iterable[E], fields: Callable[[E, RelativePath], list[str]]) -> Path:
         """Write ``site_dir / name`` (folder created), paths relative to it; return its path.

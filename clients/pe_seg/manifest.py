@@ -21,7 +21,8 @@ __all__ = ["MANIFEST_NAME", "MANIFEST_COLUMNS", "SPLITS", "ManifestRow", "read_m
 
 MANIFEST_NAME = "manifest.csv"
 MANIFEST_COLUMNS = ("study_id", "split", "image", "mask")
-FORMAT = ManifestFormat(MANIFEST_NAME, MANIFEST_COLUMNS, MANIFEST_COLUMNS, SPLITS, noun="study")
+FORMAT = ManifestFormat(MANIFEST_NAME, MANIFEST_COLUMNS, MANIFEST_COLUMNS, SPLITS, noun="study",
+                        paths=("image", "mask"))
 
 
 @dataclass(frozen=True)
