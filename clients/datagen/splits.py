@@ -3,7 +3,9 @@
 Each generator puts a share of its items into ``val`` (stratified by class where it
 has classes), the rest into ``train``, then appends ``num_test`` held-out items as
 ``test`` (:mod:`clients.cxr_cls.synthetic`, :mod:`clients.ct3d_cls.synthetic`,
-:mod:`clients.pe_seg.synthetic`).
+:mod:`clients.pe_seg.synthetic`). By default every demo site's ``val`` and ``test``
+splits hold at least :data:`MIN_EVAL_ITEMS` items, so the shipped site policy
+releases their metrics.
 """
 
 from __future__ import annotations
@@ -12,7 +14,11 @@ from collections.abc import Iterable
 
 import numpy as np
 
-__all__ = ["check_split_arguments", "stratified_val", "split_counts"]
+__all__ = ["MIN_EVAL_ITEMS", "check_split_arguments", "stratified_val", "split_counts"]
+
+#: The shipped site policy's ``min-val-items`` (configs/site-policy.toml): a split evaluated
+#: over fewer items releases only its counts, so the demo writes at least this many.
+MIN_EVAL_ITEMS = 2
 
 
 def check_split_arguments(val_fraction: float, num_test: int, *, val_required: bool = False) -> None:

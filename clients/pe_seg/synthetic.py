@@ -34,7 +34,7 @@ from clients.io.nifti import write_nifti_mask
 from clients.datagen import federation
 from clients.datagen.generator_cli import GeneratorCommand
 from clients.datagen.axial_grid import draw_axial_grid
-from clients.datagen.splits import check_split_arguments, split_counts
+from clients.datagen.splits import MIN_EVAL_ITEMS, check_split_arguments, split_counts
 
 __all__ = ["SiteProfile", "SyntheticStudy", "NO_PE_FRACTION", "site_profiles", "synthesize_study",
            "generate_study", "generate_site", "generate_federation", "main"]
@@ -196,7 +196,7 @@ def generate_study(
 
 def generate_site(
     site_dir: Path, profile: SiteProfile, seed: int, image_size: int = 96, val_fraction: float = 0.25,
-    num_test: int = 1,
+    num_test: int = MIN_EVAL_ITEMS,
 ) -> Path:
     """Write one synthetic hospital: its studies and ``manifest.csv``.
 
@@ -204,8 +204,9 @@ def generate_site(
     (``image_size`` pixels in-plane, default 96), ``round(NO_PE_FRACTION * n)`` have no
     emboli and ``max(1, round(val_fraction * n))`` go to split ``val`` (``val_fraction`` in
     [0, 1), default 0.25; both chosen by the seed), the rest to ``train``; then ``num_test``
-    (>= 0, default 1) more studies with emboli (``study-<n>``, ...) are held out as split
-    ``test`` (train and val as if the site had none). Each study draws from its own stream,
+    (>= 0, default :data:`~clients.datagen.splits.MIN_EVAL_ITEMS`: enough for the shipped
+    policy to release test metrics) more studies with emboli (``study-<n>``, ...) are held
+    out as split ``test`` (train and val as if the site had none). Each study draws from its own stream,
     ``SeedSequence([seed, k])`` for study ``k``.
 
     A bad ``val_fraction`` or ``num_test`` raises ``ValueError`` (:func:`check_split_arguments`).

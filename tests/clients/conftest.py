@@ -52,7 +52,8 @@ def real_volume() -> CTVolume:
 @pytest.fixture(scope="session")
 def small_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A generated synthetic hospital; read-only for tests (copy it before corrupting)."""
-    return generate_site(tmp_path_factory.mktemp("site") / "hospital", SMALL_PROFILE, seed=7, image_size=SMALL_SIZE)
+    return generate_site(tmp_path_factory.mktemp("site") / "hospital", SMALL_PROFILE, seed=7,
+                         image_size=SMALL_SIZE, num_test=1)
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,7 @@ import pydicom
 import pytest
 from pydicom.uid import CTImageStorage, ExplicitVRLittleEndian
 
+from clients.datagen.splits import MIN_EVAL_ITEMS
 from clients.io.dicom_series import read_dicom_series
 from clients.pe_seg.manifest import read_manifest
 from clients.io.nifti import read_nifti_mask
@@ -83,7 +84,7 @@ def test_pe_free_fraction(small_site) -> None:
 
 
 def test_same_seed_gives_identical_files_other_seed_differs(small_site, small_profile, tmp_path) -> None:
-    again = generate_site(tmp_path / "again", small_profile, seed=7, image_size=48)
+    again = generate_site(tmp_path / "again", small_profile, seed=7, image_size=48, num_test=1)
     reference = _pixel_data(small_site)
     assert _pixel_data(again) == reference
     assert (again / "manifest.csv").read_bytes() == (small_site / "manifest.csv").read_bytes()
@@ -152,9 +153,9 @@ def test_cli_writes_a_federation(tmp_path, capsys) -> None:
     total = 0
     for profile in profiles:
         entries = read_manifest(tmp_path / profile.name)
-        assert len(entries) == profile.num_studies + 1
+        assert len(entries) == profile.num_studies + MIN_EVAL_ITEMS  # the demo's test studies
         for entry in entries:
             n = len(list(entry.image_dir.iterdir()))
             assert profile.num_slices[0] <= n <= profile.num_slices[1]
             total += n
-    assert f"{sum(p.num_studies + 1 for p in profiles)} studies, {total} slices" in lines[2]
+    assert f"{sum(p.num_studies + MIN_EVAL_ITEMS for p in profiles)} studies, {total} slices" in lines[2]

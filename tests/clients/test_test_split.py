@@ -157,7 +157,7 @@ def _generators(pe_profile):
     return {"cxr-cls": (lambda d, **kw: generate_cxr_site(d, cxr_profile, 1, 32, **kw),
                         cxr_manifest, 4),
             "ct3d-cls": (lambda d, **kw: ct3d(d, ct3d_profile, 1, **kw), ct3d_manifest, 2),
-            "pe-seg": (lambda d, **kw: pe(d, pe_profile, 1, 16, **kw), pe_manifest, 1)}
+            "pe-seg": (lambda d, **kw: pe(d, pe_profile, 1, 16, **kw), pe_manifest, 2)}
 
 
 @pytest.mark.parametrize("task", ["cxr-cls", "ct3d-cls", "pe-seg"])
