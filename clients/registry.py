@@ -38,6 +38,10 @@ class TaskEntry:
     shared: str
     #: Names of its shared sets; the first is the default.
     shared_sets: tuple[str, ...]
+    #: The :class:`~clients.training.task_settings.TaskSettings` fields whose product is the
+    #: number of float32 values of one decoded example (the site policy's
+    #: ``max-study-bytes`` bounds 4 bytes each, before any data is read).
+    study_dims: tuple[str, ...] = ("image_size", "image_size")
 
     def default_set(self, task: str) -> str:
         """The shared set used when none is named.
@@ -56,11 +60,13 @@ class TaskEntry:
 #: Every task by name; a new task is its package under ``clients/`` and one line here.
 TASKS: Registry[TaskEntry] = Registry("task", "task")
 TASKS.add("pe-seg", TaskEntry("clients.pe_seg.task:PESegTask", "clients.pe_seg.synthetic",
-                              "clients.pe_seg.shared", ("ctpa", "msd-lung")))
+                              "clients.pe_seg.shared", ("ctpa", "msd-lung"),
+                              ("slab_slices", "image_size", "image_size")))
 TASKS.add("cxr-cls", TaskEntry("clients.cxr_cls.task:CXRClsTask", "clients.cxr_cls.synthetic",
                                "clients.cxr_cls.shared", ("pneumoniamnist",)))
 TASKS.add("ct3d-cls", TaskEntry("clients.ct3d_cls.task:CT3DClsTask", "clients.ct3d_cls.synthetic",
-                                "clients.ct3d_cls.shared", ("adrenalmnist3d",)))
+                                "clients.ct3d_cls.shared", ("adrenalmnist3d",),
+                                ("volume_depth", "image_size", "image_size")))
 
 
 def task_class(name: str) -> type[SiteTask]:

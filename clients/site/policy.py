@@ -13,12 +13,18 @@ File format (every key optional; a missing key takes the permissive value of
     allowed-tasks = ["cxr-cls", "ct3d-cls", "pe-seg"]   # "*": any task
     allowed-codecs = ["none", "fp16", "topk", "randk", "qsgd", "sign"]  # "*": any
     answer-queries = true        # answer Power-of-Choice loss queries
+    max-queries = inf            # loss queries answered per federation
+    evaluate-trains = true       # an evaluate message may adapt (train) under the train rules
+    share-finetuned-model = true # the cross-site exchange's fine-tune may run and leave
     min-batch-size = 8
     min-local-steps = 1
     max-local-steps = inf        # a request above it is refused, not clamped
     max-time-budget = inf        # seconds; a request without a budget counts as inf
     min-image-size = 8
     max-image-size = 512
+    max-volume-depth = inf       # slices of a 3D volume (ct3d-cls volume-depth)
+    max-slab-slices = inf        # slices of a 2.5D slab (pe-seg slab-slices)
+    max-study-bytes = inf        # bytes of one decoded float32 study the run's sizes define
     min-val-items = 0            # fewer validation items: only counts leave
 
     [dp]
@@ -26,7 +32,7 @@ File format (every key optional; a missing key takes the permissive value of
     min-noise-multiplier = 0.0   # sigma of the Gaussian mechanism, at least
     max-grad-norm = inf          # per-example clipping norm C, at most
     delta = 1.0                  # the delta of (epsilon, delta)-DP, at most
-    max-epsilon = inf            # the epsilon budget of one federation
+    max-epsilon = inf            # the epsilon budget of the site's data, all federations
     accountants = ["*"]          # privacy.accountant a run may use: "rdp", "prv"; "*": any
 
     [apps]                       # which app bundles run: clients/site/app_rules.py
@@ -80,12 +86,14 @@ class SitePolicyError(ConfigError):
 class DpRules:
     """The differential-privacy rules of a site (section ``[dp]``).
 
-    ``max_epsilon`` bounds the epsilon of (epsilon, delta)-DP that one
-    federation may spend at this site (Dwork & Roth 2014, Def. 2.4);
+    ``max_epsilon`` bounds the epsilon of (epsilon, delta)-DP that every computation on
+    the site's data together may spend, whichever federation or message asks (Dwork &
+    Roth 2014, Def. 2.4; the one ledger, :mod:`clients.site.privacy_ledger`, plus the
+    allowance a hospital admin added with ``make privacy-budget EXTEND=...``);
     ``math.inf`` means no limit. ``accountants`` are the accountants
-    (:mod:`clients.training.dp_accountants`) a run may measure that epsilon
-    with; the site's ledger counts with the run's, so a site that wants the
-    looser RDP bound to govern its budget allows only ``"rdp"``.
+    (:mod:`clients.training.dp_accountants`) a run may measure that epsilon with; the
+    site's ledger counts with the run's, so a site that wants the looser RDP bound to
+    govern its budget allows only ``"rdp"``.
     """
 
     required: bool = False
@@ -107,12 +115,18 @@ class SitePolicy:
     allowed_tasks: tuple[str, ...] = (ANY,)
     allowed_codecs: tuple[str, ...] = (ANY,)
     answer_queries: bool = True
+    max_queries: float = math.inf
+    evaluate_trains: bool = True
+    share_finetuned_model: bool = True
     min_batch_size: int = 1
     min_local_steps: int = 1
     max_local_steps: float = math.inf
     max_time_budget: float = math.inf
     min_image_size: int = 1
     max_image_size: float = math.inf
+    max_volume_depth: float = math.inf
+    max_slab_slices: float = math.inf
+    max_study_bytes: float = math.inf
     min_val_items: int = 0
     dp: DpRules = field(default_factory=DpRules)
     apps: AppRules = field(default_factory=AppRules)
@@ -167,6 +181,14 @@ def _names(value: Any, where: str, known: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(sorted(set(value)))
 
 
+#: Limits that are whole numbers although their default is ``inf``.
+_WHOLE_LIMITS = ("max_local_steps", "max_image_size", "max_queries", "max_volume_depth",
+                 "max_slab_slices", "max_study_bytes")
+#: Sizes and counts that must be at least 1.
+_AT_LEAST_ONE = ("batch_size", "local_steps", "image_size", "volume_depth", "slab_slices",
+                 "study_bytes")
+
+
 def _typed(name: str, value: Any, default: Any, where: str) -> Any:
     if name == "allowed_tasks":
         return _names(value, where, tuple(sorted(TASKS)))
@@ -178,8 +200,8 @@ def _typed(name: str, value: Any, default: Any, where: str) -> Any:
         if not isinstance(value, bool):
             raise SitePolicyError(f"{where} must be true or false, got {value!r}")
         return value
-    integer = isinstance(default, int) or name in ("max_local_steps", "max_image_size")
-    minimum = 1.0 if name.endswith(("batch_size", "local_steps", "image_size")) else 0.0
+    integer = isinstance(default, int) or name in _WHOLE_LIMITS
+    minimum = 1.0 if name.endswith(_AT_LEAST_ONE) else 0.0
     number = _number(value, where, integer=integer, minimum=minimum)
     if name == "delta" and not 0.0 < number <= 1.0:
         raise SitePolicyError(f"{where} must be in (0, 1], got {value!r}")

@@ -5,8 +5,19 @@ the run's settings and the instruction and calls :func:`check_request` before it
 loads any study: :func:`check_train`, :func:`check_evaluate` or
 :func:`check_query` by the message's kind; each raises
 :class:`~clients.site.policy.PolicyRefusal` naming the first rule the request
-breaks. :func:`releases_val_metrics` decides whether an evaluate reply may
-carry validation metrics or only counts (not a refusal).
+breaks. Every kind checks the task and the sizes the run asks the site to decode
+(image size, volume depth, slab slices, bytes of one decoded study), so that no
+message makes the site allocate what its hospital did not allow.
+
+Every computation on the training data passes the same training rules
+(:func:`check_training`: batch size, steps, DP), whichever message carries it: a
+train message (:func:`check_train` adds the codec, the time budget and, for the
+cross-site exchange's fine-tune after the last round, ``share-finetuned-model``), an
+evaluate message's personalisation adaptation (:func:`check_adaptation`, only where
+``evaluate-trains`` allows it). A loss query is refused at a site that requires DP
+(it would release an un-noised function of the training data).
+:func:`releases_val_metrics` decides whether an evaluate reply may carry validation
+metrics or only counts (not a refusal).
 """
 
 from __future__ import annotations
@@ -17,8 +28,8 @@ from dataclasses import dataclass
 from clients.site.policy import PolicyRefusal, SitePolicy
 from clients.training.dp_accountants import DEFAULT_ACCOUNTANT
 
-__all__ = ["Request", "check_request", "check_train", "check_evaluate", "check_query",
-           "releases_val_metrics"]
+__all__ = ["Request", "check_request", "check_training", "check_train", "check_adaptation",
+           "check_evaluate", "check_query", "releases_val_metrics"]
 
 
 @dataclass(frozen=True)
@@ -27,7 +38,11 @@ class Request:
 
     ``time_budget`` 0 means "no budget" (train until ``local_steps``) and
     counts as infinite; ``dp_noise_multiplier`` 0 means no DP-SGD;
-    ``loss_subset`` 0 means the whole training set.
+    ``loss_subset`` 0 means the whole training set. ``volume_depth`` and
+    ``slab_slices`` are 0 for a task that decodes no volume or slab;
+    ``study_bytes`` is the bytes of one decoded float32 study at the run's sizes.
+    ``shares_finetuned`` marks the cross-site exchange's fine-tune (a train
+    message after the run's last round).
     """
 
     task: str
@@ -41,6 +56,10 @@ class Request:
     dp_max_grad_norm: float = math.inf
     dp_delta: float = 1.0
     dp_accountant: str = DEFAULT_ACCOUNTANT
+    volume_depth: int = 0
+    slab_slices: int = 0
+    study_bytes: int = 0
+    shares_finetuned: bool = False
 
 
 def _refuse_if(broken: bool, rule: str, detail: str) -> None:
@@ -55,6 +74,13 @@ def _check_common(policy: SitePolicy, request: Request) -> None:
                f"image size {request.image_size} < {policy.min_image_size}")
     _refuse_if(request.image_size > policy.max_image_size, "max-image-size",
                f"image size {request.image_size} > {policy.max_image_size}")
+    _refuse_if(request.volume_depth > policy.max_volume_depth, "max-volume-depth",
+               f"volume depth {request.volume_depth} > {policy.max_volume_depth}")
+    _refuse_if(request.slab_slices > policy.max_slab_slices, "max-slab-slices",
+               f"slab slices {request.slab_slices} > {policy.max_slab_slices}")
+    _refuse_if(request.study_bytes > policy.max_study_bytes, "max-study-bytes",
+               f"one decoded study would take {request.study_bytes} bytes "
+               f"({request.study_bytes / 2**30:.1f} GiB) > {policy.max_study_bytes}")
 
 
 def _check_dp(policy: SitePolicy, request: Request) -> None:
@@ -75,31 +101,63 @@ def _check_dp(policy: SitePolicy, request: Request) -> None:
                f"accountant {request.dp_accountant!r} is not in {list(rules.accountants)}")
 
 
-def check_train(policy: SitePolicy, request: Request) -> None:
-    """Refuse a train request that breaks a rule of ``policy``.
+def check_training(policy: SitePolicy, request: Request) -> None:
+    """Refuse a computation on the training data that breaks a training rule of ``policy``.
+
+    The rules every computation that trains passes, whichever message carries it:
+    task and sizes, batch size, local steps (above ``max-local-steps`` is refused,
+    not clamped), then the DP rules. The epsilon budget (``dp.max-epsilon``) is
+    checked by the site's ledger, which knows what was spent.
 
     Raises
     ------
     PolicyRefusal
-        Naming the first broken rule: task, image size, codec, batch size,
-        local steps (above ``max-local-steps`` is refused, not clamped), time
-        budget, then the DP rules. The epsilon budget (``dp.max-epsilon``) is
-        checked by the DP accountant, which knows what was spent.
+        Naming the first broken rule.
     """
     _check_common(policy, request)
-    codec = request.codec.split(":", 1)[0]
-    _refuse_if(not policy.allows_codec(codec), "allowed-codecs",
-               f"codec {codec!r} is not in {list(policy.allowed_codecs)}")
     _refuse_if(request.batch_size < policy.min_batch_size, "min-batch-size",
                f"batch size {request.batch_size} < {policy.min_batch_size}")
     _refuse_if(request.local_steps < policy.min_local_steps, "min-local-steps",
                f"local steps {request.local_steps} < {policy.min_local_steps}")
     _refuse_if(request.local_steps > policy.max_local_steps, "max-local-steps",
                f"local steps {request.local_steps} > {policy.max_local_steps}")
+    _check_dp(policy, request)
+
+
+def check_train(policy: SitePolicy, request: Request) -> None:
+    """Refuse a train request that breaks a rule of ``policy``.
+
+    Raises
+    ------
+    PolicyRefusal
+        Naming the first broken rule: the cross-site fine-tune where the site keeps
+        its fine-tuned model (``share-finetuned-model``), the codec, the time
+        budget, then :func:`check_training`'s rules.
+    """
+    _refuse_if(request.shares_finetuned and not policy.share_finetuned_model,
+               "share-finetuned-model", "the site's fine-tuned model does not leave it "
+               "(the cross-site exchange after the last round)")
+    codec = request.codec.split(":", 1)[0]
+    _refuse_if(not policy.allows_codec(codec), "allowed-codecs",
+               f"codec {codec!r} is not in {list(policy.allowed_codecs)}")
     budget = request.time_budget if request.time_budget > 0 else math.inf
     _refuse_if(budget > policy.max_time_budget, "max-time-budget",
                f"time budget {budget} s > {policy.max_time_budget} s")
-    _check_dp(policy, request)
+    check_training(policy, request)
+
+
+def check_adaptation(policy: SitePolicy, request: Request) -> None:
+    """Refuse an evaluate message's personalisation adaptation (``request.local_steps`` steps).
+
+    Raises
+    ------
+    PolicyRefusal
+        ``evaluate-trains`` where the site lets no evaluate message train, else
+        :func:`check_training`'s rules.
+    """
+    _refuse_if(not policy.evaluate_trains, "evaluate-trains",
+               "an evaluate message does not train at this site (personalisation adaptation)")
+    check_training(policy, request)
 
 
 def check_evaluate(policy: SitePolicy, request: Request) -> None:
@@ -112,10 +170,14 @@ def check_query(policy: SitePolicy, request: Request) -> None:
 
     A loss on a subset smaller than ``min-batch-size`` is refused like a
     training batch of that size: it would tell the server about a handful of
-    patients.
+    patients. A site that requires DP answers none: a loss is an un-noised
+    function of its training data. (How many a federation may ask,
+    ``max-queries``, is counted by :mod:`clients.site.query_budget`.)
     """
     _refuse_if(not policy.answer_queries, "answer-queries",
                "the site does not answer loss queries")
+    _refuse_if(policy.dp.required, "dp.required",
+               "the site requires DP and a loss query's answer is not noised")
     _check_common(policy, request)
     _refuse_if(0 < request.loss_subset < policy.min_batch_size, "min-batch-size",
                f"loss subset {request.loss_subset} < {policy.min_batch_size}")

@@ -14,9 +14,14 @@ site says ``cache-decoded = false``, :mod:`clients.site.decoded_cache`) and the 
 * trains (:func:`clients.site.site_training.train_round`): the update and its metrics;
 * evaluates the received model on its ``val`` split, or ``test`` when asked: with
   fewer studies in it than the policy's ``min-val-items`` only the counts leave the
-  site; under personalisation the personalised model's metrics too;
+  site; under personalisation the personalised model's metrics too, where an
+  adaptation that trains passes the training rules and the ledger
+  (:mod:`clients.site.site_adaptation`); the reply's SITE record names the rules
+  under which metrics were withheld (``withheld``);
 * answers a loss query (Power-of-Choice): the received model's loss on its
-  training data, forward passes only, optionally on a fixed subset (cpow-d).
+  training data, forward passes only, optionally on a subset drawn afresh from the
+  site's own entropy (cpow-d), at most ``max-queries`` per federation
+  (:mod:`clients.site.query_budget`).
 
 Only weights and aggregate metrics leave the site: no paths, no per-patient outputs.
 """
@@ -24,6 +29,7 @@ Only weights and aggregate metrics leave the site: no paths, no per-patient outp
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -31,16 +37,17 @@ import numpy as np
 import torch
 from torch import nn
 
-from clients.registry import task_class
+from clients.registry import TASKS, task_class
 from clients.site.decoded_cache import CACHE_DIR_NAME, load_task
 from clients.site.instruction import Instruction
 from clients.site.policy_check import Request, check_request, releases_val_metrics
+from clients.site.query_budget import take_query
 from clients.site.run_settings import SiteRunSettings
 from clients.site.site import Site
+from clients.site.site_adaptation import personalised_evaluation
 from clients.site.site_reply import Metrics, SiteReply
 from clients.site.site_training import train_round
 from clients.training.device import ComputeDevice, select_device
-from clients.training.personalisation.site_personalisation import site_personalisation
 from clients.training.site_task import SiteTask, TaskSettings
 from strategies import message_keys as keys
 from strategies.model_buffer import unpack_model
@@ -100,14 +107,27 @@ class SiteTasks:
 
 
 def request_of(instruction: Instruction, run: SiteRunSettings) -> Request:
-    """What ``instruction`` asks of the site, in the policy's terms."""
-    return Request(task=run.task, image_size=run.sizes.image_size,
-                   batch_size=run.sizes.batch_size, codec=instruction.codec,
+    """What ``instruction`` asks of the site, in the policy's terms.
+
+    The sizes the site would decode come from the task's
+    :attr:`~clients.registry.TaskEntry.study_dims` (a volume depth or slab only where
+    the task decodes one; bytes of one float32 study).
+    """
+    sizes = run.sizes
+    dims = TASKS.get(run.task).study_dims
+    values = math.prod(getattr(sizes, dim) for dim in dims)
+    return Request(task=run.task, image_size=sizes.image_size,
+                   batch_size=sizes.batch_size, codec=instruction.codec,
                    local_steps=instruction.local_steps, time_budget=instruction.time_budget,
                    loss_subset=instruction.loss_subset,
                    dp_noise_multiplier=run.privacy.noise_multiplier,
                    dp_max_grad_norm=run.privacy.max_grad_norm, dp_delta=run.privacy.delta,
-                   dp_accountant=run.privacy.accountant)
+                   dp_accountant=run.privacy.accountant,
+                   volume_depth=sizes.volume_depth if "volume_depth" in dims else 0,
+                   slab_slices=sizes.slab_slices if "slab_slices" in dims else 0,
+                   study_bytes=4 * values,
+                   shares_finetuned=(instruction.kind == "train"
+                                     and instruction.server_round > run.num_server_rounds))
 
 
 def _global_model(task: SiteTask, arrays: Mapping[str, np.ndarray],
@@ -119,7 +139,8 @@ def _global_model(task: SiteTask, arrays: Mapping[str, np.ndarray],
 
 
 def _evaluate(task: SiteTask, arrays: Mapping[str, np.ndarray], instruction: Instruction,
-              site: Site, run: SiteRunSettings, tasks: SiteTasks) -> Metrics:
+              site: Site, run: SiteRunSettings, tasks: SiteTasks) -> tuple[Metrics, list[str]]:
+    """The evaluate reply's metrics and the rules under which the site withheld some."""
     split = instruction.eval_split
     model = _global_model(task, arrays, run)
     result = task.evaluate(model, tasks.compute(), split=split)
@@ -128,14 +149,12 @@ def _evaluate(task: SiteTask, arrays: Mapping[str, np.ndarray], instruction: Ins
     if not (result.num_examples and releases_val_metrics(site.policy, result.num_studies)):
         log.info("site %s: %d %s studies (policy min-val-items %d): only counts leave",
                  site.name, result.num_studies, split, site.policy.min_val_items)
-        return metrics
+        return metrics, ["min-val-items"] if result.num_examples else []
     metrics[loss_key] = result.loss
     metrics.update({f"{split}-{name}": value for name, value in result.metrics.items()})
-    personal = site_personalisation(run.personalisation, site.state_dir,
-                                   instruction.federation)
-    metrics.update(personal.metrics(task, model, tasks.compute(), split, run, site.name,
-                                    instruction.server_round))
-    return metrics
+    personal, withheld = personalised_evaluation(task, model, instruction, site, run,
+                                                 tasks.compute(), request_of(instruction, run))
+    return {**metrics, **personal}, withheld
 
 
 def _query(task: SiteTask, arrays: Mapping[str, np.ndarray], instruction: Instruction,
@@ -167,16 +186,22 @@ def answer(instruction: Instruction, arrays: Mapping[str, np.ndarray], site: Sit
     Raises
     ------
     PolicyRefusal
-        Naming the broken rule, before any data is read.
+        Naming the broken rule, before any data is read (the ledger's
+        ``dp.max-epsilon`` once the task is loaded, before anything trains).
     SiteError, ItemError, ConfigError
         When the site cannot do the work (the adapter sends a sanitised error reply).
     """
     check_request(site.policy, instruction.kind, request_of(instruction, run))
+    if instruction.kind == "query":
+        take_query(site.state_dir, instruction.federation, site.policy.max_queries)
     task = tasks.task(site, run.task, run.sizes)
     record = {keys.SITE_NAME: site.name, keys.SITE_POLICY: site.policy.fingerprint}
     if instruction.kind == "train":
         update, metrics = train_round(task, arrays, instruction, site, run, tasks.compute())
         return SiteReply(metrics, record, update)
     if instruction.kind == "evaluate":
-        return SiteReply(_evaluate(task, arrays, instruction, site, run, tasks), record)
+        metrics, withheld = _evaluate(task, arrays, instruction, site, run, tasks)
+        if withheld:
+            record[keys.WITHHELD] = ",".join(withheld)
+        return SiteReply(metrics, record)
     return SiteReply(_query(task, arrays, instruction, run, tasks), record)

@@ -8,8 +8,10 @@ step, or replaced by the dense snapshot, verified by its checksum and saved for
 the next round; the reply acknowledges its version (``downlink-version``).
 
 Train (:func:`train_round`): puts the site's own layers on the model (FedBN),
-checks the DP budget before training (the one privacy ledger per federation,
-:mod:`clients.site.privacy_ledger`), trains (through the run's personalisation),
+checks the DP budget before training and records the steps after (the site's one
+privacy ledger per dataset, all federations together, :mod:`clients.site.privacy_charge`;
+the cross-site exchange's fine-tune after the last round is charged like any round),
+trains (through the run's personalisation),
 computes ``delta = x_global - x_local`` (DESIGN.md's sign convention) and zeroes
 what the site keeps.
 
@@ -32,14 +34,13 @@ import torch
 
 from clients.site.instruction import Instruction
 from clients.site.last_global import LastGlobal
-from clients.site.privacy_ledger import PrivacyLedger
+from clients.site.privacy_charge import PrivacyCharge
 from clients.site.run_settings import SiteRunSettings
 from clients.site.site import Site
 from clients.site.site_reply import Metrics
 from clients.site.state_store import SiteStateStore
 from clients.training.device import ComputeDevice
 from clients.training.personalisation.site_personalisation import site_personalisation
-from clients.training.private_training import poisson_sample_rate
 from clients.training.site_task import SiteTask
 from strategies import message_keys as keys
 from strategies.compression import ErrorFeedback, parse_spec
@@ -126,7 +127,7 @@ def train_round(task: SiteTask, arrays: Mapping[str, np.ndarray], instruction: I
     SiteDataError
         At a site without training data (a test-only site).
     PolicyRefusal
-        ``dp.max-epsilon``: the round would overspend the site's DP budget.
+        ``dp.max-epsilon``: the round would overspend the DP budget of the site's data.
     """
     train_set = task.require_training()
     steps = instruction.local_steps
@@ -140,13 +141,11 @@ def train_round(task: SiteTask, arrays: Mapping[str, np.ndarray], instruction: I
     model.load_state_dict({name: torch.as_tensor(a) for name, a in global_arrays.items()})
     personal = site_personalisation(run.personalisation, site.state_dir, instruction.federation)
     personal.receive(model)  # FedBN: the site's own normalisation layers
-    if privacy.enabled:  # refuse before training if the round would overspend the budget
-        ledger = PrivacyLedger(SiteStateStore(site.state_dir), instruction.federation,
-                               privacy.accountant)
-        spent = ledger.epsilon(privacy.delta)
-        ledger.check((privacy.noise_multiplier, poisson_sample_rate(
-            len(train_set), task.settings.batch_size), steps), privacy.delta,
-            site.policy.dp.max_epsilon)
+    final = instruction.server_round > run.num_server_rounds  # the cross-site fine-tune
+    charge = (PrivacyCharge.before(site, privacy, len(train_set), task.settings.batch_size,
+                                   steps, instruction.federation,
+                                   "cross-site" if final else "train")
+              if privacy.enabled else None)  # refused here if it would overspend the budget
     seed = site_seed(run.seed, instruction.server_round, site.name)
     started = time.monotonic()
     result = personal.train(task, model, steps, seed, deadline, lr=run.lr,
@@ -154,17 +153,13 @@ def train_round(task: SiteTask, arrays: Mapping[str, np.ndarray], instruction: I
                             proximal_mu=run.proximal_mu,
                             label=f"{site.name} round {instruction.server_round}",
                             privacy=privacy)
-    dp_metrics = {}
-    if privacy.enabled:
-        ledger.record(result.privacy_steps)
-        epsilon = ledger.epsilon(privacy.delta)
-        dp_metrics = {keys.EPSILON: epsilon, keys.EPSILON_ROUND: epsilon - spent}
+    dp_metrics = charge.record(result.privacy_steps) if charge is not None else {}
     local_state = model.state_dict()
     # delta = x_global - x_local, in the global model's order and dtypes (0-d kept 0-d).
     delta = [np.asarray(value - local_state[name].detach().cpu().numpy(), dtype=value.dtype)
              for name, value in global_arrays.items()]
     delta = personal.keep_local(model, delta, list(global_arrays),  # FedBN: 0, kept at the site
-                                save=instruction.server_round <= run.num_server_rounds)
+                                save=not final)
     parameters = {name for name, _ in model.named_parameters()}
     buffers = frozenset(i for i, name in enumerate(global_arrays) if name not in parameters)
     update, residual_norm = encode_update(delta, instruction, site.state_dir, raw=buffers)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+import secrets
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -329,15 +330,19 @@ class SiteTask(ABC):
     def training_loss(self, model: nn.Module, compute: ComputeDevice, subset: int = 0) -> float:
         """Loss of ``model`` on the training data (forward passes only).
 
-        ``subset > 0`` uses a fixed, seeded subset of that many examples (the cheap
-        loss estimate of cpow-d); 0 uses all of them (pow-d). A site without
-        training items raises :class:`SiteDataError` (:meth:`require_training`).
+        ``subset > 0`` uses a random subset of that many examples (the cheap loss
+        estimate of cpow-d), drawn afresh for every call from the operating system's
+        entropy (:mod:`secrets`), which the server neither chooses nor sees: the
+        difference of two answers is not one patient's loss (issue #28: with nested
+        subsets of one seeded permutation, ``5 L5 - 4 L4`` was exactly the loss of
+        example ``perm[4]``). 0 uses all of them (pow-d). A site without training
+        items raises :class:`SiteDataError` (:meth:`require_training`).
         """
         train_set = self.require_training()
         model.to(compute.device).eval()
         indices = list(range(len(train_set)))
         if 0 < subset < len(indices):
-            generator = torch.Generator().manual_seed(0)
+            generator = torch.Generator().manual_seed(secrets.randbits(63))
             indices = torch.randperm(len(indices), generator=generator)[:subset].tolist()
         loader = DataLoader(Subset(train_set, indices),
                             batch_size=max(self.settings.batch_size, 16),

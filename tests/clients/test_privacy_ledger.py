@@ -1,18 +1,17 @@
-"""The per-federation epsilon ledger of a site (clients/site/privacy_ledger.py)."""
+"""The one epsilon ledger per site and dataset (clients/site/privacy_ledger.py)."""
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 from opacus.accountants import PRVAccountant, RDPAccountant
 
 from clients.site.policy import PolicyRefusal
-from clients.site.privacy_ledger import LEDGER_NAME, PrivacyLedger
-from clients.site.state_store import SiteStateStore
+from clients.site.privacy_ledger import LedgerError, PrivacyLedger, dataset_id
 from clients.training.dp_accountants import ACCOUNTANTS
 
 ROUND = (1.1, 0.05, 20)  # sigma, q, steps of one round
@@ -26,51 +25,82 @@ def _epsilon(history) -> float:
 
 
 def test_epsilon_grows_with_rounds_and_survives_a_restart(tmp_path):
-    store = SiteStateStore(tmp_path)
-    ledger = PrivacyLedger(store, "fed-1", "rdp")
+    ledger = PrivacyLedger.of_site(tmp_path / "state", tmp_path / "site", "rdp")
     assert ledger.epsilon(DELTA) == 0.0
     spent = []
     for _ in range(3):
-        ledger.record([ROUND])
+        ledger.record([ROUND], "fed-1", "train")
         spent.append(ledger.epsilon(DELTA))
     assert spent[0] < spent[1] < spent[2]
-    again = PrivacyLedger(SiteStateStore(tmp_path), "fed-1", "rdp")  # a restarted SuperNode
+    again = PrivacyLedger.of_site(tmp_path / "state", tmp_path / "site", "rdp")  # a restart
     assert again.epsilon(DELTA) == spent[2]
-    assert np.load(tmp_path / "fed-1" / f"{LEDGER_NAME}.npy", allow_pickle=False).shape == (3, 3)
-    assert PrivacyLedger(store, "fed-2", "rdp").epsilon(DELTA) == 0.0  # per federation
+    saved = json.loads((tmp_path / "state" / "privacy" / dataset_id(tmp_path / "site")
+                        / "history.json").read_text())
+    assert len(saved["entries"]) == 3 and saved["entries"][0]["steps"] == 20
+    other = PrivacyLedger.of_site(tmp_path / "state", tmp_path / "site", "rdp")
+    other.record([ROUND], "fed-2", "train")  # another federation, the same patients
+    assert other.epsilon(DELTA) > spent[2]
+    assert PrivacyLedger.of_site(tmp_path / "state", tmp_path / "other-site",
+                                 "rdp").epsilon(DELTA) == 0.0  # per dataset
 
 
 def test_cumulative_epsilon_is_the_accountants_composition_not_a_sum(tmp_path):
-    ledger = PrivacyLedger(SiteStateStore(tmp_path), "fed", "rdp")
-    ledger.record([ROUND])
-    ledger.record([(2.0, 0.1, 5)])
+    ledger = PrivacyLedger(tmp_path, "rdp")
+    ledger.record([ROUND], "fed", "train")
+    ledger.record([(2.0, 0.1, 5)], "fed", "evaluate-adapt")
     exact = _epsilon([ROUND, (2.0, 0.1, 5)])
     assert ledger.epsilon(DELTA) == pytest.approx(exact)
     assert exact < _epsilon([ROUND]) + _epsilon([(2.0, 0.1, 5)])
 
 
 def test_next_round_over_budget_is_refused_before_training(tmp_path):
-    ledger = PrivacyLedger(SiteStateStore(tmp_path), "fed", "rdp")
+    ledger = PrivacyLedger(tmp_path, "rdp")
     one, two = _epsilon([ROUND]), _epsilon([ROUND, ROUND])
     assert ledger.check(ROUND, DELTA, max_epsilon=one * 1.01) == pytest.approx(one)
-    ledger.record([ROUND])
+    ledger.record([ROUND], "fed", "train")
     with pytest.raises(PolicyRefusal, match="over the site's budget") as refused:
         ledger.check(ROUND, DELTA, max_epsilon=(one + two) / 2)
     assert refused.value.rule == "dp.max-epsilon"
     assert ledger.check(ROUND, DELTA, max_epsilon=math.inf) == pytest.approx(two)
-    assert len(ledger.history) == 1  # a check records nothing
+    assert len(ledger.entries) == 1  # a check records nothing
+
+
+def test_an_admin_extends_the_budget_or_resets_the_ledger_and_both_are_logged(tmp_path):
+    ledger = PrivacyLedger(tmp_path / "privacy" / "abc", "rdp")
+    ledger.record([ROUND], "fed", "train")
+    one, two = _epsilon([ROUND]), _epsilon([ROUND, ROUND])
+    with pytest.raises(PolicyRefusal):
+        ledger.check(ROUND, DELTA, max_epsilon=one)
+    ledger.extend(two - one + 0.01, "ethics board approval 2026-11")
+    assert ledger.budget(one) == pytest.approx(two + 0.01)
+    assert ledger.check(ROUND, DELTA, max_epsilon=one) == pytest.approx(two)
+    ledger.reset("new data extraction")
+    assert ledger.epsilon(DELTA) == 0.0 and not ledger.history_path.exists()
+    archived = list((ledger.folder / "archive").glob("history-*.json"))
+    assert len(archived) == 1 and len(json.loads(archived[0].read_text())["entries"]) == 1
+    log = (tmp_path / "privacy" / "budget-admin.log").read_text().splitlines()
+    assert len(log) == 2 and "ethics board" in log[0] and "new data extraction" in log[1]
+    with pytest.raises(LedgerError, match="needs a reason"):
+        ledger.reset(" ")
+    with pytest.raises(LedgerError, match="positive epsilon"):
+        ledger.extend(-1.0, "no")
+
+
+def test_a_malformed_history_is_refused_naming_its_file(tmp_path):
+    (tmp_path / "history.json").write_text("{\"entries\": [{\"steps\": 1}]}")
+    with pytest.raises(LedgerError, match="history.json"):
+        PrivacyLedger(tmp_path, "rdp")
 
 
 def test_prv_ledger_counts_with_opacus_prv_accountant_not_rdp(tmp_path):
     """The ledger uses the run's accountant (privacy.accountant), the one training used."""
     history = [ROUND, (2.0, 0.1, 5)]
-    for accountant in ("rdp", "prv"):
-        PrivacyLedger(SiteStateStore(tmp_path), accountant, accountant).record(history)
-    prv = PrivacyLedger(SiteStateStore(tmp_path), "prv", "prv").epsilon(DELTA)
+    PrivacyLedger(tmp_path, "rdp").record(history, "fed", "train")
+    prv = PrivacyLedger(tmp_path, "prv").epsilon(DELTA)
     reference = PRVAccountant()
     reference.history = list(history)
     assert prv == pytest.approx(reference.get_epsilon(DELTA))
-    rdp = PrivacyLedger(SiteStateStore(tmp_path), "rdp", "rdp").epsilon(DELTA)
+    rdp = PrivacyLedger(tmp_path, "rdp").epsilon(DELTA)
     assert rdp == pytest.approx(_epsilon(history)) and prv < 0.95 * rdp  # PRV is tighter
 
 

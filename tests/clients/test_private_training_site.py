@@ -14,7 +14,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, R
 from flwr.supercore.task_identity import TaskIdentity
 
 from app import client_app
-from clients.site.privacy_ledger import LEDGER_NAME
+from clients.site.privacy_ledger import PrivacyLedger
 from clients.site.site_round import SiteTasks
 from clients.cxr_cls.task import CXRClsTask
 from clients.training.classification import LabelledTensors
@@ -85,7 +85,8 @@ def test_run_accountant_reaches_the_training_and_the_ledger(tmp_path, monkeypatc
         kw["privacy"].accountant) or train(self, *a, **kw))
     reply = _train(tmp_path, 1, **{"privacy.accountant": "prv"})
     assert not reply.has_error() and seen == ["prv"]
-    history = np.load(tmp_path / "state" / "fed-a" / f"{LEDGER_NAME}.npy").tolist()
+    history = [entry.step() for entry in
+               PrivacyLedger.of_site(tmp_path / "state", tmp_path, "prv").entries]
     epsilon = {}
     for name in ("prv", "rdp"):
         accountant = create_accountant(name)

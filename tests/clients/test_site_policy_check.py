@@ -7,8 +7,8 @@ from dataclasses import replace
 import pytest
 
 from clients.site.policy import DpRules, PolicyRefusal, SitePolicy
-from clients.site.policy_check import (Request, check_evaluate, check_query, check_train,
-                                       releases_val_metrics)
+from clients.site.policy_check import (Request, check_adaptation, check_evaluate, check_query,
+                                       check_train, releases_val_metrics)
 
 OPEN = SitePolicy.permissive()
 GOOD = Request(task="pe-seg", image_size=64, batch_size=8, codec="topk:0.05", local_steps=20,
@@ -19,12 +19,14 @@ STRICT = replace(OPEN, allowed_tasks=("pe-seg",), allowed_codecs=("topk", "qsgd"
                  max_time_budget=120.0, min_image_size=32, max_image_size=128,
                  dp=DpRules(required=True, min_noise_multiplier=0.8, max_grad_norm=2.0,
                             delta=1e-5, max_epsilon=8.0, accountants=("rdp",)))
+#: STRICT without its DP requirement: a site that requires DP answers no loss query.
+QUERIES = replace(STRICT, dp=replace(STRICT.dp, required=False))
 
 
 def test_a_request_within_every_rule_is_answered():
     check_train(STRICT, GOOD)
     check_evaluate(STRICT, GOOD)
-    check_query(STRICT, GOOD)
+    check_query(QUERIES, GOOD)
     for check in (check_train, check_evaluate, check_query):
         check(OPEN, replace(GOOD, batch_size=1, local_steps=1, codec="none", time_budget=0.0,
                             dp_noise_multiplier=0.0, loss_subset=1))
@@ -66,9 +68,9 @@ def test_dp_parameters_are_checked_when_used_even_if_not_required():
     ({"image_size": 8}, "min-image-size"),
 ])
 def test_evaluate_and_query_refuse_task_and_image_size(change, rule):
-    for check in (check_evaluate, check_query):
+    for check, policy in ((check_evaluate, STRICT), (check_query, QUERIES)):
         with pytest.raises(PolicyRefusal) as info:
-            check(STRICT, replace(GOOD, **change))
+            check(policy, replace(GOOD, **change))
         assert info.value.rule == rule
 
 
@@ -79,12 +81,42 @@ def test_evaluate_ignores_the_training_rules():
 
 def test_queries_are_refused_when_not_answered_or_on_a_tiny_subset():
     with pytest.raises(PolicyRefusal) as info:
-        check_query(replace(STRICT, answer_queries=False), GOOD)
+        check_query(replace(QUERIES, answer_queries=False), GOOD)
     assert info.value.rule == "answer-queries"
     with pytest.raises(PolicyRefusal) as info:
-        check_query(STRICT, replace(GOOD, loss_subset=1))
+        check_query(QUERIES, replace(GOOD, loss_subset=1))
     assert info.value.rule == "min-batch-size"
-    check_query(STRICT, replace(GOOD, loss_subset=8))
+    check_query(QUERIES, replace(GOOD, loss_subset=8))
+    with pytest.raises(PolicyRefusal) as info:
+        check_query(STRICT, GOOD)  # dp.required: a loss is an un-noised answer
+    assert info.value.rule == "dp.required"
+
+
+@pytest.mark.parametrize("check", [check_train, check_evaluate, check_query])
+@pytest.mark.parametrize("change, rule", [
+    ({"volume_depth": 257}, "max-volume-depth"),
+    ({"slab_slices": 33}, "max-slab-slices"),
+    ({"study_bytes": 2**30 + 1}, "max-study-bytes"),
+])
+def test_every_kind_bounds_what_the_site_decodes(check, change, rule):
+    bounded = replace(QUERIES, max_volume_depth=256, max_slab_slices=32, max_study_bytes=2**30)
+    check(bounded, replace(GOOD, volume_depth=256, slab_slices=32, study_bytes=2**30))
+    with pytest.raises(PolicyRefusal) as info:
+        check(bounded, replace(GOOD, **change))
+    assert info.value.rule == rule
+
+
+def test_an_adaptation_at_evaluation_passes_the_training_rules():
+    with pytest.raises(PolicyRefusal) as info:
+        check_adaptation(replace(STRICT, evaluate_trains=False), GOOD)
+    assert info.value.rule == "evaluate-trains"
+    check_adaptation(STRICT, replace(GOOD, codec="none", time_budget=0.0))  # no codec, no budget
+    for change, rule in (({"batch_size": 1}, "min-batch-size"),
+                         ({"local_steps": 51}, "max-local-steps"),
+                         ({"dp_noise_multiplier": 0.0}, "dp.required")):
+        with pytest.raises(PolicyRefusal) as info:
+            check_adaptation(STRICT, replace(GOOD, **change))
+        assert info.value.rule == rule
 
 
 def test_validation_metrics_leave_only_from_enough_items():

@@ -21,15 +21,19 @@ one :class:`~strategies.registry.Registry` type) and meeting
   with those layers.
 
 At evaluation the reply carries the personalised model's metrics as
-``personalised-<split>-<metric>`` (:meth:`SitePersonalisation.metrics`); ``make
-predict PERSONAL=...`` builds the same model (:mod:`app.prediction.personalised`).
-The site's round (:mod:`clients.site.site_round`) picks the method with
-:func:`site_personalisation`.
+``personalised-<split>-<metric>`` (:func:`personalised_metrics`); ``make predict
+PERSONAL=...`` builds the same model (:meth:`SitePersonalisation.personalised`,
+:mod:`app.prediction.personalised`). An adaptation trains on the site's patients, so
+in the site's round (:mod:`clients.site.site_adaptation`) it passes the policy's
+training rules, runs DP-SGD when the run asks for it (:meth:`SitePersonalisation.adapt`
+with ``privacy``) and is charged to the site's privacy ledger; the site's round picks
+the method with :func:`site_personalisation`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -38,14 +42,26 @@ from torch import nn
 
 from clients.site.run_settings import SiteRunSettings
 from clients.training.device import ComputeDevice
+from clients.training.private_training import DpSettings
 from clients.training.site_task import SiteTask
 from clients.training.trainer import TrainResult
+from strategies.plugins.personalisation.gain import PERSONALISED
 from strategies.plugins.options import PluginError
 from strategies.plugins.personalisation.options import CHOICE_KEY, PersonalisationOptions
 from strategies.registry import Registry
 
-__all__ = ["SITE_PERSONALISATION", "SitePersonalisation", "require_local_layers",
-           "site_personalisation"]
+__all__ = ["SITE_PERSONALISATION", "Adaptation", "SitePersonalisation", "personalised_metrics",
+           "require_local_layers", "site_personalisation"]
+
+
+@dataclass(frozen=True)
+class Adaptation:
+    """A site's personalised model and the DP-SGD steps its adaptation ran."""
+
+    model: nn.Module
+    #: ``(noise multiplier, sample rate, steps)`` rows for the site's ledger; empty when
+    #: the adaptation did not train or trained without DP-SGD.
+    privacy_steps: tuple[tuple[float, float, int], ...] = ()
 
 
 @runtime_checkable
@@ -67,14 +83,22 @@ class SitePersonalisation(Protocol):
                    save: bool = True) -> list[np.ndarray]:
         """The update to send: ``delta`` with what the site keeps zeroed (``save``: keep it)."""
 
+    def adaptation_steps(self) -> int:
+        """The steps :meth:`adapt` trains on the site's data (0: it does not train)."""
+
+    def adapt(self, task: SiteTask | None, model: nn.Module, compute: ComputeDevice,
+              run: SiteRunSettings, site_name: str, server_round: int,
+              privacy: DpSettings | None = None) -> Adaptation | None:
+        """The site's personalised model of the global ``model`` (a copy), or ``None``.
+
+        A method that adapts on the training data runs ``finetune-steps`` steps, as
+        DP-SGD when ``privacy`` is enabled (its steps in the result).
+        """
+
     def personalised(self, task: SiteTask | None, model: nn.Module, compute: ComputeDevice,
                      run: SiteRunSettings, site_name: str,
                      server_round: int) -> nn.Module | None:
-        """The site's personalised model of the global ``model`` (a copy), or ``None``."""
-
-    def metrics(self, task: SiteTask, model: nn.Module, compute: ComputeDevice, split: str,
-                run: SiteRunSettings, site_name: str, server_round: int) -> dict[str, float]:
-        """The personalised model's loss and metrics on ``split``, ``personalised-<split>-<m>``."""
+        """:meth:`adapt`'s model without DP-SGD (the hospital's own use), or ``None``."""
 
 
 #: ``(options, state_dir, federation) -> SitePersonalisation``, by method name.
@@ -101,3 +125,16 @@ def require_local_layers(method: str, model: nn.Module, task: str) -> None:
         Naming ``personalisation.method`` and the task.
     """
     SITE_PERSONALISATION.get(method).check_model(model, task)
+
+
+def personalised_metrics(task: SiteTask, personal: nn.Module, compute: ComputeDevice,
+                         split: str) -> dict[str, float]:
+    """The personalised model's loss and metrics on ``split``, ``personalised-<split>-<name>``.
+
+    Empty for a split without items.
+    """
+    result = task.evaluate(personal, compute, split=split)
+    if not result.num_examples:
+        return {}
+    values = {"loss": result.loss, **result.metrics}
+    return {f"{PERSONALISED}{split}-{name}": value for name, value in values.items()}

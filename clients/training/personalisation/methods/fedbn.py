@@ -19,7 +19,9 @@ from clients.site.state_store import SiteStateStore
 from clients.training.device import ComputeDevice
 from clients.training.personalisation.local_layers import LocalLayers, local_state_names
 from clients.training.personalisation.methods.none import NoPersonalisation
-from clients.training.personalisation.site_personalisation import SITE_PERSONALISATION
+from clients.training.personalisation.site_personalisation import (SITE_PERSONALISATION,
+                                                                   Adaptation)
+from clients.training.private_training import DpSettings
 from clients.training.site_task import SiteTask
 from strategies.plugins.options import PluginError
 from strategies.plugins.personalisation.options import CHOICE_KEY, PersonalisationOptions
@@ -72,11 +74,12 @@ class FedBN(NoPersonalisation):
         local = set(local_state_names(model))
         return [np.zeros_like(d) if name in local else d for name, d in zip(names, delta)]
 
-    def personalised(self, task: SiteTask | None, model: nn.Module, compute: ComputeDevice,
-                     run: SiteRunSettings, site_name: str,
-                     server_round: int) -> nn.Module | None:
-        """``model`` with the site's saved layers (a copy); None before its first training."""
+    def adapt(self, task: SiteTask | None, model: nn.Module, compute: ComputeDevice,
+              run: SiteRunSettings, site_name: str, server_round: int,
+              privacy: DpSettings | None = None) -> Adaptation | None:
+        """``model`` with the site's saved layers (a copy; nothing trains); None before its
+        first training."""
         if self.layers is None:
             return None
         personal = copy.deepcopy(model)
-        return personal if self.layers.restore(personal) else None
+        return Adaptation(personal) if self.layers.restore(personal) else None

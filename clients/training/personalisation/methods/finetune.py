@@ -16,7 +16,9 @@ from torch import nn
 from clients.site.run_settings import SiteRunSettings
 from clients.training.device import ComputeDevice
 from clients.training.personalisation.methods.none import NoPersonalisation
-from clients.training.personalisation.site_personalisation import SITE_PERSONALISATION
+from clients.training.personalisation.site_personalisation import (SITE_PERSONALISATION,
+                                                                   Adaptation)
+from clients.training.private_training import DpSettings
 from clients.training.site_task import SiteTask
 from strategies.seeds import site_seed
 
@@ -31,18 +33,26 @@ class FineTune(NoPersonalisation):
         """The adaptation's learning rate and momentum: the run's."""
         return run.lr, run.momentum
 
-    def personalised(self, task: SiteTask | None, model: nn.Module, compute: ComputeDevice,
-                     run: SiteRunSettings, site_name: str,
-                     server_round: int) -> nn.Module | None:
+    def adaptation_steps(self) -> int:
+        """``personalisation.finetune-steps``: the adaptation trains on the site's data."""
+        return self.options.finetune_steps
+
+    def adapt(self, task: SiteTask | None, model: nn.Module, compute: ComputeDevice,
+              run: SiteRunSettings, site_name: str, server_round: int,
+              privacy: DpSettings | None = None) -> Adaptation | None:
         """``model`` after ``finetune-steps`` steps on the site's training data (a copy).
 
-        None at a site without training data (or without its task).
+        DP-SGD (the same path as training, :meth:`SiteTask.train` with ``privacy``) when
+        ``privacy`` is enabled; ``model`` must then be the DP-compatible one. None at a
+        site without training data (or without its task).
         """
         if task is None or task.train_set is None or not len(task.train_set):
             return None
-        personal = copy.deepcopy(model)
+        personal = copy.deepcopy(model).train()  # the received model may be in eval mode
         lr, momentum = self.adaptation_step(run)
-        task.train(personal, steps=self.options.finetune_steps, lr=lr, momentum=momentum,
-                   compute=compute, seed=site_seed(run.seed, server_round, f"adapt:{site_name}"),
-                   optimizer=run.optimizer, label=f"{site_name} adapt")
-        return personal
+        result = task.train(personal, steps=self.options.finetune_steps, lr=lr,
+                            momentum=momentum, compute=compute,
+                            seed=site_seed(run.seed, server_round, f"adapt:{site_name}"),
+                            optimizer=run.optimizer, label=f"{site_name} adapt",
+                            privacy=privacy)
+        return Adaptation(personal, tuple(result.privacy_steps))

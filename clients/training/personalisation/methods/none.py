@@ -10,10 +10,11 @@ from torch import nn
 
 from clients.site.run_settings import SiteRunSettings
 from clients.training.device import ComputeDevice
-from clients.training.personalisation.site_personalisation import SITE_PERSONALISATION
+from clients.training.personalisation.site_personalisation import (SITE_PERSONALISATION,
+                                                                   Adaptation)
+from clients.training.private_training import DpSettings
 from clients.training.site_task import SiteTask
 from clients.training.trainer import TrainResult
-from strategies.plugins.personalisation.gain import PERSONALISED
 from strategies.plugins.personalisation.options import PersonalisationOptions
 
 __all__ = ["NoPersonalisation"]
@@ -54,24 +55,19 @@ class NoPersonalisation:
         """``delta``: the site keeps nothing."""
         return delta
 
-    def personalised(self, task: SiteTask | None, model: nn.Module, compute: ComputeDevice,
-                     run: SiteRunSettings, site_name: str,
-                     server_round: int) -> nn.Module | None:
+    def adaptation_steps(self) -> int:
+        """0: nothing trains at evaluation."""
+        return 0
+
+    def adapt(self, task: SiteTask | None, model: nn.Module, compute: ComputeDevice,
+              run: SiteRunSettings, site_name: str, server_round: int,
+              privacy: DpSettings | None = None) -> Adaptation | None:
         """None: there is no personalised model."""
         return None
 
-    def metrics(self, task: SiteTask, model: nn.Module, compute: ComputeDevice, split: str,
-                run: SiteRunSettings, site_name: str, server_round: int) -> dict[str, float]:
-        """The personalised model's loss and metrics on ``split``, named
-        ``personalised-<split>-<name>``; ``model`` (the received one) is left as it is.
-
-        Empty when :meth:`personalised` gives no model and for a split without items.
-        """
-        personal = self.personalised(task, model, compute, run, site_name, server_round)
-        if personal is None:
-            return {}
-        result = task.evaluate(personal, compute, split=split)
-        if not result.num_examples:
-            return {}
-        values = {"loss": result.loss, **result.metrics}
-        return {f"{PERSONALISED}{split}-{name}": value for name, value in values.items()}
+    def personalised(self, task: SiteTask | None, model: nn.Module, compute: ComputeDevice,
+                     run: SiteRunSettings, site_name: str,
+                     server_round: int) -> nn.Module | None:
+        """:meth:`adapt`'s model, without DP-SGD (for the hospital's own use), or ``None``."""
+        adapted = self.adapt(task, model, compute, run, site_name, server_round)
+        return None if adapted is None else adapted.model

@@ -1,0 +1,65 @@
+"""One computation's charge to the site's privacy ledger: checked before, recorded after.
+
+Every DP-SGD computation on a site's training data (a train round, the cross-site
+exchange's fine-tune, an evaluate message's personalisation adaptation) opens a
+:class:`PrivacyCharge` before it trains: the ledger of the site's dataset
+(:class:`~clients.site.privacy_ledger.PrivacyLedger`, all federations together)
+refuses the computation (rule ``dp.max-epsilon``) when its planned steps would
+overspend the budget. After training, :meth:`PrivacyCharge.record` appends the
+steps the accountant counted and returns the reply's ``epsilon`` (the dataset's
+total), ``epsilon-round`` (this computation's increase) and ``epsilon-left``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from clients.site.privacy_ledger import PrivacyLedger, Step
+from clients.site.site import Site
+from clients.site.site_reply import Metrics
+from clients.training.private_training import DpSettings, poisson_sample_rate
+from strategies import message_keys as keys
+
+__all__ = ["PrivacyCharge"]
+
+
+@dataclass(frozen=True)
+class PrivacyCharge:
+    """A checked DP computation, waiting for its steps to be recorded."""
+
+    ledger: PrivacyLedger
+    delta: float
+    #: The dataset's budget: the policy's ``dp.max-epsilon`` plus the admin's allowance.
+    budget: float
+    #: The dataset's epsilon before the computation.
+    spent: float
+    federation: str
+    #: ``train``, ``cross-site`` or ``evaluate-adapt`` (the ledger entry's kind).
+    kind: str
+
+    @classmethod
+    def before(cls, site: Site, privacy: DpSettings, examples: int, batch_size: int,
+               steps: int, federation: str, kind: str) -> PrivacyCharge:
+        """Check ``steps`` DP-SGD steps on ``examples`` training examples against the budget.
+
+        Raises
+        ------
+        PolicyRefusal
+            Rule ``dp.max-epsilon``, when they would overspend the site's budget.
+        LedgerError
+            When the ledger's files are malformed.
+        """
+        ledger = PrivacyLedger.of_site(site.state_dir, site.data_path, privacy.accountant)
+        planned: Step = (privacy.noise_multiplier, poisson_sample_rate(examples, batch_size),
+                         steps)
+        ledger.check(planned, privacy.delta, site.policy.dp.max_epsilon)
+        return cls(ledger, privacy.delta, ledger.budget(site.policy.dp.max_epsilon),
+                   ledger.epsilon(privacy.delta), federation, kind)
+
+    def record(self, steps: Sequence[Step]) -> Metrics:
+        """Record the steps the computation ran; the reply's epsilon metrics."""
+        self.ledger.record(steps, self.federation, self.kind)
+        epsilon = self.ledger.epsilon(self.delta)
+        return {keys.EPSILON: epsilon, keys.EPSILON_ROUND: epsilon - self.spent,
+                keys.EPSILON_LEFT: max(self.budget - epsilon, 0.0)}
