@@ -17,8 +17,13 @@ federation's MLflow run:
   ``test/personalised-<metric>``, ``test/personalised-gain-<metric>`` (example-weighted
   over the sites that report one);
 * ``cross-site/matrix.json`` (an MLflow table: column ``model``, then one per
-  site), ``cross-site/matrix.png`` (heatmap) and ``cross-site/dropped.json``
-  (which site's reply was left out of which stage, and why);
+  site; a cell a site withheld under its policy holds ``withheld by site policy
+  (<rule>)``), ``cross-site/matrix.png`` (heatmap), ``cross-site/dropped.json``
+  (which site's reply was left out of which stage, and why) and
+  ``cross-site/withheld.json`` (``"<stage>/<site>"`` -> what it withheld and under
+  which rule; a fine-tune refused by ``share-finetuned-model`` is there);
+* the tag ``test/withheld`` (``<site>: <rules>; ...``) when no site released the
+  test metric: no NaN is logged;
 * ``figures/*.png`` (:mod:`app.tracking.figures`), with
   ``figures/cross-site-matrix.png`` when there is a matrix.
 
@@ -44,11 +49,17 @@ from app.tracking import BestRound, FederationTracker, bounded_requests, metric_
 from app.tracking.figures import federation_figures, matrix_figure
 from strategies.errors import FederationError
 from strategies.plugins.personalisation.gain import GAIN, PERSONALISED, personalisation_gains
-from strategies.rounds.cross_site import CrossSiteResult, CrossSiteSetup, cross_site_evaluation
+from strategies.rounds.cross_site import (
+    FINETUNED,
+    CrossSiteResult,
+    CrossSiteSetup,
+    cross_site_evaluation,
+)
 from strategies.rounds.federated_strategy import FederatedStrategy
+from strategies.rounds.withheld import withheld_summary, withheld_text
 
 __all__ = ["cross_site_artifacts", "cross_site_metrics", "report_federation_end",
-           "selected_arrays"]
+           "selected_arrays", "test_line"]
 
 _TEST = "test-"
 
@@ -90,8 +101,38 @@ def cross_site_artifacts(result: CrossSiteResult) -> dict[str, Figure]:
     """The matrix heatmap, under ``cross-site/`` and with the federation's figures."""
     if not result.rows or not result.columns:
         return {}
-    return {path: matrix_figure(result.rows, result.columns, result.matrix, result.metric)
+    cells = result.withheld_cells()
+    return {path: matrix_figure(result.rows, result.columns, result.matrix, result.metric, cells)
             for path in ("cross-site/matrix.png", "figures/cross-site-matrix.png")}
+
+
+def _test_sites_withheld(result: CrossSiteResult) -> dict[str, str]:
+    """Site -> the rules under which it withheld its test metrics of the selected model."""
+    return {key.split("/", 1)[1]: rules for key, rules in result.withheld.items()
+            if key.startswith("test/")}
+
+
+def _withheld_label(key: str) -> str:
+    """``test/<s>`` -> ``<s>``, ``finetune/<s>`` -> ``<s>-finetuned``, ``<row>/<s>`` ->
+    ``<row> at <s>``."""
+    stage, site = key.split("/", 1)
+    return {"test": site, "finetune": f"{site}{FINETUNED}"}.get(stage, f"{stage} at {site}")
+
+
+def test_line(result: CrossSiteResult) -> str:
+    """The end-of-run line: the weighted test metric (or the sites' rules when every site
+    withheld it), the sites, examples, what each site withheld and what was dropped."""
+    value, test_sites = result.weighted.get(result.metric), _test_sites_withheld(result)
+    if value is not None:
+        metric = f"{value:.4f}"
+    else:
+        metric = (withheld_text(withheld_summary(test_sites)) if test_sites
+                  else "n/a (no site released it)")
+    withheld = "; ".join(f"{_withheld_label(key)}: {withheld_text(rules)}"
+                         for key, rules in sorted(result.withheld.items()))
+    return (f"test {result.metric}: {metric} over {len(result.sites)} sites "
+            f"({int(result.weighted.get('num-examples', 0))} examples); withheld: "
+            f"{withheld or 'none'}; dropped: {result.dropped or 'none'}")
 
 
 def _log(tracker: FederationTracker, result: CrossSiteResult | None,
@@ -107,6 +148,13 @@ def _log(tracker: FederationTracker, result: CrossSiteResult | None,
                 client.log_table(tracker.run_id, result.table(), "cross-site/matrix.json")
                 if result.dropped:
                     client.log_dict(tracker.run_id, result.dropped, "cross-site/dropped.json")
+                if result.withheld:
+                    client.log_dict(tracker.run_id, {k: withheld_text(v) for k, v in
+                                                     result.withheld.items()},
+                                    "cross-site/withheld.json")
+                if result.metric not in result.weighted and _test_sites_withheld(result):
+                    client.set_tag(tracker.run_id, "test/withheld",
+                                   withheld_summary(_test_sites_withheld(result)))
             for path, figure in figures.items():
                 client.log_figure(tracker.run_id, figure, path)
     except Exception as exc:  # noqa: BLE001 - tracking must never stop the federation
@@ -151,8 +199,6 @@ def report_federation_end(grid: Grid, strategy: FederatedStrategy, arrays: Array
     figures = federation_figures(list(strategy.reports.values()), f"val-{main_metric}")
     if result is not None:
         figures.update(cross_site_artifacts(result))
-        log(INFO, "test %s: %.4f over %d sites (%d examples); dropped: %s", result.metric,
-            result.weighted.get(result.metric, float("nan")), len(result.sites),
-            int(result.weighted.get("num-examples", 0)), result.dropped or "none")
+        log(INFO, "%s", test_line(result))
     _log(tracker, result, figures, step)
     return result

@@ -31,7 +31,7 @@ from app.cross_site_report import report_federation_end, selected_arrays
 from app.model_source import load_state_dict_from
 from clients.training.personalisation.site_personalisation import require_local_layers
 from app.grid_waits import cap_grid_waits
-from app.tracking.traffic_text import round_traffic
+from app.round_progress import metric_text, progress_line
 from app.tracking import (
     BestRound,
     FederationModels,
@@ -106,28 +106,6 @@ def build_strategy(config: RunConfig, federation: str = "",
         roster=roster,
         max_held_mb=config.round_max_held_mb,
     )
-
-
-def _progress_line(report: RoundReport, num_rounds: int, metric: str) -> str:
-    train = report.train_aggregate.get(keys.TRAIN_LOSS, float("nan"))
-    value = report.evaluate_aggregate.get(metric, float("nan"))
-    sites = ", ".join(f"{s} {m.get(metric, float('nan')):.3f}"
-                      for s, m in sorted(report.evaluate.items()))
-    dropped = "; ".join(f"{s}: {r}" for s, r in
-                        {**report.train_dropped, **report.evaluate_dropped}.items()) or "none"
-    taus = ",".join(str(int(m.get(keys.STEPS, 0))) for _, m in sorted(report.train.items()))
-    tau_eff = report.strategy.get("tau-eff")
-    tau = f"tau {report.schedule_tau} (done {taus}" + (
-        f", tau_eff {tau_eff:.1f})" if tau_eff is not None else ")")
-    traffic = round_traffic(report.strategy, report.traffic) + (
-        f", rate {report.strategy['codec-rate']:.3g}" if "codec-rate" in report.strategy else "")
-    selected = ""
-    if report.selection.get("candidates"):
-        selected = (f" | selected {','.join(report.selection['selected'])} of "
-                    f"{len(report.selection['candidates'])} candidates")
-    return (f"Round {report.server_round}/{num_rounds}: train loss {train:.4f} | "
-            f"{metric} {value:.4f} ({sites}) | {tau}{traffic}{selected} | "
-            f"{report.seconds:.1f} s | dropped: {dropped}")
 
 
 def initial_arrays(model: nn.Module, source: str) -> ArrayRecord:
@@ -268,7 +246,7 @@ def federate(grid: Grid, context: Context) -> FederationOutcome:
         tracker.tracking_uri)
     on_round_end = RoundRecorder(
         tracker, strategy, checkpoint_path, run_config,
-        lambda report: _progress_line(report, config.num_server_rounds, metric), best)
+        lambda report: progress_line(report, config.num_server_rounds, metric), best)
 
     started = time.monotonic()
     status = "FAILED"
@@ -301,14 +279,13 @@ def federate(grid: Grid, context: Context) -> FederationOutcome:
     log(INFO, "")
     log(INFO, "Federation finished in %.1f s", time.monotonic() - started)
     for server_round, report in sorted(strategy.reports.items()):
-        log(INFO, "  round %d: %s %.4f", server_round, metric,
-            report.evaluate_aggregate.get(metric, float("nan")))
+        log(INFO, "  round %d: %s", server_round, metric_text(report, metric))
     if stopped_early:
         log(INFO, "Early stopping after round %d: no %s gain of %g in %d evaluated rounds",
             last_round, metric, config.early_stopping_min_delta, config.early_stopping_patience)
-    log(INFO, "Best round %d (%s %.4f): %s, registered %s", models.best_round, metric,
-        best.value if best.found else float("nan"), models.best_uri,
-        models.best_version or "(not registered)")
+    log(INFO, "Best round %d (%s): %s, registered %s", models.best_round,
+        f"{metric} {best.value:.4f}" if best.found else f"no round released {metric}",
+        models.best_uri, models.best_version or "(not registered)")
     log(INFO, "Final model: %s, registered %s", models.final_uri,
         models.final_version or "(not registered)")
     log(INFO, "MLflow run %s (experiment '%s', store %s)", run_id, tracker.experiment_name,

@@ -17,7 +17,7 @@ and logged as PNG artifacts under ``figures/`` (:mod:`app.tracking.cross_site_lo
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 from matplotlib.axes import Axes
@@ -121,8 +121,10 @@ def selection_figure(reports: Sequence[RoundReport]) -> Figure:
 
 
 def matrix_figure(rows: Sequence[str], columns: Sequence[str], matrix: np.ndarray,
-                  metric: str) -> Figure:
-    """Heatmap of the cross-site matrix: model (row) at site (column), the values written in."""
+                  metric: str, withheld: Mapping[tuple[int, int], str] | None = None) -> Figure:
+    """Heatmap of the cross-site matrix: model (row) at site (column), the values written in;
+    a cell in ``withheld`` (``(row, column)`` -> the site policy's rules) says
+    ``withheld (<rules>)``, another cell without a value ``n/a``."""
     matrix = np.asarray(matrix, dtype=float).reshape(len(rows), len(columns))
     figure = Figure(figsize=(max(4.0, 1.1 * len(columns) + 2.5), max(3.0, 0.5 * len(rows) + 1.5)),
                     layout="constrained")
@@ -131,7 +133,9 @@ def matrix_figure(rows: Sequence[str], columns: Sequence[str], matrix: np.ndarra
     axes.set_xticks(range(len(columns)), list(columns), rotation=45, ha="right")
     axes.set_yticks(range(len(rows)), list(rows))
     for (i, j), value in np.ndenumerate(matrix):
-        axes.text(j, i, "n/a" if np.isnan(value) else f"{value:.3f}", ha="center",
+        text = f"{value:.3f}" if not np.isnan(value) else (
+            f"withheld\n({withheld[i, j]})" if (i, j) in (withheld or {}) else "n/a")
+        axes.text(j, i, text, ha="center",
                   va="center", color="black", fontsize="small",
                   bbox={"facecolor": "white", "alpha": 0.6, "linewidth": 0})
     axes.set(xlabel="test split of site", ylabel="model", title=f"Cross-site {metric}")

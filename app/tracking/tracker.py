@@ -4,7 +4,9 @@ The experiment is per task (``fedmed-<task>`` unless the run config names one).
 The run holds the run config as params, per round the aggregated and per-site
 train loss and validation Dice, the round wall time and dropped replies (a site
 that refused a request under its site policy also gets ``site/<name>/refused`` = 1),
-each site's policy fingerprint as the param ``site/<name>/policy``, and at
+each site's policy fingerprint as the param ``site/<name>/policy``, the metrics
+a site withheld under its policy as the artifact ``rounds/round-NNN-withheld.json``
+(``{site: "withheld by site policy (<rule>)"}``: no NaN metric), and at
 the end the best and the final model, registered
 (:mod:`app.tracking.federation_models`). The store is the tracking
 URI of the run config, else ``MLFLOW_TRACKING_URI``; `make simulate` points it
@@ -39,6 +41,7 @@ from app.tracking.outbox import OUTBOX_FILE, Outbox, RoundRecord
 from strategies import message_keys as keys
 from strategies.plugins.personalisation.gain import personalisation_gains
 from strategies.rounds.round_report import RoundReport
+from strategies.rounds.withheld import withheld_text
 
 __all__ = ["FLUSH_TIMEOUT_SECONDS", "FederationTracker", "bounded_requests", "metric_key",
            "policy_params", "round_record"]
@@ -97,6 +100,9 @@ def round_record(report: RoundReport) -> RoundRecord:
         dropped["late-arrivals"] = ", ".join(report.late_arrivals)
     if dropped:
         artifacts[f"rounds/round-{step:03d}-dropped.json"] = dropped
+    if report.evaluate_withheld:
+        artifacts[f"rounds/round-{step:03d}-withheld.json"] = {
+            site: withheld_text(rules) for site, rules in sorted(report.evaluate_withheld.items())}
     return RoundRecord(step=step, timestamp_ms=int(time.time() * 1000),
                        metrics={k: float(v) for k, v in metrics.items()}, artifacts=artifacts)
 

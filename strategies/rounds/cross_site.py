@@ -19,7 +19,11 @@ test metric of model ``r`` (``"global"`` or ``"<site>-finetuned"``) at site
 learning for breast density classification: a real-world implementation",
 DART/MICCAI workshops: the diagonal of the fine-tuned rows shows what local
 adaptation gains at home, the off-diagonal cells what it costs elsewhere.
-A cell is NaN where the site did not answer or released no such metric.
+A cell is NaN where the site did not answer; where its policy withheld the
+metric (a reply that names the rule, or a policy refusal such as
+``share-finetuned-model`` for a fine-tune, which still gives the site's row) the
+result records the rule (``CrossSiteResult.withheld``) and the table says
+``withheld by site policy (<rule>)`` (:mod:`strategies.rounds.withheld`).
 
 Every exchange is the round's own (:func:`strategies.rounds.exchange.exchange`:
 the round policy and a :class:`ReplyIntake`), so one bad or silent site is
@@ -52,6 +56,7 @@ from strategies.rounds.reply_intake import Reply, ReplyIntake
 from strategies.rounds.round_metrics import example_weighted_metrics
 from strategies.rounds.round_policy import RoundPolicy
 from strategies.rounds.site_book import SiteBook
+from strategies.rounds.withheld import refused_rule, withheld_text
 
 if TYPE_CHECKING:
     from strategies.rounds.federated_strategy import FederatedStrategy
@@ -117,6 +122,9 @@ class CrossSiteResult:
     dropped : dict[str, str]
         ``"<stage>/<site>"`` (stage ``test``, ``finetune`` or a row) -> why
         that site's reply was left out.
+    withheld : dict[str, str]
+        ``"<stage>/<site>"`` -> the policy rules under which that site withheld its
+        metrics (or refused its fine-tune: a ``finetune`` stage).
     """
 
     metric: str
@@ -126,12 +134,30 @@ class CrossSiteResult:
     columns: list[str] = field(default_factory=list)
     matrix: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
     dropped: dict[str, str] = field(default_factory=dict)
+    withheld: dict[str, str] = field(default_factory=dict)
+
+    def withheld_cells(self) -> dict[tuple[int, int], str]:
+        """``(row, column)`` -> the rules under which that cell's site withheld it: its
+        row's fine-tune refused, or its metrics withheld at evaluation."""
+        cells: dict[tuple[int, int], str] = {}
+        for i, row in enumerate(self.rows):
+            refused = self.withheld.get(f"finetune/{row.removesuffix(FINETUNED)}")
+            stage = TEST_SPLIT if row == GLOBAL_ROW else row
+            for j, column in enumerate(self.columns):
+                rules = (refused if row != GLOBAL_ROW else None) or self.withheld.get(
+                    f"{stage}/{column}")
+                if rules and np.isnan(self.matrix[i, j]):
+                    cells[i, j] = rules
+        return cells
 
     def table(self) -> dict[str, list]:
-        """The matrix as columns of a table: ``model`` then one column per site."""
+        """The matrix as columns of a table: ``model`` then one column per site; a withheld
+        cell holds ``withheld by site policy (<rule>)``, not NaN."""
+        notes = self.withheld_cells()
         out: dict[str, list] = {"model": list(self.rows)}
         for j, column in enumerate(self.columns):
-            out[column] = [float(v) for v in self.matrix[:, j]]
+            out[column] = [withheld_text(notes[i, j]) if (i, j) in notes else float(v)
+                           for i, v in enumerate(self.matrix[:, j])]
         return out
 
 
@@ -167,15 +193,17 @@ def held_out_messages(node_ids: list[int], arrays: ArrayRecord, server_round: in
 class _Exchanges:
     """The evaluation's exchanges with the connected ``nodes``, all in round ``server_round``.
 
-    ``dropped`` collects ``"<stage>/<site>"`` -> reason; ``labels`` the name each
-    replying node is recorded under (a site whose replies were all dropped is
-    still a column).
+    ``dropped`` collects ``"<stage>/<site>"`` -> reason, ``withheld`` the same key ->
+    the policy rules a site withheld under (a policy refusal is withheld, not
+    dropped); ``labels`` the name each replying node is recorded under (a site whose
+    replies were all dropped is still a column).
     """
 
     def __init__(self, grid: Grid, setup: CrossSiteSetup, nodes: list[int],
                  server_round: int) -> None:
         self.grid, self.setup, self.nodes, self.server_round = grid, setup, nodes, server_round
         self.dropped: dict[str, str] = {}
+        self.withheld: dict[str, str] = {}
         self.labels: dict[int, str] = {}
 
     def send(self, messages: list[Message], stage: str, parse: Callable[..., Reply]
@@ -188,7 +216,10 @@ class _Exchanges:
                          ReplyIntake(f"cross-site {stage}", book, parse, expected)).taken
         for node, label in taken.labels.items():
             self.labels.setdefault(node, label)
-        self.dropped.update({f"{stage}/{site}": reason for site, reason in taken.dropped.items()})
+        self.withheld.update({f"{stage}/{site}": rules for site, rules in taken.withheld.items()})
+        for site, reason in taken.dropped.items():
+            rule = refused_rule(reason)
+            (self.withheld if rule else self.dropped)[f"{stage}/{site}"] = rule or reason
         return taken.accepted
 
     def test_row(self, arrays: ArrayRecord, stage: str) -> list[MetricsReply]:
@@ -250,7 +281,8 @@ def cross_site_evaluation(grid: Grid, setup: CrossSiteSetup, arrays: ArrayRecord
     setup.sites.connected = set(nodes)
     note = on_stage or (lambda line: log(INFO, "%s", line))
     exchanges = _Exchanges(grid, setup, nodes, server_round)
-    result = CrossSiteResult(metric=f"{TEST_SPLIT}-{main_metric}", dropped=exchanges.dropped)
+    result = CrossSiteResult(metric=f"{TEST_SPLIT}-{main_metric}", dropped=exchanges.dropped,
+                             withheld=exchanges.withheld)
     note(f"cross-site: {len(nodes)} sites evaluate the selected model on their test split")
     replies = exchanges.test_row(arrays, TEST_SPLIT)
     result.sites = {reply.site: dict(reply.metrics) for reply in replies}
@@ -263,6 +295,10 @@ def cross_site_evaluation(grid: Grid, setup: CrossSiteSetup, arrays: ArrayRecord
             note(f"cross-site: every site evaluates {row}")
             rows[row] = {reply.site: dict(reply.metrics)
                          for reply in exchanges.test_row(model, row)}
+        refused = [key.split("/", 1)[1] for key in exchanges.withheld
+                   if key.startswith("finetune/")]
+        rows.update({f"{site}{FINETUNED}": {} for site in refused})
+        rows = {GLOBAL_ROW: rows.pop(GLOBAL_ROW), **dict(sorted(rows.items()))}
     result.rows = list(rows)
     result.columns = sorted(set(exchanges.columns()) | {s for c in rows.values() for s in c})
     result.matrix = np.array([[cells.get(column, {}).get(result.metric, np.nan)

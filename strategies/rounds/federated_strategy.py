@@ -247,6 +247,7 @@ class FederatedStrategy(Strategy):
         accepted = taken.accepted
         report.evaluate_dropped.update(taken.dropped)
         report.policies.update(taken.policies)
+        report.evaluate_withheld.update(taken.withheld)
         for reply in accepted:
             report.evaluate[reply.site] = dict(reply.metrics)
         if not accepted:

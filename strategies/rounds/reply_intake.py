@@ -19,8 +19,9 @@ aggregated. A :class:`ReplyIntake` takes each reply message once
 The message itself is only read, never changed, and not kept: the intake keeps
 the typed replies. :meth:`ReplyIntake.close` adds the selected sites that never
 answered and hands back the exchange's :class:`Taken` replies, drops (with the
-reason, under the site's name) and the site-policy fingerprints the accepted
-replies declared.
+reason, under the site's name), the site-policy fingerprints the accepted
+replies declared and the policy rules under which they withheld metrics
+(:func:`withheld_rules`, :mod:`strategies.rounds.withheld`).
 """
 
 from __future__ import annotations
@@ -38,9 +39,10 @@ from flwr.supercore import log
 from strategies import message_keys as keys
 from strategies.replies import InvalidReplyError, MetricsReply, TrainReply, site_name
 from strategies.rounds.site_book import SiteBook
+from strategies.rounds.withheld import NO_METRICS
 
 __all__ = ["NO_REPLY", "Cap", "ReplyIntake", "ReplySink", "Taken", "policy_fingerprint",
-           "reply_label"]
+           "reply_label", "withheld_rules"]
 
 NO_REPLY = "no reply before the round closed (deadline or timeout)"
 _ERROR_SITE = re.compile(r"site ([^\s:]+): ")
@@ -77,11 +79,31 @@ def reply_label(message: Message, node_id: int, book: SiteBook) -> str:
     return book.label_reply(node_id, declared.group(1)) if declared else book.label(node_id)
 
 
+def _site_text(message: Message, key: str) -> str:
+    """The text under ``key`` in a reply's ``site`` record ("" if none)."""
+    record = message.content.get(keys.SITE) if message.has_content() else None
+    value = record.get(key) if isinstance(record, ConfigRecord) else None
+    return value if isinstance(value, str) else ""
+
+
 def policy_fingerprint(message: Message) -> str:
     """The site-policy fingerprint a reply declares in its ``site`` record ("" if none)."""
-    record = message.content.get(keys.SITE) if message.has_content() else None
-    value = record.get(keys.SITE_POLICY) if isinstance(record, ConfigRecord) else None
-    return value if isinstance(value, str) else ""
+    return _site_text(message, keys.SITE_POLICY)
+
+
+def withheld_rules(message: Message, reply: Reply) -> str:
+    """The policy rules under which the accepted metrics ``reply`` withheld metrics ("" if none).
+
+    The rules its ``site`` record names (``keys.WITHHELD``, comma-separated); a
+    metrics reply with examples but only counts (``num-examples``, ``<split>-studies``)
+    that names none: :data:`~strategies.rounds.withheld.NO_METRICS`.
+    """
+    if not isinstance(reply, MetricsReply):
+        return ""
+    rules = ",".join(r.strip() for r in _site_text(message, keys.WITHHELD).split(",")
+                     if r.strip())
+    counts_only = set(reply.metrics) <= {keys.NUM_EXAMPLES, keys.VAL_STUDIES, keys.TEST_STUDIES}
+    return rules or (NO_METRICS if reply.num_examples > 0 and counts_only else "")
 
 
 @dataclass
@@ -96,6 +118,8 @@ class Taken(Generic[Reply]):
         Site name -> why its reply was left out (or that it never came).
     policies : dict[str, str]
         Site name -> the site-policy fingerprint its accepted reply declared.
+    withheld : dict[str, str]
+        Site name -> the policy rules under which its accepted reply withheld metrics.
     labels : dict[int, str]
         Node -> the name its reply was recorded under.
     """
@@ -103,6 +127,7 @@ class Taken(Generic[Reply]):
     accepted: list[Reply] = field(default_factory=list)
     dropped: dict[str, str] = field(default_factory=dict)
     policies: dict[str, str] = field(default_factory=dict)
+    withheld: dict[str, str] = field(default_factory=dict)
     labels: dict[int, str] = field(default_factory=dict)
 
 
@@ -169,6 +194,8 @@ class ReplyIntake(Generic[Reply]):
         self._taken.accepted.append(kept)
         if policy_fingerprint(message):
             self._taken.policies[name] = policy_fingerprint(message)
+        if withheld_rules(message, kept):
+            self._taken.withheld[name] = withheld_rules(message, kept)
         return name, True
 
     def take_all(self, messages: Iterable[Message]) -> Taken[Reply]:

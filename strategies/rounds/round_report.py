@@ -26,7 +26,10 @@ class RoundReport:
     evaluate_dropped : dict[str, str]
         Per site, why its evaluate reply was dropped.
     evaluate_aggregate : dict[str, float]
-        Example-weighted validation metrics.
+        Example-weighted validation metrics (over the sites that released each one).
+    evaluate_withheld : dict[str, str]
+        Per site whose evaluate reply withheld metrics under its site policy, the
+        rules (comma-separated, :mod:`strategies.rounds.withheld`).
     seconds : float
         Wall time of the round (train + evaluate).
     schedule_tau : int
@@ -65,6 +68,7 @@ class RoundReport:
     evaluate: dict[str, dict[str, float]] = field(default_factory=dict)
     evaluate_dropped: dict[str, str] = field(default_factory=dict)
     evaluate_aggregate: dict[str, float] = field(default_factory=dict)
+    evaluate_withheld: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
     schedule_tau: int = 0
     strategy: dict[str, float] = field(default_factory=dict)

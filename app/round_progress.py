@@ -1,0 +1,58 @@
+"""The ServerApp's progress lines: one per round, and the round's validation metric.
+
+A metric a site withheld under its site policy (``RoundReport.evaluate_withheld``,
+:mod:`strategies.rounds.withheld`) is printed as ``withheld by site policy
+(<rule>)``, and an aggregate that no site released as withheld with every site's
+rules: never as NaN.
+"""
+
+from __future__ import annotations
+
+from app.tracking.traffic_text import round_traffic
+from strategies import message_keys as keys
+from strategies.rounds.round_report import RoundReport
+from strategies.rounds.withheld import withheld_summary, withheld_text
+
+__all__ = ["metric_text", "progress_line"]
+
+
+def _site_value(report: RoundReport, site: str, metric: str) -> str:
+    value = report.evaluate.get(site, {}).get(metric)
+    if value is not None:
+        return f"{site} {value:.3f}"
+    withheld = report.evaluate_withheld.get(site)
+    return f"{site} {withheld_text(withheld) if withheld else 'n/a'}"
+
+
+def metric_text(report: RoundReport, metric: str) -> str:
+    """``<metric> <value> (<site> <value>, ...)``, or ``<metric> withheld by site policy
+    (<site>: <rule>; ...)`` when no site released it; ``<metric> n/a`` when none evaluated."""
+    value = report.evaluate_aggregate.get(metric)
+    if value is None:
+        if report.evaluate_withheld:
+            return f"{metric} {withheld_text(withheld_summary(report.evaluate_withheld))}"
+        return f"{metric} n/a (no site evaluated)"
+    sites = ", ".join(_site_value(report, site, metric) for site in sorted(report.evaluate))
+    return f"{metric} {value:.4f} ({sites})"
+
+
+def progress_line(report: RoundReport, num_rounds: int, metric: str) -> str:
+    """The round's line: train loss, the validation metric, tau, traffic, selection, time,
+    the dropped replies and why."""
+    train = report.train_aggregate.get(keys.TRAIN_LOSS)
+    loss = f"train loss {train:.4f}" if train is not None else "train loss n/a"
+    dropped = "; ".join(f"{s}: {r}" for s, r in
+                        {**report.train_dropped, **report.evaluate_dropped}.items()) or "none"
+    taus = ",".join(str(int(m.get(keys.STEPS, 0))) for _, m in sorted(report.train.items()))
+    tau_eff = report.strategy.get("tau-eff")
+    tau = f"tau {report.schedule_tau} (done {taus}" + (
+        f", tau_eff {tau_eff:.1f})" if tau_eff is not None else ")")
+    traffic = round_traffic(report.strategy, report.traffic) + (
+        f", rate {report.strategy['codec-rate']:.3g}" if "codec-rate" in report.strategy else "")
+    selected = ""
+    if report.selection.get("candidates"):
+        selected = (f" | selected {','.join(report.selection['selected'])} of "
+                    f"{len(report.selection['candidates'])} candidates")
+    return (f"Round {report.server_round}/{num_rounds}: {loss} | "
+            f"{metric_text(report, metric)} | {tau}{traffic}{selected} | "
+            f"{report.seconds:.1f} s | dropped: {dropped}")

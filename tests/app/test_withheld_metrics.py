@@ -1,0 +1,108 @@
+"""Issue 28, found 6 (fifth bullet): metrics a site withholds are reported as withheld, not NaN.
+
+A whole federation through the in-process engine (the real ServerApp, MLflow) with
+scripted sites whose policy keeps their metrics back: ``min-val-items`` (too few studies;
+the evaluate reply carries counts and names the rule in its SITE record,
+``keys.WITHHELD``), an older site that sends the counts alone (no rule named), and a
+site that refuses the cross-site fine-tune (``share-finetuned-model``). The round line,
+the end-of-run test line, the cross-site matrix (JSON and figure) and MLflow say
+"withheld by site policy (<rule>)" where today they say NaN.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+
+import pytest
+from flwr.app import Context, Error, Message, MessageType
+from mlflow.tracking import MlflowClient
+
+from app.engine import VirtualSite, run_federation
+from strategies import message_keys as keys
+from tests.fixtures.scripted_site import ScriptedSite
+
+ROUNDS = 1
+COUNTS_ONLY = {"val-studies": 1, "test-studies": 1}
+
+
+def _released(weights) -> dict[str, float]:
+    return {"val-loss": 0.5, "val-dice": 0.4, "test-loss": 0.5, "test-dice": 0.3,
+            "val-studies": 3, "test-studies": 3}
+
+
+def _refusing_finetune(site: ScriptedSite):
+    """``site``, refusing the cross-site fine-tune (a train past the last round) by its policy."""
+    def answer(message: Message, context: Context) -> Message:
+        config = message.content[keys.CONFIG]
+        if (message.metadata.message_type == MessageType.TRAIN
+                and int(config[keys.SERVER_ROUND]) > ROUNDS):
+            return Message(Error(code=keys.POLICY_REFUSAL_CODE, reason=(
+                f"site {site.name}: {keys.POLICY_RULE_PREFIX}share-finetuned-model "
+                "(refused)")), reply_to=message)
+        return site(message, context)
+
+    return answer
+
+
+def _federate(tmp_path: Path, store: str, sites: list[VirtualSite], caplog):
+    with caplog.at_level(logging.INFO):
+        return run_federation({
+            "num-server-rounds": ROUNDS, "image-size": 16, "node-wait-timeout": 5,
+            "experiment": "withheld", "tracking-uri": store,
+            "artifact-root": str(tmp_path / "artifacts"),
+            "checkpoint-dir": str(tmp_path / "checkpoints"),
+            "cross-site.finetune-steps": 1}, sites)
+
+
+@pytest.fixture(scope="module")
+def store_of(tmp_path_factory, mlflow_store):
+    return lambda name: mlflow_store(tmp_path_factory.mktemp(name))
+
+
+def test_no_site_released_a_metric_every_report_says_withheld(tmp_path, store_of, caplog):
+    store = store_of("all-withheld")
+    sites = [VirtualSite({}, ScriptedSite("site-a", evaluate=lambda w: dict(COUNTS_ONLY),
+                                          withheld="min-val-items")),
+             VirtualSite({}, ScriptedSite("site-b", evaluate=lambda w: dict(COUNTS_ONLY)))]
+    outcome = _federate(tmp_path, store, sites, caplog)
+    log = caplog.text
+    assert "val-dice withheld by site policy (site-a: min-val-items; site-b: no metrics)" \
+        in log, log
+    assert "test test-dice: withheld by site policy (site-a: min-val-items; " \
+        "site-b: no metrics)" in log, log
+    assert "nan" not in log.lower()
+    assert outcome.reports[1].evaluate_withheld == {"site-a": "min-val-items",
+                                                    "site-b": "no metrics"}
+    client = MlflowClient(store)
+    run = client.get_run(outcome.mlflow_run_id)
+    assert not [k for k, v in run.data.metrics.items() if math.isnan(v)]
+    assert "eval/val-dice" not in run.data.metrics and "test/dice" not in run.data.metrics
+    artifacts = Path(run.info.artifact_uri.removeprefix("file://"))
+    assert json.loads((artifacts / "rounds/round-001-withheld.json").read_text()) == {
+        "site-a": "withheld by site policy (min-val-items)",
+        "site-b": "withheld by site policy (no metrics)"}
+    table = json.loads((artifacts / "cross-site/matrix.json").read_text())
+    cells = [row[1:] for row in table["data"]]
+    assert cells[0] == ["withheld by site policy (min-val-items)",
+                        "withheld by site policy (no metrics)"]
+    assert run.data.tags["test/withheld"] == "site-a: min-val-items; site-b: no metrics"
+
+
+def test_a_refused_finetune_is_withheld_under_its_rule(tmp_path, store_of, caplog):
+    store = store_of("finetune-refused")
+    sites = [VirtualSite({}, _refusing_finetune(ScriptedSite("site-a", evaluate=_released))),
+             VirtualSite({}, ScriptedSite("site-b", evaluate=_released))]
+    outcome = _federate(tmp_path, store, sites, caplog)
+    result = outcome.cross_site
+    assert result is not None
+    assert result.withheld == {"finetune/site-a": "share-finetuned-model"}
+    assert result.dropped == {}
+    assert result.rows == ["global", "site-a-finetuned", "site-b-finetuned"]
+    table = result.table()
+    assert table["site-a"][1] == table["site-b"][1] == \
+        "withheld by site policy (share-finetuned-model)"
+    assert table["site-a"][0] == pytest.approx(0.3)
+    assert "site-a-finetuned: withheld by site policy (share-finetuned-model)" in caplog.text
