@@ -141,7 +141,8 @@ def federate(root: Path, link: SuperLinkProcess, layout: DeployLayout, flwr_home
         for site, site_dir in zip(SITES, data):
             nodes.append(SuperNodeProcess.start(
                 layout, site, link.address, site_dir, state_dir=root / runner / site,
-                port=free_port(), torch_threads=1, runner=runner))
+                port=free_port(), torch_threads=1, runner=runner,
+                policy=ROOT / "configs" / "site-policy-permissive.toml"))
         wait_online(flwr_home, node_ids, timeout=120, watch=nodes)
         lines: list[str] = []
 

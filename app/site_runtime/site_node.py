@@ -11,6 +11,9 @@ hospital starts:
   each ClientApp task, checks the app bundle against the site policy and runs
   approved ones in warm workers.
 
+``--policy`` is required and must be the file the node config's ``policy-path``
+names (:mod:`app.site_runtime.one_policy`): the node refuses to start otherwise.
+
 Flower's SuperNode waits a fixed 3 s between two polls of the SuperLink when
 it has no message, and 0.5 s between two looks for a finished reply (both
 hard-coded in ``flwr/supernode/start_client_internal.py``, Flower 1.42), and
@@ -43,7 +46,9 @@ from flwr.supercore.run import RunNotRunningException
 
 from app.tooling.errors import FlowerProcessError
 from app.site_runtime.node_signals import NodeSignals
+from app.site_runtime.one_policy import node_config_of, policy_mismatch
 from app.site_runtime.site_runner import SiteRunner
+from clients.site.policy import load_policy
 
 __all__ = ["main", "cap_supernode_waits", "widen_transfers", "pull_objects_of_running_run",
            "RunStoppedDuringPull"]
@@ -170,8 +175,9 @@ def main(argv: list[str] | None = None) -> None:
         if "--" in argv else (argv, [])
     parser = argparse.ArgumentParser(description="a hospital's SuperNode + site runner")
     parser.add_argument("--policy", type=Path, default=None,
-                        help="site policy TOML (its [apps] rules decide which bundles run); "
-                             "none: the permissive development policy")
+                        help="the site policy TOML (required): its [apps] rules decide which "
+                             "bundles run, its data rules what they compute; the node config's "
+                             "policy-path must name the same file")
     parser.add_argument("--poll-interval", type=float, default=0.25,
                         help="cap of the SuperNode's poll waits, seconds (Flower: 3 s)")
     parser.add_argument("--max-workers", type=int, default=2,
@@ -180,8 +186,16 @@ def main(argv: list[str] | None = None) -> None:
                         help="concurrent requests per message transfer (Flower: 2 or the "
                              "CPU cores, the fewer)")
     args = parser.parse_args(ours)
+    if args.policy is None:
+        print("site_node: --policy /abs/policy.toml is required (the one site policy file, "
+              "also the node config's policy-path)", file=sys.stderr)
+        raise SystemExit(2)
     if "--isolation" in supernode_args:
         raise FlowerProcessError("site_node sets --isolation process itself")
+    load_policy(args.policy)  # a bad file fails here, not at the first message
+    mismatch = policy_mismatch(args.policy, node_config_of(supernode_args))
+    if mismatch is not None:
+        raise FlowerProcessError(f"site_node: {mismatch}")
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(message)s"))
     logging.getLogger("fedmed").addHandler(handler)

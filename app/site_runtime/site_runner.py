@@ -9,7 +9,9 @@ runner replaces it at a hospital, in a process the hospital starts
 
 1. acquire a ClientApp task (token) from the SuperNode's Runtime API;
 2. pull the message, the run's context and the FAB;
-3. check the FAB against the site policy's ``[apps]`` rules
+3. check that the node config names the runner's policy file
+   (:mod:`app.site_runtime.one_policy`: one file for apps and data), then the
+   FAB against that policy's ``[apps]`` rules
    (:func:`app.site_runtime.app_approval.check_app`: approved sha256, or a
    signature by a key the hospital trusts) *before* anything of it is installed
    or imported; an unapproved FAB gets an error reply naming the rule and the
@@ -54,6 +56,7 @@ from flwr.supernode.runtime.run_clientapp import push_message, push_task_output
 
 from app.site_runtime.app_approval import SIGNATURE_KEY, AppNotApproved, check_app
 from app.site_runtime.node_signals import NodeSignals
+from app.site_runtime.one_policy import policy_mismatch
 from app.site_runtime.runtime_channel import (
     pull_task_input,
     runtime_retry_invoker,
@@ -61,6 +64,7 @@ from app.site_runtime.runtime_channel import (
     withdrawn,
 )
 from clients.site.policy import SitePolicy, load_policy
+from app.tooling.errors import FlowerProcessError
 from strategies import message_keys as keys
 from strategies.errors import ConfigError
 
@@ -155,6 +159,14 @@ def _site(context: Context) -> str:
     return str(context.node_config.get("site-name", f"node-{context.node_id}"))
 
 
+def _refusal(message: Message, context: Context, site: str, rule: str, why: str
+             ) -> tuple[Message, Context, str, str]:
+    """The error reply, context and failed status of a message refused under ``rule``."""
+    reason = f"site {site}: {keys.POLICY_RULE_PREFIX}{rule} (refused): {why}"
+    return (Message(Error(code=keys.APP_REFUSAL_CODE, reason=reason), reply_to=message),
+            context, SubStatus.FAILED, why)
+
+
 class SiteRunner:
     """The hospital's executor for its SuperNode's ClientApp tasks.
 
@@ -162,10 +174,10 @@ class SiteRunner:
     ----------
     runtime_api_address : str
         ``host:port`` of the SuperNode's Runtime API (loopback).
-    policy_path : Path, optional
+    policy_path : Path
         The site policy (its ``[apps]`` rules decide which bundles run); read on
-        every message so that an edit needs no restart. None: the permissive
-        policy (any app; for development only).
+        every message so that an edit needs no restart. Required: every
+        message's node config must name this same file (its data rules).
     poll_interval : float
         Seconds between two asks for a task when there is none (with ``signals``:
         the longest such wait, the SuperNode's task signal ends it at once).
@@ -176,13 +188,16 @@ class SiteRunner:
         a new task, a received message, and (set here) a stored reply.
     """
 
-    def __init__(self, runtime_api_address: str, policy_path: Path | None = None,
+    def __init__(self, runtime_api_address: str, policy_path: Path | None,
                  poll_interval: float = 0.05, max_workers: int = 2,
                  signals: NodeSignals | None = None) -> None:
         if poll_interval <= 0:
             raise ValueError(f"poll_interval must be > 0, got {poll_interval}")
+        if policy_path is None:
+            raise FlowerProcessError("the site runner needs the site policy file "
+                                     "(site_node --policy /abs/policy.toml)")
         self.address = runtime_api_address
-        self.policy_path = Path(policy_path) if policy_path else None
+        self.policy_path = Path(policy_path)
         self.poll_interval = poll_interval
         self.pool = WorkerPool(max_workers)
         self.signals = signals
@@ -199,7 +214,7 @@ class SiteRunner:
             retry_invoker=runtime_retry_invoker())
 
     def _policy(self) -> SitePolicy:
-        return load_policy(self.policy_path) if self.policy_path else SitePolicy.permissive()
+        return load_policy(self.policy_path)
 
     def serve(self, stop: threading.Event) -> None:
         """Acquire and answer ClientApp tasks until ``stop`` is set."""
@@ -269,6 +284,12 @@ class SiteRunner:
     def _answer(self, message: Message, context: Context, run: Any, fab: Any
                 ) -> tuple[Message, Context, str, str]:
         site = _site(context)
+        mismatch = policy_mismatch(self.policy_path, context.node_config)
+        if mismatch is not None:
+            log.warning("site %s refused a message: %s", site, mismatch)
+            return _refusal(message, context, site, "policy-path",
+                            "the node config names another site policy file than the site "
+                            "runner's, or none (details in the site's log)")
         signature = str(context.run_config.get(SIGNATURE_KEY, ""))
         try:
             how = check_app(self._policy().apps, fab.hash_str, fab.content, signature)
@@ -277,9 +298,7 @@ class SiteRunner:
             why = (refusal if isinstance(refusal, AppNotApproved) else
                    f"the site policy cannot be read ({type(refusal).__name__}, details in "
                    "the site's log)")  # its text names the file: it stays here
-            reason = f"site {site}: {keys.POLICY_RULE_PREFIX}apps (refused): {why}"
-            return (Message(Error(code=keys.APP_REFUSAL_CODE, reason=reason), reply_to=message),
-                    context, SubStatus.FAILED, str(why))
+            return _refusal(message, context, site, "apps", str(why))
         if fab.hash_str not in self._installed:
             install_from_fab(fab.content, skip_prompt=True)
             self._installed.add(fab.hash_str)

@@ -79,10 +79,11 @@ class SuperNodeProcess(DaemonProcess):
             CPU threads for training (0: torch's default).
         max_wait_time : float, optional
             Give up connecting to the SuperLink after this many seconds (default: never).
-        policy : Path, optional
-            Absolute path of the site policy TOML (node_config ``policy-path``);
-            checked here so a bad file fails at start. None: the permissive policy
-            (any app bundle runs).
+        policy : Path
+            Absolute path of the site policy TOML: the site runner's ``--policy``
+            and node_config ``policy-path`` (one file for apps and data); checked
+            here so a bad file fails at start. Required with ``runner="warm"``;
+            with ``runner="flower"`` (no app check) None is the permissive policy.
         runner : str
             ``"warm"``: the hospital's site runner (:mod:`app.site_runtime.site_node`);
             ``"flower"``: Flower's executor, one process per message, no app check.
@@ -92,6 +93,10 @@ class SuperNodeProcess(DaemonProcess):
         if runner not in ("warm", "flower"):
             raise FlowerProcessError(f"runner must be 'warm' or 'flower', got {runner!r}")
         data_path = Path(data_path)
+        if policy is None and runner == "warm":
+            raise FlowerProcessError("the site runner needs the site policy: give policy="
+                                     "/abs/policy.toml (make supernode POLICY=, default "
+                                     "configs/site-policy.toml)")
         if policy is not None:
             load_policy(policy)
         if not (data_path / "manifest.csv").is_file():

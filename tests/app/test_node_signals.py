@@ -12,6 +12,7 @@ next 0.25 s look; and the runner asked for a new task 20 times a second.
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -37,6 +38,9 @@ from flwr.supernode.nodestate import NodeStateFactory
 from app.site_runtime import runtime_channel, site_node, site_runner
 from app.site_runtime.node_signals import NodeSignals
 from app.site_runtime.site_runner import SiteRunner
+
+#: The development policy (any app), the site runner's --policy in these tests.
+PERMISSIVE = Path(__file__).resolve().parents[2] / "configs" / "site-policy-permissive.toml"
 
 
 @pytest.fixture
@@ -147,7 +151,7 @@ def test_the_runner_pulls_the_objects_once_the_supernode_has_them(monkeypatch):
 
 def test_the_runner_wakes_for_a_new_task_and_wakes_the_supernode_for_its_reply(monkeypatch):
     signals = NodeSignals()
-    runner = SiteRunner("127.0.0.1:9", poll_interval=60.0, signals=signals)
+    runner = SiteRunner("127.0.0.1:9", PERMISSIVE, poll_interval=60.0, signals=signals)
     asks, events, stop = [], [], threading.Event()
 
     def acquire(request):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import threading
+from pathlib import Path
 from types import SimpleNamespace
 
 import httpx
@@ -27,6 +28,9 @@ from app.site_runtime.runtime_channel import (
     task_heartbeat_fn,
 )
 from app.site_runtime.site_runner import SiteRunner
+
+#: The development policy (any app), the site runner's --policy in these tests.
+PERMISSIVE = Path(__file__).resolve().parents[2] / "configs" / "site-policy-permissive.toml"
 
 
 def _http_error(status: int) -> httpx.HTTPStatusError:
@@ -140,7 +144,7 @@ def test_pull_task_input_of_a_revoked_task_raises_task_withdrawn(no_signals):
 
 def test_the_runner_drops_a_withdrawn_task_and_stays_up(monkeypatch, no_signals, caplog):
     client = _RevokedClient()
-    runner = SiteRunner("127.0.0.1:9")
+    runner = SiteRunner("127.0.0.1:9", PERMISSIVE)
     monkeypatch.setattr(runner, "_client", lambda token=None: client)
     runner.handle("token")  # returns: the runner goes on with the next task
     assert client.closed and client.outputs == []

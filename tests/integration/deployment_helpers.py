@@ -22,6 +22,8 @@ from app.tooling.run_submission import RunOutcome, submit_run
 from app.site_runtime.supernode import SuperNodeProcess
 
 SITES = ("hospital-a", "hospital-b")
+#: The development policy (any app bundle, every request): the site runner needs a policy file.
+PERMISSIVE_POLICY = Path(__file__).resolve().parents[2] / "configs" / "site-policy-permissive.toml"
 _STARTED = re.compile(r"Successfully started run (\d+)")
 
 
@@ -152,7 +154,8 @@ def start_node(layout, site: str, site_dir: Path, link_address: str, tmp_path: P
                 port: int | None = None) -> SuperNodeProcess:
     return SuperNodeProcess.start(layout, site, link_address, site_dir,
                                   state_dir=tmp_path / "state" / site,
-                                  port=port or free_port(), torch_threads=1)
+                                  port=port or free_port(), torch_threads=1,
+                                  policy=PERMISSIVE_POLICY)
 
 
 def only_run(client: MlflowClient, experiment: str):

@@ -40,6 +40,7 @@ from app.tooling.layout import DeployLayout
 from app.tooling.registration import register_site
 from app.tooling.run_submission import PROJECT_ROOT, submit_run
 from app.site_runtime.supernode import SuperNodeProcess
+from tests.integration.deployment_helpers import PERMISSIVE_POLICY
 
 pytestmark = pytest.mark.integration
 
@@ -176,7 +177,7 @@ def _supernode_until_exit(layout: DeployLayout, site: str, superlink: str, tmp_p
     site_dir.mkdir()
     (site_dir / "manifest.csv").write_text("study_id,split,image,mask\n")
     node = SuperNodeProcess.start(layout, site, superlink, site_dir, port=free_port(),
-                                  private_key=private_key)
+                                  private_key=private_key, policy=PERMISSIVE_POLICY)
     try:
         try:
             code = node.process.wait(timeout=timeout)
