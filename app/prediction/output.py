@@ -5,8 +5,8 @@
 ``predictions.csv``; :data:`clients.prediction.predictor.OUTPUTS`) and
 ``skipped.csv`` (every item that could not be read, with the reason). An
 existing non-empty ``OUT`` is refused unless ``overwrite``; then only these
-outputs are replaced. ``OUT`` may not be ``DATA`` or lie inside it: the input
-folder is only read.
+outputs are replaced. ``OUT`` may not be ``DATA``, lie inside it or hold it: the
+input folder is only read, and replacing OUT's outputs must never reach it.
 """
 
 from __future__ import annotations
@@ -32,13 +32,16 @@ def prepare_out(out: Path, data: Path, overwrite: bool) -> Path:
     Raises
     ------
     ConfigError
-        If ``out`` is ``data`` or inside it, is a file, or is a non-empty
-        folder and ``overwrite`` is not set.
+        If ``out`` is ``data``, inside it or holds it, is a file, or is a non-empty
+        folder and ``overwrite`` is not set (checked before anything is deleted).
     """
     out, data = out.resolve(), data.resolve()
     if out == data or data in out.parents:
         raise ConfigError(f"OUT {out}: inside DATA {data}; the input folder is only read, "
                           "choose an output folder elsewhere")
+    if out in data.parents:
+        raise ConfigError(f"DATA {data}: inside OUT {out}; the input folder is only read and OUT's "
+                          "outputs are replaced, choose an output folder that does not hold DATA")
     if out.exists() and not out.is_dir():
         raise ConfigError(f"OUT {out}: exists and is not a folder")
     if out.is_dir() and any(out.iterdir()):

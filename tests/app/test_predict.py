@@ -136,6 +136,17 @@ def test_out_is_refused_when_not_empty_or_inside_data(cxr_site: Path, tmp_path: 
         prepare_out(cxr_site / "predictions", cxr_site, overwrite=True)
 
 
+def test_data_inside_out_is_refused_before_anything_is_deleted(cxr_site: Path, tmp_path: Path) -> None:
+    """Found (issue 28, 5): ``make predict OVERWRITE=1`` with DATA inside OUT deleted the input."""
+    out = tmp_path / "out"
+    for name in ("masks", "site"):
+        data = shutil.copytree(cxr_site, out / name)
+        before = _tree_digest(data)
+        with pytest.raises(ConfigError, match=f"DATA {data}: inside OUT {out}"):
+            prepare_out(out, data, overwrite=True)
+        assert _tree_digest(data) == before
+
+
 def test_the_command_line_prints_the_metric_and_refuses_a_second_run(
         cxr_site: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
