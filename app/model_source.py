@@ -1,24 +1,27 @@
-"""Where a model comes from: a state-dict file or an MLflow model, checked against the task's network.
+"""Where a model comes from: a weights file or a logged model, checked against the task's network.
 
 Two uses. ``initial-model`` in the run config starts a federation from a model
 trained elsewhere (transfer learning: the book's emphysema classifier starts
 from a model pre-trained centrally on NLST and fine-tuned on LTRC):
 :func:`load_state_dict_from` reads the weights and checks every tensor's name
 and shape against the freshly built network. ``make predict`` applies a model
-the federation logged: :func:`load_logged_model` loads it with its task and
-settings from the MLflow model's ``fedmed`` metadata, so no other file is needed.
+the federation logged: :func:`load_logged_model` builds the network from the
+product's code with the task and settings of the model's ``fedmed`` metadata and
+loads its safetensors weights, so no other file is needed and nothing in the
+model's folder is executed or unpickled (:mod:`app.tracking.model_folder`).
 
-A *source* is an MLflow model URI (``runs:/<run id>/best-model``,
+A *source* is a local model folder (holding ``MLmodel``; applied with no tracking
+store at all), an MLflow model URI (``runs:/<run id>/best-model``,
 ``models:/<registered name>/<version>``, ``models:/<name>@<alias>``,
-``models:/m-<model id>``; the tracking server is MLflow's current one, see
-``MLFLOW_TRACKING_URI``), a local MLflow model folder (holding ``MLmodel``),
-or a path to a state-dict file (``.pt`` / ``.pth``,
-read with ``torch.load(weights_only=True)``: tensors only, never pickled code).
+``models:/m-<model id>``; downloaded from MLflow's current tracking store, which
+must exist, :mod:`app.tracking.model_store`), or, for ``initial-model``, a weights
+file: ``.safetensors``, or a state dict ``.pt`` / ``.pth`` read with
+``torch.load(weights_only=True)`` (tensors only, never pickled code).
 """
 
 from __future__ import annotations
 
-import re
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -27,17 +30,16 @@ from typing import Any
 import torch
 from torch import nn
 
+from app.tracking.model_folder import (METADATA_KEY, ModelFolderError, fedmed_entry, load_weights,
+                                       refuse_pickles, weights_path)
+from app.tracking.model_store import ModelStoreError, is_mlflow_uri, model_folder
 from clients.registry import task_class
 from clients.training.site_task import TaskSettings
 from strategies.errors import ConfigError
 
 __all__ = ["ModelSourceError", "LoggedModel", "METADATA_KEY", "is_mlflow_uri",
-           "load_state_dict_from", "load_logged_model"]
+           "load_state_dict_from", "load_logged_model", "network_from"]
 
-#: The key of the product's entry in an MLflow model's ``metadata``.
-METADATA_KEY = "fedmed"
-#: A URI scheme (``runs:/``, ``models:/``, ``mlflow-artifacts:/``, ``s3://``...), not a drive letter.
-_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:/")
 #: Keys under which common training checkpoints nest their state dict.
 _NESTED_KEYS = ("state_dict", "model_state_dict", "model")
 
@@ -62,6 +64,8 @@ class LoggedModel:
         Whether the network was made DP-SGD-compatible (GroupNorm for BatchNorm).
     uri : str
         Where it was loaded from.
+    run_id : str
+        The MLflow run (the federation) that logged it; ``""`` when the model records none.
     """
 
     model: nn.Module
@@ -69,11 +73,7 @@ class LoggedModel:
     settings: TaskSettings
     private: bool
     uri: str
-
-
-def is_mlflow_uri(source: str) -> bool:
-    """True when ``source`` is a URI (``runs:/...``, ``models:/...``), False for a file path."""
-    return bool(_URI.match(source))
+    run_id: str = ""
 
 
 def load_state_dict_from(source: str, template: nn.Module) -> dict[str, torch.Tensor]:
@@ -82,9 +82,9 @@ def load_state_dict_from(source: str, template: nn.Module) -> dict[str, torch.Te
     Parameters
     ----------
     source : str
-        A state-dict file (``.pt`` / ``.pth``; a checkpoint nesting it under
-        ``state_dict``, ``model_state_dict`` or ``model`` is accepted), an
-        MLflow model URI or a local MLflow model folder (its ``state_dict()``).
+        A weights file (``.safetensors``; a state dict ``.pt`` / ``.pth``, or a
+        checkpoint nesting it under ``state_dict``, ``model_state_dict`` or ``model``),
+        an MLflow model URI or a local model folder the product logged.
     template : nn.Module
         The network the weights are for (the run's fresh model).
 
@@ -100,48 +100,75 @@ def load_state_dict_from(source: str, template: nn.Module) -> dict[str, torch.Te
         missing or unexpected, or a tensor's shape differs (the message names
         the source and the first mismatched tensor with both shapes).
     """
-    mlflow_model = is_mlflow_uri(source) or (Path(source).expanduser() / "MLmodel").is_file()
-    loaded = (_load_module(source, f"initial-model {source}").state_dict() if mlflow_model
-              else _read_state_file(source))
-    return _checked(loaded, template.state_dict(), source)
+    what = f"initial-model {source}"
+    if is_mlflow_uri(source) or (Path(source).expanduser() / "MLmodel").is_file():
+        loaded: Mapping[str, Any] = load_logged_model(source).model.state_dict()
+    else:
+        loaded = _read_state_file(source)
+    return _checked(loaded, template.state_dict(), what)
 
 
-def load_logged_model(uri: str) -> LoggedModel:
-    """Load an MLflow model logged by a federation, with its task and settings.
+def load_logged_model(source: str) -> LoggedModel:
+    """Load a model a federation logged: the product's network with its weights, task and settings.
 
     Parameters
     ----------
-    uri : str
-        ``runs:/<run id>/best-model``, ``models:/<name>/<version>``, ``models:/m-<id>``,
-        or a local MLflow model folder.
+    source : str
+        A local model folder, or ``runs:/<run id>/best-model``, ``models:/<name>/<version>``,
+        ``models:/m-<id>`` (downloaded from MLflow's current tracking store).
 
     Raises
     ------
     ModelSourceError
-        If the URI does not load, or the model has no ``fedmed`` metadata (not
-        logged by this product), or its task or settings are unknown.
+        If the source does not load (names the store it searched), its folder holds a
+        pickle (names the file), or the model has no ``fedmed`` metadata (not logged by
+        this product), or its task, settings or tensors do not fit.
     """
-    import mlflow  # here: importing MLflow costs seconds, a state-dict file does not need it
+    with tempfile.TemporaryDirectory(prefix="fedmed-model-") as download:
+        try:
+            folder = model_folder(source, Path(download))
+            refuse_pickles(folder, source)
+            logged = _read_folder(folder, source)
+        except (ModelFolderError, ModelStoreError) as exc:
+            raise ModelSourceError(str(exc)) from exc
+    return logged
+
+
+def _read_folder(folder: Path, source: str) -> LoggedModel:
+    """The model in the local ``folder`` (already checked for pickles)."""
+    from mlflow.models import Model  # here: importing MLflow costs seconds
 
     try:
-        metadata = mlflow.models.get_model_info(uri).metadata or {}
-    except Exception as exc:  # noqa: BLE001 - MLflow raises many types (missing run, store, format)
-        raise ModelSourceError(f"{uri}: cannot load the MLflow model ({type(exc).__name__}: "
-                               f"{_first_line(exc)})") from exc
-    entry = metadata.get(METADATA_KEY)
-    if not isinstance(entry, Mapping) or not isinstance(entry.get("task"), str):
-        raise ModelSourceError(
-            f"{uri}: the model has no '{METADATA_KEY}' metadata with its task (logged by another "
-            "tool or an older version); log it with the ServerApp, or load the weights with "
-            "initial-model into a run of the right task")
-    task = entry["task"]
+        mlmodel = Model.load(str(folder))
+    except Exception as exc:  # noqa: BLE001 - YAML and MLflow raise many types
+        raise ModelSourceError(f"{source}: MLmodel in {folder} is not readable "
+                               f"({type(exc).__name__}: {_first_line(exc)})") from exc
+    entry = fedmed_entry(mlmodel.metadata, source)
+    model = network_from(entry, weights_path(folder, mlmodel.flavors, source), source)
+    return LoggedModel(model, entry["task"], _task_settings(entry.get("task-settings", {}), source),
+                       bool(entry.get("private", False)), source, mlmodel.run_id or "")
+
+
+def network_from(entry: Mapping[str, Any], weights: Path, source: str) -> nn.Module:
+    """The task's network of a ``fedmed`` metadata ``entry`` with the safetensors ``weights``.
+
+    Built by the product's code (:meth:`SiteTask.model_for_run`, DP-compatible when the
+    entry says ``private``); every tensor's name and shape is checked. In eval mode, on the CPU.
+
+    Raises
+    ------
+    ModelSourceError
+        If the task or a setting is unknown, or the tensors do not fit the network.
+    """
+    entry = fedmed_entry({METADATA_KEY: entry}, source)
     try:
-        task_class(task)
+        task = task_class(entry["task"])
     except ConfigError as exc:
-        raise ModelSourceError(f"{uri}: {exc}") from exc
-    settings = _task_settings(entry.get("task-settings", {}), uri)
-    model = _load_module(uri, uri)
-    return LoggedModel(model.eval(), task, settings, bool(entry.get("private", False)), uri)
+        raise ModelSourceError(f"{source}: {exc}") from exc
+    settings = _task_settings(entry.get("task-settings", {}), source)
+    model = task.model_for_run(settings, private=bool(entry.get("private", False)))
+    model.load_state_dict(_checked(load_weights(weights, source), model.state_dict(), source))
+    return model.eval()
 
 
 def _task_settings(values: Any, uri: str) -> TaskSettings:
@@ -166,26 +193,18 @@ def _task_settings(values: Any, uri: str) -> TaskSettings:
     return TaskSettings(**settings)
 
 
-def _load_module(uri: str, what: str) -> nn.Module:
-    """The MLflow PyTorch model at ``uri`` on the CPU; errors start with ``what``."""
-    import mlflow  # here: importing MLflow costs seconds, a state-dict file does not need it
-
-    try:
-        model = mlflow.pytorch.load_model(uri, map_location="cpu")
-    except Exception as exc:  # noqa: BLE001 - MLflow raises many types (missing run, store, format)
-        raise ModelSourceError(f"{what}: cannot load the MLflow model "
-                               f"({type(exc).__name__}: {_first_line(exc)})") from exc
-    if not isinstance(model, nn.Module):
-        raise ModelSourceError(f"{what}: loads as {type(model).__name__}, not a torch nn.Module")
-    return model
-
-
 def _read_state_file(source: str) -> Mapping[str, Any]:
     """The state dict in the file ``source`` (tensors only; a nesting checkpoint is unpacked)."""
     path = Path(source).expanduser()
     if not path.is_file():
-        raise ModelSourceError(f"initial-model {path}: no such file (a state-dict .pt/.pth file or "
-                               "an MLflow URI such as runs:/<run id>/best-model or models:/<name>/<version>)")
+        raise ModelSourceError(f"initial-model {path}: no such file (a .safetensors or state-dict "
+                               ".pt/.pth file, a model folder, or an MLflow URI such as "
+                               "runs:/<run id>/best-model or models:/<name>/<version>)")
+    if path.suffix == ".safetensors":
+        try:
+            return load_weights(path, f"initial-model {path}")
+        except ModelFolderError as exc:
+            raise ModelSourceError(str(exc)) from exc
     try:
         loaded = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - torch raises many types for corrupt or pickled files
@@ -203,22 +222,23 @@ def _read_state_file(source: str) -> Mapping[str, Any]:
 
 
 def _checked(loaded: Mapping[str, Any], expected: Mapping[str, torch.Tensor],
-             source: str) -> dict[str, torch.Tensor]:
-    """``loaded`` in ``expected``'s order and dtypes; a key or shape that differs is an error."""
+             what: str) -> dict[str, torch.Tensor]:
+    """``loaded`` in ``expected``'s order and dtypes; a key or shape that differs is an error
+    (its message starts with ``what``, the source)."""
     missing = [key for key in expected if key not in loaded]
     if missing:
-        raise ModelSourceError(f"initial-model {source}: {len(missing)} tensor(s) of this run's "
-                               f"model missing, first {missing[0]!r} (of {_preview(missing)})")
+        raise ModelSourceError(f"{what}: {len(missing)} tensor(s) of the task's network "
+                               f"missing, first {missing[0]!r} (of {_preview(missing)})")
     unexpected = [key for key in loaded if key not in expected]
     if unexpected:
-        raise ModelSourceError(f"initial-model {source}: {len(unexpected)} tensor(s) this run's "
-                               f"model does not have, first {unexpected[0]!r} (of {_preview(unexpected)})")
+        raise ModelSourceError(f"{what}: {len(unexpected)} tensor(s) the task's network does not "
+                               f"have, first {unexpected[0]!r} (of {_preview(unexpected)})")
     state: dict[str, torch.Tensor] = {}
     for key, want in expected.items():
         have = loaded[key]
         if tuple(have.shape) != tuple(want.shape):
-            raise ModelSourceError(f"initial-model {source}: {key!r}: {tuple(want.shape)} here, "
-                                   f"{tuple(have.shape)} in {source}")
+            raise ModelSourceError(f"{what}: {key!r}: {tuple(want.shape)} here, "
+                                   f"{tuple(have.shape)} in the source")
         state[key] = have.detach().to(dtype=want.dtype).clone()
     return state
 

@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{logged.task} model {args.model} on {compute.device}", file=sys.stderr)
         if args.personal is not None:
             site = site_of(args.personal)
-            federation, params = federation_of(args.model)
+            federation, params = federation_of(logged)
             personal = personalise(logged, site, federation, params, compute)
             logged = replace(logged, model=personal.model)
             print(f"site {site.name}'s personalised model, {personal.note}", file=sys.stderr)

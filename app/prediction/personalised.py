@@ -43,6 +43,7 @@ from torch import nn
 from app.config.run_config import RunConfig
 from app.config.site_config import SiteConfig
 from app.model_source import LoggedModel
+from app.tracking.model_store import require_store
 from clients.registry import task_class
 from clients.site.decoded_cache import CACHE_DIR_NAME, load_task
 from clients.site.run_settings import SiteRunSettings
@@ -127,33 +128,35 @@ def run_config_from_params(params: Mapping[str, str]) -> RunConfig:
                                    for key, default in defaults.items() if key in params})
 
 
-def federation_of(uri: str) -> tuple[str, Callable[[], dict[str, str]]]:
-    """The id of the MLflow run that logged the model at ``uri``, and a reader of its params.
+def federation_of(logged: LoggedModel) -> tuple[str, Callable[[], dict[str, str]]]:
+    """The id of the MLflow run that logged ``logged``, and a reader of its params.
+
+    The run id comes with the model (its ``MLmodel``); the params are read from
+    MLflow's current tracking store only when called, and a local store that does not
+    exist is an error naming it, never created.
 
     Raises
     ------
     ConfigError
-        If the model records no run; the reader, if the run is not in the tracking
-        store (names the run and the store).
+        If the model records no run; the reader, if the store does not exist or the run
+        is not in it (names the run and the store).
     """
-    import mlflow  # here: importing MLflow costs seconds
-    from mlflow.tracking import MlflowClient
-
-    try:
-        run_id = mlflow.models.get_model_info(uri).run_id or ""
-    except Exception as exc:  # noqa: BLE001 - MLflow raises many types (missing run, store, format)
-        raise ConfigError(f"MODEL {uri}: cannot read the MLflow model "
-                          f"({type(exc).__name__})") from exc
-    if not run_id:
-        raise ConfigError(f"MODEL {uri}: the model records no MLflow run; a site's personalised "
-                          "state is keyed by the federation's run id")
+    if not logged.run_id:
+        raise ConfigError(f"MODEL {logged.uri}: the model records no MLflow run; a site's "
+                          "personalised state is keyed by the federation's run id")
+    run_id = logged.run_id
 
     def params() -> dict[str, str]:
+        import mlflow  # here: importing MLflow costs seconds
+        from mlflow.tracking import MlflowClient
+
+        store = mlflow.get_tracking_uri()
+        require_store(store, f"PERSONAL: run {run_id}'s params ({CHOICE_KEY}, ...)")
         try:
             return dict(MlflowClient().get_run(run_id).data.params)
         except Exception as exc:  # noqa: BLE001 - a missing run, an unreachable store
-            raise ConfigError(f"MODEL {uri}: run {run_id} is not readable from the tracking store "
-                              f"{mlflow.get_tracking_uri()} ({type(exc).__name__}); PERSONAL needs "
+            raise ConfigError(f"MODEL {logged.uri}: run {run_id} is not readable from the tracking "
+                              f"store {store} ({type(exc).__name__}); PERSONAL needs "
                               f"its params ({CHOICE_KEY}, ...)") from exc
 
     return run_id, params

@@ -1,26 +1,29 @@
-"""The models MLflow holds: a loadable ``nn.Module`` with the task it belongs to, and its
-Model Registry entries.
+"""The models MLflow holds: weights (safetensors) plus the task's metadata, never a pickle, and
+their Model Registry entries.
 
-A model is logged in MLflow's ``pickle`` serialization (``torch.save`` of the module
-through cloudpickle), not MLflow's default ``pt2``: ``torch.export`` specialises the
-batch dimension of an example of batch 1 to a constant, and its ``GraphModule`` refuses
-``.eval()``, so the exported model could only score one image at a time. The project's
-``models`` package travels with the model (``code_paths``), so
-``mlflow.pytorch.load_model(uri)`` gives the plain module back (any batch size,
-``.eval()``) in a process that has only MLflow, torch and MONAI; ``mlflow.pyfunc``
-predicts on an ``(N, ...)`` float32 array. Loading a pickled model runs code from its
-artifact: load only models of your own registry.
+A model is logged as an MLflow pyfunc in models-from-code form
+(:mod:`app.tracking.task_pyfunc`): the weights are the artifact ``weights``
+(``artifacts/model.safetensors``, :mod:`app.tracking.model_folder`), the network is
+built from the product's code at load time. ``mlflow.pyfunc.load_model(uri)`` predicts
+on an ``(N, ...)`` float32 array of any batch size; ``make predict``
+(:func:`app.model_source.load_logged_model`) builds the network and loads the tensors
+without running anything from the model's folder. The signature has a batch
+dimension of -1. (MLflow's ``pytorch`` flavor saves a pickled module, and its ``pt2``
+format, ``torch.export``, specialises the batch dimension to the example's.)
 
 Every model carries ``metadata={"fedmed": {...}}`` (:func:`model_metadata`): the task,
 its settings, whether the network was made DP-compatible, its preprocessing in one line
-(the task's :meth:`~clients.training.site_task.SiteTask.preprocessing_text`) and the main
-metric, so loading it needs no other file. The signature has a batch dimension of -1.
+(the task's :meth:`~clients.training.site_task.SiteTask.preprocessing_text`), the main
+metric, the weights' format and the product's version (and git commit when known), so
+loading it needs no other file.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
+import subprocess
+import tempfile
+import tomllib
 from logging import WARNING
 from pathlib import Path
 from typing import Any
@@ -33,19 +36,38 @@ from mlflow.exceptions import MlflowException
 from mlflow.models import infer_signature
 from torch import nn
 
-import models
+from app.tracking.model_folder import (METADATA_KEY, WEIGHTS_ARTIFACT, WEIGHTS_FILE,
+                                       WEIGHTS_FORMAT, save_weights)
 from clients.registry import task_class
-from clients.root_logging import root_logging_kept
 
-__all__ = ["MODEL_REQUIREMENTS", "log_task_model", "model_metadata", "register_version"]
+__all__ = ["MODEL_REQUIREMENTS", "log_task_model", "model_metadata", "product_release",
+           "register_version"]
+
+#: Pinned requirements recorded with the model, so MLflow does not run its slow (and
+#: network-hungry) requirement inference; the pyfunc also needs the product importable.
+MODEL_REQUIREMENTS = ["torch==2.13.0", "monai", "numpy", "safetensors"]
+#: The product's root folder (its pyproject.toml; a git checkout or an installed app bundle).
+_ROOT = Path(__file__).resolve().parents[2]
+#: The models-from-code file MLflow logs as the model's code (:mod:`app.tracking.task_pyfunc`).
+_MODEL_CODE = Path(__file__).with_name("task_pyfunc.py")
 
 
-with root_logging_kept():  # mlflow.pytorch._lightning_autolog calls logging.basicConfig
-    import mlflow.pytorch  # noqa: F401
-
-#: Pinned requirements recorded with the model, so MLflow does not run its slow
-#: (and network-hungry) requirement inference; cloudpickle unpickles the module.
-MODEL_REQUIREMENTS = ["torch==2.13.0", "monai", "numpy", "cloudpickle"]
+def product_release(root: Path = _ROOT) -> dict[str, str]:
+    """The product's ``version`` (pyproject.toml) and ``commit`` (when ``root`` is a git checkout)."""
+    release: dict[str, str] = {}
+    try:
+        release["version"] = str(tomllib.loads((root / "pyproject.toml").read_text())
+                                 ["project"]["version"])
+    except (OSError, KeyError, tomllib.TOMLDecodeError):
+        pass
+    if (root / ".git").exists():
+        try:
+            done = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], check=True,
+                                  capture_output=True, text=True, timeout=10)
+            release["commit"] = done.stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return release
 
 
 def model_metadata(task: str, settings: Any, private: bool, main_metric: str) -> dict[str, Any]:
@@ -63,14 +85,16 @@ def model_metadata(task: str, settings: Any, private: bool, main_metric: str) ->
         The task's main validation metric (``dice``, ``auc``).
     """
     values = dataclasses.asdict(settings)
-    return {"fedmed": {"task": task, "task-settings": values, "private": bool(private),
-                       "preprocessing": task_class(task).preprocessing_text(settings),
-                       "main-metric": main_metric}}
+    return {METADATA_KEY: {"task": task, "task-settings": values, "private": bool(private),
+                           "preprocessing": task_class(task).preprocessing_text(settings),
+                           "main-metric": main_metric, "weights": WEIGHTS_FORMAT,
+                           **product_release()}}
 
 
 def log_task_model(model: nn.Module, name: str, input_example: np.ndarray,
                    metadata: dict[str, Any]) -> str:
-    """Log ``model`` (moved to the CPU, in eval mode) in the active run; returns its URI.
+    """Log ``model``'s weights (from the CPU, in eval mode) with ``metadata`` in the active run;
+    returns its URI.
 
     ``input_example`` is one input batch; the signature is inferred from two copies of
     it and the model's output, so its batch dimension is -1.
@@ -79,17 +103,13 @@ def log_task_model(model: nn.Module, name: str, input_example: np.ndarray,
     batch = np.concatenate([input_example[:1]] * 2)
     with torch.no_grad():
         output = model(torch.from_numpy(batch)).numpy()
-    flavour_log = logging.getLogger("mlflow.pytorch")
-    level = flavour_log.level
-    flavour_log.setLevel(logging.ERROR)  # its pickle warning, once per model: see the docstring
-    try:
-        info = mlflow.pytorch.log_model(
-            model, name=name, input_example=input_example[:1],
-            signature=infer_signature(batch, output), serialization_format="pickle",
-            code_paths=[str(Path(models.__file__).parent)], pip_requirements=MODEL_REQUIREMENTS,
-            metadata=metadata)
-    finally:
-        flavour_log.setLevel(level)
+    with tempfile.TemporaryDirectory(prefix="fedmed-weights-") as folder:
+        weights = save_weights(model, Path(folder) / WEIGHTS_FILE)
+        info = mlflow.pyfunc.log_model(
+            name=name, python_model=str(_MODEL_CODE),
+            artifacts={WEIGHTS_ARTIFACT: str(weights)}, model_config=metadata[METADATA_KEY],
+            input_example=input_example[:1], signature=infer_signature(batch, output),
+            pip_requirements=MODEL_REQUIREMENTS, metadata=metadata)
     return info.model_uri
 
 

@@ -1,5 +1,6 @@
-"""The models a federation leaves in MLflow load as plain modules, at any batch size, and
-are registered with where they come from (issue 15, items 1 and 2)."""
+"""The models a federation leaves in MLflow are weights plus metadata (issue 28, item 4), load
+as plain modules and as MLflow pyfuncs at any batch size, and are registered with where they
+come from (issue 15, items 1 and 2)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch
 from mlflow.tracking import MlflowClient
 from torch import nn
 
+from app.model_source import load_logged_model
 from app.tracking import BestRound, FederationTracker, RoundScore, log_federation_models
 from app.tracking.model_logging import log_task_model, model_metadata, register_version
 from clients.registry import task_class
@@ -40,29 +42,45 @@ def _logged(task_name: str, name: str) -> tuple[str, nn.Module]:
 
 
 @pytest.mark.parametrize("task_name", ["pe-seg", "cxr-cls", "ct3d-cls"])
-def test_a_logged_model_loads_as_a_module_and_predicts_a_batch_of_four(tracker, task_name):
-    """Found: the logged model was a torch.export GraphModule specialised to batch 1
-    (a batch of 2 failed a guard, ``.eval()`` raised NotImplementedError)."""
+def test_a_logged_model_loads_as_a_module_and_predicts_batches_of_one_and_three(tracker, task_name):
+    """Found (issue 15): the logged model was a torch.export GraphModule specialised to batch 1.
+    Found (issue 28, 4): it was a pickled module; now weights (safetensors) plus metadata,
+    loaded by the product's code (make predict) and by MLflow's pyfunc (models-from-code)."""
     uri, model = _logged(task_name, f"model-{task_name}")
-    batch = np.repeat(task_class(task_name).example_input(TINY), 4, axis=0)
-    batch += np.random.default_rng(0).random(batch.shape, dtype=np.float32)
-    loaded = mlflow.pytorch.load_model(uri)
-    assert type(loaded) is type(model) and not isinstance(loaded, torch.fx.GraphModule)
-    loaded.eval()
-    with torch.no_grad():
-        expected = model.eval()(torch.from_numpy(batch)).numpy()
-        np.testing.assert_allclose(loaded(torch.from_numpy(batch)).numpy(), expected,
-                                   rtol=1e-5, atol=1e-6)
-    predicted = np.asarray(mlflow.pyfunc.load_model(uri).predict(batch))
-    np.testing.assert_allclose(predicted, expected, rtol=1e-5, atol=1e-6)
+    loaded = load_logged_model(uri).model
+    assert type(loaded) is type(model) and not loaded.training
+    pyfunc = mlflow.pyfunc.load_model(uri)
+    for size in (1, 3):
+        batch = np.repeat(task_class(task_name).example_input(TINY), size, axis=0)
+        batch += np.random.default_rng(size).random(batch.shape, dtype=np.float32)
+        with torch.no_grad():
+            expected = model.eval()(torch.from_numpy(batch)).numpy()
+            np.testing.assert_allclose(loaded(torch.from_numpy(batch)).numpy(), expected,
+                                       rtol=1e-5, atol=1e-6)
+        predicted = np.asarray(pyfunc.predict(batch))
+        assert predicted.shape[0] == size
+        np.testing.assert_allclose(predicted, expected, rtol=1e-5, atol=1e-6)
     info = mlflow.models.get_model_info(uri)
     assert info.signature.inputs.inputs[0].shape == (-1, *batch.shape[1:])
     assert info.saved_input_example_info is not None
+    assert "python_function" in info.flavors and "pytorch" not in info.flavors
     fedmed = info.metadata["fedmed"]
     assert fedmed["task"] == task_name and fedmed["private"] is False
     assert fedmed["main-metric"] == task_class(task_name).main_metric
+    assert fedmed["weights"] == "safetensors" and fedmed["version"] == "0.1.0"
     assert TaskSettings(**fedmed["task-settings"]) == TINY
     assert str(TINY.image_size) in fedmed["preprocessing"]
+
+
+def test_a_private_model_is_rebuilt_dp_compatible_from_its_metadata(tracker):
+    task = task_class("cxr-cls")
+    model = task.model_for_run(TINY, private=True)
+    uri = log_task_model(model, "private-model", task.example_input(TINY),
+                         model_metadata("cxr-cls", TINY, True, task.main_metric))
+    logged = load_logged_model(uri)
+    assert logged.private and logged.run_id == tracker.run_id
+    assert list(logged.model.state_dict()) == list(model.state_dict())
+    assert not any(isinstance(m, nn.BatchNorm2d) for m in logged.model.modules())
 
 
 def test_the_best_and_the_final_model_are_registered_with_their_origin(tracker):
@@ -89,9 +107,9 @@ def test_the_best_and_the_final_model_are_registered_with_their_origin(tracker):
                     "val-dice": "0.8", "sites": "site-a,site-b", "codec": "topk:0.1",
                     "dp-epsilon": "2.25"}
     assert client.get_model_version("fedmed-test-final", "1").tags["round"] == "3"
-    best_model = mlflow.pytorch.load_model(logged.best_version)
+    best_model = load_logged_model(logged.best_version).model
     assert all(torch.all(p == 0.5) for p in best_model.parameters())
-    final_model = mlflow.pytorch.load_model(logged.final_version)
+    final_model = load_logged_model(logged.final_version).model
     assert all(np.array_equal(a.numpy(), b) for a, b in zip(final_model.state_dict().values(),
                                                             final))
     run = client.get_run(tracker.run_id)

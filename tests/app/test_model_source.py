@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import yaml
 from torch import nn
 
 from app.model_source import (METADATA_KEY, ModelSourceError, is_mlflow_uri, load_logged_model,
                               load_state_dict_from)
+from app.tracking.model_logging import log_task_model, model_metadata, register_version
 from clients.registry import task_class
 from clients.training.site_task import TaskSettings
 from strategies.errors import ConfigError
@@ -80,7 +83,7 @@ def test_uris_are_told_from_paths() -> None:
 
 @pytest.fixture(scope="module")
 def mlflow_models(tmp_path_factory: pytest.TempPathFactory, mlflow_store):
-    """A SQLite MLflow store with a logged, registered cxr-cls model (contract metadata) and one without."""
+    """A SQLite MLflow store with a cxr-cls model the product logged and registered, and its folder."""
     import mlflow
 
     root = tmp_path_factory.mktemp("mlflow")
@@ -89,21 +92,30 @@ def mlflow_models(tmp_path_factory: pytest.TempPathFactory, mlflow_store):
     experiment = mlflow.create_experiment("models", artifact_location=(root / "art").as_uri())
     torch.manual_seed(0)
     model = task_class("cxr-cls").model_for(SETTINGS).eval()
-    metadata = {METADATA_KEY: {"task": "cxr-cls", "private": False, "main-metric": "auc",
-                               "task-settings": {"image-size": 32, "num_labels": 2},
-                               "preprocessing": "radiograph scaled to [0, 1], squared"}}
+    metadata = model_metadata("cxr-cls", SETTINGS, False, "auc")
     with mlflow.start_run(experiment_id=experiment) as run:
-        mlflow.pytorch.log_model(model, name="best-model", metadata=metadata,
-                                 serialization_format="pickle", pip_requirements=["torch"],
-                                 registered_model_name="models-best")
-        mlflow.pytorch.log_model(model, name="plain-model", serialization_format="pickle",
-                                 pip_requirements=["torch"])
-    yield model, run.info.run_id
+        uri = log_task_model(model, "best-model", task_class("cxr-cls").example_input(SETTINGS),
+                             metadata)
+        register_version(uri, "models-best", {})
+    folder = Path(mlflow.artifacts.download_artifacts(uri, dst_path=str(root / "folder")))
+    yield model, run.info.run_id, folder
     mlflow.set_tracking_uri(previous)
 
 
+def _edited(folder: Path, copy: Path, entry: dict | None) -> Path:
+    """A copy of the model ``folder`` whose ``fedmed`` metadata is ``entry`` (None: no metadata)."""
+    copy = Path(shutil.copytree(folder, copy))
+    mlmodel = yaml.safe_load((copy / "MLmodel").read_text())
+    if entry is None:
+        mlmodel.pop("metadata")
+    else:
+        mlmodel["metadata"][METADATA_KEY] = entry
+    (copy / "MLmodel").write_text(yaml.safe_dump(mlmodel))
+    return copy
+
+
 def test_an_mlflow_source_loads_by_run_and_by_registered_version(mlflow_models) -> None:
-    model, run_id = mlflow_models
+    model, run_id, _ = mlflow_models
     for uri in (f"runs:/{run_id}/best-model", "models:/models-best/1"):
         template = task_class("cxr-cls").model_for(SETTINGS)
         state = load_state_dict_from(uri, template)
@@ -113,36 +125,40 @@ def test_an_mlflow_source_loads_by_run_and_by_registered_version(mlflow_models) 
         load_state_dict_from("models:/models-best/1", wrong)
 
 
-def test_a_local_mlflow_model_folder_is_a_source_and_a_logged_model(mlflow_models, tmp_path: Path) -> None:
-    import mlflow
-
-    model, _ = mlflow_models
-    folder = tmp_path / "exported"
-    mlflow.pytorch.save_model(model, folder, serialization_format="pickle", pip_requirements=["torch"],
-                              metadata={METADATA_KEY: {"task": "cxr-cls", "task-settings": {}}})
+def test_a_local_model_folder_is_a_source_and_a_logged_model(mlflow_models, tmp_path: Path) -> None:
+    model, _, folder = mlflow_models
     state = load_state_dict_from(str(folder), task_class("cxr-cls").model_for(SETTINGS))
     assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
-    assert load_logged_model(str(folder)).settings == TaskSettings()  # defaults when none recorded
-    odd = tmp_path / "odd-settings"
-    mlflow.pytorch.save_model(model, odd, serialization_format="pickle", pip_requirements=["torch"],
-                              metadata={METADATA_KEY: {"task": "cxr-cls",
-                                                       "task-settings": {"imagesize": 32}}})
+    entry = {"task": "cxr-cls", "task-settings": {"num_labels": 2}}
+    partial = _edited(folder, tmp_path / "partial", entry)
+    assert load_logged_model(str(partial)).settings == TaskSettings(num_labels=2)  # defaults
+    odd = _edited(folder, tmp_path / "odd", {"task": "cxr-cls", "task-settings": {"imagesize": 32}})
     with pytest.raises(ModelSourceError, match="unknown task setting 'imagesize'"):
         load_logged_model(str(odd))
 
 
+def test_a_safetensors_file_is_an_initial_model(mlflow_models) -> None:
+    model, _, folder = mlflow_models
+    weights = folder / "artifacts" / "model.safetensors"
+    state = load_state_dict_from(str(weights), task_class("cxr-cls").model_for(SETTINGS))
+    assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
+
+
 def test_a_logged_model_comes_with_its_task_and_settings(mlflow_models) -> None:
-    model, _ = mlflow_models
+    model, run_id, _ = mlflow_models
     logged = load_logged_model("models:/models-best/1")
     assert (logged.task, logged.settings, logged.private) == ("cxr-cls", SETTINGS, False)
+    assert logged.run_id == run_id
     batch = torch.from_numpy(np.random.default_rng(0).random((4, 1, 32, 32), np.float32))
     with torch.no_grad():
         assert torch.allclose(logged.model(batch), model(batch))
 
 
-def test_a_model_without_the_metadata_is_refused(mlflow_models) -> None:
-    _, run_id = mlflow_models
+def test_a_model_without_the_metadata_is_refused(mlflow_models, tmp_path: Path) -> None:
+    _, _, folder = mlflow_models
+    plain = _edited(folder, tmp_path / "plain-model", None)
     with pytest.raises(ModelSourceError, match=f"plain-model: the model has no '{METADATA_KEY}'"):
-        load_logged_model(f"runs:/{run_id}/plain-model")
-    with pytest.raises(ModelSourceError, match="runs:/no-such-run/best-model: cannot load"):
+        load_logged_model(str(plain))
+    with pytest.raises(ModelSourceError,
+                       match="runs:/no-such-run/best-model: not found in the tracking store"):
         load_logged_model("runs:/no-such-run/best-model")

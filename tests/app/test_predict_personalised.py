@@ -19,7 +19,8 @@ import torch
 import app.predict as predict_cli
 from app.config.run_config import RunConfig
 from app.config.site_config import SiteConfig
-from app.model_source import LoggedModel
+from app.model_source import LoggedModel, load_logged_model
+from app.tracking.model_logging import log_task_model, model_metadata
 from clients.site.run_settings import SiteRunSettings
 from clients.training.personalisation.site_personalisation import site_personalisation
 from app.prediction.personalised import (federation_of, personalise, run_config_from_params,
@@ -132,7 +133,7 @@ def test_personal_names_a_node_config_or_a_site_folder(site: Path, tmp_path: Pat
 def test_cli_predicts_with_the_personalised_model(site: Path, tmp_path: Path, monkeypatch):
     monkeypatch.setattr(predict_cli, "load_logged_model", lambda uri: _logged())
     monkeypatch.setattr(predict_cli, "federation_of",
-                        lambda uri: ("run-abc", lambda: _params(FINETUNE)))
+                        lambda logged: ("run-abc", lambda: _params(FINETUNE)))
     common = ["--model", "m", "--data", str(site), "--split", "test", "--device", "cpu"]
     assert predict_cli.main([*common, "--out", str(tmp_path / "global")]) == 0
     assert predict_cli.main([*common, "--out", str(tmp_path / "own"), "--personal", str(site)]) == 0
@@ -150,18 +151,25 @@ def test_the_federation_is_the_run_that_logged_the_model(mlflow_store, tmp_path:
     try:
         with mlflow.start_run() as run:
             mlflow.log_params({"personalisation.method": "fedbn", "lr": "0.01"})
-            uri = mlflow.pytorch.log_model(torch.nn.Linear(2, 1), name="best-model",
-                                           serialization_format="pickle",
-                                           pip_requirements=["torch"]).model_uri
-        federation, params = federation_of(uri)
+            uri = log_task_model(_logged().model, "best-model",
+                                 task_class("cxr-cls").example_input(SETTINGS),
+                                 model_metadata("cxr-cls", SETTINGS, False, "auc"))
+        federation, params = federation_of(load_logged_model(uri))
         assert federation == run.info.run_id
         assert params()["personalisation.method"] == "fedbn"
         folder = mlflow.artifacts.download_artifacts(uri, dst_path=str(tmp_path / "copy"))
-        federation, params = federation_of(folder)  # a copied model folder records its run
+        federation, params = federation_of(load_logged_model(folder))  # a copied folder records its run
         assert federation == run.info.run_id
         mlflow.set_tracking_uri(mlflow_store(tmp_path / "other"))
         with pytest.raises(ConfigError, match=f"run {federation} is not readable from the "
                                               "tracking store sqlite:///"):
             params()
+        absent = tmp_path / "absent" / "mlflow.db"
+        mlflow.set_tracking_uri(f"sqlite:///{absent}")
+        with pytest.raises(ConfigError, match=f"tracking store sqlite:///{absent} does not exist"):
+            params()
+        assert not absent.parent.exists()
     finally:
         mlflow.set_tracking_uri(previous)
+    with pytest.raises(ConfigError, match="MODEL test: the model records no MLflow run"):
+        federation_of(_logged())
