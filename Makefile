@@ -276,6 +276,21 @@ approve-app: install
 	$(PY) -m app.site_runtime.app_approval approve --policy $(abspath $(POLICY)) \
 		$(if $(SHA256),--sha256 $(SHA256),--fab $(abspath $(FAB)))
 
+# --- The site's privacy budget (hospital admin; app/site_runtime/privacy_budget.py) ---
+#   make privacy-budget STATE=/abs/state [DATA=/abs/site] [POLICY=/abs/policy.toml]
+#                       [RESET="reason"] [EXTEND=<epsilon> [REASON="text"]]
+# Shows the epsilon spent on each dataset by every federation (the one ledger per site and
+# dataset), the budget and what is left; RESET archives a dataset's history and starts
+# afresh, EXTEND adds to its budget; both leave a line in STATE/privacy/budget-admin.log.
+.PHONY: privacy-budget
+
+privacy-budget: install
+	@test -n "$(STATE)" || { echo "usage: make privacy-budget STATE=/abs/state [DATA=/abs/site] [POLICY=/abs/policy.toml] [RESET=\"reason\"] [EXTEND=<epsilon> [REASON=\"text\"]]" >&2; exit 2; }
+	$(PY) -m app.site_runtime.privacy_budget --state $(abspath $(STATE)) \
+		$(if $(DATA),--data $(abspath $(DATA))) $(if $(POLICY),--policy $(abspath $(POLICY))) \
+		$(if $(RESET),--reset "$(RESET)") $(if $(EXTEND),--extend $(EXTEND)) \
+		$(if $(REASON),--reason "$(REASON)")
+
 # --- Real shared data as federated sites (../shared/data, see clients/datagen/shared.py) ---
 #   make shared-data TASK=cxr-cls|ct3d-cls|pe-seg [SET=ctpa|msd-lung] [SITES=3]
 #                    [SCHEME=iid|dirichlet|size] [ALPHA=0.5] [SEED=0] [MAX_PER_SITE=K]
