@@ -16,8 +16,11 @@ runner replaces it at a hospital, in a process the hospital starts
    signature by a key the hospital trusts) *before* anything of it is installed
    or imported; an unapproved FAB gets an error reply naming the rule and the
    first 12 hex digits of its hash, and nothing of it runs;
-4. install an approved FAB once and hand the message to the warm worker of
-   (FAB, imaging task) (:mod:`app.site_runtime.site_worker`), started on first use;
+4. install an approved FAB, or check its install against the FAB
+   (:mod:`app.site_runtime.installed_app`: an install that differs is logged,
+   its workers are stopped and it is installed afresh), and hand the message to
+   the warm worker of (FAB, imaging task) (:mod:`app.site_runtime.site_worker`),
+   started on first use;
 5. push the reply and the task's final status.
 
 A worker that dies is answered for (an error reply with the fixed code
@@ -41,7 +44,6 @@ from pathlib import Path
 from typing import Any
 
 from flwr.app import Context, Error, Message
-from flwr.cli.install import install_from_fab
 from flwr.common.constant import SubStatus
 from flwr.proto.runtime_pb2 import AcquireTaskRequest  # pylint: disable=E0611
 from flwr.supercore.constant import TaskType
@@ -55,6 +57,7 @@ from flwr.supercore.task_identity import TaskIdentity
 from flwr.supernode.runtime.run_clientapp import push_message, push_task_output
 
 from app.site_runtime.app_approval import SIGNATURE_KEY, AppNotApproved, check_app
+from app.site_runtime.installed_app import WORKER_ENV, verified_install
 from app.site_runtime.node_signals import NodeSignals
 from app.site_runtime.one_policy import policy_mismatch
 from app.site_runtime.runtime_channel import (
@@ -149,6 +152,11 @@ class WorkerPool:
             self._workers[key] = worker
         return outcome
 
+    def discard(self, fab_hash: str) -> None:
+        """Stop every worker of the bundle ``fab_hash`` (its code may have changed)."""
+        for key in [key for key in self._workers if key[0] == fab_hash]:
+            self._workers.pop(key).stop()
+
     def close(self) -> None:
         """Stop every worker."""
         while self._workers:
@@ -199,7 +207,7 @@ class SiteRunner:
         self.address = runtime_api_address
         self.policy_path = Path(policy_path)
         self.poll_interval = poll_interval
-        self.pool = WorkerPool(max_workers)
+        self.pool = WorkerPool(max_workers, WORKER_ENV)
         self.signals = signals
         self._installed: set[str] = set()
 
@@ -299,8 +307,13 @@ class SiteRunner:
                    f"the site policy cannot be read ({type(refusal).__name__}, details in "
                    "the site's log)")  # its text names the file: it stays here
             return _refusal(message, context, site, "apps", str(why))
+        _, changed = verified_install(fab.content)
+        if changed:
+            self.pool.discard(fab.hash_str)
+            log.warning("site %s: the install of app %s differed from the approved bundle (%s); "
+                        "its workers were stopped and it was re-installed from the bundle",
+                        site, fab.hash_str[:12], ", ".join(changed[:10]))
         if fab.hash_str not in self._installed:
-            install_from_fab(fab.content, skip_prompt=True)
             self._installed.add(fab.hash_str)
             log.info("site %s installed app %s (approved by %s)", site, fab.hash_str[:12], how)
         job = {"task_id": TaskIdentity.task_id, "run_id": run.run_id, "node_id": context.node_id,

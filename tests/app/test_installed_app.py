@@ -1,0 +1,69 @@
+"""An approved bundle's install is re-verified before every message: an edited install is
+detected, logged, and re-installed from the verified bundle before anything of it runs."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from types import SimpleNamespace
+
+from flwr.app import Context, RecordDict
+from flwr.supercore.task_identity import TaskIdentity
+
+from app.site_runtime.app_approval import fab_sha256, project_fab
+from app.site_runtime.site_runner import SiteRunner
+from tests.app.site_messages import instruction
+from tests.app.test_site_runner_policy import PERMISSIVE
+from tests.app.tiny_app import write_tiny_app
+
+CLIENT = "from flwr.clientapp import ClientApp\napp = ClientApp()\n"
+
+
+class _Pool:
+    """A worker pool that records what it was asked instead of starting workers."""
+
+    def __init__(self, apps: Path) -> None:
+        self.apps = apps
+        self.ran: list[str] = []
+        self.discarded: list[str] = []
+
+    def run(self, key, job):
+        installed = next(self.apps.iterdir())
+        self.ran.append((installed / "tinyapp_client.py").read_text())
+        return ("done", job["message"], job["context"])
+
+    def discard(self, fab_hash: str) -> None:
+        self.discarded.append(fab_hash)
+
+
+def test_an_edited_install_is_reinstalled_from_the_verified_bundle(tmp_path, monkeypatch,
+                                                                   caplog):
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path / "flwr-home"))
+    fab_bytes = project_fab(write_tiny_app(tmp_path / "tiny", CLIENT))
+    fab = SimpleNamespace(hash_str=fab_sha256(fab_bytes), content=fab_bytes)
+    runner = SiteRunner("127.0.0.1:9", PERMISSIVE)
+    runner.pool = pool = _Pool(tmp_path / "flwr-home" / "apps")
+    context = Context(run_id=1, node_id=7, node_config={"site-name": "h",
+                      "policy-path": str(PERMISSIVE)}, state=RecordDict(), run_config={})
+    run = SimpleNamespace(run_id=1, fab_id="fedmed/tinyapp", fab_version="1.0.0")
+    for name, value in (("_task_id", 3), ("_run_id", 1), ("_node_id", 7)):
+        monkeypatch.setattr(TaskIdentity, name, value)  # as pull_task_input sets them
+
+    def answer() -> str:
+        return runner._answer(instruction("train"), context, run, fab)[2]
+
+    assert answer() == "completed"
+    installed = next((tmp_path / "flwr-home" / "apps").iterdir())
+    (installed / "tinyapp_client.py").write_text(CLIENT + "import os  # the edit\n")
+    (installed / "extra.py").write_text("print('not in the bundle')\n")
+    with caplog.at_level(logging.WARNING, logger="fedmed.site_runner"):
+        assert answer() == "completed"
+    assert pool.ran == [CLIENT, CLIENT]  # the edited file never ran
+    assert not (installed / "extra.py").exists()
+    assert pool.discarded == [fab.hash_str]  # its warm workers were stopped
+    assert "tinyapp_client.py" in caplog.text and "extra.py" in caplog.text
+    assert "re-installed" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="fedmed.site_runner"):
+        assert answer() == "completed"
+    assert caplog.text == "" and pool.discarded == [fab.hash_str]
