@@ -199,7 +199,9 @@ predict: install
 #                 [SIGN_KEY=/abs/app-signing.key]  (sends the app's signature: -c app-signature=...)
 # Approving an app (docs/DEPLOYMENT.md, "Approving an app"):
 #   make signing-key OUT=/abs/dir                  (coordinator: app-signing.key + .pub)
-#   make sign-app KEY=/abs/app-signing.key         (coordinator: the app's sha256 and signature)
+#   make sign-app KEY=/abs/app-signing.key [EXPIRES=YYYY-MM-DD]
+#                                                  (coordinator: the app's sha256 and signature,
+#                                                   valid through EXPIRES, default 90 days)
 #   make approve-app POLICY=/abs/policy.toml SHA256=<64 hex> | FAB=/abs/app.fab
 #                                                  (hospital: append to the policy's approved-file)
 # Artefacts (keys, SuperLink database, logs) live under DEPLOY_DIR; the flwr CLI
@@ -268,8 +270,9 @@ signing-key: install
 	$(PY) -m app.site_runtime.app_approval keygen --out $(abspath $(OUT))
 
 sign-app: install
-	@test -n "$(KEY)" || { echo "usage: make sign-app KEY=/abs/app-signing.key" >&2; exit 2; }
-	$(PY) -m app.site_runtime.app_approval sign --key $(abspath $(KEY)) --app $(CURDIR)
+	@test -n "$(KEY)" || { echo "usage: make sign-app KEY=/abs/app-signing.key [EXPIRES=YYYY-MM-DD]" >&2; exit 2; }
+	$(PY) -m app.site_runtime.app_approval sign --key $(abspath $(KEY)) --app $(CURDIR) \
+		$(if $(EXPIRES),--expires $(EXPIRES))
 
 approve-app: install
 	@test -n "$(POLICY)" -a -n "$(SHA256)$(FAB)" || { echo "usage: make approve-app POLICY=/abs/policy.toml SHA256=<64 hex> | FAB=/abs/app.fab" >&2; exit 2; }

@@ -5,16 +5,22 @@ the site policy's ``[apps]`` rules (:mod:`clients.site.app_rules`) before
 anything of a FAB is installed or imported. A FAB is approved by its SHA-256
 digest (Flower's ``Fab.hash_str``, the digest of the bundle ``flwr run``
 uploads) or by an Ed25519 signature (RFC 8032) over the domain-separated
-message ``b"fedmed-app-approval-v1\\n" + digest`` from a key the hospital
-trusts; the coordinator sends the signature as the run-config value
-:data:`SIGNATURE_KEY` (``make federate SIGN_KEY=...``). The run config is not
-part of the FAB, so signing does not change the digest.
+message ``b"fedmed-app-approval-v2\\n" + digest + b"\\nexpires " + YYYY-MM-DD`` from a
+key the hospital trusts; the coordinator sends ``<YYYY-MM-DD>:<base64 signature>``
+as the run-config value :data:`SIGNATURE_KEY` (``make federate SIGN_KEY=...``).
+The run config is not part of the FAB, so signing does not change the digest.
+A signature is valid through its expiry date (UTC; default
+:data:`SIGNATURE_DAYS` days after signing, ``make sign-app EXPIRES=YYYY-MM-DD``);
+an expired one, or one in the format before expiry dates, approves nothing.
+Revocation wins over every approval (``any = true`` included): a digest in the
+policy's ``revoked-sha256`` never runs, and a key whose fingerprint is in
+``revoked-keys`` approves nothing.
 
 Command line (what the make targets call)::
 
     python -m app.site_runtime.app_approval keygen  --out DIR
     python -m app.site_runtime.app_approval hash    [--app DIR | --fab FILE]
-    python -m app.site_runtime.app_approval sign    --key FILE [--app DIR]
+    python -m app.site_runtime.app_approval sign    --key FILE [--app DIR] [--expires YYYY-MM-DD]
     python -m app.site_runtime.app_approval approve --policy /abs/policy.toml
                                                  (--sha256 HEX | --fab FILE | --app DIR)
 """
@@ -27,9 +33,10 @@ import binascii
 import hashlib
 import logging
 import os
+import re
 import sys
 from collections.abc import Sequence
-from datetime import datetime, timezone
+from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
 
 from cryptography.exceptions import InvalidSignature
@@ -46,14 +53,19 @@ from clients.site.atomic_file import write_atomic
 from clients.site.policy import SitePolicyError, load_policy
 from strategies.errors import SiteError
 
-__all__ = ["AppNotApproved", "SIGNATURE_KEY", "approve", "check_app", "fab_sha256", "keygen",
-           "main", "project_fab", "sign_app"]
+__all__ = ["AppNotApproved", "SIGNATURE_DAYS", "SIGNATURE_KEY", "approve", "check_app",
+           "fab_sha256", "keygen", "main", "project_fab", "sign_app"]
 
 log = logging.getLogger("fedmed.app_approval")
 
 #: The run-config key that carries the coordinator's signature of the FAB digest.
 SIGNATURE_KEY = "app-signature"
-_DOMAIN = b"fedmed-app-approval-v1\n"
+#: Days a signature stays valid by default (``make sign-app`` without ``EXPIRES=``).
+SIGNATURE_DAYS = 90
+_DOMAIN = b"fedmed-app-approval-v2\n"
+_ISO_DATE = re.compile(r"\d{4}-\d\d-\d\d")
+_MALFORMED = ("no signature from a trusted key; app-signature is not <YYYY-MM-DD>:<base64 "
+              "Ed25519 signature>")
 PRIVATE_KEY_FILE, PUBLIC_KEY_FILE = "app-signing.key", "app-signing.pub"
 
 
@@ -101,8 +113,12 @@ def project_fab(project_dir: Path) -> bytes:
         raise AppApprovalError(f"app folder {project_dir}: no Flower app bundle ({exc})") from exc
 
 
-def _message(fab_hash: str) -> bytes:
-    return _DOMAIN + fab_hash.encode()
+def _message(fab_hash: str, expires: date) -> bytes:
+    return _DOMAIN + fab_hash.encode() + b"\nexpires " + expires.isoformat().encode()
+
+
+def _today() -> date:
+    return datetime.now(timezone.utc).date()
 
 
 def _private_key(path: Path) -> Ed25519PrivateKey:
@@ -117,21 +133,49 @@ def _private_key(path: Path) -> Ed25519PrivateKey:
     return key
 
 
-def sign_app(fab_hash: str, private_key: Path) -> str:
-    """The base64 Ed25519 signature of ``fab_hash`` by the PEM (PKCS8) key ``private_key``."""
-    return base64.b64encode(_private_key(private_key).sign(_message(fab_hash))).decode()
+def sign_app(fab_hash: str, private_key: Path, expires: date | None = None) -> str:
+    """``<YYYY-MM-DD>:<base64 Ed25519 signature>`` of ``fab_hash`` and the expiry date.
+
+    Parameters
+    ----------
+    fab_hash : str
+        The FAB digest.
+    private_key : Path
+        The PEM (PKCS8) Ed25519 key.
+    expires : date, optional
+        The last day (UTC) the signature approves the bundle; default
+        :data:`SIGNATURE_DAYS` days from today.
+    """
+    expires = expires or _today() + timedelta(days=SIGNATURE_DAYS)
+    raw = _private_key(private_key).sign(_message(fab_hash, expires))
+    return f"{expires.isoformat()}:{base64.b64encode(raw).decode()}"
 
 
-def _signer(rules: AppRules, fab_hash: str, signature: str) -> str:
+def _base64_signature(text: str) -> bytes:
+    """The 64 raw bytes of a base64 Ed25519 signature, or b"" when ``text`` is none."""
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        return b""
+    return raw if len(raw) == 64 else b""
+
+
+def _signer(rules: AppRules, fab_hash: str, signature: str, today: date) -> str:
     """``key <fingerprint>`` of the trusted key that signed ``fab_hash``, else the reason why not."""
     if not signature:
         return "no signature from a trusted key; the run config has no app-signature"
+    expires_text, colon, encoded = signature.partition(":")
+    if not colon:
+        return ("old-format signature without an expiry date; the coordinator re-signs with "
+                "`make sign-app` (EXPIRES=YYYY-MM-DD)") if _base64_signature(signature) \
+            else _MALFORMED
+    raw = _base64_signature(encoded)
+    if not _ISO_DATE.fullmatch(expires_text) or not raw:
+        return _MALFORMED
     try:
-        raw = base64.b64decode(signature, validate=True)
-    except (binascii.Error, ValueError):
-        raw = b""
-    if len(raw) != 64:
-        return "no signature from a trusted key; app-signature is not a base64 Ed25519 signature"
+        expires = date.fromisoformat(expires_text)
+    except ValueError:
+        return _MALFORMED
     for path in rules.trusted_keys:
         try:
             key = load_public_key(path)
@@ -139,14 +183,21 @@ def _signer(rules: AppRules, fab_hash: str, signature: str) -> str:
             log.warning("trusted key skipped: %s", exc)
             continue
         try:
-            key.verify(raw, _message(fab_hash))
+            key.verify(raw, _message(fab_hash, expires))
         except InvalidSignature:
             continue
-        return f"key {key_fingerprint(key)}"
+        fingerprint = key_fingerprint(key)
+        if fingerprint in rules.revoked_keys:
+            return f"revoked-keys lists the signing key {fingerprint}"
+        if today > expires:
+            return (f"signature expired on {expires.isoformat()}; the coordinator re-signs with "
+                    "`make sign-app` (EXPIRES=YYYY-MM-DD)")
+        return f"key {fingerprint}"
     return "no signature from a trusted key"
 
 
-def check_app(rules: AppRules, fab_hash: str, fab_bytes: bytes, signature: str) -> str:
+def check_app(rules: AppRules, fab_hash: str, fab_bytes: bytes, signature: str,
+              today: date | None = None) -> str:
     """Whether the site runs this FAB: how it was approved, or :class:`AppNotApproved`.
 
     Parameters
@@ -159,6 +210,8 @@ def check_app(rules: AppRules, fab_hash: str, fab_bytes: bytes, signature: str) 
         The bundle itself.
     signature : str
         The run config's :data:`SIGNATURE_KEY` value ("" when absent).
+    today : date, optional
+        The day a signature's expiry is compared with (default: today, UTC).
 
     Returns
     -------
@@ -170,11 +223,15 @@ def check_app(rules: AppRules, fab_hash: str, fab_bytes: bytes, signature: str) 
     Raises
     ------
     AppNotApproved
-        The bundle does not match its digest or no rule approves it; the text
-        names the rule and the first 12 hex digits of the digest, never a path.
+        The bundle does not match its digest, is revoked, or no rule approves it;
+        the text names the rule and the first 12 hex digits of the digest, never
+        a path.
     """
     if fab_sha256(fab_bytes) != fab_hash:
         raise _refusal(fab_hash, "bundle does not match its hash")
+    if fab_hash in rules.revoked_sha256:
+        raise _refusal(fab_hash, "revoked-sha256 lists this bundle; revocation wins over every "
+                                 "approval")
     if rules.any:
         return "any"
     if fab_hash in rules.approved_sha256:
@@ -187,7 +244,7 @@ def check_app(rules: AppRules, fab_hash: str, fab_bytes: bytes, signature: str) 
         except AppApprovalError as exc:
             log.warning("%s", exc)
             listed = "not in approved-sha256; approved-file unreadable or malformed, see the site log"
-    how = _signer(rules, fab_hash, signature)
+    how = _signer(rules, fab_hash, signature, today or _today())
     if how.startswith("key "):
         return how
     raise _refusal(fab_hash, f"{listed}, {how}")
@@ -269,7 +326,18 @@ def _cmd_hash(args: argparse.Namespace) -> None:
 def _cmd_sign(args: argparse.Namespace) -> None:
     _private_key(args.key)  # a wrong key fails before the (slow) FAB build
     digest = fab_sha256(project_fab(args.app))
-    print(f"sha256    {digest}\nsignature {sign_app(digest, args.key)}")
+    signature = sign_app(digest, args.key, args.expires)
+    print(f"sha256    {digest}\nexpires   {signature.split(':', 1)[0]}\nsignature {signature}")
+
+
+def _iso_date(text: str) -> date:
+    """``--expires``: a YYYY-MM-DD date."""
+    try:
+        if _ISO_DATE.fullmatch(text):
+            return date.fromisoformat(text)
+    except ValueError:
+        pass
+    raise argparse.ArgumentTypeError(f"--expires must be a date YYYY-MM-DD, got {text!r}")
 
 
 def _cmd_approve(args: argparse.Namespace) -> None:
@@ -300,6 +368,9 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sign", help="print the sha256 and signature of the project's FAB")
     p.add_argument("--key", type=Path, required=True)
     p.add_argument("--app", type=Path, default=PROJECT_ROOT)
+    p.add_argument("--expires", type=_iso_date, default=None,
+                   help=f"last day (UTC) the signature approves the app (default: "
+                        f"{SIGNATURE_DAYS} days from today)")
     p.set_defaults(func=_cmd_sign)
     p = sub.add_parser("approve", help="append a FAB digest to the policy's approved-file")
     p.add_argument("--policy", type=Path, required=True)

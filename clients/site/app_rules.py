@@ -3,8 +3,11 @@
 A FAB is approved by its SHA-256 digest (``approved-sha256``, or a line of the
 ``approved-file`` that ``make approve-app`` appends to and the site re-reads on
 every message), or by an Ed25519 signature (Bernstein et al. 2012, "High-speed
-high-security signatures") over its digest from one of the ``trusted-keys``.
-``any = true`` runs every bundle (development only). The check itself is
+high-security signatures") over its digest and an expiry date from one of the
+``trusted-keys``. ``any = true`` runs every bundle (development only).
+Revocation wins over every approval, ``any = true`` included: a bundle whose
+digest is in ``revoked-sha256`` never runs, and a signature by a key whose
+fingerprint (:func:`key_fingerprint`) is in ``revoked-keys`` approves nothing. The check itself is
 :func:`app.site_runtime.app_approval.check_app`; this module parses and validates
 the section at load time (with ``cryptography`` for the key files, so that a
 bad key is reported when the SuperNode starts, not at the first message)::
@@ -14,6 +17,8 @@ bad key is reported when the SuperNode starts, not at the first message)::
     approved-sha256 = ["3fa2...64 hex"]
     approved-file = "/abs/approved-apps.txt"   # one digest per line, '#' comments
     trusted-keys = ["/abs/coordinator-app-signing.pub"]
+    revoked-sha256 = []                        # bundles never run, whatever approves them
+    revoked-keys = []                          # fingerprints (12 hex) of keys that sign no more
 
 Unlike the other rules, a missing ``any`` is ``false``: a policy file without
 ``[apps]`` approves no bundle (a hospital must say which code it runs); only
@@ -36,12 +41,15 @@ from cryptography.hazmat.primitives.serialization import (Encoding, PublicFormat
 
 from strategies.errors import ConfigError
 
-__all__ = ["AppApprovalError", "AppRules", "SHA256_HEX", "key_fingerprint", "load_public_key",
-           "parse_app_rules", "read_approved_file"]
+__all__ = ["AppApprovalError", "AppRules", "FINGERPRINT_HEX", "SHA256_HEX", "key_fingerprint",
+           "load_public_key", "parse_app_rules", "read_approved_file"]
 
 #: A FAB digest as this policy spells it: 64 lowercase hex digits.
 SHA256_HEX = re.compile(r"[0-9a-f]{64}")
-_KEYS = ("any", "approved-sha256", "approved-file", "trusted-keys")
+#: A public key's fingerprint as :func:`key_fingerprint` prints it: 12 lowercase hex digits.
+FINGERPRINT_HEX = re.compile(r"[0-9a-f]{12}")
+_KEYS = ("any", "approved-sha256", "approved-file", "trusted-keys", "revoked-sha256",
+         "revoked-keys")
 
 
 class AppApprovalError(ConfigError):
@@ -56,6 +64,8 @@ class AppRules:
     approved_sha256: tuple[str, ...] = ()
     approved_file: str = ""
     trusted_keys: tuple[str, ...] = ()
+    revoked_sha256: tuple[str, ...] = ()
+    revoked_keys: tuple[str, ...] = ()
 
 
 def key_fingerprint(key: Ed25519PublicKey) -> str:
@@ -115,6 +125,16 @@ def _strings(value: Any, where: str) -> list[str]:
     return value
 
 
+def _hex_list(table: Mapping[str, Any], key: str, where: str, pattern: re.Pattern[str],
+              what: str) -> tuple[str, ...]:
+    """The sorted distinct entries of list ``key``, each matching ``pattern`` (``what``)."""
+    entries = _strings(table.get(key, []), f"{where}{key}'")
+    for entry in entries:
+        if not pattern.fullmatch(entry):
+            raise AppApprovalError(f"{where}{key}' entries must be {what}, got {entry!r}")
+    return tuple(sorted(set(entries)))
+
+
 def parse_app_rules(table: Mapping[str, Any], source: str) -> AppRules:
     """Check the ``[apps]`` table of the policy file ``source``.
 
@@ -134,11 +154,8 @@ def parse_app_rules(table: Mapping[str, Any], source: str) -> AppRules:
     run_any = table.get("any", False)
     if not isinstance(run_any, bool):
         raise AppApprovalError(f"{where}any' must be true or false, got {run_any!r}")
-    digests = _strings(table.get("approved-sha256", []), f"{where}approved-sha256'")
-    for digest in digests:
-        if not SHA256_HEX.fullmatch(digest):
-            raise AppApprovalError(f"{where}approved-sha256' entries must be 64 lowercase hex "
-                                   f"digits, got {digest!r}")
+    sha256 = "64 lowercase hex digits"
+    digests = _hex_list(table, "approved-sha256", where, SHA256_HEX, sha256)
     approved_file = table.get("approved-file", "")
     if approved_file != "":
         approved_file = _absolute(approved_file, f"{where}approved-file'")
@@ -156,5 +173,8 @@ def parse_app_rules(table: Mapping[str, Any], source: str) -> AppRules:
     if run_any and (digests or approved_file or trusted):
         raise AppApprovalError(f"{where}any' is true but the section lists approvals; "
                                "set any = false to run only the approved apps")
-    return AppRules(any=run_any, approved_sha256=tuple(sorted(set(digests))),
-                    approved_file=approved_file, trusted_keys=tuple(trusted))
+    return AppRules(any=run_any, approved_sha256=digests, approved_file=approved_file,
+                    trusted_keys=tuple(trusted),
+                    revoked_sha256=_hex_list(table, "revoked-sha256", where, SHA256_HEX, sha256),
+                    revoked_keys=_hex_list(table, "revoked-keys", where, FINGERPRINT_HEX,
+                                           "key fingerprints (12 lowercase hex digits)"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import pickle
 import stat
+from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -170,3 +171,59 @@ def test_run_config_carries_the_signature_but_no_setting():
         "local-steps: 200 -> 3"]
     with pytest.raises(RunConfigError, match=f"'{SIGNATURE_KEY}' must be str"):
         RunConfig.from_mapping({SIGNATURE_KEY: 1})
+
+
+def _v1_signature(private: Path, digest: str) -> str:
+    """A signature in the format before expiry dates: the digest alone, signed."""
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+    key = load_pem_private_key(private.read_bytes(), password=None)
+    return base64.b64encode(key.sign(b"fedmed-app-approval-v1\n" + digest.encode())).decode()
+
+
+def test_a_signature_carries_an_expiry_and_an_expired_or_old_one_is_refused(keys):
+    private, public = keys
+    today = datetime.now(timezone.utc).date()  # signatures expire by the UTC date
+    signature = sign_app(DIGEST, private)
+    assert signature.startswith(f"{today + timedelta(days=90):%Y-%m-%d}:")  # default 90 days
+    last_day = sign_app(DIGEST, private, expires=today)
+    assert check_app(_trusting(public), DIGEST, FAB, last_day).startswith("key ")
+    with pytest.raises(AppNotApproved, match=r"signature expired on \d{4}-\d\d-\d\d"):
+        check_app(_trusting(public), DIGEST, FAB, sign_app(DIGEST, private,
+                                                           expires=today - timedelta(days=1)))
+    with pytest.raises(AppNotApproved, match="old-format signature without an expiry"):
+        check_app(_trusting(public), DIGEST, FAB, _v1_signature(private, DIGEST))
+    moved = signature.replace(signature[:10], f"{today + timedelta(days=900):%Y-%m-%d}")
+    with pytest.raises(AppNotApproved, match="no signature from a trusted key"):
+        check_app(_trusting(public), DIGEST, FAB, moved)  # the date is signed too
+
+
+def test_revocation_wins_over_any_approval(tmp_path, keys):
+    private, public = keys
+    signature = sign_app(DIGEST, private)
+    fingerprint = key_fingerprint(load_public_key(public))
+    revoked = AppRules(any=True, revoked_sha256=(DIGEST,))
+    with pytest.raises(AppNotApproved, match="revoked-sha256"):
+        check_app(revoked, DIGEST, FAB, "")
+    for rules in (AppRules(any=False, approved_sha256=(DIGEST,), revoked_sha256=(DIGEST,)),
+                  AppRules(any=False, trusted_keys=(str(public),), revoked_sha256=(DIGEST,))):
+        with pytest.raises(AppNotApproved, match="revoked-sha256"):
+            check_app(rules, DIGEST, FAB, signature)
+    by_key = AppRules(any=False, trusted_keys=(str(public),), revoked_keys=(fingerprint,))
+    with pytest.raises(AppNotApproved, match=f"revoked-keys.*{fingerprint}"):
+        check_app(by_key, DIGEST, FAB, signature)
+    assert check_app(AppRules(any=False, approved_sha256=(DIGEST,), revoked_keys=(fingerprint,)),
+                     DIGEST, FAB, "") == "sha256"  # a revoked key does not revoke a digest
+
+
+def test_command_line_sign_with_an_expiry(tmp_path, keys, capsys):
+    private, public = keys
+    project = write_tiny_app(tmp_path / "tiny", "app = None\n")
+    assert main(["sign", "--key", str(private), "--app", str(project),
+                 "--expires", "2031-01-31"]) == 0
+    out = dict(line.split(None, 1) for line in capsys.readouterr().out.splitlines())
+    assert out["expires"] == "2031-01-31" and out["signature"].startswith("2031-01-31:")
+    digest = fab_sha256(project_fab(project))
+    assert check_app(_trusting(public), digest, project_fab(project), out["signature"],
+                     today=date(2031, 1, 31)).startswith("key ")
+    with pytest.raises(SystemExit):
+        main(["sign", "--key", str(private), "--expires", "31/01/2031"])

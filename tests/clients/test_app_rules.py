@@ -9,7 +9,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from clients.site.app_rules import AppRules
+from clients.site.app_rules import AppApprovalError, AppRules, parse_app_rules
 from clients.site.policy import SitePolicy, SitePolicyError, load_policy
 from tests.clients.policy_files import policy_refusal, write_policy
 
@@ -102,3 +102,15 @@ def test_apps_must_be_a_table(tmp_path):
     path.write_text("apps = true\n")
     with pytest.raises(SitePolicyError, match="'apps' must be a table"):
         load_policy(path)
+
+
+def test_revocation_lists_are_parsed_and_checked(tmp_path):
+    digest = "ab" * 32
+    rules = parse_app_rules({"any": True, "revoked-sha256": [digest],
+                             "revoked-keys": ["0123456789ab"]}, "p.toml")
+    assert rules.any and rules.revoked_sha256 == (digest,)
+    assert rules.revoked_keys == ("0123456789ab",)
+    with pytest.raises(AppApprovalError, match="'apps.revoked-sha256'.*64 lowercase hex"):
+        parse_app_rules({"revoked-sha256": ["AB" * 32]}, "p.toml")
+    with pytest.raises(AppApprovalError, match="'apps.revoked-keys'.*12 lowercase hex"):
+        parse_app_rules({"revoked-keys": ["not-a-fingerprint"]}, "p.toml")
