@@ -10,7 +10,7 @@
 #                   unset: synthetic hospitals. configs/<task>-<set>.toml, if present,
 #                   is the preset of a shared set (PRESET= overrides it).
 #   make test       install if needed, run all tests
-#   make predict MODEL=<MLflow URI> DATA=/abs/folder OUT=/abs/out   apply a logged model (below)
+#   make predict MODEL=<MLflow URI | /abs/model-folder> DATA=/abs/folder OUT=/abs/out   apply a logged model (below)
 # Overrides: make simulate ROUNDS=2 SITES=2 STEPS=10 RUN_CONFIG="lr=0.02 batch-size=4"
 #            make simulate PRESET=configs/pe-seg-quick.toml
 #            make simulate RESUME=1     (continue from the last server checkpoint)
@@ -159,8 +159,10 @@ test: install
 test-ray-cluster: install
 	FEDMED_RAY_CLUSTER_TEST=1 $(PY) -m pytest -q tests/integration/test_ray_cluster.py
 
+# A sqlite store that does not exist is an error naming it (mlflow ui would create it empty).
 mlflow-ui: install
-	@echo "MLflow UI on http://127.0.0.1:$(MLFLOW_PORT) (store $(TRACKING_URI))"
+	@uri="$(TRACKING_URI)"; case "$$uri" in sqlite:///*) test -f "$${uri#sqlite:///}" || { echo "mlflow-ui: the tracking store $$uri does not exist; name the store the federation used: make mlflow-ui TRACKING_URI=... ARTIFACT_ROOT=... (its summary prints the line)" >&2; exit 2; };; esac
+	@echo "MLflow UI on http://127.0.0.1:$(MLFLOW_PORT) (store $(TRACKING_URI), artifacts $(ARTIFACT_ROOT))"
 	$(VENV)/bin/mlflow ui --backend-store-uri "$(TRACKING_URI)" \
 		--default-artifact-root $(ARTIFACT_ROOT) --host 127.0.0.1 --port $(MLFLOW_PORT)
 
@@ -174,15 +176,19 @@ distclean: clean
 	rm -rf $(VENV) mlflow.db mlartifacts
 
 # --- After the federation: apply a logged model at a hospital (README, "After the federation") ---
-#   make predict MODEL=models:/<experiment>-best/<version> | runs:/<run id>/best-model
+#   make predict MODEL=models:/<experiment>-best/<version> | runs:/<run id>/best-model | /abs/model-folder
 #                DATA=/abs/site-or-folder OUT=/abs/out [SPLIT=test] [OVERWRITE=1] [DEVICE=cpu]
-# (the model's task and settings come with it; DATA is only read; an existing non-empty OUT
-# is refused unless OVERWRITE=1; the MLflow store is TRACKING_URI; PERSONAL=/abs/site-folder or
-# the site's node-config TOML applies that site's personalised model, docs/PERSONALISATION.md)
+#                [TRACKING_URI=<the federation's store>]
+# (a model is weights + metadata: its task and settings come with it, the network is built by
+# this product's code, a model folder holding a pickle is refused; a model folder copied to the
+# hospital needs no store; a URI is looked up in TRACKING_URI, which must exist: it is never
+# created; DATA is only read, and OUT may not hold it; an existing non-empty OUT is refused
+# unless OVERWRITE=1; PERSONAL=/abs/site-folder or the site's node-config TOML applies that
+# site's personalised model, docs/PERSONALISATION.md)
 .PHONY: predict
 
 predict: install
-	@test -n "$(MODEL)" -a -n "$(DATA)" -a -n "$(OUT)" || { echo "usage: make predict MODEL=<MLflow model URI> DATA=/abs/folder OUT=/abs/out [SPLIT=test] [OVERWRITE=1] [DEVICE=cpu|cuda] [PERSONAL=/abs/site-folder-or-node-config.toml]" >&2; exit 2; }
+	@test -n "$(MODEL)" -a -n "$(DATA)" -a -n "$(OUT)" || { echo "usage: make predict MODEL=<MLflow model URI or /abs/model-folder> DATA=/abs/folder OUT=/abs/out [TRACKING_URI=...] [SPLIT=test] [OVERWRITE=1] [DEVICE=cpu|cuda] [PERSONAL=/abs/site-folder-or-node-config.toml]" >&2; exit 2; }
 	$(PY) -m app.predict --model "$(MODEL)" --data $(abspath $(DATA)) --out $(abspath $(OUT)) \
 		--tracking-uri "$(TRACKING_URI)" $(if $(SPLIT),--split $(SPLIT)) \
 		$(if $(OVERWRITE),--overwrite) $(if $(DEVICE),--device $(DEVICE)) \

@@ -171,7 +171,8 @@ def _cmd_federate(args: argparse.Namespace) -> int:
         return 1
     from app.tooling.federation_summary import print_summary  # noqa: PLC0415 - MLflow
 
-    print_summary(args.tracking_uri, outcome.run_id, time.monotonic() - started)
+    print_summary(args.tracking_uri, outcome.run_id, time.monotonic() - started,
+                  args.artifact_root)
     return 0
 
 

@@ -1,14 +1,38 @@
-"""The summary printed after ``make simulate`` / ``make federate``, read back from MLflow."""
+"""The summary printed after ``make simulate`` / ``make federate``, read back from MLflow.
+
+Every command it prints names the store the run used (``TRACKING_URI``, and
+``ARTIFACT_ROOT`` for ``make mlflow-ui``), so it works as printed; where the model's
+folder is on this machine, it is printed too: the folder a hospital is handed and
+applies with ``make predict MODEL=/folder`` without any store.
+"""
 
 from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from urllib.parse import unquote, urlparse
 
 from app.tracking.traffic_text import ratio_phrase
 
 __all__ = ["print_summary"]
 
-def print_summary(tracking_uri: str, flwr_run_id: int, seconds: float) -> None:
+
+def print_summary(tracking_uri: str, flwr_run_id: int, seconds: float,
+                  artifact_root: str | Path) -> None:
     """Per-round validation metric, the selected model and its held-out test, the MLflow
-    location: read back from MLflow."""
+    location and the commands that open it and apply the model: read back from MLflow.
+
+    Parameters
+    ----------
+    tracking_uri : str
+        The store the federation used (``TRACKING_URI``).
+    flwr_run_id : int
+        Flower's run id (the MLflow run's ``flwr.run-id`` tag).
+    seconds : float
+        The federation's wall time.
+    artifact_root : str or Path
+        The store's default artifact root (``ARTIFACT_ROOT``), for ``make mlflow-ui``.
+    """
     import mlflow  # noqa: PLC0415 - heavy import, only needed at the end
     from mlflow.tracking import MlflowClient  # noqa: PLC0415
 
@@ -42,7 +66,7 @@ def print_summary(tracking_uri: str, flwr_run_id: int, seconds: float) -> None:
               f"({ratio_phrase(dense * sent['down'], down)}); one dense fp32 update: "
               f"{dense / 1e6:.2f} MB")
     experiment = client.get_experiment(run.info.experiment_id)
-    _print_model_lines(client, run, experiment.name, metric)
+    _print_model_lines(client, run, experiment.name, metric, tracking_uri)
     skipped = {key.split("/")[1]: int(value) for key, value in run.data.metrics.items()
                if key.startswith("site/") and key.endswith("/studies-skipped")}
     if skipped:
@@ -51,7 +75,8 @@ def print_summary(tracking_uri: str, flwr_run_id: int, seconds: float) -> None:
               "reasons in each site's log)")
     print(f"MLflow: experiment '{experiment.name}', run {run.info.run_id} "
           f"({run.info.run_name}), store {tracking_uri}")
-    print("open it with: make mlflow-ui")
+    print(f"open it with: make mlflow-ui TRACKING_URI={shlex.quote(tracking_uri)} "
+          f"ARTIFACT_ROOT={shlex.quote(str(artifact_root))}")
 
 
 def _selection_metric(metrics: dict[str, float]) -> str:
@@ -68,8 +93,9 @@ def _selection_metric(metrics: dict[str, float]) -> str:
     return "val-loss"
 
 
-def _print_model_lines(client, run, experiment: str, metric: str) -> None:
-    """The best round and its registered version, its test metric per site, how to apply it."""
+def _print_model_lines(client, run, experiment: str, metric: str, tracking_uri: str) -> None:
+    """The best round and its registered version, its test metric per site, how to apply it
+    (from this store, and from the model's folder where it is on this machine)."""
     best = run.data.tags.get("best-round")
     if best is None:
         return
@@ -86,4 +112,24 @@ def _print_model_lines(client, run, experiment: str, metric: str) -> None:
         detail = ", ".join(f"{site} {v:.4f}" for site, v in sorted(sites.items()))
         print(f"held-out test {name}: {run.data.metrics[f'test/{name}']:.4f} ({detail}); "
               "cross-site matrix: MLflow artifact cross-site/matrix.png")
-    print(f"apply it at a site: make predict MODEL={uri} DATA=/abs/site OUT=/abs/out")
+    print(f"apply it at a site: make predict MODEL={uri} DATA=/abs/site OUT=/abs/out "
+          f"TRACKING_URI={shlex.quote(tracking_uri)}")
+    folder = _model_folder(client, run)
+    if folder is not None:
+        print(f"or hand its folder to a hospital (weights + metadata; no store needed there): "
+              f"make predict MODEL={shlex.quote(str(folder))} DATA=/abs/site OUT=/abs/out")
+
+
+def _model_folder(client, run) -> Path | None:
+    """The local folder of the run's latest ``best-model``; None when its artifacts are remote."""
+    models = client.search_logged_models(
+        experiment_ids=[run.info.experiment_id],
+        filter_string=f"name = 'best-model' AND source_run_id = '{run.info.run_id}'")
+    if not models:
+        return None
+    location = max(models, key=lambda m: m.creation_timestamp).artifact_location
+    parsed = urlparse(location)
+    if parsed.scheme not in ("", "file"):
+        return None
+    folder = Path(unquote(parsed.path))
+    return folder if (folder / "MLmodel").is_file() else None

@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     from app.tooling.federation_summary import print_summary  # noqa: PLC0415 - MLflow
 
-    print_summary(args.tracking_uri, run_id, time.monotonic() - started)
+    print_summary(args.tracking_uri, run_id, time.monotonic() - started, args.artifact_root)
     return 0
 
 
@@ -150,7 +150,7 @@ def _federate_in_process(args: argparse.Namespace, values: dict[str, Any]) -> in
     print(f"\nrun {run_id} status: finished:completed")
     from app.tooling.federation_summary import print_summary  # noqa: PLC0415 - MLflow
 
-    print_summary(args.tracking_uri, run_id, time.monotonic() - started)
+    print_summary(args.tracking_uri, run_id, time.monotonic() - started, args.artifact_root)
     return 0
 
 

@@ -36,3 +36,44 @@ def test_a_compressed_uplink_reads_its_ratio() -> None:
         " | up 14 kB (x114 smaller than dense), down 831 kB (x2.0 smaller than dense)")
     assert round_traffic({}, {}) == ""
     assert ratio_phrase(100.0, 0.0) == "nothing sent"
+
+
+def test_the_printed_commands_name_the_store_the_run_used(mlflow_store, tmp_path, capsys):
+    """Found (issue 28, 6): the summary's ``make predict`` and ``make mlflow-ui`` hints omitted
+    the store, so as printed they failed or showed an empty store."""
+    import shlex
+
+    import mlflow
+
+    from app.model_source import load_logged_model
+    from app.tooling.federation_summary import print_summary
+    from app.tracking.model_logging import log_task_model, model_metadata, register_version
+    from clients.registry import task_class
+    from clients.training.site_task import TaskSettings
+
+    previous = mlflow.get_tracking_uri()
+    store, root = mlflow_store(tmp_path / "a store"), tmp_path / "a store" / "artifacts"
+    mlflow.set_tracking_uri(store)
+    try:
+        experiment = mlflow.create_experiment("fedmed-cxr-cls", artifact_location=root.as_uri())
+        settings = TaskSettings(image_size=16)
+        task = task_class("cxr-cls")
+        with mlflow.start_run(experiment_id=experiment, tags={"flwr.run-id": "7"}):
+            mlflow.set_tag("best-round", "2")
+            mlflow.log_metric("best-val-auc", 0.75)
+            uri = log_task_model(task.model_for(settings), "best-model",
+                                 task.example_input(settings),
+                                 model_metadata("cxr-cls", settings, False, "auc"))
+            register_version(uri, "fedmed-cxr-cls-best", {"run-id": mlflow.active_run().info.run_id})
+        print_summary(store, 7, 1.0, root)
+    finally:
+        mlflow.set_tracking_uri(previous)
+    lines = capsys.readouterr().out.splitlines()
+    quoted = shlex.quote(store)
+    assert (f"apply it at a site: make predict MODEL=models:/fedmed-cxr-cls-best/1 "
+            f"DATA=/abs/site OUT=/abs/out TRACKING_URI={quoted}") in lines
+    assert (f"open it with: make mlflow-ui TRACKING_URI={quoted} "
+            f"ARTIFACT_ROOT={shlex.quote(str(root))}") in lines
+    handed = next(line for line in lines if line.startswith("or hand its folder to a hospital"))
+    folder = shlex.split(handed.split("make predict ", 1)[1])[0].removeprefix("MODEL=")
+    assert load_logged_model(folder).task == "cxr-cls"

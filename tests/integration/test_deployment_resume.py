@@ -19,11 +19,11 @@ import time
 from pathlib import Path
 
 import mlflow
-import mlflow.pytorch
 import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
 
+from app.model_source import load_logged_model
 from app.tooling.flwr_cli import wait_online
 from app.tooling.registration import register_site
 from app.tooling.superlink import SuperLinkProcess
@@ -121,7 +121,7 @@ def test_server_killed_after_round_1_resumes_in_the_same_mlflow_run(private_depl
     assert sorted(models) == ["best-model", "global-model"]
     assert {m.source_run_id for m in models.values()} == {run_id}
     mlflow.set_tracking_uri(tracking)
-    state = mlflow.pytorch.load_model(models["global-model"].model_uri).state_dict()
+    state = load_logged_model(models["global-model"].model_uri).model.state_dict()
     assert list(state) == final.keys
     for key, array in zip(final.keys, final.arrays):
         np.testing.assert_allclose(state[key].numpy(), array, err_msg=key)

@@ -48,6 +48,7 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
+from app.model_source import load_logged_model
 from app.tooling.daemon import DaemonProcess, spawn_daemon
 from tests.fixtures.mlflow_server import MlflowServerProcess
 from app.tracking import OUTBOX_FILE
@@ -299,8 +300,7 @@ def test_the_models_are_registered_and_take_any_batch_size(federation):
         tags = versions[0].tags
         assert tags["run-id"] == run_id and tags["round"] == str(round_), (name, tags)
         assert tags["codec"] == "topk:0.05"
-        model = mlflow.pytorch.load_model(f"models:/{name}/1")
-        model.eval()
+        model = load_logged_model(f"models:/{name}/1").model  # weights + metadata, no pickle
         out = model(torch.zeros(4, 9, 32, 32))
         assert tuple(out.shape) == (4, 1, 32, 32) and torch.isfinite(out).all()
     predicted = mlflow.pyfunc.load_model("models:/e2e-best/1").predict(
