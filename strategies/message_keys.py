@@ -54,7 +54,7 @@ RESIDUAL_NORM = "residual-norm"
 # DP-SGD at the site (clients.site.privacy_ledger): the epsilon spent on the site's data
 # after this computation, by every federation and message together (the site's one ledger,
 # per site and dataset), this computation's increase of it, and what is left of the site's
-# budget (inf: no budget). Sent by every reply whose computation was charged to the ledger.
+# budget (absent: no budget; metrics are finite). Sent by every reply charged to the ledger.
 EPSILON = "epsilon"
 EPSILON_ROUND = "epsilon-round"
 EPSILON_LEFT = "epsilon-left"

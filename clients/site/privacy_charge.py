@@ -7,11 +7,13 @@ exchange's fine-tune, an evaluate message's personalisation adaptation) opens a
 refuses the computation (rule ``dp.max-epsilon``) when its planned steps would
 overspend the budget. After training, :meth:`PrivacyCharge.record` appends the
 steps the accountant counted and returns the reply's ``epsilon`` (the dataset's
-total), ``epsilon-round`` (this computation's increase) and ``epsilon-left``.
+total), ``epsilon-round`` (this computation's increase) and ``epsilon-left`` (what is
+left of a finite budget).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -58,8 +60,13 @@ class PrivacyCharge:
                    ledger.epsilon(privacy.delta), federation, kind)
 
     def record(self, steps: Sequence[Step]) -> Metrics:
-        """Record the steps the computation ran; the reply's epsilon metrics."""
+        """Record the steps the computation ran; the reply's epsilon metrics.
+
+        ``epsilon-left`` only under a finite budget.
+        """
         self.ledger.record(steps, self.federation, self.kind)
         epsilon = self.ledger.epsilon(self.delta)
-        return {keys.EPSILON: epsilon, keys.EPSILON_ROUND: epsilon - self.spent,
-                keys.EPSILON_LEFT: max(self.budget - epsilon, 0.0)}
+        metrics: Metrics = {keys.EPSILON: epsilon, keys.EPSILON_ROUND: epsilon - self.spent}
+        if math.isfinite(self.budget):  # no budget: left out (a reply's metrics are finite)
+            metrics[keys.EPSILON_LEFT] = max(self.budget - epsilon, 0.0)
+        return metrics

@@ -38,6 +38,7 @@ def test_a_new_federation_id_does_not_reset_the_budget(tmp_path, tasks):
     first = _train("fed-1", 1, open_budget, tmp_path, tasks).metrics
     second = _train("fed-1", 2, open_budget, tmp_path, tasks).metrics
     assert second[keys.EPSILON] > first[keys.EPSILON] > 0
+    assert keys.EPSILON_LEFT not in second  # no budget: no (infinite) metric
     budget = _budget(second[keys.EPSILON] * 1.01)  # room for no third round
     for federation, server_round in (("fed-1", 3), ("fed-2", 1), ("fed-3", 1)):
         with pytest.raises(PolicyRefusal) as refused:
