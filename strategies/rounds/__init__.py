@@ -13,6 +13,8 @@
 * :mod:`.site_book` -- what the server learnt of the sites (names, sizes, losses).
 * :mod:`.traffic` -- bytes down/up and uplink ratios of a round.
 * :mod:`.round_metrics` -- example-weighted metrics of the accepted replies.
+* :mod:`.withheld` -- metrics a site withheld under its policy, reported by rule
+  (``withheld by site policy (<rule>)``), never as NaN.
 * :mod:`.round_policy` -- bounded waits (deadline, quorum, timeout); the wait for
   sites connecting is :mod:`.exchange`'s.
 * :mod:`.round_report`, :mod:`.checkpoint` -- what a round did; the server's
