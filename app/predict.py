@@ -6,9 +6,12 @@
                           [--split test] [--overwrite] [--device auto|cpu|cuda] [--tracking-uri URI]
                           [--personal /abs/site-folder-or-node-config.toml]
 
-The model (an MLflow URI or a local MLflow model folder;
-:func:`app.model_source.load_logged_model`) carries
-its task and settings. ``--data`` is a site folder (its manifest, all splits or
+The model (an MLflow URI, looked up in ``--tracking-uri``, which must exist: it is
+never created, and an error names it; or a local model folder, such as a copy handed
+to a hospital, applied with no store at all; :func:`app.model_source.load_logged_model`)
+is weights plus metadata: its task and settings come with it, the network is built by
+this product's code, and a folder holding a pickle is refused, naming the file.
+``--data`` is a site folder (its manifest, all splits or
 ``--split``) or a plain folder of DICOM series / images
 (:mod:`app.prediction.inputs`). Each item is read as in training, predicted
 on CUDA with autocast when present (CPU otherwise) by the task's predictor
@@ -166,16 +169,18 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m app.predict", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True,
                         help="MLflow model URI (runs:/<run id>/best-model, models:/<name>/<version>) "
-                             "or a local MLflow model folder")
+                             "or a local model folder (a copy of one; no store needed)")
     parser.add_argument("--data", required=True, type=Path,
                         help="a site folder (its manifest) or a folder of DICOM series / images")
-    parser.add_argument("--out", required=True, type=Path, help="output folder (created)")
+    parser.add_argument("--out", required=True, type=Path,
+                        help="output folder (created; may not be, lie inside or hold DATA)")
     parser.add_argument("--split", default=None, help="only this manifest split (e.g. test)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace the outputs of an earlier run in a non-empty OUT")
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     parser.add_argument("--tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI")
-                        or DEFAULT_TRACKING_URI, help="MLflow tracking (and registry) store")
+                        or DEFAULT_TRACKING_URI, help="MLflow tracking (and registry) store of a URI "
+                        "MODEL; never created")
     parser.add_argument("--personal", default=None, type=Path,
                         help="apply this site's personalised model: its site folder or its "
                              "SuperNode's node-config TOML (data-path, state-dir, site-name)")
