@@ -5,8 +5,10 @@ exchange's fine-tune, an evaluate message's personalisation adaptation) opens a
 :class:`PrivacyCharge` before it trains: the ledger of the site's dataset
 (:class:`~clients.site.privacy_ledger.PrivacyLedger`, all federations together)
 refuses the computation (rule ``dp.max-epsilon``) when its planned steps would
-overspend the budget. After training, :meth:`PrivacyCharge.record` appends the
-steps the accountant counted and returns the reply's ``epsilon`` (the dataset's
+overspend the budget, else reserves them (they count as spent while it trains, so
+that computations starting together cannot overspend it together). After training,
+:meth:`PrivacyCharge.record` replaces the reservation with the steps the accountant
+counted and returns the reply's ``epsilon`` (the dataset's
 total), ``epsilon-round`` (this computation's increase) and ``epsilon-left`` (what is
 left of a finite budget).
 """
@@ -36,6 +38,8 @@ class PrivacyCharge:
     budget: float
     #: The dataset's epsilon before the computation.
     spent: float
+    #: The ledger's reservation of the planned steps.
+    reservation: str
     federation: str
     #: ``train``, ``cross-site`` or ``evaluate-adapt`` (the ledger entry's kind).
     kind: str
@@ -55,18 +59,24 @@ class PrivacyCharge:
         ledger = PrivacyLedger.of_site(site.state_dir, site.data_path, privacy.accountant)
         planned: Step = (privacy.noise_multiplier, poisson_sample_rate(examples, batch_size),
                          steps)
-        ledger.check(planned, privacy.delta, site.policy.dp.max_epsilon)
-        return cls(ledger, privacy.delta, ledger.budget(site.policy.dp.max_epsilon),
-                   ledger.epsilon(privacy.delta), federation, kind)
+        spent = ledger.epsilon(privacy.delta)
+        reservation = ledger.reserve(planned, privacy.delta, site.policy.dp.max_epsilon,
+                                     federation, kind)
+        return cls(ledger, privacy.delta, ledger.budget(site.policy.dp.max_epsilon), spent,
+                   reservation, federation, kind)
 
     def record(self, steps: Sequence[Step]) -> Metrics:
         """Record the steps the computation ran; the reply's epsilon metrics.
 
         ``epsilon-left`` only under a finite budget.
         """
-        self.ledger.record(steps, self.federation, self.kind)
+        self.ledger.settle(self.reservation, steps, self.federation, self.kind)
         epsilon = self.ledger.epsilon(self.delta)
         metrics: Metrics = {keys.EPSILON: epsilon, keys.EPSILON_ROUND: epsilon - self.spent}
         if math.isfinite(self.budget):  # no budget: left out (a reply's metrics are finite)
             metrics[keys.EPSILON_LEFT] = max(self.budget - epsilon, 0.0)
         return metrics
+
+    def cancel(self) -> None:
+        """Release the reservation of a computation that failed (nothing of it left the site)."""
+        self.ledger.settle(self.reservation, (), self.federation, self.kind)

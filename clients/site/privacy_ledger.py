@@ -28,10 +28,13 @@ line to ``<state-dir>/privacy/budget-admin.log``.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import math
-from collections.abc import Sequence
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -56,6 +59,8 @@ ALLOWANCE_NAME = "allowance.json"
 ADMIN_LOG_NAME = "budget-admin.log"
 #: Where a reset moves the history it ends.
 ARCHIVE_DIR = "archive"
+#: The lock file that makes a reservation's check-and-append one step across processes.
+LOCK_NAME = "ledger.lock"
 
 #: ``(noise multiplier, sample rate, steps)``, one row of an accountant's history.
 Step = tuple[float, float, int]
@@ -89,6 +94,9 @@ class LedgerEntry:
     accountant: str
     #: UTC, ISO 8601.
     time: str
+    #: Non-empty while the entry is a computation's planned steps, reserved before it
+    #: trains (:meth:`PrivacyLedger.reserve`) and counted as spent until settled.
+    reservation: str = ""
 
     def step(self) -> Step:
         """The accountant's row."""
@@ -103,7 +111,7 @@ class LedgerEntry:
         """An entry of ``history.json``; ``KeyError``/``TypeError``/``ValueError`` if malformed."""
         return cls(float(row["noise-multiplier"]), float(row["sample-rate"]), int(row["steps"]),
                    str(row["federation"]), str(row["kind"]), str(row["accountant"]),
-                   str(row["time"]))
+                   str(row["time"]), str(row.get("reservation", "")))
 
 
 def _read_json(path: Path, what: str) -> Any:
@@ -219,18 +227,74 @@ class PrivacyLedger:
                                 f"together: {self.epsilon(delta):.3g}")
         return after
 
-    def record(self, steps: Sequence[Step], federation: str, kind: str) -> None:
-        """Append the steps a computation ran (its accountant's history) and save atomically.
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Hold the ledger's lock (``fcntl.flock``: every process of the site), re-reading it."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with (self.folder / LOCK_NAME).open("a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                self.entries = self._load_entries()
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
 
-        The history is re-read first, so that another process's entries are kept.
+    def _save(self) -> None:
+        _write_json(self.history_path, {"dataset": self.folder.name,
+                                        "entries": [e.to_json() for e in self.entries]})
+
+    def reserve(self, planned: Step, delta: float, max_epsilon: float, federation: str,
+                kind: str) -> str:
+        """Check ``planned`` (:meth:`check`) and reserve it, in one step under the lock.
+
+        Two computations that start together (two federations, two processes) cannot
+        both pass a check that only one of them fits: the first one's planned steps
+        count as spent until :meth:`settle` replaces them with what it ran.
+
+        Returns
+        -------
+        str
+            The reservation's id.
+
+        Raises
+        ------
+        PolicyRefusal
+            Rule ``dp.max-epsilon``, as :meth:`check`.
         """
-        self.entries = self._load_entries()
+        with self._locked():
+            self.check(planned, delta, max_epsilon)
+            reservation = uuid.uuid4().hex
+            sigma, q, steps = planned
+            self.entries.append(LedgerEntry(float(sigma), float(q), int(steps), federation, kind,
+                                            self.accountant, _now(), reservation))
+            self._save()
+        return reservation
+
+    def settle(self, reservation: str, steps: Sequence[Step], federation: str,
+               kind: str) -> None:
+        """Replace reservation ``reservation`` with the steps the computation ran.
+
+        The steps are recorded even if the reservation is gone (an admin reset the
+        ledger meanwhile). A computation that failed before its result left the site
+        settles with no steps: nothing of it was released. A process that died keeps
+        its reservation (counted as spent: the ledger errs on the side of the patients).
+        """
+        with self._locked():
+            self.entries = [e for e in self.entries if e.reservation != reservation]
+            self._append(steps, federation, kind)
+            self._save()
+
+    def _append(self, steps: Sequence[Step], federation: str, kind: str) -> None:
         time = _now()
         self.entries.extend(LedgerEntry(float(s), float(q), int(n), federation, kind,
                                         self.accountant, time)
                             for s, q, n in steps if n > 0)
-        _write_json(self.history_path, {"dataset": self.folder.name,
-                                        "entries": [e.to_json() for e in self.entries]})
+
+    def record(self, steps: Sequence[Step], federation: str, kind: str) -> None:
+        """Append the steps a computation ran (its accountant's history) and save atomically."""
+        with self._locked():
+            self._append(steps, federation, kind)
+            self._save()
 
     def _log_admin(self, line: str) -> str:
         text = f"{_now()} dataset {self.folder.name}: {line}"
@@ -265,6 +329,10 @@ class PrivacyLedger:
         """
         if not reason.strip():
             raise LedgerError(f"privacy ledger {self.folder}: a reset needs a reason")
+        with self._locked():
+            return self._reset(reason)
+
+    def _reset(self, reason: str) -> str:
         archived = "nothing to archive"
         if self.history_path.exists():
             stamp = _now().replace(":", "").replace("+0000", "Z")

@@ -82,11 +82,16 @@ def personalised_evaluation(task: SiteTask, model: nn.Module, instruction: Instr
         except PolicyRefusal as refusal:
             log.info("site %s: personalised metrics withheld (%s)", site.name, refusal)
             return {}, [refusal.rule]
-    adapted = personal.adapt(task, model, compute, run, site.name, instruction.server_round,
-                             privacy=privacy)
+    try:
+        adapted = personal.adapt(task, model, compute, run, site.name, instruction.server_round,
+                                 privacy=privacy)
+    except BaseException:
+        if charge is not None:  # nothing of it leaves the site: release the reservation
+            charge.cancel()
+        raise
     metrics: Metrics = {}
-    if charge is not None and adapted is not None:
-        metrics.update(charge.record(adapted.privacy_steps))
+    if charge is not None:
+        metrics.update(charge.record(adapted.privacy_steps if adapted is not None else ()))
     if adapted is not None:
         metrics.update(personalised_metrics(task, adapted.model, compute,
                                             instruction.eval_split))

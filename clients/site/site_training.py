@@ -148,11 +148,16 @@ def train_round(task: SiteTask, arrays: Mapping[str, np.ndarray], instruction: I
               if privacy.enabled else None)  # refused here if it would overspend the budget
     seed = site_seed(run.seed, instruction.server_round, site.name)
     started = time.monotonic()
-    result = personal.train(task, model, steps, seed, deadline, lr=run.lr,
-                            momentum=run.momentum, compute=compute, optimizer=run.optimizer,
-                            proximal_mu=run.proximal_mu,
-                            label=f"{site.name} round {instruction.server_round}",
-                            privacy=privacy)
+    try:
+        result = personal.train(task, model, steps, seed, deadline, lr=run.lr,
+                                momentum=run.momentum, compute=compute,
+                                optimizer=run.optimizer, proximal_mu=run.proximal_mu,
+                                label=f"{site.name} round {instruction.server_round}",
+                                privacy=privacy)
+    except BaseException:
+        if charge is not None:  # nothing of it leaves the site: release the reservation
+            charge.cancel()
+        raise
     dp_metrics = charge.record(result.privacy_steps) if charge is not None else {}
     local_state = model.state_dict()
     # delta = x_global - x_local, in the global model's order and dtypes (0-d kept 0-d).

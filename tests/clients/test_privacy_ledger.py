@@ -65,6 +65,23 @@ def test_next_round_over_budget_is_refused_before_training(tmp_path):
     assert len(ledger.entries) == 1  # a check records nothing
 
 
+def test_a_reservation_counts_until_settled_so_two_computations_cannot_overspend_together(
+        tmp_path):
+    one, two = _epsilon([ROUND]), _epsilon([ROUND, ROUND])
+    budget = (one + two) / 2  # room for one round, not two
+    first = PrivacyLedger(tmp_path, "rdp")
+    second = PrivacyLedger(tmp_path, "rdp")  # another process, read before the first trains
+    reservation = first.reserve(ROUND, DELTA, budget, "fed-1", "train")
+    with pytest.raises(PolicyRefusal, match="dp.max-epsilon"):
+        second.reserve(ROUND, DELTA, budget, "fed-2", "train")
+    first.settle(reservation, [(1.1, 0.05, 12)], "fed-1", "train")  # it ran fewer steps
+    again = PrivacyLedger(tmp_path, "rdp")
+    assert [(e.steps, e.reservation) for e in again.entries] == [(12, "")]
+    failed = again.reserve((1.1, 0.05, 5), DELTA, budget, "fed-2", "train")
+    again.settle(failed, (), "fed-2", "train")  # failed before anything left the site
+    assert [e.steps for e in PrivacyLedger(tmp_path, "rdp").entries] == [12]
+
+
 def test_an_admin_extends_the_budget_or_resets_the_ledger_and_both_are_logged(tmp_path):
     ledger = PrivacyLedger(tmp_path / "privacy" / "abc", "rdp")
     ledger.record([ROUND], "fed", "train")
