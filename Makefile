@@ -200,6 +200,8 @@ predict: install
 #   make register SITE=hospital-a [PUBKEY=path/to/supernode.pub]
 #   make supernode SITE=hospital-a DATA=/abs/site [STATE=/abs/state] [SUPERNODE_PORT=9094]
 #                  [POLICY=/abs/policy.toml]   (the site policy; default configs/site-policy.toml)
+#                  [RETAIN_DAYS=30]  (a federation's state folder is removed after RETAIN_DAYS
+#                                     days untouched; 0 keeps all)
 #   make supernodes                                (which sites are online)
 #   make federate [ROUNDS=2] [ROSTER=/abs/roster.toml] [RUN_CONFIG="local-steps=20 min-nodes=2"]
 #                 [SIGN_KEY=/abs/app-signing.key]  (sends the app's signature: -c app-signature=...)
@@ -250,11 +252,12 @@ register: install
 		--site $(SITE) $(if $(PUBKEY),--public-key $(abspath $(PUBKEY)))
 
 supernode: install
-	@test -n "$(SITE)" -a -n "$(DATA)" || { echo "usage: make supernode SITE=<name> DATA=/abs/site/folder [STATE=/abs/dir] [SUPERNODE_PORT=port] [POLICY=/abs/policy.toml]" >&2; exit 2; }
+	@test -n "$(SITE)" -a -n "$(DATA)" || { echo "usage: make supernode SITE=<name> DATA=/abs/site/folder [STATE=/abs/dir] [SUPERNODE_PORT=port] [POLICY=/abs/policy.toml] [RETAIN_DAYS=30]" >&2; exit 2; }
 	$(PY) -m app.tooling.deployment supernode $(DEPLOY_ARGS) --site $(SITE) --data $(abspath $(DATA)) \
 		$(if $(STATE),--state $(abspath $(STATE))) \
 		$(if $(SUPERNODE_PORT),--runtime-port $(SUPERNODE_PORT)) \
-		--policy $(if $(POLICY),$(abspath $(POLICY)),$(CURDIR)/configs/site-policy.toml)
+		--policy $(if $(POLICY),$(abspath $(POLICY)),$(CURDIR)/configs/site-policy.toml) \
+		$(if $(RETAIN_DAYS),--state-retention-days $(RETAIN_DAYS))
 
 supernodes: install
 	@$(PY) -m app.tooling.deployment nodes $(DEPLOY_ARGS) --flwr-home $(DEPLOY_FLWR_HOME)

@@ -3,10 +3,15 @@
 A hospital's SuperNode is started with ``--node-config`` giving
 ``data-path`` (its site folder, with ``manifest.csv``), ``state-dir`` (where
 site state persists across restarts), ``site-name`` and optionally
-``cache-decoded`` (``false``: no decoded copy of the data in ``state-dir``) and
+``cache-decoded`` (``false``: no decoded copy of the data in ``state-dir``),
+``state-retention-days`` (days a federation's state folder is kept after its
+last change, default 30, 0 = keep: :mod:`clients.site.state_retention`) and
 ``policy-path`` (the absolute path of the hospital's site policy TOML,
 :mod:`clients.site.policy`; ``make supernode`` passes ``configs/site-policy.toml``
-unless ``POLICY=`` names another; without it the site runs the permissive policy).
+unless ``POLICY=`` names another; the hospital's site runner refuses to start or
+answer unless it names the runner's own ``--policy``,
+:mod:`app.site_runtime.one_policy`; only Flower's own executor, kept for a
+benchmark, runs a site without it, under the permissive policy).
 In simulation Flower gives only ``partition-id``; it is mapped to the synthetic
 hospital ``<data-root>/hospital-<id>`` of the run config, and the policy is the
 run config's ``site-policy`` (``make simulate POLICY=...``; permissive when
@@ -24,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from clients.site.policy import SitePolicy, load_policy
+from clients.site.state_retention import DEFAULT_RETENTION_DAYS
 from strategies.errors import ConfigError
 
 __all__ = ["SiteConfig", "SiteConfigError"]
@@ -44,6 +50,17 @@ def _flag(value: Any) -> bool:
     raise SiteConfigError(f"node_config cache-decoded must be true or false, got {value!r}")
 
 
+def _days(value: Any) -> float:
+    try:
+        days = float(value)
+    except (TypeError, ValueError):
+        days = -1.0
+    if not days >= 0:
+        raise SiteConfigError(f"node_config state-retention-days must be a number of days >= 0 "
+                              f"(0 keeps all), got {value!r}")
+    return days
+
+
 def _policy_path(value: Any, source: str) -> Path | None:
     if not str(value):
         return None
@@ -62,6 +79,7 @@ class SiteConfig:
     state_dir: Path
     cache_decoded: bool = True
     policy_path: Path | None = None
+    state_retention_days: float = DEFAULT_RETENTION_DAYS
 
     @classmethod
     def from_node_config(cls, node_config: Mapping[str, Any], data_root: str,
@@ -84,7 +102,9 @@ class SiteConfig:
             return cls(name=name, data_path=data_path, state_dir=state,
                        cache_decoded=_flag(node_config.get("cache-decoded", True)),
                        policy_path=_policy_path(node_config.get("policy-path", ""),
-                                                "node_config policy-path"))
+                                                "node_config policy-path"),
+                       state_retention_days=_days(node_config.get("state-retention-days",
+                                                                  DEFAULT_RETENTION_DAYS)))
         if "partition-id" in node_config:
             if not data_root:
                 raise SiteConfigError(

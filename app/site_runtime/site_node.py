@@ -47,7 +47,7 @@ from flwr.supercore.run import RunNotRunningException
 from app.tooling.errors import FlowerProcessError
 from app.site_runtime.node_signals import NodeSignals
 from app.site_runtime.one_policy import node_config_of, policy_mismatch
-from app.site_runtime.site_runner import SiteRunner
+from app.site_runtime.site_runner import SiteRunner, expire_state
 from clients.site.policy import load_policy
 
 __all__ = ["main", "cap_supernode_waits", "widen_transfers", "pull_objects_of_running_run",
@@ -193,13 +193,15 @@ def main(argv: list[str] | None = None) -> None:
     if "--isolation" in supernode_args:
         raise FlowerProcessError("site_node sets --isolation process itself")
     load_policy(args.policy)  # a bad file fails here, not at the first message
-    mismatch = policy_mismatch(args.policy, node_config_of(supernode_args))
+    node_config = node_config_of(supernode_args)
+    mismatch = policy_mismatch(args.policy, node_config)
     if mismatch is not None:
         raise FlowerProcessError(f"site_node: {mismatch}")
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(message)s"))
     logging.getLogger("fedmed").addHandler(handler)
     logging.getLogger("fedmed").setLevel(logging.INFO)
+    expire_state(node_config)  # the state-retention rule, at start (the runner: before each run)
     widen_transfers(args.transfer_lanes)
     signals = NodeSignals()
     runner = SiteRunner(_runtime_address(supernode_args), args.policy, poll_interval=1.0,

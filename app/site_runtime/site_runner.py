@@ -23,6 +23,11 @@ runner replaces it at a hospital, in a process the hospital starts
    started on first use;
 5. push the reply and the task's final status.
 
+Before the first message of each run (and when the site node starts,
+:func:`expire_state`) the federation state folders untouched for longer than
+the node option ``state-retention-days`` are removed
+(:mod:`clients.site.state_retention`).
+
 A worker that dies is answered for (an error reply with the fixed code
 :data:`~strategies.message_keys.WORKER_FAILURE_CODE`) and started afresh on the
 next message. At most ``max_workers`` workers live at once; the least recently
@@ -66,12 +71,14 @@ from app.site_runtime.runtime_channel import (
     task_heartbeat_fn,
     withdrawn,
 )
+from app.config.site_config import SiteConfig
 from clients.site.policy import SitePolicy, load_policy
+from clients.site.state_retention import expire_federation_states
 from app.tooling.errors import FlowerProcessError
 from strategies import message_keys as keys
 from strategies.errors import ConfigError
 
-__all__ = ["WorkerPool", "SiteRunner", "WORKER_SCRIPT"]
+__all__ = ["WorkerPool", "SiteRunner", "WORKER_SCRIPT", "expire_state"]
 
 log = logging.getLogger("fedmed.site_runner")
 
@@ -167,6 +174,23 @@ def _site(context: Context) -> str:
     return str(context.node_config.get("site-name", f"node-{context.node_id}"))
 
 
+def expire_state(node_config: Any) -> list[Path]:
+    """Apply the state-retention rule to the state dir of ``node_config``; logs what it removed.
+
+    Raises
+    ------
+    app.config.site_config.SiteConfigError
+        The node config has no data-path or a bad ``state-retention-days``.
+    """
+    node = SiteConfig.from_node_config(node_config, data_root="")
+    removed = expire_federation_states(node.state_dir, node.state_retention_days)
+    if removed:
+        log.info("site %s: removed the state of %d federation(s) untouched for more than %g days "
+                 "(state-retention-days): %s", node.name, len(removed), node.state_retention_days,
+                 ", ".join(path.name for path in removed))
+    return removed
+
+
 def _refusal(message: Message, context: Context, site: str, rule: str, why: str
              ) -> tuple[Message, Context, str, str]:
     """The error reply, context and failed status of a message refused under ``rule``."""
@@ -210,6 +234,7 @@ class SiteRunner:
         self.pool = WorkerPool(max_workers, WORKER_ENV)
         self.signals = signals
         self._installed: set[str] = set()
+        self._runs: set[int] = set()
 
     def _client(self, token: str | None = None) -> RuntimeHttpClient:
         interceptors: list = [RuntimeVersionHttpInterceptor(
@@ -316,6 +341,12 @@ class SiteRunner:
         if fab.hash_str not in self._installed:
             self._installed.add(fab.hash_str)
             log.info("site %s installed app %s (approved by %s)", site, fab.hash_str[:12], how)
+        if run.run_id not in self._runs:
+            self._runs.add(run.run_id)
+            try:
+                expire_state(context.node_config)
+            except ConfigError as exc:  # the ClientApp answers a bad node config itself
+                log.warning("site %s: federation state not expired: %s", site, exc)
         job = {"task_id": TaskIdentity.task_id, "run_id": run.run_id, "node_id": context.node_id,
                "fab_id": run.fab_id, "fab_version": run.fab_version, "fab_hash": fab.hash_str,
                "message": message, "context": context}

@@ -7,9 +7,10 @@ executor (one ``flwr-clientapp`` process per message, any bundle), kept for the
 before/after benchmark (``bench/site_overhead.py``).
 
 The site's data folder and state folder reach the ClientApp as node_config
-(``data-path``, ``state-dir``, ``site-name`` and, when given, ``policy-path``: the
-hospital's site policy, :mod:`clients.site.policy`); they are absolute because the
-daemon does not run in the project directory.
+(``data-path``, ``state-dir``, ``site-name``, ``policy-path``: the hospital's site
+policy, :mod:`clients.site.policy`, and, when given, ``state-retention-days``,
+:mod:`clients.site.state_retention`); they are absolute because the daemon does
+not run in the project directory.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ __all__ = ["SuperNodeProcess", "node_config_string"]
 
 
 def node_config_string(data_path: Path, state_dir: Path, site: str,
-                       policy: Path | None = None) -> str:
+                       policy: Path | None = None,
+                       state_retention_days: float | None = None) -> str:
     """``--node-config`` value for a hospital SuperNode (absolute paths, quoted)."""
     paths = [("data", data_path), ("state", state_dir)] + ([("policy", policy)] if policy else [])
     for label, path in paths:
@@ -38,9 +40,14 @@ def node_config_string(data_path: Path, state_dir: Path, site: str,
         if '"' in str(path) or "\\" in str(path):
             raise FlowerProcessError(f"{label} path must not contain quotes or "
                                      f"backslashes: {str(path)!r}")
+    if state_retention_days is not None and not state_retention_days >= 0:
+        raise FlowerProcessError(f"state-retention-days must be >= 0 (0 keeps all), got "
+                                 f"{state_retention_days}")
     return (f'data-path="{data_path}" state-dir="{state_dir}" '
             f'site-name="{check_site_name(site)}"'
-            + (f' policy-path="{policy}"' if policy else ""))
+            + (f' policy-path="{policy}"' if policy else "")
+            + (f" state-retention-days={float(state_retention_days)}"
+               if state_retention_days is not None else ""))
 
 
 @dataclass
@@ -55,8 +62,8 @@ class SuperNodeProcess(DaemonProcess):
               state_dir: Path | None = None, port: int | None = None,
               private_key: Path | None = None, torch_threads: int = 0,
               max_wait_time: float | None = None, policy: Path | None = None,
-              runner: str = "warm", poll_interval: float = 0.25
-              ) -> SuperNodeProcess:
+              runner: str = "warm", poll_interval: float = 0.25,
+              state_retention_days: float | None = None) -> SuperNodeProcess:
         """Start the SuperNode of ``site`` (returns at once; it connects in the background).
 
         Parameters
@@ -89,6 +96,9 @@ class SuperNodeProcess(DaemonProcess):
             ``"flower"``: Flower's executor, one process per message, no app check.
         poll_interval : float
             With the site runner: cap of the SuperNode's poll waits (Flower: 3 s).
+        state_retention_days : float, optional
+            Node option ``state-retention-days``: days a federation's state folder
+            is kept after its last change (None: the default, 30; 0: kept forever).
         """
         if runner not in ("warm", "flower"):
             raise FlowerProcessError(f"runner must be 'warm' or 'flower', got {runner!r}")
@@ -116,7 +126,8 @@ class SuperNodeProcess(DaemonProcess):
             "--superlink", superlink,
             "--root-certificates", str(layout.ca_cert),
             "--auth-supernode-private-key", str(key),
-            "--node-config", node_config_string(data_path, state_dir, site, policy),
+            "--node-config", node_config_string(data_path, state_dir, site, policy,
+                                                state_retention_days),
             "--host", "127.0.0.1", "--port", str(port),
         ]
         if max_wait_time is not None:

@@ -125,7 +125,8 @@ def _cmd_supernode(args: argparse.Namespace) -> int:
                                   args.data.resolve(), args.state.resolve() if args.state
                                   else None, args.runtime_port, args.private_key,
                                   torch_threads=args.torch_threads,
-                                  policy=args.policy.resolve())
+                                  policy=args.policy.resolve(),
+                                  state_retention_days=args.state_retention_days)
     return _foreground(node, f"SuperNode {args.site} -> {_superlink_address(args)} (pid "
                        f"{node.pid}, runtime API 127.0.0.1:{node.port})\n  data     "
                        f"{args.data.resolve()}\n  policy   {args.policy.resolve()}",
@@ -213,6 +214,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--torch-threads", type=int, default=0)
     p.add_argument("--policy", type=Path, default=PROJECT_ROOT / "configs" / "site-policy.toml",
                    help="the site policy TOML (default: configs/site-policy.toml)")
+    p.add_argument("--state-retention-days", type=float, default=None,
+                   help="days a federation's state folder is kept after its last change "
+                        "(default 30; 0 keeps all)")
     p.set_defaults(func=_cmd_supernode)
 
     p = sub.add_parser("nodes", help="list SuperNodes with their site names")
