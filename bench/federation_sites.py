@@ -72,15 +72,18 @@ def pooled_folder(folders: Sequence[Path], out: Path) -> Path:
 
 
 def folder_sites(folders: Iterable[Path], evaluate_only: Iterable[Path] = (),
-                 node_config: Mapping[str, Mapping] | None = None) -> list[VirtualSite]:
+                 node_config: Mapping[str, Mapping] | None = None,
+                 state_root: Path | None = None) -> list[VirtualSite]:
     """One virtual site per folder (its name: the folder's); those in ``evaluate_only``
     refuse training by their site policy. ``node_config`` adds node_config keys per
-    site name (``max-local-steps``)."""
+    site name (``max-local-steps``). ``state_root``: each site's ``state-dir`` is
+    ``state_root/<name>`` (a fresh privacy ledger per run) instead of the folder's own."""
     measuring = {Path(p).resolve() for p in evaluate_only}
     sites = []
     for folder in folders:
         path = Path(folder).resolve()
         site = VirtualSite.folder(path, site_name=path.name,
+                                  state_dir=state_root / path.name if state_root else None,
                                   policy_path=EVALUATE_ONLY if path in measuring else None)
         site.node_config = {**site.node_config, **(node_config or {}).get(path.name, {})}
         sites.append(site)

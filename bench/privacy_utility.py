@@ -12,7 +12,9 @@ the sites' privacy ledgers) on site folders written by the product's converter
 - ``msd-lung``: MSD Task06 lung-tumour CT patches (48 px, slab 1), 3 sites by
   size skew; metric = example-weighted mean validation Dice.
 
-``R`` rounds x ``tau`` local Adam steps per site. For a finite epsilon every
+``R`` rounds x ``tau`` local Adam steps per site; every run has its own fresh
+site state directories, so its sites' privacy ledgers (one per site and dataset,
+whichever federation) start empty. For a finite epsilon every
 site trains with the product's DP-SGD (Opacus, Poisson sampling, clipping
 ``C``, the RDP accountant) at one noise multiplier, ``privacy.noise-multiplier``:
 the one Opacus's :func:`opacus.accountants.utils.get_noise_multiplier` gives for
@@ -27,13 +29,17 @@ product's plain training of its plain model. ``relative_to_nonprivate`` =
 metric / that reference (same seed). Throughput: training samples per second
 at the sites (steps x batch / the train replies' ``train-seconds``, rounds after
 the first when there are several) of each private run over the non-private
-run's (DP-compatible model vs the plain model).
+run's (DP-compatible model vs the plain model), kept in ``runs``. The ``throughput``
+rows are :func:`dp_throughput.dp_throughput`'s interleaved measurement per task
+(cxr-cls, pe-seg, ct3d-cls), the DP overhead figure. A run without ``--sets``
+measures only those and replaces the ``throughput`` rows of an existing ``--output``.
 
 Writes ``--output`` (default ``bench/results/privacy_utility.json``) after every
 run::
 
     python bench/privacy_utility.py [--repeats 1] [--rounds 4 --local-steps 10] \\
         [--max-per-site 300] [--sets pneumoniamnist msd-lung]
+    python bench/privacy_utility.py --sets --throughput-pairs 5   # DP overhead only
     python bench/privacy_utility.py --quick   # wiring check: 1 round x 2 steps, 24 items a site
 """
 
@@ -56,6 +62,7 @@ from pathlib import Path  # noqa: E402
 from opacus.accountants.utils import get_noise_multiplier  # noqa: E402
 
 from clients.training.private_training import poisson_sample_rate  # noqa: E402
+from dp_throughput import TASK_SETTINGS, dp_throughput  # noqa: E402
 from engine_runs import run_product  # noqa: E402
 from federation_sites import (convert_shared, folder_sites, site_evaluations,  # noqa: E402
                               site_mean, train_totals)
@@ -104,7 +111,10 @@ def run_epsilon(folders: list[Path], spec: PrivacySet, sigma: float, args: argpa
                  "local-steps": args.local_steps, "min-nodes": len(folders),
                  "experiment": "privacy-utility", "privacy.noise-multiplier": sigma,
                  "privacy.max-grad-norm": spec.clip, "privacy.delta": DELTA}
-    outcome, seconds = run_product(overrides, folder_sites(folders), workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    state_root = Path(tempfile.mkdtemp(prefix="site-state-", dir=workdir))  # fresh ledgers
+    outcome, seconds = run_product(overrides, folder_sites(folders, state_root=state_root),
+                                   workdir)
     last = outcome.reports[max(outcome.reports)].train
     totals = train_totals(outcome, 2 if len(outcome.reports) > 1 else 1)  # warm sites
     return {"metric": site_mean(site_evaluations(outcome), f"val-{spec.metric}"),
@@ -132,16 +142,6 @@ def _summary(runs: list[dict]) -> list[dict]:
     return rows
 
 
-def _throughput(runs: list[dict], name: str, task: str) -> dict:
-    """DP-SGD's site training rate over the non-private run's, mean over the private runs."""
-    plain = [r["samples_per_s"] for r in runs if r["set"] == name and r["epsilon"] is None]
-    private = [r["samples_per_s"] for r in runs if r["set"] == name and r["epsilon"] is not None]
-    rate, dp = statistics.fmean(plain), statistics.fmean(private) if private else math.nan
-    return {"task": task, "set": name, "plain_samples_per_s": rate, "dp_samples_per_s": dp,
-            "dp_over_plain": dp / rate, "grad_sample_mode": "hooks",
-            "measured": "site train replies of the runs above (train-seconds)"}
-
-
 def _write(path: Path, payload: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=2, allow_nan=False, default=str) + "\n")
@@ -150,18 +150,23 @@ def _write(path: Path, payload: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shared", type=Path, default=ROOT.parent / "shared" / "data")
-    p.add_argument("--sets", nargs="+", default=list(SETS), choices=sorted(SETS))
+    p.add_argument("--sets", nargs="*", default=list(SETS), choices=sorted(SETS))
     p.add_argument("--epsilons", nargs="+", type=float, default=[1.0, 3.0, 8.0, math.inf])
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--local-steps", type=int, default=10)
     p.add_argument("--repeats", type=int, default=1, help="training seeds 0 .. repeats-1")
     p.add_argument("--max-per-site", type=int, default=0, help="converter cap (0: none)")
+    p.add_argument("--throughput-tasks", nargs="*", default=list(TASK_SETTINGS),
+                   choices=sorted(TASK_SETTINGS))
+    p.add_argument("--throughput-steps", type=int, default=10)
+    p.add_argument("--throughput-pairs", type=int, default=3)
     p.add_argument("--quick", action="store_true",
                    help="1 round x 2 steps, 1 seed, 24 items a site (wiring check)")
     p.add_argument("--output", type=Path, default=ROOT / "bench/results/privacy_utility.json")
     args = p.parse_args(argv)
     if args.quick:
         args.rounds, args.local_steps, args.repeats, args.max_per_site = 1, 2, 1, 24
+        args.throughput_steps, args.throughput_pairs = 2, 1
     payload: dict = {
         "description": "FedAvg with site-level DP-SGD (Opacus, RDP) vs non-private training, "
                        "through the product (in-process engine)",
@@ -176,37 +181,48 @@ def main(argv: list[str] | None = None) -> int:
                                *(sys.argv[1:] if argv is None else argv)])],
         "versions": {"python": platform.python_version(), "platform": platform.platform()},
     }
+    if not args.sets and args.output.is_file():  # throughput only: keep the runs there
+        kept = json.loads(args.output.read_text())
+        payload = {**kept, "throughput": [], "commands": kept.get("commands", [])
+                   + payload["commands"]}
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="privacy-utility-") as tmp:
         for name in args.sets:
-            spec = SETS[name]
-            capped = ("--max-per-site", str(args.max_per_site)) if args.max_per_site else ()
-            folders = convert_shared(spec.task, args.shared, Path(tmp) / name,
-                                     [*spec.converter_args, *capped])
-            for seed in range(args.repeats):
-                reference, sizes = None, []
-                for eps in sorted(args.epsilons, reverse=True):  # inf first: the reference
-                    if math.isfinite(eps) and not sizes:
-                        raise ValueError("--epsilons must include inf (the reference run)")
-                    sigma = noise_for(eps, sizes, spec.settings["batch-size"],
-                                      args.rounds * args.local_steps) if sizes else 0.0
-                    out = run_epsilon(folders, spec, sigma, args, seed, Path(tmp) / "runs")
-                    sizes = sizes or list(out["train_sizes"].values())
-                    reference = out["metric"] if math.isinf(eps) else reference
-                    payload["runs"].append({
-                        "set": name, "epsilon": None if math.isinf(eps) else eps, "seed": seed,
-                        "metric_name": spec.metric, "metric": out["metric"],
-                        "relative_to_nonprivate": out["metric"] / reference,
-                        "noise_multiplier": sigma, "epsilon_spent": out["epsilon_spent"],
-                        "train_sizes": out["train_sizes"],
-                        "samples_per_s": out["samples_per_s"], "seconds": out["seconds"]})
-                    print(json.dumps(payload["runs"][-1]), flush=True)
-                    payload["summary"] = _summary(payload["runs"])
-                    _write(args.output, payload)
-            payload["throughput"].append(_throughput(payload["runs"], name, spec.task))
+            _run_set(name, args, Path(tmp), payload)
             payload["wall_seconds"] = time.perf_counter() - start
+        for task in args.throughput_tasks:
+            payload["throughput"].append(dp_throughput(task, args.throughput_steps,
+                                                       args.throughput_pairs, Path(tmp)))
+            print(json.dumps(payload["throughput"][-1]), flush=True)
             _write(args.output, payload)
     return 0
+
+
+def _run_set(name: str, args: argparse.Namespace, tmp: Path, payload: dict) -> None:
+    """Every seed and epsilon of set ``name`` (inf first: the reference); JSON after each run."""
+    spec = SETS[name]
+    capped = ("--max-per-site", str(args.max_per_site)) if args.max_per_site else ()
+    folders = convert_shared(spec.task, args.shared, tmp / name, [*spec.converter_args, *capped])
+    for seed in range(args.repeats):
+        reference, sizes = None, []
+        for eps in sorted(args.epsilons, reverse=True):
+            if math.isfinite(eps) and not sizes:
+                raise ValueError("--epsilons must include inf (the reference run)")
+            sigma = noise_for(eps, sizes, spec.settings["batch-size"],
+                              args.rounds * args.local_steps) if sizes else 0.0
+            out = run_epsilon(folders, spec, sigma, args, seed, tmp / "runs")
+            sizes = sizes or list(out["train_sizes"].values())
+            reference = out["metric"] if math.isinf(eps) else reference
+            payload["runs"].append({
+                "set": name, "epsilon": None if math.isinf(eps) else eps, "seed": seed,
+                "metric_name": spec.metric, "metric": out["metric"],
+                "relative_to_nonprivate": out["metric"] / reference,
+                "noise_multiplier": sigma, "epsilon_spent": out["epsilon_spent"],
+                "train_sizes": out["train_sizes"],
+                "samples_per_s": out["samples_per_s"], "seconds": out["seconds"]})
+            print(json.dumps(payload["runs"][-1]), flush=True)
+            payload["summary"] = _summary(payload["runs"])
+            _write(args.output, payload)
 
 
 if __name__ == "__main__":

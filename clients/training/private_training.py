@@ -32,6 +32,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.data import DataLoader
 
+from clients.training import grad_samplers
 from clients.training.dp_accountants import ACCOUNTANTS, DEFAULT_ACCOUNTANT
 from clients.training.opacus_loader import opacus
 from strategies.errors import ConfigError
@@ -151,6 +152,7 @@ def private_training(
     if settings.grad_sample_mode not in GRAD_SAMPLE_MODES:
         raise PrivateModelError(f"DpSettings.grad_sample_mode must be one of {GRAD_SAMPLE_MODES}, "
                                 f"got {settings.grad_sample_mode!r}")
+    grad_samplers.register()
     engine = opacus().PrivacyEngine(accountant=settings.accountant)
     device = next(model.parameters()).device
     noise = torch.Generator(device=device).manual_seed(secrets.randbits(63))

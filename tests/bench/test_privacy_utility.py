@@ -27,6 +27,7 @@ def test_quick_run_writes_the_issue_format(tmp_path):
         pytest.skip(f"shared data not found under {SHARED}")
     out = tmp_path / "privacy_utility.json"
     assert bench.main(["--quick", "--sets", "pneumoniamnist", "--epsilons", "8", "inf",
+                       "--throughput-tasks", "cxr-cls",
                        "--shared", str(SHARED), "--output", str(out)]) == 0
     result = json.loads(out.read_text())
     assert result["engine"] == "in-process" and result["config"]["rounds"] == 1
@@ -40,4 +41,5 @@ def test_quick_run_writes_the_issue_format(tmp_path):
     assert runs[8.0]["train_sizes"] == runs[None]["train_sizes"]
     (rate,) = result["throughput"]
     assert rate["task"] == "cxr-cls" and rate["dp_over_plain"] > 0
+    assert rate["dp_cost_x"] == pytest.approx(1 / rate["dp_over_plain"])  # one pair
     assert rate["grad_sample_mode"] == "hooks"

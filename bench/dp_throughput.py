@@ -1,0 +1,81 @@
+"""DP-SGD's cost per sample against plain training, for the three tasks' models.
+
+For each task (cxr-cls small DenseNet, pe-seg 2.5D U-Net, ct3d-cls small
+ConvLSTM) a synthetic hospital is written by the task's own generator and the
+product's :meth:`clients.training.site_task.SiteTask.train` is timed both ways,
+as a site trains:
+
+- **plain**: the task's plain model (``build_model()``: BatchNorm where the
+  network has it, slices folded into the batch), plain training;
+- **dp**: the DP-compatible model (``build_model(private=True)``) under DP-SGD
+  (Opacus, Poisson sampling, per-example clipping to C = 1, noise sigma = 1,
+  ``DpSettings.grad_sample_mode``, the product's default).
+
+Both use Adam and the task's loader; samples per second are the train result's
+examples over its own ``seconds`` (the training loop, not model building). The
+two are measured in interleaved pairs (plain-dp, dp-plain, ...) after one
+warm-up pair, so a shared machine's load changes hit both sides; the reported
+``dp_over_plain`` is the median over pairs of plain time per sample over DP
+time per sample (1 = free, 0.5 = DP-SGD costs 2x). Sizes per task:
+:data:`TASK_SETTINGS` (the privacy-utility sets' sizes for cxr-cls and pe-seg).
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+
+from single_thread import ROOT  # noqa: F401,I001 - first: one BLAS thread, the project importable
+
+import torch  # noqa: E402
+
+from clients.registry import synthetic_module, task_class  # noqa: E402
+from clients.training.device import select_device  # noqa: E402
+from clients.training.private_training import DpSettings  # noqa: E402
+from clients.training.site_task import TaskSettings  # noqa: E402
+
+__all__ = ["TASK_SETTINGS", "SITE_IMAGE_SIZE", "dp_throughput"]
+
+#: Task sizes of the measurement (batch = the expected Poisson batch under DP).
+TASK_SETTINGS = {
+    "cxr-cls": TaskSettings(image_size=32, batch_size=64),
+    "pe-seg": TaskSettings(image_size=48, slab_slices=1, batch_size=16),
+    "ct3d-cls": TaskSettings(image_size=32, volume_depth=16, batch_size=8),
+}
+#: Image size the synthetic hospital is written at, per task.
+SITE_IMAGE_SIZE = {"cxr-cls": 64, "pe-seg": 96, "ct3d-cls": 64}
+_DP = DpSettings(noise_multiplier=1.0, max_grad_norm=1.0)
+
+
+def _seconds_per_sample(task, private: bool, steps: int) -> float:
+    """One training call of ``steps`` (fresh model, seed 0); wall seconds per example."""
+    torch.manual_seed(0)
+    model = task.build_model(private=private)
+    result = task.train(model, steps, 1e-3, 0.9, select_device("cpu"), seed=0,
+                        optimizer="adam", privacy=_DP if private else None)
+    return result.seconds / max(result.num_examples, 1)
+
+
+def dp_throughput(name: str, steps: int = 10, pairs: int = 3, root: Path | None = None) -> dict:
+    """``name``'s plain and DP-SGD samples/s (medians) and their median pairwise ratio."""
+    with tempfile.TemporaryDirectory(prefix="dp-throughput-") as tmp:
+        folder = synthetic_module(name).generate_federation(
+            Path(root or tmp) / name, num_sites=1, seed=0, image_size=SITE_IMAGE_SIZE[name])[0]
+        task = task_class(name)(folder, TASK_SETTINGS[name])
+        _seconds_per_sample(task, False, 2), _seconds_per_sample(task, True, 2)  # warm-up
+        plain, private = [], []
+        for k in range(pairs):
+            for is_private in ((False, True) if k % 2 == 0 else (True, False)):
+                (private if is_private else plain).append(
+                    _seconds_per_sample(task, is_private, steps))
+    return {"task": name, "settings": asdict(TASK_SETTINGS[name]), "steps": steps,
+            "pairs": pairs, "plain_samples_per_s": 1 / statistics.median(plain),
+            "dp_samples_per_s": 1 / statistics.median(private),
+            "dp_over_plain": statistics.median(p / d for p, d in zip(plain, private)),
+            "dp_cost_x": statistics.median(d / p for p, d in zip(plain, private)),
+            "grad_sample_mode": _DP.grad_sample_mode,
+            "plain_model": "task model (BatchNorm, folded slices), plain training",
+            "dp_model": "build_model(private=True) (GroupNorm, per-example layers), DP-SGD",
+            "measured": f"median of {pairs} interleaved pairs of {steps} steps, CPU, 1 thread"}
