@@ -16,12 +16,16 @@ import logging
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 from flwr.app import Context, Error, Message, MessageType
 from mlflow.tracking import MlflowClient
 
 from app.engine import VirtualSite, run_federation
+from app.round_progress import metric_text, progress_line
+from app.tracking.figures import matrix_figure
 from strategies import message_keys as keys
+from strategies.rounds.round_report import RoundReport
 from tests.fixtures.scripted_site import ScriptedSite
 
 ROUNDS = 1
@@ -106,3 +110,21 @@ def test_a_refused_finetune_is_withheld_under_its_rule(tmp_path, store_of, caplo
         "withheld by site policy (share-finetuned-model)"
     assert table["site-a"][0] == pytest.approx(0.3)
     assert "site-a-finetuned: withheld by site policy (share-finetuned-model)" in caplog.text
+
+
+def test_the_round_line_names_the_site_that_withheld_beside_those_that_released():
+    report = RoundReport(3, evaluate={"site-a": {"val-dice": 0.4, "num-examples": 5.0},
+                                      "site-b": {"num-examples": 5.0, "val-studies": 1.0}},
+                         evaluate_aggregate={"val-dice": 0.4, "num-examples": 10.0},
+                         evaluate_withheld={"site-b": "min-val-items,evaluate-trains"})
+    assert metric_text(report, "val-dice") == (
+        "val-dice 0.4000 (site-a 0.400, site-b withheld by site policy "
+        "(min-val-items,evaluate-trains))")
+    assert "val-dice 0.4000" in progress_line(report, 5, "val-dice")
+
+
+def test_the_matrix_figure_writes_the_rule_in_a_withheld_cell():
+    figure = matrix_figure(["global"], ["site-a", "site-b"], np.array([[0.3, np.nan]]),
+                           "test-dice", {(0, 1): "min-val-items"})
+    texts = [t.get_text() for t in figure.axes[0].texts]
+    assert texts == ["0.300", "withheld\n(min-val-items)"]

@@ -179,5 +179,8 @@ def test_the_walkthrough_runs_as_written(terminals: Terminals):
     client = MlflowClient(f"sqlite:///{terminals.repo / 'deploy' / 'mlflow.db'}")
     run = client.search_runs([client.get_experiment_by_name("fedmed-pe-seg").experiment_id])[0]
     assert run.info.status == "FINISHED"
+    for site in ("hospital-a", "hospital-b"):  # the node config's site-name, every round
+        history = client.get_metric_history(run.info.run_id, f"site/{site}/val-dice")
+        assert sorted(m.step for m in history) == [1, 2], site
     value = run.data.metrics.get(f"test/{test_line.group(1)}")
     assert (value is not None and math.isfinite(value)) or "test/withheld" in run.data.tags
