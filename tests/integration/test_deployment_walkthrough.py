@@ -13,12 +13,15 @@ and a ``STAMP`` that is up to date (the install target never runs from the copy)
 
 The run is checked as an operator would: ``make federate`` exits 0, the run's status in
 ``flwr ls --format json`` is ``finished:completed``, the end-of-run test line gives the
-test metric or says the sites' policy withheld it (never NaN), and the MLflow run the
-walkthrough tracked to is ``FINISHED``.
+test metric or says the sites' policy withheld it (never NaN), each site's cross-site
+fine-tune is withheld under the shipped ``share-finetuned-model = false``, the SuperLink
+activated the registered node ids, and the MLflow run the walkthrough tracked to is
+``FINISHED`` with each site's validation metric in every round.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -176,6 +179,14 @@ def test_the_walkthrough_runs_as_written(terminals: Terminals):
     test_line = _TEST_LINE.search(federate)
     assert test_line is not None, federate[-4000:]
     assert "nan" not in test_line.group(0).lower()
+    # The shipped policy keeps each site's fine-tuned model at home: withheld, not dropped.
+    for site in ("hospital-a", "hospital-b"):
+        assert f"{site}-finetuned: withheld by site policy (share-finetuned-model)" in federate
+    # The SuperNodes spoke TLS with the identities registered for them.
+    deploy = terminals.repo / "deploy"
+    flower_log = (deploy / "superlink" / "superlink.log").read_text()
+    for entry in json.loads((deploy / "superlink" / "sites.json").read_text()).values():
+        assert f"Activated node_id={entry['node-id']}" in flower_log
     client = MlflowClient(f"sqlite:///{terminals.repo / 'deploy' / 'mlflow.db'}")
     run = client.search_runs([client.get_experiment_by_name("fedmed-pe-seg").experiment_id])[0]
     assert run.info.status == "FINISHED"
