@@ -167,7 +167,11 @@ def network_from(entry: Mapping[str, Any], weights: Path, source: str) -> nn.Mod
         raise ModelSourceError(f"{source}: {exc}") from exc
     settings = _task_settings(entry.get("task-settings", {}), source)
     model = task.model_for_run(settings, private=bool(entry.get("private", False)))
-    model.load_state_dict(_checked(load_weights(weights, source), model.state_dict(), source))
+    try:
+        tensors = load_weights(weights, source)
+    except ModelFolderError as exc:
+        raise ModelSourceError(str(exc)) from exc
+    model.load_state_dict(_checked(tensors, model.state_dict(), source))
     return model.eval()
 
 

@@ -1,4 +1,4 @@
-"""The output folder of ``make predict``: created fresh, never inside the input, CSV tables.
+"""The output folder of ``make predict``: created fresh, never inside the input nor holding it, CSV tables.
 
 ``OUT`` holds the task's predictor's outputs (a segmentation task's
 ``masks/<study>.nii.gz`` and ``findings.csv``, a classifier's
