@@ -19,6 +19,13 @@ of the sampled Gaussian mechanism, Mironov, Talwar & Zhang 2019; PRV: Gopi, Lee 
 Wutschitz, NeurIPS 2021), so it is exact, not a sum of per-round epsilons (which
 would overstate it).
 
+Before a computation trains, :meth:`PrivacyLedger.reserve` checks, under a lock
+that every process of the site takes (``fcntl.flock``), that the history plus its
+planned steps stays within the budget, and appends those steps as a reservation;
+after it, :meth:`PrivacyLedger.settle` replaces them with the steps it ran. So two
+computations that start together (two federations) cannot both spend the last of
+the budget, and a process that dies mid-training leaves its planned steps counted.
+
 The budget is the policy's ``dp.max-epsilon`` plus the allowance a hospital admin
 added (``allowance.json``); only the admin command
 (:mod:`app.site_runtime.privacy_budget`) resets the history (archived under
