@@ -16,8 +16,11 @@ examples over its own ``seconds`` (the training loop, not model building). The
 two are measured in interleaved pairs (plain-dp, dp-plain, ...) after one
 warm-up pair, so a shared machine's load changes hit both sides; the reported
 ``dp_over_plain`` is the median over pairs of plain time per sample over DP
-time per sample (1 = free, 0.5 = DP-SGD costs 2x). Sizes per task:
-:data:`TASK_SETTINGS` (the privacy-utility sets' sizes for cxr-cls and pe-seg).
+time per sample (1 = free, 0.5 = DP-SGD costs 2x). Two sizes per task
+(:data:`TASK_SETTINGS`): the privacy-utility sets' small inputs (32 px radiographs,
+48 px single-slice slabs, 32 px volumes), where the small networks' per-layer work
+is so small that Opacus's per-layer hooks weigh, and 64 px inputs (the run
+config's default image size; slabs of 9 slices), where the arithmetic dominates.
 """
 
 from __future__ import annotations
@@ -40,9 +43,12 @@ __all__ = ["TASK_SETTINGS", "SITE_IMAGE_SIZE", "dp_throughput"]
 
 #: Task sizes of the measurement (batch = the expected Poisson batch under DP).
 TASK_SETTINGS = {
-    "cxr-cls": TaskSettings(image_size=32, batch_size=64),
-    "pe-seg": TaskSettings(image_size=48, slab_slices=1, batch_size=16),
-    "ct3d-cls": TaskSettings(image_size=32, volume_depth=16, batch_size=8),
+    "cxr-cls": (TaskSettings(image_size=32, batch_size=64),
+                TaskSettings(image_size=64, batch_size=64)),
+    "pe-seg": (TaskSettings(image_size=48, slab_slices=1, batch_size=16),
+               TaskSettings(image_size=64, slab_slices=9, batch_size=16)),
+    "ct3d-cls": (TaskSettings(image_size=32, volume_depth=16, batch_size=8),
+                 TaskSettings(image_size=64, volume_depth=16, batch_size=8)),
 }
 #: Image size the synthetic hospital is written at, per task.
 SITE_IMAGE_SIZE = {"cxr-cls": 64, "pe-seg": 96, "ct3d-cls": 64}
@@ -58,19 +64,26 @@ def _seconds_per_sample(task, private: bool, steps: int) -> float:
     return result.seconds / max(result.num_examples, 1)
 
 
-def dp_throughput(name: str, steps: int = 10, pairs: int = 3, root: Path | None = None) -> dict:
-    """``name``'s plain and DP-SGD samples/s (medians) and their median pairwise ratio."""
+def dp_throughput(name: str, steps: int = 10, pairs: int = 3,
+                  root: Path | None = None) -> list[dict]:
+    """Per size of :data:`TASK_SETTINGS`: ``name``'s plain and DP-SGD samples/s (medians)
+    and their median pairwise ratio."""
+    rows = []
     with tempfile.TemporaryDirectory(prefix="dp-throughput-") as tmp:
         folder = synthetic_module(name).generate_federation(
             Path(root or tmp) / name, num_sites=1, seed=0, image_size=SITE_IMAGE_SIZE[name])[0]
-        task = task_class(name)(folder, TASK_SETTINGS[name])
-        _seconds_per_sample(task, False, 2), _seconds_per_sample(task, True, 2)  # warm-up
-        plain, private = [], []
-        for k in range(pairs):
-            for is_private in ((False, True) if k % 2 == 0 else (True, False)):
-                (private if is_private else plain).append(
-                    _seconds_per_sample(task, is_private, steps))
-    return {"task": name, "settings": asdict(TASK_SETTINGS[name]), "steps": steps,
+        for settings in TASK_SETTINGS[name]:
+            rows.append(_measure(task_class(name)(folder, settings), steps, pairs))
+    return rows
+
+
+def _measure(task, steps: int, pairs: int) -> dict:
+    _seconds_per_sample(task, False, 2), _seconds_per_sample(task, True, 2)  # warm-up
+    plain, private = [], []
+    for k in range(pairs):
+        for is_private in ((False, True) if k % 2 == 0 else (True, False)):
+            (private if is_private else plain).append(_seconds_per_sample(task, is_private, steps))
+    return {"task": task.name, "settings": asdict(task.settings), "steps": steps,
             "pairs": pairs, "plain_samples_per_s": 1 / statistics.median(plain),
             "dp_samples_per_s": 1 / statistics.median(private),
             "dp_over_plain": statistics.median(p / d for p, d in zip(plain, private)),

@@ -191,9 +191,9 @@ def main(argv: list[str] | None = None) -> int:
             _run_set(name, args, Path(tmp), payload)
             payload["wall_seconds"] = time.perf_counter() - start
         for task in args.throughput_tasks:
-            payload["throughput"].append(dp_throughput(task, args.throughput_steps,
-                                                       args.throughput_pairs, Path(tmp)))
-            print(json.dumps(payload["throughput"][-1]), flush=True)
+            payload["throughput"] += dp_throughput(task, args.throughput_steps,
+                                                   args.throughput_pairs, Path(tmp))
+            print(json.dumps(payload["throughput"][-2:]), flush=True)
             _write(args.output, payload)
     return 0
 

@@ -39,7 +39,9 @@ def test_quick_run_writes_the_issue_format(tmp_path):
     spent = runs[8.0]["epsilon_spent"]  # each site's own privacy ledger
     assert len(spent) == 3 and all(0 < e <= 8.0 + 1e-6 for e in spent)
     assert runs[8.0]["train_sizes"] == runs[None]["train_sizes"]
-    (rate,) = result["throughput"]
-    assert rate["task"] == "cxr-cls" and rate["dp_over_plain"] > 0
-    assert rate["dp_cost_x"] == pytest.approx(1 / rate["dp_over_plain"])  # one pair
-    assert rate["grad_sample_mode"] == "hooks"
+    rates = result["throughput"]  # DP-SGD against plain training, per input size
+    assert [(r["task"], r["settings"]["image_size"]) for r in rates] == [
+        ("cxr-cls", 32), ("cxr-cls", 64)]
+    for rate in rates:
+        assert rate["dp_over_plain"] > 0 and rate["grad_sample_mode"] == "hooks"
+        assert rate["dp_cost_x"] == pytest.approx(1 / rate["dp_over_plain"])  # one pair
