@@ -21,14 +21,17 @@ import pytest
 from flwr.app import Context, Error, Message, MessageType
 from mlflow.tracking import MlflowClient
 
-from app.engine import VirtualSite, run_federation
+from app.engine import VirtualSite, partition_sites, run_federation
+from app.engine.federation import PROJECT_ROOT
 from app.round_progress import metric_text, progress_line
 from app.tracking.figures import matrix_figure
 from strategies import message_keys as keys
 from strategies.rounds.round_report import RoundReport
 from tests.fixtures.scripted_site import ScriptedSite
+from tests.integration.conftest import write_small_hospitals
 
 ROUNDS = 1
+SHIPPED_POLICY = PROJECT_ROOT / "configs" / "site-policy.toml"
 COUNTS_ONLY = {"val-studies": 1, "test-studies": 1}
 
 
@@ -128,3 +131,30 @@ def test_the_matrix_figure_writes_the_rule_in_a_withheld_cell():
                            "test-dice", {(0, 1): "min-val-items"})
     texts = [t.get_text() for t in figure.axes[0].texts]
     assert texts == ["0.300", "withheld\n(min-val-items)"]
+
+
+def test_real_sites_under_the_shipped_policy_report_withheld(tmp_path, store_of, caplog):
+    """The reproduction of found 6: real sites (the ClientApp), the shipped policy
+    (``min-val-items = 2``, ``share-finetuned-model = false``), one val and one test study
+    per site: the round line, the test line and MLflow said NaN with ``dropped: none``."""
+    write_small_hospitals(tmp_path / "data", seed=3)
+    store = store_of("real-sites")
+    with caplog.at_level(logging.INFO):
+        outcome = run_federation({
+            "num-server-rounds": 1, "local-steps": 1, "image-size": 32, "batch-size": 4,
+            "node-wait-timeout": 5, "experiment": "withheld-real", "tracking-uri": store,
+            "data-root": str(tmp_path / "data"), "artifact-root": str(tmp_path / "artifacts"),
+            "checkpoint-dir": str(tmp_path / "checkpoints"), "cross-site.finetune-steps": 1,
+            "site-policy": str(SHIPPED_POLICY)}, partition_sites(2))
+    sites = ("hospital-00", "hospital-01")
+    assert outcome.reports[1].evaluate_withheld == dict.fromkeys(sites, "min-val-items")
+    assert outcome.cross_site is not None and outcome.cross_site.withheld == {
+        **{f"test/{s}": "min-val-items" for s in sites},
+        **{f"finetune/{s}": "share-finetuned-model" for s in sites}}
+    assert "val-dice withheld by site policy (hospital-00: min-val-items; " \
+        "hospital-01: min-val-items)" in caplog.text
+    assert "nan" not in caplog.text.lower()
+    run = MlflowClient(store).get_run(outcome.mlflow_run_id)
+    assert not [k for k, v in run.data.metrics.items() if math.isnan(v)]
+    assert run.data.tags["test/withheld"] == "hospital-00: min-val-items; " \
+        "hospital-01: min-val-items"
