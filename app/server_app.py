@@ -235,7 +235,8 @@ def federate(grid: Grid, context: Context) -> FederationOutcome:
         run_id = tracker.start(
             run_name=f"{config.task}-{time.strftime('%Y%m%d-%H%M%S')}",
             params=run_config,
-            tags={"flwr.run-id": str(context.run_id), "task": config.task},
+            tags={"flwr.run-id": str(context.run_id), "task": config.task,
+                  "selection-metric": metric},
         )
         strategy = build_strategy(config, federation=run_id, roster=roster)
         if config.checkpoint_dir:

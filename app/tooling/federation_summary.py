@@ -46,7 +46,7 @@ def print_summary(tracking_uri: str, flwr_run_id: int, seconds: float,
         print(f"no MLflow run found with tag flwr.run-id={flwr_run_id} in {tracking_uri}")
         return
     run = runs[0]
-    metric = _selection_metric(run.data.metrics)
+    metric = run.data.tags.get("selection-metric") or _selection_metric(run.data.metrics)
     for key, label in ((f"eval/{metric}", metric), ("train/train-loss", "train loss")):
         history = sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.step)
         values = ", ".join(f"r{m.step} {m.value:.4f}" for m in history)
@@ -80,7 +80,8 @@ def print_summary(tracking_uri: str, flwr_run_id: int, seconds: float,
 
 
 def _selection_metric(metrics: dict[str, float]) -> str:
-    """``val-<main metric>`` of the task, read from the run (no task import: torch takes ~10 s).
+    """``val-<main metric>`` of the task, read from a run without the ``selection-metric``
+    tag the ServerApp sets (no task import: torch takes ~10 s).
 
     The best round is logged as ``best-val-<metric>``; a run without one (no
     evaluation yet) falls back to its first ``eval/val-*`` metric that is not a loss.
@@ -103,8 +104,9 @@ def _print_model_lines(client, run, experiment: str, metric: str, tracking_uri: 
                 if v.tags.get("run-id") == run.info.run_id]
     uri = (f"models:/{experiment}-best/{max(int(v.version) for v in versions)}" if versions
            else f"runs:/{run.info.run_id}/best-model")
-    value = run.data.metrics.get(f"best-{metric}", float("nan"))
-    print(f"best round: r{best} ({metric} {value:.4f}), model {uri}")
+    value = run.data.metrics.get(f"best-{metric}")
+    score = f"{metric} {value:.4f}" if value is not None else f"no round released {metric}"
+    print(f"best round: r{best} ({score}), model {uri}")
     name = metric.removeprefix("val-")
     sites = {key.split("/")[1]: value for key, value in run.data.metrics.items()
              if key.startswith("site/") and key.endswith(f"/test-{name}")}
@@ -112,6 +114,8 @@ def _print_model_lines(client, run, experiment: str, metric: str, tracking_uri: 
         detail = ", ".join(f"{site} {v:.4f}" for site, v in sorted(sites.items()))
         print(f"held-out test {name}: {run.data.metrics[f'test/{name}']:.4f} ({detail}); "
               "cross-site matrix: MLflow artifact cross-site/matrix.png")
+    elif "test/withheld" in run.data.tags:  # no site released it (app.cross_site_report)
+        print(f"held-out test {name}: withheld by site policy ({run.data.tags['test/withheld']})")
     print(f"apply it at a site: make predict MODEL={uri} DATA=/abs/site OUT=/abs/out "
           f"TRACKING_URI={shlex.quote(tracking_uri)}")
     folder = _model_folder(client, run)

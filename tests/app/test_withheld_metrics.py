@@ -23,6 +23,7 @@ from mlflow.tracking import MlflowClient
 
 from app.engine import VirtualSite, partition_sites, run_federation
 from app.engine.federation import PROJECT_ROOT
+from app.tooling.federation_summary import print_summary
 from app.round_progress import metric_text, progress_line
 from app.tracking.figures import matrix_figure
 from strategies import message_keys as keys
@@ -133,7 +134,8 @@ def test_the_matrix_figure_writes_the_rule_in_a_withheld_cell():
     assert texts == ["0.300", "withheld\n(min-val-items)"]
 
 
-def test_real_sites_under_the_shipped_policy_report_withheld(tmp_path, store_of, caplog):
+def test_real_sites_under_the_shipped_policy_report_withheld(tmp_path, store_of, caplog,
+                                                             capsys):
     """The reproduction of found 6: real sites (the ClientApp), the shipped policy
     (``min-val-items = 2``, ``share-finetuned-model = false``), one val and one test study
     per site: the round line, the test line and MLflow said NaN with ``dropped: none``."""
@@ -158,3 +160,8 @@ def test_real_sites_under_the_shipped_policy_report_withheld(tmp_path, store_of,
     assert not [k for k, v in run.data.metrics.items() if math.isnan(v)]
     assert run.data.tags["test/withheld"] == "hospital-00: min-val-items; " \
         "hospital-01: min-val-items"
+    print_summary(store, int(run.data.tags["flwr.run-id"]), 1.0, tmp_path / "artifacts")
+    summary = capsys.readouterr().out
+    assert "held-out test dice: withheld by site policy (hospital-00: min-val-items; " \
+        "hospital-01: min-val-items)" in summary, summary
+    assert "nan" not in summary.lower()
