@@ -1,5 +1,8 @@
 """The ServerApp's progress lines: one per round, and the round's validation metric.
 
+With DP-SGD each site's train reply carries its privacy ledger's ``epsilon`` (spent on
+its data by every federation so far) and ``epsilon-left``: the line shows both.
+
 A metric a site withheld under its site policy (``RoundReport.evaluate_withheld``,
 :mod:`strategies.rounds.withheld`) is printed as ``withheld by site policy
 (<rule>)``, and an aggregate that no site released as withheld with every site's
@@ -13,7 +16,7 @@ from strategies import message_keys as keys
 from strategies.rounds.round_report import RoundReport
 from strategies.rounds.withheld import withheld_summary, withheld_text
 
-__all__ = ["metric_text", "progress_line"]
+__all__ = ["epsilon_text", "metric_text", "progress_line"]
 
 
 def _site_value(report: RoundReport, site: str, metric: str) -> str:
@@ -36,9 +39,19 @@ def metric_text(report: RoundReport, metric: str) -> str:
     return f"{metric} {value:.4f} ({sites})"
 
 
+def epsilon_text(report: RoundReport) -> str:
+    """`` | epsilon <site> <spent> (left <left>), ...`` over the train replies that carry the
+    site's privacy ledger (DP-SGD: spent on its data by every federation so far); ``""``
+    without DP."""
+    sites = [f"{site} {m[keys.EPSILON]:.3g}" + (f" (left {m[keys.EPSILON_LEFT]:.3g})"
+                                               if keys.EPSILON_LEFT in m else "")
+             for site, m in sorted(report.train.items()) if keys.EPSILON in m]
+    return f" | epsilon {', '.join(sites)}" if sites else ""
+
+
 def progress_line(report: RoundReport, num_rounds: int, metric: str) -> str:
-    """The round's line: train loss, the validation metric, tau, traffic, selection, time,
-    the dropped replies and why."""
+    """The round's line: train loss, the validation metric, tau, traffic, selection, the
+    sites' epsilon (DP-SGD), time, the dropped replies and why."""
     train = report.train_aggregate.get(keys.TRAIN_LOSS)
     loss = f"train loss {train:.4f}" if train is not None else "train loss n/a"
     dropped = "; ".join(f"{s}: {r}" for s, r in
@@ -54,5 +67,5 @@ def progress_line(report: RoundReport, num_rounds: int, metric: str) -> str:
         selected = (f" | selected {','.join(report.selection['selected'])} of "
                     f"{len(report.selection['candidates'])} candidates")
     return (f"Round {report.server_round}/{num_rounds}: {loss} | "
-            f"{metric_text(report, metric)} | {tau}{traffic}{selected} | "
+            f"{metric_text(report, metric)} | {tau}{traffic}{selected}{epsilon_text(report)} | "
             f"{report.seconds:.1f} s | dropped: {dropped}")

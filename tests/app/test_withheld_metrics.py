@@ -127,6 +127,13 @@ def test_the_round_line_names_the_site_that_withheld_beside_those_that_released(
     assert "val-dice 0.4000" in progress_line(report, 5, "val-dice")
 
 
+def test_the_round_line_shows_each_sites_epsilon_spent_and_left():
+    report = RoundReport(2, train={"site-a": {keys.EPSILON: 5.62, keys.EPSILON_LEFT: 2.38},
+                                   "site-b": {keys.STEPS: 3.0}})
+    assert " | epsilon site-a 5.62 (left 2.38) | " in progress_line(report, 5, "val-dice")
+    assert "epsilon" not in progress_line(RoundReport(2), 5, "val-dice")
+
+
 def test_the_matrix_figure_writes_the_rule_in_a_withheld_cell():
     figure = matrix_figure(["global"], ["site-a", "site-b"], np.array([[0.3, np.nan]]),
                            "test-dice", {(0, 1): "min-val-items"})
