@@ -38,26 +38,16 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from models.slice_layers import per_slice
+
 __all__ = ["ASCENDING", "FORGET_BIAS", "DESCENDING", "hard_sigmoid", "ConvLSTMCell", "ConvLSTM",
-           "ConvLSTMUnit", "ConvLSTMClassifier3D", "per_slice"]
+           "ConvLSTMUnit", "ConvLSTMClassifier3D"]
 
 ASCENDING = "ascending"
 DESCENDING = "descending"
 _DIRECTIONS = (ASCENDING, DESCENDING)
 #: Initial forget-gate bias (pre-activation); see the module docstring.
 FORGET_BIAS = 1.0
-
-
-def per_slice(module: nn.Module, x: torch.Tensor, fold: bool) -> torch.Tensor:
-    """``module`` on every slice of ``x`` ``(B, T, C, H, W)``, stacked back to ``(B, T, ...)``.
-
-    ``fold``: one call on the ``(B*T)`` batch (fast); else one call per slice on a
-    batch of ``B`` volumes, the layout per-example gradients (DP-SGD) need. Same values.
-    """
-    if fold:
-        y = module(x.flatten(0, 1))
-        return y.reshape(*x.shape[:2], *y.shape[1:])
-    return torch.stack([module(s) for s in x.unbind(1)], dim=1)
 
 
 def hard_sigmoid(x: torch.Tensor) -> torch.Tensor:
@@ -183,7 +173,7 @@ class ConvLSTM(nn.Module):
     outputs in scan order, i.e. reversed.) The state returned with
     ``return_sequences=False`` is the last one of the scan: ``H`` at slice
     ``T-1`` when ascending, at slice 0 when descending.
-    ``fold_slices`` (as in :class:`ConvLSTMUnit`): see :func:`per_slice`; DP-SGD clears it.
+    ``fold_slices`` (as in :class:`ConvLSTMUnit`): see :func:`models.slice_layers.per_slice`; DP-SGD clears it.
     """
 
     fold_slices: bool = True

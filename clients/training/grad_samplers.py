@@ -21,6 +21,9 @@ closed forms for the layer types the DP models use:
   ``G_n = B_n U(a_n)^T`` example by example, 2-4x slower on CPU for 3x3 kernels;
   a 1x1 convolution needs no unfolding and keeps that product. Transposed
   convolutions are otherwise ``vmap``-ed.
+- the slice-wise layers of :mod:`models.slice_layers` (the ConvLSTM's layers shared by
+  a volume's slices): the 2D rule on the ``B T`` slices, summed over each volume's
+  ``T`` slices (the chain rule through a weight shared by the slices).
 - :class:`torch.nn.PReLU` (MONAI's residual units): ``y = max(0, x) + w min(0, x)``,
   so ``dL/dw_c = sum_p b_p min(0, x_p)`` over the positions ``p`` of channel ``c``
   (all channels for one shared ``w``).
@@ -33,17 +36,19 @@ hooks a model, so a process that never trains with DP-SGD never imports Opacus.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
 
 from clients.training.opacus_loader import opacus
+from models.slice_layers import SliceConv2d, SliceGroupNorm
 
 __all__ = ["conv2d_grad_sample", "conv_transpose2d_grad_sample", "prelu_grad_sample",
            "register"]
 
 Samples = dict[nn.Parameter, torch.Tensor]
+GradSampler = Callable[[nn.Module, Sequence[torch.Tensor], torch.Tensor], Samples]
 
 
 def _plain(layer: nn.Module) -> bool:
@@ -123,9 +128,31 @@ def _conv_transpose(layer: nn.ConvTranspose2d, activations: Sequence[torch.Tenso
         layer, activations, backprops)
 
 
+def _summed_over_slices(sampler: GradSampler) -> GradSampler:
+    """The per-example gradients of a slice-wise layer (:mod:`models.slice_layers`): its
+    input ``(B, T, ..., C, H, W)`` folded to ``B T`` slices for ``sampler``, each volume's
+    gradient the sum of its slices' (the layer's weights are shared by the slices)."""
+
+    def per_volume(layer: nn.Module, activations: Sequence[torch.Tensor],
+                   backprops: torch.Tensor) -> Samples:
+        a = activations[0]
+        n = a.shape[0]
+        if n == 0:
+            return {p: p.new_zeros((0, *p.shape)) for p in layer.parameters() if p.requires_grad}
+        per_slice = sampler(layer, [a.reshape(-1, *a.shape[-3:])],
+                            backprops.reshape(-1, *backprops.shape[-3:]))
+        return {p: g.view(n, -1, *g.shape[1:]).sum(dim=1) for p, g in per_slice.items()}
+
+    return per_volume
+
+
 def register() -> None:
-    """Make these Opacus's grad samplers for ``Conv2d``, ``ConvTranspose2d`` and ``PReLU``."""
+    """Make these Opacus's grad samplers for ``Conv2d``, ``ConvTranspose2d``, ``PReLU`` and
+    the slice-wise ``SliceConv2d`` and ``SliceGroupNorm``."""
     register_grad_sampler = opacus("grad_sample").register_grad_sampler
     register_grad_sampler(nn.Conv2d)(conv2d_grad_sample)
     register_grad_sampler(nn.ConvTranspose2d)(_conv_transpose)
     register_grad_sampler(nn.PReLU)(prelu_grad_sample)
+    register_grad_sampler(SliceConv2d)(_summed_over_slices(conv2d_grad_sample))
+    register_grad_sampler(SliceGroupNorm)(_summed_over_slices(
+        opacus("grad_sample.group_norm").compute_group_norm_grad_sample))

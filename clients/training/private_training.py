@@ -13,9 +13,12 @@ NeurIPS 2021). Nothing here clips, adds noise or accounts by hand: all of it is
 
 Models are made DP-compatible by :func:`dp_compatible` (BatchNorm mixes the
 examples of a batch, so it becomes GroupNorm; modules that fold a sequence
-into the batch dimension, the ConvLSTM's slices, call their layers slice by
-slice so that each example's gradient is its own). The server builds its
-model the same way when the run asks for DP, so every state dict matches.
+into the batch dimension, the ConvLSTM's slices, use slice-wise layers that keep
+the volumes as the first dimension, so that each example's gradient is its own).
+The server builds its model the same way when the run asks for DP, so every
+state dict matches. Per-example gradients are Opacus's ``hooks`` mode with the
+closed forms of :mod:`clients.training.grad_samplers` for the models' layers
+(DP-SGD costs 1.3-2.2x plain training per sample on CPU, docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from torch.utils.data import DataLoader
 from clients.training import grad_samplers
 from clients.training.dp_accountants import ACCOUNTANTS, DEFAULT_ACCOUNTANT
 from clients.training.opacus_loader import opacus
+from models.slice_layers import slice_wise
 from strategies.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -86,8 +90,10 @@ def dp_compatible(model: nn.Module) -> tuple[nn.Module, tuple[str, ...]]:
     BatchNorm layers become GroupNorm (:meth:`opacus.validators.ModuleValidator.fix`;
     BatchNorm's batch statistics make one example's output depend on the others,
     so per-example gradients are not defined); a module with a ``fold_slices``
-    attribute (:func:`models.convlstm.per_slice`) stops folding slices into the batch;
-    in-place activations (``ReLU(inplace=True)``) work out of place, as Opacus's
+    attribute (:func:`models.slice_layers.per_slice`) stops folding slices into the batch
+    and its 2D layers become slice-wise (:func:`models.slice_layers.slice_wise`: one call
+    for all slices, the volumes still the first dimension, where per-example gradients
+    are taken); in-place activations (``ReLU(inplace=True)``) work out of place, as Opacus's
     backward hooks require. None of these changes the parameters or their names.
 
     Raises
@@ -108,7 +114,8 @@ def dp_compatible(model: nn.Module) -> tuple[nn.Module, tuple[str, ...]]:
     for module in unfolded:
         module.fold_slices = False
     if unfolded:
-        changes.append(f"{len(unfolded)} slice-folding modules -> per-slice calls")
+        layers = sum(slice_wise(module) for module in unfolded)
+        changes.append(f"{len(unfolded)} slice-folding modules -> {layers} slice-wise layers")
     errors = validator.validate(model, strict=False)
     if errors:
         raise PrivateModelError(f"DP-SGD (privacy.noise-multiplier > 0): model "
