@@ -56,7 +56,7 @@ import statistics  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
+from dataclasses import dataclass, replace  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from opacus.accountants.utils import get_noise_multiplier  # noqa: E402
@@ -142,6 +142,14 @@ def _summary(runs: list[dict]) -> list[dict]:
     return rows
 
 
+def _tuned(spec: PrivacySet, args: argparse.Namespace) -> tuple[PrivacySet, float, float, int]:
+    """``spec`` with the command line's ``--lr``, ``--clip`` and ``--batch-size``; those three."""
+    lr, clip = args.lr or spec.lr, args.clip or spec.clip
+    batch = args.batch_size or spec.settings["batch-size"]
+    return (replace(spec, lr=lr, clip=clip, settings={**spec.settings, "batch-size": batch}),
+            lr, clip, batch)
+
+
 def _write(path: Path, payload: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=2, allow_nan=False, default=str) + "\n")
@@ -155,6 +163,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--local-steps", type=int, default=10)
     p.add_argument("--repeats", type=int, default=1, help="training seeds 0 .. repeats-1")
+    p.add_argument("--seeds", type=int, nargs="+", help="these training seeds (not --repeats)")
+    p.add_argument("--batch-size", type=int, help="override the set's batch size")
+    p.add_argument("--lr", type=float, help="override the set's Adam learning rate")
+    p.add_argument("--clip", type=float, help="override the set's clipping norm C")
     p.add_argument("--max-per-site", type=int, default=0, help="converter cap (0: none)")
     p.add_argument("--throughput-tasks", nargs="*", default=list(TASK_SETTINGS),
                    choices=sorted(TASK_SETTINGS))
@@ -164,16 +176,17 @@ def main(argv: list[str] | None = None) -> int:
                    help="1 round x 2 steps, 1 seed, 24 items a site (wiring check)")
     p.add_argument("--output", type=Path, default=ROOT / "bench/results/privacy_utility.json")
     args = p.parse_args(argv)
+    args.seeds = args.seeds if args.seeds is not None else list(range(args.repeats))
     if args.quick:
-        args.rounds, args.local_steps, args.repeats, args.max_per_site = 1, 2, 1, 24
+        args.rounds, args.local_steps, args.seeds, args.max_per_site = 1, 2, [0], 24
         args.throughput_steps, args.throughput_pairs = 2, 1
     payload: dict = {
         "description": "FedAvg with site-level DP-SGD (Opacus, RDP) vs non-private training, "
                        "through the product (in-process engine)",
         "engine": "in-process",
         "config": {"rounds": args.rounds, "local_steps": args.local_steps,
-                   "max_per_site": args.max_per_site, "repeats": args.repeats,
-                   "lr_clip": {name: (SETS[name].lr, SETS[name].clip) for name in args.sets},
+                   "max_per_site": args.max_per_site, "seeds": args.seeds,
+                   "lr_clip_batch": {name: _tuned(SETS[name], args)[1:] for name in args.sets},
                    "delta": DELTA, "optimizer": "adam", "device": "cpu", "threads": 1,
                    "quick": args.quick},
         "runs": [], "summary": [], "throughput": [],
@@ -200,10 +213,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run_set(name: str, args: argparse.Namespace, tmp: Path, payload: dict) -> None:
     """Every seed and epsilon of set ``name`` (inf first: the reference); JSON after each run."""
-    spec = SETS[name]
+    spec, *_ = _tuned(SETS[name], args)
     capped = ("--max-per-site", str(args.max_per_site)) if args.max_per_site else ()
     folders = convert_shared(spec.task, args.shared, tmp / name, [*spec.converter_args, *capped])
-    for seed in range(args.repeats):
+    for seed in args.seeds:
         reference, sizes = None, []
         for eps in sorted(args.epsilons, reverse=True):
             if math.isfinite(eps) and not sizes:

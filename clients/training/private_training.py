@@ -49,10 +49,13 @@ __all__ = ["DpSettings", "PrivateModelError", "GRAD_SAMPLE_MODES", "dp_compatibl
 
 #: Opacus's per-example gradient engines for a model trained in place (``wrap_model=False``):
 #: ``"hooks"``, a layer's closed-form per-example gradient from its activations and
-#: back-propagated errors (functorch for layers without one), and ``"functorch"``,
-#: every layer's by ``torch.func.vmap`` of its own gradient. ``"hooks"`` is the faster on
-#: CPU for all three tasks' models (``bench/privacy_utility.py``, docs/BENCHMARKS.md);
-#: Opacus's expanded weights (``"ew"``) cannot run the U-Net (PReLU) or the ConvLSTM.
+#: back-propagated errors (:mod:`clients.training.grad_samplers` for the models' layers,
+#: Opacus's own for the others), and ``"functorch"``, every layer's by ``torch.func.vmap``
+#: of its own gradient. ``"hooks"`` is the faster on CPU for all three tasks' models
+#: (``bench/privacy_utility.py``, docs/BENCHMARKS.md). Not offered: Opacus's expanded
+#: weights (``"ew"``, not with ``wrap_model=False``) and ghost clipping (``"ghost"``: Opacus
+#: has no per-example norm rule for convolutions, so it computes the same per-example
+#: gradients and adds a second backward pass: not faster than ``"hooks"`` on cxr-cls).
 GRAD_SAMPLE_MODES = ("hooks", "functorch")
 
 
