@@ -27,11 +27,12 @@ model and per-(round, site) training seeds for every run (``seed``).
 
 What is measured
 ----------------
-``F_i`` is the task's loss of the global model on a FIXED subset of site
-``i``'s training slabs: the Power-of-Choice query of the product
-(``strategy.selector = "cpow-d"`` with ``selection.m = selection.d = 3``, so
-every site is selected and each round first reports ``F_i`` of the model it
-receives, on ``selection.subset`` slabs drawn once). Round ``r``'s query
+``F_i`` is the task's loss of the global model on site ``i``'s training slabs:
+the Power-of-Choice query of the product (``strategy.selector = "pow-d"`` with
+``selection.m = selection.d = 3``, so every site is selected and each round first
+reports ``F_i`` of the model it receives, on its whole training split; with
+``--eval-slabs k > 0``, ``cpow-d`` on ``k`` slabs, which a site draws afresh for every
+query since issue #28, so that answers cannot be differenced: a noisier ``F_i``). Round ``r``'s query
 measures the model before round ``r``: the curves hold ``x_0 .. x_{R-1}``.
 ``F = sum_i p_i F_i`` (``p_i`` from the sites' example counts), FedAvg's
 surrogate ``F~`` with the ``a-norms`` the sites reported, the per-site
@@ -112,7 +113,8 @@ def run_spec(spec: RunSpec, folders: Sequence[Path], args: argparse.Namespace,
         "task": "pe-seg", "image-size": args.image_size, "batch-size": args.batch_size,
         "optimizer": "sgd", "lr": spec.lr, "momentum": spec.momentum,
         "local-steps": max(spec.taus), "strategy.aggregator": spec.method,
-        "strategy.selector": "cpow-d", "selection.m": len(sites), "selection.d": len(sites),
+        "strategy.selector": "cpow-d" if args.eval_slabs else "pow-d",
+        "selection.m": len(sites), "selection.d": len(sites),
         "selection.subset": args.eval_slabs, "num-server-rounds": args.rounds,
         "seed": args.seed, "experiment": "bench-fednova-pe"}
     outcome, seconds = run_product(overrides, sites, workdir)
@@ -199,7 +201,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--momenta", type=float, nargs="+", default=[0.0])
     parser.add_argument("--image-size", type=int, default=32)
     parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--eval-slabs", type=int, default=64)
+    parser.add_argument("--eval-slabs", type=int, default=0,
+                        help="0: F_i on the whole training split (pow-d); k: cpow-d on k "
+                             "random slabs a query")
     parser.add_argument("--tail", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--data-root", type=Path, default=None,
@@ -227,8 +231,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                        "sites, local SGD, heterogeneous local steps (node_config "
                        "max-local-steps); the product's federation through the in-process "
                        "engine.",
-        "measured": "F_i = the product's cpow-d query loss (DiceCE) of the model each round "
-                    "receives on a fixed subset of site i's training slabs; index 0 = the "
+        "measured": "F_i = the product's pow-d query loss (DiceCE) of the model each round "
+                    "receives on site i's training slabs (cpow-d on --eval-slabs random slabs "
+                    "when > 0); index 0 = the "
                     "initial model; F = sum_i p_i F_i; F~ with w_i = p_i a_i / sum_j p_j a_j.",
         "config": {**{k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
                    "sites": [str(f) for f in folders], "runs": [asdict(s) for s in specs]},

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from app.config.run_config import RunConfig
-from app.server_app import _progress_line, build_strategy
+from app.round_progress import progress_line
+from app.server_app import build_strategy
 from app.tracking.tracker import round_record
 from strategies.errors import ConfigError
 from strategies.plugins.schedules.codec_rate import AdaptiveCodecRate, FixedCodecRate
@@ -40,10 +41,10 @@ def test_nonsense_rate_settings_are_refused_naming_the_key(values, message) -> N
         RunConfig.from_mapping(values)
 
 
-def test_the_rate_reaches_mlflow_and_the_progress_line() -> None:
+def test_the_rate_reaches_mlflow_and_theprogress_line() -> None:
     report = RoundReport(3, strategy={"codec-rate": 0.0123, "codec-rate-seconds": 4.0})
     metrics = round_record(report).metrics
     assert metrics["strategy/codec-rate"] == 0.0123
     assert metrics["strategy/codec-rate-seconds"] == 4.0
-    assert ", rate 0.0123 |" in _progress_line(report, 5, "val-dice")
-    assert "rate" not in _progress_line(RoundReport(3), 5, "val-dice")
+    assert ", rate 0.0123 |" in progress_line(report, 5, "val-dice")
+    assert "rate" not in progress_line(RoundReport(3), 5, "val-dice")

@@ -27,7 +27,7 @@ def result(tmp_path_factory, mlflow_store):
     mlflow_store(tmp / "work")
     out = tmp / "out.json"
     assert bench.main(["--rounds", "2", "--tail", "1", "--taus", *map(str, TAUS),
-                       "--homogeneous-tau", "2", "--eval-slabs", "8", "--batch-size", "4",
+                       "--homogeneous-tau", "2", "--eval-slabs", "0", "--batch-size", "4",
                        "--data-root", str(tmp / "pe"), "--workdir", str(tmp / "work"),
                        "--output", str(out)]) == 0
     return json.loads(out.read_text())

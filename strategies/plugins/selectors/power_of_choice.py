@@ -8,7 +8,8 @@ highest loss (:func:`strategies.selection.power_of_choice`).
 
 * ``pow-d`` asks each candidate for the loss on its training data with a cheap
   Flower ``query`` message (forward passes only);
-* ``cpow-d`` does the same on a small fixed subset of each candidate's data;
+* ``cpow-d`` does the same on a small random subset of each candidate's data (its
+  size ``selection.subset``; the site draws it afresh for every query, issue #28);
 * ``rpow-d`` sends no extra message: it uses each site's last reported training
   loss, and sites never selected come first.
 
