@@ -11,15 +11,16 @@ registers, through Opacus's public :func:`opacus.grad_sample.register_grad_sampl
 closed forms for the layer types the DP models use:
 
 - :class:`torch.nn.Conv2d` and :class:`torch.nn.ConvTranspose2d` (the U-Net's
-  up-sampling): the batch is folded into the channels of ONE convolution with
-  ``groups = N`` (input ``(1, N C_in, H, W)``, weight repeated ``N`` times), whose
-  weight gradient, from PyTorch's own convolution backward, is the ``N`` examples'
-  gradients side by side (the grouped-convolution formulation of Rochette, Manoel
-  & Tramel, "Efficient per-example gradient computations in convolutional neural
-  networks", arXiv:1912.06015, 2019, sec. 3.2). Opacus's own conv sampler
-  unfolds the activations (im2col, ``k^2`` times their size) and multiplies
-  ``G_n = B_n U(a_n)^T`` example by example, 2-4x slower on CPU for 3x3 kernels;
-  a 1x1 convolution needs no unfolding and keeps that product. Transposed
+  up-sampling): with few channels the batch is folded into the channels of ONE
+  convolution with ``groups = N`` (input ``(1, N C_in, H, W)``, weight repeated ``N``
+  times), whose weight gradient, from PyTorch's own convolution backward, is the ``N``
+  examples' gradients side by side (the grouped-convolution formulation of Rochette,
+  Manoel & Tramel, "Efficient per-example gradient computations in convolutional
+  neural networks", arXiv:1912.06015, 2019, sec. 3.2), 2-6x faster on CPU than
+  Opacus's unfolding (im2col, ``k^2`` times the activations) and per-example products
+  ``G_n = B_n U(a_n)^T``; with many channels (:data:`GROUPED_MAX_CHANNEL_PAIRS`) the
+  unfolded product is the faster and is kept (a transposed convolution's: its input
+  times the unfolded output errors). A 1x1 convolution needs no unfolding. Transposed
   convolutions are otherwise ``vmap``-ed.
 - the slice-wise layers of :mod:`models.slice_layers` (the ConvLSTM's layers shared by
   a volume's slices): the 2D rule on the ``B T`` slices, summed over each volume's
@@ -39,6 +40,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from clients.training.opacus_loader import opacus
@@ -48,6 +50,9 @@ __all__ = ["conv2d_grad_sample", "conv_transpose2d_grad_sample", "prelu_grad_sam
            "register"]
 
 Samples = dict[nn.Parameter, torch.Tensor]
+#: Below this many (input, output) channel pairs the grouped convolution is the faster on CPU
+#: (measured on the three models' layers); above it the unfolded product.
+GROUPED_MAX_CHANNEL_PAIRS = 4096
 GradSampler = Callable[[nn.Module, Sequence[torch.Tensor], torch.Tensor], Samples]
 
 
@@ -74,16 +79,22 @@ def _per_example_weight_grads(layer: nn.Conv2d | nn.ConvTranspose2d, a: torch.Te
     return grad.view(n, *layer.weight.shape)
 
 
+def _grouped_is_faster(layer: nn.Conv2d | nn.ConvTranspose2d) -> bool:
+    """The grouped convolution for up to :data:`GROUPED_MAX_CHANNEL_PAIRS` channel pairs."""
+    return layer.in_channels * layer.out_channels < GROUPED_MAX_CHANNEL_PAIRS
+
+
 def conv2d_grad_sample(layer: nn.Conv2d, activations: Sequence[torch.Tensor],
                        backprops: torch.Tensor) -> Samples:
     """Per-example ``weight`` (and ``bias``) gradients of a 2D convolution, ``(N, *shape)``."""
     a = activations[0].to(backprops.dtype)
     n = a.shape[0]
-    if n == 0 or not _plain(layer):
+    pointwise = layer.kernel_size == (1, 1) and layer.stride == (1, 1) and layer.padding == (0, 0)
+    if n == 0 or not _plain(layer) or not (pointwise or _grouped_is_faster(layer)):
         return opacus("grad_sample.conv").compute_conv_grad_sample(layer, activations, backprops)
     samples: Samples = {}
     if layer.weight.requires_grad:
-        if layer.kernel_size == (1, 1) and layer.stride == (1, 1) and layer.padding == (0, 0):
+        if pointwise:
             grad = torch.bmm(backprops.reshape(n, backprops.shape[1], -1),
                              a.reshape(n, a.shape[1], -1).transpose(1, 2))
             samples[layer.weight] = grad.view(n, *layer.weight.shape)
@@ -96,12 +107,23 @@ def conv2d_grad_sample(layer: nn.Conv2d, activations: Sequence[torch.Tensor],
 
 def conv_transpose2d_grad_sample(layer: nn.ConvTranspose2d, activations: Sequence[torch.Tensor],
                                  backprops: torch.Tensor) -> Samples:
-    """Per-example gradients of a 2D transposed convolution (one group), ``(N, *shape)``."""
+    """Per-example gradients of a 2D transposed convolution (one group), ``(N, *shape)``.
+
+    Many channel pairs: the correlation of the input with the unfolded output errors,
+    ``G_n = a_n U_s(b_n)^T``, ``U_s`` unfolding at the layer's stride, padding and dilation
+    (one column per input position; Dumoulin & Visin, arXiv:1603.07285, sec. 4).
+    """
     a = activations[0].to(backprops.dtype)
     n = a.shape[0]
     samples: Samples = {}
     if layer.weight.requires_grad:
-        samples[layer.weight] = _per_example_weight_grads(layer, a, backprops, True)
+        if _grouped_is_faster(layer):
+            samples[layer.weight] = _per_example_weight_grads(layer, a, backprops, True)
+        else:
+            cols = F.unfold(backprops, layer.kernel_size, layer.dilation, layer.padding,
+                            layer.stride)[..., :a.shape[2] * a.shape[3]]
+            grad = torch.bmm(a.reshape(n, a.shape[1], -1), cols.transpose(1, 2))
+            samples[layer.weight] = grad.view(n, *layer.weight.shape)
     if layer.bias is not None and layer.bias.requires_grad:
         samples[layer.bias] = backprops.reshape(n, backprops.shape[1], -1).sum(dim=2)
     return samples

@@ -29,6 +29,11 @@ LAYERS = {
                                 conv_transpose2d_grad_sample),
     "transposed 3x3 stride 1": (nn.ConvTranspose2d(3, 2, 3, padding=1, bias=False),
                                 (2, 3, 7, 7), conv_transpose2d_grad_sample),
+    "conv 3x3, many channels (unfolded)": (nn.Conv2d(64, 64, 3, padding=1), (3, 64, 4, 4),
+                                           conv2d_grad_sample),
+    "transposed 3x3 stride 2, many channels (unfolded)": (
+        nn.ConvTranspose2d(96, 48, 3, stride=2, padding=1, output_padding=1), (3, 96, 3, 3),
+        conv_transpose2d_grad_sample),
     "PReLU per channel": (nn.PReLU(5, init=0.2), (4, 5, 6, 6), prelu_grad_sample),
     "PReLU shared": (nn.PReLU(init=0.3), (4, 5, 6, 6), prelu_grad_sample),
 }
@@ -36,6 +41,7 @@ LAYERS = {
 
 @pytest.mark.parametrize("name", sorted(LAYERS))
 def test_each_examples_gradient_is_the_gradient_of_that_example_alone(name):
+    """Both ways of a convolution's rule (grouped convolution, unfolded product) included."""
     torch.manual_seed(0)
     layer, shape, sampler = LAYERS[name]
     x = torch.randn(shape)
