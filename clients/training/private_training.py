@@ -18,7 +18,7 @@ the volumes as the first dimension, so that each example's gradient is its own).
 The server builds its model the same way when the run asks for DP, so every
 state dict matches. Per-example gradients are Opacus's ``hooks`` mode with the
 closed forms of :mod:`clients.training.grad_samplers` for the models' layers
-(DP-SGD costs 1.3-2.2x plain training per sample on CPU, docs/BENCHMARKS.md).
+(DP-SGD costs 1.5-2.9x plain training per sample on CPU, docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
