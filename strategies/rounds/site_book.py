@@ -4,6 +4,11 @@ A node id is Flower's handle for a SuperNode; a site name is what the site
 declares in its replies (:func:`strategies.replies.site_name`). The book is the
 server's trust boundary for both:
 
+* **name rule** -- a declared name is at most :data:`SITE_NAME_MAX_LENGTH`
+  characters of letters, digits, ``_``, ``-`` and ``.`` (not dot-only): it
+  becomes part of MLflow metric names (``site/<name>/...``) and of file names.
+  A reply under another name is refused and recorded under ``node-<id>``
+  (:func:`site_name_problem`).
 * **identity** -- a name is bound to the node that first declared it in a valid
   reply. A later reply from that node under another name, or a reply from
   another connected node under a bound name, is refused
@@ -26,6 +31,7 @@ of the strategy's checkpoint (:meth:`snapshot` / :meth:`restore`).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 from logging import WARNING
 from typing import TypeVar
@@ -35,9 +41,30 @@ from flwr.supercore import log
 from strategies import message_keys as keys
 from strategies.replies import MetricsReply, TrainReply
 
-__all__ = ["SiteBook"]
+__all__ = ["SITE_NAME_MAX_LENGTH", "SiteBook", "site_name_problem"]
 
 Reply = TypeVar("Reply", TrainReply, MetricsReply)
+
+#: The longest site name a reply may declare.
+SITE_NAME_MAX_LENGTH = 64
+_SITE_NAME = re.compile(r"[A-Za-z0-9_.\-]+")
+
+
+def site_name_problem(site: str) -> str | None:
+    """Why ``site`` is not a valid declared site name (``None``: it is).
+
+    Rule: 1 to :data:`SITE_NAME_MAX_LENGTH` characters, each an ASCII letter,
+    digit, ``_``, ``-`` or ``.``, and not dot-only. The name is quoted cut to
+    the limit.
+    """
+    shown = repr(site[:SITE_NAME_MAX_LENGTH]) + ("..." if len(site) > SITE_NAME_MAX_LENGTH else "")
+    if len(site) > SITE_NAME_MAX_LENGTH:
+        return (f"site name rule: the declared name {shown} has {len(site)} characters, "
+                f"at most {SITE_NAME_MAX_LENGTH} are allowed")
+    if not _SITE_NAME.fullmatch(site) or not site.strip("."):
+        return (f"site name rule: the declared name {shown} may hold only letters, digits, "
+                "'_', '-' and '.' (not dot-only)")
+    return None
 
 
 @dataclass
@@ -77,6 +104,8 @@ class SiteBook:
         """The name to record a reply under: bound name, else the declared one if free."""
         if node_id in self.names:
             return self.names[node_id]
+        if site_name_problem(declared) is not None:
+            return f"node-{node_id}"
         if self.roster is not None and declared not in self.roster:
             return f"node-{node_id}"
         owner = self._owner(declared)
@@ -92,10 +121,14 @@ class SiteBook:
     def identity_problem(self, node_id: int, site: str) -> str | None:
         """Why ``node_id`` may not reply as ``site`` (``None``: it may; the name is bound).
 
-        Rules: with a roster, only its names; one name per node and one node
-        per name. A name bound to a node that is not connected is released to
-        ``node_id`` (size caps and last loss move with it).
+        Rules: the name rule (:func:`site_name_problem`); with a roster, only
+        its names; one name per node and one node per name. A name bound to a
+        node that is not connected is released to ``node_id`` (size caps and
+        last loss move with it).
         """
+        problem = site_name_problem(site)
+        if problem is not None:
+            return f"{problem} (node {node_id})"
         if self.roster is not None and site not in self.roster:
             return (f"site roster: site '{site}' (node {node_id}) is not on the "
                     "coordinator's roster (run config 'federation.roster')")
