@@ -40,6 +40,7 @@ from app.tracking import (
     log_federation_models,
     model_metadata,
 )
+from app.tracking.refusals import require_aggregation
 from clients.registry import task_class
 from strategies import message_keys as keys
 from strategies.rounds.cross_site import CrossSiteResult
@@ -264,6 +265,7 @@ def federate(grid: Grid, context: Context) -> FederationOutcome:
         if stopped_early:
             mlflow.set_tag("early-stopped-at-round", str(last_round))
         tracker.flush()  # the sites' last epsilon, for the registry's version tags
+        require_aggregation(strategy.reports)  # else FederationError: run FAILED, nothing logged
         models = log_federation_models(
             run_id, tracker.experiment_name, model,
             (list(result.arrays.keys()), result.arrays.to_numpy_ndarrays()),

@@ -1,0 +1,82 @@
+"""A federation that aggregated nothing: detected, its refusals counted by rule.
+
+A round aggregated an update when at least one train reply was accepted and the
+new global model replaced the old one (:attr:`RoundReport.aggregation_failed`
+empty). When no round did (every site refused, failed or was dropped in every
+round), the global model is still the initial one: the ServerApp marks the MLflow
+run ``FAILED``, registers nothing and raises :class:`FederationError` naming the
+drops counted by policy rule (:func:`strategies.rounds.withheld.refused_rule`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from logging import WARNING
+
+import mlflow
+from flwr.supercore import log
+
+from app.tracking.tracker import bounded_requests
+from strategies.errors import FederationError
+from strategies.rounds.round_report import RoundReport
+from strategies.rounds.withheld import refused_rule
+
+__all__ = ["DROPPED", "NO_REPLY", "REFUSALS_ARTIFACT", "REFUSALS_TAG", "aggregated_any", "refusal_counts", "refusals_text",
+           "require_aggregation"]
+
+#: The run tag and the artifact that hold the counts of a run that aggregated nothing.
+REFUSALS_TAG, REFUSALS_ARTIFACT = "refusals", "refusals.json"
+
+#: The count of train replies dropped for a reason other than a policy rule.
+DROPPED = "dropped"
+#: The count of selected sites that sent no train reply before the round closed.
+NO_REPLY = "no reply"
+
+
+def aggregated_any(reports: Mapping[int, RoundReport]) -> bool:
+    """Whether any round accepted a train reply and updated the global model."""
+    return any(report.train and not report.aggregation_failed for report in reports.values())
+
+
+def refusal_counts(reports: Mapping[int, RoundReport]) -> dict[str, int]:
+    """Dropped train replies over all rounds, by policy rule (``dropped``: no rule named;
+    ``no reply``: a selected site that never answered), in name order."""
+    counts: Counter[str] = Counter()
+    for report in reports.values():
+        for reason in report.train_dropped.values():
+            counts[refused_rule(reason) or DROPPED] += 1
+        counts[NO_REPLY] += report.missing.get("train", 0)
+    return {rule: count for rule, count in sorted(counts.items()) if count}
+
+
+def refusals_text(counts: Mapping[str, int]) -> str:
+    """``apps: 2, min-batch-size: 1`` (``none``: no drop recorded)."""
+    return ", ".join(f"{rule}: {count}" for rule, count in counts.items()) or "none"
+
+
+def require_aggregation(reports: Mapping[int, RoundReport]) -> None:
+    """Raise :class:`FederationError` when no round of ``reports`` aggregated an update.
+
+    The active MLflow run first gets the counts as its ``refusals`` tag and
+    ``refusals.json`` artifact (bounded requests; an unreachable store is a
+    warning, never a different error).
+
+    Raises
+    ------
+    FederationError
+        Naming the rounds run and the train drops counted by rule.
+    """
+    if aggregated_any(reports):
+        return
+    counts = refusal_counts(reports)
+    text = refusals_text(counts)
+    try:
+        with bounded_requests():
+            mlflow.set_tag(REFUSALS_TAG, text)
+            mlflow.log_dict(counts, REFUSALS_ARTIFACT)
+    except Exception as exc:  # noqa: BLE001 - the FederationError below is what matters
+        log(WARNING, "could not record the refusals in MLflow (%s)", exc)
+    raise FederationError(
+        f"no round aggregated any update in {len(reports)} round(s): every train reply was "
+        f"refused, failed or dropped (by rule: {text}); nothing registered")
