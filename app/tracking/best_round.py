@@ -5,7 +5,8 @@ Round ``r``'s global model is the one its sites evaluated in round ``r``
 ``RoundReport.evaluate_aggregate["val-<metric>"]`` of round ``r`` scores round
 ``r``'s arrays: the best round is the one with the highest value (Dice and ROC AUC
 are better when higher). A round no site evaluated neither improves nor counts
-toward patience.
+toward patience. A round scored NaN (or infinite) is never selected, not even
+from a checkpoint.
 
 Early stopping (Prechelt, "Early stopping -- but when?", 1998): stop after
 ``patience`` evaluated rounds in a row without an improvement of at least
@@ -84,10 +85,13 @@ class BestRound:
                 "arrays": list(self.arrays), "stale": self.stale}
 
     def restore(self, state: dict[str, Any]) -> None:
-        """Continue from a :meth:`state` (an empty one, from an older checkpoint, changes nothing)."""
+        """Continue from a :meth:`state` (an empty one, from an older checkpoint, changes
+        nothing; a best round scored NaN or infinite is dropped: never selected)."""
         if not state:
+            return
+        self.stale = int(state["stale"])
+        if not math.isfinite(float(state["value"])):
             return
         self.round, self.value = int(state["round"]), float(state["value"])
         self.sites, self.keys = list(state["sites"]), list(state["keys"])
         self.arrays = [np.asarray(a) for a in state["arrays"]]
-        self.stale = int(state["stale"])

@@ -116,3 +116,15 @@ def test_early_stopping_run_config_keys():
         RunConfig.from_mapping({"early-stopping.patience": 1, "fraction-evaluate": 0.0})
     with pytest.raises(RunConfigError, match="'early-stopping.min-delta' must be >= 0"):
         RunConfig.from_mapping({"early-stopping.min-delta": -0.1})
+
+
+def test_a_round_scored_nan_is_never_the_best_round_even_from_a_checkpoint():
+    """Issue 29, found 8: a NaN-scored best round (a checkpoint's) is not kept selected."""
+    best = BestRound("val-dice")
+    assert not best.observe(1, {"val-dice": float("nan")}, ["site-a"], ["w"], [np.zeros(1)])
+    assert not best.found
+    best.restore({"metric": "val-dice", "round": 1, "value": float("nan"), "sites": ["site-a"],
+                  "keys": ["w"], "arrays": [np.zeros(1)], "stale": 0})
+    assert not best.found and best.value == -np.inf and best.arrays == []
+    assert best.observe(2, {"val-dice": 0.3}, ["site-a"], ["w"], [np.ones(1)])
+    assert (best.round, best.value) == (2, 0.3)
