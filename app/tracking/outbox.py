@@ -9,6 +9,11 @@ in ``tracking-outbox.jsonl`` (JSON lines, in the federation's checkpoint
 folder) and go out in step order once MLflow answers. The file holds only
 records not yet sent; it is rewritten atomically after each send.
 
+A record (or the part of one) MLflow refuses -- a name past MLflow's limits,
+a value it rejects -- is never retried: it is set aside with the reason in
+``tracking-rejected.jsonl`` beside the outbox (:meth:`Outbox.set_aside`), so
+it cannot block the rounds after it.
+
 Without a checkpoint folder the outbox lives in memory (nothing survives a
 crash then, as with the checkpoint).
 """
@@ -25,10 +30,12 @@ from typing import Any
 
 from flwr.supercore import log
 
-__all__ = ["OUTBOX_FILE", "Outbox", "RoundRecord"]
+__all__ = ["OUTBOX_FILE", "REJECTED_FILE", "Outbox", "RoundRecord"]
 
 #: The outbox file in a federation's checkpoint folder.
 OUTBOX_FILE = "tracking-outbox.jsonl"
+#: Records MLflow refuses, with the reason, beside the outbox.
+REJECTED_FILE = "tracking-rejected.jsonl"
 
 
 @dataclass
@@ -63,6 +70,7 @@ class Outbox:
     def __init__(self, path: Path | None = None) -> None:
         self.path = None if path is None else Path(path)
         self._pending: list[RoundRecord] = []
+        self.rejected: list[dict[str, Any]] = []
         if self.path is not None and self.path.is_file():
             with self.path.open(encoding="utf-8") as handle:
                 for number, line in enumerate(handle, 1):
@@ -83,10 +91,18 @@ class Outbox:
         """Add a round's record (written to disk before this returns)."""
         self._pending.append(record)
         if self.path is not None:
-            with self.path.open("a", encoding="utf-8") as handle:
-                handle.write(json.dumps(asdict(record)) + "\n")
-                handle.flush()
-                os.fsync(handle.fileno())
+            _append_line(self.path, asdict(record))
+
+    def set_aside(self, record: RoundRecord, reason: str) -> None:
+        """Keep ``record``, which MLflow refuses, out of the outbox: in ``rejected``
+        and, with a folder, in ``tracking-rejected.jsonl`` with ``reason``."""
+        entry = {**asdict(record), "reason": reason}
+        self.rejected.append(entry)
+        where = "memory" if self.path is None else self.path.parent / REJECTED_FILE
+        if self.path is not None:
+            _append_line(self.path.parent / REJECTED_FILE, entry)
+        log(WARNING, "MLflow refuses round %d's %d metric(s) and %d param(s) (%s); set aside "
+            "in %s", record.step, len(record.metrics), len(record.params), reason, where)
 
     def done(self, count: int) -> None:
         """The first ``count`` pending records are in MLflow: forget them."""
@@ -112,3 +128,11 @@ class Outbox:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+
+
+def _append_line(path: Path, entry: dict[str, Any]) -> None:
+    """Append ``entry`` as one JSON line to ``path``, on disk before this returns."""
+    with path.open("a", encoding="utf-8") as handle:
+        handle.write(json.dumps(entry) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())

@@ -18,6 +18,14 @@ with MLflow's HTTP retries off and a short request timeout
 (``MLFLOW_HTTP_REQUEST_MAX_RETRIES = 0``, ``MLFLOW_HTTP_REQUEST_TIMEOUT``), and
 never raises: while MLflow is unreachable a round costs at most one failed
 request and its record waits for the next flush.
+
+MLflow refuses a name over 250 characters or with other characters than its
+own rules allow (``mlflow.utils.validation``). Every metric and param name is
+checked before it is queued (:func:`mlflow_name_problem`): those MLflow would
+refuse are set aside with the reason (:meth:`Outbox.set_aside`), the rest of
+the round goes on. A record MLflow refuses anyway (``INVALID_PARAMETER_VALUE``
+or ``BAD_REQUEST``, not a connection error) is set aside the same way and the
+flush goes on with the next one: no record blocks the rounds after it.
 """
 
 from __future__ import annotations
@@ -36,6 +44,12 @@ from flwr.supercore import log
 from mlflow.entities import Metric, Param
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
+from mlflow.utils.validation import (
+    MAX_ENTITY_KEY_LENGTH,
+    bad_character_message,
+    path_not_unique,
+    validate_param_and_metric_name,
+)
 
 from app.tracking.outbox import OUTBOX_FILE, Outbox, RoundRecord
 from strategies import message_keys as keys
@@ -44,7 +58,7 @@ from strategies.rounds.round_report import RoundReport
 from strategies.rounds.withheld import withheld_text
 
 __all__ = ["FLUSH_TIMEOUT_SECONDS", "FederationTracker", "bounded_requests", "metric_key",
-           "policy_params", "round_record"]
+           "mlflow_name_problem", "policy_params", "round_record"]
 
 
 _UNSAFE = re.compile(r"[^0-9A-Za-z_\-./ ]")
@@ -54,6 +68,43 @@ _UNSAFE = re.compile(r"[^0-9A-Za-z_\-./ ]")
 FLUSH_TIMEOUT_SECONDS = 5
 #: The metric whose history tells which steps MLflow has (logged last in a step).
 _STEP_MARKER = "round-seconds"
+#: MLflow error codes of a request it refuses (as opposed to one that never reached it).
+_REFUSED = frozenset({"INVALID_PARAMETER_VALUE", "BAD_REQUEST"})
+
+
+def mlflow_name_problem(name: str) -> str | None:
+    """Why MLflow would refuse ``name`` as a metric or param name (``None``: it would not).
+
+    MLflow's rules (``mlflow.utils.validation``): at most ``MAX_ENTITY_KEY_LENGTH``
+    (250) characters, its allowed characters, and a path that does not normalise
+    to another name.
+    """
+    shown = repr(name[:60]) + ("..." if len(name) > 60 else "")
+    if len(name) > MAX_ENTITY_KEY_LENGTH:
+        return (f"MLflow name rule: {shown} has {len(name)} characters, at most "
+                f"{MAX_ENTITY_KEY_LENGTH}")
+    if not validate_param_and_metric_name(name):
+        return f"MLflow name rule: {shown}: {bad_character_message()}"
+    if path_not_unique(name):
+        return f"MLflow name rule: {shown} would resolve to another name as a path"
+    return None
+
+
+def _without_refused_names(record: RoundRecord) -> tuple[RoundRecord, str] | None:
+    """Move the metrics and params of ``record`` that MLflow would refuse out of it.
+
+    Returns them as a record of their own with the reasons (``None``: none).
+    """
+    problems = {name: mlflow_name_problem(name) for name in [*record.metrics, *record.params]}
+    refused = {name: problem for name, problem in problems.items() if problem is not None}
+    if not refused:
+        return None
+    aside = RoundRecord(step=record.step, timestamp_ms=record.timestamp_ms,
+                        metrics={k: record.metrics.pop(k) for k in refused
+                                 if k in record.metrics},
+                        params={k: record.params.pop(k) for k in refused
+                                if k in record.params})
+    return aside, "; ".join(sorted(set(refused.values())))
 
 
 def metric_key(*parts: str) -> str:
@@ -224,25 +275,31 @@ class FederationTracker:
         """Queue one round for MLflow (on disk before this returns)."""
         record = round_record(report)
         record.params = policy_params(report, self._policies)
+        refused = _without_refused_names(record)
+        if refused is not None:
+            self.outbox.set_aside(*refused)
         self.outbox.append(record)
 
     def flush(self, timeout: int = FLUSH_TIMEOUT_SECONDS) -> bool:
         """Send the pending rounds in order; ``True`` when none is left.
 
         Never raises and never retries: a failure (MLflow down, a store
-        error) is logged and the rest waits for the next flush.
+        error) is logged and the rest waits for the next flush. A record
+        MLflow refuses is set aside (:meth:`Outbox.set_aside`) and the flush
+        goes on.
         """
         client, sent = MlflowClient(self.tracking_uri), 0
         pending = self.outbox.pending
         try:
             with bounded_requests(timeout):
                 for record in pending:
-                    self._log_params(client, record.params)
-                    for artifact, content in record.artifacts.items():
-                        client.log_dict(self.run_id, content, artifact)
-                    client.log_batch(self.run_id, metrics=[
-                        Metric(key, value, record.timestamp_ms, record.step)
-                        for key, value in record.metrics.items()])
+                    try:
+                        self._send(client, record)
+                    except MlflowException as exc:
+                        if exc.error_code not in _REFUSED:
+                            raise
+                        self.outbox.set_aside(record, f"{exc.error_code}: "
+                                              f"{str(exc).splitlines()[0][:300]}")
                     sent += 1
         except Exception as exc:  # noqa: BLE001 - tracking must never stop the federation
             log(WARNING, "MLflow at %s not reachable (%s: %s); %d round(s) wait in %s",
@@ -252,6 +309,15 @@ class FederationTracker:
             if sent:
                 self.outbox.done(sent)
         return not self.outbox.pending
+
+    def _send(self, client: MlflowClient, record: RoundRecord) -> None:
+        """Log one record: its params, its artifacts, then its metrics (step marker last)."""
+        self._log_params(client, record.params)
+        for artifact, content in record.artifacts.items():
+            client.log_dict(self.run_id, content, artifact)
+        client.log_batch(self.run_id, metrics=[
+            Metric(key, value, record.timestamp_ms, record.step)
+            for key, value in record.metrics.items()])
 
     def _log_params(self, client: MlflowClient, params: dict[str, str]) -> None:
         """Log ``params``; one MLflow already holds with another value (after a resume) is skipped."""
