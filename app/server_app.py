@@ -265,7 +265,8 @@ def federate(grid: Grid, context: Context) -> FederationOutcome:
         if stopped_early:
             mlflow.set_tag("early-stopped-at-round", str(last_round))
         tracker.flush()  # the sites' last epsilon, for the registry's version tags
-        require_aggregation(strategy.reports)  # else FederationError: run FAILED, nothing logged
+        if not resuming:  # a resumed run's earlier rounds are in its checkpoint, not reports
+            require_aggregation(strategy.reports)  # else FederationError: FAILED, nothing logged
         models = log_federation_models(
             run_id, tracker.experiment_name, model,
             (list(result.arrays.keys()), result.arrays.to_numpy_ndarrays()),

@@ -6,6 +6,8 @@ empty). When no round did (every site refused, failed or was dropped in every
 round), the global model is still the initial one: the ServerApp marks the MLflow
 run ``FAILED``, registers nothing and raises :class:`FederationError` naming the
 drops counted by policy rule (:func:`strategies.rounds.withheld.refused_rule`).
+A resumed federation is not checked: the rounds before its checkpoint are not in
+its reports.
 """
 
 from __future__ import annotations

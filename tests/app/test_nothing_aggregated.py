@@ -76,3 +76,17 @@ def test_a_round_with_an_accepted_update_counts_unless_its_aggregation_failed():
     assert aggregated_any({1: RoundReport(1), 2: RoundReport(2, train=accepted)})
     assert not aggregated_any({1: RoundReport(1, train=accepted,
                                               aggregation_failed="not finite")})
+
+
+def test_a_resume_past_the_last_round_is_not_failed_for_running_no_round(tmp_path, mlflow_store):
+    """A resume after the last round's checkpoint runs no round: its rounds aggregated before."""
+    config = {"num-server-rounds": 1, "image-size": 16, "node-wait-timeout": 5,
+              "experiment": "resumed", "tracking-uri": mlflow_store(tmp_path / "store"),
+              "artifact-root": str(tmp_path / "artifacts"),
+              "checkpoint-dir": str(tmp_path / "checkpoints")}
+    first = run_federation(config, [VirtualSite({}, ScriptedSite(name))
+                                    for name in ("site-a", "site-b")])
+    resumed = run_federation({**config, "resume": True}, [VirtualSite({}, ScriptedSite(name))
+                                                          for name in ("site-a", "site-b")])
+    assert resumed.mlflow_run_id == first.mlflow_run_id and resumed.reports == {}
+    assert resumed.models.final_version
