@@ -192,10 +192,11 @@ class ReplyIntake(Generic[Reply]):
             self._drop(name, kept)
             return name, True
         self._taken.accepted.append(kept)
-        if policy_fingerprint(message):
-            self._taken.policies[name] = policy_fingerprint(message)
-        if withheld_rules(message, kept):
-            self._taken.withheld[name] = withheld_rules(message, kept)
+        fingerprint, withheld = policy_fingerprint(message), withheld_rules(message, kept)
+        if fingerprint:
+            self._taken.policies[name] = fingerprint
+        if withheld:
+            self._taken.withheld[name] = withheld
         return name, True
 
     def take_all(self, messages: Iterable[Message]) -> Taken[Reply]:
