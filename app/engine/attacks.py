@@ -17,10 +17,27 @@ again:
   ``s sqrt(d)``), drawn from ``(seed, server round)``;
 * ``non_finite``: NaN and inf in turn in place of the values (written into the
   payload's raw float32 section: the product's encoder refuses them; codec ``none`` only);
-* ``claim_examples = N``: the reply's ``num-examples`` says ``N``.
+* ``claim_examples = N``: the reply's ``num-examples`` says ``N``;
+* ``claim_steps = N``: the reply's ``steps`` says ``N`` (FedNova weighs an update by
+  ``1 / ||a_i||_1``, which the server computes from the steps: a site claiming 1 of 8
+  steps gets about 8x its weight).
+
+Normalisation-statistics attacks rewrite the update's raw arrays (``raw-<i>``:
+buffers travel uncompressed, :mod:`strategies.update_codec`), the array at
+position ``i`` of the global model the instruction carries (its packed
+``arrays``: names and order, :mod:`strategies.model_buffer`):
+
+* ``poison_running_var = k``: every BatchNorm ``running_var`` update becomes
+  ``k (v + 1)``, ``v`` the global variance received. Under an example-weighted mean
+  where the site weighs ``p`` the new variance is about ``v - p k (v + 1)`` plus the
+  honest part: ``k = 2 / p`` makes it about ``-v - 2`` (the issue's found 3);
+* ``non_finite_buffer``: NaN in every raw float array (statistics), the
+  compressed payload left honest.
 
 ``report_metrics`` overwrites metrics of the site's evaluate replies (a site
-that flatters the model or talks it down). A data attack needs no handler:
+that flatters the model or talks it down); ``site_name`` replaces the name every
+reply's ``site`` record declares (e.g. 300 characters: longer than MLflow's metric
+names allow). A data attack needs no handler:
 :func:`label_flipped_copy` writes a copy of a classification site folder with its
 training labels flipped (``y -> 1 - y``), which the honest ClientApp then trains on.
 """
@@ -42,9 +59,10 @@ from app.engine.virtual_site import Handler, VirtualSite, default_handler
 from strategies import message_keys as keys
 from strategies.compression import decode, encode
 from strategies.errors import ConfigError
+from strategies.model_buffer import PackedModelError, unpack_model
 from strategies.model_packing import named_arrays, record_of
 from strategies.seeds import derive_seed
-from strategies.update_codec import PAYLOAD_KEY
+from strategies.update_codec import PAYLOAD_KEY, RAW_PREFIX
 
 __all__ = ["SiteAttack", "attacking_handler", "attacking_site", "label_flipped_copy"]
 
@@ -52,6 +70,8 @@ __all__ = ["SiteAttack", "attacking_handler", "attacking_site", "label_flipped_c
 _HEADER_BYTES = 7
 #: Salt of the attack's noise seed (``derive_seed(seed, round, salt)``).
 _NOISE_SALT = 0xA77AC
+#: How a BatchNorm layer names its running variance in a torch state dict.
+_RUNNING_VAR = "running_var"
 
 
 @dataclass(frozen=True)
@@ -69,8 +89,17 @@ class SiteAttack:
         The update's values are NaN / inf (codec ``none`` only).
     claim_examples : int
         When positive, the ``num-examples`` the train replies claim.
+    claim_steps : int
+        When positive, the ``steps`` the train replies claim (FedNova's ``a-norm``).
+    poison_running_var : float
+        When positive, ``k``: every BatchNorm ``running_var`` update is ``k (v + 1)``
+        (``v``: the global variance received).
+    non_finite_buffer : bool
+        NaN in every raw float array of the update (normalisation statistics).
     report_metrics : Mapping[str, float]
         Metrics of the evaluate replies replaced by these values (``val-auc``...).
+    site_name : str
+        When not empty, the name every reply's ``site`` record declares.
     seed : int
         Seed of the noise (with the server round).
     """
@@ -79,7 +108,11 @@ class SiteAttack:
     noise_std: float = 0.0
     non_finite: bool = False
     claim_examples: int = 0
+    claim_steps: int = 0
+    poison_running_var: float = 0.0
+    non_finite_buffer: bool = False
     report_metrics: Mapping[str, float] = field(default_factory=dict)
+    site_name: str = ""
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -93,6 +126,11 @@ class SiteAttack:
         if self.claim_examples < 0:
             raise ConfigError(f"SiteAttack.claim_examples must be >= 0, got "
                               f"{self.claim_examples}")
+        if self.claim_steps < 0:
+            raise ConfigError(f"SiteAttack.claim_steps must be >= 0, got {self.claim_steps}")
+        if not (math.isfinite(self.poison_running_var) and self.poison_running_var >= 0):
+            raise ConfigError(f"SiteAttack.poison_running_var must be finite and >= 0, got "
+                              f"{self.poison_running_var}")
 
     @property
     def changes_update(self) -> bool:
@@ -121,37 +159,82 @@ def attacking_handler(attack: SiteAttack, handler: Handler | None = None) -> Han
         if honest.has_error():
             return honest
         kind = message.metadata.message_type
+        records: dict = {}
         if kind == "train":
-            return _attacked_train(attack, message, honest)
-        if kind == "evaluate" and attack.report_metrics:
+            records = _train_records(attack, message, honest)
+        elif kind == "evaluate" and attack.report_metrics:
             metrics = {**dict(honest.content[keys.METRICS]), **attack.report_metrics}
-            return _reply(message, honest, {keys.METRICS: MetricRecord(metrics)})
-        return honest
+            records[keys.METRICS] = MetricRecord(metrics)
+        if attack.site_name and keys.SITE in honest.content:
+            site = dict(honest.content[keys.SITE])
+            records[keys.SITE] = ConfigRecord({**site, keys.SITE_NAME: attack.site_name})
+        return _reply(message, honest, records) if records else honest
 
     return answer
 
 
-def _attacked_train(attack: SiteAttack, instruction: Message, honest: Message) -> Message:
-    """The train reply ``honest`` after ``attack`` (a new Message; ``honest`` untouched)."""
+def _train_records(attack: SiteAttack, instruction: Message, honest: Message) -> dict:
+    """The records of the train reply ``honest`` that ``attack`` replaces (``honest`` untouched)."""
     records: dict = {}
-    if attack.claim_examples:
-        metrics = dict(honest.content[keys.METRICS])
-        records[keys.METRICS] = MetricRecord({**metrics, keys.NUM_EXAMPLES: attack.claim_examples})
+    claims = {name: value for name, value in ((keys.NUM_EXAMPLES, attack.claim_examples),
+                                              (keys.STEPS, attack.claim_steps)) if value}
+    if claims:
+        records[keys.METRICS] = MetricRecord({**dict(honest.content[keys.METRICS]), **claims})
+    buffers = attack.poison_running_var > 0 or attack.non_finite_buffer
+    if not (attack.changes_update or buffers):
+        return records
+    arrays = named_arrays(honest.content[keys.DELTA])
     if attack.changes_update:
-        config = instruction.content.config_records.get(keys.CONFIG, ConfigRecord())
-        spec = str(config.get(keys.CODEC, "none"))
-        seed = int(config.get(keys.CODEC_SEED, 0))
-        arrays = named_arrays(honest.content[keys.DELTA])
-        payload = arrays[PAYLOAD_KEY]
-        size = int(np.frombuffer(payload[3:_HEADER_BYTES].tobytes(), "<u4")[0])
-        if attack.non_finite:
-            arrays[PAYLOAD_KEY] = _non_finite_payload(payload, spec, size)
-        else:
-            vector = attack.update_vector(decode(payload, spec, size, seed),
-                                          int(config.get(keys.SERVER_ROUND, 0)))
-            arrays[PAYLOAD_KEY] = encode(vector, spec, seed)
-        records[keys.DELTA] = record_of(arrays)
-    return _reply(instruction, honest, records) if records else honest
+        arrays[PAYLOAD_KEY] = _attacked_payload(attack, instruction, arrays[PAYLOAD_KEY])
+    if attack.non_finite_buffer:
+        arrays.update(_non_finite_buffers(arrays))
+    if attack.poison_running_var > 0:
+        arrays.update(_poisoned_variances(attack.poison_running_var, instruction, arrays))
+    records[keys.DELTA] = record_of(arrays)
+    return records
+
+
+def _attacked_payload(attack: SiteAttack, instruction: Message,
+                      payload: np.ndarray) -> np.ndarray:
+    """The packed update vector after ``attack``'s scale, noise or non-finite values."""
+    config = instruction.content.config_records.get(keys.CONFIG, ConfigRecord())
+    spec = str(config.get(keys.CODEC, "none"))
+    seed = int(config.get(keys.CODEC_SEED, 0))
+    size = int(np.frombuffer(payload[3:_HEADER_BYTES].tobytes(), "<u4")[0])
+    if attack.non_finite:
+        return _non_finite_payload(payload, spec, size)
+    vector = attack.update_vector(decode(payload, spec, size, seed),
+                                  int(config.get(keys.SERVER_ROUND, 0)))
+    return encode(vector, spec, seed)
+
+
+def _non_finite_buffers(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Every raw float array of a packed update, all NaN."""
+    raw = {key: np.full_like(array, np.nan) for key, array in arrays.items()
+           if key.startswith(RAW_PREFIX) and np.issubdtype(array.dtype, np.floating)}
+    if not raw:
+        raise ConfigError("SiteAttack.non_finite_buffer: the update has no raw float array "
+                          "(a model without normalisation statistics)")
+    return raw
+
+
+def _poisoned_variances(k: float, instruction: Message,
+                        arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``raw-<i>`` -> ``k (v + 1)`` for each BatchNorm ``running_var`` ``v`` of the global model."""
+    try:
+        model = unpack_model(named_arrays(instruction.content[keys.ARRAYS]))
+    except PackedModelError as exc:
+        raise ConfigError("SiteAttack.poison_running_var reads the global model from the "
+                          "instruction: it needs strategy.downlink-codec = 'none'") from exc
+    poisoned = {}
+    for i, (name, value) in enumerate(model.items()):
+        key = f"{RAW_PREFIX}{i}"
+        if name.endswith(_RUNNING_VAR) and key in arrays:
+            poisoned[key] = (k * (np.asarray(value) + 1.0)).astype(arrays[key].dtype)
+    if not poisoned:
+        raise ConfigError("SiteAttack.poison_running_var: the update has no raw "
+                          f"'{_RUNNING_VAR}' array (a model without BatchNorm)")
+    return poisoned
 
 
 def _non_finite_payload(payload: np.ndarray, spec: str, size: int) -> np.ndarray:

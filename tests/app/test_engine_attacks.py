@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from flwr.app import ArrayRecord
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, \
+    RecordDict
 
 from app.config.run_config import RunConfig
 from app.engine import InProcessGrid, VirtualSite
@@ -102,3 +103,111 @@ def test_a_label_flipped_copy_flips_the_training_labels_only(tmp_path):
     assert (out / "images" / "a.png").read_bytes() == b"png"
     with pytest.raises(ConfigError, match="exists"):
         label_flipped_copy(site, out)
+
+
+# The attacks of issue #29, on one train / evaluate exchange of a site whose model has a
+# BatchNorm layer: the honest reply packs its buffers raw as the ClientApp does.
+BN_MODEL = {"conv.weight": np.full(3, 0.5, np.float32),
+            "bn.running_mean": np.zeros(2, np.float32),
+            "bn.running_var": np.array([1.0, 3.0], np.float32),
+            "bn.num_batches_tracked": np.array(4, np.int64)}
+BN_DELTA = [np.full(3, 0.1, np.float32), np.full(2, 0.2, np.float32),
+            np.full(2, 0.3, np.float32), np.array(-1, np.int64)]
+
+
+def _exchange(attack: SiteAttack, kind: str = "train") -> tuple[Message, Message]:
+    """The honest and the attacked reply of one site to a ``kind`` instruction."""
+    from app.engine.attacks import attacking_handler
+    from strategies import message_keys as keys
+    from strategies.model_packing import pack_arrays, record_of
+    from strategies.update_codec import pack_update
+
+    instruction = Message(RecordDict({
+        keys.ARRAYS: pack_arrays(record_of(BN_MODEL)),
+        keys.CONFIG: ConfigRecord({keys.CODEC: "none", keys.SERVER_ROUND: 1})}),
+        dst_node_id=7, message_type=kind)
+
+    def honest(message: Message, context: Context) -> Message:
+        content = RecordDict({keys.SITE: ConfigRecord({keys.SITE_NAME: "site-0"}),
+                              keys.METRICS: MetricRecord({keys.NUM_EXAMPLES: 10, keys.STEPS: 8,
+                                                          "val-auc": 0.7})})
+        if kind == "train":
+            content[keys.DELTA] = record_of(pack_update(BN_DELTA, "none", raw={1, 2}))
+        return Message(content, reply_to=message)
+
+    context = Context(run_id=42, node_id=7, node_config={}, state=RecordDict(), run_config={})
+    return (honest(instruction, context),
+            attacking_handler(attack, honest)(instruction, context))
+
+
+def _delta(reply: Message) -> dict[str, np.ndarray]:
+    from strategies.model_packing import named_arrays
+
+    return named_arrays(reply.content["delta"])
+
+
+def test_a_poisoned_running_var_drives_the_mean_variance_negative():
+    honest, attacked = _exchange(SiteAttack(poison_running_var=4.0))
+    sent, kept = _delta(attacked), _delta(honest)
+    # k (v + 1) with v the global running_var the instruction carried (array 2: raw-2)
+    np.testing.assert_allclose(sent["raw-2"], 4.0 * (np.array([1.0, 3.0]) + 1.0))
+    assert sent["raw-2"].dtype == np.float32
+    # with 2 equal sites the plain mean update makes the new global variance negative
+    new_var = BN_MODEL["bn.running_var"] - (sent["raw-2"] + kept["raw-2"]) / 2
+    assert (new_var < 0).all()
+    for key in ("payload", "raw-1", "raw-3"):  # weights, running mean, counter: honest
+        np.testing.assert_array_equal(sent[key], kept[key])
+
+
+def test_a_non_finite_buffer_leaves_the_payload_honest():
+    honest, attacked = _exchange(SiteAttack(non_finite_buffer=True))
+    sent, kept = _delta(attacked), _delta(honest)
+    assert np.isnan(sent["raw-1"]).all() and np.isnan(sent["raw-2"]).all()
+    np.testing.assert_array_equal(sent["payload"], kept["payload"])
+    np.testing.assert_array_equal(sent["raw-3"], kept["raw-3"])  # the integer counter
+
+
+def test_a_long_site_name_is_declared_in_every_reply():
+    name = "x" * 300
+    for kind in ("train", "evaluate"):
+        honest, attacked = _exchange(SiteAttack(site_name=name), kind)
+        assert attacked.content["site"]["name"] == name
+        assert honest.content["site"]["name"] == "site-0"
+
+
+def test_a_step_lie_changes_the_reported_steps_only():
+    honest, attacked = _exchange(SiteAttack(claim_steps=1))
+    assert attacked.content["metrics"]["steps"] == 1
+    assert honest.content["metrics"]["steps"] == 8
+    assert attacked.content["metrics"]["num-examples"] == 10
+    np.testing.assert_array_equal(_delta(attacked)["payload"], _delta(honest)["payload"])
+
+
+def test_a_metric_lie_changes_the_evaluate_reply():
+    _, attacked = _exchange(SiteAttack(report_metrics={"val-auc": 1e6}), "evaluate")
+    assert attacked.content["metrics"]["val-auc"] == 1e6
+
+
+def test_buffer_attacks_need_buffers():
+    def no_buffers(message, context):
+        from strategies.update_codec import pack_update
+        content = RecordDict({"metrics": MetricRecord({"num-examples": 1})})
+        content["delta"] = ArrayRecord({k: Array(v) for k, v in
+                                        pack_update([np.ones(2, np.float32)], "none").items()})
+        return Message(content, reply_to=message)
+
+    from app.engine.attacks import attacking_handler
+    from strategies.model_packing import pack_arrays, record_of
+
+    instruction = Message(RecordDict({"arrays": pack_arrays(record_of({"w": np.ones(2)})),
+                                      "config": ConfigRecord({})}),
+                          dst_node_id=7, message_type="train")
+    context = Context(run_id=42, node_id=7, node_config={}, state=RecordDict(), run_config={})
+    for attack, rule in ((SiteAttack(non_finite_buffer=True), "raw float"),
+                         (SiteAttack(poison_running_var=2.0), "running_var")):
+        with pytest.raises(ConfigError, match=rule):
+            attacking_handler(attack, no_buffers)(instruction, context)
+    with pytest.raises(ConfigError, match="claim_steps"):
+        SiteAttack(claim_steps=-1)
+    with pytest.raises(ConfigError, match="poison_running_var"):
+        SiteAttack(poison_running_var=float("nan"))
