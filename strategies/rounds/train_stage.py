@@ -7,10 +7,11 @@ from the local-steps schedule, the codec of the round with the kept fraction of
 the compression-rate schedule, :mod:`strategies.plugins.schedules`) and the
 round's :class:`ReplyIntake` (each reply parsed, identity-checked, capped and
 folded into the update stream once, as it arrives); :meth:`TrainStage.aggregate`
-aggregates what the intake took, records the round's traffic and lets both
-schedules observe it. It owns the train plug-ins (aggregator, schedules,
-selector) and the round's train state (plan, bytes sent, the model the updates
-apply to).
+aggregates what the intake took, settles the new model's normalisation statistics
+and counters (:mod:`strategies.rounds.normalisation_statistics`), records the
+round's traffic and lets both schedules observe it. It owns the train plug-ins
+(aggregator, schedules, selector) and the round's train state (plan, bytes sent,
+the model the updates apply to).
 """
 
 from __future__ import annotations
@@ -31,10 +32,12 @@ from strategies.compression import parse_spec
 from strategies.downlink import ServerDownlink
 from strategies.errors import FederationError
 from strategies.local_solver import LocalSolver
+from strategies.plugins.defences.defended import DefendedAggregator
 from strategies.plugins.protocols import Aggregator, CodecRate, Schedule, Selector
 from strategies.plugins.schedules.codec_rate import SiteRound
 from strategies.replies import TrainReply
 from strategies.rounds.instructions import TrainPlan, Uplink, train_messages
+from strategies.rounds.normalisation_statistics import RoundStatistics
 from strategies.rounds.reply_intake import Cap, ReplyIntake, Taken
 from strategies.rounds.round_metrics import aggregated_replies, example_weighted_metrics
 from strategies.rounds.round_policy import RoundPolicy
@@ -104,6 +107,7 @@ class TrainStage:
         self.uplink, self.downlink, self.local_solver = uplink, downlink, local_solver
         self.max_empty_rounds = max_empty_rounds
         self.stream = UpdateStream(max_held_mb)
+        self.statistics = RoundStatistics(self.stream)
         self.plan = TrainPlan({}, {}, codec=uplink.codec)
         self.down_bytes: dict[int, int] = {}
         self.keys: list[str] = []
@@ -113,11 +117,12 @@ class TrainStage:
 
     def _intake(self, expected: dict[int, str]) -> ReplyIntake[TrainReply]:
         """The round's intake: replies parsed against this round's plan and model, then
-        identity-checked, capped at the train cap and folded into the stream."""
+        identity-checked, capped at the train cap and folded into the stream (their
+        normalisation statistics kept when the round needs them)."""
         parse = partial(self.plan.parse_reply, reference=self.reference,
                         solver=self.local_solver)
         return ReplyIntake("aggregate_train", self.sites, parse, expected, Cap.TRAIN,
-                           sink=self.stream)
+                           sink=self.statistics)
 
     def configure(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                   grid: Grid, nodes: list[int], report: RoundReport) -> list[Message]:
@@ -139,6 +144,8 @@ class TrainStage:
         log(INFO, "configure_train: %d sites selected of %d connected, tau %d",
             len(node_ids), len(nodes), self.schedule.tau)
         self.stream.start(self.aggregator, self.reference, len(node_ids))
+        self.statistics.start(self.keys, self.reference,
+                              robust=isinstance(self.aggregator, DefendedAggregator))
         self.plan = TrainPlan.for_round(node_ids, self.schedule.tau, self.uplink, server_round,
                                         self.codec_rate.rate_for(parse_spec(self.uplink.codec)))
         messages = train_messages(node_ids, arrays, config, server_round, self.plan,
@@ -151,10 +158,13 @@ class TrainStage:
                   ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Aggregate the replies the round's intake ``taken`` (each validated once).
 
-        Sizes were capped on intake; a reply the aggregator rejects is dropped; a
-        round whose aggregation fails or whose new model is not finite keeps the old
-        model (``(None, None)``) and the aggregator's state as it was (e.g. FedNova's
-        server momentum), with the reason in ``RoundReport.aggregation_failed``.
+        Sizes were capped on intake; a reply the aggregator rejects is dropped; the
+        update's normalisation statistics are the sites' median when a defence is on, and
+        a statistic or counter it would make invalid is repaired (``statistics-repaired``,
+        ``counters-bounded``); a round whose aggregation fails or whose new model is not
+        finite keeps the old model (``(None, None)``) and the aggregator's state as it
+        was (e.g. FedNova's server momentum), with the reason in
+        ``RoundReport.aggregation_failed``.
         """
         report.schedule_tau = int(self.schedule.tau)
         accepted = taken.accepted
@@ -187,9 +197,13 @@ class TrainStage:
             return None, None
         self.empty_rounds = 0
         report.strategy.update(outcome.info)
-        updated, report.aggregation_failed = (
-            apply_update(self.reference, outcome.delta, self.keys)
-            if outcome.delta is not None else (None, outcome.failure))
+        updated, report.aggregation_failed = None, outcome.failure
+        if outcome.delta is not None:
+            delta, repairs = self.statistics.settle(
+                self.reference, outcome.delta, outcome.used,
+                max(self.plan.tau.values(), default=self.plan.default_tau))
+            report.strategy.update(repairs)
+            updated, report.aggregation_failed = apply_update(self.reference, delta, self.keys)
         if updated is None:
             self.aggregator = before
             log(WARNING, "aggregate_train: round %d: %s", report.server_round,

@@ -1,0 +1,177 @@
+"""The global model's normalisation statistics and step counters, checked after aggregation.
+
+A BatchNorm layer's ``running_mean`` and ``running_var`` are not trained: they are
+estimates a site's forward passes write, and its ``num_batches_tracked`` counts
+those passes. A site's update of them is small next to the weights' (an L2 norm
+bound rarely clips it) and no rule of the aggregation keeps them meaningful, so
+one site can make the mean of two updates drive a variance below 0 (the network
+then outputs NaN in eval mode: ``(x - mu) / sqrt(var + eps)``) or send
+int64's minimum as its counter update (issue #29, found 3). The server
+recognises them by the global model's array names (the ``ArrayRecord`` keys, a
+torch ``state_dict``'s names, :data:`VARIANCE`, :data:`MEAN`, :data:`COUNTER`)
+and, each round (:class:`RoundStatistics`):
+
+1. **robust rule** (when a defence is on: the aggregator is a
+   :class:`~strategies.plugins.defences.defended.DefendedAggregator`): the
+   coordinate-wise median of the used replies' statistics updates replaces the
+   aggregator's weighted mean at those positions (Yin et al., ICML 2018, Def. 1,
+   :func:`strategies.robust.median.coordinate_median`; unweighted, so a claimed
+   example count buys no weight, and fewer than half the sites cannot move it).
+   With two sites the median is their mean, hence step 2.
+2. **validation** of the new statistics, entry by entry: an entry that the update
+   would make negative (a variance) or non-finite (a variance or a mean) keeps its
+   previous value, with a warning naming the array and the count (tracked as
+   ``statistics-repaired``). Entry by entry rather than refusing the round's
+   statistics: the other entries are honest sites' estimates, and a kept old entry
+   is a valid estimate of its channel.
+3. **counters bounded**: an honest site's counter advances by one per local step,
+   at most tau (its update is ``-steps``), so the new counter is the old one
+   advanced by the aggregate's increment clipped to ``[0, tau]``, tau the round's
+   planned local steps (the arrays clipped are tracked as ``counters-bounded``).
+   The counter stays meaningful (BatchNorm reads it with ``momentum=None``, its
+   cumulative average) and can never overflow or go back.
+
+Pure numpy: the names are strings, nothing of torch is imported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from logging import WARNING
+
+import numpy as np
+from flwr.supercore import log
+
+from strategies.replies import TrainReply
+from strategies.robust.median import coordinate_median
+from strategies.rounds.reply_intake import ReplySink
+
+__all__ = ["COUNTER", "MEAN", "VARIANCE", "RoundStatistics", "StatisticPositions"]
+
+#: The name endings of a normalisation layer's buffers (torch ``state_dict`` names).
+VARIANCE, MEAN, COUNTER = "running_var", "running_mean", "num_batches_tracked"
+
+
+def _named(key: str, ending: str) -> bool:
+    return key == ending or key.endswith("." + ending)
+
+
+@dataclass(frozen=True)
+class StatisticPositions:
+    """Where a model's statistics are: positions of its float variances and means and of
+    its integer counters, in the model's array order."""
+
+    variances: tuple[int, ...] = ()
+    means: tuple[int, ...] = ()
+    counters: tuple[int, ...] = ()
+
+    @classmethod
+    def of(cls, keys: Sequence[str], arrays: Sequence[np.ndarray]) -> StatisticPositions:
+        """The positions of ``keys`` (the global model's array names) that are statistics."""
+        def where(ending: str, kinds: str) -> tuple[int, ...]:
+            return tuple(j for j, (key, array) in enumerate(zip(keys, arrays))
+                         if _named(key, ending) and array.dtype.kind in kinds)
+        return cls(where(VARIANCE, "f"), where(MEAN, "f"), where(COUNTER, "iu"))
+
+    @property
+    def estimates(self) -> tuple[int, ...]:
+        """The float statistics (means and variances), in model order."""
+        return tuple(sorted(self.variances + self.means))
+
+    def __bool__(self) -> bool:
+        return bool(self.variances or self.means or self.counters)
+
+
+class RoundStatistics:
+    """A round's statistics: kept from each admitted reply, settled after aggregation.
+
+    The train intake's sink (:class:`~strategies.rounds.reply_intake.ReplySink`):
+    it passes each reply to ``sink`` (the update stream) and, when the robust rule
+    is on, keeps a copy of the reply's statistics updates (small: one entry per
+    channel), which a streaming aggregator would otherwise release once folded.
+
+    Parameters
+    ----------
+    sink : ReplySink
+        Where the replies go (:class:`~strategies.rounds.update_stream.UpdateStream`).
+    """
+
+    def __init__(self, sink: ReplySink[TrainReply]) -> None:
+        self.sink = sink
+        self.keys: list[str] = []
+        self.positions = StatisticPositions()
+        self.robust = False
+        self.kept: dict[int, list[np.ndarray]] = {}
+
+    def start(self, keys: Sequence[str], reference: Sequence[np.ndarray], robust: bool) -> None:
+        """A new round on the global model ``reference`` named ``keys``; ``robust``: a
+        defence is on (the median rule)."""
+        self.keys, self.robust, self.kept = list(keys), robust, {}
+        self.positions = StatisticPositions.of(keys, reference)
+
+    def admit(self, reply: TrainReply) -> TrainReply | str:
+        """``sink.admit(reply)``; a copy of its statistics updates kept when it is kept."""
+        kept = self.sink.admit(reply)
+        if not isinstance(kept, str) and self.robust and self.positions.estimates:
+            self.kept[reply.node_id] = [np.array(reply.delta[j], copy=True)
+                                        for j in self.positions.estimates]
+        return kept
+
+    def settle(self, reference: Sequence[np.ndarray], delta: Sequence[np.ndarray],
+               used: Sequence[TrainReply], tau: int) -> tuple[list[np.ndarray], dict[str, float]]:
+        """The round's update ``delta`` with its statistics settled (steps 1-3 above).
+
+        Returns the update and what to track (``statistics-repaired``: entries kept at
+        their previous value; ``counters-bounded``: counters whose increment was
+        clipped to ``[0, tau]``); both empty of change for a model without statistics.
+        """
+        delta = list(delta)
+        if not self.positions:
+            return delta, {}
+        if self.robust:
+            self._median(delta, used)
+        repaired = sum(self._keep_valid(reference, delta, j, nonnegative=True)
+                       for j in self.positions.variances)
+        repaired += sum(self._keep_valid(reference, delta, j, nonnegative=False)
+                        for j in self.positions.means)
+        bounded = sum(self._bound_counter(reference, delta, j, tau)
+                      for j in self.positions.counters)
+        return delta, {"statistics-repaired": float(repaired), "counters-bounded": float(bounded)}
+
+    def _median(self, delta: list[np.ndarray], used: Sequence[TrainReply]) -> None:
+        """Eq. (1) of Yin et al. over the used replies' kept statistics updates."""
+        rows = [self.kept.get(reply.node_id) for reply in used]
+        if not rows or any(row is None for row in rows):
+            return
+        for i, j in enumerate(self.positions.estimates):
+            stack = np.stack([row[i].ravel() for row in rows]).astype(np.float64)
+            delta[j] = coordinate_median(stack).reshape(delta[j].shape).astype(delta[j].dtype)
+
+    def _keep_valid(self, reference: Sequence[np.ndarray], delta: list[np.ndarray], j: int,
+                    nonnegative: bool) -> int:
+        """Zero the entries of ``delta[j]`` whose new value is invalid; how many."""
+        with np.errstate(over="ignore", invalid="ignore"):
+            new = (reference[j] - delta[j]).astype(reference[j].dtype)
+            bad = ~np.isfinite(new) | ((new < 0) if nonnegative else False)
+        count = int(np.count_nonzero(bad))
+        if count:
+            delta[j] = np.where(bad, 0, delta[j]).astype(delta[j].dtype)
+            log(WARNING, "aggregate_train: %d entr%s of '%s' kept at the previous value "
+                "(the aggregate made %s)", count, "y" if count == 1 else "ies", self.keys[j],
+                "them negative or non-finite" if nonnegative else "them non-finite")
+        return count
+
+    def _bound_counter(self, reference: Sequence[np.ndarray], delta: list[np.ndarray], j: int,
+                       tau: int) -> int:
+        """Clip counter ``j``'s increment ``-delta[j]`` to ``[0, tau]``; 1 when it was clipped."""
+        dtype = reference[j].dtype
+        increment = -delta[j].astype(np.float64)  # float64: -int64.min does not overflow
+        headroom = np.iinfo(dtype).max - np.maximum(reference[j], 0)  # exact, in the dtype
+        clipped = np.minimum(np.clip(increment, 0.0, float(max(tau, 0))).astype(dtype), headroom)
+        if np.array_equal(clipped, increment):
+            return 0
+        delta[j] = (-clipped).astype(delta[j].dtype)
+        log(WARNING, "aggregate_train: '%s' advanced by %s, not the aggregate's %s (at most "
+            "tau = %d local steps)", self.keys[j], clipped.tolist(), increment.tolist(), tau)
+        return 1

@@ -1,0 +1,113 @@
+"""A site cannot poison the global model's normalisation statistics or its counters (issue #29,
+found 3), through the product's own strategy (``build_strategy``, the default run config: FedAvg
+behind norm-bound) on the in-process engine, with a real BatchNorm network's state-dict names.
+
+The honest sites' update: every float array ``-0.01`` (``x_local = x_global + 0.01``), each
+``running_var`` lowered by 0.1 and each ``num_batches_tracked`` advanced by tau, the planned
+local steps (an honest update is ``-tau`` there).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ArrayRecord
+
+from app.config.run_config import RunConfig
+from app.engine import InProcessGrid, VirtualSite
+from app.server_app import build_strategy
+from models.small_cnn import SmallCNN
+from tests.fixtures.scripted_site import ScriptedSite
+
+pytestmark = pytest.mark.usefixtures("server_identity")  # run 42, the SuperLink's node 1
+
+TAU = 5
+INT64_MIN = np.iinfo(np.int64).min
+
+
+def _model() -> SmallCNN:
+    torch.manual_seed(0)
+    return SmallCNN((4, 8), norm="bn", image_size=8)
+
+
+def _names() -> list[str]:
+    return list(_model().state_dict())
+
+
+def _honest(weights: list[np.ndarray]) -> list[np.ndarray]:
+    delta = []
+    for name, array in zip(_names(), weights):
+        if name.endswith("running_var"):
+            delta.append(np.full_like(array, 0.1))
+        elif name.endswith("num_batches_tracked"):
+            delta.append(np.array(-TAU, array.dtype))
+        else:
+            delta.append(np.full_like(array, -0.01))
+    return delta
+
+
+def _poisoned_var(weights: list[np.ndarray]) -> list[np.ndarray]:
+    """Honest but for the first ``running_var``'s entry 0, lowered by 4 (a small update:
+    the norm bound does not clip it); with two sites the mean takes it to 1 - 2.05 < 0."""
+    delta = _honest(weights)
+    first = next(j for j, name in enumerate(_names()) if name.endswith("running_var"))
+    delta[first] = delta[first].copy()
+    delta[first][0] = 4.0
+    return delta
+
+
+def _min_counter(weights: list[np.ndarray]) -> list[np.ndarray]:
+    """Honest but every ``num_batches_tracked`` update is int64's minimum."""
+    return [np.array(INT64_MIN, np.int64) if name.endswith("num_batches_tracked") else array
+            for name, array in zip(_names(), _honest(weights))]
+
+
+def _round(attack, sites: int = 2):
+    """One round of the default strategy, site-0 replying with ``attack``'s update."""
+    handlers = [ScriptedSite(f"site-{i}", delta=attack if i == 0 else _honest, num_examples=10)
+                for i in range(sites)]
+    grid = InProcessGrid([VirtualSite({"site-name": h.name}, h) for h in handlers], run_id=42)
+    config = RunConfig.from_mapping({"min-nodes": sites, "node-wait-timeout": 5,
+                                     "local-steps": TAU})
+    strategy = build_strategy(config)
+    initial = ArrayRecord(_model().state_dict())
+    result = strategy.start(grid=grid, initial_arrays=initial, num_rounds=1)
+    return (dict(zip(_names(), initial.to_numpy_ndarrays())),
+            dict(zip(_names(), result.arrays.to_numpy_ndarrays())), strategy.reports[1])
+
+
+def _eval_output(arrays: dict[str, np.ndarray]) -> torch.Tensor:
+    model = _model()
+    model.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in arrays.items()})
+    model.eval()
+    with torch.no_grad():
+        return model(torch.linspace(-1, 1, 64).reshape(1, 1, 8, 8))
+
+
+def test_a_poisoned_running_var_keeps_its_previous_value_with_two_sites():
+    before, after, report = _round(_poisoned_var)
+    var = after["features.1.running_var"]
+    assert (var >= 0).all()
+    assert var[0] == before["features.1.running_var"][0]  # the entry the mean made negative is kept
+    np.testing.assert_allclose(var[1:], before["features.1.running_var"][1:] - 0.1, rtol=1e-6)
+    assert torch.isfinite(_eval_output(after)).all()
+    assert report.strategy["statistics-repaired"] == 1.0
+    # the rest of the round's update is applied
+    np.testing.assert_allclose(after["features.0.weight"], before["features.0.weight"] + 0.01, rtol=1e-5)
+
+
+def test_statistics_are_the_sites_median_when_a_defence_is_on():
+    before, after, report = _round(_poisoned_var, sites=3)
+    np.testing.assert_allclose(after["features.1.running_var"], before["features.1.running_var"] - 0.1,
+                               rtol=1e-6)
+    assert report.strategy["statistics-repaired"] == 0.0
+
+
+def test_an_int64_min_counter_update_advances_the_counter_by_tau_at_most():
+    before, after, report = _round(_min_counter)
+    for name in _names():
+        if name.endswith("num_batches_tracked"):
+            assert after[name] == before[name] + TAU
+    assert report.strategy["counters-bounded"] == 2.0
+    assert torch.isfinite(_eval_output(after)).all()
