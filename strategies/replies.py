@@ -61,6 +61,8 @@ class TrainReply:
     metrics: dict[str, float] = field(default_factory=dict)
     wire_bytes: int = 0
     a_norm: float = 0.0
+    #: ``||a||_1`` of the tau the site was sent (a full round; 0 when unknown), by the server.
+    tau_a_norm: float = 0.0
 
 
 @dataclass(frozen=True)

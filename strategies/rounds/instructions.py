@@ -110,9 +110,13 @@ class TrainPlan:
     def parse_reply(self, message: Message, *, node_id: int, reference: list[np.ndarray],
                     solver: LocalSolver) -> TrainReply:
         """``node_id``'s train reply validated against ``reference`` with the codec, seed and
-        tau it was sent (:func:`strategies.replies.parse_train_reply`, a-norm by ``solver``)."""
-        return parse_train_reply(message, reference, self.codec, self.seed_of(node_id),
-                                 self.tau_of(node_id), solver, node_id=node_id)
+        tau it was sent (:func:`strategies.replies.parse_train_reply`, a-norm by ``solver``),
+        with the a-norm of that tau (``TrainReply.tau_a_norm``: FedNova's reference, which
+        bounds the weight a site gains by reporting few steps)."""
+        tau = self.tau_of(node_id)
+        reply = parse_train_reply(message, reference, self.codec, self.seed_of(node_id), tau,
+                                  solver, node_id=node_id)
+        return replace(reply, tau_a_norm=solver.a_norm(tau))
 
     def settings(self, node_id: int, uplink: Uplink) -> dict:
         """The site-specific entries of ``node_id``'s train config."""
