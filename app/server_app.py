@@ -106,6 +106,7 @@ def build_strategy(config: RunConfig, federation: str = "",
                                  lr=config.lr, proximal_mu=config.proximal_mu),
         roster=roster,
         max_held_mb=config.round_max_held_mb,
+        max_size_ratio=config.federation_max_size_ratio,
     )
 
 

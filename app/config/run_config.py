@@ -128,6 +128,7 @@ class RunConfig:
     round_quorum: int = _dotted("round.quorum", 0)
     round_max_held_mb: float = _dotted("round.max-held-mb", 4096.0)
     federation_roster: str = _dotted("federation.roster", "")
+    federation_max_size_ratio: float = _dotted("federation.max-size-ratio", 10.0)
     dp_noise_multiplier: float = _dotted("privacy.noise-multiplier", 0.0)
     dp_max_grad_norm: float = _dotted("privacy.max-grad-norm", 1.0)
     dp_delta: float = _dotted("privacy.delta", 1e-5)
@@ -197,6 +198,8 @@ class RunConfig:
         for name in ("proximal_mu", "time_budget", "round_deadline", "round_quorum"):
             if getattr(self, name) < 0:
                 self._fail(name, "must be >= 0")
+        if self.federation_max_size_ratio and self.federation_max_size_ratio < 1:
+            self._fail("federation_max_size_ratio", "must be 0 (off) or >= 1")
         if self.dp_noise_multiplier < 0:
             self._fail("dp_noise_multiplier", "must be >= 0 (0 = no DP-SGD)")
         if self.dp_max_grad_norm <= 0:

@@ -63,7 +63,7 @@ from strategies.rounds.reply_intake import Cap, ReplyIntake, Taken
 from strategies.rounds.round_metrics import example_weighted_metrics
 from strategies.rounds.round_policy import RoundPolicy
 from strategies.rounds.round_report import RoundReport
-from strategies.rounds.site_book import SiteBook
+from strategies.rounds.site_book import DEFAULT_MAX_SIZE_RATIO, SiteBook
 from strategies.rounds.site_selection import SelectionContext
 from strategies.rounds.train_stage import NoValidRepliesError, TrainStage
 from strategies.rounds.update_stream import DEFAULT_MAX_HELD_MB
@@ -122,6 +122,10 @@ class FederatedStrategy(Strategy):
     roster : dict[str, int], optional
         The coordinator's ``{site name: max-examples}`` (:mod:`app.config.roster`):
         only these sites may reply, each capped at its ``max-examples``.
+    max_size_ratio : float
+        Run config ``federation.max-size-ratio``: without a roster, a site's size is
+        at most this times the median of the others' (0: off;
+        :meth:`SiteBook.relative_cap`).
     max_held_mb : float
         Run config ``round.max-held-mb`` (:mod:`strategies.rounds.update_stream`).
     """
@@ -148,6 +152,7 @@ class FederatedStrategy(Strategy):
         local_solver: LocalSolver | None = None,
         roster: dict[str, int] | None = None,
         max_held_mb: float = DEFAULT_MAX_HELD_MB,
+        max_size_ratio: float = DEFAULT_MAX_SIZE_RATIO,
     ) -> None:
         if min_nodes < 1:
             raise ValueError(f"min_nodes must be >= 1, got {min_nodes}")
@@ -163,7 +168,8 @@ class FederatedStrategy(Strategy):
                              time_budget=time_budget, seed=seed,
                              codec_warmup_rounds=codec_warmup_rounds)
         self.local_solver = local_solver or LocalSolver()
-        self.sites = SiteBook(roster=None if roster is None else dict(roster))
+        self.sites = SiteBook(roster=None if roster is None else dict(roster),
+                              max_size_ratio=max_size_ratio)
         self.reports: dict[int, RoundReport] = {}
         self._late_ids: dict[str, int] = {}
         self.train = TrainStage(
@@ -272,7 +278,8 @@ class FederatedStrategy(Strategy):
         train.aggregator, train.schedule = state["aggregator"], state["schedule"]
         train.selector = state["selector"]
         train.codec_rate = state.get("codec-rate", train.codec_rate)
-        self.sites = train.sites = SiteBook.restore(state, self.sites.roster)
+        self.sites = train.sites = SiteBook.restore(state, self.sites.roster,
+                                                      self.sites.max_size_ratio)
 
     # -------------------------------------------------------------------- loop
     def _record(self, report: RoundReport, stage: str, exchanged: Exchanged) -> Taken:

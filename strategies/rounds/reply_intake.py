@@ -11,6 +11,9 @@ aggregated. A :class:`ReplyIntake` takes each reply message once
 3. the site book's identity check (:meth:`SiteBook.identity_problem`: a name is
    bound to the node that first declared it);
 4. its ``num-examples`` capped by the book (train or evaluate caps, :class:`Cap`);
+   evaluate replies are also capped relative to the others' declarations when the
+   exchange closes (:meth:`SiteBook.relative_cap`: every declaration is known then;
+   the train stage's update stream caps train replies);
 5. with a :class:`ReplySink`, its admission: the train stage's update stream
    folds the update into the running aggregate there and keeps the reply without
    it (:mod:`strategies.rounds.update_stream`), so the decoded updates are not
@@ -211,8 +214,15 @@ class ReplyIntake(Generic[Reply]):
         log(WARNING, "%s: dropped reply of %s: %s", self.stage, name, reason)
 
     def close(self) -> Taken[Reply]:
-        """What was taken, with every expected node that never answered recorded as such."""
+        """What was taken, with every expected node that never answered recorded as such.
+
+        Evaluate replies are capped relative to the others' declarations here
+        (:meth:`SiteBook.relatively_capped`), once every declaration is known.
+        """
         taken, self._taken = self._taken, Taken()
+        if self.cap is Cap.EVALUATE:
+            taken.accepted = [self.book.relatively_capped(reply, evaluate=True)
+                              for reply in taken.accepted]
         for node, name in self.expected.items():
             if node not in taken.labels:
                 label = self.book.names.get(node, name)

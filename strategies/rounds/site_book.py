@@ -24,6 +24,21 @@ server's trust boundary for both:
   ``federation.roster``, parsed by :mod:`app.config.roster`), only names on
   the roster may reply, and every cap is also at most the roster's
   ``max-examples`` for that name, from the first reply on.
+* **relative cap** -- without a roster, a site that lies from its first reply
+  would keep that weight, so each declaration is also at most
+  ``max_size_ratio`` (run config ``federation.max-size-ratio``, default
+  :data:`DEFAULT_MAX_SIZE_RATIO`; 0 = off) x the median of the *other* nodes'
+  first declarations (:meth:`SiteBook.relative_cap`; zero declarations, of a
+  site without validation items, are not counted). With no other declaration
+  (a single site) there is nothing to compare: no cap. The median is a robust
+  reference (a minority of liars cannot move it above an honest size), and an
+  honest site more than ``max_size_ratio`` times the median is weighted as
+  ``max_size_ratio`` x median: set a roster, or a larger ratio, for such a
+  federation. The cap is exact only once every site of the round has declared
+  (:meth:`SiteBook.sizes_pending`): the update stream holds such a round and
+  caps when it closes (:mod:`strategies.rounds.update_stream`); evaluate
+  replies are capped when their exchange closes
+  (:meth:`strategies.rounds.reply_intake.ReplyIntake.close`).
 
 The book also keeps what selectors use (sizes, last train losses) and is part
 of the strategy's checkpoint (:meth:`snapshot` / :meth:`restore`).
@@ -32,6 +47,8 @@ of the strategy's checkpoint (:meth:`snapshot` / :meth:`restore`).
 from __future__ import annotations
 
 import re
+import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from logging import WARNING
 from typing import TypeVar
@@ -41,9 +58,14 @@ from flwr.supercore import log
 from strategies import message_keys as keys
 from strategies.replies import MetricsReply, TrainReply
 
-__all__ = ["SITE_NAME_MAX_LENGTH", "SiteBook", "site_name_problem"]
+__all__ = ["DEFAULT_MAX_SIZE_RATIO", "MAX_SIZE_RATIO_KEY", "SITE_NAME_MAX_LENGTH", "SiteBook",
+           "site_name_problem"]
 
 Reply = TypeVar("Reply", TrainReply, MetricsReply)
+
+#: The run-config key of the relative size cap, and its default.
+MAX_SIZE_RATIO_KEY = "federation.max-size-ratio"
+DEFAULT_MAX_SIZE_RATIO = 10.0
 
 #: The longest site name a reply may declare.
 SITE_NAME_MAX_LENGTH = 64
@@ -87,6 +109,9 @@ class SiteBook:
         The coordinator's roster, ``{site name: max-examples}``; ``None``: any
         name may join, capped at its first declaration only (not checkpointed:
         it comes from the run config).
+    max_size_ratio : float
+        Without a roster, a declaration is at most this times the median of the
+        other nodes' first declarations (0: no relative cap; not checkpointed).
     """
 
     names: dict[int, str] = field(default_factory=dict)
@@ -95,6 +120,7 @@ class SiteBook:
     evaluate_sizes: dict[int, int] = field(default_factory=dict)
     connected: set[int] = field(default_factory=set, compare=False)
     roster: dict[str, int] | None = field(default=None, compare=False)
+    max_size_ratio: float = field(default=DEFAULT_MAX_SIZE_RATIO, compare=False)
 
     def label(self, node_id: int) -> str:
         """The site's bound name, or ``node-<id>`` for a node that never answered validly."""
@@ -187,6 +213,44 @@ class SiteBook:
         return replace(reply, num_examples=count,
                        metrics={**reply.metrics, keys.NUM_EXAMPLES: float(count)})
 
+    def relative_cap(self, node_id: int, evaluate: bool = False) -> int | None:
+        """``max_size_ratio`` x the median of the other nodes' first declarations.
+
+        ``None`` when there is a roster (it caps instead), the ratio is 0, or no
+        other node declared a positive size (train or query; ``evaluate=True``:
+        evaluate declarations).
+        """
+        if self.roster is not None or self.max_size_ratio <= 0:
+            return None
+        declared = self.evaluate_sizes if evaluate else self.sizes
+        others = [size for node, size in declared.items() if node != node_id and size > 0]
+        if not others:
+            return None
+        return max(1, int(self.max_size_ratio * statistics.median(others)))
+
+    def sizes_pending(self, node_ids: Iterable[int]) -> bool:
+        """Whether the relative cap of a round of ``node_ids`` waits for a first declaration.
+
+        True when the cap is on (no roster, ratio > 0), the round has two sites or
+        more, and one of them has not declared a train size yet.
+        """
+        node_ids = list(node_ids)
+        return (self.roster is None and self.max_size_ratio > 0 and len(node_ids) > 1
+                and any(node not in self.sizes for node in node_ids))
+
+    def relatively_capped(self, reply: Reply, evaluate: bool = False) -> Reply:
+        """``reply`` with its ``num-examples`` at most :meth:`relative_cap` (logged)."""
+        cap = self.relative_cap(reply.node_id, evaluate)
+        if cap is None or reply.num_examples <= cap:
+            return reply
+        log(WARNING, "site %s reports %d %s examples, capped at %d (%s = %g x the median "
+            "of the other sites' first declarations): weighted as %d",
+            self.label(reply.node_id), reply.num_examples,
+            "validation" if evaluate else "training", cap, MAX_SIZE_RATIO_KEY,
+            self.max_size_ratio, cap)
+        return replace(reply, num_examples=cap,
+                       metrics={**reply.metrics, keys.NUM_EXAMPLES: float(cap)})
+
     def learn(self, node_id: int, site: str, num_examples: int | None = None,
               loss: float | None = None) -> None:
         """Record a valid reply: bind the name, keep the first size, the latest loss."""
@@ -202,11 +266,13 @@ class SiteBook:
                 "site_of": dict(self.names), "evaluate_sizes": dict(self.evaluate_sizes)}
 
     @classmethod
-    def restore(cls, state: dict, roster: dict[str, int] | None = None) -> SiteBook:
-        """The book a :meth:`snapshot` describes, under ``roster``.
+    def restore(cls, state: dict, roster: dict[str, int] | None = None,
+                max_size_ratio: float = DEFAULT_MAX_SIZE_RATIO) -> SiteBook:
+        """The book a :meth:`snapshot` describes, under ``roster`` and ``max_size_ratio``.
 
         A checkpoint made before evaluate sizes were kept has none.
         """
         return cls(names=dict(state["site_of"]), sizes=dict(state["sizes"]),
                    last_losses=dict(state["last_losses"]),
-                   evaluate_sizes=dict(state.get("evaluate_sizes", {})), roster=roster)
+                   evaluate_sizes=dict(state.get("evaluate_sizes", {})), roster=roster,
+                   max_size_ratio=max_size_ratio)

@@ -143,7 +143,7 @@ class TrainStage:
         record_selection(report, self.selector, self.sites.label)  # relabelled after the replies
         log(INFO, "configure_train: %d sites selected of %d connected, tau %d",
             len(node_ids), len(nodes), self.schedule.tau)
-        self.stream.start(self.aggregator, self.reference, len(node_ids))
+        self.stream.start(self.aggregator, self.reference, node_ids, self.sites)
         self.statistics.start(self.keys, self.reference,
                               robust=isinstance(self.aggregator, DefendedAggregator))
         self.plan = TrainPlan.for_round(node_ids, self.schedule.tau, self.uplink, server_round,

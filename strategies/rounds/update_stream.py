@@ -23,6 +23,19 @@ Its updates are held until the aggregation, and the round is refused before
 anything is sent when the selected sites' updates, ``m x`` the model's bytes,
 would exceed run config ``round.max-held-mb``.
 
+Sizes are capped relative to the others when there is no roster
+(:meth:`strategies.rounds.site_book.SiteBook.relative_cap`: at most run config
+``federation.max-size-ratio`` x the median of the other sites' first
+declarations). A reply folded on arrival can only be weighted with what is known
+then, so a round with a selected site whose size is not known yet (round 1, a
+newcomer; :meth:`~strategies.rounds.site_book.SiteBook.sizes_pending`) is held
+like a robust rule's, within the same bound, and its replies are capped when it
+closes, before :meth:`UpdateStream.finish` aggregates them; once every selected
+site has declared, the caps are fixed and each reply is capped as it is folded.
+The default defence (norm-bound with ``kappa``) holds every round anyway. Each
+capped size is recorded as ``size-cap/<site>`` (the examples it was weighted
+with).
+
 No reply can end the run (:func:`aggregate_safely`): every reply was validated on
 its own (:mod:`strategies.replies`), yet the aggregator can still refuse the set (a
 weight out of range, a robust rule that rejects an update) with a
@@ -34,6 +47,7 @@ keeps the old model and records why (``AggregateOutcome.failure``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from logging import WARNING
 
@@ -44,6 +58,7 @@ from strategies.aggregation import AggregationError, RunningSum, check_update
 from strategies.errors import ConfigError, ReplyError
 from strategies.plugins.protocols import Aggregator
 from strategies.replies import TrainReply
+from strategies.rounds.site_book import MAX_SIZE_RATIO_KEY, SiteBook
 
 __all__ = ["DEFAULT_MAX_HELD_MB", "MAX_HELD_KEY", "AggregateOutcome", "UpdateStream",
            "aggregate_safely"]
@@ -118,35 +133,47 @@ class UpdateStream:
         self._total: RunningSum | None = None
         self._folded: list[TrainReply] = []
         self._info: dict[str, float] = {}
+        self._book: SiteBook | None = None
 
     @property
     def streaming(self) -> bool:
-        """Whether this round's replies are folded on arrival (the aggregator is linear)."""
+        """Whether this round's replies are folded on arrival (a linear aggregator, sizes known)."""
         return self._total is not None
 
-    def start(self, aggregator: Aggregator, reference: list[np.ndarray], selected: int) -> None:
-        """Begin a round of ``aggregator`` on the global model ``reference``, ``selected`` sites.
+    def start(self, aggregator: Aggregator, reference: list[np.ndarray],
+              selected: Sequence[int], book: SiteBook | None = None) -> None:
+        """Begin a round of ``aggregator`` on the global model ``reference`` for the
+        ``selected`` nodes, whose sizes ``book`` caps relative to the others (none: no
+        relative cap).
 
         Raises
         ------
         ConfigError
-            The aggregator needs all updates and ``selected`` x the model's bytes
-            exceed ``round.max-held-mb``.
+            The round must hold its updates (the aggregator needs them all, or a
+            selected site's size is not known yet) and ``len(selected)`` x the
+            model's bytes exceed ``round.max-held-mb``.
         """
         self.aggregator, self._reference, self._folded = aggregator, list(reference), []
-        self._info = {}
-        if not aggregator.needs_all_updates:
+        self._info, self._book = {}, book
+        pending = book is not None and book.sizes_pending(selected)
+        if not aggregator.needs_all_updates and not pending:
             self._total = RunningSum(reference)
             return
         self._total = None
-        model_mb = sum(array.nbytes for array in reference) / _MB
-        if selected * model_mb > self.max_held_mb:
-            raise ConfigError(
-                f"run config key '{MAX_HELD_KEY}' = {self.max_held_mb:g}: "
-                f"{type(aggregator).__name__} needs all {selected} selected sites' updates at "
-                f"once ({selected} x {model_mb:.1f} MB = {selected * model_mb:.0f} MB); raise "
-                f"'{MAX_HELD_KEY}', select fewer sites ('selection.m') or aggregate with "
-                "fedavg / fednova and no defence, which stream")
+        count, model_mb = len(selected), sum(array.nbytes for array in reference) / _MB
+        if count * model_mb <= self.max_held_mb:
+            return
+        if aggregator.needs_all_updates:
+            why = f"{type(aggregator).__name__} needs all {count} selected sites' updates at once"
+            fix = "aggregate with fedavg / fednova and no defence, which stream"
+        else:
+            why = (f"the round holds all {count} selected sites' updates until each has "
+                   "declared its size")
+            fix = f"give a roster ('federation.roster') or set '{MAX_SIZE_RATIO_KEY}' = 0"
+        raise ConfigError(
+            f"run config key '{MAX_HELD_KEY}' = {self.max_held_mb:g}: {why} ({count} x "
+            f"{model_mb:.1f} MB = {count * model_mb:.0f} MB); raise '{MAX_HELD_KEY}', select "
+            f"fewer sites ('selection.m') or {fix}")
 
     def admit(self, reply: TrainReply) -> TrainReply | str:
         """Fold ``reply`` (streaming) and release its update, or keep it as it is (held).
@@ -156,6 +183,7 @@ class UpdateStream:
         """
         if self._total is None:
             return reply
+        reply = self._capped(reply)
         index = len(self._folded)
         try:
             check_update(index, reply.delta, self._reference, "the global model")
@@ -166,13 +194,25 @@ class UpdateStream:
         self._folded.append(replace(reply, delta=[]))
         return self._folded[-1]
 
+    def _capped(self, reply: TrainReply) -> TrainReply:
+        """``reply`` capped relative to the others' sizes, the cap recorded as ``size-cap/<site>``."""
+        if self._book is None:
+            return reply
+        capped = self._book.relatively_capped(reply)
+        if capped is not reply:
+            self._info[f"size-cap/{reply.site}"] = float(capped.num_examples)
+        return capped
+
     def finish(self, accepted: list[TrainReply], dropped: dict[str, str]) -> AggregateOutcome:
         """The round's aggregate: the scaled running sum, or the held ``accepted`` aggregated.
 
-        Held replies the aggregator rejects go to ``dropped`` (:func:`aggregate_safely`).
+        Held replies are capped relative to the others first; those the aggregator rejects go to ``dropped`` (:func:`aggregate_safely`).
         """
         if self._total is None:
-            return aggregate_safely(self.aggregator, accepted, dropped)
+            outcome = aggregate_safely(self.aggregator, [self._capped(r) for r in accepted],
+                                       dropped)
+            outcome.info = {**self._info, **outcome.info}
+            return outcome
         if not self._folded:
             return AggregateOutcome(None)
         delta, info = self.aggregator.finish(self._total, self._folded)

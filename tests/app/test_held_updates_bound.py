@@ -29,7 +29,25 @@ def test_a_robust_rule_beyond_the_bound_is_refused_naming_the_key(server_identit
 
 
 def test_fedavg_without_defence_streams_whatever_the_bound(server_identity):
-    assert len(_configure({"strategy.defence": "none", "round.max-held-mb": 1.0})) == 10
+    # round 1 without a roster holds the updates until the sizes are known, unless the
+    # relative size cap is off (tests/strategies/test_size_ratio.py)
+    assert len(_configure({"strategy.defence": "none", "round.max-held-mb": 1.0,
+                           "federation.max-size-ratio": 0.0})) == 10
+
+
+def test_a_first_round_held_for_the_sizes_is_refused_naming_the_keys(server_identity):
+    with pytest.raises(ConfigError, match=r"'round\.max-held-mb' = 5: the round holds all 10 "
+                                          r".*'federation\.max-size-ratio' = 0"):
+        _configure({"strategy.defence": "none", "round.max-held-mb": 5.0})
+
+
+def test_the_size_ratio_reaches_the_site_book():
+    strategy = build_strategy(RunConfig.from_mapping({"federation.max-size-ratio": 4.0}))
+    assert strategy.sites.max_size_ratio == 4.0
+    assert build_strategy(RunConfig.from_mapping({})).sites.max_size_ratio == 10.0
+    with pytest.raises(RunConfigError, match="'federation.max-size-ratio' must be 0 .off. "
+                                             "or >= 1"):
+        RunConfig.from_mapping({"federation.max-size-ratio": 0.5})
 
 
 def test_the_bound_must_be_positive():

@@ -45,9 +45,10 @@ def _answer(message, answer: tuple[int, float, str]):
 def test_a_site_lying_from_round_one_is_weighted_at_its_roster_size():
     answers = {8: (_delta(1.0), _train_metrics(10), "hospital-00"),
                2: (_delta(-1.0), _train_metrics(10**15), "hospital-01")}
-    unregistered = make_strategy(min_nodes=2)
+    unregistered = make_strategy(min_nodes=2, max_size_ratio=0.0)
     arrays, _ = _round(unregistered, 1, [8, 2], answers)
-    # today's cap is the first declaration: the liar is the global model
+    # without a roster or the relative cap (tests/strategies/test_size_ratio.py), the cap
+    # is the first declaration: the liar is the global model
     np.testing.assert_allclose(arrays.to_numpy_ndarrays()[0], GLOBAL[0] + 1.0, rtol=1e-6)
     strategy = make_strategy(min_nodes=2, roster=ROSTER)
     arrays, metrics = _round(strategy, 1, [8, 2], answers)
