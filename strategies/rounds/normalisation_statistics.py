@@ -13,10 +13,11 @@ and, each round (:class:`RoundStatistics`):
 
 1. **robust rule** (when a defence is on: the aggregator is a
    :class:`~strategies.plugins.defences.defended.DefendedAggregator`): the
-   coordinate-wise median of the used replies' statistics updates replaces the
-   aggregator's weighted mean at those positions (Yin et al., ICML 2018, Def. 1,
-   :func:`strategies.robust.median.coordinate_median`; unweighted, so a claimed
-   example count buys no weight, and fewer than half the sites cannot move it).
+   coordinate-wise median of the statistics updates of the replies the defence
+   kept replaces the aggregator's weighted mean at those positions (Yin et al.,
+   ICML 2018, Def. 1, :func:`strategies.robust.median.coordinate_median`;
+   unweighted, so a claimed example count buys no weight, and fewer than half the
+   sites cannot move it).
    With two sites the median is their mean, hence step 2.
 2. **validation** of the new statistics, entry by entry: an entry that the update
    would make negative (a variance) or non-finite (a variance or a mean) keeps its
@@ -120,7 +121,8 @@ class RoundStatistics:
 
     def settle(self, reference: Sequence[np.ndarray], delta: Sequence[np.ndarray],
                used: Sequence[TrainReply], tau: int) -> tuple[list[np.ndarray], dict[str, float]]:
-        """The round's update ``delta`` with its statistics settled (steps 1-3 above).
+        """The round's update ``delta`` with its statistics settled (steps 1-3 above);
+        ``used``: the replies aggregated that the defence did not leave out.
 
         Returns the update and what to track (``statistics-repaired``: entries kept at
         their previous value; ``counters-bounded``: counters whose increment was

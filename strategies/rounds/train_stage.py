@@ -200,7 +200,7 @@ class TrainStage:
         updated, report.aggregation_failed = None, outcome.failure
         if outcome.delta is not None:
             delta, repairs = self.statistics.settle(
-                self.reference, outcome.delta, outcome.used,
+                self.reference, outcome.delta, aggregated_replies(outcome.used, outcome.info),
                 max(self.plan.tau.values(), default=self.plan.default_tau))
             report.strategy.update(repairs)
             updated, report.aggregation_failed = apply_update(self.reference, delta, self.keys)

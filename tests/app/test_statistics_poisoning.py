@@ -63,13 +63,15 @@ def _min_counter(weights: list[np.ndarray]) -> list[np.ndarray]:
             for name, array in zip(_names(), _honest(weights))]
 
 
-def _round(attack, sites: int = 2):
-    """One round of the default strategy, site-0 replying with ``attack``'s update."""
-    handlers = [ScriptedSite(f"site-{i}", delta=attack if i == 0 else _honest, num_examples=10)
-                for i in range(sites)]
+def _round(attack, sites: int = 2, updates=(), **run_config):
+    """One round of the default strategy (``run_config`` overrides), site-0 replying with
+    ``attack``'s update, or site ``i`` with ``updates[i]``, the others honest."""
+    updates = list(updates) or [attack] + [_honest] * (sites - 1)
+    handlers = [ScriptedSite(f"site-{i}", delta=update, num_examples=10)
+                for i, update in enumerate(updates)]
     grid = InProcessGrid([VirtualSite({"site-name": h.name}, h) for h in handlers], run_id=42)
-    config = RunConfig.from_mapping({"min-nodes": sites, "node-wait-timeout": 5,
-                                     "local-steps": TAU})
+    config = RunConfig.from_mapping({"min-nodes": len(updates), "node-wait-timeout": 5,
+                                     "local-steps": TAU, **run_config})
     strategy = build_strategy(config)
     initial = ArrayRecord(_model().state_dict())
     result = strategy.start(grid=grid, initial_arrays=initial, num_rounds=1)
@@ -93,15 +95,42 @@ def test_a_poisoned_running_var_keeps_its_previous_value_with_two_sites():
     np.testing.assert_allclose(var[1:], before["features.1.running_var"][1:] - 0.1, rtol=1e-6)
     assert torch.isfinite(_eval_output(after)).all()
     assert report.strategy["statistics-repaired"] == 1.0
-    # the rest of the round's update is applied
-    np.testing.assert_allclose(after["features.0.weight"], before["features.0.weight"] + 0.01, rtol=1e-5)
+    # the rest of the round's update is applied (x_local = x_global + 0.01, maybe clipped)
+    assert (after["features.0.weight"] > before["features.0.weight"]).all()
 
 
 def test_statistics_are_the_sites_median_when_a_defence_is_on():
     before, after, report = _round(_poisoned_var, sites=3)
-    np.testing.assert_allclose(after["features.1.running_var"], before["features.1.running_var"] - 0.1,
-                               rtol=1e-6)
+    name = "features.1.running_var"
+    np.testing.assert_allclose(after[name], before[name] - 0.1, rtol=1e-6)
     assert report.strategy["statistics-repaired"] == 0.0
+
+
+def _shifted(shift: float):
+    """An update whose weights are ``shift`` from the honest ones' and whose variances
+    are all lowered by 0.5 (a Krum outlier by its weights)."""
+    def delta(weights: list[np.ndarray]) -> list[np.ndarray]:
+        out = []
+        for name, array in zip(_names(), _honest(weights)):
+            if name.endswith("running_var"):
+                out.append(np.full_like(array, 0.5))
+            elif array.dtype.kind == "f" and not name.endswith("running_mean"):
+                out.append(array + np.float32(shift))
+            else:
+                out.append(array)
+        return out
+    return delta
+
+
+def test_the_median_is_over_the_replies_the_defence_kept():
+    """Multi-Krum (f = 1) keeps the three honest sites of six; three outliers' variances
+    (0.5 lower) would make the median over all six 0.3 lower, not 0.1."""
+    updates = [_honest] * 3 + [_shifted(1.0), _shifted(-1.0), _shifted(2.0)]
+    before, after, report = _round(None, updates=updates, **{
+        "strategy.defence": "multi-krum", "multi-krum.f": 1, "multi-krum.m": 3})
+    assert [report.strategy[f"krum-selected/site-{i}"] for i in range(6)] == [1, 1, 1, 0, 0, 0]
+    np.testing.assert_allclose(after["features.1.running_var"],
+                               before["features.1.running_var"] - 0.1, rtol=1e-6)
 
 
 def test_an_int64_min_counter_update_advances_the_counter_by_tau_at_most():

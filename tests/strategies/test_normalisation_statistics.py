@@ -1,4 +1,5 @@
-"""Normalisation statistics and counters after aggregation (strategies/rounds/normalisation_statistics.py).
+"""Normalisation statistics and counters after aggregation
+(strategies/rounds/normalisation_statistics.py).
 
 Found by their ``state_dict`` names; the median of the sites' statistics updates when a
 defence is on, even when the round streams (the updates released once folded); a variance
