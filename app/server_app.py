@@ -40,6 +40,7 @@ from app.tracking import (
     log_federation_models,
     model_metadata,
 )
+from app.tracking.best_round import score_rule
 from app.tracking.refusals import require_aggregation
 from clients.registry import task_class
 from strategies import message_keys as keys
@@ -143,7 +144,7 @@ class RoundRecorder:
     def __call__(self, report: RoundReport, arrays: ArrayRecord) -> bool:
         keys_, values = list(arrays.keys()), arrays.to_numpy_ndarrays()
         improved = self.best is not None and self.best.observe(
-            report.server_round, report.evaluate_aggregate, list(report.evaluate), keys_, values)
+            report.server_round, report.evaluate_aggregate, report.evaluate, keys_, values)
         self.tracker.record(report)
         if self.checkpoint_path is not None:
             save_checkpoint(self.checkpoint_path, ServerCheckpoint(
@@ -216,7 +217,9 @@ def federate(grid: Grid, context: Context) -> FederationOutcome:
     resuming = checkpoint_path is not None  # a resume starts from its checkpoint's model
     first_round, initial = 1, initial_arrays(model, "" if resuming else config.initial_model)
     metric = f"val-{task.main_metric}"
-    best = BestRound(metric, config.early_stopping_patience, config.early_stopping_min_delta)
+    best = BestRound(metric, config.early_stopping_patience, config.early_stopping_min_delta,
+                     score_rule(config.best_round_aggregate, config.strategy_defence,
+                                config.strategy_aggregator))
     if checkpoint_path is not None:
         strategy = build_strategy(config, federation=checkpoint_path.parent.name,
                                   roster=roster)
@@ -238,7 +241,7 @@ def federate(grid: Grid, context: Context) -> FederationOutcome:
             run_name=f"{config.task}-{time.strftime('%Y%m%d-%H%M%S')}",
             params=run_config,
             tags={"flwr.run-id": str(context.run_id), "task": config.task,
-                  "selection-metric": metric},
+                  "selection-metric": metric, "selection-aggregate": best.aggregate},
         )
         strategy = build_strategy(config, federation=run_id, roster=roster)
         if config.checkpoint_dir:

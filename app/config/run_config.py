@@ -38,6 +38,7 @@ from strategies.plugins.registries import (
     default_sections,
     parse_sections,
 )
+from strategies.rounds.site_metric_score import SCORE_RULES
 
 __all__ = ["CARRIED_KEYS", "RunConfig", "RunConfigError"]
 
@@ -135,6 +136,7 @@ class RunConfig:
     dp_accountant: str = _dotted("privacy.accountant", DEFAULT_ACCOUNTANT)
     early_stopping_patience: int = _dotted("early-stopping.patience", 0)
     early_stopping_min_delta: float = _dotted("early-stopping.min-delta", 0.0)
+    best_round_aggregate: str = _dotted("best-round.aggregate", "auto")
     initial_model: str = ""
     final_evaluation: bool = True  # the selected model on every site's test split at the end
     cross_site_finetune_steps: int = _dotted("cross-site.finetune-steps", 2)
@@ -217,6 +219,8 @@ class RunConfig:
         if self.early_stopping_patience < 0 or self.early_stopping_min_delta < 0:
             self._fail("early_stopping_patience" if self.early_stopping_patience < 0
                        else "early_stopping_min_delta", "must be >= 0")
+        if self.best_round_aggregate not in SCORE_RULES:
+            self._fail("best_round_aggregate", f"must be one of {list(SCORE_RULES)}")
         if self.early_stopping_patience and not self.fraction_evaluate:
             self._fail("early_stopping_patience", "needs fraction-evaluate > 0 (it watches "
                        "the validation metric)")

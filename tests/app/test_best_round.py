@@ -102,7 +102,7 @@ def test_early_stopping_counts_evaluated_rounds_without_a_min_delta_gain(tmp_pat
 def test_patience_zero_never_stops():
     best = BestRound("val-dice")
     for server_round in range(1, 20):
-        best.observe(server_round, {"val-dice": 0.1}, [], ["w"], [np.zeros(1)])
+        best.observe(server_round, {"val-dice": 0.1}, {}, ["w"], [np.zeros(1)])
     assert best.round == 1 and not best.exhausted
 
 
@@ -121,10 +121,10 @@ def test_early_stopping_run_config_keys():
 def test_a_round_scored_nan_is_never_the_best_round_even_from_a_checkpoint():
     """Issue 29, found 8: a NaN-scored best round (a checkpoint's) is not kept selected."""
     best = BestRound("val-dice")
-    assert not best.observe(1, {"val-dice": float("nan")}, ["site-a"], ["w"], [np.zeros(1)])
+    assert not best.observe(1, {"val-dice": float("nan")}, {"site-a": {}}, ["w"], [np.zeros(1)])
     assert not best.found
     best.restore({"metric": "val-dice", "round": 1, "value": float("nan"), "sites": ["site-a"],
                   "keys": ["w"], "arrays": [np.zeros(1)], "stale": 0})
     assert not best.found and best.value == -np.inf and best.arrays == []
-    assert best.observe(2, {"val-dice": 0.3}, ["site-a"], ["w"], [np.ones(1)])
+    assert best.observe(2, {"val-dice": 0.3}, {"site-a": {}}, ["w"], [np.ones(1)])
     assert (best.round, best.value) == (2, 0.3)

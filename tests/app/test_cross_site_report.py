@@ -109,6 +109,7 @@ def test_the_selected_model_is_the_best_rounds_else_the_final_one():
     final = ArrayRecord({"w": Array(np.array([9.0], np.float32))})
     best = BestRound("val-dice")
     assert selected_arrays(best, final) is final  # no round evaluated
-    best.observe(2, {"val-dice": 0.7}, ["a"], ["w"], [np.array([2.0], np.float32)])
+    best.observe(2, {"val-dice": 0.7}, {"a": {"val-dice": 0.7}}, ["w"],
+                 [np.array([2.0], np.float32)])
     chosen = selected_arrays(best, final)
     assert list(chosen.keys()) == ["w"] and chosen["w"].numpy().tolist() == [2.0]

@@ -90,9 +90,9 @@ def test_the_best_and_the_final_model_are_registered_with_their_origin(tracker):
     keys = list(model.state_dict())
     final = [v.numpy().copy() for v in model.state_dict().values()]
     best = BestRound("val-dice")
-    best.observe(2, {"val-dice": 0.8}, ["site-b", "site-a"], keys,
+    best.observe(2, {"val-dice": 0.8}, {"site-b": {}, "site-a": {}}, keys,
                  [np.full_like(a, 0.5) if a.dtype.kind == "f" else a for a in final])
-    best.observe(3, {"val-dice": 0.6}, ["site-a"], keys, final)
+    best.observe(3, {"val-dice": 0.6}, {"site-a": {}}, keys, final)
     mlflow.log_metrics({"site/site-a/epsilon": 1.5, "site/site-b/epsilon": 2.25})
     metadata = model_metadata("pe-seg", TINY, False, "dice")
     last = RoundScore(3, "val-dice", 0.6, ["site-a"])

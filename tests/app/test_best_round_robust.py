@@ -1,0 +1,97 @@
+"""Issue 29, found 5: one site's self-reported metric cannot pick the best round.
+
+``val-auc`` reported as 0.70, 0.72 and 1e6 aggregated (example-weighted) to
+333,333.8, so one site chose the round registered ``<experiment>-best``. Under
+the default (``best-round.aggregate = "auto"``: the median of the sites'
+values whenever a defence is on) a site reporting in-range but extreme values
+(0.99 against the honest 0.70 / 0.72 of a bad round) cannot pick the round.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from app.config.run_config import RunConfig, RunConfigError
+from app.server_app import RoundRecorder
+from app.tracking import BestRound
+from app.tracking.best_round import score_rule
+from strategies.rounds.checkpoint import CHECKPOINT_FILE, run_folder
+from strategies.rounds.round_report import RoundReport
+from strategies.rounds.site_metric_score import site_median, site_trimmed_mean
+from tests.app.test_best_round import _arrays, _recorder
+
+
+def _round(server_round: int, values: dict[str, float]) -> RoundReport:
+    """A round the sites scored ``values`` (``val-auc``), each with 100 examples."""
+    mean = sum(values.values()) / len(values)
+    return RoundReport(server_round, evaluate_aggregate={"val-auc": mean},
+                       evaluate={site: {"val-auc": v} for site, v in values.items()})
+
+
+# Round 1 is good (honest 0.85 / 0.86); round 2 is bad (honest 0.70 / 0.72) but the
+# attacker reports 0.99 in it and 0.0 in the good one.
+ROUNDS = [{"site-a": 0.85, "site-b": 0.86, "site-x": 0.0},
+          {"site-a": 0.70, "site-b": 0.72, "site-x": 0.99}]
+
+
+def _best_round(tmp_path, best: BestRound) -> int:
+    recorder = _recorder(tmp_path, best)
+    for server_round, values in enumerate(ROUNDS, start=1):
+        recorder(_round(server_round, values), _arrays(server_round))
+    return best.round
+
+
+def test_the_default_run_config_selects_on_the_sites_median(tmp_path):
+    """The product's defaults (norm-bound defence) select round 1, whose median is 0.85."""
+    config = RunConfig.from_mapping({})
+    rule = score_rule(config.best_round_aggregate, config.strategy_defence,
+                      config.strategy_aggregator)
+    best = BestRound("val-auc", aggregate=rule)
+    assert rule == "median" and _best_round(tmp_path, best) == 1
+    assert best.value == pytest.approx(0.85)  # the selecting value, logged as best-val-auc
+
+
+def test_the_mean_lets_one_site_pick_the_round(tmp_path):
+    """Without a defence, ``auto`` is today's example-weighted mean: the attacker picks."""
+    rule = score_rule("auto", "none", "fedavg")
+    assert rule == "mean" and _best_round(tmp_path, BestRound("val-auc", aggregate=rule)) == 2
+
+
+def test_auto_is_robust_behind_any_defence_or_a_robust_aggregator():
+    assert score_rule("auto", "multi-krum", "fednova") == "median"
+    assert score_rule("auto", "none", "trimmed-mean") == "median"
+    assert score_rule("auto", "none", "median") == "median"
+    assert score_rule("trimmed-mean", "none", "fedavg") == "trimmed-mean"
+    assert score_rule("mean", "norm-bound", "fedavg") == "mean"
+
+
+def test_an_extreme_value_cannot_pick_the_round_under_the_trimmed_mean(tmp_path):
+    assert _best_round(tmp_path, BestRound("val-auc", aggregate="trimmed-mean")) == 1
+
+
+def test_the_robust_rules_on_the_sites_values():
+    assert site_median([0.70, 0.72, 1e6]) == pytest.approx(0.72)
+    assert site_median([0.6, 0.8]) == pytest.approx(0.7)
+    # one value cut at each end from 3 sites, 2 from 10 (20 %); none from 2
+    assert site_trimmed_mean([0.70, 0.72, 1e6]) == pytest.approx(0.72)
+    assert site_trimmed_mean([0.6, 0.8]) == pytest.approx(0.7)
+    ten = [0.7] * 8 + [1e6, -1e6]
+    assert site_trimmed_mean(ten) == pytest.approx(0.7)
+
+
+def test_a_site_without_the_metric_or_with_a_non_finite_value_does_not_vote(tmp_path):
+    best = BestRound("val-auc", aggregate="median")
+    report = RoundReport(1, evaluate={"site-a": {"val-auc": 0.6}, "site-b": {"val-loss": 0.3},
+                                      "site-c": {"val-auc": float("nan")}})
+    assert best.observe(1, report.evaluate_aggregate, report.evaluate, ["w"], [np.zeros(1)])
+    assert (best.value, best.sites) == (0.6, ["site-a", "site-b", "site-c"])
+    assert not best.observe(2, {}, {"site-b": {"val-loss": 0.3}}, ["w"], [np.zeros(1)])
+
+
+def test_the_best_round_aggregate_run_config_key():
+    assert RunConfig.from_mapping({}).best_round_aggregate == "auto"
+    config = RunConfig.from_mapping({"best-round.aggregate": "trimmed-mean"})
+    assert config.as_params()["best-round.aggregate"] == "trimmed-mean"
+    with pytest.raises(RunConfigError, match="'best-round.aggregate' must be one of"):
+        RunConfig.from_mapping({"best-round.aggregate": "max"})
