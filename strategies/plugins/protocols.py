@@ -71,6 +71,10 @@ class Aggregator(Protocol):
     def aggregate(self, replies: list[TrainReply]) -> tuple[list[np.ndarray], Info]:
         """``Delta`` over ``replies`` (model order) and what to track."""
 
+    def update_scale(self, reply: TrainReply) -> float:
+        """The factor on ``reply``'s update as it enters the aggregate, next to the others'
+        (1 for FedAvg; FedNova's ``tau / ||a_i||_1``): a defence measures that update."""
+
 
 @runtime_checkable
 class StreamingAggregator(Aggregator, Protocol):
@@ -94,8 +98,15 @@ class Defence(Protocol):
     #: still streams, one reply at a time); True: it needs the round's set.
     needs_all_updates: bool
 
-    def filter(self, replies: list[TrainReply]) -> tuple[list[TrainReply], Info]:
-        """The replies to aggregate (scaled or a subset, in order) and what to track."""
+    def filter(self, replies: list[TrainReply],
+               scales: Sequence[float] | None = None) -> tuple[list[TrainReply], Info]:
+        """The replies to aggregate (scaled or a subset, in order) and what to track;
+        ``scales[k]`` is the aggregator's factor on update ``k`` (its ``update_scale``),
+        so the defence judges the updates as they enter the aggregate (None: all 1)."""
+
+    def observe(self, accepted_norms: Sequence[float]) -> Info:
+        """Learn from the round's aggregated updates: the L2 norms of the kept ones, after
+        the defence and with their scales (norm-bound's history); what to track."""
 
 
 @runtime_checkable

@@ -5,11 +5,19 @@ Sun et al., *Can You Really Backdoor Federated Learning?*, NeurIPS FL workshop
 
     Delta_k * min(1, M / ||Delta_k||_2)                                   (1)
 
-so no single site moves the model further than ``M``. ``M`` is either an
-absolute bound or ``kappa`` times the median of the round's update norms (an
-adaptive bound that follows the natural shrinking of updates during training,
-as in Andrew et al., *Differentially Private Learning with Adaptive Clipping*,
-NeurIPS 2021, but without noise). When both are given the smaller one holds.
+so no single site moves the model further than ``M``. ``M`` is the smallest of
+
+* an absolute bound;
+* ``kappa`` times the **lower** median of the round's update norms (an adaptive
+  bound that follows the natural shrinking of updates during training, as in
+  Andrew et al., *Differentially Private Learning with Adaptive Clipping*,
+  NeurIPS 2021, but without noise). For an even count the lower of the two
+  middle norms is taken (:func:`lower_median`): with two sites it is the smaller
+  norm, so one site of two can never raise the bound (the plain median of two
+  norms is half the larger one, and ``kappa >= 2`` left a x1000 update unclipped);
+* ``history_kappa`` times a **reference** from earlier rounds: the median of the
+  norms accepted (after clipping) in the last rounds (:func:`history_reference`).
+  A site alone in a round, or a majority of one, cannot move it.
 
 On a model update (a list of arrays, :func:`update_norm`, :func:`scaled`) only
 the **floating-point** arrays are measured and scaled: an integer buffer (such as
@@ -28,16 +36,18 @@ import numpy as np
 from strategies.errors import ConfigError
 from strategies.robust.stack import as_stack
 
-__all__ = ["NormBound", "clip_factors", "clip_to_bound", "round_bound", "scaled",
-           "update_norm"]
+__all__ = ["NormBound", "clip_factors", "clip_to_bound", "history_reference", "lower_median",
+           "round_bound", "scaled", "update_norm"]
 
 
 @dataclass(frozen=True)
 class NormBound:
-    """The bound ``M`` of eq. (1): ``absolute`` (> 0) and/or ``kappa`` x median (kappa >= 1)."""
+    """The bound ``M`` of eq. (1): ``absolute`` (> 0) and/or ``kappa`` x lower median
+    (kappa >= 1), and ``history_kappa`` (>= 1) x an earlier rounds' reference when one is known."""
 
     absolute: float | None = None
     kappa: float | None = None
+    history_kappa: float | None = None
 
     def __post_init__(self) -> None:
         if self.absolute is None and self.kappa is None:
@@ -46,18 +56,37 @@ class NormBound:
             raise ConfigError(f"norm bound: 'absolute' must be a finite number > 0, got {self.absolute!r}")
         if self.kappa is not None and not (math.isfinite(self.kappa) and self.kappa >= 1):
             raise ConfigError(f"norm bound: 'kappa' must be a finite number >= 1, got {self.kappa!r}")
+        if self.history_kappa is not None and not (math.isfinite(self.history_kappa)
+                                                   and self.history_kappa >= 1):
+            raise ConfigError("norm bound: 'history_kappa' must be a finite number >= 1, got "
+                              f"{self.history_kappa!r}")
 
 
-def round_bound(norms: np.ndarray, bound: NormBound) -> float:
-    """The round's ``M``: the smaller of the absolute bound and ``kappa * median(norms)``."""
+def lower_median(values: np.ndarray) -> float:
+    """The median of ``values`` for an odd count, the lower middle value for an even one."""
+    ordered = np.sort(np.asarray(values, dtype=np.float64))
+    return float(ordered[(ordered.size - 1) // 2])
+
+
+def history_reference(history: Sequence[Sequence[float]]) -> float | None:
+    """The median of the norms accepted in the rounds of ``history``; None when there are none."""
+    pooled = [norm for round_norms in history for norm in round_norms]
+    return float(np.median(pooled)) if pooled else None
+
+
+def round_bound(norms: np.ndarray, bound: NormBound, reference: float | None = None) -> float:
+    """The round's ``M``: the smallest of the absolute bound, ``kappa * lower_median(norms)``
+    and, with a ``reference`` (:func:`history_reference`), ``history_kappa * reference``."""
     norms = np.asarray(norms, dtype=np.float64)
     if norms.ndim != 1 or norms.size == 0:
         raise ConfigError(f"norm bound: norms must be a non-empty vector, got shape {norms.shape}")
-    candidates = []
+    candidates: list[float] = []
     if bound.absolute is not None:
         candidates.append(float(bound.absolute))
     if bound.kappa is not None:
-        candidates.append(float(bound.kappa) * float(np.median(norms)))
+        candidates.append(float(bound.kappa) * lower_median(norms))
+    if bound.history_kappa is not None and reference is not None:
+        candidates.append(float(bound.history_kappa) * reference)
     return min(candidates)
 
 
@@ -79,8 +108,10 @@ def clip_to_bound(updates: np.ndarray, bound: NormBound) -> tuple[np.ndarray, np
     return clipped, factors, m
 
 
-def clip_factors(norms: np.ndarray, bound: NormBound) -> tuple[np.ndarray, float]:
-    """The factors ``min(1, M / ||Delta_k||)`` of eq. (1) from the update norms alone.
+def clip_factors(norms: np.ndarray, bound: NormBound,
+                 reference: float | None = None) -> tuple[np.ndarray, float]:
+    """The factors ``min(1, M / ||Delta_k||)`` of eq. (1) from the update norms alone
+    (and the earlier rounds' ``reference``, :func:`round_bound`).
 
     Returns
     -------
@@ -90,7 +121,7 @@ def clip_factors(norms: np.ndarray, bound: NormBound) -> tuple[np.ndarray, float
         The round's ``M`` (:func:`round_bound`).
     """
     norms = np.asarray(norms, dtype=np.float64)
-    m = round_bound(norms, bound)
+    m = round_bound(norms, bound, reference)
     factors = np.ones_like(norms)
     over = norms > m
     factors[over] = m / norms[over]

@@ -158,7 +158,9 @@ def test_hand_computed_fedavg_and_fednova(aggregator, expected):
     -(0.5 * 0.2 - 0.5 * 0.8) = +0.30; FedNova normalises by ||a_i|| = tau_i and
     rescales by tau_eff = 5, which gives exactly 0.0 (Wang et al. 2020, Sec. 3).
     """
-    strategy = FederatedStrategy(aggregator=AGGREGATORS.create(aggregator),
+    # FedNova's steps floor at 2 of 8 (fednova.min-steps-fraction 0.25) keeps tau_2 = 2
+    options = {"min_steps_fraction": 0.25} if aggregator == "fednova" else {}
+    strategy = FederatedStrategy(aggregator=AGGREGATORS.create(aggregator, **options),
                                  schedule=SCHEDULES.create("fixed", tau0=8),
                                  selector=SELECTORS.create("uniform"),
                                  min_nodes=2, node_wait_timeout=1)

@@ -32,11 +32,12 @@ def test_norm_bound_clips_only_rows_above_the_absolute_bound() -> None:
     assert clipped.dtype == np.float32
 
 
-def test_kappa_bound_follows_the_round_median_and_stops_a_scaled_update() -> None:
+def test_kappa_bound_follows_the_round_lower_median_and_stops_a_scaled_update() -> None:
     u = honest()
     u[0] *= 1000.0
     norms = np.linalg.norm(u.astype(np.float64), axis=1)
-    assert round_bound(norms, NormBound(kappa=2.0)) == pytest.approx(2.0 * np.median(norms))
+    # six norms: the lower of the two middle ones (#29: one of two sites cannot raise it)
+    assert round_bound(norms, NormBound(kappa=2.0)) == pytest.approx(2.0 * np.sort(norms)[2])
     clipped, factors, m = clip_to_bound(u, NormBound(kappa=2.0))
     assert np.linalg.norm(clipped[0]) == pytest.approx(m, rel=1e-5)
     assert factors[0] < 0.01 and (factors[1:] == 1.0).all()

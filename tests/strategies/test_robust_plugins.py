@@ -71,8 +71,9 @@ def test_a_scaled_update_moves_the_model_at_most_the_round_bound():
     undefended, _ = build("none").aggregate(attacked(replies, 1000.0))
     defended, info = build("norm-bound", **{"norm-bound.kappa": 2.0}).aggregate(
         attacked(replies, 1000.0))
-    median_norm = float(np.median([update_norm(r.delta) for r in replies[1:]] +
-                                  [1000.0 * update_norm(replies[0].delta)]))
+    # the round's lower median norm (six norms: the lower of the two middle ones)
+    median_norm = float(np.sort([update_norm(r.delta) for r in replies[1:]] +
+                                [1000.0 * update_norm(replies[0].delta)])[2])
     assert distance(undefended, clean) > 20.0 * median_norm  # FedAvg alone: taken over
     assert info["norm-bound"] == pytest.approx(2.0 * median_norm, rel=1e-6)
     # the attacker moves the model at most its weight p_0 times the bound

@@ -34,7 +34,10 @@ def test_a_norm_is_local_solver_norm_as_the_client_computed_it(solver, steps):
 
 
 def _round(solver: LocalSolver, replies_metrics: list[dict], tau: int = 8):
-    strategy = FederatedStrategy(aggregator=AGGREGATORS.create("fednova"),
+    # a steps floor below every reply here (2 of 8 steps counts as itself): the a-norms
+    # are the server's from the steps (tests/strategies/test_fednova_steps_bound.py: the floor)
+    strategy = FederatedStrategy(aggregator=AGGREGATORS.create("fednova",
+                                                               min_steps_fraction=0.05),
                                  schedule=SCHEDULES.create("fixed", tau0=tau),
                                  selector=SELECTORS.create("uniform"),
                                  min_nodes=2, node_wait_timeout=1, local_solver=solver)

@@ -98,11 +98,12 @@ def test_a_rejected_reply_is_left_out_of_the_sum(server_identity):
 def test_an_absolute_norm_bound_clips_each_update_as_it_streams(server_identity):
     # ||D1|| = sqrt(14) > M = 1: scaled by 1/sqrt(14); ||D2 / 10|| = sqrt(30) / 10 < 1: kept
     small = [D2[0] / 10, D2[1] / 10, D2[2]]
-    aggregator = with_defence(NormBoundDefence(absolute=1.0, kappa=0.0),
-                              AGGREGATORS.create("fedavg"))
+    def aggregator():
+        return with_defence(NormBoundDefence(absolute=1.0, kappa=0.0),
+                            AGGREGATORS.create("fedavg"))
     replies = [_train_reply(1, D1, 1), _train_reply(2, small, 3)]
-    _, outcome = _streamed(aggregator, replies)
-    held, info = aggregator.aggregate(replies)
+    _, outcome = _streamed(aggregator(), replies)
+    held, info = aggregator().aggregate(replies)  # a fresh one: no history of earlier rounds
     assert outcome.info == pytest.approx(info)
     assert outcome.info["clip-factor/site-1"] == pytest.approx(1 / np.sqrt(14.0))
     for streamed, expected in zip(outcome.delta, held):

@@ -28,6 +28,10 @@ class FedAvgAggregator(Plugin):
     #: Linear: the round's replies are folded into a running sum as they arrive.
     needs_all_updates = False
 
+    def update_scale(self, reply: TrainReply) -> float:
+        """Each update enters the aggregate as it is."""
+        return 1.0
+
     def aggregate(self, replies: list[TrainReply]) -> tuple[list[np.ndarray], dict[str, float]]:
         """Return the aggregated update and info to track."""
         delta = fedavg_delta([r.delta for r in replies], [r.num_examples for r in replies])

@@ -10,6 +10,19 @@ solver (:class:`strategies.local_solver.LocalSolver`, ``TrainReply.a_norm``),
 never taken from the site, so partial work at a deadline is normalised
 correctly and a site cannot inflate its weight.
 
+Bounded normalisation (#29): a site that reports few steps divides its update by a
+small ``||a_i||_1`` and gains weight (1 step of 8 planned: about 8x). The a-norm
+counted for a reply is at least ``fednova.min-steps-fraction`` (``f``, in (0, 1],
+default 0.5) x the a-norm of the tau it was sent (``TrainReply.tau_a_norm``):
+with plain SGD (``||a||_1 = steps``) steps below ``f tau`` count as ``f tau``. A
+reply's update thus enters the aggregate with at most ``1 / f`` times the weight of
+a full round's (legitimate partial work at a deadline below ``f tau`` is
+under-weighted the same way), and the floored a-norm is tracked as
+``a-norm-floored/<site>`` with a warning naming the site and the rule. The defence
+in front (:mod:`strategies.plugins.defences.defended`) measures the update as it
+enters the aggregate, ``(tau / ||a_i||_1) delta_i`` (:meth:`FedNovaAggregator.update_scale`),
+not ``delta_i``.
+
 Optional server momentum (the paper's FedNova with server-side momentum, Sec. 5):
 ``v <- beta v + Delta``, ``x <- x - v`` (run config ``fednova.server-momentum``).
 Needs ``optimizer = "sgd"`` (:meth:`FedNovaAggregator.requires`).
@@ -23,8 +36,10 @@ folded into ``S = sum_i (n_i / ||a_i||_1) delta_i`` as it arrives and, with
 from __future__ import annotations
 
 from dataclasses import dataclass
+from logging import WARNING
 
 import numpy as np
+from flwr.supercore import log
 
 from strategies.aggregation import RunningSum, fednova_delta, positive_weight
 from strategies.plugins.options import Plugin, PluginError, PluginOptions, option
@@ -41,10 +56,20 @@ class FedNovaOptions(PluginOptions):
     ----------
     server_momentum : float
         ``fednova.server-momentum``: server momentum beta in [0, 1); 0 = none.
+    min_steps_fraction : float
+        ``fednova.min-steps-fraction``: a reply's a-norm counts at least this
+        fraction (in (0, 1]) of the a-norm of the tau it was sent.
     """
 
     section = "fednova"
     server_momentum: float = option(0.0, at_least=0.0, below=1.0)
+    min_steps_fraction: float = option(0.5, at_least=0.0)
+
+    def check(self) -> None:
+        """The fraction lies in (0, 1]."""
+        if not 0.0 < self.min_steps_fraction <= 1.0:
+            self.fail("min_steps_fraction", "must be in (0, 1] (1: every reply counts as a "
+                                            "full round)")
 
 
 @AGGREGATORS.register("fednova")
@@ -55,8 +80,11 @@ class FedNovaAggregator(Plugin):
     #: Linear: the round's replies are folded into a running sum as they arrive.
     needs_all_updates = False
 
-    def __init__(self, server_momentum: float = 0.0) -> None:
-        self.server_momentum = FedNovaOptions(server_momentum=server_momentum).server_momentum
+    def __init__(self, server_momentum: float = 0.0, min_steps_fraction: float = 0.5) -> None:
+        options = FedNovaOptions(server_momentum=server_momentum,
+                                 min_steps_fraction=min_steps_fraction)
+        self.server_momentum = options.server_momentum
+        self.min_steps_fraction = options.min_steps_fraction
         self._velocity: list[np.ndarray] | None = None
 
     @staticmethod
@@ -69,27 +97,51 @@ class FedNovaAggregator(Plugin):
                 "proximal local solvers (Wang et al. 2020), not Adam; got optimizer = "
                 f"{settings.optimizer!r}")
 
+    def counted_a_norm(self, reply: TrainReply) -> float:
+        """``max(||a_i||_1, f ||a(tau)||_1)``: the reply's a-norm, at least the fraction
+        ``f`` of the a-norm of the tau it was sent (its own when that is unknown)."""
+        return max(reply.a_norm, self.min_steps_fraction * reply.tau_a_norm)
+
+    def update_scale(self, reply: TrainReply) -> float:
+        """``||a(tau)||_1 / counted a-norm``: the update as it enters the aggregate,
+        ``tau_eff p_i delta_i / ||a_i||_1``, next to a full round's (1 when tau is unknown)."""
+        counted = self.counted_a_norm(reply)
+        return reply.tau_a_norm / counted if reply.tau_a_norm > 0.0 and counted > 0.0 else 1.0
+
+    def _floored(self, replies: list[TrainReply]) -> dict[str, float]:
+        """``a-norm-floored/<site>`` for each reply whose a-norm was raised, with a warning."""
+        info = {}
+        for reply in replies:
+            counted = self.counted_a_norm(reply)
+            if counted > reply.a_norm:
+                log(WARNING, "fednova: %s reported %d steps of the tau sent; its a-norm "
+                    "counts as %.4g, not %.4g (rule fednova.min-steps-fraction = %g)",
+                    reply.site, reply.steps, counted, reply.a_norm, self.min_steps_fraction)
+                info[f"a-norm-floored/{reply.site}"] = counted
+        return info
+
     def aggregate(self, replies: list[TrainReply]) -> tuple[list[np.ndarray], dict[str, float]]:
-        """Return the aggregated update and ``tau-eff``."""
-        a_norms = [r.a_norm for r in replies]
+        """Return the aggregated update, ``tau-eff`` and the floored a-norms."""
+        a_norms = [self.counted_a_norm(r) for r in replies]
         n = np.array([r.num_examples for r in replies], dtype=np.float64)
         tau_eff = float(np.dot(n / n.sum(), a_norms))
         delta = fednova_delta([r.delta for r in replies], [r.num_examples for r in replies],
                               a_norms)
-        return self._with_momentum(delta), {"tau-eff": tau_eff}
+        return self._with_momentum(delta), {"tau-eff": tau_eff, **self._floored(replies)}
 
     def fold(self, total: RunningSum, reply: TrainReply, index: int) -> dict[str, float]:
-        """``S += (n_i / ||a_i||_1) delta_i`` on float arrays, ``n_i delta_i`` on integer ones."""
+        """``S += (n_i / ||a_i||_1) delta_i`` on float arrays, ``n_i delta_i`` on integer ones
+        (``||a_i||_1``: :meth:`counted_a_norm`); the floored a-norm, if any."""
         n = positive_weight(reply.num_examples, "num_examples", index)
-        a_norm = positive_weight(reply.a_norm, "a_norms", index)
+        a_norm = positive_weight(self.counted_a_norm(reply), "a_norms", index)
         total.add(reply.delta, n / a_norm, n)
-        return {}
+        return self._floored([reply])
 
     def finish(self, total: RunningSum,
                replies: list[TrainReply]) -> tuple[list[np.ndarray], dict[str, float]]:
         """``Delta = tau_eff S / N`` (integers ``S / N``) over the folded replies; ``tau-eff``."""
         count = float(sum(r.num_examples for r in replies))
-        tau_eff = sum(r.num_examples * r.a_norm for r in replies) / count
+        tau_eff = sum(r.num_examples * self.counted_a_norm(r) for r in replies) / count
         delta = total.result(tau_eff / count, 1.0 / count)
         return self._with_momentum(delta), {"tau-eff": tau_eff}
 

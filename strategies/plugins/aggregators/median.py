@@ -32,6 +32,10 @@ class MedianAggregator(Plugin):
     #: bounded by run config ``round.max-held-mb`` (:mod:`strategies.rounds.update_stream`).
     needs_all_updates = True
 
+    def update_scale(self, reply: TrainReply) -> float:
+        """Each update enters the aggregate as it is."""
+        return 1.0
+
     def aggregate(self, replies: list[TrainReply]) -> tuple[list[np.ndarray], dict[str, float]]:
         """Return the coordinate-wise median of the updates."""
         return coordinatewise([r.delta for r in replies], coordinate_median), {}

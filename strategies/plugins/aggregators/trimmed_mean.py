@@ -53,6 +53,10 @@ class TrimmedMeanAggregator(Plugin):
     def __init__(self, beta: float = 0.2) -> None:
         self.beta = TrimmedMeanOptions(beta=beta).beta
 
+    def update_scale(self, reply: TrainReply) -> float:
+        """Each update enters the aggregate as it is."""
+        return 1.0
+
     def aggregate(self, replies: list[TrainReply]) -> tuple[list[np.ndarray], dict[str, float]]:
         """Return the trimmed mean of the updates and ``trimmed-per-end``."""
         delta = coordinatewise([r.delta for r in replies],

@@ -7,7 +7,8 @@ distances to its ``n - f - 2`` nearest neighbours and keep the ``m`` of lowest
 score (:mod:`strategies.robust.multi_krum`). The kept replies are then
 aggregated with the aggregator's own weights (FedAvg, FedNova), which is
 Multi-Krum's average when the aggregator is FedAvg. Distances use the
-floating-point arrays (:mod:`strategies.robust.updates`).
+floating-point arrays (:mod:`strategies.robust.updates`) of the updates as the
+aggregator takes them in (``filter``'s ``scales``: FedNova's normalised update).
 
 With fewer replies than the options assume, ``f`` is lowered to ``n - 1`` and
 ``m`` to ``n`` for that round (a round with one reply keeps it). Tracked per
@@ -23,7 +24,10 @@ of connected sites (e.g. ``m = 10`` and the 0.55 MB float32 cxr-cls model: an 11
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from strategies.plugins.options import Plugin, PluginOptions, option
 from strategies.plugins.registries import DEFENCES
@@ -60,15 +64,23 @@ class MultiKrumDefence(Plugin):
         options = MultiKrumOptions(f=f, m=m)
         self.f, self.m = options.f, options.m
 
-    def filter(self, replies: list[TrainReply]) -> tuple[list[TrainReply], dict[str, float]]:
-        """Return the kept replies (in their original order) and who was kept."""
+    def filter(self, replies: list[TrainReply],
+               scales: Sequence[float] | None = None) -> tuple[list[TrainReply], dict[str, float]]:
+        """Return the kept replies (in their original order) and who was kept; ``scales[k]``
+        multiplies update ``k`` as the aggregator takes it in (distances are measured so)."""
         if not replies:
             return [], {}
         n = len(replies)
         f = min(self.f, n - 1)
         m = min(self.m or n - f, n)
-        kept = set(lowest_scores(krum_scores(float_stack([r.delta for r in replies]), f),
-                                 m).tolist())
+        stack = float_stack([r.delta for r in replies])
+        if scales is not None:
+            stack *= np.asarray(scales, dtype=np.float64)[:, None]
+        kept = set(lowest_scores(krum_scores(stack, f), m).tolist())
         info = {"krum-kept": float(len(kept))}
         info.update({f"krum-selected/{r.site}": float(i in kept) for i, r in enumerate(replies)})
         return [r for i, r in enumerate(replies) if i in kept], info
+
+    def observe(self, accepted_norms: Sequence[float]) -> dict[str, float]:
+        """Nothing is learnt across rounds."""
+        return {}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from strategies.plugins.options import Plugin
 from strategies.plugins.registries import DEFENCES
 from strategies.replies import TrainReply
@@ -14,6 +16,11 @@ class NoDefence(Plugin):
     #: Nothing is compared across replies: a linear aggregator behind it streams.
     needs_all_updates = False
 
-    def filter(self, replies: list[TrainReply]) -> tuple[list[TrainReply], dict[str, float]]:
-        """Return the replies and nothing to track."""
+    def filter(self, replies: list[TrainReply],
+               scales: Sequence[float] | None = None) -> tuple[list[TrainReply], dict[str, float]]:
+        """Return the replies and nothing to track (``scales`` are not needed)."""
         return list(replies), {}
+
+    def observe(self, accepted_norms: Sequence[float]) -> dict[str, float]:
+        """Nothing is learnt across rounds."""
+        return {}
