@@ -2,7 +2,8 @@
 
 Flower's own strategies raise on replies with inconsistent keys, which ends the
 whole federation because of one bad site. Here every reply is checked on its
-own (records present, required metrics finite, update arrays matching the
+own (records present, required metrics finite and each metric within its range,
+:mod:`strategies.metric_ranges`, update arrays matching the
 global model's count, shapes and dtypes, all entries finite) and turned into a
 typed value, or into an :class:`InvalidReplyError` whose message says why.
 
@@ -24,6 +25,7 @@ from flwr.supercore.inflatable.inflatable_object import InflatableObject
 
 from strategies import message_keys as keys
 from strategies.local_solver import LocalSolver
+from strategies.metric_ranges import range_problem
 from strategies.update_codec import UpdateFormatError, unpack_update
 from strategies.errors import ReplyError
 
@@ -92,7 +94,8 @@ def site_name(message: Message, node_id: int | None = None) -> str:
 
 def _metrics(message: Message, required: tuple[str, ...],
              allow_none: bool = False) -> dict[str, float]:
-    """The reply's finite metrics; ``num-examples`` a positive integer (or 0 if ``allow_none``)."""
+    """The reply's finite metrics, each within its range (:func:`range_problem`);
+    ``num-examples`` a positive integer (or 0 if ``allow_none``)."""
     if message.has_error():
         raise InvalidReplyError(f"site reported an error: {message.error.reason}")
     record = message.content.get(keys.METRICS)
@@ -107,6 +110,9 @@ def _metrics(message: Message, required: tuple[str, ...],
             continue
         if not math.isfinite(float(value)):
             raise InvalidReplyError(f"metric '{name}' is not finite ({value})")
+        problem = range_problem(name, float(value))
+        if problem is not None:
+            raise InvalidReplyError(problem)
         values[name] = float(value)
     count = values[keys.NUM_EXAMPLES]
     if count < (0 if allow_none else 1) or count != int(count):

@@ -43,9 +43,10 @@ def test_metric_names_weighted_and_per_site():
 
 
 def _sites() -> list[VirtualSite]:
-    """Two sites; site-i scores ``i + w[0]`` on its test split and trains ``w += 1``."""
+    """Two sites; site-i scores ``(i + w[0]) / 10`` (a Dice in [0, 1]) on its test split and
+    trains ``w += 1``."""
     def scorer(i: int):
-        return lambda weights: {"test-studies": 4, "test-dice": i + float(weights[0][0])}
+        return lambda weights: {"test-studies": 4, "test-dice": (i + float(weights[0][0])) / 10}
 
     return [VirtualSite({}, ScriptedSite(f"site-{i}", evaluate=scorer(i), num_examples=4))
             for i in (1, 2)]
@@ -76,8 +77,8 @@ def test_report_logs_test_metrics_matrix_table_and_figures(tmp_path: Path, mlflo
                                                   "site-2-finetuned"]
     client = MlflowClient(store)
     run = client.get_run(run_id)
-    assert run.data.metrics["test/dice"] == pytest.approx(2.0)  # (1.5 + 2.5) / 2
-    assert run.data.metrics["site/site-2/test-dice"] == pytest.approx(2.5)
+    assert run.data.metrics["test/dice"] == pytest.approx(0.2)  # (0.15 + 0.25) / 2
+    assert run.data.metrics["site/site-2/test-dice"] == pytest.approx(0.25)
     assert client.get_metric_history(run_id, "test/dice")[0].step == 4
     paths = {a.path for folder in ("cross-site", "figures")
              for a in client.list_artifacts(run_id, folder)}
@@ -87,7 +88,7 @@ def test_report_logs_test_metrics_matrix_table_and_figures(tmp_path: Path, mlflo
     table = json.loads(Path(client.download_artifacts(run_id, "cross-site/matrix.json",
                                                       str(tmp_path))).read_text())
     assert table["columns"] == ["model", "site-1", "site-2"]
-    assert table["data"][1] == ["site-1-finetuned", 2.5, 3.5]
+    assert table["data"][1] == ["site-1-finetuned", pytest.approx(0.25), pytest.approx(0.35)]
 
 
 @pytest.mark.usefixtures("server_identity")

@@ -31,7 +31,8 @@ GLOBAL = [np.array([0.5, 1.0], dtype=np.float32), np.array(3, dtype=np.int64)]
 
 
 class Site:
-    """A fake site: test score = its offset + the model's first weight; it trains to +shift."""
+    """A fake site: test score (a metric without a range) = its offset + the model's first
+    weight; it trains to +shift."""
 
     def __init__(self, name: str, offset: float, shift: float, examples: int = 10,
                  trains: bool = True, silent: bool = False) -> None:
@@ -57,7 +58,7 @@ class Site:
                 reply_to=message)
         metrics = {keys.NUM_EXAMPLES: self.examples, "test-studies": self.examples}
         if self.examples:
-            metrics.update({"test-loss": 1.0, "test-dice": self.offset + float(weights[0][0])})
+            metrics.update({"test-loss": 1.0, "test-score": self.offset + float(weights[0][0])})
         return Message(RecordDict({keys.SITE: site, keys.METRICS: MetricRecord(metrics)}),
                        reply_to=message)
 
@@ -74,17 +75,17 @@ def _arrays() -> ArrayRecord:
 
 def _run(sites: dict[int, Site], k: int):
     grid = scripted_grid(sites, silent=[node for node, site in sites.items() if site.silent])
-    return cross_site_evaluation(grid, _setup(), _arrays(), "dice", k, 7,
+    return cross_site_evaluation(grid, _setup(), _arrays(), "score", k, 7,
                                  on_stage=lambda line: None)
 
 
 def test_global_row_per_site_and_weighted_test_metrics_with_no_finetuning():
     a, b = Site("a", 0.0, 1.0, examples=10), Site("b", 0.25, 1.0, examples=30)
     result = _run({4: a, 2: b}, k=0)
-    assert result.metric == "test-dice"
-    assert result.sites["a"]["test-dice"] == pytest.approx(0.5)
-    assert result.sites["b"]["test-dice"] == pytest.approx(0.75)
-    assert result.weighted["test-dice"] == pytest.approx((10 * 0.5 + 30 * 0.75) / 40)
+    assert result.metric == "test-score"
+    assert result.sites["a"]["test-score"] == pytest.approx(0.5)
+    assert result.sites["b"]["test-score"] == pytest.approx(0.75)
+    assert result.weighted["test-score"] == pytest.approx((10 * 0.5 + 30 * 0.75) / 40)
     assert result.weighted[keys.NUM_EXAMPLES] == 40
     assert result.rows == [GLOBAL_ROW] and result.columns == ["a", "b"]
     np.testing.assert_allclose(result.matrix, [[0.5, 0.75]])

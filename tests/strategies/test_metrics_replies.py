@@ -32,7 +32,7 @@ def test_an_evaluate_reply_of_zero_examples_is_accepted_and_weighs_nothing():
 
 @pytest.mark.parametrize("count", [-1, 2.5])
 def test_an_evaluate_reply_needs_a_non_negative_integer_count(count):
-    with pytest.raises(InvalidReplyError, match="non-negative integer"):
+    with pytest.raises(InvalidReplyError, match="non-negative integer|counts are >= 0"):
         parse_metrics_reply(_reply({keys.NUM_EXAMPLES: count}))
 
 
