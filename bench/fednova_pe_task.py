@@ -22,7 +22,9 @@ site policy apply. The run config picks the rule (``strategy.aggregator`` =
 ``momentum``; with momentum m the lr is ``lr * (1 - m)``) and
 ``local-steps`` = max tau; each site's node_config ``max-local-steps`` caps
 its own tau (heterogeneous work, default 10 / 40 / 40), and the site reports
-the steps it ran and its ``a-norm``, which FedNova weighs. The same initial
+the steps it ran and its ``a-norm``, which FedNova weighs (``fednova.min-steps-fraction``
+= min tau / max tau, so FedNova's floor on a reply's a-norm, 0.5 by default,
+leaves this heterogeneity as it is). The same initial
 model and per-(round, site) training seeds for every run (``seed``).
 
 What is measured
@@ -113,6 +115,7 @@ def run_spec(spec: RunSpec, folders: Sequence[Path], args: argparse.Namespace,
         "task": "pe-seg", "image-size": args.image_size, "batch-size": args.batch_size,
         "optimizer": "sgd", "lr": spec.lr, "momentum": spec.momentum,
         "local-steps": max(spec.taus), "strategy.aggregator": spec.method,
+        "fednova.min-steps-fraction": min(spec.taus) / max(spec.taus),
         "strategy.selector": "cpow-d" if args.eval_slabs else "pow-d",
         "selection.m": len(sites), "selection.d": len(sites),
         "selection.subset": args.eval_slabs, "num-server-rounds": args.rounds,

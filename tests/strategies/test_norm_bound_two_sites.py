@@ -25,7 +25,8 @@ from strategies.plugins.defences.defended import DefendedAggregator
 from strategies.plugins.defences.norm_bound import NormBoundDefence, NormBoundOptions
 from strategies.plugins.options import PluginError
 from strategies.replies import TrainReply
-from strategies.rounds.state_tree import decode_tree, encode_tree
+from strategies.rounds.checkpoint import (CHECKPOINT_FILE, ServerCheckpoint, load_checkpoint,
+                                          run_folder, save_checkpoint)
 from tests.fixtures.scripted_site import ScriptedSite
 
 pytestmark = pytest.mark.usefixtures("server_identity")  # run 42, the SuperLink's node 1
@@ -115,14 +116,42 @@ def test_the_streaming_fold_learns_the_history_at_the_round_end():
     np.testing.assert_allclose(delta[0], np.full(4, 2.0), rtol=1e-5)
 
 
-def test_the_history_round_trips_through_a_checkpoint():
-    aggregator = _default_aggregator()
-    aggregator.aggregate([_reply(0), _reply(1)])
-    tree, arrays = encode_tree(aggregator)
-    fresh = decode_tree(tree, arrays, _default_aggregator())
-    assert fresh.defence.history == [[HONEST_NORM, HONEST_NORM]]
-    _, info = fresh.aggregate([_reply(0, 1000.0)])
+def _engine_round(strategy, weights: list[np.ndarray], deltas: list[float], server_round=1):
+    """One round of ``strategy`` on sites whose updates are ``delta`` x ones (engine)."""
+    sites = [VirtualSite({"site-name": f"site-{i}"},
+                         ScriptedSite(f"site-{i}", num_examples=10,
+                                      delta=lambda w, d=d: [np.full_like(w[0], d),
+                                                            np.zeros_like(w[1])]))
+             for i, d in enumerate(deltas)]
+    return strategy.start(grid=InProcessGrid(sites, run_id=42),
+                          initial_arrays=ArrayRecord(weights), num_rounds=1)
+
+
+def test_the_history_resumes_from_the_strategys_checkpoint(tmp_path):
+    config = RunConfig.from_mapping({"min-nodes": 2, "node-wait-timeout": 5,
+                                     "checkpoint-dir": str(tmp_path)})
+    running = build_strategy(config, federation="fed")
+    _engine_round(running, INITIAL, [1.0, 1.0])
+    assert running.train.aggregator.defence.history == [[HONEST_NORM, HONEST_NORM]]
+    path = run_folder(tmp_path, "fed") / CHECKPOINT_FILE
+    save_checkpoint(path, ServerCheckpoint(server_round=1, keys=["w", "n"], arrays=INITIAL,
+                                           strategy=running.snapshot(), mlflow_run_id="fed",
+                                           run_config=config.as_params()))
+    resumed = build_strategy(config, federation="fed")
+    resumed.restore(load_checkpoint(path, {**config.as_params(), "resume": True},
+                                    template=resumed.snapshot()).strategy)
+    assert resumed.train.aggregator.defence.history == [[HONEST_NORM, HONEST_NORM]]
+    _, info = resumed.train.aggregator.aggregate([_reply(0, 1000.0)])  # one site, round 2
     assert info["norm-bound"] == pytest.approx(3.0 * HONEST_NORM)
+
+
+def test_a_round_whose_new_model_is_refused_teaches_the_history_nothing():
+    strategy = build_strategy(RunConfig.from_mapping({"min-nodes": 2,
+                                                      "node-wait-timeout": 5}))
+    huge = [np.full(4, -2e38, np.float32), np.array(0, np.int64)]
+    _engine_round(strategy, huge, [2e38, 2e38])  # x - Delta overflows float32: refused
+    assert "not finite" in strategy.reports[1].aggregation_failed
+    assert strategy.train.aggregator.defence.history == []
 
 
 def test_the_history_options_are_checked_naming_the_key():
