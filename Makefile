@@ -203,7 +203,9 @@ predict: install
 #                  [RETAIN_DAYS=30]  (a federation's state folder is removed after RETAIN_DAYS
 #                                     days untouched; 0 keeps all)
 #   make supernodes                                (which sites are online)
-#   make federate [ROUNDS=2] [ROSTER=/abs/roster.toml] [RUN_CONFIG="local-steps=20 min-nodes=2"]
+#   make federate ROSTER=/abs/roster.toml [ROUNDS=2] [RUN_CONFIG="local-steps=20 min-nodes=2"]
+#                 (the site roster, docs/DEPLOYMENT.md section 3, is required:
+#                  ALLOW_NO_ROSTER=1 runs without one; make simulate needs none)
 #                 [SIGN_KEY=/abs/app-signing.key]  (sends the app's signature: -c app-signature=...)
 # Approving an app (docs/DEPLOYMENT.md, "Approving an app"):
 #   make signing-key OUT=/abs/dir                  (coordinator: app-signing.key + .pub)
@@ -228,6 +230,7 @@ SUPERNODE_PORT    ?=
 PUBKEY            ?=
 MIN_NODES         ?=
 ROSTER            ?=
+ALLOW_NO_ROSTER   ?=
 SIGN_KEY          ?=
 DEPLOY_ARGS       = --deploy-dir $(DEPLOY_DIR) --port $(SUPERLINK_PORT) --superlink $(SUPERLINK_ADDRESS)
 
@@ -270,6 +273,7 @@ federate: install
 		$(if $(STEPS),-c local-steps=$(STEPS)) $(if $(IMAGE_SIZE),-c image-size=$(IMAGE_SIZE)) \
 		$(if $(MIN_NODES),-c min-nodes=$(MIN_NODES)) \
 		$(if $(ROSTER),-c federation.roster=$(abspath $(ROSTER))) \
+		$(if $(filter 1 true yes,$(ALLOW_NO_ROSTER)),--allow-no-roster) \
 		-c checkpoint-dir=$(DEPLOY_DIR)/checkpoints $(if $(RESUME),-c resume=true) \
 		$(if $(SIGN_KEY),--sign-key $(abspath $(SIGN_KEY))) \
 		$(foreach kv,$(RUN_CONFIG),-c $(kv))

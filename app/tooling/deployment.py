@@ -20,9 +20,16 @@ Command line (what the make targets call)::
     python -m app.tooling.deployment federate   --deploy-dir D --flwr-home H
                                                   --tracking-uri U --artifact-root A [-c k=v]
                                                   [--sign-key /abs/app-signing.key]
+                                                  [--allow-no-roster]
 
 ``superlink`` and ``supernode`` run in the foreground (their log is echoed)
 until Ctrl-C, then stop their daemon and everything it started.
+
+``federate`` needs the coordinator's site roster (run config ``federation.roster``,
+``make federate ROSTER=/abs/roster.toml``): without one, a registered site's first
+``num-examples`` sets its weight, capped only relative to the other sites'
+(``federation.max-size-ratio``). ``--allow-no-roster`` (``make federate
+ALLOW_NO_ROSTER=1``) runs without one anyway; ``make simulate`` needs none.
 """
 
 from __future__ import annotations
@@ -50,7 +57,14 @@ from clients.site.app_rules import AppApprovalError
 from clients.site.policy import SitePolicyError
 from strategies.errors import ConfigError
 
-__all__ = ["main"]
+__all__ = ["NO_ROSTER", "main"]
+
+#: Why ``federate`` refuses a run config without ``federation.roster``.
+NO_ROSTER = ("a deployment needs the coordinator's site roster: pass ROSTER=/abs/roster.toml "
+             "(run config 'federation.roster'; docs/DEPLOYMENT.md section 3); without one a "
+             "registered site's first num-examples sets its weight (capped only at "
+             "'federation.max-size-ratio' x the others' median). To run without a roster "
+             "anyway: make federate ALLOW_NO_ROSTER=1 (--allow-no-roster)")
 
 
 # --- command line ---------------------------------------------------------------------
@@ -147,9 +161,12 @@ def _cmd_federate(args: argparse.Namespace) -> int:
     run_config = build_run_config(args.run_config, args.data_root, args.tracking_uri,
                                   args.artifact_root, args.preset)
     try:
-        checked_run_config(run_config)  # before anything is signed or submitted
+        values = checked_run_config(run_config)  # before anything is signed or submitted
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if not values.get("federation.roster") and not args.allow_no_roster:
+        print(f"error: {NO_ROSTER}", file=sys.stderr)
         return 2
     layout = _connected_layout(args)
     if args.sign_key is not None:  # the signature of the FAB flwr run submits
@@ -235,6 +252,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--sign-key", type=Path, default=None,
                    help="the coordinator's app-signing key: adds -c app-signature=<signature "
                         "of the project's FAB> (app.site_runtime.app_approval)")
+    p.add_argument("--allow-no-roster", action="store_true",
+                   help="run without the coordinator's site roster (run config "
+                        "'federation.roster'), which a deployment needs otherwise")
     p.set_defaults(func=_cmd_federate)
     return parser
 

@@ -159,7 +159,8 @@ def test_federate_sign_key_sends_a_signature_the_site_accepts(tmp_path, keys, mo
                         lambda home, run_config, *a, **k: sent.append(run_config)
                         or RunOutcome(None, "not-started"))
     assert deployment.main(["federate", "--tracking-uri", "http://127.0.0.1:1",
-                            "--artifact-root", str(tmp_path), "--sign-key", str(private)]) == 1
+                            "--artifact-root", str(tmp_path), "--sign-key", str(private),
+                            "--allow-no-roster"]) == 1
     signature = parse_config_args(sent)[SIGNATURE_KEY]
     assert check_app(_trusting(public), DIGEST, FAB, signature).startswith("key ")
 

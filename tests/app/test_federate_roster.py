@@ -1,0 +1,72 @@
+"""``make federate`` (a deployment) needs the coordinator's roster unless told otherwise (#29).
+
+Without a roster a registered site's first ``num-examples`` sets its weight (only
+capped relative to the others), so the deployment's federate command refuses to
+submit without run config ``federation.roster`` (``ROSTER=``), naming the flag that
+runs without one anyway (``ALLOW_NO_ROSTER=1``, ``--allow-no-roster``). ``make
+simulate`` needs none.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from app.tooling import deployment
+from app.tooling.run_submission import RunOutcome
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def submitted(monkeypatch) -> list[str]:
+    """The run-config strings the federate command submits (nothing is started)."""
+    sent: list[str] = []
+    monkeypatch.setattr(deployment, "_connected_layout", lambda args: None)
+    monkeypatch.setattr(deployment, "submit_run",
+                        lambda home, run_config, *a, **k: sent.append(run_config)
+                        or RunOutcome(None, "not-started"))
+    return sent
+
+
+def _federate(tmp_path: Path, *extra: str) -> int:
+    return deployment.main(["federate", "--deploy-dir", str(tmp_path / "deploy"),
+                            "--flwr-home", str(tmp_path / "flwr-home"),
+                            "--tracking-uri", "sqlite:///x.db", "--artifact-root",
+                            str(tmp_path), *extra])
+
+
+def test_federate_without_a_roster_is_refused_naming_the_flag(tmp_path, submitted, capsys):
+    assert _federate(tmp_path) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("error: ")
+    assert "ROSTER=/abs/roster.toml" in err and "'federation.roster'" in err
+    assert "ALLOW_NO_ROSTER=1" in err and "--allow-no-roster" in err
+    assert submitted == []
+
+
+def test_federate_runs_with_a_roster_or_when_allowed_without(tmp_path, submitted):
+    roster = tmp_path / "roster.toml"
+    shutil.copy(ROOT / "configs" / "roster.example.toml", roster)
+    assert _federate(tmp_path, "-c", f"federation.roster={roster}") == 1  # submitted
+    assert _federate(tmp_path, "--allow-no-roster") == 1
+    assert len(submitted) == 2 and f"federation.roster=\"{roster}\"" in submitted[0]
+
+
+def _make_n(*args: str) -> str:
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    done = subprocess.run(["make", "-n", "--no-print-directory", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_make_passes_the_flag_only_when_asked():
+    assert "--allow-no-roster" not in _make_n("federate")
+    assert "--allow-no-roster" in _make_n("federate", "ALLOW_NO_ROSTER=1")
+    assert "--allow-no-roster" not in _make_n("federate", "ALLOW_NO_ROSTER=0")
+    assert "federation.roster" not in _make_n("simulate")
