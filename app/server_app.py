@@ -41,7 +41,7 @@ from app.tracking import (
     model_metadata,
 )
 from app.tracking.best_round import score_rule
-from app.tracking.refusals import require_aggregation
+from app.tracking.refusals import require_aggregation, round_aggregated
 from clients.registry import task_class
 from strategies import message_keys as keys
 from strategies.rounds.cross_site import CrossSiteResult
@@ -132,25 +132,31 @@ class RoundRecorder:
 
     With ``best`` it scores each round (the checkpoint keeps the best round so
     far) and returns true, which stops the federation, when early stopping says so.
+    ``aggregated_rounds`` counts the rounds that updated the global model, from the
+    checkpoint's count on a resume (``None``: an older checkpoint that did not count).
     """
 
     def __init__(self, tracker: FederationTracker, strategy: FederatedStrategy,
                  checkpoint_path: Path | None, run_config: dict, progress,
-                 best: BestRound | None = None) -> None:
+                 best: BestRound | None = None, aggregated_rounds: int | None = 0) -> None:
         self.tracker, self.strategy = tracker, strategy
         self.checkpoint_path, self.run_config = checkpoint_path, run_config
         self.progress, self.best = progress, best
+        self.aggregated_rounds = aggregated_rounds
 
     def __call__(self, report: RoundReport, arrays: ArrayRecord) -> bool:
         keys_, values = list(arrays.keys()), arrays.to_numpy_ndarrays()
         improved = self.best is not None and self.best.observe(
             report.server_round, report.evaluate_aggregate, report.evaluate, keys_, values)
+        if self.aggregated_rounds is not None and round_aggregated(report):
+            self.aggregated_rounds += 1
         self.tracker.record(report)
         if self.checkpoint_path is not None:
             save_checkpoint(self.checkpoint_path, ServerCheckpoint(
                 server_round=report.server_round, keys=keys_, arrays=values,
                 strategy=self.strategy.snapshot(), mlflow_run_id=self.tracker.run_id,
-                run_config=self.run_config, best={} if self.best is None else self.best.state()))
+                run_config=self.run_config, best={} if self.best is None else self.best.state(),
+                aggregated_rounds=self.aggregated_rounds))
         self.tracker.flush()
         log(INFO, "%s", self.progress(report))
         if improved:
@@ -220,6 +226,7 @@ def federate(grid: Grid, context: Context) -> FederationOutcome:
     best = BestRound(metric, config.early_stopping_patience, config.early_stopping_min_delta,
                      score_rule(config.best_round_aggregate, config.strategy_defence,
                                 config.strategy_aggregator))
+    aggregated_rounds: int | None = 0  # rounds that updated the model before this process
     if checkpoint_path is not None:
         strategy = build_strategy(config, federation=checkpoint_path.parent.name,
                                   roster=roster)
@@ -233,6 +240,7 @@ def federate(grid: Grid, context: Context) -> FederationOutcome:
                                 outbox_dir=checkpoint_path.parent)
         strategy.restore(checkpoint.strategy)
         best.restore(checkpoint.best)
+        aggregated_rounds = checkpoint.aggregated_rounds
         initial = ArrayRecord({k: Array(v) for k, v in zip(checkpoint.keys, checkpoint.arrays)})
         first_round = checkpoint.server_round + 1
         log(INFO, "Resuming after round %d from %s", checkpoint.server_round, checkpoint_path)
@@ -252,7 +260,8 @@ def federate(grid: Grid, context: Context) -> FederationOutcome:
         tracker.tracking_uri)
     on_round_end = RoundRecorder(
         tracker, strategy, checkpoint_path, run_config,
-        lambda report: progress_line(report, config.num_server_rounds, metric), best)
+        lambda report: progress_line(report, config.num_server_rounds, metric), best,
+        aggregated_rounds)
 
     started = time.monotonic()
     status = "FAILED"
@@ -269,8 +278,9 @@ def federate(grid: Grid, context: Context) -> FederationOutcome:
         if stopped_early:
             mlflow.set_tag("early-stopped-at-round", str(last_round))
         tracker.flush()  # the sites' last epsilon, for the registry's version tags
-        if not resuming:  # a resumed run's earlier rounds are in its checkpoint, not reports
-            require_aggregation(strategy.reports)  # else FederationError: FAILED, nothing logged
+        # over the whole federation (a resume's checkpointed rounds are not in its reports);
+        # else FederationError: FAILED, nothing logged
+        require_aggregation(strategy.reports, aggregated_rounds)
         models = log_federation_models(
             run_id, tracker.experiment_name, model,
             (list(result.arrays.keys()), result.arrays.to_numpy_ndarrays()),

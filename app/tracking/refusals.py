@@ -6,8 +6,9 @@ empty). When no round did (every site refused, failed or was dropped in every
 round), the global model is still the initial one: the ServerApp marks the MLflow
 run ``FAILED``, registers nothing and raises :class:`FederationError` naming the
 drops counted by policy rule (:func:`strategies.rounds.withheld.refused_rule`).
-A resumed federation is not checked: the rounds before its checkpoint are not in
-its reports.
+A resumed federation is checked over all its rounds: the checkpoint counts the
+rounds that aggregated before it (``ServerCheckpoint.aggregated_rounds``); one
+written before they were counted is not checked.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ from strategies.errors import FederationError
 from strategies.rounds.round_report import RoundReport
 from strategies.rounds.withheld import refused_rule
 
-__all__ = ["DROPPED", "NO_REPLY", "REFUSALS_ARTIFACT", "REFUSALS_TAG", "aggregated_any", "refusal_counts", "refusals_text",
-           "require_aggregation"]
+__all__ = ["DROPPED", "NO_REPLY", "REFUSALS_ARTIFACT", "REFUSALS_TAG", "aggregated_any",
+           "refusal_counts", "refusals_text", "require_aggregation", "round_aggregated"]
 
 #: The run tag and the artifact that hold the counts of a run that aggregated nothing.
 REFUSALS_TAG, REFUSALS_ARTIFACT = "refusals", "refusals.json"
@@ -36,9 +37,14 @@ DROPPED = "dropped"
 NO_REPLY = "no reply"
 
 
+def round_aggregated(report: RoundReport) -> bool:
+    """Whether the round accepted a train reply and updated the global model."""
+    return bool(report.train) and not report.aggregation_failed
+
+
 def aggregated_any(reports: Mapping[int, RoundReport]) -> bool:
     """Whether any round accepted a train reply and updated the global model."""
-    return any(report.train and not report.aggregation_failed for report in reports.values())
+    return any(round_aggregated(report) for report in reports.values())
 
 
 def refusal_counts(reports: Mapping[int, RoundReport]) -> dict[str, int]:
@@ -57,8 +63,10 @@ def refusals_text(counts: Mapping[str, int]) -> str:
     return ", ".join(f"{rule}: {count}" for rule, count in counts.items()) or "none"
 
 
-def require_aggregation(reports: Mapping[int, RoundReport]) -> None:
-    """Raise :class:`FederationError` when no round of ``reports`` aggregated an update.
+def require_aggregation(reports: Mapping[int, RoundReport], earlier: int | None = 0) -> None:
+    """Raise :class:`FederationError` when no round of the federation aggregated an update:
+    none of ``reports`` and none of the ``earlier`` rounds (a resume's checkpointed rounds
+    that aggregated; ``None``: not counted, then nothing is checked).
 
     The active MLflow run first gets the counts as its ``refusals`` tag and
     ``refusals.json`` artifact (bounded requests; an unreachable store is a
@@ -69,7 +77,7 @@ def require_aggregation(reports: Mapping[int, RoundReport]) -> None:
     FederationError
         Naming the rounds run and the train drops counted by rule.
     """
-    if aggregated_any(reports):
+    if earlier is None or earlier > 0 or aggregated_any(reports):
         return
     counts = refusal_counts(reports)
     text = refusals_text(counts)

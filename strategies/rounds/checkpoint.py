@@ -3,7 +3,9 @@
 Holds the global model, the last finished round, the composed strategy's state
 (AdaComm's smoothed loss and tau, FedNova's server momentum, the selector's
 counts and random state, known site sizes and losses), the ServerApp's best round
-so far (``best``: plain values and its arrays, for best-model selection), the
+so far (``best``: plain values and its arrays, for best-model selection), how many
+rounds so far aggregated an update (``aggregated_rounds``: a resumed federation
+that aggregated nothing over all its rounds fails, :mod:`app.tracking.refusals`), the
 MLflow run id and the run config, so a resumed federation continues in the same
 MLflow run and only with the settings it was started with.
 
@@ -57,6 +59,8 @@ class ServerCheckpoint:
 
     ``strategy`` is :meth:`FederatedStrategy.snapshot` when saving; after
     :func:`load_checkpoint` it is that snapshot restored onto ``template``.
+    ``aggregated_rounds``: the rounds up to ``server_round`` that updated the global
+    model (``None``: not counted, a checkpoint written before they were).
     """
 
     server_round: int
@@ -66,6 +70,7 @@ class ServerCheckpoint:
     mlflow_run_id: str
     run_config: dict[str, Any] = field(default_factory=dict)
     best: dict[str, Any] = field(default_factory=dict)
+    aggregated_rounds: int | None = None
     version: int = _VERSION
 
 
@@ -130,7 +135,8 @@ def save_checkpoint(path: Path, checkpoint: ServerCheckpoint) -> None:
     best, best_arrays = encode_tree(checkpoint.best)
     meta = {"version": _VERSION, "server_round": checkpoint.server_round,
             "keys": list(checkpoint.keys), "mlflow_run_id": checkpoint.mlflow_run_id,
-            "run_config": checkpoint.run_config, "strategy": state, "best": best}
+            "run_config": checkpoint.run_config, "strategy": state, "best": best,
+            "aggregated_rounds": checkpoint.aggregated_rounds}
     entries = {f"model-{i}": np.asarray(a) for i, a in enumerate(checkpoint.arrays)}
     entries.update({f"state-{name}": a for name, a in arrays.items()})
     entries.update({f"best-{name}": a for name, a in best_arrays.items()})
@@ -233,6 +239,8 @@ def load_checkpoint(path: Path, run_config: dict[str, Any] | None,
                                 arrays=model, strategy=strategy,
                                 mlflow_run_id=str(meta["mlflow_run_id"]),
                                 run_config=meta["run_config"],
-                                best=decode_tree(meta["best"], best) if "best" in meta else {})
+                                best=decode_tree(meta["best"], best) if "best" in meta else {},
+                                aggregated_rounds=None if meta.get("aggregated_rounds") is None
+                                else int(meta["aggregated_rounds"]))
     except (StateTreeError, KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"{path}: unreadable checkpoint ({exc})") from exc

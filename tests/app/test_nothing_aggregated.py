@@ -11,14 +11,18 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from flwr.app import Context, Error, Message, MessageType
 from mlflow.tracking import MlflowClient
 
 from app.engine import VirtualSite, run_federation
-from app.tracking.refusals import aggregated_any, refusal_counts
+from app.tracking import FederationTracker
+from app.tracking.refusals import aggregated_any, refusal_counts, require_aggregation
 from strategies import message_keys as keys
 from strategies.errors import FederationError
+from strategies.rounds.checkpoint import (CHECKPOINT_FILE, ServerCheckpoint, load_checkpoint,
+                                          run_folder, save_checkpoint)
 from strategies.rounds.round_report import RoundReport
 from tests.fixtures.scripted_site import ScriptedSite
 
@@ -90,3 +94,53 @@ def test_a_resume_past_the_last_round_is_not_failed_for_running_no_round(tmp_pat
                                                           for name in ("site-a", "site-b")])
     assert resumed.mlflow_run_id == first.mlflow_run_id and resumed.reports == {}
     assert resumed.models.final_version
+
+
+def test_a_resume_whose_rounds_all_were_refused_fails_over_the_whole_federation(
+        tmp_path, mlflow_store, monkeypatch):
+    """Found 8 (b): the ServerApp dies after round 1's checkpoint, every train was refused
+    before and after; the resumed run (rounds 2-3) fails too and registers nothing. It was
+    not checked: it finished and registered the initial weights."""
+    config = {"num-server-rounds": 3, "image-size": 16, "node-wait-timeout": 5,
+              "experiment": "refused-resumed", "tracking-uri": mlflow_store(tmp_path / "store"),
+              "artifact-root": str(tmp_path / "artifacts"),
+              "checkpoint-dir": str(tmp_path / "checkpoints")}
+
+    def refusing() -> list[VirtualSite]:
+        return [VirtualSite({}, _refusing_train(ScriptedSite(name), "apps"))
+                for name in ("site-a", "site-b")]
+
+    flush, calls = FederationTracker.flush, []
+
+    def killed_once(self, *args, **kwargs):  # the round-1 flush right after its checkpoint
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("ServerApp killed after round 1's checkpoint")
+        return flush(self, *args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(FederationTracker, "flush", killed_once)
+        with pytest.raises(RuntimeError, match="killed after round 1"):
+            run_federation(config, refusing())
+    with pytest.raises(FederationError, match=r"no round aggregated any update .*apps: 4"):
+        run_federation({**config, "resume": True}, refusing())
+    client = MlflowClient(config["tracking-uri"])
+    experiment = client.get_experiment_by_name("refused-resumed")
+    (run,) = client.search_runs([experiment.experiment_id])
+    assert run.info.status == "FAILED"
+    assert client.search_model_versions("name='refused-resumed-best'") == []
+    assert client.search_model_versions("name='refused-resumed-final'") == []
+
+
+def test_the_checkpoint_counts_the_rounds_that_aggregated(tmp_path):
+    """A resume is checked against its checkpoint's count; an older checkpoint has none."""
+    path = run_folder(tmp_path, "fed") / CHECKPOINT_FILE
+    save_checkpoint(path, ServerCheckpoint(server_round=3, keys=["w"], arrays=[np.zeros(1)],
+                                           strategy={}, mlflow_run_id="fed",
+                                           aggregated_rounds=2))
+    assert load_checkpoint(path, None).aggregated_rounds == 2
+    refused = {4: RoundReport(4, train_dropped={"site-a": "policy rule apps (refused)"})}
+    require_aggregation(refused, earlier=2)  # rounds before the checkpoint aggregated
+    require_aggregation(refused, earlier=None)  # an older checkpoint: not counted, not checked
+    with pytest.raises(FederationError, match="no round aggregated"):
+        require_aggregation(refused, earlier=0)
