@@ -89,6 +89,14 @@ def site_name_problem(site: str) -> str | None:
     return None
 
 
+def _counted(reply: Reply, count: int) -> Reply:
+    """``reply`` weighted as ``count`` examples (its ``num-examples`` metric too)."""
+    if count == reply.num_examples:
+        return reply
+    return replace(reply, num_examples=count,
+                   metrics={**reply.metrics, keys.NUM_EXAMPLES: float(count)})
+
+
 @dataclass
 class SiteBook:
     """Per node id: bound site name, size cap, last train loss.
@@ -207,11 +215,7 @@ class SiteBook:
 
     def capped_reply(self, reply: Reply, evaluate: bool = False) -> Reply:
         """``reply`` with its ``num-examples`` capped (:meth:`capped`), in its metrics too."""
-        count = self.capped(reply.node_id, reply.num_examples, evaluate)
-        if count == reply.num_examples:
-            return reply
-        return replace(reply, num_examples=count,
-                       metrics={**reply.metrics, keys.NUM_EXAMPLES: float(count)})
+        return _counted(reply, self.capped(reply.node_id, reply.num_examples, evaluate))
 
     def relative_cap(self, node_id: int, evaluate: bool = False) -> int | None:
         """``max_size_ratio`` x the median of the other nodes' first declarations.
@@ -248,8 +252,7 @@ class SiteBook:
             self.label(reply.node_id), reply.num_examples,
             "validation" if evaluate else "training", cap, MAX_SIZE_RATIO_KEY,
             self.max_size_ratio, cap)
-        return replace(reply, num_examples=cap,
-                       metrics={**reply.metrics, keys.NUM_EXAMPLES: float(cap)})
+        return _counted(reply, cap)
 
     def learn(self, node_id: int, site: str, num_examples: int | None = None,
               loss: float | None = None) -> None:
