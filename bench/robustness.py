@@ -1,36 +1,30 @@
-"""Attack benchmark: one bad site against each defence, through the product (issues #12, #27).
+"""Attack table: one bad site against the product's defaults, at 2, 3 and 10 sites (#12, #27, #29).
 
-A benchmark run is a configuration: PneumoniaMNIST site folders written by the
-product's converter (``python -m clients.datagen shared --task cxr-cls --set
-pneumoniamnist --scheme dirichlet --alpha 0.5``), the run config of the product
-(task ``cxr-cls``, ``strategy.defence`` / ``strategy.aggregator`` per row) and the
-in-process engine (:func:`app.engine.run_federation`: the real ServerApp against
-the real ClientApp at every site). The smallest site attacks from round 1 on, as
-a site of the engine (:mod:`app.engine.attacks`, :class:`app.engine.SiteFaults`):
+A benchmark run is a configuration: site folders written by the product's
+converter (``python -m clients.datagen shared``: PneumoniaMNIST over Dirichlet(0.5)
+sites, or the PE stand-in, MSD lung-tumour patches over iid sites), the product's
+run config with **no roster and the product's defaults** (``defence: "default"``: the
+run config names neither ``strategy.defence`` nor ``strategy.aggregator``) and the
+in-process engine (:func:`app.engine.run_federation`: the real ServerApp against the
+real ClientApp at every site). The smallest site attacks from round 1 on, as a site
+of the engine (:mod:`app.engine.attacks`); the rows, attacks and targets are in
+:mod:`robustness_rows`.
 
-* ``inflated-n``: its train replies claim 1e15 examples (honest update);
-* ``scaled``: its update x1000; ``sign-flip``: its update x-1;
-* ``nan``: NaN / inf values in its update's payload;
-* ``noise``: a standard-normal vector instead of its update;
-* ``always-fails``: its ClientApp raises on every instruction;
-* ``label-flip``: it trains on a copy of its folder with the training labels flipped;
-* ``none``: the clean run of each defence.
-
-Everything a deployed federation does applies: the reply intake (a NaN payload is
-refused there), the first-declaration cap on ``num-examples``, the size caps, the
-site policy, tracking. Metric: the product's validation AUC of the final global
-model (the last round's per-site ``val-auc``, example-weighted over the honest
-sites' held-out validation splits: the attacker's own split is left out, so a
-site that fails and one whose update is refused score alike; higher is better);
-``relative_to_clean`` = metric / clean FedAvg's. The #12 target: every attack at
-least 0.98 of clean under the defence, the defence's clean run at least 0.99. A run
-whose final model has no finite AUC has ``metric`` null.
+Metric: the product's validation metric of the final global model (``val-auc``
+for PneumoniaMNIST, ``val-dice`` for PE: the last round's per-site values,
+example-weighted over the honest sites' held-out validation splits; the attacker's
+own split is left out, so a refused update and a failing site score alike; higher is
+better), the mean over the seeds with its ``sd``; ``relative_to_clean`` = metric /
+the row's ``baseline`` (over the seeds both have). ``best_metric``: the same of the
+round the product selected as best (the model it registers ``<experiment>-best``).
+A run whose model has no finite metric has ``metric`` null.
 
 Every finished run is kept in ``--checkpoint`` at once (a rerun resumes); the
-report merges its sets into ``--output``, replacing only those sets.
+report merges its sets into ``--output``, replacing only those sets (a set with
+some runs missing is reported with the seeds it has).
 
     .venv/bin/python bench/robustness.py                   # -> bench/results/robustness.json
-    .venv/bin/python bench/robustness.py --sets pneumoniamnist-dirichlet-2sites
+    .venv/bin/python bench/robustness.py --sets pneumoniamnist-2sites --seeds 0
     .venv/bin/python bench/robustness.py --quick --output /tmp/r.json   # the test
 """
 
@@ -42,153 +36,152 @@ from single_thread import BENCH  # noqa: I001
 import argparse  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
+import statistics  # noqa: E402
+from collections.abc import Collection, Mapping  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from engine_runs import DATA, run_product, shared_sites  # noqa: E402
+from engine_runs import DATA, run_product  # noqa: E402
 from report import Column, environment, print_table, write_report  # noqa: E402
-from site_labels import train_labels  # noqa: E402
+from robustness_rows import (ATTACKS, DATA_SETS, ROWS, Row, federation_sites,  # noqa: E402
+                             row_overrides)
 
-__all__ = ["ATTACKS", "DEFENCES_RUN", "QUICK", "SETS", "main", "merge_report"]
+__all__ = ["QUICK", "SETS", "honest_metric", "main", "merge_report"]
 
 DEFAULT_OUTPUT = BENCH / "results" / "robustness.json"
-DEFAULT_CHECKPOINT = Path("/tmp/fedmed_robustness_checkpoint.json")
-TARGET_RELATIVE, TARGET_CLEAN_COST = 0.02, 0.01
-
-
-@dataclass(frozen=True)
-class Attack:
-    """One row's bad site: a reply attack (``app.engine.attacks.SiteAttack`` keywords),
-    a fault from round 1, or a label-flipped copy of its folder."""
-
-    reply: tuple[tuple[str, object], ...] = ()
-    fails: bool = False
-    flip_labels: bool = False
-
-
-ATTACKS: dict[str, Attack] = {
-    "none": Attack(),
-    "inflated-n": Attack(reply=(("claim_examples", 10**15),)),
-    "scaled": Attack(reply=(("scale", 1000.0),)),
-    "sign-flip": Attack(reply=(("scale", -1.0),)),
-    "nan": Attack(reply=(("non_finite", True),)),
-    "noise": Attack(reply=(("noise_std", 1.0),)),
-    "always-fails": Attack(fails=True),
-    "label-flip": Attack(flip_labels=True),
-}
-#: Name in the table -> (strategy.defence, strategy.aggregator). FedNova is not run: the
-#: product's tasks train with Adam and the run config refuses FedNova with Adam.
-DEFENCES_RUN: dict[str, tuple[str, str]] = {
-    "fedavg": ("none", "fedavg"),
-    "norm-bound": ("norm-bound", "fedavg"),
-    "multi-krum": ("multi-krum", "fedavg"),
-    "trimmed-mean": ("none", "trimmed-mean"),
-    "median": ("none", "median"),
-}
-_BASE = {"sites": 3, "alpha": 0.5, "seed": 0, "rounds": 4, "local_steps": 10, "batch_size": 16,
-         "image_size": 32, "defences": list(DEFENCES_RUN),
-         "attacks": list(ATTACKS)}
-SETS: dict[str, dict] = {
-    "pneumoniamnist-dirichlet-3sites": _BASE,
-    "pneumoniamnist-dirichlet-2sites": {**_BASE, "sites": 2,
-                                        "defences": ["fedavg", "norm-bound"]},
-}
+DEFAULT_CHECKPOINT = Path("/tmp/fedmed_robustness_29_checkpoint.json")
+SEEDS = (0, 1, 2)
+_RUN = {"rounds": 4, "local_steps": 10, "rows": list(ROWS)}
+SETS: dict[str, dict] = {f"{data}-{n}sites": {**_RUN, "data": data, "sites": n}
+                         for data in DATA_SETS for n in (2, 3, 10)}
 QUICK: dict[str, dict] = {
-    "pneumoniamnist-quick": {**_BASE, "rounds": 1, "local_steps": 2,
-                             "defences": ["fedavg", "norm-bound"],
-                             "attacks": ["none", "scaled"]},
+    "pneumoniamnist-quick": {"data": "pneumoniamnist", "sites": 3, "rounds": 1,
+                             "local_steps": 2, "rows": ["none/none", "default/none",
+                                                        "default/scaled", "none/scaled"]},
 }
-METRIC = ("val-auc of the final global model, example-weighted over the honest sites' "
-          "validation splits")
+#: Rows only the quick test runs (the undefended x1000: the defence must matter).
+_EXTRA_ROWS = {"none/scaled": Row("scaled", defence="none", baseline="none/none")}
 
 
-def federation_sites(setup: dict, attack: Attack, root: Path) -> tuple[list, str]:
-    """The set's virtual sites with ``attack`` at the smallest one; the attacker's name."""
-    from app.engine import SiteFaults, VirtualSite
-    from app.engine.attacks import SiteAttack, attacking_site, label_flipped_copy
-
-    folders = shared_sites("cxr-cls", "pneumoniamnist", setup["sites"], setup["seed"],
-                           scheme="dirichlet", alpha=setup["alpha"],
-                           root=root / f"sites-{setup['sites']}")  # a folder per site count
-    bad = min(range(len(folders)), key=lambda i: train_labels(folders[i]).size)
-    sites = []
-    for i, folder in enumerate(folders):
-        if i == bad and attack.flip_labels:
-            flipped = folder.parent / f"{folder.name}-label-flipped"
-            folder = flipped if flipped.is_dir() else label_flipped_copy(folder, flipped)
-        fails = SiteFaults(fail_from_round=1) if i == bad and attack.fails else None
-        site = VirtualSite.folder(folder, site_name=f"hospital-{i:02d}", faults=fails)
-        if i == bad and attack.reply:
-            site = attacking_site(site, SiteAttack(**dict(attack.reply)))
-        sites.append(site)
-    return sites, f"hospital-{bad:02d}"
+def _row(name: str) -> Row:
+    return ROWS.get(name) or _EXTRA_ROWS[name]
 
 
-def honest_auc(final: dict[str, list], attacker: str) -> float | None:
-    """Example-weighted val-auc of the final model over the honest sites (the attacker's
-    own validation split left out, whether it evaluates or fails); ``None`` if not finite."""
-    pairs = [(auc, n) for site, (auc, n) in final.items() if site != attacker and n]
-    if not pairs or any(auc is None or not math.isfinite(auc) for auc, _ in pairs):
+def honest_metric(final: Mapping[str, list], honest: Collection[str]) -> float | None:
+    """Example-weighted metric over the ``honest`` sites' ``[value, examples]`` in ``final``
+    (any other site, the attacker, left out; a site that sent no value, e.g. an AUC
+    undefined on a one-class split, too); ``None`` if none has one or one is not finite."""
+    pairs = [(value, n) for site, (value, n) in final.items()
+             if site in honest and n and value is not None]
+    if not pairs or any(not math.isfinite(v) for v, _ in pairs):
         return None
-    return float(sum(auc * n for auc, n in pairs) / sum(n for _, n in pairs))
+    return float(sum(v * n for v, n in pairs) / sum(n for _, n in pairs))
 
 
-def run_one(setup: dict, defence: str, attack: str, workdir: Path, root: Path) -> dict:
-    """One federation of the product; its final metric, curve and what the server dropped."""
-    sites, attacker = federation_sites(setup, ATTACKS[attack], root)
-    defence_name, aggregator = DEFENCES_RUN[defence]
+def run_one(setup: dict, row_name: str, seed: int, workdir: Path, root: Path) -> dict:
+    """One federation of the product; its final and best metric and what the server dropped."""
+    data, row = DATA_SETS[setup["data"]], _row(row_name)
+    sites, attacker, honest = federation_sites(data, setup["sites"], seed,
+                                               ATTACKS[row.attack], root)
+    key = f"val-{data.metric}"
     outcome, wall = run_product({
-        "task": "cxr-cls", "image-size": setup["image_size"], "batch-size": setup["batch_size"],
-        "num-server-rounds": setup["rounds"], "local-steps": setup["local_steps"],
-        "min-nodes": setup["sites"], "seed": setup["seed"], "node-wait-timeout": 10.0,
-        "strategy.defence": defence_name, "strategy.aggregator": aggregator,
-        "experiment": "bench-robustness"}, sites, workdir)
+        "task": data.task, **data.settings, "num-server-rounds": setup["rounds"],
+        "local-steps": setup["local_steps"], "min-nodes": setup["sites"], "seed": seed,
+        "node-wait-timeout": 10.0, "experiment": "bench-robustness",
+        **row_overrides(row, data)}, sites, workdir)
     reports = [outcome.reports[r] for r in sorted(outcome.reports)]
-    final = {site: [m.get("val-auc"), m.get("num-examples", 0.0)]
-             for site, m in reports[-1].evaluate.items()}
-    return {"metric": honest_auc(final, attacker), "final_site_val_auc": final,
-            "val_auc_per_round": [r.evaluate_aggregate.get("val-auc") for r in reports],
+
+    def per_site(report) -> dict:
+        return {site: [m.get(key), m.get("num-examples", 0.0)]
+                for site, m in report.evaluate.items()}
+
+    final = per_site(reports[-1])
+    best = outcome.reports.get(outcome.best_round)
+    dropped = [r.train_dropped for r in reports]
+    return {"metric": honest_metric(final, honest), "final_site_metric": final,
+            "best_round": outcome.best_round,
+            "best_metric": honest_metric(per_site(best), honest) if best else None,
+            "metric_per_round": [r.evaluate_aggregate.get(key) for r in reports],
             "attacker": attacker, "wall_s": wall,
-            "attacker_dropped_rounds": sum(attacker in r.train_dropped for r in reports),
+            "attacker_dropped_rounds": sum(any(s not in honest for s in d) for d in dropped),
+            "drop_reasons": sorted({reason[:200] for d in dropped for s, reason in d.items()
+                                    if s not in honest}),
             "aggregation_failed_rounds": sum(bool(r.aggregation_failed) for r in reports),
             "mlflow_run_id": outcome.mlflow_run_id}
 
 
-def run_set(name: str, setup: dict, checkpoint: Path, workdir: Path, root: Path) -> dict:
-    """Run every (defence, attack) of the set not in ``checkpoint`` yet; the checkpoint."""
+def _key(name: str, row: str, seed: int) -> str:
+    return f"{name}|{row}|{seed}"
+
+
+def run_sets(names: list[str], table: dict, seeds: tuple[int, ...], checkpoint: Path,
+             workdir: Path, root: Path) -> dict:
+    """Every (set, seed, row) not in ``checkpoint`` yet, a data set's seeds in turn; the
+    checkpoint (written after each run)."""
     done = json.loads(checkpoint.read_text()) if checkpoint.is_file() else {}
-    for defence in setup["defences"]:
-        for attack in setup["attacks"]:
-            key = f"{name}|{defence}|{attack}"
-            if key not in done:
-                done[key] = run_one(setup, defence, attack, workdir, root)
-                print(f"{key}: {done[key]['metric']} ({done[key]['wall_s']:.0f} s)", flush=True)
-                checkpoint.write_text(json.dumps(done, indent=1))
+    for data in dict.fromkeys(table[n]["data"] for n in names):
+        for seed in seeds:
+            for name in (n for n in names if table[n]["data"] == data):
+                for row in table[name]["rows"]:
+                    key = _key(name, row, seed)
+                    if key in done:
+                        continue
+                    done[key] = run_one(table[name], row, seed, workdir, root)
+                    print(f"{key}: {done[key]['metric']} ({done[key]['wall_s']:.0f} s)",
+                          flush=True)
+                    checkpoint.write_text(json.dumps(done, indent=1))
     return done
 
 
-def report_set(name: str, setup: dict, done: dict) -> dict:
-    """The set's clean value, its runs and its ``sets`` entry."""
-    results = {(d, a): done[f"{name}|{d}|{a}"] for d in setup["defences"]
-               for a in setup["attacks"]}
-    clean = results[("fedavg", "none")]["metric"]
+def _mean(values: list) -> float | None:
+    return None if not values or None in values else float(statistics.fmean(values))
+
+
+def _sd(values: list) -> float | None:
+    return float(statistics.stdev(values)) if len(values) > 1 and None not in values else None
+
+
+def report_set(name: str, setup: dict, seeds: tuple[int, ...], done: dict) -> dict:
+    """The set's rows (mean over the seeds finished) and its ``sets`` entry."""
+    data = DATA_SETS[setup["data"]]
+    results = {row: {s: done[_key(name, row, s)] for s in seeds if _key(name, row, s) in done}
+               for row in setup["rows"]}
     runs = []
-    for (defence, attack), result in results.items():
-        metric = result["metric"]
-        relative = None if metric is None or not clean else metric / clean
-        bound = 1.0 - (TARGET_CLEAN_COST if attack == "none" else TARGET_RELATIVE)
-        runs.append({"set": name, "attack": attack, "defence": defence, "metric": metric,
-                     "relative_to_clean": relative, "seeds": [setup["seed"]],
-                     "within_target": relative is not None and relative >= bound,
-                     **{k: result[k] for k in ("val_auc_per_round", "final_site_val_auc",
-                                               "attacker", "attacker_dropped_rounds",
-                                               "aggregation_failed_rounds", "wall_s")}})
-    entry = {"description": f"PneumoniaMNIST (balanced npz) over {setup['sites']} "
-                            f"Dirichlet({setup['alpha']}) sites by clients.datagen shared, "
-                            "the product's cxr-cls task; the attacker is the smallest site",
-             "metric_name": METRIC, "direction": "higher is better", "engine": "in-process",
-             "setup": setup, "target": {"attack_relative_at_least": 1 - TARGET_RELATIVE,
-                                        "clean_relative_at_least": 1 - TARGET_CLEAN_COST}}
+    for row_name, per_seed in results.items():
+        if not per_seed:
+            continue
+        row = _row(row_name)
+        metrics = [r["metric"] for r in per_seed.values()]
+        base = results.get(row.baseline, {}) if row.baseline else per_seed  # itself: 1.0
+        common = [s for s in per_seed if s in base]
+        mine = _mean([per_seed[s]["metric"] for s in common])
+        theirs = _mean([base[s]["metric"] for s in common])
+        relative = mine / theirs if mine is not None and theirs else None
+        best_mine = _mean([per_seed[s]["best_metric"] for s in common])
+        best_theirs = _mean([base[s]["best_metric"] for s in common])
+        runs.append({
+            "set": name, "sites": setup["sites"], "attack": row.attack, "defence": row.defence,
+            "aggregator": row.aggregator, "row": row_name, "baseline": row.baseline,
+            "seeds": sorted(per_seed), "metric": _mean(metrics), "sd": _sd(metrics),
+            "metric_per_seed": metrics, "relative_to_clean": relative,
+            "target": row.target, "within_target": (None if row.target is None else
+                                                    relative is not None
+                                                    and relative >= row.target),
+            "best_metric": _mean([r["best_metric"] for r in per_seed.values()]),
+            "best_relative_to_clean": (best_mine / best_theirs if best_mine is not None
+                                       and best_theirs else None),
+            "wall_s": _mean([r["wall_s"] for r in per_seed.values()]),
+            **{k: [r[k] for r in per_seed.values()]
+               for k in ("best_round", "attacker", "attacker_dropped_rounds", "drop_reasons",
+                         "aggregation_failed_rounds", "metric_per_round",
+                         "final_site_metric")}})
+    clean = next((r["metric"] for r in runs if r["row"] == "default/none"), None)
+    entry = {"description": f"{data.description}; {setup['sites']} sites by clients.datagen "
+                            "shared; the attacker is the smallest site; no roster",
+             "metric_name": f"val-{data.metric} of the final global model, example-weighted "
+                            "over the honest sites' validation splits",
+             "direction": "higher is better", "engine": "in-process",
+             "setup": {**setup, "seeds": list(seeds), "task": data.task, **data.settings},
+             "target": {"attack_relative_at_least": 0.98, "clean_relative_at_least": 0.99}}
     return {"clean": clean, "runs": runs, "entry": entry}
 
 
@@ -197,7 +190,8 @@ def merge_report(path: Path, report: dict) -> dict:
 
     The file keeps ``{"clean": {set: metric}, "runs": [...], "sets": {set: {...}},
     "engine": ..., "environment": ...}``; the sets in ``report`` replace those of
-    the same names, other sets stay. Returns what was written (strict JSON: no NaN).
+    the same names, other sets stay. A run without ``sites`` (an older set's) gets
+    its set's ``setup["sites"]``. Returns what was written (strict JSON: no NaN).
     """
     path = Path(path)
     merged = json.loads(path.read_text()) if path.is_file() else {}
@@ -207,28 +201,33 @@ def merge_report(path: Path, report: dict) -> dict:
     merged["runs"] = [r for r in merged.get("runs", []) if r["set"] not in names] + report["runs"]
     merged["sets"] = {**{k: v for k, v in merged.get("sets", {}).items() if k not in names},
                       **report["sets"]}
+    for run in merged["runs"]:
+        sites = merged["sets"].get(run["set"], {}).get("setup", {}).get("sites")
+        if "sites" not in run and sites is not None:
+            run["sites"] = sites
     merged.update({k: v for k, v in report.items() if k not in ("clean", "runs", "sets")})
     write_report(path, merged, allow_nan=False)
     return merged
 
 
-def _table(name: str, result: dict, setup: dict) -> None:
-    rows = {(r["defence"], r["attack"]): r["relative_to_clean"] for r in result["runs"]}
+def _table(name: str, result: dict) -> None:
+    def cell(value: float | None) -> str:
+        return "-" if value is None else f"{value:.3f}"
 
-    def cell(d: str, a: str) -> str:
-        v = rows[(d, a)]
-        return "no AUC" if v is None else f"{v:.3f}"
-
-    columns = [Column("defence", "<13", lambda d: d)] + [
-        Column(a, ">12", lambda d, a=a: cell(d, a)) for a in setup["attacks"]]
-    print_table(f"val-auc / clean ({name}; clean FedAvg {result['clean']})", columns,
-                setup["defences"])
+    columns = [Column("row", "<26", lambda r: r["row"]),
+               Column("metric", ">8", lambda r: cell(r["metric"])),
+               Column("sd", ">7", lambda r: cell(r["sd"])),
+               Column("/ baseline", ">10", lambda r: cell(r["relative_to_clean"])),
+               Column("best /", ">7", lambda r: cell(r["best_relative_to_clean"])),
+               Column("seeds", ">6", lambda r: len(r["seeds"])),
+               Column("s/run", ">6", lambda r: f"{r['wall_s']:.0f}")]
+    print_table(f"{name} (clean, defaults: {cell(result['clean'])})", columns, result["runs"])
 
 
 def main(argv: list[str] | None = None) -> int:
-    table = SETS
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sets", nargs="+", default=None, help=f"default: {sorted(table)}")
+    parser.add_argument("--sets", nargs="+", default=None, help=f"default: {list(SETS)}")
+    parser.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS))
     parser.add_argument("--quick", action="store_true", help="one tiny set (the test)")
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="JSON to merge into")
     parser.add_argument("--checkpoint", type=Path, default=None,
@@ -236,21 +235,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/fedmed_robustness"),
                         help="MLflow store of the runs")
     parser.add_argument("--data", type=Path, default=DATA, help="where the site folders go")
+    parser.add_argument("--report-only", action="store_true",
+                        help="merge what the checkpoint holds, run nothing")
     args = parser.parse_args(argv)
     table = QUICK if args.quick else SETS
+    seeds = (0,) if args.quick else tuple(args.seeds)
+    names = args.sets or list(table)
     checkpoint = args.checkpoint or (args.workdir / "quick-checkpoint.json" if args.quick
                                      else DEFAULT_CHECKPOINT)
     if args.quick:
         checkpoint.unlink(missing_ok=True)
+    done = (json.loads(checkpoint.read_text()) if args.report_only and checkpoint.is_file()
+            else {} if args.report_only
+            else run_sets(names, table, seeds, checkpoint, args.workdir, args.data))
     report = {"clean": {}, "runs": [], "sets": {}, "engine": "in-process",
               "environment": environment()}
-    for name in args.sets or sorted(table):
-        done = run_set(name, table[name], checkpoint, args.workdir, args.data)
-        result = report_set(name, table[name], done)
+    for name in names:
+        result = report_set(name, table[name], seeds, done)
+        if not result["runs"]:
+            continue
         report["clean"][name] = result["clean"]
         report["runs"] += result["runs"]
         report["sets"][name] = result["entry"]
-        _table(name, result, table[name])
+        _table(name, result)
     merge_report(args.output, report)
     return 0
 
