@@ -43,16 +43,16 @@ from pathlib import Path  # noqa: E402
 from engine_runs import DATA, run_product  # noqa: E402
 from report import Column, environment, print_table, write_report  # noqa: E402
 from robustness_rows import (ATTACKS, DATA_SETS, ROWS, Row, federation_sites,  # noqa: E402
-                             row_overrides)
+                             row_overrides, rows_of)
 
 __all__ = ["QUICK", "SETS", "honest_metric", "main", "merge_report"]
 
 DEFAULT_OUTPUT = BENCH / "results" / "robustness.json"
 DEFAULT_CHECKPOINT = Path("/tmp/fedmed_robustness_29_checkpoint.json")
 SEEDS = (0, 1, 2)
-_RUN = {"rounds": 4, "local_steps": 10, "rows": list(ROWS)}
-SETS: dict[str, dict] = {f"{data}-{n}sites": {**_RUN, "data": data, "sites": n}
-                         for data in DATA_SETS for n in (2, 3, 10)}
+SETS: dict[str, dict] = {f"{name}-{n}sites": {"data": name, "sites": n, "rounds": 4,
+                                              "local_steps": 10, "rows": rows_of(data)}
+                         for name, data in DATA_SETS.items() for n in (2, 3, 10)}
 QUICK: dict[str, dict] = {
     "pneumoniamnist-quick": {"data": "pneumoniamnist", "sites": 3, "rounds": 1,
                              "local_steps": 2, "rows": ["none/none", "default/none",
@@ -97,14 +97,17 @@ def run_one(setup: dict, row_name: str, seed: int, workdir: Path, root: Path) ->
     final = per_site(reports[-1])
     best = outcome.reports.get(outcome.best_round)
     dropped = [r.train_dropped for r in reports]
+    evaluate_dropped = [r.evaluate_dropped for r in reports]
     return {"metric": honest_metric(final, honest), "final_site_metric": final,
             "best_round": outcome.best_round,
             "best_metric": honest_metric(per_site(best), honest) if best else None,
             "metric_per_round": [r.evaluate_aggregate.get(key) for r in reports],
             "attacker": attacker, "wall_s": wall,
             "attacker_dropped_rounds": sum(any(s not in honest for s in d) for d in dropped),
-            "drop_reasons": sorted({reason[:200] for d in dropped for s, reason in d.items()
-                                    if s not in honest}),
+            "attacker_evaluate_dropped_rounds": sum(any(s not in honest for s in d)
+                                                    for d in evaluate_dropped),
+            "drop_reasons": sorted({reason[:200] for d in dropped + evaluate_dropped
+                                    for s, reason in d.items() if s not in honest}),
             "aggregation_failed_rounds": sum(bool(r.aggregation_failed) for r in reports),
             "mlflow_run_id": outcome.mlflow_run_id}
 
@@ -171,7 +174,8 @@ def report_set(name: str, setup: dict, seeds: tuple[int, ...], done: dict) -> di
                                        and best_theirs else None),
             "wall_s": _mean([r["wall_s"] for r in per_seed.values()]),
             **{k: [r[k] for r in per_seed.values()]
-               for k in ("best_round", "attacker", "attacker_dropped_rounds", "drop_reasons",
+               for k in ("best_round", "attacker", "attacker_dropped_rounds",
+                         "attacker_evaluate_dropped_rounds", "drop_reasons",
                          "aggregation_failed_rounds", "metric_per_round",
                          "final_site_metric")}})
     clean = next((r["metric"] for r in runs if r["row"] == "default/none"), None)

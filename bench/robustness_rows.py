@@ -32,7 +32,7 @@ from pathlib import Path
 from engine_runs import shared_sites
 
 __all__ = ["ATTACKS", "DATA_SETS", "ROWS", "Attack", "DataSet", "Row", "federation_sites",
-           "row_overrides"]
+           "row_overrides", "rows_of"]
 
 #: A site name longer than MLflow allows in a metric name (250 characters).
 LONG_NAME = "h" * 300
@@ -100,6 +100,9 @@ class DataSet:
         The local SGD learning rate of the FedNova rows (momentum: the run config's).
     description : str
         What the set is, in the report.
+    statistics : bool
+        Whether the task's model has normalisation statistics (BatchNorm): the
+        ``nan-buffer`` and ``running-var`` rows have nothing to attack without them.
     """
 
     task: str
@@ -110,6 +113,7 @@ class DataSet:
     sgd_lr: float
     description: str
     settings: dict = field(default_factory=dict)
+    statistics: bool = True
 
 
 DATA_SETS: dict[str, DataSet] = {
@@ -120,9 +124,18 @@ DATA_SETS: dict[str, DataSet] = {
     "pe": DataSet(
         "pe-seg", "msd-lung", "iid", 0.5, "dice", 0.05,
         "PE stand-in: MSD Task06 lung-tumour CT patches (manual masks, 48 px, slab 1) over "
-        "iid sites, the pe-seg task (2.5D U-Net with BatchNorm, Adam)",
-        {"image-size": 48, "slab-slices": 1, "batch-size": 16}),
+        "iid sites, the pe-seg task (2.5D U-Net with instance norm: no running statistics, "
+        "so no nan-buffer / running-var rows; Adam)",
+        {"image-size": 48, "slab-slices": 1, "batch-size": 16}, statistics=False),
 }
+#: The attacks on normalisation statistics (rows only where the model has them).
+STATISTICS_ATTACKS = ("nan-buffer", "running-var")
+
+
+def rows_of(data: DataSet) -> list[str]:
+    """The rows of the table that apply to ``data``'s model."""
+    return [name for name, row in ROWS.items()
+            if data.statistics or row.attack not in STATISTICS_ATTACKS]
 
 
 def row_overrides(row: Row, data: DataSet) -> dict:

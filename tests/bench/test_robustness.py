@@ -124,6 +124,7 @@ def test_a_row_is_the_mean_over_the_seeds_it_has_against_its_baseline():
     def result(metric: float) -> dict:
         return {"metric": metric, "best_metric": metric, "wall_s": 1.0, "best_round": 1,
                 "attacker": "hospital-01", "attacker_dropped_rounds": 0, "drop_reasons": [],
+                "attacker_evaluate_dropped_rounds": 0,
                 "aggregation_failed_rounds": 0, "metric_per_round": [metric],
                 "final_site_metric": {}}
 
