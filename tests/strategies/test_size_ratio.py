@@ -12,6 +12,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from app.config.run_config import RunConfig
+from app.server_app import build_strategy
 from strategies import message_keys as keys
 from strategies.errors import ConfigError
 from strategies.plugins.registries import AGGREGATORS
@@ -96,3 +98,14 @@ def test_a_round_held_for_sizes_stays_within_the_held_bound():
     stream.start(AGGREGATORS.create("fedavg"), reference, [1, 2, 3],
                  SiteBook(sizes={1: 10, 2: 10, 3: 10}))
     assert stream.streaming
+
+
+def test_the_products_default_strategy_caps_a_first_declaration():
+    """Through ``build_strategy`` with the default run config (norm-bound, no roster)."""
+    strategy = build_strategy(RunConfig.from_mapping({"min-nodes": 2, "local-steps": 3}))
+    arrays, _ = _round(strategy, 1, [8, 2], {
+        8: (_delta(1.0), _train_metrics(10), "a"),
+        2: (_delta(-1.0), _train_metrics(LIAR), "b")})
+    # equal norms: nothing clipped; weights 10 and 100
+    np.testing.assert_allclose(arrays.to_numpy_ndarrays()[0], GLOBAL[0] + 90 / 110, rtol=1e-6)
+    assert strategy.reports[1].strategy["size-cap/b"] == 100.0
