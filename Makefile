@@ -11,6 +11,7 @@
 #                   is the preset of a shared set (PRESET= overrides it).
 #   make test       install if needed, run all tests
 #   make predict MODEL=<MLflow URI | /abs/model-folder> DATA=/abs/folder OUT=/abs/out   apply a logged model (below)
+#   make tracking-flush [RUN_DIR=...]   send MLflow what an outage at a federation's end left on disk
 # Overrides: make simulate ROUNDS=2 SITES=2 STEPS=10 RUN_CONFIG="lr=0.02 batch-size=4"
 #            make simulate PRESET=configs/pe-seg-quick.toml
 #            make simulate RESUME=1     (continue from the last server checkpoint)
@@ -96,7 +97,7 @@ export FLWR_DISABLE_UPDATE_CHECK := 1
 export RAY_USAGE_STATS_ENABLED := 0
 export MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR := false
 
-.PHONY: install simulate test test-ray-cluster data mlflow-ui clean distclean
+.PHONY: install simulate test test-ray-cluster data mlflow-ui tracking-flush clean distclean
 
 install: $(STAMP)
 
@@ -165,6 +166,15 @@ mlflow-ui: install
 	@echo "MLflow UI on http://127.0.0.1:$(MLFLOW_PORT) (store $(TRACKING_URI), artifacts $(ARTIFACT_ROOT))"
 	$(VENV)/bin/mlflow ui --backend-store-uri "$(TRACKING_URI)" \
 		--default-artifact-root $(ARTIFACT_ROOT) --host 127.0.0.1 --port $(MLFLOW_PORT)
+
+# After an MLflow outage at the end of a federation: send what its checkpoint folder kept
+# (the rounds MLflow lacks, the final and best model, their registration, the run's status).
+#   make tracking-flush [RUN_DIR=<the folder the federation's summary names>] [TRACKING_URI=...]
+# RUN_DIR defaults to `make simulate`'s CHECKPOINT_DIR (every federation under it);
+# TRACKING_URI given on the command line replaces the store the federation used.
+tracking-flush: install
+	$(PY) -m app.tracking.flush $(abspath $(or $(RUN_DIR),$(CHECKPOINT_DIR))) \
+		$(if $(filter command line,$(origin TRACKING_URI)),--tracking-uri "$(TRACKING_URI)")
 
 # Removes generated data, Flower state and logs; keeps the MLflow store and the venv.
 clean:

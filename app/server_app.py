@@ -5,20 +5,22 @@ runs :class:`FederatedStrategy` for the configured rounds, logs every round to
 MLflow through
 :class:`app.tracking.FederationTracker`, keeps the best round
 (:class:`app.tracking.BestRound`, on the same round's ``val-<main metric>``;
-optional early stopping), prints progress and a final summary, and stores the
-best and the final global model in MLflow and its Model Registry
-(:func:`app.tracking.log_federation_models`), then has the sites test the selected
-model and builds the cross-site matrix (:func:`app.cross_site_report.report_federation_end`).
+optional early stopping), prints progress and a final summary, has the sites test the
+selected model and builds the cross-site matrix
+(:func:`app.cross_site_report.report_federation_end`), and stores the best and the final
+global model in MLflow and its Model Registry (:mod:`app.tracking.run_end`: written to the
+federation's checkpoint folder first, sent within run config ``tracking.end-wait-s``; an
+MLflow outage at the end leaves them there for ``make tracking-flush``, never fails the
+federation).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from logging import INFO
+from logging import INFO, WARNING
 from pathlib import Path
 
-import mlflow
 import torch
 from flwr.app import Array, ArrayRecord, Context
 from flwr.serverapp import Grid, ServerApp
@@ -37,11 +39,10 @@ from app.tracking import (
     FederationModels,
     FederationTracker,
     RoundScore,
-    log_federation_models,
-    model_metadata,
 )
 from app.tracking.best_round import score_rule
 from app.tracking.refusals import require_aggregation, round_aggregated
+from app.tracking.run_end import RunEnd, finish_run, flush_command
 from clients.registry import task_class
 from strategies import message_keys as keys
 from strategies.rounds.cross_site import CrossSiteResult
@@ -264,7 +265,7 @@ def federate(grid: Grid, context: Context) -> FederationOutcome:
         aggregated_rounds)
 
     started = time.monotonic()
-    status = "FAILED"
+    status, end = "FAILED", None
     try:
         result = strategy.start(
             grid=grid,
@@ -275,25 +276,23 @@ def federate(grid: Grid, context: Context) -> FederationOutcome:
         )
         last_round = max(strategy.reports, default=first_round - 1)
         stopped_early = best.exhausted and last_round < config.num_server_rounds
-        if stopped_early:
-            mlflow.set_tag("early-stopped-at-round", str(last_round))
-        tracker.flush()  # the sites' last epsilon, for the registry's version tags
+        tracker.flush()  # the rounds first: the sites' last epsilon tags the registry's versions
         # over the whole federation (a resume's checkpointed rounds are not in its reports);
         # else FederationError: FAILED, nothing logged
         require_aggregation(strategy.reports, aggregated_rounds)
-        models = log_federation_models(
-            run_id, tracker.experiment_name, model,
+        end = RunEnd.of(  # on disk before MLflow is asked (an outage loses nothing)
+            tracker, run_config, _score(strategy, last_round, metric), best,
             (list(result.arrays.keys()), result.arrays.to_numpy_ndarrays()),
-            _score(strategy, last_round, metric), best,
-            task.example_input(config.task_settings()),
-            model_metadata(config.task, config.task_settings(), config.dp_noise_multiplier > 0,
-                           task.main_metric),
-            config.strategy_codec)
+            {"early-stopped-at-round": str(last_round)} if stopped_early else {},
+            None if checkpoint_path is None else checkpoint_path.parent)
         cross_site = report_federation_end(grid, strategy, selected_arrays(best, result.arrays),
                                            tracker, config, task.main_metric)
         status = "FINISHED"
     finally:
-        tracker.finish(status)
+        if end is None:
+            tracker.finish(status)
+        else:  # models, registration, status: within tracking.end-wait-s, else left on disk
+            models = finish_run(tracker, end.with_status(status), config.tracking_end_wait_s)
     log(INFO, "")
     log(INFO, "Federation finished in %.1f s", time.monotonic() - started)
     for server_round, report in sorted(strategy.reports.items()):
@@ -301,11 +300,16 @@ def federate(grid: Grid, context: Context) -> FederationOutcome:
     if stopped_early:
         log(INFO, "Early stopping after round %d: no %s gain of %g in %d evaluated rounds",
             last_round, metric, config.early_stopping_min_delta, config.early_stopping_patience)
-    log(INFO, "Best round %d (%s): %s, registered %s", models.best_round,
-        f"{metric} {best.value:.4f}" if best.found else f"no round released {metric}",
-        models.best_uri, models.best_version or "(not registered)")
-    log(INFO, "Final model: %s, registered %s", models.final_uri,
-        models.final_version or "(not registered)")
+    score = f"{metric} {best.value:.4f}" if best.found else f"no round released {metric}"
+    if models.final_uri:
+        log(INFO, "Best round %d (%s): %s, registered %s", models.best_round, score,
+            models.best_uri, models.best_version or "(not registered)")
+        log(INFO, "Final model: %s, registered %s", models.final_uri,
+            models.final_version or "(not registered)")
+    else:  # MLflow did not answer within tracking.end-wait-s
+        log(WARNING, "Best round %d (%s) and the final model wait on disk for MLflow; send "
+            "them with: %s", models.best_round, score,
+            flush_command(end.folder, tracker.tracking_uri))
     log(INFO, "MLflow run %s (experiment '%s', store %s)", run_id, tracker.experiment_name,
         tracker.tracking_uri)
     return FederationOutcome(run_id, result.arrays, dict(strategy.reports), models.best_round,

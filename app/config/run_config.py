@@ -109,6 +109,7 @@ class RunConfig:
     experiment: str = ""
     checkpoint_dir: str = ""
     resume: bool = False
+    tracking_end_wait_s: float = _dotted("tracking.end-wait-s", 60.0)
     site_policy: str = ""  # simulation only (app.config.site_config): the sites' policy file
     min_nodes: int = 2
     fraction_train: float = 1.0
@@ -200,6 +201,8 @@ class RunConfig:
         for name in ("proximal_mu", "time_budget", "round_deadline", "round_quorum"):
             if getattr(self, name) < 0:
                 self._fail(name, "must be >= 0")
+        if self.tracking_end_wait_s < 0:
+            self._fail("tracking_end_wait_s", "must be >= 0 (0 = one try, no wait)")
         if self.federation_max_size_ratio and self.federation_max_size_ratio < 1:
             self._fail("federation_max_size_ratio", "must be 0 (off) or >= 1")
         if self.dp_noise_multiplier < 0:

@@ -10,6 +10,11 @@ sites that evaluated that round), ``codec`` and, under DP-SGD, ``dp-epsilon``
 (the largest last reported epsilon of any site, :func:`dp_epsilon`). The run gets
 the tag ``best-round`` and the metrics ``best-round`` and ``best-<metric>``.
 
+Logging is idempotent (the end of a run may be sent again after an MLflow
+outage, :mod:`app.tracking.run_end`): a model the run already holds under that
+name, a registry version already made from the run, and the ``best-round``
+metrics already logged are kept, not logged twice.
+
 A federation in which no round was evaluated (``fraction-evaluate = 0``) has no
 best round: its final model is logged and registered as the best one too, with
 a warning.
@@ -27,6 +32,7 @@ import mlflow
 import numpy as np
 import torch
 from flwr.supercore import log
+from mlflow.entities import LoggedModelStatus, Run
 from mlflow.tracking import MlflowClient
 from torch import nn
 
@@ -84,10 +90,32 @@ def _load(model: nn.Module, keys_: list[str], arrays: list[np.ndarray]) -> nn.Mo
     return model
 
 
+def _logged_uri(run: Run, name: str, reuse: bool) -> str:
+    """The URI of the model ``name`` the run already holds (ready), ``""`` if none (or not
+    ``reuse``)."""
+    if not reuse:
+        return ""
+    found = mlflow.search_logged_models(
+        experiment_ids=[run.info.experiment_id], output_format="list",
+        filter_string=f"source_run_id = '{run.info.run_id}' AND name = '{name}'")
+    ready = [m for m in found if m.status == LoggedModelStatus.READY]
+    return f"models:/{ready[0].model_id}" if ready else ""
+
+
+def _version(run_id: str, model_uri: str, name: str, tags: dict[str, str]) -> str:
+    """The registry version of ``name`` made from ``model_uri``: the existing one, else a new one."""
+    existing = [v for v in MlflowClient().search_model_versions(
+        f"name = '{name}' AND run_id = '{run_id}'") if v.source == model_uri]
+    if existing:
+        return f"models:/{name}/{existing[0].version}"
+    return register_version(model_uri, name, tags)
+
+
 def log_federation_models(run_id: str, experiment: str, model: nn.Module,
                           final: tuple[list[str], list[np.ndarray]], last: RoundScore,
                           best: BestRound, input_example: np.ndarray,
-                          metadata: dict[str, Any], codec: str) -> FederationModels:
+                          metadata: dict[str, Any], codec: str,
+                          reuse_logged: bool = False) -> FederationModels:
     """Log and register the best and the final model of the active run ``run_id``.
 
     Parameters
@@ -104,23 +132,31 @@ def log_federation_models(run_id: str, experiment: str, model: nn.Module,
         The best round found (:attr:`BestRound.found` false: none was evaluated).
     input_example, metadata, codec
         As recorded with each model (:func:`~app.tracking.model_logging.log_task_model`).
+    reuse_logged : bool
+        Keep what the run already holds (a send repeated after an outage): a model
+        of the same name, a version made from it, the ``best-round`` metrics.
     """
-    epsilon = dp_epsilon(MlflowClient().get_run(run_id).data.metrics)
-    final_uri = log_task_model(_load(model, *final), "global-model", input_example, metadata)
-    final_version = register_version(final_uri, f"{experiment}-final",
-                                     version_tags(run_id, last, codec, epsilon))
+    run = MlflowClient().get_run(run_id)
+    epsilon = dp_epsilon(run.data.metrics)
+    final_uri = _logged_uri(run, "global-model", reuse_logged) or log_task_model(
+        _load(model, *final), "global-model", input_example, metadata)
+    final_version = _version(run_id, final_uri, f"{experiment}-final",
+                             version_tags(run_id, last, codec, epsilon))
     if best.found:
         score = RoundScore(best.round, best.metric, best.value, best.sites)
-        best_uri = log_task_model(_load(model, best.keys, best.arrays), "best-model",
-                                  input_example, metadata)
-        mlflow.log_metrics({"best-round": float(best.round), f"best-{best.metric}": best.value})
+        best_uri = _logged_uri(run, "best-model", reuse_logged) or log_task_model(
+            _load(model, best.keys, best.arrays), "best-model", input_example, metadata)
+        if not (reuse_logged and "best-round" in run.data.metrics):
+            mlflow.log_metrics({"best-round": float(best.round),
+                                f"best-{best.metric}": best.value})
     else:
         log(WARNING, "no round was evaluated (fraction-evaluate = 0?): the final model of "
             "round %d is logged as the best model too", last.server_round)
         score = last
-        best_uri = log_task_model(model, "best-model", input_example, metadata)
+        best_uri = _logged_uri(run, "best-model", reuse_logged) or log_task_model(
+            _load(model, *final), "best-model", input_example, metadata)
     mlflow.set_tag("best-round", str(score.server_round))
-    best_version = register_version(best_uri, f"{experiment}-best",
-                                    version_tags(run_id, score, codec, epsilon))
+    best_version = _version(run_id, best_uri, f"{experiment}-best",
+                            version_tags(run_id, score, codec, epsilon))
     return FederationModels(best_uri=best_uri, final_uri=final_uri, best_version=best_version,
                             final_version=final_version, best_round=score.server_round)

@@ -1,6 +1,9 @@
 """MLflow as the system of record: one MLflow run per federation, never in a round's way.
 
-The experiment is per task (``fedmed-<task>`` unless the run config names one).
+The experiment is per task (``fedmed-<task>`` unless the run config names one);
+it carries the tag ``mlflow.experimentKind = custom_model_development``
+(:data:`EXPERIMENT_TAGS`, also added to an existing experiment that lacks it), so
+MLflow's UI opens it on its training runs rather than its GenAI traces view.
 The run holds the run config as params, per round the aggregated and per-site
 train loss and validation Dice, the round wall time and dropped replies (a site
 that refused a request under its site policy also gets ``site/<name>/refused`` = 1),
@@ -57,7 +60,7 @@ from strategies.plugins.personalisation.gain import personalisation_gains
 from strategies.rounds.round_report import RoundReport
 from strategies.rounds.withheld import withheld_text
 
-__all__ = ["FLUSH_TIMEOUT_SECONDS", "FederationTracker", "bounded_requests", "metric_key",
+__all__ = ["EXPERIMENT_TAGS", "FLUSH_TIMEOUT_SECONDS", "FederationTracker", "bounded_requests", "metric_key",
            "mlflow_name_problem", "policy_params", "round_record"]
 
 
@@ -68,6 +71,9 @@ _UNSAFE = re.compile(r"[^0-9A-Za-z_\-./ ]")
 FLUSH_TIMEOUT_SECONDS = 5
 #: The metric whose history tells which steps MLflow has (logged last in a step).
 _STEP_MARKER = "round-seconds"
+#: Tags of every experiment the product creates (or finds without them): MLflow's UI
+#: opens such an experiment on its training runs, not on its GenAI traces view.
+EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
 #: MLflow error codes of a request it refuses (as opposed to one that never reached it).
 _REFUSED = frozenset({"INVALID_PARAMETER_VALUE", "BAD_REQUEST"})
 
@@ -224,12 +230,28 @@ class FederationTracker:
         if found is None:
             location = Path(artifact_root).as_uri() if artifact_root else None
             self.experiment_id = client.create_experiment(self.experiment_name,
-                                                          artifact_location=location)
+                                                          artifact_location=location,
+                                                          tags=EXPERIMENT_TAGS)
         else:
             self.experiment_id = found.experiment_id
+            for name, value in EXPERIMENT_TAGS.items():
+                if found.tags.get(name) != value:
+                    client.set_experiment_tag(self.experiment_id, name, value)
         self.run_id = ""
         self.outbox = Outbox()
         self._policies: dict[str, str] = {}
+
+    @classmethod
+    def of_run(cls, run_id: str, tracking_uri: str, experiment: str,
+               outbox_dir: Path) -> FederationTracker:
+        """The tracker of the existing run ``run_id`` with its outbox in ``outbox_dir``, made
+        without asking MLflow anything (``make tracking-flush``, :mod:`app.tracking.flush`)."""
+        tracker = cls.__new__(cls)
+        tracker.tracking_uri, tracker.experiment_name = tracking_uri, experiment
+        tracker.experiment_id, tracker.run_id = "", run_id
+        tracker.outbox = Outbox(Path(outbox_dir) / OUTBOX_FILE)
+        tracker._policies = {}
+        return tracker
 
     def start(self, run_name: str, params: dict[str, Any], tags: dict[str, str],
               outbox_dir: Path | None = None) -> str:
