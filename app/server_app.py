@@ -301,7 +301,9 @@ def federate(grid: Grid, context: Context) -> FederationOutcome:
         log(INFO, "Early stopping after round %d: no %s gain of %g in %d evaluated rounds",
             last_round, metric, config.early_stopping_min_delta, config.early_stopping_patience)
     score = f"{metric} {best.value:.4f}" if best.found else f"no round released {metric}"
-    if models.final_uri:
+    if models.final_uri and not best.found:
+        log(INFO, "No best round (%s): no model registered as the best one", score)
+    elif models.final_uri:
         log(INFO, "Best round %d (%s): %s, registered %s", models.best_round, score,
             models.best_uri, models.best_version or "(not registered)")
         log(INFO, "Final model: %s, registered %s", models.final_uri,

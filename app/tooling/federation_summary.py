@@ -98,12 +98,15 @@ def _print_model_lines(client, run, experiment: str, metric: str, tracking_uri: 
     """The best round and its registered version, its test metric per site, how to apply it
     (from this store, and from the model's folder where it is on this machine)."""
     best = run.data.tags.get("best-round")
-    if best is None:
+    if best is None:  # no round was evaluated (or nothing aggregated): no best model
+        final = _run_version(client, f"{experiment}-final", run.info.run_id)
+        if final:
+            print(f"no best round (no round released {metric}: fraction-evaluate = 0?), none "
+                  f"registered as {experiment}-best; final model {final}")
+            _print_apply_line(final, tracking_uri)
         return
-    versions = [v for v in client.search_model_versions(f"name='{experiment}-best'")
-                if v.tags.get("run-id") == run.info.run_id]
-    uri = (f"models:/{experiment}-best/{max(int(v.version) for v in versions)}" if versions
-           else f"runs:/{run.info.run_id}/best-model")
+    uri = (_run_version(client, f"{experiment}-best", run.info.run_id)
+           or f"runs:/{run.info.run_id}/best-model")
     value = run.data.metrics.get(f"best-{metric}")
     score = f"{metric} {value:.4f}" if value is not None else f"no round released {metric}"
     print(f"best round: r{best} ({score}), model {uri}")
@@ -116,12 +119,24 @@ def _print_model_lines(client, run, experiment: str, metric: str, tracking_uri: 
               "cross-site matrix: MLflow artifact cross-site/matrix.png")
     elif "test/withheld" in run.data.tags:  # no site released it (app.cross_site_report)
         print(f"held-out test {name}: withheld by site policy ({run.data.tags['test/withheld']})")
-    print(f"apply it at a site: make predict MODEL={uri} DATA=/abs/site OUT=/abs/out "
-          f"TRACKING_URI={shlex.quote(tracking_uri)}")
+    _print_apply_line(uri, tracking_uri)
     folder = _model_folder(client, run)
     if folder is not None:
         print(f"or hand its folder to a hospital (weights + metadata; no store needed there): "
               f"make predict MODEL={shlex.quote(str(folder))} DATA=/abs/site OUT=/abs/out")
+
+
+def _run_version(client, name: str, run_id: str) -> str:
+    """``models:/<name>/<version>``: the newest version of ``name`` made by run ``run_id``
+    (``""``: none)."""
+    versions = [int(v.version) for v in client.search_model_versions(f"name='{name}'")
+                if v.tags.get("run-id") == run_id]
+    return f"models:/{name}/{max(versions)}" if versions else ""
+
+
+def _print_apply_line(uri: str, tracking_uri: str) -> None:
+    print(f"apply it at a site: make predict MODEL={uri} DATA=/abs/site OUT=/abs/out "
+          f"TRACKING_URI={shlex.quote(tracking_uri)}")
 
 
 def _model_folder(client, run) -> Path | None:

@@ -16,8 +16,9 @@ name, a registry version already made from the run, and the ``best-round``
 metrics already logged are kept, not logged twice.
 
 A federation in which no round was evaluated (``fraction-evaluate = 0``) has no
-best round: its final model is logged and registered as the best one too, with
-a warning.
+best round: nothing is logged or registered as the best model (an unscored model
+is not the best of anything; the run gets no ``best-round`` tag), a warning says
+so, and its final model is registered as ``<experiment>-final`` as always.
 """
 
 from __future__ import annotations
@@ -129,7 +130,8 @@ def log_federation_models(run_id: str, experiment: str, model: nn.Module,
     last : RoundScore
         The last round and its evaluation.
     best : BestRound
-        The best round found (:attr:`BestRound.found` false: none was evaluated).
+        The best round found (:attr:`BestRound.found` false: none was evaluated, then
+        no best model is logged: ``best_uri``, ``best_version`` empty, ``best_round`` 0).
     input_example, metadata, codec
         As recorded with each model (:func:`~app.tracking.model_logging.log_task_model`).
     reuse_logged : bool
@@ -142,19 +144,17 @@ def log_federation_models(run_id: str, experiment: str, model: nn.Module,
         _load(model, *final), "global-model", input_example, metadata)
     final_version = _version(run_id, final_uri, f"{experiment}-final",
                              version_tags(run_id, last, codec, epsilon))
-    if best.found:
-        score = RoundScore(best.round, best.metric, best.value, best.sites)
-        best_uri = _logged_uri(run, "best-model", reuse_logged) or log_task_model(
-            _load(model, best.keys, best.arrays), "best-model", input_example, metadata)
-        if not (reuse_logged and "best-round" in run.data.metrics):
-            mlflow.log_metrics({"best-round": float(best.round),
-                                f"best-{best.metric}": best.value})
-    else:
-        log(WARNING, "no round was evaluated (fraction-evaluate = 0?): the final model of "
-            "round %d is logged as the best model too", last.server_round)
-        score = last
-        best_uri = _logged_uri(run, "best-model", reuse_logged) or log_task_model(
-            _load(model, *final), "best-model", input_example, metadata)
+    if not best.found:
+        log(WARNING, "no round was evaluated (fraction-evaluate = 0?): no model is logged or "
+            "registered as the best one; the final model of round %d is %s",
+            last.server_round, final_version or final_uri)
+        return FederationModels(best_uri="", final_uri=final_uri, best_version="",
+                                final_version=final_version, best_round=0)
+    score = RoundScore(best.round, best.metric, best.value, best.sites)
+    best_uri = _logged_uri(run, "best-model", reuse_logged) or log_task_model(
+        _load(model, best.keys, best.arrays), "best-model", input_example, metadata)
+    if not (reuse_logged and "best-round" in run.data.metrics):
+        mlflow.log_metrics({"best-round": float(best.round), f"best-{best.metric}": best.value})
     mlflow.set_tag("best-round", str(score.server_round))
     best_version = _version(run_id, best_uri, f"{experiment}-best",
                             version_tags(run_id, score, codec, epsilon))

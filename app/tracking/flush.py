@@ -65,7 +65,8 @@ def flush_folder(folder: Path, tracking_uri: str = "") -> str:
         models = end.send()
     finally:
         leave_open()
-    return (f"run {end.run_id}: round(s) {rounds or 'none'} sent; best model {models.best_uri} "
+    return (f"run {end.run_id}: round(s) {rounds or 'none'} sent; best model "
+            f"{models.best_uri or 'none (no round was evaluated)'} "
             f"({models.best_version or 'not registered'}), final model {models.final_uri} "
             f"({models.final_version or 'not registered'}); status {end.status}")
 

@@ -157,7 +157,7 @@ class RunEnd:
 
     def waiting(self) -> FederationModels:
         """The models while they wait on disk: no URI, no version yet."""
-        best_round = self.last.server_round if self.best is None else self.best.server_round
+        best_round = 0 if self.best is None else self.best.server_round  # 0: none evaluated
         return FederationModels("", "", "", "", best_round)
 
     def best_round(self) -> BestRound:

@@ -116,19 +116,22 @@ def test_the_best_and_the_final_model_are_registered_with_their_origin(tracker):
     assert run.data.tags["best-round"] == "2" and run.data.metrics["best-val-dice"] == 0.8
 
 
-def test_without_an_evaluated_round_the_final_model_is_the_best_with_a_warning(tracker, caplog):
+def test_without_an_evaluated_round_no_best_model_is_logged_with_a_warning(tracker, caplog):
+    """Issue 29, found 8 (a): the final model, unscored, was registered as the best one too."""
     task = task_class("cxr-cls")
     settings = replace(TINY, num_labels=2)
     model = task.model_for_run(settings)
     keys = list(model.state_dict())
     final = [v.numpy() for v in model.state_dict().values()]
+    best_versions = len(MlflowClient().search_model_versions("name='fedmed-test-best'"))
     logged = log_federation_models(
         tracker.run_id, tracker.experiment_name, model, (keys, final),
         RoundScore(4, "val-auc", math.nan, []), BestRound("val-auc"),
         task.example_input(settings), model_metadata("cxr-cls", settings, True, "auc"), "none")
     assert "no round was evaluated" in caplog.text
-    assert logged.best_round == 4
-    name, version = logged.best_version.removeprefix("models:/").split("/")
+    assert (logged.best_round, logged.best_uri, logged.best_version) == (0, "", "")
+    assert len(MlflowClient().search_model_versions("name='fedmed-test-best'")) == best_versions
+    name, version = logged.final_version.removeprefix("models:/").split("/")
     tags = MlflowClient().get_model_version(name, version).tags
     assert tags["round"] == "4" and "val-auc" not in tags and tags["sites"] == ""
     assert register_version("models:/m-missing", "fedmed-test-best", {}) == ""
