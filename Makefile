@@ -163,7 +163,7 @@ test-ray-cluster: install
 # A sqlite store that does not exist is an error naming it (mlflow ui would create it empty).
 mlflow-ui: install
 	@uri="$(TRACKING_URI)"; case "$$uri" in sqlite:///*) test -f "$${uri#sqlite:///}" || { echo "mlflow-ui: the tracking store $$uri does not exist; name the store the federation used: make mlflow-ui TRACKING_URI=... ARTIFACT_ROOT=... (its summary prints the line)" >&2; exit 2; };; esac
-	@echo "MLflow UI on http://127.0.0.1:$(MLFLOW_PORT) (store $(TRACKING_URI), artifacts $(ARTIFACT_ROOT))"
+	@echo "MLflow UI on http://127.0.0.1:$(MLFLOW_PORT)/#/experiments?workflowType=machine_learning (its Model training view; store $(TRACKING_URI), artifacts $(ARTIFACT_ROOT))"
 	$(VENV)/bin/mlflow ui --backend-store-uri "$(TRACKING_URI)" \
 		--default-artifact-root $(ARTIFACT_ROOT) --host 127.0.0.1 --port $(MLFLOW_PORT)
 

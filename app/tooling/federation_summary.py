@@ -14,7 +14,13 @@ from urllib.parse import unquote, urlparse
 
 from app.tracking.traffic_text import ratio_phrase
 
-__all__ = ["print_summary"]
+__all__ = ["MODEL_TRAINING_VIEW", "print_summary"]
+
+#: The query that opens MLflow's UI (3.17) in its "Model training" view. Its view is one
+#: switch for the whole UI (this query, else the browser's last choice, else "GenAI", where
+#: an experiment shows an empty traces overview); the experiment tag
+#: ``mlflow.experimentKind`` does not choose it.
+MODEL_TRAINING_VIEW = "workflowType=machine_learning"
 
 
 def print_summary(tracking_uri: str, flwr_run_id: int, seconds: float,
@@ -77,6 +83,8 @@ def print_summary(tracking_uri: str, flwr_run_id: int, seconds: float,
           f"({run.info.run_name}), store {tracking_uri}")
     print(f"open it with: make mlflow-ui TRACKING_URI={shlex.quote(tracking_uri)} "
           f"ARTIFACT_ROOT={shlex.quote(str(artifact_root))}")
+    print(f"its runs: http://127.0.0.1:5000/#/experiments/{experiment.experiment_id}?"
+          f"{MODEL_TRAINING_VIEW} (MLflow's Model training view; the port: MLFLOW_PORT)")
 
 
 def _selection_metric(metrics: dict[str, float]) -> str:

@@ -74,6 +74,8 @@ def test_the_printed_commands_name_the_store_the_run_used(mlflow_store, tmp_path
             f"DATA=/abs/site OUT=/abs/out TRACKING_URI={quoted}") in lines
     assert (f"open it with: make mlflow-ui TRACKING_URI={quoted} "
             f"ARTIFACT_ROOT={shlex.quote(str(root))}") in lines
+    assert (f"its runs: http://127.0.0.1:5000/#/experiments/{experiment}?workflowType="
+            "machine_learning (MLflow's Model training view; the port: MLFLOW_PORT)") in lines
     handed = next(line for line in lines if line.startswith("or hand its folder to a hospital"))
     folder = shlex.split(handed.split("make predict ", 1)[1])[0].removeprefix("MODEL=")
     assert load_logged_model(folder).task == "cxr-cls"
