@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from mlflow.tracking import MlflowClient
 
 from app.config.run_config import RunConfig, RunConfigError
+from app.engine import VirtualSite, run_federation
 from app.server_app import RoundRecorder
 from app.tracking import BestRound
 from app.tracking.best_round import score_rule
-from strategies.rounds.checkpoint import CHECKPOINT_FILE, run_folder
 from strategies.rounds.round_report import RoundReport
 from strategies.rounds.site_metric_score import site_median, site_trimmed_mean
 from tests.app.test_best_round import _arrays, _recorder
+from tests.fixtures.scripted_site import ScriptedSite
 
 
 def _round(server_round: int, values: dict[str, float]) -> RoundReport:
@@ -95,3 +97,35 @@ def test_the_best_round_aggregate_run_config_key():
     assert config.as_params()["best-round.aggregate"] == "trimmed-mean"
     with pytest.raises(RunConfigError, match="'best-round.aggregate' must be one of"):
         RunConfig.from_mapping({"best-round.aggregate": "max"})
+
+
+def _scripted(name: str, values: list[float]) -> ScriptedSite:
+    """A site reporting ``values[r - 1]`` as round r's ``val-dice`` (then 0.5 on test)."""
+    answers = iter(values)
+
+    def evaluate(weights) -> dict[str, float]:
+        return {"val-dice": next(answers, 0.5), "test-dice": 0.5}
+
+    return ScriptedSite(name, evaluate=evaluate)
+
+
+@pytest.mark.parametrize("aggregate, selected", [("auto", 1), ("mean", 2)])
+def test_through_the_server_app_one_site_cannot_pick_the_registered_best_round(
+        tmp_path, mlflow_store, aggregate, selected):
+    """The product's defaults (norm-bound, ``auto``): round 1 is registered ``-best``."""
+    store = mlflow_store(tmp_path / "store")
+    sites = [_scripted("site-a", [0.85, 0.70]), _scripted("site-b", [0.86, 0.72]),
+             _scripted("site-x", [0.0, 0.99])]
+    outcome = run_federation({
+        "num-server-rounds": 2, "image-size": 16, "node-wait-timeout": 5,
+        "best-round.aggregate": aggregate, "experiment": "robust", "tracking-uri": store,
+        "artifact-root": str(tmp_path / "artifacts"),
+        "checkpoint-dir": str(tmp_path / "checkpoints")},
+        [VirtualSite({}, site) for site in sites])
+    assert outcome.best_round == selected
+    client = MlflowClient(store)
+    assert client.get_model_version("robust-best", "1").tags["round"] == str(selected)
+    run = client.get_run(outcome.mlflow_run_id)
+    assert run.data.tags["selection-aggregate"] == {"auto": "median", "mean": "mean"}[aggregate]
+    assert run.data.metrics["best-val-dice"] == pytest.approx(
+        {"auto": 0.85, "mean": (0.70 + 0.72 + 0.99) / 3}[aggregate])
