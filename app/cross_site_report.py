@@ -28,8 +28,10 @@ federation's MLflow run:
   ``figures/cross-site-matrix.png`` when there is a matrix.
 
 The metrics are logged at step ``num-server-rounds + 1``, the round number the
-evaluation's messages carry. Tracking never stops the federation: an MLflow
-failure is logged as a warning, as is a final evaluation that finds no site.
+evaluation's messages carry, as one more record of the tracker's outbox (the
+figures as PNG files beside it): an MLflow outage never stops the federation and
+loses none of it (it is sent with the rest, :mod:`app.tracking.run_end`). A final
+evaluation that finds no site is a warning.
 """
 
 from __future__ import annotations
@@ -41,11 +43,9 @@ from flwr.app import Array, ArrayRecord
 from flwr.serverapp import Grid
 from flwr.supercore import log
 from matplotlib.figure import Figure
-from mlflow.entities import Metric
-from mlflow.tracking import MlflowClient
 
 from app.config.run_config import RunConfig
-from app.tracking import BestRound, FederationTracker, bounded_requests, metric_key
+from app.tracking import BestRound, FederationTracker, RoundRecord, metric_key
 from app.tracking.figures import federation_figures, matrix_figure
 from strategies.errors import FederationError
 from strategies.plugins.personalisation.gain import GAIN, PERSONALISED, personalisation_gains
@@ -135,32 +135,25 @@ def test_line(result: CrossSiteResult) -> str:
             f"{withheld or 'none'}; dropped: {result.dropped or 'none'}")
 
 
-def _log(tracker: FederationTracker, result: CrossSiteResult | None,
-         figures: dict[str, Figure], step: int) -> None:
-    """Send the metrics, table and figures to the tracker's run; warn, never raise."""
-    client = MlflowClient(tracker.tracking_uri)
-    try:
-        with bounded_requests():
-            if result is not None:
-                metrics, now = cross_site_metrics(result), int(time.time() * 1000)
-                client.log_batch(tracker.run_id, metrics=[
-                    Metric(key, value, now, step) for key, value in metrics.items()])
-                client.log_table(tracker.run_id, result.table(), "cross-site/matrix.json")
-                if result.dropped:
-                    client.log_dict(tracker.run_id, result.dropped, "cross-site/dropped.json")
-                if result.withheld:
-                    client.log_dict(tracker.run_id, {k: withheld_text(v) for k, v in
-                                                     result.withheld.items()},
-                                    "cross-site/withheld.json")
-                if result.metric not in result.weighted and _test_sites_withheld(result):
-                    client.set_tag(tracker.run_id, "test/withheld",
-                                   withheld_summary(_test_sites_withheld(result)))
-            for path, figure in figures.items():
-                client.log_figure(tracker.run_id, figure, path)
-    except Exception as exc:  # noqa: BLE001 - tracking must never stop the federation
-        log(WARNING, "MLflow at %s: the end-of-federation report was not logged (%s: %s)",
-            tracker.tracking_uri, type(exc).__name__, str(exc).splitlines()[0] if str(exc)
-            else "")
+def _record(tracker: FederationTracker, result: CrossSiteResult | None,
+            figures: dict[str, Figure], step: int) -> None:
+    """Queue the metrics, table, tag and figures as one record of the tracker's outbox and
+    send what is pending: an MLflow outage loses none of it (it waits on disk)."""
+    record = RoundRecord(step=step, timestamp_ms=int(time.time() * 1000), metrics={})
+    if result is not None:
+        record.metrics = cross_site_metrics(result)
+        record.tables["cross-site/matrix.json"] = result.table()
+        if result.dropped:
+            record.artifacts["cross-site/dropped.json"] = dict(result.dropped)
+        if result.withheld:
+            record.artifacts["cross-site/withheld.json"] = {
+                k: withheld_text(v) for k, v in result.withheld.items()}
+        if result.metric not in result.weighted and _test_sites_withheld(result):
+            record.tags["test/withheld"] = withheld_summary(_test_sites_withheld(result))
+    for path, figure in figures.items():
+        tracker.keep_figure(record, path, figure)
+    tracker.queue(record)
+    tracker.flush()
 
 
 def report_federation_end(grid: Grid, strategy: FederatedStrategy, arrays: ArrayRecord,
@@ -200,5 +193,5 @@ def report_federation_end(grid: Grid, strategy: FederatedStrategy, arrays: Array
     if result is not None:
         figures.update(cross_site_artifacts(result))
         log(INFO, "%s", test_line(result))
-    _log(tracker, result, figures, step)
+    _record(tracker, result, figures, step)
     return result

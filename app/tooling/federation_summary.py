@@ -28,6 +28,10 @@ def print_summary(tracking_uri: str, flwr_run_id: int, seconds: float,
     """Per-round validation metric, the selected model and its held-out test, the MLflow
     location and the commands that open it and apply the model: read back from MLflow.
 
+    MLflow is asked with bounded requests (no retries, :func:`bounded_requests`); when it
+    does not answer, one line says so and names ``make tracking-flush`` (the federation's
+    result waits in its checkpoint folder, :mod:`app.tracking.run_end`): never an error.
+
     Parameters
     ----------
     tracking_uri : str
@@ -39,6 +43,23 @@ def print_summary(tracking_uri: str, flwr_run_id: int, seconds: float,
     artifact_root : str or Path
         The store's default artifact root (``ARTIFACT_ROOT``), for ``make mlflow-ui``.
     """
+    from mlflow.exceptions import MlflowException  # noqa: PLC0415 - heavy import
+
+    from app.tracking.tracker import bounded_requests  # noqa: PLC0415
+
+    try:
+        with bounded_requests():
+            _print_from_mlflow(tracking_uri, flwr_run_id, seconds, artifact_root)
+    except MlflowException as exc:
+        print(f"\nMLflow at {tracking_uri} does not answer ({str(exc).splitlines()[0][:200]}): "
+              "no summary. What the federation left for it waits in its checkpoint folder; "
+              "once MLflow answers, send it with the command the ServerApp printed: make "
+              f"tracking-flush RUN_DIR=<that folder> TRACKING_URI={shlex.quote(tracking_uri)}")
+
+
+def _print_from_mlflow(tracking_uri: str, flwr_run_id: int, seconds: float,
+                       artifact_root: str | Path) -> None:
+    """:func:`print_summary`'s lines, read from MLflow (raises what MLflow raises)."""
     import mlflow  # noqa: PLC0415 - heavy import, only needed at the end
     from mlflow.tracking import MlflowClient  # noqa: PLC0415
 

@@ -1,7 +1,10 @@
 """Round records waiting for MLflow, kept on the server's disk until MLflow has them.
 
 A record is one round's metrics (one MLflow step, with the time the round
-ended) and its JSON artifacts (dropped replies, selection). The ServerApp
+ended) and its JSON artifacts (dropped replies, selection); the end-of-federation
+report (test metrics, the cross-site table, its tags and figures, step
+``num-server-rounds + 1``) is one more record, its figures kept as files in
+``tracking-files/`` until MLflow has them. The ServerApp
 appends each round's record *before* it checkpoints the round and sends the
 pending records afterwards (:class:`app.tracking.FederationTracker`), so an
 MLflow outage never stalls or fails a round and nothing is lost: records wait
@@ -30,12 +33,14 @@ from typing import Any
 
 from flwr.supercore import log
 
-__all__ = ["OUTBOX_FILE", "REJECTED_FILE", "Outbox", "RoundRecord"]
+__all__ = ["FILES_DIR", "OUTBOX_FILE", "REJECTED_FILE", "Outbox", "RoundRecord"]
 
 #: The outbox file in a federation's checkpoint folder.
 OUTBOX_FILE = "tracking-outbox.jsonl"
 #: Records MLflow refuses, with the reason, beside the outbox.
 REJECTED_FILE = "tracking-rejected.jsonl"
+#: Files waiting for MLflow (the end's figures), beside the outbox.
+FILES_DIR = "tracking-files"
 
 
 @dataclass
@@ -55,6 +60,13 @@ class RoundRecord:
         Artifact path (``rounds/round-003-dropped.json``) -> JSON content.
     params : dict[str, str]
         Run params first known in this round (a site's policy fingerprint).
+    tables : dict[str, dict[str, list]]
+        MLflow tables (``cross-site/matrix.json``) -> their columns.
+    tags : dict[str, str]
+        Run tags (``test/withheld``).
+    files : dict[str, str]
+        Artifact path (``figures/val-dice.png``) -> the file on the server's disk
+        holding it (:meth:`Outbox.file_for`); deleted once MLflow has it.
     """
 
     step: int
@@ -62,6 +74,9 @@ class RoundRecord:
     metrics: dict[str, float]
     artifacts: dict[str, dict[str, Any]] = field(default_factory=dict)
     params: dict[str, str] = field(default_factory=dict)
+    tables: dict[str, dict[str, list]] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)
+    files: dict[str, str] = field(default_factory=dict)
 
 
 class Outbox:
@@ -70,6 +85,7 @@ class Outbox:
     def __init__(self, path: Path | None = None) -> None:
         self.path = None if path is None else Path(path)
         self._pending: list[RoundRecord] = []
+        self._files: Path | None = None
         self.rejected: list[dict[str, Any]] = []
         if self.path is not None and self.path.is_file():
             with self.path.open(encoding="utf-8") as handle:
@@ -104,9 +120,24 @@ class Outbox:
         log(WARNING, "MLflow refuses round %d's %d metric(s) and %d param(s) (%s); set aside "
             "in %s", record.step, len(record.metrics), len(record.params), reason, where)
 
+    def file_for(self, step: int, artifact: str) -> Path:
+        """Where a file of step ``step`` that becomes ``artifact`` waits for MLflow: under
+        ``tracking-files/`` beside the outbox (a temporary folder without one), named as
+        the artifact (MLflow logs a file under its own name)."""
+        if self._files is None:
+            self._files = (self.path.parent / FILES_DIR if self.path is not None
+                           else Path(tempfile.mkdtemp(prefix="fedmed-tracking-")))
+        path = self._files / f"step-{step:03d}" / artifact
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
+
     def done(self, count: int) -> None:
-        """The first ``count`` pending records are in MLflow: forget them."""
-        self._rewrite(self._pending[count:])
+        """The first ``count`` pending records are in MLflow: forget them (and their files)."""
+        sent, rest = self._pending[:count], self._pending[count:]
+        self._rewrite(rest)
+        for record in sent:
+            for file in record.files.values():
+                Path(file).unlink(missing_ok=True)
 
     def keep(self, after_round: int, logged: set[int]) -> int:
         """On resume: drop records of rounds past ``after_round`` (they are redone) and

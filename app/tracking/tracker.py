@@ -24,7 +24,7 @@ request and its record waits for the next flush.
 
 MLflow refuses a name over 250 characters or with other characters than its
 own rules allow (``mlflow.utils.validation``). Every metric and param name is
-checked before it is queued (:func:`mlflow_name_problem`): those MLflow would
+checked before it is queued (:mod:`app.tracking.mlflow_names`): those MLflow would
 refuse are set aside with the reason (:meth:`Outbox.set_aside`), the rest of
 the round goes on. A record MLflow refuses anyway (``INVALID_PARAMETER_VALUE``
 or ``BAD_REQUEST``, not a connection error) is set aside the same way and the
@@ -39,29 +39,27 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from logging import WARNING
-from pathlib import Path
-from typing import Any
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any
 
 import mlflow
 from flwr.supercore import log
-from mlflow.entities import Metric, Param
+from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
-from mlflow.utils.validation import (
-    MAX_ENTITY_KEY_LENGTH,
-    bad_character_message,
-    path_not_unique,
-    validate_param_and_metric_name,
-)
 
+from app.tracking.mlflow_names import without_refused_names
 from app.tracking.outbox import OUTBOX_FILE, Outbox, RoundRecord
 from strategies import message_keys as keys
 from strategies.plugins.personalisation.gain import personalisation_gains
 from strategies.rounds.round_report import RoundReport
 from strategies.rounds.withheld import withheld_text
 
-__all__ = ["EXPERIMENT_TAGS", "FLUSH_TIMEOUT_SECONDS", "FederationTracker", "bounded_requests", "metric_key",
-           "mlflow_name_problem", "policy_params", "round_record"]
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+__all__ = ["EXPERIMENT_TAGS", "FLUSH_TIMEOUT_SECONDS", "FederationTracker", "bounded_requests",
+           "metric_key", "policy_params", "round_record"]
 
 
 _UNSAFE = re.compile(r"[^0-9A-Za-z_\-./ ]")
@@ -76,41 +74,6 @@ _STEP_MARKER = "round-seconds"
 EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
 #: MLflow error codes of a request it refuses (as opposed to one that never reached it).
 _REFUSED = frozenset({"INVALID_PARAMETER_VALUE", "BAD_REQUEST"})
-
-
-def mlflow_name_problem(name: str) -> str | None:
-    """Why MLflow would refuse ``name`` as a metric or param name (``None``: it would not).
-
-    MLflow's rules (``mlflow.utils.validation``): at most ``MAX_ENTITY_KEY_LENGTH``
-    (250) characters, its allowed characters, and a path that does not normalise
-    to another name.
-    """
-    shown = repr(name[:60]) + ("..." if len(name) > 60 else "")
-    if len(name) > MAX_ENTITY_KEY_LENGTH:
-        return (f"MLflow name rule: {shown} has {len(name)} characters, at most "
-                f"{MAX_ENTITY_KEY_LENGTH}")
-    if not validate_param_and_metric_name(name):
-        return f"MLflow name rule: {shown}: {bad_character_message()}"
-    if path_not_unique(name):
-        return f"MLflow name rule: {shown} would resolve to another name as a path"
-    return None
-
-
-def _without_refused_names(record: RoundRecord) -> tuple[RoundRecord, str] | None:
-    """Move the metrics and params of ``record`` that MLflow would refuse out of it.
-
-    Returns them as a record of their own with the reasons (``None``: none).
-    """
-    problems = {name: mlflow_name_problem(name) for name in [*record.metrics, *record.params]}
-    refused = {name: problem for name, problem in problems.items() if problem is not None}
-    if not refused:
-        return None
-    aside = RoundRecord(step=record.step, timestamp_ms=record.timestamp_ms,
-                        metrics={k: record.metrics.pop(k) for k in refused
-                                 if k in record.metrics},
-                        params={k: record.params.pop(k) for k in refused
-                                if k in record.params})
-    return aside, "; ".join(sorted(set(refused.values())))
 
 
 def metric_key(*parts: str) -> str:
@@ -297,10 +260,21 @@ class FederationTracker:
         """Queue one round for MLflow (on disk before this returns)."""
         record = round_record(report)
         record.params = policy_params(report, self._policies)
-        refused = _without_refused_names(record)
+        self.queue(record)
+
+    def queue(self, record: RoundRecord) -> None:
+        """Queue ``record`` for MLflow (on disk before this returns); the names MLflow
+        would refuse are set aside first."""
+        refused = without_refused_names(record)
         if refused is not None:
             self.outbox.set_aside(*refused)
         self.outbox.append(record)
+
+    def keep_figure(self, record: RoundRecord, artifact: str, figure: Figure) -> None:
+        """Save ``figure`` as the PNG that becomes ``artifact`` when ``record`` is sent."""
+        path = self.outbox.file_for(record.step, artifact)
+        figure.savefig(path)
+        record.files[artifact] = str(path)
 
     def flush(self, timeout: int = FLUSH_TIMEOUT_SECONDS) -> bool:
         """Send the pending rounds in order; ``True`` when none is left.
@@ -333,10 +307,21 @@ class FederationTracker:
         return not self.outbox.pending
 
     def _send(self, client: MlflowClient, record: RoundRecord) -> None:
-        """Log one record: its params, its artifacts, then its metrics (step marker last)."""
+        """Log one record: its params, tags, artifacts, tables and files, then its metrics
+        (step marker last)."""
         self._log_params(client, record.params)
+        if record.tags:
+            client.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in record.tags.items()])
         for artifact, content in record.artifacts.items():
             client.log_dict(self.run_id, content, artifact)
+        for artifact, table in record.tables.items():
+            client.log_table(self.run_id, table, artifact)
+        for artifact, file in record.files.items():
+            if not Path(file).is_file():
+                log(WARNING, "%s (MLflow artifact %s) is gone; not sent", file, artifact)
+                continue
+            folder = PurePosixPath(artifact).parent.as_posix()
+            client.log_artifact(self.run_id, file, None if folder == "." else folder)
         client.log_batch(self.run_id, metrics=[
             Metric(key, value, record.timestamp_ms, record.step)
             for key, value in record.metrics.items()])

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import socket
 from pathlib import Path
-from types import SimpleNamespace
 
 import mlflow
 import numpy as np
@@ -92,7 +91,7 @@ def test_report_logs_test_metrics_matrix_table_and_figures(tmp_path: Path, mlflo
 
 
 @pytest.mark.usefixtures("server_identity")
-def test_without_final_evaluation_no_site_is_asked_and_mlflow_down_does_not_raise():
+def test_without_final_evaluation_no_site_is_asked_and_mlflow_down_does_not_raise(tmp_path):
     sites = _sites()
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -100,10 +99,11 @@ def test_without_final_evaluation_no_site_is_asked_and_mlflow_down_does_not_rais
     config = RunConfig.from_mapping({"final-evaluation": False})
     strategy = build_strategy(config)
     strategy.reports = _reports()
-    tracker = SimpleNamespace(tracking_uri=down, run_id="gone")
+    tracker = FederationTracker.of_run("gone", down, "gone", tmp_path)
     grid = InProcessGrid(sites, run_id=42)
     assert report_federation_end(grid, strategy, ArrayRecord(), tracker, config, "dice") is None
     assert [site.context.state.config_records for site in sites] == [{}, {}]  # none answered
+    assert [r.step for r in tracker.outbox.pending] == [config.num_server_rounds + 1]  # waits
 
 
 def test_the_selected_model_is_the_best_rounds_else_the_final_one():

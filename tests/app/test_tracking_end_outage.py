@@ -1,6 +1,7 @@
 """MLflow unreachable from round 2 through the end of a federation (issue 29, found 7):
-the federation completes, the rounds and the end (both models, their registration, the
-run's status) wait on disk and ``python -m app.tracking.flush`` sends them once, in a
+the federation completes, the rounds, the end-of-federation report (test metrics,
+cross-site table, figures) and the end (both models, their registration, the run's
+status) wait on disk and ``python -m app.tracking.flush`` sends them once, in a
 store the test can swap (sqlite); tests/integration/test_tracking_outage_end.py kills a
 real ``mlflow server`` instead."""
 
@@ -13,7 +14,7 @@ from mlflow.tracking import MlflowClient
 from app.engine import partition_sites, run_federation
 from app.server_app import RoundRecorder
 from app.tracking import flush
-from app.tracking.outbox import OUTBOX_FILE, Outbox
+from app.tracking.outbox import FILES_DIR, OUTBOX_FILE, Outbox
 from app.tracking.run_end import END_FILE, finish_run
 from tests.app.test_tracking_outbox import _closed_port_uri
 from tests.integration.conftest import write_small_hospitals
@@ -45,12 +46,12 @@ def test_an_unreachable_mlflow_at_the_end_fails_nothing_and_the_flush_sends_it_o
         "num-server-rounds": 2, "local-steps": 1, "image-size": 32, "batch-size": 4,
         "node-wait-timeout": 5, "experiment": "end", "data-root": str(tmp_path / "data"),
         "tracking-uri": store, "artifact-root": str(tmp_path / "artifacts"),
-        "checkpoint-dir": str(tmp_path / "checkpoints"), "final-evaluation": False,
+        "checkpoint-dir": str(tmp_path / "checkpoints"), "cross-site.finetune-steps": 0,
         "tracking.end-wait-s": 0.0}, partition_sites(2), run_id=7)
     folder = tmp_path / "checkpoints" / outcome.mlflow_run_id
     assert sorted(outcome.reports) == [1, 2] and outcome.models.final_uri == ""
     assert (folder / END_FILE).is_file()
-    assert [r.step for r in Outbox(folder / OUTBOX_FILE).pending] == [2]
+    assert [r.step for r in Outbox(folder / OUTBOX_FILE).pending] == [2, 3]  # 3: the test
     client = MlflowClient(store)
     assert client.get_run(outcome.mlflow_run_id).info.status == "RUNNING"
     assert mlflow.active_run() is None  # the run is left open in MLflow, not in this process
@@ -60,6 +61,11 @@ def test_an_unreachable_mlflow_at_the_end_fails_nothing_and_the_flush_sends_it_o
     assert run.info.status == "FINISHED"
     assert [m.step for m in client.get_metric_history(run.info.run_id, "round-seconds")] \
         == [1, 2]
+    assert "test/dice" in run.data.metrics  # the end-of-federation report, step 3
+    logged = {a.path for folder in ("cross-site", "figures")
+              for a in client.list_artifacts(run.info.run_id, folder)}
+    assert {"cross-site/matrix.json", "figures/tau.png", "figures/validation.png"} <= logged
+    assert not list((folder / FILES_DIR).rglob("*.png"))  # sent, then deleted
     versions = {v.name: v for v in client.search_model_versions("name LIKE 'end-%'")}
     assert sorted(versions) == ["end-best", "end-final"]
     assert versions["end-best"].tags["round"] == run.data.tags["best-round"]
@@ -108,3 +114,17 @@ def test_the_bounded_wait_retries_until_mlflow_answers_and_not_past_its_bound():
     tracker, end, slept[:] = _Tracker(answer_from=100), _End(), []
     assert finish_run(tracker, end, 7.0, sleep=sleep, clock=lambda: now[0]) == "waiting"
     assert tracker.tries == 3 and end.sent == 0 and slept == [5.0, 2.0]  # gave up at 7 s
+
+
+def test_the_summary_with_mlflow_down_names_the_flush_command_and_does_not_raise(
+        monkeypatch, capsys):
+    """``make simulate`` printed its summary from MLflow: with MLflow down it raised after the
+    federation completed (exit 1)."""
+    from app.tooling.federation_summary import print_summary  # noqa: PLC0415 - MLflow
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # the old code: fail fast
+    down = _closed_port_uri()
+    print_summary(down, 7, 12.0, "/tmp/artifacts")
+    out = capsys.readouterr().out
+    assert f"MLflow at {down} does not answer" in out
+    assert f"make tracking-flush RUN_DIR=<that folder> TRACKING_URI={down}" in out

@@ -1,8 +1,8 @@
 """An MLflow outage across the last round and the end of a federation loses nothing and
 fails nothing (issue 29, found 7): a real ``mlflow server`` process is killed after round
 1 and started again only once the rounds are over; the federation (the in-process
-engine) completes, and every round, both models, their registration and the run's
-status reach MLflow: from the ServerApp's bounded wait at the end
+engine) completes, and every round, the end-of-federation report, both models, their
+registration and the run's status reach MLflow: from the ServerApp's bounded wait at the end
 (``tracking.end-wait-s``), or afterwards from ``make tracking-flush``
 (``python -m app.tracking.flush``)."""
 
@@ -94,6 +94,7 @@ def _assert_everything_in_mlflow(uri: str, run_id: str, experiment: str) -> None
     for suffix in ("best", "final"):
         versions = client.search_model_versions(f"name = '{experiment}-{suffix}'")
         assert [v.run_id for v in versions] == [run_id], suffix
+    assert "test/dice" in run.data.metrics  # the end-of-federation report (step 4)
     assert run.data.tags["best-round"] in {"1", "2", "3"}
     assert len(client.get_metric_history(run_id, "best-round")) == 1
 
@@ -109,7 +110,7 @@ def test_the_flush_command_sends_what_an_outage_across_the_end_left(
     assert sorted(outcome.reports) == [1, 2, 3]  # completed, nothing raised
     assert outcome.models.final_uri == "" and outcome.models.best_version == ""
     assert (folder / END_FILE).is_file()
-    assert [r.step for r in Outbox(folder / OUTBOX_FILE).pending] == [2, 3]
+    assert [r.step for r in Outbox(folder / OUTBOX_FILE).pending] == [2, 3, 4]  # 4: the test
 
     mlflow_server["server"] = server = server.restart(startup_timeout=STARTUP_TIMEOUT)
     started = time.monotonic()
