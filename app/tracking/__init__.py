@@ -2,7 +2,9 @@
 rounds MLflow does not have yet kept in an outbox on the server's disk
 (:mod:`app.tracking.outbox`); the best round (:mod:`app.tracking.best_round`) and
 the models the federation leaves in MLflow and its Model Registry
-(:mod:`app.tracking.model_logging`, :mod:`app.tracking.federation_models`)."""
+(:mod:`app.tracking.model_logging`, :mod:`app.tracking.federation_models`), kept on
+disk at the end until MLflow has them (:mod:`app.tracking.run_end`; ``make
+tracking-flush``, :mod:`app.tracking.flush`, sends what an outage left)."""
 
 from app.tracking.best_round import BestRound
 from app.tracking.federation_models import FederationModels, RoundScore, log_federation_models
