@@ -135,9 +135,14 @@ class Outbox:
         """The first ``count`` pending records are in MLflow: forget them (and their files)."""
         sent, rest = self._pending[:count], self._pending[count:]
         self._rewrite(rest)
+        root = self._files or (None if self.path is None else self.path.parent / FILES_DIR)
         for record in sent:
-            for file in record.files.values():
-                Path(file).unlink(missing_ok=True)
+            for file in map(Path, record.files.values()):
+                file.unlink(missing_ok=True)
+                for folder in file.parents:  # the step's folders, once empty
+                    if folder == root or not folder.is_dir() or any(folder.iterdir()):
+                        break
+                    folder.rmdir()
 
     def keep(self, after_round: int, logged: set[int]) -> int:
         """On resume: drop records of rounds past ``after_round`` (they are redone) and

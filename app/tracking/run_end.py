@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field
-from logging import INFO, WARNING
+from logging import DEBUG, INFO, WARNING
 from pathlib import Path
 from typing import Any
 
@@ -227,7 +227,7 @@ def finish_run(tracker: FederationTracker, end: RunEnd, wait_s: float,
     deadline, tries = clock() + wait_s, 0
     while True:
         tries += 1
-        if tracker.flush():
+        if tracker.flush(quiet=tries > 1):  # one warning, not one per try
             try:
                 models = end.send()
                 if tries > 1:
@@ -235,7 +235,8 @@ def finish_run(tracker: FederationTracker, end: RunEnd, wait_s: float,
                         end.tracking_uri, end.run_id, tries)
                 return models
             except Exception as exc:  # noqa: BLE001 - the federation's result is on disk
-                log(WARNING, "MLflow at %s: the end of run %s not sent (%s: %s)",
+                log(DEBUG if tries > 1 else WARNING, "MLflow at %s: the end of run %s not "
+                    "sent (%s: %s)",
                     end.tracking_uri, end.run_id, type(exc).__name__,
                     str(exc).splitlines()[0] if str(exc) else "")
         left = deadline - clock()

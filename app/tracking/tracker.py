@@ -38,7 +38,7 @@ import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from logging import WARNING
+from logging import DEBUG, WARNING
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
@@ -276,11 +276,12 @@ class FederationTracker:
         figure.savefig(path)
         record.files[artifact] = str(path)
 
-    def flush(self, timeout: int = FLUSH_TIMEOUT_SECONDS) -> bool:
+    def flush(self, timeout: int = FLUSH_TIMEOUT_SECONDS, quiet: bool = False) -> bool:
         """Send the pending rounds in order; ``True`` when none is left.
 
         Never raises and never retries: a failure (MLflow down, a store
-        error) is logged and the rest waits for the next flush. A record
+        error) is logged (a warning; ``quiet``: at debug level, for a retry
+        loop that warns once) and the rest waits for the next flush. A record
         MLflow refuses is set aside (:meth:`Outbox.set_aside`) and the flush
         goes on.
         """
@@ -298,7 +299,8 @@ class FederationTracker:
                                               f"{str(exc).splitlines()[0][:300]}")
                     sent += 1
         except Exception as exc:  # noqa: BLE001 - tracking must never stop the federation
-            log(WARNING, "MLflow at %s not reachable (%s: %s); %d round(s) wait in %s",
+            log(DEBUG if quiet else WARNING, "MLflow at %s not reachable (%s: %s); %d round(s) "
+                "wait in %s",
                 self.tracking_uri, type(exc).__name__, str(exc).splitlines()[0] if str(exc)
                 else "", len(pending) - sent, self.outbox.path or "memory")
         finally:
