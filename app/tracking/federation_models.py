@@ -104,7 +104,8 @@ def _logged_uri(run: Run, name: str, reuse: bool) -> str:
 
 
 def _version(run_id: str, model_uri: str, name: str, tags: dict[str, str]) -> str:
-    """The registry version of ``name`` made from ``model_uri``: the existing one, else a new one."""
+    """The registry version of ``name`` made from ``model_uri``: the existing one, else a new
+    one."""
     existing = [v for v in MlflowClient().search_model_versions(
         f"name = '{name}' AND run_id = '{run_id}'") if v.source == model_uri]
     if existing:
