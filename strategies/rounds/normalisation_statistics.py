@@ -18,7 +18,9 @@ and, each round (:class:`RoundStatistics`):
    ICML 2018, Def. 1, :func:`strategies.robust.median.coordinate_median`;
    unweighted, so a claimed example count buys no weight, and fewer than half the
    sites cannot move it).
-   With two sites the median is their mean, hence step 2.
+   With two sites the median is their mean, hence step 2. The defence and the
+   aggregator then see each reply with its statistics updates zeroed
+   (:meth:`RoundStatistics.admit`): its norm is that of the learnt weights.
 2. **validation** of the new statistics, entry by entry: an entry that the update
    would make negative (a variance) or non-finite (a variance or a mean) keeps its
    previous value, with a warning naming the array and the count (tracked as
@@ -38,7 +40,7 @@ Pure numpy: the names are strings, nothing of torch is imported.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from logging import WARNING
 
 import numpy as np
@@ -112,11 +114,25 @@ class RoundStatistics:
         self.positions = StatisticPositions.of(keys, reference)
 
     def admit(self, reply: TrainReply) -> TrainReply | str:
-        """``sink.admit(reply)``; a copy of its statistics updates kept when it is kept."""
+        """``sink.admit(reply)``; under the robust rule its statistics updates are kept
+        aside and the sink gets the reply with them zeroed.
+
+        The median (step 1) replaces the aggregate at those positions, so the defence
+        and the aggregator see the learnt weights only: a BatchNorm variance update is
+        large next to the weights' (a fresh model's variances move from 1 towards the
+        data's), and counted in the defence's norms it lets a boosted update through
+        at many times the honest weights' norm (issue #29's attack table: x1000 at 3
+        sites, clipped to 3x the median norm, still moved the weights 12x).
+        """
+        statistics = None
+        if self.robust and self.positions.estimates:
+            statistics = [np.array(reply.delta[j], copy=True) for j in self.positions.estimates]
+            zeroed = set(self.positions.estimates)
+            reply = replace(reply, delta=[np.zeros_like(array) if j in zeroed else array
+                                          for j, array in enumerate(reply.delta)])
         kept = self.sink.admit(reply)
-        if not isinstance(kept, str) and self.robust and self.positions.estimates:
-            self.kept[reply.node_id] = [np.array(reply.delta[j], copy=True)
-                                        for j in self.positions.estimates]
+        if not isinstance(kept, str) and statistics is not None:
+            self.kept[reply.node_id] = statistics
         return kept
 
     def settle(self, reference: Sequence[np.ndarray], delta: Sequence[np.ndarray],

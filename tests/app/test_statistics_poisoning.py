@@ -140,3 +140,29 @@ def test_an_int64_min_counter_update_advances_the_counter_by_tau_at_most():
             assert after[name] == before[name] + TAU
     assert report.strategy["counters-bounded"] == 2.0
     assert torch.isfinite(_eval_output(after)).all()
+
+
+def _large_statistics(weights: list[np.ndarray]) -> list[np.ndarray]:
+    """Honest weights (-0.01) with a large variance update (-3 per entry: a fresh model's
+    variances moving towards the data's), the norm that dominated the defence's bound."""
+    return [np.full_like(array, -3.0) if name.endswith("running_var") else array
+            for name, array in zip(_names(), _honest(weights))]
+
+
+def _boosted(weights: list[np.ndarray]) -> list[np.ndarray]:
+    """``_large_statistics`` with its learnt weights x1000 (the statistics as they are)."""
+    return [array * 1000 if not name.endswith(("running_var", "running_mean",
+                                                "num_batches_tracked")) else array
+            for name, array in zip(_names(), _large_statistics(weights))]
+
+
+def test_the_defence_bounds_the_learnt_weights_not_a_norm_the_statistics_inflate():
+    """Counted in the norm, honest variance updates raised the bound 3 x median so far that a
+    x1000 update's weights still moved 12x the honest ones at 3 sites (attack table, #29)."""
+    before, after, report = _round(None, updates=[_boosted] + [_large_statistics] * 2)
+    weight = next(name for name in _names() if name.endswith("weight"))
+    moved = float(np.max(np.abs(after[weight] - before[weight])))
+    assert report.strategy["clip-factor/site-0"] < 0.01
+    assert moved <= 0.01 * (1 + 3 + 1) / 3 + 1e-6  # the bad update clipped to 3x an honest one
+    var = next(name for name in _names() if name.endswith("running_var"))
+    np.testing.assert_allclose(after[var], before[var] + 3.0, rtol=1e-6)  # the sites' median
