@@ -11,6 +11,9 @@ recognises them by the global model's array names (the ``ArrayRecord`` keys, a
 torch ``state_dict``'s names, :data:`VARIANCE`, :data:`MEAN`, :data:`COUNTER`)
 and, each round (:class:`RoundStatistics`):
 
+0. **each reply**: an update that would make a variance of the round's model
+   negative is refused whole (:meth:`RoundStatistics.reply_problem`): a site's own
+   variances are >= 0, so no honest site sends it;
 1. **robust rule** (when a defence is on: the aggregator is a
    :class:`~strategies.plugins.defences.defended.DefendedAggregator`): the
    coordinate-wise median of the statistics updates of the replies the defence
@@ -106,11 +109,13 @@ class RoundStatistics:
         self.positions = StatisticPositions()
         self.robust = False
         self.kept: dict[int, list[np.ndarray]] = {}
+        self.reference: list[np.ndarray] = []
 
     def start(self, keys: Sequence[str], reference: Sequence[np.ndarray], robust: bool) -> None:
         """A new round on the global model ``reference`` named ``keys``; ``robust``: a
         defence is on (the median rule)."""
         self.keys, self.robust, self.kept = list(keys), robust, {}
+        self.reference = list(reference)
         self.positions = StatisticPositions.of(keys, reference)
 
     def admit(self, reply: TrainReply) -> TrainReply | str:
@@ -124,6 +129,9 @@ class RoundStatistics:
         at many times the honest weights' norm (issue #29's attack table: x1000 at 3
         sites, clipped to 3x the median norm, still moved the weights 12x).
         """
+        problem = self.reply_problem(reply)
+        if problem is not None:
+            return problem
         statistics = None
         if self.robust and self.positions.estimates:
             statistics = [np.array(reply.delta[j], copy=True) for j in self.positions.estimates]
@@ -134,6 +142,31 @@ class RoundStatistics:
         if not isinstance(kept, str) and statistics is not None:
             self.kept[reply.node_id] = statistics
         return kept
+
+    def reply_problem(self, reply: TrainReply) -> str | None:
+        """Why ``reply`` cannot be an honest site's update (``None``: it can).
+
+        An honest site's own model, ``x - delta_i``, has every variance >= 0 (BatchNorm
+        writes a running average of batch variances), so a reply whose variance update
+        makes one negative on the round's model is refused whole, naming the array
+        (float32 rounding of a variance near 0 is tolerated: ``1e-6 + 1e-5 |var|``).
+        With two sites the median is their mean and could not stop it (issue #29's
+        attack table, ``running-var``); a refused reply weighs nothing at any count.
+        """
+        for j in self.positions.variances:
+            if j >= len(reply.delta) or j >= len(self.reference):
+                continue
+            var = self.reference[j].astype(np.float64)
+            with np.errstate(over="ignore", invalid="ignore"):
+                new = var - reply.delta[j].astype(np.float64)
+            below = new < -(1e-6 + 1e-5 * np.abs(var))
+            if np.any(below):
+                return (f"normalisation statistics rule: the update makes "
+                        f"{int(np.count_nonzero(below))} entr"
+                        f"{'y' if np.count_nonzero(below) == 1 else 'ies'} of '{self.keys[j]}' "
+                        f"negative (lowest {float(np.min(new)):.4g}); a site's own variances "
+                        "are >= 0")
+        return None
 
     def settle(self, reference: Sequence[np.ndarray], delta: Sequence[np.ndarray],
                used: Sequence[TrainReply], tau: int) -> tuple[list[np.ndarray], dict[str, float]]:

@@ -87,16 +87,23 @@ def _eval_output(arrays: dict[str, np.ndarray]) -> torch.Tensor:
         return model(torch.linspace(-1, 1, 64).reshape(1, 1, 8, 8))
 
 
-def test_a_poisoned_running_var_keeps_its_previous_value_with_two_sites():
+def test_a_poisoned_running_var_is_refused_with_two_sites():
+    """The poisoned reply would make its own variance -3: no honest site sends that, so it is
+    refused whole (the mean of two used to take the global entry below 0 and the model to NaN)."""
     before, after, report = _round(_poisoned_var)
     var = after["features.1.running_var"]
     assert (var >= 0).all()
-    assert var[0] == before["features.1.running_var"][0]  # the entry the mean made negative is kept
-    np.testing.assert_allclose(var[1:], before["features.1.running_var"][1:] - 0.1, rtol=1e-6)
+    assert "normalisation statistics rule" in report.train_dropped["site-0"]
+    assert "'features.1.running_var' negative" in report.train_dropped["site-0"]
+    np.testing.assert_allclose(var, before["features.1.running_var"] - 0.1, rtol=1e-6)
     assert torch.isfinite(_eval_output(after)).all()
-    assert report.strategy["statistics-repaired"] == 1.0
-    # the rest of the round's update is applied (x_local = x_global + 0.01, maybe clipped)
-    assert (after["features.0.weight"] > before["features.0.weight"]).all()
+    assert (after["features.0.weight"] > before["features.0.weight"]).all()  # the honest update
+
+
+def test_no_defence_also_refuses_a_reply_that_makes_a_variance_negative():
+    _, after, report = _round(_poisoned_var, **{"strategy.defence": "none"})
+    assert "normalisation statistics rule" in report.train_dropped["site-0"]
+    assert (after["features.1.running_var"] >= 0).all()
 
 
 def test_statistics_are_the_sites_median_when_a_defence_is_on():
