@@ -46,15 +46,17 @@ def test_a_boosted_update_takes_fedavg_over_without_a_defence():
 
 
 def test_norm_bound_at_three_sites_bounds_the_boosted_update():
-    weights, _ = _round(SiteAttack(scale=1000.0), **{"strategy.defence": "norm-bound"})
+    weights, _ = _round(SiteAttack(scale=1000.0), **{"strategy.defence": "norm-bound",
+                                                     "norm-bound.kappa": 3.0})
     # every update is scaled to at most kappa = 3 x the round's median norm (that of ones)
     np.testing.assert_allclose(weights, np.full(4, (3 + 1 + 1) / 3), rtol=1e-5)
 
 
 def test_a_sign_flip_and_a_claimed_example_count_reach_the_aggregator():
     weights, report = _round(SiteAttack(scale=-1.0, claim_examples=80),
-                             **{"strategy.defence": "none"})
-    # example-weighted: 80 x (-1) + 10 + 10 over 100 (the first claim sets the site's cap)
+                             **{"strategy.defence": "none", "federation.max-size-ratio": 0.0})
+    # example-weighted: 80 x (-1) + 10 + 10 over 100 (no relative cap: the first claim is the
+    # site's cap)
     np.testing.assert_allclose(weights, np.full(4, (-80 + 10 + 10) / 100), rtol=1e-6)
     assert report.train["site-0"]["num-examples"] == 80
 
