@@ -130,7 +130,7 @@ class RunConfig:
     round_quorum: int = _dotted("round.quorum", 0)
     round_max_held_mb: float = _dotted("round.max-held-mb", 4096.0)
     federation_roster: str = _dotted("federation.roster", "")
-    federation_max_size_ratio: float = _dotted("federation.max-size-ratio", 10.0)
+    federation_max_size_ratio: float = _dotted("federation.max-size-ratio", 3.0)
     dp_noise_multiplier: float = _dotted("privacy.noise-multiplier", 0.0)
     dp_max_grad_norm: float = _dotted("privacy.max-grad-norm", 1.0)
     dp_delta: float = _dotted("privacy.delta", 1e-5)

@@ -65,7 +65,7 @@ Reply = TypeVar("Reply", TrainReply, MetricsReply)
 
 #: The run-config key of the relative size cap, and its default.
 MAX_SIZE_RATIO_KEY = "federation.max-size-ratio"
-DEFAULT_MAX_SIZE_RATIO = 10.0
+DEFAULT_MAX_SIZE_RATIO = 3.0
 
 #: The longest site name a reply may declare.
 SITE_NAME_MAX_LENGTH = 64

@@ -44,7 +44,7 @@ def test_a_first_round_held_for_the_sizes_is_refused_naming_the_keys(server_iden
 def test_the_size_ratio_reaches_the_site_book():
     strategy = build_strategy(RunConfig.from_mapping({"federation.max-size-ratio": 4.0}))
     assert strategy.sites.max_size_ratio == 4.0
-    assert build_strategy(RunConfig.from_mapping({})).sites.max_size_ratio == 10.0
+    assert build_strategy(RunConfig.from_mapping({})).sites.max_size_ratio == 3.0
     with pytest.raises(RunConfigError, match="'federation.max-size-ratio' must be 0 .off. "
                                              "or >= 1"):
         RunConfig.from_mapping({"federation.max-size-ratio": 0.5})

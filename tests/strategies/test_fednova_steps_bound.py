@@ -84,10 +84,10 @@ def test_with_momentum_the_floor_is_the_fraction_of_a_full_rounds_a_norm():
 def test_the_defence_measures_fednovas_normalised_update():
     weights, report = _round(**{"fednova.min-steps-fraction": 0.125})
     # with the fraction 1/8 the liar's normalised update is 8x the honest ones:
-    # norm-bound (kappa 3 x the lower median) clips it to 3x
-    assert report.strategy["clip-factor/site-1"] == pytest.approx(3.0 / 8.0, rel=1e-5)
+    # norm-bound (kappa 1.5, the default, x the lower median) clips it to 1.5x
+    assert report.strategy["clip-factor/site-1"] == pytest.approx(1.5 / 8.0, rel=1e-5)
     assert report.strategy["clip-factor/site-0"] == 1.0
-    assert weights[1] / weights[0] == pytest.approx(3.0, rel=1e-5)
+    assert weights[1] / weights[0] == pytest.approx(1.5, rel=1e-5)
 
 
 def _reply(i: int, steps: int, tau_a_norm: float = float(TAU)) -> TrainReply:

@@ -33,6 +33,8 @@ pytestmark = pytest.mark.usefixtures("server_identity")  # run 42, the SuperLink
 
 INITIAL = [np.zeros(4, np.float32), np.array(0, np.int64)]
 HONEST_NORM = 2.0  # ||ones(4)||: every scripted site's update
+#: The defaults: norm-bound.kappa and norm-bound.history-kappa.
+KAPPA, HISTORY_KAPPA = 1.5, 3.0
 
 
 def _default_aggregator() -> DefendedAggregator:
@@ -57,11 +59,11 @@ def test_two_sites_in_the_engine_the_default_defence_bounds_a_boosted_update():
     result = strategy.start(grid=InProcessGrid(sites, run_id=42),
                             initial_arrays=ArrayRecord(INITIAL), num_rounds=1)
     weights = result.arrays.to_numpy_ndarrays()[0]
-    # the bound is kappa (3) x the lower median norm (the honest one): the attacker counts 3
-    np.testing.assert_allclose(weights, np.full(4, (3.0 + 1.0) / 2), rtol=1e-5)
+    # the bound is kappa (KAPPA = 1.5) x the lower median norm (the honest one): the attacker counts 1.5
+    np.testing.assert_allclose(weights, np.full(4, (KAPPA + 1.0) / 2), rtol=1e-5)
     info = strategy.reports[1].strategy
-    assert info["norm-bound"] == pytest.approx(3.0 * HONEST_NORM, rel=1e-6)
-    assert info["clip-factor/site-0"] == pytest.approx(3.0 / 1000.0, rel=1e-5)
+    assert info["norm-bound"] == pytest.approx(KAPPA * HONEST_NORM, rel=1e-6)
+    assert info["clip-factor/site-0"] == pytest.approx(KAPPA / 1000.0, rel=1e-5)
     assert info["clip-factor/site-1"] == 1.0
 
 
@@ -72,14 +74,14 @@ def test_a_boosted_update_moves_the_model_at_most_kappa_honest_norms(sites: int)
     clean = np.ones(4)
     moved = float(np.linalg.norm(delta[0] - clean))
     # the attacker's weight 1/sites times at most kappa x the honest norm (plus its own)
-    assert moved <= (3.0 + 1.0) * HONEST_NORM / sites + 1e-5
-    assert info["norm-bound"] == pytest.approx(3.0 * HONEST_NORM, rel=1e-6)
+    assert moved <= (KAPPA + 1.0) * HONEST_NORM / sites + 1e-5
+    assert info["norm-bound"] == pytest.approx(KAPPA * HONEST_NORM, rel=1e-6)
 
 
 def test_the_smaller_of_two_sites_cannot_raise_the_bound():
     delta, info = _default_aggregator().aggregate([_reply(0, 0.001), _reply(1)])
-    assert info["norm-bound"] == pytest.approx(3.0 * 0.001 * HONEST_NORM, rel=1e-5)
-    assert float(np.linalg.norm(delta[0])) <= 3.0 * 0.001 * HONEST_NORM + 1e-6
+    assert info["norm-bound"] == pytest.approx(KAPPA * 0.001 * HONEST_NORM, rel=1e-5)
+    assert float(np.linalg.norm(delta[0])) <= KAPPA * 0.001 * HONEST_NORM + 1e-6
 
 
 def test_a_site_alone_in_a_later_round_is_bounded_by_the_history():
@@ -87,8 +89,8 @@ def test_a_site_alone_in_a_later_round_is_bounded_by_the_history():
     aggregator.aggregate([_reply(0), _reply(1)])  # round 1: honest, norms 2
     delta, info = aggregator.aggregate([_reply(0, 1000.0)])  # round 2: one site, x1000
     assert info["norm-bound-reference"] == pytest.approx(HONEST_NORM)
-    assert info["norm-bound"] == pytest.approx(3.0 * HONEST_NORM)
-    assert float(np.linalg.norm(delta[0])) == pytest.approx(3.0 * HONEST_NORM, rel=1e-5)
+    assert info["norm-bound"] == pytest.approx(HISTORY_KAPPA * HONEST_NORM)
+    assert float(np.linalg.norm(delta[0])) == pytest.approx(HISTORY_KAPPA * HONEST_NORM, rel=1e-5)
 
 
 def test_the_history_keeps_the_accepted_norms_of_the_last_rounds_only():
@@ -111,8 +113,8 @@ def test_the_streaming_fold_learns_the_history_at_the_round_end():
         infos = [aggregator.fold(total, r, i) for i, r in enumerate(replies)]
         delta, _ = aggregator.finish(total, replies)
     np.testing.assert_allclose(defence.history, [[HONEST_NORM, HONEST_NORM],
-                                                 [3.0 * HONEST_NORM, HONEST_NORM]], rtol=1e-6)
-    assert infos[0]["clip-factor/site-0"] == pytest.approx(3.0 / 1000.0)
+                                                 [HISTORY_KAPPA * HONEST_NORM, HONEST_NORM]], rtol=1e-6)
+    assert infos[0]["clip-factor/site-0"] == pytest.approx(HISTORY_KAPPA / 1000.0)
     np.testing.assert_allclose(delta[0], np.full(4, 2.0), rtol=1e-5)
 
 
@@ -142,7 +144,7 @@ def test_the_history_resumes_from_the_strategys_checkpoint(tmp_path):
                                     template=resumed.snapshot()).strategy)
     assert resumed.train.aggregator.defence.history == [[HONEST_NORM, HONEST_NORM]]
     _, info = resumed.train.aggregator.aggregate([_reply(0, 1000.0)])  # one site, round 2
-    assert info["norm-bound"] == pytest.approx(3.0 * HONEST_NORM)
+    assert info["norm-bound"] == pytest.approx(HISTORY_KAPPA * HONEST_NORM)
 
 
 def test_a_round_whose_new_model_is_refused_teaches_the_history_nothing():

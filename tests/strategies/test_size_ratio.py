@@ -2,7 +2,7 @@
 
 Without a roster a site claiming ``num-examples = 1e15`` in its first reply was
 the aggregate (its own delta, to 5e-6). Now each declaration is at most
-``federation.max-size-ratio`` (default 10) x the median of the other sites'
+``federation.max-size-ratio`` (default 3) x the median of the other sites'
 first declarations; a round whose sites have not all declared yet holds its
 updates (FedAvg streams otherwise) and caps them when it closes.
 """
@@ -28,16 +28,16 @@ pytestmark = pytest.mark.usefixtures("server_identity")
 LIAR = 10**15
 
 
-def test_a_site_lying_from_its_first_reply_is_capped_at_ten_times_the_other():
+def test_a_site_lying_from_its_first_reply_is_capped_at_three_times_the_other():
     strategy = make_strategy(min_nodes=2)  # fedavg, no defence: it streams
     arrays, metrics = _round(strategy, 1, [8, 2], {
         8: (_delta(1.0), _train_metrics(10), "a"),
         2: (_delta(-1.0), _train_metrics(LIAR), "b")})
-    # weights 10 and 10 x median(10) = 100: Delta = (10 - 100) / 110
-    np.testing.assert_allclose(arrays.to_numpy_ndarrays()[0], GLOBAL[0] + 90 / 110, rtol=1e-6)
-    assert metrics[keys.NUM_EXAMPLES] == 110.0
-    assert strategy.reports[1].train["b"][keys.NUM_EXAMPLES] == 100.0
-    assert strategy.reports[1].strategy["size-cap/b"] == 100.0
+    # weights 10 and 3 x median(10) = 30: Delta = (10 - 30) / 40
+    np.testing.assert_allclose(arrays.to_numpy_ndarrays()[0], GLOBAL[0] + 20 / 40, rtol=1e-6)
+    assert metrics[keys.NUM_EXAMPLES] == 40.0
+    assert strategy.reports[1].train["b"][keys.NUM_EXAMPLES] == 30.0
+    assert strategy.reports[1].strategy["size-cap/b"] == 30.0
     assert "size-cap/a" not in strategy.reports[1].strategy
 
 
@@ -50,10 +50,10 @@ def test_the_cap_holds_in_later_streamed_rounds_and_at_three_sites():
     assert not strategy.train.stream.streaming  # b's size was unknown when round 1 began
     arrays, _ = _round(strategy, 2, [8, 3, 2], answers)
     assert strategy.train.stream.streaming  # every size known: folded as they arrive
-    # b: 10 x median(10, 30) = 200; Delta = (10 + 30 - 200) / 240
-    np.testing.assert_allclose(arrays.to_numpy_ndarrays()[0], GLOBAL[0] + 160 / 240,
+    # b: 3 x median(10, 30) = 60; Delta = (10 + 30 - 60) / 100
+    np.testing.assert_allclose(arrays.to_numpy_ndarrays()[0], GLOBAL[0] + 20 / 100,
                                rtol=1e-6)
-    # the honest sites' caps (10 x the median with b's 1e15 in it) do not bind
+    # the honest sites' caps (3 x the median with b's 1e15 in it) do not bind
     assert strategy.reports[2].train["a"][keys.NUM_EXAMPLES] == 10.0
     assert strategy.reports[2].train["c"][keys.NUM_EXAMPLES] == 30.0
 
@@ -72,8 +72,8 @@ def test_a_single_site_or_a_ratio_of_zero_is_not_capped():
 def test_evaluate_declarations_are_capped_relative_to_the_others():
     strategy = make_strategy(min_nodes=2)
     metrics = _evaluate(strategy, 1, [8, 2], {8: (10, 0.5, "a"), 2: (LIAR, 1.0, "b")})
-    # val-dice weighted 10 : 100
-    assert metrics["val-dice"] == pytest.approx((10 * 0.5 + 100 * 1.0) / 110)
+    # val-dice weighted 10 : 30
+    assert metrics["val-dice"] == pytest.approx((10 * 0.5 + 30 * 1.0) / 40)
 
 
 def test_the_book_caps_at_the_ratio_times_the_median_of_the_others():
@@ -106,6 +106,6 @@ def test_the_products_default_strategy_caps_a_first_declaration():
     arrays, _ = _round(strategy, 1, [8, 2], {
         8: (_delta(1.0), _train_metrics(10), "a"),
         2: (_delta(-1.0), _train_metrics(LIAR), "b")})
-    # equal norms: nothing clipped; weights 10 and 100
-    np.testing.assert_allclose(arrays.to_numpy_ndarrays()[0], GLOBAL[0] + 90 / 110, rtol=1e-6)
-    assert strategy.reports[1].strategy["size-cap/b"] == 100.0
+    # equal norms: nothing clipped; weights 10 and 30
+    np.testing.assert_allclose(arrays.to_numpy_ndarrays()[0], GLOBAL[0] + 20 / 40, rtol=1e-6)
+    assert strategy.reports[1].strategy["size-cap/b"] == 30.0
