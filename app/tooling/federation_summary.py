@@ -132,6 +132,8 @@ def _print_model_lines(client, run, experiment: str, metric: str, tracking_uri: 
         if final:
             print(f"no best round (no round released {metric}: fraction-evaluate = 0?), none "
                   f"registered as {experiment}-best; final model {final}")
+        _print_test_lines(run, metric)
+        if final:
             _print_apply_line(final, tracking_uri)
         return
     uri = (_run_version(client, f"{experiment}-best", run.info.run_id)
@@ -139,6 +141,16 @@ def _print_model_lines(client, run, experiment: str, metric: str, tracking_uri: 
     value = run.data.metrics.get(f"best-{metric}")
     score = f"{metric} {value:.4f}" if value is not None else f"no round released {metric}"
     print(f"best round: r{best} ({score}), model {uri}")
+    _print_test_lines(run, metric)
+    _print_apply_line(uri, tracking_uri)
+    folder = _model_folder(client, run)
+    if folder is not None:
+        print(f"or hand its folder to a hospital (weights + metadata; no store needed there): "
+              f"make predict MODEL={shlex.quote(str(folder))} DATA=/abs/site OUT=/abs/out")
+
+
+def _print_test_lines(run, metric: str) -> None:
+    """The held-out test metric per site, or the sites' policy rules that withheld it."""
     name = metric.removeprefix("val-")
     sites = {key.split("/")[1]: value for key, value in run.data.metrics.items()
              if key.startswith("site/") and key.endswith(f"/test-{name}")}
@@ -148,11 +160,6 @@ def _print_model_lines(client, run, experiment: str, metric: str, tracking_uri: 
               "cross-site matrix: MLflow artifact cross-site/matrix.png")
     elif "test/withheld" in run.data.tags:  # no site released it (app.cross_site_report)
         print(f"held-out test {name}: withheld by site policy ({run.data.tags['test/withheld']})")
-    _print_apply_line(uri, tracking_uri)
-    folder = _model_folder(client, run)
-    if folder is not None:
-        print(f"or hand its folder to a hospital (weights + metadata; no store needed there): "
-              f"make predict MODEL={shlex.quote(str(folder))} DATA=/abs/site OUT=/abs/out")
 
 
 def _run_version(client, name: str, run_id: str) -> str:
