@@ -82,9 +82,10 @@ def require_aggregation(reports: Mapping[int, RoundReport], earlier: int | None 
     counts = refusal_counts(reports)
     text = refusals_text(counts)
     try:
-        with bounded_requests():
-            mlflow.set_tag(REFUSALS_TAG, text)
-            mlflow.log_dict(counts, REFUSALS_ARTIFACT)
+        if mlflow.active_run() is not None:  # set_tag would otherwise start a run of its own
+            with bounded_requests():
+                mlflow.set_tag(REFUSALS_TAG, text)
+                mlflow.log_dict(counts, REFUSALS_ARTIFACT)
     except Exception as exc:  # noqa: BLE001 - the FederationError below is what matters
         log(WARNING, "could not record the refusals in MLflow (%s)", exc)
     raise FederationError(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import mlflow
 import numpy as np
 import pytest
 from flwr.app import Context, Error, Message, MessageType
@@ -144,3 +145,4 @@ def test_the_checkpoint_counts_the_rounds_that_aggregated(tmp_path):
     require_aggregation(refused, earlier=None)  # an older checkpoint: not counted, not checked
     with pytest.raises(FederationError, match="no round aggregated"):
         require_aggregation(refused, earlier=0)
+    assert mlflow.active_run() is None  # no run of its own left active (it leaked into others)
