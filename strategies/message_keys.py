@@ -81,3 +81,46 @@ POLICY_RULE_PREFIX = "policy rule "
 # approve with this code, and answers with this one when its warm worker failed.
 APP_REFUSAL_CODE = 4005
 WORKER_FAILURE_CODE = 4006
+
+# Secure aggregation (SecAgg+, strategies.secure_aggregation): every stage is a train message
+# whose config names the stage; a stage reply's protocol entries travel in the ConfigRecord
+# SECAGG, the collect reply's masked vector as the single array SECAGG_MASKED of DELTA.
+# Participants are named by their index 1..n in the round, never by node id.
+SECAGG = "secagg"
+SECAGG_STAGE = "secagg-stage"
+SECAGG_SETUP, SECAGG_SHARE_KEYS, SECAGG_COLLECT, SECAGG_UNMASK = (
+    "setup", "share-keys", "collect", "unmask")
+SECAGG_STAGES = (SECAGG_SETUP, SECAGG_SHARE_KEYS, SECAGG_COLLECT, SECAGG_UNMASK)
+# The round plan, in every stage's config (strategies.secure_aggregation.settings.RoundPlan).
+SECAGG_INDEX = "secagg-index"
+SECAGG_PARTICIPANTS = "secagg-participants"
+SECAGG_NEIGHBOURS = "secagg-neighbours"
+SECAGG_THRESHOLD = "secagg-threshold"
+SECAGG_BITS = "secagg-bits"
+SECAGG_CLIP = "secagg-clip"
+# share-keys config: the neighbours' indices and their two public keys, in the same order.
+SECAGG_PEERS = "secagg-peers"
+SECAGG_PEER_KEYS_C = "secagg-peer-keys-c"
+SECAGG_PEER_KEYS_S = "secagg-peer-keys-s"
+# collect config: the encrypted shares addressed to the site, by their sender's index, and
+# the weights the site applies before masking (strategies.secure_aggregation.weights).
+SECAGG_SHARES_FROM = "secagg-shares-from"
+SECAGG_SHARES = "secagg-shares"
+SECAGG_WEIGHT_REFERENCE = "secagg-weight-reference"
+SECAGG_A_FLOOR = "secagg-a-floor"
+SECAGG_MASKED = "secagg-masked"
+# unmask config: the site's neighbours whose masked input arrived, and how many inputs the
+# sum holds (the site's policy min-participants is checked against it).
+SECAGG_SURVIVORS = "secagg-survivors"
+SECAGG_SUMMED = "secagg-summed"
+# Reply entries (in the SECAGG record): setup's public keys; share-keys' ciphertexts by
+# recipient index and the commitment to the self-mask seed; unmask's shares by owner index.
+SECAGG_KEY_C = "key-c"
+SECAGG_KEY_S = "key-s"
+SECAGG_SHARE_TO = "share-to"
+SECAGG_CIPHERTEXTS = "ciphertexts"
+SECAGG_COMMITMENT = "commitment"
+SECAGG_SEED_SHARES_OF = "seed-shares-of"
+SECAGG_SEED_SHARES = "seed-shares"
+SECAGG_KEY_SHARES_OF = "key-shares-of"
+SECAGG_KEY_SHARES = "key-shares"
