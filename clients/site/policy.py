@@ -35,6 +35,11 @@ File format (every key optional; a missing key takes the permissive value of
     max-epsilon = inf            # the epsilon budget of the site's data, all federations
     accountants = ["*"]          # privacy.accountant a run may use: "rdp", "prv"; "*": any
 
+    [secure-aggregation]         # SecAgg+ (Bell et al. 2020): clients/site/secure_round.py
+    required = false             # refuse a train round whose update is not securely aggregated
+    min-participants = 2         # refuse a round summing fewer sites' updates (setup and unmask)
+    min-threshold = 0.5          # t/k at least this (t > k/2 always), in [0.5, 1]
+
     [apps]                       # which app bundles run: clients/site/app_rules.py
     any = true                   # false: only approved-sha256 / approved-file / trusted-keys
 """
@@ -56,8 +61,8 @@ from clients.training.dp_accountants import ACCOUNTANTS
 from strategies.codecs.registry import CODECS
 from strategies.errors import ConfigError, SiteError
 
-__all__ = ["PolicyRefusal", "SitePolicyError", "AppRules", "DpRules", "SitePolicy", "load_policy",
-           "ANY"]
+__all__ = ["PolicyRefusal", "SitePolicyError", "AppRules", "DpRules", "SecAggRules", "SitePolicy",
+           "load_policy", "ANY"]
 
 ANY = "*"
 
@@ -109,6 +114,26 @@ class DpRules:
 
 
 @dataclass(frozen=True)
+class SecAggRules:
+    """The secure-aggregation rules of a site (section ``[secure-aggregation]``).
+
+    Under SecAgg+ (Bell et al., CCS 2020, "Secure Single-Server Aggregation with
+    (Poly)Logarithmic Overhead") the coordinator learns only the sum of the updates of
+    the sites that finished the round. ``required`` refuses every train round whose
+    update would leave in the clear; ``min_participants`` is the fewest sites the
+    site's update may be summed with, itself included (a sum of one is the update);
+    ``min_threshold`` bounds the Shamir threshold from below: t of its k neighbours'
+    shares reconstruct a secret, so fewer than t colluding neighbours (plus the
+    server) learn nothing, and t > k/2 always, so the server cannot obtain both the
+    self-mask and the pairwise-mask shares of one site (Bell et al., Sec. 3).
+    """
+
+    required: bool = False
+    min_participants: int = 2
+    min_threshold: float = 0.5
+
+
+@dataclass(frozen=True)
 class SitePolicy:
     """The rules a site enforces on every request (see the module docstring)."""
 
@@ -129,6 +154,7 @@ class SitePolicy:
     max_study_bytes: float = math.inf
     min_val_items: int = 0
     dp: DpRules = field(default_factory=DpRules)
+    secure_aggregation: SecAggRules = field(default_factory=SecAggRules)
     apps: AppRules = field(default_factory=AppRules)
     fingerprint: str = ""
 
@@ -205,12 +231,22 @@ def _typed(name: str, value: Any, default: Any, where: str) -> Any:
     number = _number(value, where, integer=integer, minimum=minimum)
     if name == "delta" and not 0.0 < number <= 1.0:
         raise SitePolicyError(f"{where} must be in (0, 1], got {value!r}")
+    if name == "min_participants" and number < 2:
+        raise SitePolicyError(f"{where} must be >= 2 (a sum of one is the update), got {value!r}")
+    if name == "min_threshold" and not 0.5 <= number <= 1.0:
+        raise SitePolicyError(f"{where} must be in [0.5, 1], got {value!r}")
     return number
 
 
+#: The policy's tables: ``[dp]`` and ``[secure-aggregation]`` (``[apps]``: parse_app_rules).
+_TABLES = {"dp": DpRules, "secure-aggregation": SecAggRules}
+
+
 def _section(cls: type, table: Mapping[str, Any], prefix: str, source: str) -> dict[str, Any]:
-    names = {_key(f.name): f for f in fields(cls) if f.name not in ("dp", "apps", "fingerprint")}
-    allowed = set(names) | ({"dp", "apps"} if cls is SitePolicy else set())
+    tables = (*_TABLES, "apps") if cls is SitePolicy else ()
+    names = {_key(f.name): f for f in fields(cls)
+             if _key(f.name) not in tables and f.name != "fingerprint"}
+    allowed = set(names) | set(tables)
     for key in table:
         if key not in allowed:
             raise SitePolicyError(f"site policy {source}: unknown key '{prefix}{key}'; "
@@ -249,15 +285,17 @@ def load_policy(path: str | Path) -> SitePolicy:
         raise SitePolicyError(f"site policy {source}: unreadable ({exc.strerror})") from exc
     except tomllib.TOMLDecodeError as exc:
         raise SitePolicyError(f"site policy {source}: not valid TOML ({exc})") from exc
-    for section in ("dp", "apps"):
+    for section in (*_TABLES, "apps"):
         if not isinstance(table.get(section, {}), dict):
             raise SitePolicyError(f"site policy {source}: '{section}' must be a table")
-    dp = DpRules(**_section(DpRules, table.get("dp", {}), "dp.", source))
+    sections = {name.replace("-", "_"): rules(**_section(rules, table.get(name, {}), f"{name}.",
+                                                          source))
+                for name, rules in _TABLES.items()}
     try:
         apps = parse_app_rules(table.get("apps", {}), source)
     except AppApprovalError as exc:
         raise SitePolicyError(str(exc)) from exc
-    policy = SitePolicy(**_section(SitePolicy, table, "", source), dp=dp, apps=apps)
+    policy = SitePolicy(**_section(SitePolicy, table, "", source), **sections, apps=apps)
     if policy.min_local_steps > policy.max_local_steps:
         raise SitePolicyError(f"site policy {source}: 'min-local-steps' exceeds 'max-local-steps'")
     if policy.min_image_size > policy.max_image_size:

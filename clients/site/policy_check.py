@@ -14,7 +14,9 @@ Every computation on the training data passes the same training rules
 train message (:func:`check_train` adds the codec, the time budget and, for the
 cross-site exchange's fine-tune after the last round, ``share-finetuned-model``), an
 evaluate message's personalisation adaptation (:func:`check_adaptation`, only where
-``evaluate-trains`` allows it). A loss query is refused at a site that requires DP
+``evaluate-trains`` allows it). A train message passes the secure-aggregation rules
+too (:func:`check_secure_aggregation`): a plain one is refused where the site requires
+secure aggregation, each SecAgg+ stage is checked against the round's plan. A loss query is refused at a site that requires DP
 (it would release an un-noised function of the training data).
 :func:`releases_val_metrics` decides whether an evaluate reply may carry validation
 metrics or only counts (not a refusal).
@@ -29,7 +31,7 @@ from clients.site.policy import PolicyRefusal, SitePolicy
 from clients.training.dp_accountants import DEFAULT_ACCOUNTANT
 
 __all__ = ["Request", "check_request", "check_training", "check_train", "check_adaptation",
-           "check_evaluate", "check_query", "releases_val_metrics"]
+           "check_evaluate", "check_query", "check_secure_aggregation", "releases_val_metrics"]
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,10 @@ class Request:
     ``slab_slices`` are 0 for a task that decodes no volume or slab;
     ``study_bytes`` is the bytes of one decoded float32 study at the run's sizes.
     ``shares_finetuned`` marks the cross-site exchange's fine-tune (a train
-    message after the run's last round).
+    message after the run's last round). A SecAgg+ stage (``secagg_stage``: ``setup``,
+    ``share-keys``, ``collect`` or ``unmask``; "" = a plain train) carries the round
+    plan's participants n, neighbours k and threshold t, and the unmask stage the
+    number of inputs the server says it sums (``secagg_summed``; 0 = not announced).
     """
 
     task: str
@@ -60,6 +65,11 @@ class Request:
     slab_slices: int = 0
     study_bytes: int = 0
     shares_finetuned: bool = False
+    secagg_stage: str = ""
+    secagg_participants: int = 0
+    secagg_neighbours: int = 0
+    secagg_threshold: int = 0
+    secagg_summed: int = 0
 
 
 def _refuse_if(broken: bool, rule: str, detail: str) -> None:
@@ -124,6 +134,37 @@ def check_training(policy: SitePolicy, request: Request) -> None:
     _check_dp(policy, request)
 
 
+def check_secure_aggregation(policy: SitePolicy, request: Request) -> None:
+    """Refuse a train request that breaks a secure-aggregation rule (``[secure-aggregation]``).
+
+    A plain train (no SecAgg+ stage) is refused where the site requires secure
+    aggregation. A stage is refused when its plan sums fewer participants than
+    ``min-participants`` (or the unmask announces fewer inputs), or when its threshold t
+    of k neighbours is not a strict majority (t > k/2, Bell et al. 2020, Sec. 3) or
+    below ``min-threshold`` (t / k).
+
+    Raises
+    ------
+    PolicyRefusal
+        Naming the broken ``secure-aggregation.*`` rule.
+    """
+    rules = policy.secure_aggregation
+    if not request.secagg_stage:
+        _refuse_if(rules.required, "secure-aggregation.required",
+                   "the site sends its update only to a securely aggregated round (SecAgg+)")
+        return
+    _refuse_if(request.secagg_participants < rules.min_participants,
+               "secure-aggregation.min-participants",
+               f"{request.secagg_participants} participants < {rules.min_participants}")
+    _refuse_if(0 < request.secagg_summed < rules.min_participants,
+               "secure-aggregation.min-participants",
+               f"{request.secagg_summed} inputs summed < {rules.min_participants}")
+    t, k = request.secagg_threshold, request.secagg_neighbours
+    _refuse_if(2 * t <= k or t < rules.min_threshold * k, "secure-aggregation.min-threshold",
+               f"threshold {t} of {k} neighbours: not above half and at least "
+               f"{rules.min_threshold} of them")
+
+
 def check_train(policy: SitePolicy, request: Request) -> None:
     """Refuse a train request that breaks a rule of ``policy``.
 
@@ -132,7 +173,7 @@ def check_train(policy: SitePolicy, request: Request) -> None:
     PolicyRefusal
         Naming the first broken rule: the cross-site fine-tune where the site keeps
         its fine-tuned model (``share-finetuned-model``), the codec, the time
-        budget, then :func:`check_training`'s rules.
+        budget, the secure-aggregation rules, then :func:`check_training`'s rules.
     """
     _refuse_if(request.shares_finetuned and not policy.share_finetuned_model,
                "share-finetuned-model", "the site's fine-tuned model does not leave it "
@@ -143,6 +184,7 @@ def check_train(policy: SitePolicy, request: Request) -> None:
     budget = request.time_budget if request.time_budget > 0 else math.inf
     _refuse_if(budget > policy.max_time_budget, "max-time-budget",
                f"time budget {budget} s > {policy.max_time_budget} s")
+    check_secure_aggregation(policy, request)
     check_training(policy, request)
 
 
