@@ -1,4 +1,5 @@
-"""Dense bit packing of small unsigned symbols (the ``qsgd`` levels, the ``sign`` bits)."""
+"""Dense bit packing of unsigned symbols of 1..64 bits (the ``qsgd`` levels, the ``sign``
+bits, the SecAgg+ masked vectors)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ _LANES32 = np.uint64(0x00000000FFFFFFFF)
 
 
 def symbol_dtype(bits: int) -> np.dtype:
-    return np.dtype(np.uint8 if bits <= 8 else np.uint16)
+    """The narrowest unsigned dtype of a ``bits``-bit symbol."""
+    return np.dtype(np.uint8 if bits <= 8 else np.uint16 if bits <= 16 else
+                    np.uint32 if bits <= 32 else np.uint64)
 
 
 def pack_bits(symbols: np.ndarray, bits: int) -> np.ndarray:
@@ -88,7 +91,7 @@ def unpack_bits(data: np.ndarray, bits: int, n: int) -> np.ndarray:
     else:
         words = raw.view(_U64)
         mask = _u64((1 << bits) - 1)
-        cols = np.empty((groups, 8), dtype=np.uint16)
+        cols = np.empty((groups, 8), dtype=symbol_dtype(bits))
         for j in range(8):
             word, offset = divmod(j * bits, 64)
             col = words[:, word] >> _u64(offset)

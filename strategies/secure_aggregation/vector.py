@@ -1,0 +1,79 @@
+"""The vector a site masks: its update's float arrays, all of them or rand-k's shared coordinates.
+
+Integer buffers (BatchNorm's ``num_batches_tracked``) are not masked: a counter is
+not an average, and the coordinator advances it from the reported steps.
+
+Compression composes with secure aggregation only where the codec is linear across
+sites: every site must send the same coordinates, so that the masked vectors add up
+coordinate by coordinate. ``randk:<f>`` does when its seed is the round's, shared by
+all sites (:func:`shared_codec_seed`), not the per-site seed of a plain round;
+``fp16`` is replaced by the ``b``-bit quantisation. ``topk`` (per-site indices),
+``qsgd`` and ``sign`` (per-site scales) cannot be summed masked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from strategies.codecs.randk import randk_indices
+from strategies.codecs.spec import parse_spec
+from strategies.seeds import derive_seed
+from strategies.secure_aggregation.errors import SecAggConfigError
+
+__all__ = ["SUMMABLE_CODECS", "flatten_float", "float_positions", "kept_indices",
+           "shared_codec_seed", "unflatten_float"]
+
+#: The codecs whose output sums across sites under masks.
+SUMMABLE_CODECS = ("none", "fp16", "randk")
+
+
+def float_positions(arrays: Sequence[np.ndarray]) -> list[int]:
+    """Positions of the floating-point arrays (what is masked), in model order."""
+    return [i for i, a in enumerate(arrays) if np.asarray(a).dtype.kind == "f"]
+
+
+def flatten_float(arrays: Sequence[np.ndarray]) -> np.ndarray:
+    """The float arrays of ``arrays`` as one float64 vector, in model order."""
+    parts = [np.asarray(arrays[i], dtype=np.float64).ravel() for i in float_positions(arrays)]
+    return np.concatenate(parts) if parts else np.zeros(0)
+
+
+def unflatten_float(vec: np.ndarray, like: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """``vec`` back into the shapes and dtypes of ``like``'s float arrays; integer arrays of
+    ``like`` are zeros (the caller fills them)."""
+    out, start = [], 0
+    for array in like:
+        array = np.asarray(array)
+        if array.dtype.kind != "f":
+            out.append(np.zeros_like(array))
+            continue
+        out.append(vec[start:start + array.size].reshape(array.shape).astype(array.dtype))
+        start += array.size
+    if start != vec.size:
+        raise ValueError(f"a vector of {vec.size} values does not fill arrays of {start}")
+    return out
+
+
+def shared_codec_seed(base_seed: int, server_round: int) -> int:
+    """rand-k's seed of ``server_round``, the same for every site of the round."""
+    return derive_seed(base_seed, server_round, 0)
+
+
+def kept_indices(d: int, codec: str, seed: int) -> np.ndarray | None:
+    """The coordinates every site sends: rand-k's of ``seed``, or ``None`` for all of them.
+
+    Raises
+    ------
+    SecAggConfigError
+        For a codec whose output does not sum across sites (naming ``strategy.codec``).
+    """
+    spec = parse_spec(codec)
+    if spec.name not in SUMMABLE_CODECS:
+        raise SecAggConfigError(
+            f"strategy.codec = {codec!r} cannot be summed under secure aggregation "
+            f"(per-site indices or scales); use one of {', '.join(SUMMABLE_CODECS)}")
+    if spec.name != "randk":
+        return None
+    return randk_indices(d, spec.k(d), seed)

@@ -1,0 +1,64 @@
+"""Sites of a SecAgg+ round in memory: the four stages between Participants and a SecAggRound."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import numpy as np
+
+from strategies import message_keys as keys
+from strategies.secure_aggregation.coordinator import SecAggRound, SecureSum
+from strategies.secure_aggregation.participant import Participant
+from strategies.secure_aggregation.settings import RoundPlan, SecAggSettings
+
+#: ``tamper(stage, node_id, entries) -> entries``: what a test changes on the way.
+Tamper = Callable[[str, int, dict], dict]
+
+
+def run_round(levels: dict[int, np.ndarray], settings: SecAggSettings = SecAggSettings(),
+              *, drop: dict[str, Iterable[int]] | None = None, tamper: Tamper | None = None,
+              min_participants: int = 2) -> tuple[SecAggRound, SecureSum]:
+    """One round of the sites ``levels`` (node id -> quantised vector); ``drop[stage]``: the
+    nodes that do not answer that stage."""
+    drop = {stage: set(nodes) for stage, nodes in (drop or {}).items()}
+    tamper = tamper or (lambda stage, node, entries: entries)
+    length = len(next(iter(levels.values())))
+    coordinator = SecAggRound(settings, 1, sorted(levels), seed=7, length=length)
+    sites: dict[int, Participant] = {}
+    for node in coordinator.stage_nodes(keys.SECAGG_SETUP):
+        sites[node] = Participant.start(RoundPlan.parse(coordinator.setup_entries(node)))
+        if node not in drop.get(keys.SECAGG_SETUP, ()):
+            coordinator.take_keys(node, tamper(keys.SECAGG_SETUP, node, sites[node].public_keys()))
+    for node in coordinator.stage_nodes(keys.SECAGG_SHARE_KEYS):
+        reply = sites[node].share_keys(coordinator.share_keys_entries(node))
+        if node not in drop.get(keys.SECAGG_SHARE_KEYS, ()):
+            coordinator.take_shares(node, tamper(keys.SECAGG_SHARE_KEYS, node, reply))
+    for node in coordinator.stage_nodes(keys.SECAGG_COLLECT):
+        sites[node].receive_shares(tamper("deliver", node, coordinator.collect_entries(node)))
+        packed = sites[node].mask_levels(levels[node])
+        if node not in drop.get(keys.SECAGG_COLLECT, ()):
+            coordinator.take_masked(node, packed)
+    for node in coordinator.stage_nodes(keys.SECAGG_UNMASK):
+        reply = sites[node].unmask(coordinator.unmask_entries(node), min_participants)
+        if node not in drop.get(keys.SECAGG_UNMASK, ()):
+            coordinator.take_unmask(node, tamper(keys.SECAGG_UNMASK, node, reply))
+    return coordinator, coordinator.finish()
+
+
+def random_levels(nodes: Iterable[int], length: int, bits: int = 20, seed: int = 0
+                  ) -> dict[int, np.ndarray]:
+    """Random ``bits``-bit vectors per node."""
+    rng = np.random.default_rng(seed)
+    return {n: rng.integers(0, 1 << bits, length, dtype=np.uint64) for n in nodes}
+
+
+def agreed_sites(nodes: list[int], length: int, settings: SecAggSettings = SecAggSettings(),
+                 server_round: int = 1) -> tuple[SecAggRound, dict[int, Participant]]:
+    """A coordinator and its sites after setup and share-keys (the collect stage is next)."""
+    coordinator = SecAggRound(settings, server_round, nodes, seed=0, length=length)
+    sites = {n: Participant.start(RoundPlan.parse(coordinator.setup_entries(n))) for n in nodes}
+    for node, site in sites.items():
+        coordinator.take_keys(node, site.public_keys())
+    for node, site in sites.items():
+        coordinator.take_shares(node, site.share_keys(coordinator.share_keys_entries(node)))
+    return coordinator, sites
