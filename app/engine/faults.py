@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from strategies.errors import ConfigError, SiteError
+from strategies.message_keys import SECAGG_STAGES
 
 __all__ = ["InjectedFault", "SiteFaults"]
 
@@ -39,14 +40,24 @@ class SiteFaults:
         round or later is answered by the SuperLink with ``NODE_UNAVAILABLE``,
         and once the federation has sent any instruction of this round the node
         is no longer listed by ``get_node_ids``.
+    silent_stages : tuple of str
+        SecAgg+ stages (config ``secagg-stage``: ``setup``, ``share-keys``,
+        ``collect``, ``unmask``) whose instructions the site takes and never
+        answers, every round: a site that drops out in the middle of a secure
+        round (``("unmask",)``: after its masked input was sent).
     """
 
     latency: float = 0.0
     fail_from_round: int | None = None
     silent_from_round: int | None = None
     disconnect_from_round: int | None = None
+    silent_stages: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        unknown = sorted(set(self.silent_stages) - set(SECAGG_STAGES))
+        if unknown:
+            raise ConfigError(f"SiteFaults.silent_stages: {unknown} are not SecAgg+ stages "
+                              f"({', '.join(SECAGG_STAGES)})")
         if self.latency < 0:
             raise ConfigError(f"SiteFaults.latency must be >= 0, got {self.latency}")
         for name in ("fail_from_round", "silent_from_round", "disconnect_from_round"):
@@ -58,9 +69,9 @@ class SiteFaults:
         """Whether the handler fails on an instruction of ``server_round``."""
         return _reached(self.fail_from_round, server_round)
 
-    def silent(self, server_round: int) -> bool:
-        """Whether an instruction of ``server_round`` goes unanswered."""
-        return _reached(self.silent_from_round, server_round)
+    def silent(self, server_round: int, stage: str = "") -> bool:
+        """Whether an instruction of ``server_round`` (of SecAgg+ ``stage``) goes unanswered."""
+        return _reached(self.silent_from_round, server_round) or stage in self.silent_stages
 
     def disconnected(self, server_round: int) -> bool:
         """Whether the site's node is gone at ``server_round``."""

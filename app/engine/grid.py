@@ -60,12 +60,21 @@ class _Held:
     available_at: float
 
 
+def _config(message: Message) -> ConfigRecord:
+    content = message.content if message.has_content() else RecordDict()
+    return content.config_records.get(keys.CONFIG, ConfigRecord())
+
+
 def server_round(message: Message) -> int:
     """The server round an instruction carries (config ``server-round``; 0 without one)."""
-    content = message.content if message.has_content() else RecordDict()
-    config = content.config_records.get(keys.CONFIG, ConfigRecord())
-    value = config.get(keys.SERVER_ROUND, 0)
+    value = _config(message).get(keys.SERVER_ROUND, 0)
     return int(value) if isinstance(value, (int, float)) else 0
+
+
+def secagg_stage(message: Message) -> str:
+    """The SecAgg+ stage an instruction carries (config ``secagg-stage``; "" without one)."""
+    value = _config(message).get(keys.SECAGG_STAGE, "")
+    return value if isinstance(value, str) else ""
 
 
 class InProcessGrid(Grid):
@@ -213,7 +222,7 @@ class InProcessGrid(Grid):
         if faults.disconnected(current):  # the SuperLink answers once it notices (latency)
             self._hold(_node_unavailable(message), faults.latency)
             return
-        if faults.silent(current):
+        if faults.silent(current, secagg_stage(message)):
             self._unanswered.add(message.metadata.message_id)
             return
         received = over_the_wire(message)

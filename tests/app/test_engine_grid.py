@@ -13,6 +13,7 @@ from app.engine import InProcessGrid, SiteFaults, VirtualSite
 from app.engine.grid import FIRST_NODE_ID
 from app.server_app import build_strategy
 from strategies import message_keys as keys
+from strategies.errors import ConfigError
 from strategies.model_packing import pack_arrays
 from strategies.rounds.reply_intake import NO_REPLY
 from tests.fixtures.scripted_site import ScriptedSite
@@ -153,3 +154,11 @@ def test_a_silent_site_is_not_waited_for_beyond_the_round_policy():
     assert report.train_dropped == {f"node-{FIRST_NODE_ID}": NO_REPLY}
     assert report.evaluate_dropped == {f"node-{FIRST_NODE_ID}": NO_REPLY}
     assert sorted(report.evaluate) == ["site-1", "site-2"]
+
+
+def test_a_site_can_drop_out_at_one_secure_aggregation_stage():
+    faults = SiteFaults(silent_stages=("unmask",))
+    assert faults.silent(1, "unmask") and faults.silent(7, "unmask")
+    assert not faults.silent(1, "collect") and not faults.silent(1)
+    with pytest.raises(ConfigError, match="not SecAgg\\+ stages"):
+        SiteFaults(silent_stages=("train",))
