@@ -63,6 +63,7 @@ from strategies.plugins.registries import (
     CODEC_RATES,
     DEFENCES,
     SCHEDULES,
+    SECURE_AGGREGATION,
     SELECTORS,
     build,
 )
@@ -109,6 +110,8 @@ def build_strategy(config: RunConfig, federation: str = "",
         roster=roster,
         max_held_mb=config.round_max_held_mb,
         max_size_ratio=config.federation_max_size_ratio,
+        secure_aggregation=build(SECURE_AGGREGATION, config.strategy_secure_aggregation,
+                                 sections, settings),
     )
 
 

@@ -126,6 +126,7 @@ class RunConfig:
     strategy_codec_rate: str = _dotted("strategy.codec-rate", "fixed")
     strategy_downlink_codec: str = _dotted("strategy.downlink-codec", "none")
     strategy_error_feedback: bool = _dotted("strategy.error-feedback", True)
+    strategy_secure_aggregation: str = _dotted("strategy.secure-aggregation", "none")
     round_deadline: float = _dotted("round.deadline", 0.0)
     round_quorum: int = _dotted("round.quorum", 0)
     round_max_held_mb: float = _dotted("round.max-held-mb", 4096.0)
@@ -286,7 +287,9 @@ class RunConfig:
         return RunSettings(local_steps=self.local_steps, num_rounds=self.num_server_rounds,
                            fraction_train=self.fraction_train, min_nodes=self.min_nodes,
                            seed=self.seed, optimizer=self.optimizer, codec=self.strategy_codec,
-                           codec_warmup_rounds=self.strategy_codec_warmup_rounds)
+                           codec_warmup_rounds=self.strategy_codec_warmup_rounds,
+                           aggregator=self.strategy_aggregator, defence=self.strategy_defence,
+                           codec_rate=self.strategy_codec_rate)
 
     def as_params(self) -> dict[str, Any]:
         """Flat ``{key: value}`` with the run-config spelling, for MLflow params."""

@@ -35,9 +35,10 @@ if TYPE_CHECKING:
     from strategies.plugins.schedules.codec_rate import SiteRound
     from strategies.replies import TrainReply
     from strategies.rounds.site_selection import SelectionContext
+    from strategies.secure_aggregation.settings import SecAggSettings
 
-__all__ = ["Aggregator", "CodecRate", "Defence", "PluginClass", "Schedule", "Selector",
-           "StreamingAggregator"]
+__all__ = ["Aggregator", "CodecRate", "Defence", "PluginClass", "Schedule",
+           "SecureAggregation", "Selector", "StreamingAggregator"]
 
 #: What a plug-in returns to track for the round (MLflow metrics): name -> value.
 Info = dict[str, float]
@@ -143,3 +144,16 @@ class Selector(Protocol):
 
     def select(self, server_round: int, nodes: list[int], ctx: SelectionContext) -> list[int]:
         """The node ids (sorted, a subset of ``nodes``) to train in ``server_round``."""
+
+
+@runtime_checkable
+class SecureAggregation(Protocol):
+    """``strategy.secure-aggregation``: how the sites' updates reach the coordinator.
+
+    With settings, the train half of each round is a SecAgg+ round
+    (:mod:`strategies.rounds.secure_train`): the coordinator learns only the sum of
+    the sites' masked inputs; without (``none``), each site's update arrives on its own.
+    """
+
+    #: The run's ``secagg.*`` settings; None: updates are sent in the clear.
+    settings: SecAggSettings | None

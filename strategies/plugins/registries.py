@@ -12,7 +12,9 @@ folder of ``strategies/plugins/`` and one run-config choice key:
 * ``SELECTORS``: ``selectors/``, chosen by ``strategy.selector``
   (:class:`~strategies.plugins.protocols.Selector`);
 * ``DEFENCES``: ``defences/``, chosen by ``strategy.defence``
-  (:class:`~strategies.plugins.protocols.Defence`).
+  (:class:`~strategies.plugins.protocols.Defence`);
+* ``SECURE_AGGREGATION``: ``secure_aggregation/``, chosen by
+  ``strategy.secure-aggregation`` (:class:`~strategies.plugins.protocols.SecureAggregation`).
 
 A plug-in module registers its class with ``@REGISTRY.register("name")``; every
 module of the folder is imported on first use, so dropping a file there is all
@@ -45,7 +47,7 @@ from strategies.plugins.run_settings import RunSettings
 from strategies.registry import Registry
 
 __all__ = ["AGGREGATORS", "CODEC_RATES", "DEFENCES", "PLUGIN_REGISTRIES", "SCHEDULES",
-           "SELECTORS", "build", "check", "default_sections", "option_types",
+           "SECURE_AGGREGATION", "SELECTORS", "build", "check", "default_sections", "option_types",
            "parse_sections"]
 
 _FOLDER = "strategies.plugins"
@@ -60,8 +62,11 @@ DEFENCES: Registry[type] = Registry("defence", "strategy.defence",
                                     package=f"{_FOLDER}.defences", error=PluginError)
 CODEC_RATES: Registry[type] = Registry("compression-rate schedule", "strategy.codec-rate",
                                        package=f"{_FOLDER}.schedules", error=PluginError)
+SECURE_AGGREGATION: Registry[type] = Registry(
+    "secure aggregation", "strategy.secure-aggregation",
+    package=f"{_FOLDER}.secure_aggregation", error=PluginError)
 PLUGIN_REGISTRIES: tuple[Registry[type], ...] = (AGGREGATORS, SCHEDULES, SELECTORS, DEFENCES,
-                                                 CODEC_RATES)
+                                                 CODEC_RATES, SECURE_AGGREGATION)
 
 
 def option_types(registry: Registry[type]) -> list[type[PluginOptions]]:

@@ -1,7 +1,8 @@
 """What the plug-ins read from the rest of the run config, outside their own sections.
 
 The schedules start from ``local-steps``, the selectors draw with the run's
-``seed`` over ``num-server-rounds``, FedNova checks the sites' ``optimizer``.
+``seed`` over ``num-server-rounds``, FedNova checks the sites' ``optimizer``,
+secure aggregation the other plug-ins chosen.
 The run config (``app/config/run_config.py``) builds one :class:`RunSettings`
 and the registry hands it to every plug-in it builds.
 """
@@ -37,6 +38,10 @@ class RunSettings:
         The uplink codec spec (``strategy.codec``), validated.
     codec_warmup_rounds : int
         Rounds of the codec's kept-fraction warm-up (``strategy.codec-warmup-rounds``).
+    aggregator, defence, codec_rate : str
+        The other plug-ins chosen (``strategy.aggregator``, ``strategy.defence``,
+        ``strategy.codec-rate``): secure aggregation refuses those that need each
+        site's update.
     """
 
     local_steps: int
@@ -47,3 +52,6 @@ class RunSettings:
     optimizer: str
     codec: str = "none"
     codec_warmup_rounds: int = 0
+    aggregator: str = "fedavg"
+    defence: str = "none"
+    codec_rate: str = "fixed"

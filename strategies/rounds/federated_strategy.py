@@ -8,6 +8,9 @@ Built on :class:`flwr.serverapp.strategy.Strategy` (Message API) and composed of
   codec's kept fraction per round,
 * a **client selector** (``uniform``),
 * a **round policy** (deadline and quorum, :mod:`strategies.rounds.round_policy`),
+* **secure aggregation** (``none`` | ``secagg+``): with SecAgg+ the train half of a
+  round is :class:`~strategies.rounds.secure_train.SecureTrain`'s four exchanges and
+  the coordinator learns only the sum of the sites' updates,
 
 each chosen by name from the run config (:mod:`strategies.registry`). Unlike FedAvg it
 
@@ -54,7 +57,8 @@ from flwr.supercore import log
 from strategies.compression import check_warmup
 from strategies.downlink import ServerDownlink
 from strategies.local_solver import LocalSolver
-from strategies.plugins.protocols import Aggregator, CodecRate, Schedule, Selector
+from strategies.plugins.protocols import (Aggregator, CodecRate, Schedule, SecureAggregation,
+                                          Selector)
 from strategies.plugins.schedules.codec_rate import FixedCodecRate
 from strategies.replies import MetricsReply, parse_metrics_reply
 from strategies.rounds.exchange import Exchanged, exchange, wait_for_nodes
@@ -64,6 +68,7 @@ from strategies.rounds.round_metrics import example_weighted_metrics
 from strategies.rounds.round_policy import RoundPolicy
 from strategies.rounds.round_report import RoundReport
 from strategies.rounds.site_book import DEFAULT_MAX_SIZE_RATIO, SiteBook
+from strategies.rounds.secure_train import SecureTrain
 from strategies.rounds.site_selection import SelectionContext
 from strategies.rounds.train_stage import NoValidRepliesError, TrainStage
 from strategies.rounds.update_stream import DEFAULT_MAX_HELD_MB
@@ -128,6 +133,9 @@ class FederatedStrategy(Strategy):
         :meth:`SiteBook.relative_cap`).
     max_held_mb : float
         Run config ``round.max-held-mb`` (:mod:`strategies.rounds.update_stream`).
+    secure_aggregation : SecureAggregation, optional
+        ``strategy.secure-aggregation``: with settings (``secagg+``) each train half of a
+        round is a SecAgg+ round (:class:`SecureTrain`); default none (the plain round).
     """
 
     def __init__(
@@ -153,6 +161,7 @@ class FederatedStrategy(Strategy):
         roster: dict[str, int] | None = None,
         max_held_mb: float = DEFAULT_MAX_HELD_MB,
         max_size_ratio: float = DEFAULT_MAX_SIZE_RATIO,
+        secure_aggregation: SecureAggregation | None = None,
     ) -> None:
         if min_nodes < 1:
             raise ValueError(f"min_nodes must be >= 1, got {min_nodes}")
@@ -178,6 +187,8 @@ class FederatedStrategy(Strategy):
             uplink=self.uplink, downlink=ServerDownlink(downlink_codec, seed),
             local_solver=self.local_solver, max_empty_rounds=max_empty_rounds,
             max_held_mb=max_held_mb)
+        settings = secure_aggregation.settings if secure_aggregation is not None else None
+        self.secure = None if settings is None else SecureTrain(settings, self.train)
         self._evaluate_intake: ReplyIntake[MetricsReply] = self._intake_of({})
 
     #: The train plug-ins, owned by the train stage (:class:`TrainStage`), read here.
@@ -292,6 +303,20 @@ class FederatedStrategy(Strategy):
             report.reply_seconds.setdefault(name, {})[f"{stage}-reply-seconds"] = seconds
         return exchanged.taken
 
+    def _train_round(self, grid: Grid, server_round: int, arrays: ArrayRecord,
+                     config: ConfigRecord, report: RoundReport
+                     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """The train half of a round: one exchange, or a SecAgg+ round's four."""
+        if self.secure is None:
+            messages = self.configure_train(server_round, arrays, config, grid)
+            taken = self._record(report, "train", exchange(
+                grid, messages, self.policy, self.train.intake, self._late_ids))
+            return self.train.aggregate(report, taken)
+        nodes = wait_for_nodes(grid, self.min_nodes, self.node_wait_timeout)
+        self.sites.connected = set(nodes)
+        return self.secure.run(grid, server_round, arrays, config, nodes, report,
+                               self._late_ids, self._record)
+
     # pylint: disable=too-many-arguments
     def start(
         self,
@@ -324,10 +349,8 @@ class FederatedStrategy(Strategy):
             log(INFO, "[ROUND %d/%d]", server_round, num_rounds)
             started = time.monotonic()
             report = self._report(server_round)
-            messages = self.configure_train(server_round, arrays, train_config, grid)
-            taken = self._record(report, "train", exchange(
-                grid, messages, self.policy, self.train.intake, self._late_ids))
-            new_arrays, train_metrics = self.train.aggregate(report, taken)
+            new_arrays, train_metrics = self._train_round(grid, server_round, arrays,
+                                                          train_config, report)
             if new_arrays is not None:
                 arrays = result.arrays = new_arrays
             if train_metrics is not None:

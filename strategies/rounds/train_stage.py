@@ -127,6 +127,22 @@ class TrainStage:
     def configure(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                   grid: Grid, nodes: list[int], report: RoundReport) -> list[Message]:
         """Select among the connected ``nodes`` and send each its instruction (tau, codec)."""
+        node_ids = self.select(server_round, arrays, grid, nodes, report)
+        self.stream.start(self.aggregator, self.reference, node_ids, self.sites)
+        self.statistics.start(self.keys, self.reference,
+                              robust=isinstance(self.aggregator, DefendedAggregator))
+        self.plan = TrainPlan.for_round(node_ids, self.schedule.tau, self.uplink, server_round,
+                                        self.codec_rate.rate_for(parse_spec(self.uplink.codec)))
+        messages = train_messages(node_ids, arrays, config, server_round, self.plan,
+                                  self.uplink, self.downlink)
+        self.intake = self._intake({n: self.sites.label(n) for n in node_ids})
+        self.down_bytes = bytes_down(messages)
+        return messages
+
+    def select(self, server_round: int, arrays: ArrayRecord, grid: Grid, nodes: list[int],
+               report: RoundReport) -> list[int]:
+        """The round's model (``keys``, ``reference``) and the sites the selector picks among
+        the connected ``nodes`` (offline ones recorded as dropped)."""
         self.keys = list(arrays.keys())
         self.reference = arrays.to_numpy_ndarrays()
         context = SelectionContext(
@@ -143,16 +159,7 @@ class TrainStage:
         record_selection(report, self.selector, self.sites.label)  # relabelled after the replies
         log(INFO, "configure_train: %d sites selected of %d connected, tau %d",
             len(node_ids), len(nodes), self.schedule.tau)
-        self.stream.start(self.aggregator, self.reference, node_ids, self.sites)
-        self.statistics.start(self.keys, self.reference,
-                              robust=isinstance(self.aggregator, DefendedAggregator))
-        self.plan = TrainPlan.for_round(node_ids, self.schedule.tau, self.uplink, server_round,
-                                        self.codec_rate.rate_for(parse_spec(self.uplink.codec)))
-        messages = train_messages(node_ids, arrays, config, server_round, self.plan,
-                                  self.uplink, self.downlink)
-        self.intake = self._intake({n: self.sites.label(n) for n in node_ids})
-        self.down_bytes = bytes_down(messages)
-        return messages
+        return node_ids
 
     def aggregate(self, report: RoundReport, taken: Taken[TrainReply]
                   ) -> tuple[ArrayRecord | None, MetricRecord | None]:
@@ -173,6 +180,17 @@ class TrainStage:
         before = copy.deepcopy(self.aggregator)
         outcome = (self.stream.finish(accepted, report.train_dropped)
                    if accepted else AggregateOutcome(None))
+        return self.conclude(report, accepted, outcome, before)
+
+    def conclude(self, report: RoundReport, accepted: list[TrainReply],
+                 outcome: AggregateOutcome, before: Aggregator
+                 ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """The round's ``outcome`` over its ``accepted`` replies into ``report`` and the model.
+
+        Per-site metrics, the sites learnt, traffic and what the schedules observe; the new
+        model (statistics and counters settled, :meth:`RoundStatistics.settle`), or the old
+        one with the aggregator as it was ``before`` the round when there is none.
+        """
         for reply in outcome.used:
             if report.train_dropped.get(reply.site) == OFFLINE:  # it came back on a new node
                 del report.train_dropped[reply.site]

@@ -1,0 +1,283 @@
+"""The train half of a SecAgg+ round: four exchanges, one running sum, one update.
+
+Bell, Bonawitz, Gascón, Lepoint, Raykova, CCS 2020 (``strategy.secure-aggregation =
+"secagg+"``, :mod:`strategies.plugins.secure_aggregation.secagg_plus`). The selector
+picks the sites (:meth:`TrainStage.select`, Power-of-Choice's query first); then
+each stage is one exchange of train messages (:func:`strategies.rounds.exchange.exchange`,
+under the round policy's deadline, quorum and timeout) whose replies a
+:class:`ReplyIntake` takes once each (identity bound to the node, sizes capped):
+
+1. ``setup``: the round plan (no arrays); the sites that answer (U1) send two public keys
+   and their size; the largest size (capped) is the round's weight reference;
+2. ``share-keys``: the neighbours' public keys; U2 send their encrypted shares;
+3. ``collect``: the train instruction as in a plain round (model, tau, codec, downlink),
+   the shares addressed to the site, the weight reference and FedNova's a-norm floor; each
+   masked vector is added into the round's ONE running sum mod m as it arrives and
+   released (U3; :data:`~strategies.rounds.secure_replies.REVEALING` metrics left out);
+4. ``unmask``: who of its neighbours survived; the shares rebuild the masks to remove
+   (:meth:`SecAggRound.finish`).
+
+The unmasked sum ``S = sum_i c_i delta_i`` over U3 becomes the update with the
+coefficients of the sizes and steps reported in the clear
+(:mod:`strategies.secure_aggregation.weights`: FedAvg ``S / sum w_i``, FedNova
+``tau_eff S / (a_f sum w_i)``), which enters the aggregator as ONE combined reply (so
+FedNova's server momentum applies); integer buffers are not sent: step counters advance
+by the example-weighted mean of the reported steps (bounded by the counter rule of
+:mod:`strategies.rounds.normalisation_statistics`). The round is then concluded as a
+plain one (:meth:`TrainStage.conclude`): per-site metrics, drops (``secagg <stage>:``
+and the reason), traffic (bytes of all four stages), ``secagg-summed``,
+``secagg-dropped`` and ``secagg-bad-shares/<site>`` (a site whose unmask share did not
+fit). A sum that cannot be unmasked keeps the old model
+(``RoundReport.aggregation_failed``) and counts as a round without a usable reply.
+"""
+
+from __future__ import annotations
+
+import copy
+from logging import WARNING
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from functools import partial
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.supercore import log
+
+from strategies import message_keys as keys
+from strategies.compression import parse_spec
+from strategies.plugins.aggregators.fednova import FedNovaAggregator
+from strategies.replies import TrainReply
+from strategies.rounds.exchange import Exchanged, exchange
+from strategies.rounds.instructions import TrainPlan, train_messages
+from strategies.rounds.normalisation_statistics import StatisticPositions
+from strategies.rounds.reply_intake import Cap, ReplyIntake, Taken
+from strategies.rounds.round_report import RoundReport
+from strategies.rounds.secure_replies import StageReply, parse_masked_reply, parse_stage_reply
+from strategies.rounds.traffic import bytes_down
+from strategies.rounds.train_stage import TrainStage
+from strategies.rounds.update_stream import AggregateOutcome, aggregate_safely
+from strategies.secure_aggregation.coordinator import SecAggRound, SecureSum
+from strategies.secure_aggregation.errors import SecAggError
+from strategies.secure_aggregation.settings import SecAggSettings
+from strategies.secure_aggregation.vector import (float_positions, kept_indices,
+                                                  shared_codec_seed, unflatten_float)
+from strategies.secure_aggregation.weights import (fedavg_from_sum, fednova_from_sum,
+                                                   site_coefficient, size_weight)
+
+__all__ = ["SecureTrain"]
+
+#: ``record(report, stage, exchanged) -> taken``: an exchange's late, missing and seconds
+#: into the report (:meth:`FederatedStrategy._record`).
+Recorder = Callable[[RoundReport, str, Exchanged], Taken]
+#: The site name of the one combined reply the aggregator sees.
+SUM_SITE = "secure-sum"
+
+
+def _float_size(model: list[np.ndarray]) -> int:
+    """Values of the model's float arrays (what a site masks without rand-k)."""
+    return sum(model[j].size for j in float_positions(model))
+
+
+class _Taking:
+    """A stage intake's sink: each accepted reply's entries into the round, once."""
+
+    def __init__(self, take: Callable[[int, Mapping[str, Any]], None]) -> None:
+        self.take = take
+
+    def admit(self, reply: StageReply) -> StageReply | str:
+        try:
+            self.take(reply.node_id, reply.entries)
+        except SecAggError as exc:
+            return str(exc)
+        return replace(reply, entries={})
+
+
+class _Masked:
+    """The collect intake's sink: each masked vector added into the running sum, released."""
+
+    def __init__(self, secagg: SecAggRound, stage: TrainStage) -> None:
+        self.secagg, self.stage = secagg, stage
+
+    def admit(self, reply: TrainReply) -> TrainReply | str:
+        try:
+            self.secagg.take_masked(reply.node_id, reply.delta[0])
+        except SecAggError as exc:
+            return str(exc)
+        return self.stage.sites.relatively_capped(replace(reply, delta=[]))
+
+
+class SecureTrain:
+    """The train half of each round under SecAgg+, on the train stage's plug-ins and book.
+
+    Parameters
+    ----------
+    settings : SecAggSettings
+        The run's ``secagg.*`` section.
+    stage : TrainStage
+        The strategy's train stage: selector, schedule, aggregator, policy, site book,
+        uplink and downlink, and the conclusion of a round (:meth:`TrainStage.conclude`).
+    """
+
+    def __init__(self, settings: SecAggSettings, stage: TrainStage) -> None:
+        self.settings, self.stage = settings, stage
+        self.bytes_up: dict[int, int] = {}
+
+    # pylint: disable=too-many-arguments,too-many-locals
+    def run(self, grid: Grid, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+            nodes: list[int], report: RoundReport, late_ids: dict[str, int],
+            record: Recorder) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """One SecAgg+ train round among the connected ``nodes``: the new model and train
+        metrics, or ``(None, None)`` when the model is kept."""
+        stage = self.stage
+        node_ids = stage.select(server_round, arrays, grid, nodes, report)
+        stage.statistics.start(stage.keys, stage.reference, robust=False)
+        stage.plan = TrainPlan.for_round(node_ids, stage.schedule.tau, stage.uplink,
+                                         server_round,
+                                         stage.codec_rate.rate_for(parse_spec(stage.uplink.codec)))
+        stage.down_bytes, self.bytes_up = {}, {}
+        report.schedule_tau = int(stage.schedule.tau)
+        before = copy.deepcopy(stage.aggregator)
+        kept = kept_indices(_float_size(stage.reference), stage.plan.codec,
+                            shared_codec_seed(stage.uplink.seed, server_round))
+        length = _float_size(stage.reference) if kept is None else kept.size
+        exchange_stage = partial(self._exchange, grid, server_round, config, report, late_ids,
+                                 record)
+        used: list[TrainReply] = []
+        try:
+            secagg = SecAggRound(self.settings, server_round, node_ids, seed=stage.uplink.seed,
+                                 length=length)
+            sizes = exchange_stage(keys.SECAGG_SETUP, secagg.stage_nodes(keys.SECAGG_SETUP),
+                                   secagg.setup_entries, secagg.take_keys, sized=True)
+            for reply in sizes:
+                stage.sites.learn(reply.node_id, reply.site, reply.num_examples)
+            reference = float(max((stage.sites.relatively_capped(r).num_examples for r in sizes),
+                                  default=1))
+            exchange_stage(keys.SECAGG_SHARE_KEYS, secagg.stage_nodes(keys.SECAGG_SHARE_KEYS),
+                           secagg.share_keys_entries, secagg.take_shares)
+            used = self._collect(grid, server_round, arrays, config, report, late_ids, record,
+                                 secagg, reference)
+            exchange_stage(keys.SECAGG_UNMASK, secagg.stage_nodes(keys.SECAGG_UNMASK),
+                           secagg.unmask_entries, secagg.take_unmask)
+            secure_sum = secagg.finish()
+        except SecAggError as exc:
+            report.aggregation_failed = f"secure aggregation failed: {exc}"
+            return stage.conclude(report, [], AggregateOutcome(None), before)
+        summed = [r for r in used if r.node_id in set(secure_sum.summed)]
+        report.strategy.update({"secagg-summed": float(len(secure_sum.summed)),
+                                "secagg-dropped": float(len(secure_sum.dropped))})
+        for node, why in secure_sum.bad_shares.items():
+            report.strategy[f"secagg-bad-shares/{stage.sites.label(node)}"] = 1.0
+            log(WARNING, "secagg_unmask: %s sent %s (left out of the reconstruction)",
+                stage.sites.label(node), why)
+        outcome = self._outcome(secure_sum, summed, kept, reference, report)
+        summed = [replace(r, wire_bytes=self.bytes_up.get(r.node_id, r.wire_bytes))
+                  for r in summed]
+        return stage.conclude(report, summed, replace(outcome, used=summed), before)
+
+    def _stage_messages(self, node_ids: list[int], config: ConfigRecord, server_round: int,
+                        entries: Callable[[int], dict]) -> list[Message]:
+        """A stage's instructions: the run's config, the site's train settings and the
+        stage's entries; no arrays."""
+        messages = []
+        for node in node_ids:
+            site_config = ConfigRecord(dict(config))
+            site_config[keys.SERVER_ROUND] = server_round
+            site_config.update(self.stage.plan.settings(node, self.stage.uplink))
+            site_config.update(entries(node))
+            messages.append(Message(content=RecordDict({keys.CONFIG: site_config}),
+                                    dst_node_id=node, message_type=MessageType.TRAIN))
+        return messages
+
+    # pylint: disable=too-many-arguments
+    def _exchange(self, grid: Grid, server_round: int, config: ConfigRecord,
+                  report: RoundReport, late_ids: dict[str, int], record: Recorder, name: str,
+                  node_ids: list[int], entries: Callable[[int], dict],
+                  take: Callable[[int, Mapping[str, Any]], None],
+                  sized: bool = False) -> list[StageReply]:
+        """One setup, share-keys or unmask exchange; its accepted replies (entries taken)."""
+        messages = self._stage_messages(node_ids, config, server_round, entries)
+        intake: ReplyIntake = ReplyIntake(
+            f"secagg_{name}", self.stage.sites, partial(parse_stage_reply, sized=sized),
+            {n: self.stage.sites.label(n) for n in node_ids}, Cap.TRAIN if sized else Cap.NONE,
+            sink=_Taking(take))
+        taken = record(report, f"secagg-{name}",
+                       exchange(grid, messages, self.stage.policy, intake, late_ids))
+        self._account(name, messages, taken, report)
+        return list(taken.accepted)
+
+    # pylint: disable=too-many-arguments
+    def _collect(self, grid: Grid, server_round: int, arrays: ArrayRecord,
+                 config: ConfigRecord, report: RoundReport, late_ids: dict[str, int],
+                 record: Recorder, secagg: SecAggRound, reference: float) -> list[TrainReply]:
+        """The collect exchange: train instructions with the shares and the weights; each
+        masked vector into the running sum as it arrives. Returns the replies without it."""
+        stage = self.stage
+        node_ids = secagg.stage_nodes(keys.SECAGG_COLLECT)
+        a_floor = self._a_floor(stage.plan.default_tau)
+        messages = train_messages(node_ids, arrays, config, server_round, stage.plan,
+                                  stage.uplink, stage.downlink)
+        for message in messages:
+            node = message.metadata.dst_node_id
+            message.content[keys.CONFIG].update({
+                **secagg.collect_entries(node), keys.SECAGG_WEIGHT_REFERENCE: reference,
+                keys.SECAGG_A_FLOOR: a_floor})
+        intake: ReplyIntake[TrainReply] = ReplyIntake(
+            "secagg_collect", stage.sites,
+            lambda message, node_id: parse_masked_reply(
+                message, node_id=node_id, tau=stage.plan.tau_of(node_id),
+                solver=stage.local_solver),
+            {n: stage.sites.label(n) for n in node_ids}, Cap.TRAIN,
+            sink=_Masked(secagg, stage))
+        taken = record(report, "train", exchange(grid, messages, stage.policy, intake, late_ids))
+        self._account(keys.SECAGG_COLLECT, messages, taken, report)
+        return list(taken.accepted)
+
+    def _account(self, name: str, messages: list[Message], taken: Taken,
+                 report: RoundReport) -> None:
+        """A stage's bytes down and up per node; its drops and policies into ``report``."""
+        for node, size in bytes_down(messages).items():
+            self.stage.down_bytes[node] = self.stage.down_bytes.get(node, 0) + size
+        for reply in taken.accepted:
+            self.bytes_up[reply.node_id] = self.bytes_up.get(reply.node_id, 0) + reply.wire_bytes
+        for site, why in taken.dropped.items():
+            report.train_dropped.setdefault(site, f"secagg {name}: {why}")
+        report.policies.update(taken.policies)
+
+    def _a_floor(self, tau: int) -> float:
+        """FedNova's a-norm floor ``fednova.min-steps-fraction x ||a(tau)||_1``; 0 for FedAvg."""
+        aggregator = self.stage.aggregator
+        if not isinstance(aggregator, FedNovaAggregator):
+            return 0.0
+        return aggregator.min_steps_fraction * self.stage.local_solver.a_norm(tau)
+
+    # pylint: disable=too-many-arguments
+    def _outcome(self, secure_sum: SecureSum, summed: list[TrainReply],
+                 kept: np.ndarray | None, reference: float,
+                 report: RoundReport) -> AggregateOutcome:
+        """The round's update from the unmasked sum, through the aggregator as one reply."""
+        stage = self.stage
+        model = stage.reference
+        total = np.asarray(secure_sum.total, dtype=np.float64)
+        if kept is not None:  # rand-k: the sum of the shared coordinates, the others 0
+            total = np.zeros(_float_size(model))
+            total[kept] = secure_sum.total
+        a_floor = self._a_floor(stage.plan.default_tau)
+        sizes = [float(r.num_examples) for r in summed]
+        if a_floor > 0:
+            a_norms = [r.a_norm for r in summed]
+            weights = [size_weight(n, reference) for n in sizes]
+            vector = fednova_from_sum(total, weights, a_norms, a_floor)
+            tau_eff = float(np.dot(weights, np.maximum(a_norms, a_floor)) / np.sum(weights))
+        else:
+            vector = fedavg_from_sum(total, [site_coefficient(n, reference) for n in sizes])
+            tau_eff = 1.0
+        delta = unflatten_float(vector, model)
+        steps = float(np.dot(sizes, [r.steps for r in summed]) / np.sum(sizes))
+        for j in StatisticPositions.of(stage.keys, model).counters:
+            delta[j] = np.full_like(model[j], -round(steps))
+        combined = TrainReply(node_id=0, site=SUM_SITE, delta=delta,
+                              num_examples=int(sum(sizes)), steps=max(1, round(steps)),
+                              train_loss=0.0, a_norm=tau_eff)
+        return aggregate_safely(stage.aggregator, [combined], report.train_dropped)
