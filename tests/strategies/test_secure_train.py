@@ -16,11 +16,14 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord
 
+from app.engine import SiteFaults
 from strategies import message_keys as keys
 from strategies.aggregation import fednova_delta
 from strategies.plugins.registries import (AGGREGATORS, SCHEDULES, SECURE_AGGREGATION,
                                            SELECTORS)
 from strategies.rounds.federated_strategy import FederatedStrategy
+from strategies.rounds.reply_intake import NO_REPLY
+from strategies.rounds.round_policy import RoundPolicy
 from tests.strategies.scripted_grid import scripted_grid
 from tests.strategies.secure_fake_sites import SecureSite
 
@@ -44,20 +47,23 @@ def _sites(count: int, steps: tuple[int, ...] = (TAU,), **fail_at: str) -> dict[
     return sites
 
 
-def _strategy(count: int, aggregator: str = "fedavg", **options) -> FederatedStrategy:
+def _strategy(count: int, aggregator: str = "fedavg", policy: RoundPolicy | None = None,
+              **options) -> FederatedStrategy:
     return FederatedStrategy(
         aggregator=AGGREGATORS.create(aggregator, **options),
         schedule=SCHEDULES.create("fixed", tau0=TAU), selector=SELECTORS.create("uniform"),
-        min_nodes=count, node_wait_timeout=1, fraction_evaluate=0.0,
+        min_nodes=count, node_wait_timeout=1, fraction_evaluate=0.0, policy=policy,
         secure_aggregation=SECURE_AGGREGATION.create("secagg+"))
 
 
-def _run(sites: dict[int, SecureSite], aggregator: str = "fedavg", **options):
-    strategy = _strategy(len(sites), aggregator, **options)
-    grid = scripted_grid(dict(sites))
+def _run(sites: dict[int, SecureSite], aggregator: str = "fedavg", *, rounds: int = 1,
+         policy: RoundPolicy | None = None, faults: dict[int, SiteFaults] | None = None,
+         **options):
+    strategy = _strategy(len(sites), aggregator, policy, **options)
+    grid = scripted_grid(dict(sites), faults=faults)
     initial = ArrayRecord({k: Array(v.copy()) for k, v in MODEL.items()})
-    result = strategy.start(grid, initial, num_rounds=1)
-    return strategy, strategy.reports[1], result.arrays.to_numpy_ndarrays()
+    result = strategy.start(grid, initial, num_rounds=rounds)
+    return strategy, strategy.reports[rounds], result.arrays.to_numpy_ndarrays()
 
 
 def _fedavg(sites: list[SecureSite]) -> list[np.ndarray]:
@@ -97,6 +103,35 @@ def test_fednova_weights_applied_at_the_sites():
     n = np.array([s.num_examples for s in ordered], dtype=np.float64)
     _assert_model(new, expected, float(np.dot(n, [s.steps for s in ordered]) / n.sum()))
     assert report.strategy["tau-eff"] == pytest.approx(np.dot(n / n.sum(), a_norms))
+
+
+def test_fednova_server_momentum_applies_to_the_secure_update():
+    sites = _sites(4)
+    _, _, new = _run(sites, "fednova", rounds=2, server_momentum=0.5)
+    once = _fedavg(list(sites.values()))  # all steps = tau: FedNova's update is FedAvg's
+    reference = list(MODEL.values())
+    for j in (0, 1):  # x - D, then x - D - (0.5 D + D)
+        np.testing.assert_allclose(new[j], reference[j] - 2.5 * once[j], atol=5e-5)
+    assert int(new[2]) == 5 + 2 * TAU
+
+
+def test_a_site_failing_at_share_keys_is_left_out():
+    sites = _sites(5, **{"site-0": "share-keys"})
+    _, report, new = _run(sites)
+    _assert_model(new, _fedavg([s for s in sites.values() if s.name != "site-0"]), TAU)
+    assert report.train_dropped["site-0"].startswith("secagg share-keys: ")
+    assert report.strategy["secagg-summed"] == 4 and report.strategy["secagg-dropped"] == 0
+
+
+def test_each_stage_closes_at_the_deadline_once_the_quorum_answered():
+    sites = _sites(5)
+    policy = RoundPolicy(deadline=0.2, quorum=4, timeout=30.0, poll_interval=0.01)
+    _, report, new = _run(sites, policy=policy,
+                          faults={12: SiteFaults(silent_stages=(keys.SECAGG_COLLECT,))})
+    _assert_model(new, _fedavg([s for n, s in sites.items() if n != 12]), TAU)
+    assert report.train_dropped["site-2"] == f"secagg collect: {NO_REPLY}"
+    assert report.missing["train"] == 1 and report.missing["secagg-unmask"] == 0
+    assert report.strategy["secagg-dropped"] == 1
 
 
 def test_a_site_failing_at_collect_is_left_out_its_masks_removed():
