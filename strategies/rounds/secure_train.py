@@ -34,10 +34,10 @@ fit). A sum that cannot be unmasked keeps the old model
 from __future__ import annotations
 
 import copy
-from logging import WARNING
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import partial
+from logging import WARNING
 from typing import Any
 
 import numpy as np
@@ -108,6 +108,18 @@ class _Masked:
         return self.stage.sites.relatively_capped(replace(reply, delta=[]))
 
 
+@dataclass
+class _Round:
+    """What every exchange of one secure round needs."""
+
+    grid: Grid
+    server_round: int
+    config: ConfigRecord
+    report: RoundReport
+    late_ids: dict[str, int]
+    record: Recorder
+
+
 class SecureTrain:
     """The train half of each round under SecAgg+, on the train stage's plug-ins and book.
 
@@ -124,13 +136,13 @@ class SecureTrain:
         self.settings, self.stage = settings, stage
         self.bytes_up: dict[int, int] = {}
 
-    # pylint: disable=too-many-arguments,too-many-locals
+    # pylint: disable=too-many-arguments
     def run(self, grid: Grid, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
             nodes: list[int], report: RoundReport, late_ids: dict[str, int],
             record: Recorder) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """One SecAgg+ train round among the connected ``nodes``: the new model and train
         metrics, or ``(None, None)`` when the model is kept."""
-        stage = self.stage
+        stage, io = self.stage, _Round(grid, server_round, config, report, late_ids, record)
         node_ids = stage.select(server_round, arrays, grid, nodes, report)
         stage.statistics.start(stage.keys, stage.reference, robust=False)
         stage.plan = TrainPlan.for_round(node_ids, stage.schedule.tau, stage.uplink,
@@ -141,49 +153,48 @@ class SecureTrain:
         before = copy.deepcopy(stage.aggregator)
         kept = kept_indices(_float_size(stage.reference), stage.plan.codec,
                             shared_codec_seed(stage.uplink.seed, server_round))
-        length = _float_size(stage.reference) if kept is None else kept.size
-        exchange_stage = partial(self._exchange, grid, server_round, config, report, late_ids,
-                                 record)
         used: list[TrainReply] = []
         try:
             secagg = SecAggRound(self.settings, server_round, node_ids, seed=stage.uplink.seed,
-                                 length=length)
-            sizes = exchange_stage(keys.SECAGG_SETUP, secagg.stage_nodes(keys.SECAGG_SETUP),
-                                   secagg.setup_entries, secagg.take_keys, sized=True)
+                                 length=_float_size(stage.reference) if kept is None else kept.size)
+            sizes = self._exchange(io, keys.SECAGG_SETUP, secagg.setup_entries,
+                                   secagg.take_keys, secagg, sized=True)
             for reply in sizes:
                 stage.sites.learn(reply.node_id, reply.site, reply.num_examples)
             reference = float(max((stage.sites.relatively_capped(r).num_examples for r in sizes),
                                   default=1))
-            exchange_stage(keys.SECAGG_SHARE_KEYS, secagg.stage_nodes(keys.SECAGG_SHARE_KEYS),
-                           secagg.share_keys_entries, secagg.take_shares)
-            used = self._collect(grid, server_round, arrays, config, report, late_ids, record,
-                                 secagg, reference)
-            exchange_stage(keys.SECAGG_UNMASK, secagg.stage_nodes(keys.SECAGG_UNMASK),
-                           secagg.unmask_entries, secagg.take_unmask)
+            self._exchange(io, keys.SECAGG_SHARE_KEYS, secagg.share_keys_entries,
+                           secagg.take_shares, secagg)
+            used = self._collect(io, arrays, secagg, reference)
+            self._exchange(io, keys.SECAGG_UNMASK, secagg.unmask_entries, secagg.take_unmask,
+                           secagg)
             secure_sum = secagg.finish()
         except SecAggError as exc:
             report.aggregation_failed = f"secure aggregation failed: {exc}"
             return stage.conclude(report, [], AggregateOutcome(None), before)
-        summed = [r for r in used if r.node_id in set(secure_sum.summed)]
+        summed = [replace(r, wire_bytes=self.bytes_up.get(r.node_id, r.wire_bytes))
+                  for r in used if r.node_id in set(secure_sum.summed)]
+        self._record_sum(secure_sum, report)
+        outcome = self._outcome(secure_sum, summed, kept, reference, report)
+        return stage.conclude(report, summed, replace(outcome, used=summed), before)
+
+    def _record_sum(self, secure_sum: SecureSum, report: RoundReport) -> None:
+        """``secagg-summed``, ``secagg-dropped`` and each ``secagg-bad-shares/<site>``."""
         report.strategy.update({"secagg-summed": float(len(secure_sum.summed)),
                                 "secagg-dropped": float(len(secure_sum.dropped))})
         for node, why in secure_sum.bad_shares.items():
-            report.strategy[f"secagg-bad-shares/{stage.sites.label(node)}"] = 1.0
+            report.strategy[f"secagg-bad-shares/{self.stage.sites.label(node)}"] = 1.0
             log(WARNING, "secagg_unmask: %s sent %s (left out of the reconstruction)",
-                stage.sites.label(node), why)
-        outcome = self._outcome(secure_sum, summed, kept, reference, report)
-        summed = [replace(r, wire_bytes=self.bytes_up.get(r.node_id, r.wire_bytes))
-                  for r in summed]
-        return stage.conclude(report, summed, replace(outcome, used=summed), before)
+                self.stage.sites.label(node), why)
 
-    def _stage_messages(self, node_ids: list[int], config: ConfigRecord, server_round: int,
+    def _stage_messages(self, io: _Round, node_ids: list[int],
                         entries: Callable[[int], dict]) -> list[Message]:
         """A stage's instructions: the run's config, the site's train settings and the
         stage's entries; no arrays."""
         messages = []
         for node in node_ids:
-            site_config = ConfigRecord(dict(config))
-            site_config[keys.SERVER_ROUND] = server_round
+            site_config = ConfigRecord(dict(io.config))
+            site_config[keys.SERVER_ROUND] = io.server_round
             site_config.update(self.stage.plan.settings(node, self.stage.uplink))
             site_config.update(entries(node))
             messages.append(Message(content=RecordDict({keys.CONFIG: site_config}),
@@ -191,32 +202,30 @@ class SecureTrain:
         return messages
 
     # pylint: disable=too-many-arguments
-    def _exchange(self, grid: Grid, server_round: int, config: ConfigRecord,
-                  report: RoundReport, late_ids: dict[str, int], record: Recorder, name: str,
-                  node_ids: list[int], entries: Callable[[int], dict],
-                  take: Callable[[int, Mapping[str, Any]], None],
+    def _exchange(self, io: _Round, name: str, entries: Callable[[int], dict],
+                  take: Callable[[int, Mapping[str, Any]], None], secagg: SecAggRound,
                   sized: bool = False) -> list[StageReply]:
-        """One setup, share-keys or unmask exchange; its accepted replies (entries taken)."""
-        messages = self._stage_messages(node_ids, config, server_round, entries)
+        """The setup, share-keys or unmask exchange with the sites ``secagg`` asks in it;
+        its accepted replies (their entries taken)."""
+        node_ids = secagg.stage_nodes(name)
+        messages = self._stage_messages(io, node_ids, entries)
         intake: ReplyIntake = ReplyIntake(
             f"secagg_{name}", self.stage.sites, partial(parse_stage_reply, sized=sized),
             {n: self.stage.sites.label(n) for n in node_ids}, Cap.TRAIN if sized else Cap.NONE,
             sink=_Taking(take))
-        taken = record(report, f"secagg-{name}",
-                       exchange(grid, messages, self.stage.policy, intake, late_ids))
-        self._account(name, messages, taken, report)
+        taken = io.record(io.report, f"secagg-{name}",
+                          exchange(io.grid, messages, self.stage.policy, intake, io.late_ids))
+        self._account(name, messages, taken, io.report)
         return list(taken.accepted)
 
-    # pylint: disable=too-many-arguments
-    def _collect(self, grid: Grid, server_round: int, arrays: ArrayRecord,
-                 config: ConfigRecord, report: RoundReport, late_ids: dict[str, int],
-                 record: Recorder, secagg: SecAggRound, reference: float) -> list[TrainReply]:
+    def _collect(self, io: _Round, arrays: ArrayRecord, secagg: SecAggRound,
+                 reference: float) -> list[TrainReply]:
         """The collect exchange: train instructions with the shares and the weights; each
         masked vector into the running sum as it arrives. Returns the replies without it."""
         stage = self.stage
         node_ids = secagg.stage_nodes(keys.SECAGG_COLLECT)
         a_floor = self._a_floor(stage.plan.default_tau)
-        messages = train_messages(node_ids, arrays, config, server_round, stage.plan,
+        messages = train_messages(node_ids, arrays, io.config, io.server_round, stage.plan,
                                   stage.uplink, stage.downlink)
         for message in messages:
             node = message.metadata.dst_node_id
@@ -230,8 +239,9 @@ class SecureTrain:
                 solver=stage.local_solver),
             {n: stage.sites.label(n) for n in node_ids}, Cap.TRAIN,
             sink=_Masked(secagg, stage))
-        taken = record(report, "train", exchange(grid, messages, stage.policy, intake, late_ids))
-        self._account(keys.SECAGG_COLLECT, messages, taken, report)
+        taken = io.record(io.report, "train",
+                          exchange(io.grid, messages, stage.policy, intake, io.late_ids))
+        self._account(keys.SECAGG_COLLECT, messages, taken, io.report)
         return list(taken.accepted)
 
     def _account(self, name: str, messages: list[Message], taken: Taken,
@@ -256,28 +266,39 @@ class SecureTrain:
     def _outcome(self, secure_sum: SecureSum, summed: list[TrainReply],
                  kept: np.ndarray | None, reference: float,
                  report: RoundReport) -> AggregateOutcome:
-        """The round's update from the unmasked sum, through the aggregator as one reply."""
+        """The round's update from the unmasked sum, through the aggregator as one reply
+        (``aggregation failed`` when the summed sites' weights cannot normalise it)."""
         stage = self.stage
-        model = stage.reference
         total = np.asarray(secure_sum.total, dtype=np.float64)
         if kept is not None:  # rand-k: the sum of the shared coordinates, the others 0
-            total = np.zeros(_float_size(model))
+            total = np.zeros(_float_size(stage.reference))
             total[kept] = secure_sum.total
-        a_floor = self._a_floor(stage.plan.default_tau)
-        sizes = [float(r.num_examples) for r in summed]
-        if a_floor > 0:
-            a_norms = [r.a_norm for r in summed]
-            weights = [size_weight(n, reference) for n in sizes]
-            vector = fednova_from_sum(total, weights, a_norms, a_floor)
-            tau_eff = float(np.dot(weights, np.maximum(a_norms, a_floor)) / np.sum(weights))
-        else:
-            vector = fedavg_from_sum(total, [site_coefficient(n, reference) for n in sizes])
-            tau_eff = 1.0
-        delta = unflatten_float(vector, model)
-        steps = float(np.dot(sizes, [r.steps for r in summed]) / np.sum(sizes))
-        for j in StatisticPositions.of(stage.keys, model).counters:
-            delta[j] = np.full_like(model[j], -round(steps))
-        combined = TrainReply(node_id=0, site=SUM_SITE, delta=delta,
-                              num_examples=int(sum(sizes)), steps=max(1, round(steps)),
-                              train_loss=0.0, a_norm=tau_eff)
+        try:
+            combined = _combined_reply(total, summed, stage.keys, stage.reference, reference,
+                                       self._a_floor(stage.plan.default_tau))
+        except SecAggError as exc:
+            return AggregateOutcome(None, failure=f"aggregation failed: {exc}")
         return aggregate_safely(stage.aggregator, [combined], report.train_dropped)
+
+
+# pylint: disable=too-many-arguments
+def _combined_reply(total: np.ndarray, summed: list[TrainReply], names: list[str],
+                    model: list[np.ndarray], reference: float, a_floor: float) -> TrainReply:
+    """The one reply whose update is the unmasked sum normalised (weights.py: FedAvg
+    ``S / sum w_i``, FedNova with ``a_floor > 0`` ``tau_eff S / (a_f sum w_i)``; its a-norm
+    ``tau_eff``), the step counters advanced by the example-weighted mean of the steps."""
+    sizes = [float(r.num_examples) for r in summed]
+    tau_eff = 1.0
+    if a_floor > 0:
+        a_norms = [r.a_norm for r in summed]
+        weights = [size_weight(n, reference) for n in sizes]
+        vector = fednova_from_sum(total, weights, a_norms, a_floor)
+        tau_eff = float(np.dot(weights, np.maximum(a_norms, a_floor)) / np.sum(weights))
+    else:
+        vector = fedavg_from_sum(total, [site_coefficient(n, reference) for n in sizes])
+    delta = unflatten_float(vector, model)
+    steps = float(np.dot(sizes, [r.steps for r in summed]) / np.sum(sizes))
+    for j in StatisticPositions.of(names, model).counters:
+        delta[j] = np.full_like(model[j], -round(steps))
+    return TrainReply(node_id=0, site=SUM_SITE, delta=delta, num_examples=int(sum(sizes)),
+                      steps=max(1, round(steps)), train_loss=0.0, a_norm=tau_eff)
