@@ -56,6 +56,7 @@ from flwr.supercore import log
 
 from strategies.compression import check_warmup
 from strategies.downlink import ServerDownlink
+from strategies.errors import FederationError
 from strategies.local_solver import LocalSolver
 from strategies.plugins.protocols import (Aggregator, CodecRate, Schedule, SecureAggregation,
                                           Selector)
@@ -219,7 +220,19 @@ class FederatedStrategy(Strategy):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """Select sites and send each its own instruction with this round's tau and codec."""
+        """Select sites and send each its own instruction with this round's tau and codec.
+
+        Raises
+        ------
+        FederationError
+            Under secure aggregation: its round is four exchanges (:meth:`start`), and one
+            plain exchange would collect each site's update in the clear.
+        """
+        if self.secure is not None:
+            raise FederationError(
+                "run config 'strategy.secure-aggregation' = 'secagg+': a train round is four "
+                "exchanges, run by FederatedStrategy.start; a single train exchange would "
+                "send each site's update in the clear")
         nodes = wait_for_nodes(grid, self.min_nodes, self.node_wait_timeout)
         self.sites.connected = set(nodes)
         return self.train.configure(server_round, arrays, config, grid, nodes,

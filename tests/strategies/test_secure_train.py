@@ -14,11 +14,12 @@ from dataclasses import fields, is_dataclass
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord
+from flwr.app import Array, ArrayRecord, ConfigRecord
 
 from app.engine import SiteFaults
 from strategies import message_keys as keys
 from strategies.aggregation import fednova_delta
+from strategies.errors import FederationError
 from strategies.plugins.registries import (AGGREGATORS, SCHEDULES, SECURE_AGGREGATION,
                                            SELECTORS)
 from strategies.rounds.federated_strategy import FederatedStrategy
@@ -176,6 +177,13 @@ def test_too_few_inputs_keep_the_model_and_count_as_an_empty_round():
     for got, before in zip(new, MODEL.values()):
         np.testing.assert_array_equal(got, before)
     assert strategy.train.empty_rounds == 1
+
+
+def test_a_single_plain_train_exchange_is_refused_under_secure_aggregation():
+    strategy = _strategy(2)
+    initial = ArrayRecord({k: Array(v.copy()) for k, v in MODEL.items()})
+    with pytest.raises(FederationError, match="strategy.secure-aggregation"):
+        strategy.configure_train(1, initial, ConfigRecord(), scripted_grid(_sites(2)))
 
 
 def _held_arrays(value: object, seen: set[int], out: list[np.ndarray]) -> None:
