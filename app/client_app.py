@@ -7,7 +7,8 @@ node_config ``policy-path``), the message's config record becomes a typed
 :class:`~clients.site.instruction.Instruction`, its arrays plain numpy; the site's
 round checks the request against the policy, does the work and returns numpy
 arrays and python numbers, which go back as the reply's ``delta``, ``metrics`` and
-``site`` records (:mod:`strategies.message_keys`). Every failure, a policy refusal
+``site`` records (:mod:`strategies.message_keys`), and a SecAgg+ stage's protocol
+entries as the ``secagg`` record (:mod:`clients.site.secure_round`). Every failure, a policy refusal
 included, leaves as a sanitised error reply (:mod:`app.site_errors`): a fixed code,
 the exception type, never its text.
 """
@@ -56,6 +57,8 @@ def _round(kind: str, msg: Message, context: Context) -> Message:
                           keys.SITE: ConfigRecord(reply.site)})
     if reply.update is not None:
         content[keys.DELTA] = record_of(reply.update)
+    if reply.secagg is not None:
+        content[keys.SECAGG] = ConfigRecord(reply.secagg)
     return Message(content, reply_to=msg)
 
 

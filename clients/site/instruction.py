@@ -6,18 +6,25 @@ plain mapping) to :meth:`Instruction.parse`; the keys are the wire contract of
 run's settings (:class:`~clients.site.run_settings.SiteRunSettings`). A value of
 the wrong type or an unknown evaluation split is refused before the policy check
 and before any data is read.
+
+A train instruction of a securely aggregated round (SecAgg+,
+:mod:`clients.site.secure_round`) names its stage (``secagg-stage``) and carries the
+round's plan (:class:`~strategies.secure_aggregation.settings.RoundPlan`) and the
+stage's protocol entries (``secagg-*``), kept as sent for the site's
+:class:`~strategies.secure_aggregation.participant.Participant`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from clients.site.run_settings import SiteRunSettings
 from strategies import message_keys as keys
 from strategies.downlink_header import DownlinkHeader
 from strategies.errors import ConfigError
+from strategies.secure_aggregation.settings import RoundPlan
 
 __all__ = ["KINDS", "Instruction"]
 
@@ -68,6 +75,13 @@ class Instruction:
         Query: the fixed subset's size, 0 = the whole training set (``loss-subset``).
     downlink : DownlinkHeader or None
         A compressed downlink's entries (``downlink-*``); ``None``: the packed model as sent.
+    secagg_stage : str
+        The SecAgg+ stage of a train instruction (``secagg-stage``: one of
+        :data:`~strategies.message_keys.SECAGG_STAGES`); "" for a plain train.
+    plan : RoundPlan or None
+        The stage's round plan (``None`` without a stage).
+    secagg : dict of str to Any
+        The stage's config entries as sent (``server-round`` and every ``secagg-*``).
     """
 
     kind: str
@@ -81,6 +95,9 @@ class Instruction:
     eval_split: str = "val"
     loss_subset: int = 0
     downlink: DownlinkHeader | None = None
+    secagg_stage: str = ""
+    plan: RoundPlan | None = None
+    secagg: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def parse(cls, kind: str, config: Mapping[str, Any], run: SiteRunSettings,
@@ -94,7 +111,10 @@ class Instruction:
         ------
         ConfigError
             For an unknown kind, a missing round (train), a value of the wrong
-            type or an evaluation split other than ``val`` and ``test``.
+            type, an evaluation split other than ``val`` and ``test`` or an unknown
+            SecAgg+ stage.
+        SecAggError
+            For a stage whose round plan is missing or malformed (naming the entry).
         """
         if kind not in KINDS:
             raise ConfigError(f"message kind {kind!r} is not one of {list(KINDS)}")
@@ -109,6 +129,10 @@ class Instruction:
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"instruction downlink entries are incomplete or "
                                    f"malformed ({exc!r}); request refused") from None
+        stage = _value(config, keys.SECAGG_STAGE, str, "") if kind == "train" else ""
+        if stage and stage not in keys.SECAGG_STAGES:
+            raise ConfigError(f"train instruction key {keys.SECAGG_STAGE!r} = {stage!r}: "
+                              f"expected one of {', '.join(keys.SECAGG_STAGES)}; request refused")
         return cls(
             kind=kind,
             server_round=_value(config, keys.SERVER_ROUND, int, None if kind == "train" else 0),
@@ -121,4 +145,8 @@ class Instruction:
             eval_split=split,
             loss_subset=_value(config, keys.LOSS_SUBSET, int, 0),
             downlink=downlink,
+            secagg_stage=stage,
+            plan=RoundPlan.parse(config) if stage else None,
+            secagg={key: value for key, value in config.items()
+                    if stage and (key == keys.SERVER_ROUND or key.startswith("secagg-"))},
         )

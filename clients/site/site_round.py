@@ -12,6 +12,9 @@ message, from the site's disk cache of decoded data under ``state-dir`` unless t
 site says ``cache-decoded = false``, :mod:`clients.site.decoded_cache`) and the site
 
 * trains (:func:`clients.site.site_training.train_round`): the update and its metrics;
+  or, in a securely aggregated round (SecAgg+), answers the instruction's stage
+  (:func:`clients.site.secure_round.answer_stage`: keys, shares, the masked update,
+  the unmasking shares);
 * evaluates the received model on its ``val`` split, or ``test`` when asked: with
   fewer studies in it than the policy's ``min-val-items`` only the counts leave the
   site; under personalisation the personalised model's metrics too, where an
@@ -116,6 +119,8 @@ def request_of(instruction: Instruction, run: SiteRunSettings) -> Request:
     sizes = run.sizes
     dims = TASKS.get(run.task).study_dims
     values = math.prod(getattr(sizes, dim) for dim in dims)
+    plan = instruction.plan
+    summed = instruction.secagg.get(keys.SECAGG_SUMMED, 0)
     return Request(task=run.task, image_size=sizes.image_size,
                    batch_size=sizes.batch_size, codec=instruction.codec,
                    local_steps=instruction.local_steps, time_budget=instruction.time_budget,
@@ -127,7 +132,12 @@ def request_of(instruction: Instruction, run: SiteRunSettings) -> Request:
                    slab_slices=sizes.slab_slices if "slab_slices" in dims else 0,
                    study_bytes=4 * values,
                    shares_finetuned=(instruction.kind == "train"
-                                     and instruction.server_round > run.num_server_rounds))
+                                     and instruction.server_round > run.num_server_rounds),
+                   secagg_stage=instruction.secagg_stage,
+                   secagg_participants=plan.participants if plan else 0,
+                   secagg_neighbours=plan.neighbours if plan else 0,
+                   secagg_threshold=plan.threshold if plan else 0,
+                   secagg_summed=summed if isinstance(summed, int) else 0)
 
 
 def _global_model(task: SiteTask, arrays: Mapping[str, np.ndarray],
@@ -190,10 +200,17 @@ def answer(instruction: Instruction, arrays: Mapping[str, np.ndarray], site: Sit
         ``dp.max-epsilon`` once the task is loaded, before anything trains).
     SiteError, ItemError, ConfigError
         When the site cannot do the work (the adapter sends a sanitised error reply).
+    SecAggError
+        A SecAgg+ stage that fails the protocol (:func:`~clients.site.secure_round.answer_stage`).
     """
     check_request(site.policy, instruction.kind, request_of(instruction, run))
     if instruction.kind == "query":
         take_query(site.state_dir, instruction.federation, site.policy.max_queries)
+    if instruction.secagg_stage:
+        # Flower's secure-aggregation primitives (and with them Flower) load only here:
+        # a site that never takes part in a SecAgg+ round imports no Flower.
+        from clients.site.secure_round import answer_stage  # noqa: PLC0415
+        return answer_stage(instruction, arrays, site, run, tasks)
     task = tasks.task(site, run.task, run.sizes)
     record = {keys.SITE_NAME: site.name, keys.SITE_POLICY: site.policy.fingerprint}
     if instruction.kind == "train":

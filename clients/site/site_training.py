@@ -7,7 +7,7 @@ are the packed model (:mod:`strategies.model_buffer`); with them
 step, or replaced by the dense snapshot, verified by its checksum and saved for
 the next round; the reply acknowledges its version (``downlink-version``).
 
-Train (:func:`train_round`): puts the site's own layers on the model (FedBN),
+Train (:func:`local_update`): puts the site's own layers on the model (FedBN),
 checks the DP budget before training and records the steps after (the site's one
 privacy ledger per dataset, all federations together, :mod:`clients.site.privacy_charge`;
 the cross-site exchange's fine-tune after the last round is charged like any round),
@@ -20,13 +20,15 @@ Out (:func:`encode_update`): the round's codec with EF-SGD's error feedback
 compression schemes", Algorithm 2): ``z = e + delta``, send ``C(z)``,
 ``e <- z - decode(C(z))``. The residual ``e`` is kept in the site's state store
 (``state-dir``/<federation>/``ef-residual``), so it survives a restart of the
-SuperNode or of the site's worker.
+SuperNode or of the site's worker. :func:`train_round` is both steps; a securely
+aggregated round masks the update instead (:mod:`clients.site.secure_update`).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -50,7 +52,8 @@ from strategies.model_buffer import PackedModelError, unpack_model
 from strategies.seeds import site_seed
 from strategies.update_codec import pack_update
 
-__all__ = ["RESIDUAL_NAME", "encode_update", "received_model", "train_round"]
+__all__ = ["RESIDUAL_NAME", "LocalUpdate", "encode_update", "local_update", "received_model",
+           "train_round"]
 
 #: The error-feedback residual's name in the site's state store.
 RESIDUAL_NAME = "ef-residual"
@@ -117,10 +120,29 @@ def encode_update(delta: Sequence[np.ndarray], instruction: Instruction, state_d
     return arrays, float(np.linalg.norm(residual))
 
 
-def train_round(task: SiteTask, arrays: Mapping[str, np.ndarray], instruction: Instruction,
-                site: Site, run: SiteRunSettings, compute: ComputeDevice
-                ) -> tuple[dict[str, np.ndarray], Metrics]:
-    """Train and return the packed update and the train reply's metrics.
+@dataclass(frozen=True)
+class LocalUpdate:
+    """One round's local training at a site, before its update is encoded or masked.
+
+    Attributes
+    ----------
+    delta : list of numpy.ndarray
+        ``x_global - x_local`` in the global model's order and dtypes, zero where the
+        site keeps its own layers (FedBN).
+    buffers : frozenset of int
+        Positions of the model's buffers (normalisation statistics, counters).
+    metrics : dict
+        The train reply's metrics but the codec's (``residual-norm``).
+    """
+
+    delta: list[np.ndarray]
+    buffers: frozenset[int]
+    metrics: Metrics
+
+
+def local_update(task: SiteTask, arrays: Mapping[str, np.ndarray], instruction: Instruction,
+                 site: Site, run: SiteRunSettings, compute: ComputeDevice) -> LocalUpdate:
+    """Train tau local steps on the received model and return the update and its metrics.
 
     Raises
     ------
@@ -167,9 +189,7 @@ def train_round(task: SiteTask, arrays: Mapping[str, np.ndarray], instruction: I
                                 save=not final)
     parameters = {name for name, _ in model.named_parameters()}
     buffers = frozenset(i for i, name in enumerate(global_arrays) if name not in parameters)
-    update, residual_norm = encode_update(delta, instruction, site.state_dir, raw=buffers)
     metrics: Metrics = {
-        keys.RESIDUAL_NORM: residual_norm,
         keys.NUM_EXAMPLES: len(train_set),
         keys.STEPS: result.steps_done,
         keys.TRAIN_LOSS: result.mean_loss,
@@ -178,4 +198,15 @@ def train_round(task: SiteTask, arrays: Mapping[str, np.ndarray], instruction: I
         keys.STUDIES_SKIPPED: len(task.report.skipped),
         **dp_metrics, **downlink_metrics,
     }
-    return update, metrics
+    return LocalUpdate(delta, buffers, metrics)
+
+
+def train_round(task: SiteTask, arrays: Mapping[str, np.ndarray], instruction: Instruction,
+                site: Site, run: SiteRunSettings, compute: ComputeDevice
+                ) -> tuple[dict[str, np.ndarray], Metrics]:
+    """Train (:func:`local_update`, whose errors it raises) and return the packed update
+    (:func:`encode_update`) and the train reply's metrics."""
+    local = local_update(task, arrays, instruction, site, run, compute)
+    update, residual_norm = encode_update(local.delta, instruction, site.state_dir,
+                                          raw=local.buffers)
+    return update, {keys.RESIDUAL_NORM: residual_norm, **local.metrics}

@@ -27,12 +27,17 @@ class SiteStateStore:
     def __init__(self, state_dir: Path) -> None:
         self.state_dir = Path(state_dir)
 
+    def folder(self, federation: str) -> Path:
+        """``<state_dir>/<federation>/``, the federation's name made safe for a path."""
+        if not federation or set(federation) <= {"."}:
+            raise ValueError(f"federation {federation!r}: an empty or dot-only name would "
+                             "leave the state dir")
+        return self.state_dir / _SAFE.sub("_", federation)
+
     def _path(self, federation: str, name: str) -> Path:
-        if not federation or not name:
-            raise ValueError("federation and name must be non-empty")
-        if set(federation) <= {"."} or set(name) <= {"."}:
-            raise ValueError(f"federation {federation!r} / name {name!r}: dot-only names would leave the state dir")
-        return self.state_dir / _SAFE.sub("_", federation) / f"{_SAFE.sub('_', name)}.npy"
+        if not name or set(name) <= {"."}:
+            raise ValueError(f"name {name!r}: an empty or dot-only name would leave the state dir")
+        return self.folder(federation) / f"{_SAFE.sub('_', name)}.npy"
 
     def load(self, federation: str, name: str) -> np.ndarray | None:
         """The saved array, or ``None`` if there is none yet."""

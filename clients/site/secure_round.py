@@ -1,0 +1,99 @@
+"""The site's side of a SecAgg+ round (Bell et al., CCS 2020): its four stages.
+
+A securely aggregated train round is four train messages told apart by
+``secagg-stage`` (:data:`~strategies.message_keys.SECAGG_STAGES`). The site's round
+(:func:`clients.site.site_round.answer`) checks every one against the site policy
+(the train rules plus ``[secure-aggregation]``, before any data is read) and then
+calls :func:`answer_stage`, which drives the site's
+:class:`~strategies.secure_aggregation.participant.Participant`, kept between stages
+in the site's state dir (:class:`~clients.site.secure_state.SecureRoundState`):
+
+1. ``setup``: two fresh X25519 key pairs; reply: both public keys and ``num-examples``;
+2. ``share-keys``: Shamir shares of the self-mask seed and of the mask key, one pair per
+   neighbour, each encrypted for it; reply: the ciphertexts and the seed's commitment;
+3. ``collect``: the shares addressed to the site are decrypted first (an altered or
+   misaddressed one refuses the round before anything trains); then the site trains as
+   in a plain round (:func:`~clients.site.site_training.local_update`: DP-SGD, the
+   ledger, FedBN), weights and clips its update (:mod:`clients.site.secure_update`) and
+   masks it; reply: the packed masked vector (``delta`` / ``secagg-masked``) and the
+   metrics that do not reveal the update (no ``residual-norm``);
+4. ``unmask``: for each neighbour, the share of its self-mask seed when its input
+   arrived, of its mask key when it did not, never both; the saved round is deleted.
+
+A stage's protocol entries leave in the reply's ``secagg`` record
+(:attr:`~clients.site.site_reply.SiteReply.secagg`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from clients.site.instruction import Instruction
+from clients.site.run_settings import SiteRunSettings
+from clients.site.secure_state import SecureRoundState
+from clients.site.secure_update import secure_values
+from clients.site.site import Site
+from clients.site.site_reply import SiteReply
+from clients.site.site_training import local_update
+from strategies import message_keys as keys
+from strategies.secure_aggregation.errors import SecAggError
+from strategies.secure_aggregation.participant import Participant
+
+if TYPE_CHECKING:  # site_round imports this module
+    from clients.site.site_round import SiteTasks
+
+__all__ = ["answer_stage"]
+
+
+def answer_stage(instruction: Instruction, arrays: Mapping[str, np.ndarray], site: Site,
+                 run: SiteRunSettings, tasks: SiteTasks) -> SiteReply:
+    """The site's reply to one SecAgg+ stage (its policy already checked).
+
+    Parameters
+    ----------
+    instruction : Instruction
+        A train instruction with a stage, its plan and its ``secagg-*`` entries.
+    arrays : mapping of str to numpy.ndarray
+        The collect stage's global model (as a plain train's); unused by the others.
+    site, run, tasks
+        As :func:`clients.site.site_round.answer`'s.
+
+    Raises
+    ------
+    SecAggError
+        A stage for another round than the one set up, or entries that fail the
+        protocol (an altered share names its sender's index, never a secret).
+    SiteDataError, PolicyRefusal
+        As a plain train round (no training data; ``dp.max-epsilon``).
+    """
+    plan = instruction.plan
+    if plan is None:
+        raise SecAggError("a secure aggregation stage needs its round plan")
+    record = {keys.SITE_NAME: site.name, keys.SITE_POLICY: site.policy.fingerprint}
+    state = SecureRoundState(site.state_dir, instruction.federation)
+    stage = instruction.secagg_stage
+    if stage == keys.SECAGG_SETUP:
+        train_set = tasks.task(site, run.task, run.sizes).require_training()
+        participant = Participant.start(plan)
+        state.save(participant)
+        return SiteReply({keys.NUM_EXAMPLES: len(train_set)}, record,
+                         secagg=participant.public_keys())
+    participant = state.load(plan.server_round)
+    if stage == keys.SECAGG_SHARE_KEYS:
+        entries = participant.share_keys(instruction.secagg)
+        state.save(participant)
+        return SiteReply({}, record, secagg=entries)
+    if stage == keys.SECAGG_COLLECT:
+        participant.receive_shares(instruction.secagg)  # before anything trains
+        task = tasks.task(site, run.task, run.sizes)
+        local = local_update(task, arrays, instruction, site, run, tasks.compute())
+        masked = participant.mask(secure_values(local, instruction, run, site.state_dir))
+        state.save(participant)
+        return SiteReply(local.metrics, record, {keys.SECAGG_MASKED: masked})
+    entries = participant.unmask(instruction.secagg,
+                                 site.policy.secure_aggregation.min_participants)
+    state.delete()
+    return SiteReply({}, record, secagg=entries)
