@@ -9,9 +9,10 @@ chooses federation ids. The rule (node option ``state-retention-days``, default
 starts and before each run:
 
 * a folder ``<state-dir>/<name>/`` is removed when the product wrote it (it holds
-  only the state store's files, ``*.npy`` and the ``*.tmp`` of an interrupted
-  write, no folder, no link) and nothing in it was modified for more than
-  ``state-retention-days`` days;
+  only the state store's files, ``*.npy``, a SecAgg+ round a dropped site never
+  finished (:data:`~clients.site.secure_state.STATE_FILE`, its secrets with it) and
+  the ``*.tmp`` of an interrupted write, no folder, no link) and nothing in it was
+  modified for more than ``state-retention-days`` days;
 * never removed: ``<state-dir>/privacy/`` (the privacy ledgers,
   :mod:`clients.site.privacy_ledger`), the decoded-data cache
   (:data:`~clients.site.decoded_cache.CACHE_DIR_NAME`), and any folder holding
@@ -30,6 +31,7 @@ from pathlib import Path
 
 from clients.site.decoded_cache import CACHE_DIR_NAME
 from clients.site.privacy_ledger import PRIVACY_DIR
+from clients.site.secure_state import STATE_FILE
 
 __all__ = ["DEFAULT_RETENTION_DAYS", "expire_federation_states"]
 
@@ -45,7 +47,8 @@ _DAY_S = 86400.0
 def _state_files(folder: Path) -> list[Path] | None:
     """The files of a folder the state store wrote, or None when it holds anything else."""
     entries = list(folder.iterdir())
-    if not entries or any(e.is_symlink() or not e.is_file() or e.suffix not in _STATE_SUFFIXES
+    if not entries or any(e.is_symlink() or not e.is_file()
+                          or (e.suffix not in _STATE_SUFFIXES and e.name != STATE_FILE)
                           for e in entries):
         return None
     return entries

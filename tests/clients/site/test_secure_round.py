@@ -6,7 +6,9 @@ nothing at a site could take part in a securely aggregated round.
 
 from __future__ import annotations
 
+import os
 import stat
+import time
 from dataclasses import replace
 
 import numpy as np
@@ -16,6 +18,7 @@ from clients.site.secure_state import STATE_FILE
 from clients.site.secure_update import coefficient_of, secure_values
 from clients.site.site_training import LocalUpdate
 from clients.site.site_round import answer
+from clients.site.state_retention import expire_federation_states
 from strategies import message_keys as keys
 from strategies.secure_aggregation.errors import SecAggError
 from strategies.secure_aggregation.settings import SecAggSettings
@@ -129,3 +132,15 @@ def test_the_vector_is_weighted_then_clipped_and_skips_integer_buffers(tmp_path)
     assert not (tmp_path / FEDERATION).exists()  # no codec, no residual
     with pytest.raises(SecAggError, match="secagg-weight-reference"):
         coefficient_of(local, replace(_collect(run, 12.0), secagg={}), run)
+
+
+def test_a_round_left_behind_expires_with_its_federation(tmp_path, tasks):
+    run = run_settings()
+    [member] = sites(tmp_path, 1)
+    setup = {keys.SECAGG_STAGE: keys.SECAGG_SETUP, **SecAggSettings().plan(1, 1, 3).entries()}
+    answer(instruction(setup, run), MODEL, member, run, tasks)  # the site then drops out
+    folder = member.state_dir / FEDERATION
+    then = time.time() - 40 * 86400.0
+    for path in [folder, *folder.iterdir()]:
+        os.utime(path, (then, then))
+    assert expire_federation_states(member.state_dir, 30.0) == [folder]  # its secrets too
