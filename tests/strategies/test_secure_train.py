@@ -10,6 +10,7 @@ site's vector afterwards.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import fields, is_dataclass
 
 import numpy as np
@@ -206,9 +207,15 @@ def _held_arrays(value: object, seen: set[int], out: list[np.ndarray]) -> None:
         _held_arrays(child, seen, out)
 
 
-def test_the_strategy_holds_no_site_vector_after_the_round():
+def test_the_strategy_holds_and_logs_no_site_vector_after_the_round(caplog):
     sites = _sites(4, **{"site-3": "unmask"})
-    strategy, report, _ = _run(sites)
+    sites[11].tamper_unmask = True  # a warning naming it
+    with caplog.at_level(logging.DEBUG):
+        strategy, report, _ = _run(sites)
+    assert "secagg_unmask" in caplog.text
+    for site in sites.values():  # no coordinate of its update or of what it sent is logged
+        for value in (*site.sent[1], *np.concatenate([a.ravel() for a in site.update[:2]])):
+            assert f"{abs(float(value)):.6f}"[1:] not in caplog.text
     held: list[np.ndarray] = []
     _held_arrays(strategy, set(), held)
     site_vectors = [v for s in sites.values()
