@@ -3,11 +3,13 @@
 Four small synthetic hospitals; one drops out of every round after its masked input was
 sent (silent at the unmask stage), so the coordinator rebuilds that site's self mask from
 its neighbours' shares and still sums its input. What the coordinator keeps and tracks
-(reports, MLflow metrics) holds the sum only: no per-site residual norm, no site vector.
+(reports, the checkpoint, MLflow metrics) holds the sum only: no per-site residual norm,
+no site vector.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
 
@@ -34,11 +36,11 @@ def federation(tmp_path_factory, mlflow_store):
         "round.deadline": 2.0, "round.quorum": len(SITES) - 1,
         "strategy.secure-aggregation": "secagg+", "strategy.defence": "none",
         "strategy.codec": "randk:0.5"}, sites, run_id=4343)
-    return store, outcome
+    return tmp, store, outcome
 
 
 def test_every_round_sums_all_four_inputs_though_one_site_left_at_unmask(federation):
-    _, outcome = federation
+    _, _, outcome = federation
     assert sorted(outcome.reports) == [1, 2]
     for report in outcome.reports.values():
         assert not report.aggregation_failed
@@ -52,7 +54,7 @@ def test_every_round_sums_all_four_inputs_though_one_site_left_at_unmask(federat
 
 
 def test_mlflow_tracks_the_sum_and_no_site_residual(federation):
-    store, outcome = federation
+    _, store, outcome = federation
     client = MlflowClient(store)
     run = client.get_run(outcome.mlflow_run_id)
     assert run.info.status == "FINISHED"
@@ -60,3 +62,13 @@ def test_mlflow_tracks_the_sum_and_no_site_residual(federation):
     assert [m.value for m in client.get_metric_history(run.info.run_id,
                                                        "strategy/secagg-summed")] == [4.0, 4.0]
     assert not [name for name in run.data.metrics if keys.RESIDUAL_NORM in name]
+
+
+def test_the_checkpoint_holds_the_global_models_only(federation):
+    tmp, _, outcome = federation
+    path = tmp / "checkpoints" / outcome.mlflow_run_id / "server-checkpoint.npz"
+    with np.load(path, allow_pickle=False) as saved:
+        names = set(saved.files)
+        models = {n for n in names if n.startswith(("model-", "best-"))}
+        assert names - models == {"meta"}  # the strategy's state: JSON, no array of a site
+        assert len(models) == 2 * len(outcome.arrays)
