@@ -16,8 +16,9 @@ cross-site exchange's fine-tune after the last round, ``share-finetuned-model``)
 evaluate message's personalisation adaptation (:func:`check_adaptation`, only where
 ``evaluate-trains`` allows it). A train message passes the secure-aggregation rules
 too (:func:`check_secure_aggregation`): a plain one is refused where the site requires
-secure aggregation, each SecAgg+ stage is checked against the round's plan. A loss query is refused at a site that requires DP
-(it would release an un-noised function of the training data).
+secure aggregation, each SecAgg+ stage is checked against the round's plan. A loss
+query is refused at a site that requires DP (it would release an un-noised function of
+the training data).
 :func:`releases_val_metrics` decides whether an evaluate reply may carry validation
 metrics or only counts (not a refusal).
 """
@@ -160,7 +161,8 @@ def check_secure_aggregation(policy: SitePolicy, request: Request) -> None:
                "secure-aggregation.min-participants",
                f"{request.secagg_summed} inputs summed < {rules.min_participants}")
     t, k = request.secagg_threshold, request.secagg_neighbours
-    _refuse_if(2 * t <= k or t < rules.min_threshold * k, "secure-aggregation.min-threshold",
+    _refuse_if(2 * t <= k or t / max(k, 1) < rules.min_threshold,
+               "secure-aggregation.min-threshold",
                f"threshold {t} of {k} neighbours: not above half and at least "
                f"{rules.min_threshold} of them")
 

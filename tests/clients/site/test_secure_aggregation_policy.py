@@ -89,3 +89,12 @@ def test_a_stage_still_passes_the_train_rules():
     with pytest.raises(PolicyRefusal) as info:
         check_train(replace(REQUIRED, min_batch_size=8), STAGE)
     assert info.value.rule == "min-batch-size"
+
+
+def test_a_threshold_exactly_at_the_minimum_fraction_is_answered():
+    at = replace(OPEN, secure_aggregation=SecAggRules(min_threshold=0.56))
+    check_train(at, replace(STAGE, secagg_participants=30, secagg_neighbours=25,
+                            secagg_threshold=14))  # 14/25 = 0.56 (0.56 * 25 > 14 in floats)
+    with pytest.raises(PolicyRefusal, match="secure-aggregation.min-threshold"):
+        check_train(at, replace(STAGE, secagg_participants=30, secagg_neighbours=25,
+                                secagg_threshold=13))
