@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.app import ConfigRecord, Context, RecordDict
 
 from app import client_app
 from clients.site.instruction import Instruction
@@ -21,6 +21,7 @@ from strategies import message_keys as keys
 from strategies.secure_aggregation.settings import RoundPlan
 from tests.app.site_messages import instruction as message
 from tests.clients.site.secure_federation import FEDERATION, MODEL, instruction, sites
+from tests.clients.policy_files import write_policy
 from tests.clients.site_round_fixtures import TinyCxr, run_settings
 
 RULES = SecAggRules(required=True, min_participants=4, min_threshold=0.75)
@@ -92,4 +93,16 @@ def test_the_client_app_sends_the_entries_as_the_secagg_record(tmp_path, monkeyp
     refusal = client_app.train(tampered, context)
     assert refusal.has_error() and "SecAggError" in refusal.error.reason
     assert "round" not in refusal.error.reason  # the text stays in the site's log
-    assert isinstance(refusal, Message)
+
+
+@pytest.mark.usefixtures("site_identity")
+def test_the_client_app_refuses_a_plain_round_naming_the_rule(tmp_path):
+    policy = write_policy(tmp_path, "[secure-aggregation]\nrequired = true\n")
+    context = Context(run_id=42, node_id=7, state=RecordDict(), run_config={},
+                      node_config={"data-path": str(tmp_path / "site"), "site-name": "hospital-a",
+                                   "state-dir": str(tmp_path / "state"),
+                                   "policy-path": str(policy)})
+    reply = client_app.train(message("train"), context)
+    assert reply.error.code == keys.POLICY_REFUSAL_CODE
+    assert reply.error.reason == ("site hospital-a: policy rule secure-aggregation.required "
+                                  "(refused)")
