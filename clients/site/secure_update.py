@@ -43,6 +43,7 @@ __all__ = ["coefficient_of", "secure_values"]
 
 
 def _number(entries: dict, key: str, default: float | None) -> float:
+    """``entries[key]`` as a float (``default`` when absent; ``None``: required)."""
     value = entries.get(key, default)
     if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
         raise SecAggError(f"secure aggregation entry {key!r} = {value!r} is missing or not a "
