@@ -3,8 +3,10 @@
 The SuperNodes run as :mod:`app.site_runtime.site_node` (SuperNode + the
 hospital's site runner with warm workers); the federating test gives each site
 a policy that approves the app bundle (one by its sha256, one by the
-coordinator's signature) and then submits the same app with one byte changed,
-which both sites refuse without installing or running any of it.
+coordinator's signature; the first also requires secure aggregation), federates
+under SecAgg+ (four train exchanges per round over TLS, each served by the warm
+worker), and then submits the same app with one byte changed, which both sites
+refuse without installing or running any of it.
 
 One ``flower-superlink`` (TLS with a CA made by ``app.tooling.certs``,
 ``--enable-supernode-auth``, a sqlite ``--database``; the ``deployment`` fixture of
@@ -66,7 +68,9 @@ def _approved_app_and_policies(tmp_path: Path) -> tuple[Path, Path, str, str, di
     readme.write_bytes(b"#" + text[1:] if text[:1] != b"#" else b"%" + text[1:])
     digest = fab_sha256(fab)
     key, public = keygen(tmp_path / "coordinator")
-    policies = {"hospital-a": f'[apps]\napproved-sha256 = ["{digest}"]\n',
+    policies = {"hospital-a": f'[apps]\napproved-sha256 = ["{digest}"]\n'
+                              # SecAgg+ required: a plain train round would be refused
+                              '[secure-aggregation]\nrequired = true\nmin-participants = 2\n',
                 "hospital-b": f'[apps]\ntrusted-keys = ["{public}"]\n'}
     paths = {}
     for site, text in policies.items():
@@ -93,6 +97,9 @@ def test_two_authenticated_sites_federate_over_tls(deployment, tmp_path, small_h
         # serving every message (a second round cost CI a minute on 2 loaded cores).
         "num-server-rounds=1 local-steps=2 image-size=32 batch-size=4 min-nodes=2 "
         "final-evaluation=false "  # tested in test_simulation; saves CI minutes
+        # SecAgg+ over TLS: four train exchanges per round, the site's state between
+        # them in its state dir, every message served by the warm worker
+        'strategy.secure-aggregation="secagg+" strategy.defence="none" '
         f'node-wait-timeout=300 round-timeout=1200 data-root="{tmp_path / "data"}" tracking-uri="{tracking}" '
         f'artifact-root="{tmp_path / "art"}" experiment="deploy" app-signature="{signature}"')
     nodes: list[SuperNodeProcess] = []
@@ -140,13 +147,18 @@ def test_two_authenticated_sites_federate_over_tls(deployment, tmp_path, small_h
         return sorted(m.step for m in client.get_metric_history(run.info.run_id, key))
 
     assert steps("eval/val-dice") == [1]
+    assert [m.value for m in client.get_metric_history(run.info.run_id,
+                                                      "strategy/secagg-summed")] == [2.0]
+    assert not any(k.endswith("/residual-norm") for k in run.data.metrics)
     for site in SITES:  # the site-name from node_config, not the data folder's name
         assert steps(f"site/{site}/val-dice") == [1], site
         assert steps(f"site/{site}/steps") == [1], site
     assert not any(k.startswith("site/hospital-0") for k in run.data.metrics)
-    # Per-site state went to the state-dir given in node_config.
+    # Per-site state went to the state-dir given in node_config; the secure round's
+    # secrets were deleted after its unmask stage.
     for site in SITES:
         assert (tmp_path / "state" / site).is_dir()
+        assert not list((tmp_path / "state" / site).rglob("secagg-round.json"))
     # The approved bundle ran in one warm worker per site, for every message.
     for node in nodes:
         assert node.log_text().count(f"started warm worker") == 1, _tail(node)
