@@ -15,6 +15,7 @@ import torch
 #: TLS SuperLink. Every other file is its own group.
 PROCESS_GROUPS = {
     "tests/integration/test_simulation.py": "ray",
+    "tests/integration/test_simulation_secagg.py": "ray",
     "tests/integration/test_ray_cluster.py": "ray",
     "tests/integration/test_deployment_resume.py": "ray",
     "tests/integration/test_deployment.py": "deployment",
