@@ -38,7 +38,7 @@ File format (every key optional; a missing key takes the permissive value of
     [secure-aggregation]         # SecAgg+ (Bell et al. 2020): clients/site/secure_round.py
     required = false             # refuse a train round whose update is not securely aggregated
     min-participants = 2         # refuse a round summing fewer sites' updates (setup and unmask)
-    min-threshold = 0.5          # t/k at least this (t > k/2 always), in [0.5, 1]
+    min-threshold = 0.5          # t/(k+1) at least this (t > (k+1)/2 always), in [0.5, 1]
 
     [apps]                       # which app bundles run: clients/site/app_rules.py
     any = true                   # false: only approved-sha256 / approved-file / trusted-keys
@@ -122,10 +122,11 @@ class SecAggRules:
     the sites that finished the round. ``required`` refuses every train round whose
     update would leave in the clear; ``min_participants`` is the fewest sites the
     site's update may be summed with, itself included (a sum of one is the update);
-    ``min_threshold`` bounds the Shamir threshold from below: t of its k neighbours'
-    shares reconstruct a secret, so fewer than t colluding neighbours (plus the
-    server) learn nothing, and t > k/2 always, so the server cannot obtain both the
-    self-mask and the pairwise-mask shares of one site (Bell et al., Sec. 3).
+    ``min_threshold`` bounds the Shamir threshold from below: t of the k + 1 shares of
+    a secret (one per neighbour, one the site keeps) reconstruct it, so fewer than t
+    colluding neighbours (plus the server) learn nothing, and t > (k + 1)/2 always, so
+    the server cannot obtain both the self-mask and the pairwise-mask shares of one
+    site (Bell et al., Sec. 3).
     """
 
     required: bool = False

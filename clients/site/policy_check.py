@@ -141,8 +141,9 @@ def check_secure_aggregation(policy: SitePolicy, request: Request) -> None:
     A plain train (no SecAgg+ stage) is refused where the site requires secure
     aggregation. A stage is refused when its plan sums fewer participants than
     ``min-participants`` (or the unmask announces fewer inputs), or when its threshold t
-    of k neighbours is not a strict majority (t > k/2, Bell et al. 2020, Sec. 3) or
-    below ``min-threshold`` (t / k).
+    of the k + 1 holders of a site's shares (its k neighbours and itself) is not a
+    strict majority (t > (k + 1)/2, Bell et al. 2020, Sec. 3) or below
+    ``min-threshold`` (t / (k + 1)).
 
     Raises
     ------
@@ -160,10 +161,10 @@ def check_secure_aggregation(policy: SitePolicy, request: Request) -> None:
     _refuse_if(0 < request.secagg_summed < rules.min_participants,
                "secure-aggregation.min-participants",
                f"{request.secagg_summed} inputs summed < {rules.min_participants}")
-    t, k = request.secagg_threshold, request.secagg_neighbours
-    _refuse_if(2 * t <= k or t / max(k, 1) < rules.min_threshold,
+    t, holders = request.secagg_threshold, request.secagg_neighbours + 1
+    _refuse_if(2 * t <= holders or t / holders < rules.min_threshold,
                "secure-aggregation.min-threshold",
-               f"threshold {t} of {k} neighbours: not above half and at least "
+               f"threshold {t} of {holders} share holders: not above half and at least "
                f"{rules.min_threshold} of them")
 
 

@@ -11,8 +11,8 @@ input: a masked vector is added to the sum the moment it arrives and dropped.
   neighbours in ``U2``; it masks with exactly those.
 * ``U3`` (masked inputs received) -> the sum; each site in ``U3`` is told which of
   its neighbours are in ``U3``.
-* ``U4`` (unmask replies) -> per site ``j`` of ``U3`` the ``b_j``-shares, per site of
-  ``U2 - U3`` the key shares; each secret rebuilt from ``t`` of them and checked
+* ``U4`` (unmask replies) -> per site ``j`` of ``U3`` the ``b_j``-shares (its own
+  included when it answered), per site of ``U2 - U3`` the key shares; each secret rebuilt from ``t`` of them and checked
   (``b_j`` against its commitment, the key against its published public key); when
   the first ``t`` shares do not rebuild it, other ``t``-subsets are tried and the
   holders whose shares do not fit are named (``SecureSum.bad_shares``).
@@ -135,7 +135,7 @@ class SecAggRound:
         order = [int(i) for i in self._rng.permutation(sorted(self.public))]
         size = len(order)
         degree = min(self.plans[self.node[order[0]]].neighbours, size - 1) if size else 0
-        if size < 2 or degree < self.threshold:
+        if size < 2 or degree + 1 < self.threshold:
             raise SecAggError(f"{size} sites sent keys: too few for threshold {self.threshold}")
         if degree == size - 1:
             self.neighbours = {i: sorted(set(order) - {i}) for i in order}
@@ -205,11 +205,11 @@ class SecAggRound:
         seeds = entry_list(reply, keys.SECAGG_SEED_SHARES, bytes)
         keys_of = entry_list(reply, keys.SECAGG_KEY_SHARES_OF, int)
         key_shares = entry_list(reply, keys.SECAGG_KEY_SHARES, bytes)
-        if (sorted(seeds_of) != sorted(alive) or len(seeds) != len(seeds_of)
+        if (sorted(seeds_of) != sorted([*alive, index]) or len(seeds) != len(seeds_of)
                 or sorted(keys_of) != sorted(set(peers) - set(alive))
                 or len(key_shares) != len(keys_of)):
             raise SecAggError("the unmask reply must hold a seed share per surviving neighbour "
-                              "and a key share per dropped one, no more")
+                              "and its own, and a key share per dropped neighbour, no more")
         for owner, share in zip(seeds_of, seeds):
             self.seed_shares.setdefault(owner, {})[index] = share
         for owner, share in zip(keys_of, key_shares):

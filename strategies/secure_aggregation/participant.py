@@ -6,9 +6,9 @@ reply's (:mod:`strategies.message_keys`); between stages the site keeps
 
 1. :meth:`Participant.start` -- two X25519 key pairs: ``c`` encrypts shares, ``s``
    agrees the pairwise masks; :meth:`public_keys` is the setup reply.
-2. :meth:`share_keys` -- the self-mask seed ``b``; Shamir ``t``-of-``k`` shares of ``b``
-   and of ``s``'s private key, one pair per neighbour, each encrypted for it; a
-   commitment to ``b``.
+2. :meth:`share_keys` -- the self-mask seed ``b``; Shamir ``t``-of-``(k + 1)`` shares of
+   ``b`` and of ``s``'s private key, one pair per neighbour, each encrypted for it, and
+   one pair the site keeps; a commitment to ``b``.
 3. :meth:`receive_shares` then :meth:`mask` -- the shares addressed to the site are
    decrypted (an altered one is refused before any training), then
    ``y = q + PRG(b) + sum_{j in N(i) cap U2} sign(i, j) PRG(s_ij) mod m`` with
@@ -16,7 +16,8 @@ reply's (:mod:`strategies.message_keys`); between stages the site keeps
    masked vectors under the same masks would reveal their difference.
 4. :meth:`unmask` -- for each neighbour that masked with it: the share of ``b_j`` when
    ``j``'s input arrived, the share of ``s_j``'s key when it did not; never both for one
-   neighbour, whatever the coordinator asks.
+   neighbour, whatever the coordinator asks; and its own share of its own ``b`` (its
+   input arrived: it is asked), never of its own key.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ class Participant:
         self._c, self._s = KeyPair(key_c), KeyPair(key_s)
         self.peers: dict[int, tuple[bytes, bytes]] = {}
         self._seed = b""
+        self._own: tuple[bytes, bytes] = (b"", b"")
         self.held: dict[int, tuple[bytes, bytes]] = {}
         self.masked = False
 
@@ -96,10 +98,12 @@ class Participant:
         plan = self.plan
         if not len(peers) == len(keys_c) == len(keys_s) or len(set(peers)) != len(peers):
             raise SecAggError("the neighbours and their keys do not match one to one")
-        if not plan.threshold <= len(peers) <= plan.neighbours or 2 * plan.threshold <= len(peers):
+        holders = len(peers) + 1
+        if not (plan.threshold <= holders and 2 * plan.threshold > holders
+                and len(peers) <= plan.neighbours):
             raise SecAggError(f"{len(peers)} neighbours for threshold {plan.threshold} (of at "
-                              f"most {plan.neighbours}): more than half of them and at least "
-                              "the threshold must be needed")
+                              f"most {plan.neighbours}): more than half of the holders and "
+                              "at least the threshold must be needed")
         if plan.index in peers or not all(1 <= p <= plan.participants for p in peers):
             raise SecAggError(f"a neighbour index is this site's own or not in "
                               f"1..{plan.participants}")
@@ -109,8 +113,9 @@ class Participant:
             raise SecAggError("a neighbour's public key is malformed or this site's own")
         self.peers = {p: (c, s) for p, c, s in zip(peers, keys_c, keys_s)}
         self._seed = os.urandom(KEY_BYTES)
-        seed_shares = split_secret(self._seed, plan.threshold, len(peers))
-        key_shares = split_secret(self._s.private, plan.threshold, len(peers))
+        seed_shares = split_secret(self._seed, plan.threshold, holders)
+        key_shares = split_secret(self._s.private, plan.threshold, holders)
+        self._own = (seed_shares[-1], key_shares[-1])
         ciphertexts = [encrypt_shares(self._c.private, self.peers[p][0], plan.index, p,
                                       seed_shares[i], key_shares[i])
                        for i, p in enumerate(peers)]
@@ -130,9 +135,9 @@ class Participant:
         unknown = sorted(set(senders) - set(self.peers))
         if unknown:
             raise SecAggError(f"shares from participants {unknown}, not neighbours of this site")
-        if len(senders) < self.plan.threshold:
-            raise SecAggError(f"shares from {len(senders)} neighbours, fewer than the "
-                              f"threshold {self.plan.threshold}")
+        if len(senders) + 1 < self.plan.threshold:
+            raise SecAggError(f"shares from {len(senders)} neighbours and its own, fewer "
+                              f"than the threshold {self.plan.threshold}")
         self.held = {src: decrypt_shares(self._c.private, self.peers[src][0], src,
                                          self.plan.index, ciphertext)
                      for src, ciphertext in zip(senders, ciphertexts)}
@@ -177,8 +182,11 @@ class Participant:
         if len(set(survivors)) != len(survivors) or summed < len(survivors) + 1:
             raise SecAggError("the survivors are repeated or more than the sum's inputs")
         dropped = sorted(set(self.held) - set(survivors))
-        return {keys.SECAGG_SEED_SHARES_OF: sorted(survivors),
-                keys.SECAGG_SEED_SHARES: [self.held[j][0] for j in sorted(survivors)],
+        own = self.plan.index
+        seeds_of = sorted([*survivors, own])
+        return {keys.SECAGG_SEED_SHARES_OF: seeds_of,
+                keys.SECAGG_SEED_SHARES: [self._own[0] if j == own else self.held[j][0]
+                                          for j in seeds_of],
                 keys.SECAGG_KEY_SHARES_OF: dropped,
                 keys.SECAGG_KEY_SHARES: [self.held[j][1] for j in dropped]}
 
@@ -188,6 +196,7 @@ class Participant:
         return json.dumps({
             "plan": asdict(self.plan), "key-c": _b64(self._c.private),
             "key-s": _b64(self._s.private), "seed": _b64(self._seed),
+            "own": [_b64(self._own[0]), _b64(self._own[1])],
             "peers": {str(p): [_b64(c), _b64(s)] for p, (c, s) in self.peers.items()},
             "held": {str(p): [_b64(a), _b64(b)] for p, (a, b) in self.held.items()},
             "masked": self.masked}).encode("utf-8")
@@ -200,6 +209,7 @@ class Participant:
             self = cls(RoundPlan(**state["plan"]), base64.b64decode(state["key-c"]),
                        base64.b64decode(state["key-s"]))
             self._seed = base64.b64decode(state["seed"])
+            self._own = (base64.b64decode(state["own"][0]), base64.b64decode(state["own"][1]))
             self.peers = {int(p): (base64.b64decode(c), base64.b64decode(s))
                           for p, (c, s) in state["peers"].items()}
             self.held = {int(p): (base64.b64decode(a), base64.b64decode(b))

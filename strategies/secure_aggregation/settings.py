@@ -5,11 +5,13 @@ clipped to ``[-clip, clip]``); the sum of ``n`` of them needs
 ``ceil(log2(n (2^b - 1) + 1))`` bits, so arithmetic is in ``Z_m`` with ``m`` that power
 of two and the unmasked sum is exact (no wrap-around).
 
-The threshold: a secret shared ``t``-out-of-``k`` among a site's ``k`` neighbours is
-rebuilt from any ``t`` of their shares. ``t > k / 2`` always: a coordinator that
-tells half the neighbours "it dropped" and the other half "it survived" then never
-gets ``t`` shares of both the self-mask seed and the mask key of one site
-(Bell et al. 2020, section 3.2).
+The threshold: a site splits each secret into ``k + 1`` Shamir shares, one for each of
+its ``k`` neighbours and one it keeps (as Flower's SecAgg+ does), any ``t`` of which
+rebuild it. ``t > (k + 1) / 2`` always: a coordinator that tells some holders "it
+dropped" and the others "it survived" then never gets ``t`` shares of both the
+self-mask seed and the mask key of one site (Bell et al. 2020, section 3.2). The
+share a site keeps lets three sites survive one drop-out after the masked inputs
+(``k = 2``, ``t = 2`` of 3 holders).
 
 Example
 -------
@@ -45,8 +47,8 @@ def neighbour_count(participants: int, requested: int = 0) -> int:
     """The degree ``k`` of the neighbour graph over ``participants`` sites.
 
     ``requested`` (``secagg.neighbours``) when > 0, else ``6 ceil(log2 n)`` (of order
-    ``log n``, Bell et al. 2020, Theorem 3.6; the constant keeps ``t > k/2`` of a
-    site's neighbours alive when 30% of the sites drop out), rounded up to even (a
+    ``log n``, Bell et al. 2020, Theorem 3.6; the constant keeps ``t`` holders of a
+    site's shares alive when 30% of the sites drop out), rounded up to even (a
     circulant graph); never more than ``n - 1`` (then: every other site).
     """
     if participants < 2:
@@ -57,8 +59,10 @@ def neighbour_count(participants: int, requested: int = 0) -> int:
 
 
 def threshold_of(neighbours: int, fraction: float) -> int:
-    """``t = max(floor(k / 2) + 1, ceil(fraction k))``, never above ``k``."""
-    return min(neighbours, max(neighbours // 2 + 1, math.ceil(fraction * neighbours)))
+    """``t = max(floor(h / 2) + 1, ceil(fraction h))`` of the ``h = k + 1`` holders of a
+    site's shares (its ``k`` neighbours and itself), never above ``h``."""
+    holders = neighbours + 1
+    return min(holders, max(holders // 2 + 1, math.ceil(fraction * holders - 1e-9)))
 
 
 @dataclass(frozen=True)
@@ -75,7 +79,8 @@ class SecAggSettings:
     neighbours : int
         ``secagg.neighbours``: ``k``; 0: :func:`neighbour_count`'s ``6 ceil(log2 n)``.
     threshold : float
-        ``secagg.threshold``: ``t`` as a fraction of ``k`` (:func:`threshold_of`).
+        ``secagg.threshold``: ``t`` as a fraction of the ``k + 1`` holders of a site's
+        shares (:func:`threshold_of`).
     min_participants : int
         ``secagg.min-participants``: the coordinator unmasks no sum of fewer inputs.
     """
@@ -130,7 +135,7 @@ class RoundPlan:
     server_round, index, participants : int
         The round, the site's index ``1..n``, ``n``.
     neighbours, threshold : int
-        ``k`` and ``t`` of the round.
+        ``k`` and ``t`` of the round (``t`` of the ``k + 1`` holders of a site's shares).
     bits : int
         ``b``.
     clip : float
@@ -152,10 +157,12 @@ class RoundPlan:
         if not 1 <= self.neighbours < self.participants:
             raise SecAggError(f"{keys.SECAGG_NEIGHBOURS} {self.neighbours} is not in "
                               f"1..{self.participants - 1}")
-        if not self.neighbours // 2 < self.threshold <= self.neighbours:
+        holders = self.neighbours + 1
+        if not (2 * self.threshold > holders and self.threshold <= holders):
             raise SecAggError(f"{keys.SECAGG_THRESHOLD} {self.threshold} is not in "
-                              f"({self.neighbours // 2}, {self.neighbours}]: more than half "
-                              "of the neighbours must be needed to rebuild a secret")
+                              f"({holders / 2:g}, {holders}]: more than half of the holders "
+                              "of a site's shares (its neighbours and itself) must be needed "
+                              "to rebuild a secret")
         if not 2 <= self.bits <= MAX_BITS:
             raise SecAggError(f"{keys.SECAGG_BITS} {self.bits} is not in [2, {MAX_BITS}]")
         if not (math.isfinite(self.clip) and self.clip > 0):

@@ -57,6 +57,13 @@ def test_sites_dropping_after_their_masked_input_stay_in_the_sum():
     assert np.array_equal(result.exact, plain_sum(levels, nodes, coordinator.modulus_bits))
 
 
+def test_three_sites_survive_one_dropping_after_its_masked_input():
+    levels = random_levels([1, 2, 3], 50, seed=8)  # each secret: 2 of its 3 holders
+    coordinator, result = run_round(levels, drop={keys.SECAGG_UNMASK: [2]})
+    assert (coordinator.threshold, result.summed) == (2, [1, 2, 3])
+    assert np.array_equal(result.exact, plain_sum(levels, [1, 2, 3], coordinator.modulus_bits))
+
+
 def test_thirty_percent_dropouts_at_fifty_sites_with_log_degree():
     nodes = list(range(100, 150))
     levels = random_levels(nodes, 64, seed=3)
@@ -112,9 +119,9 @@ def test_a_tampered_unmask_share_is_detected_and_its_holder_named():
 
 
 def test_too_few_honest_shares_fail_the_round_naming_the_site():
-    levels = random_levels([1, 2, 3], 20, seed=6)  # k = 2, t = 2: no spare share
+    levels = random_levels([1, 2, 3], 20, seed=6)  # 3 holders, t = 2: one spare share
     def corrupt(stage, node, entries):
-        if stage == keys.SECAGG_UNMASK and node == 1:
+        if stage == keys.SECAGG_UNMASK and node in (1, 2):
             entries = {**entries, keys.SECAGG_SEED_SHARES: [
                 bytes(len(s)) for s in entries[keys.SECAGG_SEED_SHARES]]}
         return entries
@@ -206,7 +213,8 @@ def test_settings_and_plans_are_checked_naming_the_key():
         with pytest.raises(SecAggConfigError, match=key):
             SecAggSettings(**bad).check()
     with pytest.raises(SecAggError, match="more than half"):
-        RoundPlan(1, 1, 10, 8, 4, 20, 1.0)
+        RoundPlan(1, 1, 10, 8, 4, 20, 1.0)  # 4 of 9 holders
+    assert RoundPlan(1, 1, 10, 8, 5, 20, 1.0).threshold == 5
     with pytest.raises(SecAggError, match=keys.SECAGG_BITS):
         RoundPlan.parse({**SecAggSettings().plan(1, 1, 3).entries(), keys.SECAGG_BITS: "20"})
 

@@ -16,7 +16,8 @@ Run-config section ``secagg`` (:class:`SecAggOptions`):
 * ``secagg.bits`` (20): ``b``, the stochastic-rounding precision of a coordinate;
   the sum of ``n`` sites is exact in ``Z_m`` with ``m = 2^ceil(log2(n (2^b - 1) + 1))``;
 * ``secagg.neighbours`` (0): ``k``, each site's neighbours; 0: ``6 ceil(log2 n)``;
-* ``secagg.threshold`` (0.5): ``t`` as a fraction of ``k`` (``t > k / 2`` always);
+* ``secagg.threshold`` (0.5): ``t`` as a fraction of the ``k + 1`` holders of a site's
+  shares (its neighbours and itself; ``t > (k + 1) / 2`` always);
 * ``secagg.min-participants`` (2): the coordinator unmasks no sum of fewer inputs.
 
 Refused with it (:meth:`SecAggPlus.requires`, naming the key): a defence

@@ -16,7 +16,8 @@ OPEN = SitePolicy.permissive()
 REQUIRED = replace(OPEN, secure_aggregation=SecAggRules(required=True, min_participants=4,
                                                          min_threshold=0.6))
 PLAIN = Request(task="cxr-cls", image_size=16, batch_size=4, local_steps=3)
-#: A setup stage: 5 participants, each with 4 neighbours, threshold 3 of 4 (0.75 >= 0.6).
+#: A setup stage: 5 participants, each with 4 neighbours: threshold 3 of the 5 holders of a
+#: site's shares (its neighbours and itself; 0.6 >= 0.6).
 STAGE = replace(PLAIN, secagg_stage="setup", secagg_participants=5, secagg_neighbours=4,
                 secagg_threshold=3)
 
@@ -66,7 +67,7 @@ def test_a_plain_train_is_refused_where_secure_aggregation_is_required():
 @pytest.mark.parametrize("stage", ["setup", "share-keys", "collect", "unmask"])
 @pytest.mark.parametrize("change, rule", [
     ({"secagg_participants": 3}, "secure-aggregation.min-participants"),
-    ({"secagg_threshold": 2}, "secure-aggregation.min-threshold"),  # 2/4 < 0.6
+    ({"secagg_threshold": 2}, "secure-aggregation.min-threshold"),  # 2/5 < 0.6
     ({"secagg_summed": 3}, "secure-aggregation.min-participants"),  # the unmask's survivors
 ])
 def test_a_stage_below_the_policy_is_refused_naming_the_rule(stage, change, rule):
@@ -77,10 +78,13 @@ def test_a_stage_below_the_policy_is_refused_naming_the_rule(stage, change, rule
     assert str(info.value).startswith(f"policy rule {rule}: ")
 
 
-def test_the_threshold_is_always_a_strict_majority_of_the_neighbours():
-    check_train(OPEN, replace(STAGE, secagg_neighbours=4, secagg_threshold=3))
+def test_the_threshold_is_always_a_strict_majority_of_the_holders():
+    check_train(OPEN, replace(STAGE, secagg_participants=7, secagg_neighbours=5,
+                              secagg_threshold=4))
     with pytest.raises(PolicyRefusal, match="secure-aggregation.min-threshold"):
-        check_train(OPEN, replace(STAGE, secagg_neighbours=4, secagg_threshold=2))
+        # 3 of 6 holders: half (min-threshold 0.5 holds) but no majority
+        check_train(OPEN, replace(STAGE, secagg_participants=7, secagg_neighbours=5,
+                                  secagg_threshold=3))
     with pytest.raises(PolicyRefusal, match="secure-aggregation.min-participants"):
         check_train(OPEN, replace(STAGE, secagg_participants=1))
 
@@ -93,8 +97,8 @@ def test_a_stage_still_passes_the_train_rules():
 
 def test_a_threshold_exactly_at_the_minimum_fraction_is_answered():
     at = replace(OPEN, secure_aggregation=SecAggRules(min_threshold=0.56))
-    check_train(at, replace(STAGE, secagg_participants=30, secagg_neighbours=25,
+    check_train(at, replace(STAGE, secagg_participants=30, secagg_neighbours=24,
                             secagg_threshold=14))  # 14/25 = 0.56 (0.56 * 25 > 14 in floats)
     with pytest.raises(PolicyRefusal, match="secure-aggregation.min-threshold"):
-        check_train(at, replace(STAGE, secagg_participants=30, secagg_neighbours=25,
+        check_train(at, replace(STAGE, secagg_participants=30, secagg_neighbours=24,
                                 secagg_threshold=13))

@@ -28,7 +28,7 @@ RULES = SecAggRules(required=True, min_participants=4, min_threshold=0.75)
 POLICY = replace(SitePolicy.permissive(), secure_aggregation=RULES)
 
 
-def _stage(stage: str, participants: int = 5, neighbours: int = 4, threshold: int = 3,
+def _stage(stage: str, participants: int = 5, neighbours: int = 4, threshold: int = 4,
            **entries) -> dict:
     plan = RoundPlan(1, 1, participants, neighbours, threshold, 16, 0.5)
     return {keys.SECAGG_STAGE: stage, **plan.entries(), **entries}
@@ -55,8 +55,8 @@ def _refused(tmp_path, entries: dict, tasks: SiteTasks) -> str:
     ({}, "secure-aggregation.required"),  # a plain train round
     (_stage(keys.SECAGG_SETUP, participants=3, neighbours=2, threshold=2),
      "secure-aggregation.min-participants"),
-    (_stage(keys.SECAGG_SETUP, threshold=3, neighbours=5, participants=6),
-     "secure-aggregation.min-threshold"),  # 3/5 < 0.75
+    (_stage(keys.SECAGG_SETUP, threshold=4, neighbours=5, participants=6),
+     "secure-aggregation.min-threshold"),  # 4 of 6 holders < 0.75
     (_stage(keys.SECAGG_UNMASK, **{keys.SECAGG_SURVIVORS: [2, 3], keys.SECAGG_SUMMED: 3}),
      "secure-aggregation.min-participants"),  # 3 survivors summed < 4
 ])
