@@ -1,9 +1,9 @@
 """SecAgg+ against the plain round, through the product (#30).
 
 A benchmark run is a configuration: PneumoniaMNIST dealt over Dirichlet(0.5) sites
-by the product's converter (``python -m clients.datagen shared``), the product's run
-config (``strategy.defence = "none"`` in both arms: SecAgg+ refuses robust rules that
-need individual updates) and the in-process engine (:func:`app.engine.run_federation`:
+(iid shares at 50 sites) by the product's converter (``python -m clients.datagen
+shared``), the product's run config (``strategy.defence = "none"`` in both arms:
+SecAgg+ refuses robust rules that need individual updates) and the in-process engine (:func:`app.engine.run_federation`:
 the real ServerApp against the real ClientApp at every site). The secure arm sets
 ``strategy.secure-aggregation = "secagg+"``; drop-outs are sites that go silent at the
 unmask stage, after their masked input was sent (:class:`app.engine.SiteFaults`
@@ -23,7 +23,9 @@ Measured per run (one JSON row per sites x drop-out, the plain arm shared):
   :attr:`SecureSum.exact`);
 * ``metric_*``: the final global model's ``val-auc`` (example-weighted over the sites).
 
-``--accuracy`` adds the convergence comparison at 10 sites over 3 seeds (mean and sd).
+Two more rows at 10 sites: rand-k 0.1 (both arms), and 50 local steps instead of 10 (the
+protocol's per-site work, serial in the engine, against more training). ``--accuracy``
+adds the convergence comparison at 10 sites over 3 seeds (mean and sd).
 
     .venv/bin/python bench/secure_aggregation.py            # -> bench/results/secure_aggregation.json
     .venv/bin/python bench/secure_aggregation.py --quick --output /tmp/s.json   # the test
@@ -49,9 +51,14 @@ __all__ = ["main", "run_arm", "sum_witness"]
 
 DEFAULT_OUTPUT = BENCH / "results" / "secure_aggregation.json"
 GRID = {"sites": (3, 10, 50), "dropouts": (0.0, 0.1, 0.3), "rounds": 3, "local_steps": 10,
-        "randk": "randk:0.1", "randk_sites": 10, "accuracy_rounds": 10, "seeds": (0, 1, 2)}
+        "randk": "randk:0.1", "randk_sites": 10, "long_steps": 50, "accuracy_rounds": 10,
+        "seeds": (0, 1, 2)}
 QUICK = {"sites": (4,), "dropouts": (0.0, 0.3), "rounds": 1, "local_steps": 2,
-         "randk": "randk:0.1", "randk_sites": 4, "accuracy_rounds": 1, "seeds": (0,)}
+         "randk": "randk:0.1", "randk_sites": 4, "long_steps": 4, "accuracy_rounds": 1,
+         "seeds": (0,)}
+#: Sites dealt by Dirichlet(0.5) up to this count; more get iid shares (PneumoniaMNIST's
+#: 2,698 training images leave no Dirichlet draw with 10 images at each of 50 sites).
+DIRICHLET_SITES = 10
 SETTINGS = {"task": "cxr-cls", "image-size": 32, "batch-size": 16,
             "strategy.defence": "none", "round.deadline": 1.0, "round.quorum": 2,
             "node-wait-timeout": 30.0, "experiment": "bench-secure-aggregation"}
@@ -91,7 +98,8 @@ def sum_witness() -> Iterator[list[bool]]:
 def _sites(count: int, dropout: float, seed: int) -> list:
     from app.engine import SiteFaults, VirtualSite  # noqa: PLC0415 - the engine loads Flower
 
-    folders = shared_sites("cxr-cls", "pneumoniamnist", count, seed, scheme="dirichlet",
+    folders = shared_sites("cxr-cls", "pneumoniamnist", count, seed,
+                           scheme="dirichlet" if count <= DIRICHLET_SITES else "iid",
                            alpha=0.5, root=DATA / f"secagg-sites-{count}")
     silent = set(range(round(dropout * count)))
     return [VirtualSite.folder(folder, site_name=f"hospital-{i:02d}",
@@ -134,9 +142,11 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or not b else a / b
 
 
-def _row(sites: int, dropout: float, codec: str, plain: dict, secure: dict) -> dict:
+def _row(sites: int, dropout: float, codec: str, plain: dict, secure: dict,
+         local_steps: int) -> dict:
     dense = plain["dense_fp32_bytes"] or secure["dense_fp32_bytes"]
-    return {"sites": sites, "dropout": dropout, "codec": codec,
+    return {"sites": sites, "dropout": dropout, "codec": codec, "local_steps": local_steps,
+            "partition": "dirichlet-0.5" if sites <= DIRICHLET_SITES else "iid",
             "round_seconds_plain": plain["round_seconds"],
             "round_seconds_secagg": secure["round_seconds"],
             "bytes_up_plain": plain["bytes_up"], "bytes_up_secagg": secure["bytes_up"],
@@ -174,11 +184,15 @@ def main(argv: list[str] | None = None) -> int:
         plain = run_arm(sites, 0.0, secure=False, codec="none", **arm)
         for dropout in grid["dropouts"]:
             secure = run_arm(sites, dropout, secure=True, codec="none", **arm)
-            runs.append(_row(sites, dropout, "none", plain, secure))
+            runs.append(_row(sites, dropout, "none", plain, secure, grid["local_steps"]))
             print(runs[-1], flush=True)
     sites, codec = grid["randk_sites"], grid["randk"]
     runs.append(_row(sites, 0.0, codec, run_arm(sites, 0.0, secure=False, codec=codec, **arm),
-                     run_arm(sites, 0.0, secure=True, codec=codec, **arm)))
+                     run_arm(sites, 0.0, secure=True, codec=codec, **arm), grid["local_steps"]))
+    # the same sites with more local work per round: the protocol's cost amortised
+    arm["local_steps"] = grid["long_steps"]
+    runs.append(_row(sites, 0.0, "none", run_arm(sites, 0.0, secure=False, codec="none", **arm),
+                     run_arm(sites, 0.0, secure=True, codec="none", **arm), arm["local_steps"]))
     report = {"environment": environment(), "grid": {k: list(v) if isinstance(v, tuple)
                                                      else v for k, v in grid.items()},
               "settings": SETTINGS, "runs": runs}

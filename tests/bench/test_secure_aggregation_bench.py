@@ -37,7 +37,8 @@ def test_every_run_has_the_issue_fields_and_an_exact_unmasked_sum(report):
     runs = report["runs"]
     assert [(r["sites"], r["dropout"], r["codec"]) for r in runs] == [
         *((quick["sites"][0], d, "none") for d in quick["dropouts"]),
-        (quick["randk_sites"], 0.0, quick["randk"])]
+        (quick["randk_sites"], 0.0, quick["randk"]), (quick["randk_sites"], 0.0, "none")]
+    assert runs[-1]["local_steps"] == quick["long_steps"]
     for run in runs:
         assert FIELDS <= set(run)
         assert run["sum_exact"] is True and run["rounds_unmasked"] == quick["rounds"]
@@ -47,7 +48,7 @@ def test_every_run_has_the_issue_fields_and_an_exact_unmasked_sum(report):
 
 @needs_data
 def test_a_dropout_after_the_masked_input_is_survived_and_the_uplink_is_bounded(report):
-    dense, dropped, randk = report["runs"]
+    dense, dropped, randk, _ = report["runs"]
     assert dropped["dropouts"] == 1 and dropped["dropped_secagg"] == ["hospital-00"]
     # 4 sites, b = 20: 22 bits of 32 per value plus the other stages' replies
     assert 22 / 32 < dense["bytes_ratio_to_dense_fp32"] <= 1.25
