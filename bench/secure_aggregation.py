@@ -24,7 +24,9 @@ Measured per run (one JSON row per sites x drop-out, the plain arm shared):
 * ``metric_*``: the final global model's ``val-auc`` (example-weighted over the sites).
 
 Two more rows at 10 sites: rand-k 0.1 (both arms), and 50 local steps instead of 10 (the
-protocol's per-site work, serial in the engine, against more training). ``--accuracy``
+protocol's per-site work, serial in the engine, against more training). ``timing``: the
+10-site round time measured apart, 4 plain and 4 secure federations in alternation
+(the median round of each: one row's 2 timed rounds drift with the shared machine). ``--accuracy``
 adds the convergence comparison at 10 sites over 3 seeds (mean and sd).
 
     .venv/bin/python bench/secure_aggregation.py            # -> bench/results/secure_aggregation.json
@@ -38,6 +40,7 @@ from single_thread import BENCH  # noqa: I001
 
 import argparse  # noqa: E402
 import contextlib  # noqa: E402
+import json  # noqa: E402
 import statistics  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -52,10 +55,10 @@ __all__ = ["main", "run_arm", "sum_witness"]
 DEFAULT_OUTPUT = BENCH / "results" / "secure_aggregation.json"
 GRID = {"sites": (3, 10, 50), "dropouts": (0.0, 0.1, 0.3), "rounds": 3, "local_steps": 10,
         "randk": "randk:0.1", "randk_sites": 10, "long_steps": 50, "accuracy_rounds": 10,
-        "seeds": (0, 1, 2)}
+        "seeds": (0, 1, 2), "timing_sites": 10, "timing_pairs": 4, "timing_rounds": 4}
 QUICK = {"sites": (4,), "dropouts": (0.0, 0.3), "rounds": 1, "local_steps": 2,
          "randk": "randk:0.1", "randk_sites": 4, "long_steps": 4, "accuracy_rounds": 1,
-         "seeds": (0,)}
+         "seeds": (0,), "timing_sites": 4, "timing_pairs": 1, "timing_rounds": 2}
 #: Sites dealt by Dirichlet(0.5) up to this count; more get iid shares (PneumoniaMNIST's
 #: 2,698 training images leave no Dirichlet draw with 10 images at each of 50 sites).
 DIRICHLET_SITES = 10
@@ -161,6 +164,22 @@ def _row(sites: int, dropout: float, codec: str, plain: dict, secure: dict,
             "aggregation_failed_secagg": secure["aggregation_failed"]}
 
 
+def timing(sites: int, pairs: int, rounds: int, local_steps: int, workdir: Path) -> dict:
+    """Round seconds of plain and SecAgg+ federations run in alternation (``pairs`` of each,
+    the machine's load drifting alike over both): the median round of each arm, their ratio."""
+    seconds: dict[str, list[float]] = {"plain": [], "secagg": []}
+    for _ in range(pairs):
+        for arm_name in seconds:
+            seconds[arm_name].append(run_arm(sites, 0.0, 0, rounds, local_steps,
+                                             arm_name == "secagg", "none",
+                                             workdir)["round_seconds"])
+    medians = {k: statistics.median(v) for k, v in seconds.items()}
+    return {"sites": sites, "pairs": pairs, "rounds": rounds, "local_steps": local_steps,
+            "round_seconds": seconds, "median_plain": medians["plain"],
+            "median_secagg": medians["secagg"],
+            "ratio": medians["secagg"] / medians["plain"]}
+
+
 def _mean_sd(values: list) -> dict:
     values = [v for v in values if v is not None]
     return {"mean": statistics.fmean(values) if values else None,
@@ -174,8 +193,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="the test's tiny grid")
     parser.add_argument("--accuracy", action="store_true",
                         help="also the convergence comparison at 10 sites over 3 seeds")
+    parser.add_argument("--timing-only", action="store_true",
+                        help="only the alternating timing, into the report at --output")
     args = parser.parse_args(argv)
     grid = QUICK if args.quick else GRID
+    if args.timing_only:
+        report = json.loads(args.output.read_text())
+        report["timing"] = timing(grid["timing_sites"], grid["timing_pairs"],
+                                  grid["timing_rounds"], grid["local_steps"], args.workdir)
+        write_report(args.output, report)
+        print(report["timing"])
+        return 0
     arm = {"rounds": grid["rounds"], "local_steps": grid["local_steps"], "seed": 0,
            "workdir": args.workdir}
     runs = []
@@ -193,7 +221,10 @@ def main(argv: list[str] | None = None) -> int:
     arm["local_steps"] = grid["long_steps"]
     runs.append(_row(sites, 0.0, "none", run_arm(sites, 0.0, secure=False, codec="none", **arm),
                      run_arm(sites, 0.0, secure=True, codec="none", **arm), arm["local_steps"]))
-    report = {"environment": environment(), "grid": {k: list(v) if isinstance(v, tuple)
+    report_timing = timing(grid["timing_sites"], grid["timing_pairs"], grid["timing_rounds"],
+                           grid["local_steps"], args.workdir)
+    print(report_timing, flush=True)
+    report = {"environment": environment(), "timing": report_timing, "grid": {k: list(v) if isinstance(v, tuple)
                                                      else v for k, v in grid.items()},
               "settings": SETTINGS, "runs": runs}
     if args.accuracy or args.quick:

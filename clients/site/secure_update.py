@@ -8,7 +8,8 @@ apply (:mod:`strategies.secure_aggregation.vector`). From the round's
 
 1. ``v``: the update's float arrays as one vector (FedBN's own layers already zero;
    integer buffers are not sent, the coordinator advances them);
-2. rand-k with the round's shared seed (every site keeps the same coordinates): with
+2. rand-k with the round's shared seed (every site keeps the same coordinates; the
+   normalisation statistics, the model's float buffers, whole): with
    error feedback (EF-SGD, Karimireddy et al. 2019, Algorithm 2) ``z = e + v`` and the
    kept coordinates of ``z`` are sent; ``none`` and ``fp16``: all of ``v`` (the
    ``b``-bit quantisation replaces fp16);
@@ -95,8 +96,8 @@ def secure_values(local: LocalUpdate, instruction: Instruction, run: SiteRunSett
     if plan is None:
         raise SecAggError("a masked update needs the round's plan (secagg-* entries)")
     vector = flatten_float(local.delta)
-    kept = kept_indices(vector.size, instruction.codec,
-                        shared_codec_seed(run.seed, plan.server_round))
+    kept = kept_indices(local.delta, instruction.codec,
+                        shared_codec_seed(run.seed, plan.server_round), whole=local.buffers)
     coefficient = coefficient_of(local, instruction, run)
     store = SiteStateStore(state_dir)
     feedback = kept is not None and instruction.error_feedback

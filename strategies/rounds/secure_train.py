@@ -151,8 +151,9 @@ class SecureTrain:
         stage.down_bytes, self.bytes_up = {}, {}
         report.schedule_tau = int(stage.schedule.tau)
         before = copy.deepcopy(stage.aggregator)
-        kept = kept_indices(_float_size(stage.reference), stage.plan.codec,
-                            shared_codec_seed(stage.uplink.seed, server_round))
+        kept = kept_indices(stage.reference, stage.plan.codec,
+                            shared_codec_seed(stage.uplink.seed, server_round),
+                            whole=StatisticPositions.of(stage.keys, stage.reference).estimates)
         used: list[TrainReply] = []
         try:
             secagg = SecAggRound(self.settings, server_round, node_ids, seed=stage.uplink.seed,

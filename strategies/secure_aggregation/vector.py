@@ -8,12 +8,15 @@ sites: every site must send the same coordinates, so that the masked vectors add
 coordinate by coordinate. ``randk:<f>`` does when its seed is the round's, shared by
 all sites (:func:`shared_codec_seed`), not the per-site seed of a plain round;
 ``fp16`` is replaced by the ``b``-bit quantisation. ``topk`` (per-site indices),
-``qsgd`` and ``sign`` (per-site scales) cannot be summed masked.
+``qsgd`` and ``sign`` (per-site scales) cannot be summed masked. Normalisation
+statistics (BatchNorm's running means and variances) are kept whole, as a plain round
+sends its buffers raw: rand-k draws only among the other coordinates (a statistic
+updated at a tenth of its coordinates per round leaves the model's evaluation wrong).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import numpy as np
 
@@ -61,8 +64,21 @@ def shared_codec_seed(base_seed: int, server_round: int) -> int:
     return derive_seed(base_seed, server_round, 0)
 
 
-def kept_indices(d: int, codec: str, seed: int) -> np.ndarray | None:
-    """The coordinates every site sends: rand-k's of ``seed``, or ``None`` for all of them.
+def _coordinates(arrays: Sequence[np.ndarray], positions: Sequence[int]) -> np.ndarray:
+    """The coordinates in :func:`flatten_float`'s vector of the float arrays at ``positions``."""
+    offsets, start = {}, 0
+    for i in float_positions(arrays):
+        offsets[i] = (start, start + np.asarray(arrays[i]).size)
+        start = offsets[i][1]
+    parts = [np.arange(*offsets[i], dtype=np.int64) for i in positions if i in offsets]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def kept_indices(like: Sequence[np.ndarray], codec: str, seed: int,
+                 whole: Collection[int] = ()) -> np.ndarray | None:
+    """The coordinates of :func:`flatten_float` (``like``) every site sends, sorted: rand-k's
+    of ``seed`` among the float arrays not in ``whole``, every coordinate of those in
+    ``whole`` (the normalisation statistics); ``None``: all of them (``none``, ``fp16``).
 
     Raises
     ------
@@ -76,4 +92,7 @@ def kept_indices(d: int, codec: str, seed: int) -> np.ndarray | None:
             f"(per-site indices or scales); use one of {', '.join(SUMMABLE_CODECS)}")
     if spec.name != "randk":
         return None
-    return randk_indices(d, spec.k(d), seed)
+    floats = float_positions(like)
+    drawn = _coordinates(like, [i for i in floats if i not in whole])
+    chosen = drawn[randk_indices(drawn.size, spec.k(drawn.size), seed)] if drawn.size else drawn
+    return np.sort(np.concatenate([chosen, _coordinates(like, [i for i in floats if i in whole])]))

@@ -54,3 +54,6 @@ def test_a_dropout_after_the_masked_input_is_survived_and_the_uplink_is_bounded(
     assert 22 / 32 < dense["bytes_ratio_to_dense_fp32"] <= 1.25
     assert randk["bytes_ratio_to_dense_fp32"] <= 0.25
     assert report["accuracy"]["secagg"]["values"] and report["accuracy"]["plain"]["values"]
+    timing = report["timing"]
+    assert len(timing["round_seconds"]["plain"]) == len(timing["round_seconds"]["secagg"]) == 1
+    assert timing["ratio"] == timing["median_secagg"] / timing["median_plain"] > 0

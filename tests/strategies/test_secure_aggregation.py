@@ -247,3 +247,17 @@ def test_site_weights_give_fedavg_and_fednova():
     total = sum(c * d for c, d in zip(coefficients, deltas))
     expected = fednova_delta([[d] for d in deltas], sizes, steps)[0]
     assert np.allclose(fednova_from_sum(total, weights, steps, floor), expected)
+
+
+def test_rand_k_keeps_the_statistics_whole_and_draws_among_the_weights():
+    from strategies.secure_aggregation.vector import kept_indices
+
+    like = [np.zeros((10, 10), np.float32), np.zeros(4, np.float32),  # weight, running_mean
+            np.zeros(3, np.int64), np.zeros(4, np.float32)]           # counter, running_var
+    kept = kept_indices(like, "randk:0.1", seed=5, whole=(1, 3))
+    assert list(kept[-8:]) == list(range(100, 108))  # both statistics, all 8 values
+    assert kept.size == 10 + 8 and np.all(kept[:10] < 100)
+    assert np.array_equal(kept, kept_indices(like, "randk:0.1", seed=5, whole=(1, 3)))
+    assert kept_indices(like, "none", seed=5) is None
+    with pytest.raises(SecAggConfigError, match="strategy.codec"):
+        kept_indices(like, "topk:0.1", seed=5)

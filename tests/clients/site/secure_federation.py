@@ -26,6 +26,7 @@ from strategies.model_buffer import unpack_model
 from strategies.secure_aggregation import participant as participant_module
 from strategies.secure_aggregation.coordinator import SecAggRound, SecureSum
 from strategies.secure_aggregation.settings import SecAggSettings
+from strategies.rounds.normalisation_statistics import StatisticPositions
 from strategies.secure_aggregation.vector import flatten_float, kept_indices, shared_codec_seed
 from tests.clients.site_round_fixtures import packed_global, run_settings, site
 
@@ -52,9 +53,11 @@ def instruction(entries: dict, run: SiteRunSettings, codec: str = "none",
 
 def vector_length(codec: str, run: SiteRunSettings, server_round: int) -> int:
     """Values in each masked vector: the model's float values, or rand-k's kept ones."""
-    size = flatten_float(list(unpack_model(MODEL).values())).size
-    kept = kept_indices(size, codec, shared_codec_seed(run.seed, server_round))
-    return size if kept is None else kept.size
+    named = unpack_model(MODEL)
+    arrays = list(named.values())
+    kept = kept_indices(arrays, codec, shared_codec_seed(run.seed, server_round),
+                        whole=StatisticPositions.of(list(named), arrays).estimates)
+    return flatten_float(arrays).size if kept is None else kept.size
 
 
 @dataclass
