@@ -129,7 +129,7 @@ class TrainPlan:
 
 
 def site_messages(
-    node_ids: list[int], arrays: ArrayRecord, config: ConfigRecord, server_round: int,
+    node_ids: list[int], arrays: ArrayRecord | None, config: ConfigRecord, server_round: int,
     message_type: str, extra: Callable[[int], dict] | None = None,
     packed_for: Mapping[int, ArrayRecord] | None = None,
 ) -> list[Message]:
@@ -138,15 +138,19 @@ def site_messages(
     The config is ``config`` plus the server round plus ``extra(node_id)``. The
     model travels packed in one buffer (:func:`strategies.model_packing.pack_arrays`,
     packed once: every message refers to the same Flower objects), or as
-    ``packed_for[node_id]`` when given (the compressed downlink's records).
+    ``packed_for[node_id]`` when given (the compressed downlink's records); with
+    ``arrays`` ``None`` and no ``packed_for``, no model (a SecAgg+ stage's instruction).
     """
-    packed, messages = (pack_arrays(arrays) if packed_for is None else None), []
+    packed = pack_arrays(arrays) if packed_for is None and arrays is not None else None
+    messages = []
     for node_id in node_ids:
         site_config = ConfigRecord(dict(config))
         site_config[keys.SERVER_ROUND] = server_round
         site_config.update(extra(node_id) if extra else {})
-        content = RecordDict({keys.ARRAYS: packed if packed_for is None else packed_for[node_id],
-                              keys.CONFIG: site_config})
+        content = RecordDict({keys.CONFIG: site_config})
+        model = packed if packed_for is None else packed_for[node_id]
+        if model is not None:
+            content[keys.ARRAYS] = model
         messages.append(Message(content=content, dst_node_id=node_id,
                                 message_type=message_type))
     return messages

@@ -41,7 +41,7 @@ from logging import WARNING
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
@@ -50,7 +50,7 @@ from strategies.compression import parse_spec
 from strategies.plugins.aggregators.fednova import FedNovaAggregator
 from strategies.replies import TrainReply
 from strategies.rounds.exchange import Exchanged, exchange
-from strategies.rounds.instructions import TrainPlan, train_messages
+from strategies.rounds.instructions import TrainPlan, site_messages, train_messages
 from strategies.rounds.normalisation_statistics import StatisticPositions
 from strategies.rounds.reply_intake import Cap, ReplyIntake, Taken
 from strategies.rounds.round_report import RoundReport
@@ -188,20 +188,6 @@ class SecureTrain:
             log(WARNING, "secagg_unmask: %s sent %s (left out of the reconstruction)",
                 self.stage.sites.label(node), why)
 
-    def _stage_messages(self, io: _Round, node_ids: list[int],
-                        entries: Callable[[int], dict]) -> list[Message]:
-        """A stage's instructions: the run's config, the site's train settings and the
-        stage's entries; no arrays."""
-        messages = []
-        for node in node_ids:
-            site_config = ConfigRecord(dict(io.config))
-            site_config[keys.SERVER_ROUND] = io.server_round
-            site_config.update(self.stage.plan.settings(node, self.stage.uplink))
-            site_config.update(entries(node))
-            messages.append(Message(content=RecordDict({keys.CONFIG: site_config}),
-                                    dst_node_id=node, message_type=MessageType.TRAIN))
-        return messages
-
     # pylint: disable=too-many-arguments
     def _exchange(self, io: _Round, name: str, entries: Callable[[int], dict],
                   take: Callable[[int, Mapping[str, Any]], None], secagg: SecAggRound,
@@ -209,7 +195,9 @@ class SecureTrain:
         """The setup, share-keys or unmask exchange with the sites ``secagg`` asks in it;
         its accepted replies (their entries taken)."""
         node_ids = secagg.stage_nodes(name)
-        messages = self._stage_messages(io, node_ids, entries)
+        messages = site_messages(  # the site's train settings and the stage's entries, no model
+            node_ids, None, io.config, io.server_round, MessageType.TRAIN,
+            lambda node: {**self.stage.plan.settings(node, self.stage.uplink), **entries(node)})
         intake: ReplyIntake = ReplyIntake(
             f"secagg_{name}", self.stage.sites, partial(parse_stage_reply, sized=sized),
             {n: self.stage.sites.label(n) for n in node_ids}, Cap.TRAIN if sized else Cap.NONE,
