@@ -32,6 +32,7 @@ from strategies.errors import ReplyError
 __all__ = [
     "InvalidReplyError",
     "TrainReply",
+    "checked_steps",
     "MetricsReply",
     "site_name",
     "parse_train_reply",
@@ -141,6 +142,16 @@ def _delta(message: Message, reference: list[np.ndarray], codec: str,
     return delta
 
 
+def checked_steps(steps: float, max_steps: int | None) -> int:
+    """A train reply's reported ``steps``: an integer in ``1 .. max_steps`` (the tau the site
+    was sent; no upper bound when ``None``), else :class:`InvalidReplyError`."""
+    if steps < 1 or steps != int(steps) or (max_steps is not None and steps > max_steps):
+        bound = "" if max_steps is None else f" <= {max_steps} (the tau sent)"
+        raise InvalidReplyError(
+            f"'{keys.STEPS}' must be a positive integer{bound}, got {steps}")
+    return int(steps)
+
+
 def parse_train_reply(message: Message, reference: list[np.ndarray], codec: str = "none",
                       seed: int = 0, max_steps: int | None = None,
                       solver: LocalSolver | None = None, *,
@@ -161,12 +172,8 @@ def parse_train_reply(message: Message, reference: list[np.ndarray], codec: str 
         With the reason the reply is unusable.
     """
     metrics = _metrics(message, keys.TRAIN_REQUIRED)
-    steps = metrics[keys.STEPS]
-    if steps < 1 or steps != int(steps) or (max_steps is not None and steps > max_steps):
-        bound = "" if max_steps is None else f" <= {max_steps} (the tau sent)"
-        raise InvalidReplyError(
-            f"'{keys.STEPS}' must be a positive integer{bound}, got {steps}")
-    a_norm = (solver or LocalSolver()).a_norm(int(steps))
+    steps = checked_steps(metrics[keys.STEPS], max_steps)
+    a_norm = (solver or LocalSolver()).a_norm(steps)
     metrics[keys.A_NORM] = a_norm
     node_id = message.metadata.src_node_id if node_id is None else node_id
     return TrainReply(

@@ -25,8 +25,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Message
 
 from strategies import message_keys as keys
 from strategies.local_solver import LocalSolver
-from strategies.replies import (InvalidReplyError, TrainReply, parse_metrics_reply, site_name,
-                                wire_size)
+from strategies.replies import (InvalidReplyError, TrainReply, checked_steps,
+                                parse_metrics_reply, site_name, wire_size)
 
 __all__ = ["REVEALING", "StageReply", "parse_masked_reply", "parse_stage_reply"]
 
@@ -95,14 +95,11 @@ def parse_masked_reply(message: Message, *, node_id: int, tau: int,
         With the reason the reply is unusable.
     """
     clear = parse_metrics_reply(message, keys.TRAIN_REQUIRED, node_id=node_id)
-    steps = clear.metrics[keys.STEPS]
-    if steps < 1 or steps != int(steps) or steps > tau:
-        raise InvalidReplyError(f"'{keys.STEPS}' must be a positive integer <= {tau} "
-                                f"(the tau sent), got {steps}")
-    a_norm = solver.a_norm(int(steps))
+    steps = checked_steps(clear.metrics[keys.STEPS], tau)
+    a_norm = solver.a_norm(steps)
     metrics = {name: value for name, value in clear.metrics.items() if name not in REVEALING}
     metrics[keys.A_NORM] = a_norm
     return TrainReply(node_id=node_id, site=clear.site, delta=[_masked(message)],
-                      num_examples=clear.num_examples, steps=int(steps),
+                      num_examples=clear.num_examples, steps=steps,
                       train_loss=metrics[keys.TRAIN_LOSS], metrics=metrics,
                       wire_bytes=clear.wire_bytes, a_norm=a_norm, tau_a_norm=solver.a_norm(tau))

@@ -64,7 +64,8 @@ from strategies.secure_aggregation.settings import SecAggSettings
 from strategies.secure_aggregation.vector import (float_positions, kept_indices,
                                                   shared_codec_seed, unflatten_float)
 from strategies.secure_aggregation.weights import (fedavg_from_sum, fednova_from_sum,
-                                                   site_coefficient, size_weight)
+                                                   fednova_tau_eff, site_coefficient,
+                                                   size_weight)
 
 __all__ = ["SecureTrain"]
 
@@ -282,7 +283,7 @@ def _combined_reply(total: np.ndarray, summed: list[TrainReply], names: list[str
         a_norms = [r.a_norm for r in summed]
         weights = [size_weight(n, reference) for n in sizes]
         vector = fednova_from_sum(total, weights, a_norms, a_floor)
-        tau_eff = float(np.dot(weights, np.maximum(a_norms, a_floor)) / np.sum(weights))
+        tau_eff = fednova_tau_eff(weights, a_norms, a_floor)
     else:
         vector = fedavg_from_sum(total, [site_coefficient(n, reference) for n in sizes])
     delta = unflatten_float(vector, model)

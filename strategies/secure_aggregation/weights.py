@@ -26,7 +26,8 @@ import numpy as np
 
 from strategies.secure_aggregation.errors import SecAggError
 
-__all__ = ["fedavg_from_sum", "fednova_from_sum", "site_coefficient", "size_weight"]
+__all__ = ["fedavg_from_sum", "fednova_from_sum", "fednova_tau_eff", "site_coefficient",
+           "size_weight"]
 
 
 def size_weight(num_examples: float, reference: float) -> float:
@@ -53,12 +54,16 @@ def fedavg_from_sum(total: np.ndarray, weights: Sequence[float]) -> np.ndarray:
     return total / weight
 
 
+def fednova_tau_eff(weights: Sequence[float], a_norms: Sequence[float], a_floor: float) -> float:
+    """``tau_eff = sum_i w_i max(a_i, a_f) / sum_i w_i`` (the floored a-norms the sites used)."""
+    w = np.asarray(weights, dtype=np.float64)
+    if not (w.sum() > 0 and a_floor > 0):
+        raise SecAggError("FedNova under secure aggregation needs weights and an a-norm floor > 0")
+    return float(np.dot(w, np.maximum(np.asarray(a_norms, dtype=np.float64), a_floor)) / w.sum())
+
+
 def fednova_from_sum(total: np.ndarray, weights: Sequence[float], a_norms: Sequence[float],
                      a_floor: float) -> np.ndarray:
     """``tau_eff S / (a_f sum_i w_i)``: FedNova's update from the sum of ``w_i a_f delta_i / a_i``."""
-    w = np.asarray(weights, dtype=np.float64)
-    a = np.maximum(np.asarray(a_norms, dtype=np.float64), a_floor)
-    if not (w.sum() > 0 and a_floor > 0):
-        raise SecAggError("FedNova under secure aggregation needs weights and an a-norm floor > 0")
-    tau_eff = float(np.dot(w, a) / w.sum())
-    return tau_eff * total / (a_floor * w.sum())
+    tau_eff = fednova_tau_eff(weights, a_norms, a_floor)
+    return tau_eff * total / (a_floor * float(np.sum(weights)))
