@@ -217,6 +217,12 @@ class FederatedStrategy(Strategy):
             self.min_nodes, self.node_wait_timeout)
 
     # -------------------------------------------------------------------- train
+    def _connected(self, grid: Grid) -> list[int]:
+        """The connected sites, once ``min_nodes`` are (bounded wait); the site book told."""
+        nodes = wait_for_nodes(grid, self.min_nodes, self.node_wait_timeout)
+        self.sites.connected = set(nodes)
+        return nodes
+
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
@@ -233,8 +239,7 @@ class FederatedStrategy(Strategy):
                 "run config 'strategy.secure-aggregation' = 'secagg+': a train round is four "
                 "exchanges, run by FederatedStrategy.start; a single train exchange would "
                 "send each site's update in the clear")
-        nodes = wait_for_nodes(grid, self.min_nodes, self.node_wait_timeout)
-        self.sites.connected = set(nodes)
+        nodes = self._connected(grid)
         return self.train.configure(server_round, arrays, config, grid, nodes,
                                     self._report(server_round))
 
@@ -254,8 +259,7 @@ class FederatedStrategy(Strategy):
         if self.fraction_evaluate == 0.0:
             self._evaluate_intake = self._intake_of({})
             return []
-        nodes = wait_for_nodes(grid, self.min_nodes, self.node_wait_timeout)
-        self.sites.connected = set(nodes)
+        nodes = self._connected(grid)
         count = min(len(nodes), math.ceil(self.fraction_evaluate * len(nodes)))
         if count < len(nodes):  # a fresh sample each round (seeded): every site gets its turn
             rng = np.random.default_rng([self.seed, server_round])
@@ -325,8 +329,7 @@ class FederatedStrategy(Strategy):
             taken = self._record(report, "train", exchange(
                 grid, messages, self.policy, self.train.intake, self._late_ids))
             return self.train.aggregate(report, taken)
-        nodes = wait_for_nodes(grid, self.min_nodes, self.node_wait_timeout)
-        self.sites.connected = set(nodes)
+        nodes = self._connected(grid)
         return self.secure.run(grid, server_round, arrays, config, nodes, report,
                                self._late_ids, self._record)
 

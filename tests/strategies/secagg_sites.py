@@ -52,13 +52,20 @@ def random_levels(nodes: Iterable[int], length: int, bits: int = 20, seed: int =
     return {n: rng.integers(0, 1 << bits, length, dtype=np.uint64) for n in nodes}
 
 
-def agreed_sites(nodes: list[int], length: int, settings: SecAggSettings = SecAggSettings(),
-                 server_round: int = 1) -> tuple[SecAggRound, dict[int, Participant]]:
-    """A coordinator and its sites after setup and share-keys (the collect stage is next)."""
+def keyed_sites(nodes: list[int], length: int, settings: SecAggSettings = SecAggSettings(),
+                server_round: int = 1) -> tuple[SecAggRound, dict[int, Participant]]:
+    """A coordinator and its sites after setup (the share-keys stage is next)."""
     coordinator = SecAggRound(settings, server_round, nodes, seed=0, length=length)
     sites = {n: Participant.start(RoundPlan.parse(coordinator.setup_entries(n))) for n in nodes}
     for node, site in sites.items():
         coordinator.take_keys(node, site.public_keys())
+    return coordinator, sites
+
+
+def agreed_sites(nodes: list[int], length: int, settings: SecAggSettings = SecAggSettings(),
+                 server_round: int = 1) -> tuple[SecAggRound, dict[int, Participant]]:
+    """A coordinator and its sites after setup and share-keys (the collect stage is next)."""
+    coordinator, sites = keyed_sites(nodes, length, settings, server_round)
     for node, site in sites.items():
         coordinator.take_shares(node, site.share_keys(coordinator.share_keys_entries(node)))
     return coordinator, sites

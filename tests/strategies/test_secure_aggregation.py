@@ -15,7 +15,7 @@ from strategies.secure_aggregation.participant import Participant
 from strategies.secure_aggregation.settings import RoundPlan, SecAggSettings, neighbour_count
 from strategies.secure_aggregation.weights import (
     fedavg_from_sum, fednova_from_sum, site_coefficient)
-from tests.strategies.secagg_sites import agreed_sites, random_levels, run_round
+from tests.strategies.secagg_sites import agreed_sites, keyed_sites, random_levels, run_round
 
 NODES = [11, 22, 33, 44, 55]
 
@@ -146,11 +146,7 @@ def test_a_site_never_gives_both_shares_of_one_neighbour():
 
 
 def test_a_site_masks_once_per_round_and_only_its_own_round():
-    settings = SecAggSettings()
-    sites = {i: Participant.start(settings.plan(2, i, 3)) for i in (1, 2, 3)}
-    coordinator = SecAggRound(settings, 2, [1, 2, 3], seed=0, length=4)
-    for i, site in sites.items():
-        coordinator.take_keys(i, site.public_keys())
+    coordinator, sites = keyed_sites([1, 2, 3], 4, server_round=2)
     with pytest.raises(SecAggError, match="round 3"):
         sites[1].share_keys({**coordinator.share_keys_entries(1), keys.SERVER_ROUND: 3})
     for i, site in sites.items():
@@ -162,11 +158,7 @@ def test_a_site_masks_once_per_round_and_only_its_own_round():
 
 
 def test_the_state_a_site_keeps_between_stages_round_trips():
-    settings = SecAggSettings()
-    sites = {i: Participant.start(settings.plan(1, i, 3)) for i in (1, 2, 3)}
-    coordinator = SecAggRound(settings, 1, [1, 2, 3], seed=0, length=4)
-    for i, site in sites.items():
-        coordinator.take_keys(i, site.public_keys())
+    coordinator, sites = keyed_sites([1, 2, 3], 4)
     for i in sites:
         sites[i] = Participant.from_bytes(sites[i].to_bytes())
         coordinator.take_shares(i, sites[i].share_keys(coordinator.share_keys_entries(i)))
