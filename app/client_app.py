@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import logging
 
-from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
+import numpy as np
+
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from app.config.site_config import SiteConfig
@@ -26,8 +28,10 @@ from clients.site.instruction import Instruction
 from clients.site.run_settings import SiteRunSettings
 from clients.site.site import Site
 from clients.site.site_round import SiteTasks, answer
+from clients.vertical.stages import VerticalRequest, answer_vertical, vertical_site
 from strategies import message_keys as keys
 from strategies.model_packing import named_arrays, record_of
+from strategies.vertical.options import split_vertical
 
 app = ClientApp()
 
@@ -43,12 +47,17 @@ if not _progress.handlers:
 _TASKS = SiteTasks()
 
 
-def _round(kind: str, msg: Message, context: Context) -> Message:
-    """Message -> instruction, the site's round, reply -> Message."""
+def _site(context: Context) -> tuple[Site, SiteRunSettings]:
+    """The site (node_config, its policy read) and the run settings it reads."""
     run = SiteRunSettings.from_run_config(context.run_config)
     node = SiteConfig.from_node_config(context.node_config, run.data_root, run.site_policy)
-    site = Site(node.name, node.data_path, node.state_dir, node.policy(), node.cache_decoded,
-                int(context.node_config.get("max-local-steps", 0)))
+    return Site(node.name, node.data_path, node.state_dir, node.policy(), node.cache_decoded,
+                int(context.node_config.get("max-local-steps", 0))), run
+
+
+def _round(kind: str, msg: Message, context: Context) -> Message:
+    """Message -> instruction, the site's round, reply -> Message."""
+    site, run = _site(context)
     record = msg.content[keys.CONFIG] if keys.CONFIG in msg.content else ConfigRecord()
     instruction = Instruction.parse(kind, record, run, f"run-{context.run_id}")
     arrays = named_arrays(msg.content[keys.ARRAYS]) if keys.ARRAYS in msg.content else {}
@@ -81,3 +90,25 @@ def evaluate(msg: Message, context: Context) -> Message:
 def query(msg: Message, context: Context) -> Message:
     """Loss of the received global model on the site's training data (Power-of-Choice)."""
     return _round("query", msg, context)
+
+
+@app.train("vertical")
+@sanitised
+def vertical(msg: Message, context: Context) -> Message:
+    """One stage of a vertical federation (:mod:`clients.vertical.stages`): PSI, pvFed, split."""
+    site, run = _site(context)
+    record = msg.content[keys.CONFIG] if keys.CONFIG in msg.content else ConfigRecord()
+    entries = dict(record)
+    stage = str(entries.pop(keys.VERTICAL_STAGE, ""))
+    federation = str(entries.pop(keys.FEDERATION, ""))
+    server_round = int(entries.pop(keys.SERVER_ROUND, 0))
+    federation = federation or f"run-{context.run_id}"
+    arrays = ({name: array.numpy() for name, array in msg.content[keys.ARRAYS].items()}
+              if keys.ARRAYS in msg.content else {})
+    reply = answer_vertical(VerticalRequest(
+        stage, federation, server_round, entries, arrays,
+        split_vertical(context.run_config)[0], vertical_site(site, run, federation, _TASKS)))
+    return Message(RecordDict({keys.VERTICAL: ArrayRecord(
+        {name: Array(np.ascontiguousarray(a)) for name, a in reply.arrays.items()}),
+        keys.METRICS: MetricRecord(reply.metrics), keys.SITE: ConfigRecord(reply.info)}),
+        reply_to=msg)

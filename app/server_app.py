@@ -43,6 +43,7 @@ from app.tracking import (
 from app.tracking.best_round import score_rule
 from app.tracking.refusals import require_aggregation, round_aggregated
 from app.tracking.run_end import RunEnd, finish_run, flush_command
+from app.vertical.federation import VerticalOutcome, federate_vertical
 from clients.registry import task_class
 from strategies import message_keys as keys
 from strategies.rounds.cross_site import CrossSiteResult
@@ -203,8 +204,11 @@ def main(grid: Grid, context: Context) -> None:
     federate(grid, context)
 
 
-def federate(grid: Grid, context: Context) -> FederationOutcome:
+def federate(grid: Grid, context: Context) -> FederationOutcome | VerticalOutcome:
     """Run (or, with ``resume``, continue) the federation described by the run config.
+
+    A vertical federation (``federation.kind = "vertical"``) is run by
+    :func:`app.vertical.federation.federate_vertical` and returns its outcome.
 
     Each federation checkpoints into its own folder ``<checkpoint-dir>/<MLflow
     run id>/`` (:func:`strategies.rounds.checkpoint.run_folder`); ``resume``
@@ -213,6 +217,8 @@ def federate(grid: Grid, context: Context) -> FederationOutcome:
     """
     cap_grid_waits()  # a reply's arrays are read within 0.25 s of their upload, not 1-4 s
     config = RunConfig.from_mapping(context.run_config)
+    if config.federation_kind == "vertical":  # pvFed or split learning: app/vertical/
+        return federate_vertical(grid, context)
     roster = load_roster(config.federation_roster) if config.federation_roster else None
     run_config = config.as_params()
     torch.manual_seed(config.seed)

@@ -124,3 +124,11 @@ SECAGG_SEED_SHARES_OF = "seed-shares-of"
 SECAGG_SEED_SHARES = "seed-shares"
 SECAGG_KEY_SHARES_OF = "key-shares-of"
 SECAGG_KEY_SHARES = "key-shares"
+
+# A vertical federation (docs/VERTICAL.md): every message is of type VERTICAL_MESSAGE_TYPE;
+# its CONFIG names the stage (VERTICAL_STAGE), the federation (FEDERATION) and the round
+# (SERVER_ROUND) besides the stage's own entries, its ARRAYS the stage's named arrays. The
+# reply carries VERTICAL (named arrays), METRICS and SITE (the stage's short strings).
+VERTICAL_MESSAGE_TYPE = "train.vertical"
+VERTICAL = "vertical"
+VERTICAL_STAGE = "vertical-stage"

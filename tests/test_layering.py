@@ -38,6 +38,7 @@ CLIENT_SIDE_STRATEGIES = frozenset({
     "strategies.secure_aggregation.participant",  # the site's side of the SecAgg+ stages
     "strategies.secure_aggregation.vector",       # the masked vector, rand-k's shared coordinates
     "strategies.secure_aggregation.weights",      # site_coefficient, applied before masking
+    "strategies.vertical.options",                # VerticalOptions, the vertical.* section
 })
 
 #: Flower's pure primitives the listed modules may reach (functions over bytes and numpy

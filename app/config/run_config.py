@@ -39,6 +39,7 @@ from strategies.plugins.registries import (
     parse_sections,
 )
 from strategies.rounds.site_metric_score import SCORE_RULES
+from strategies.vertical.options import FEDERATION_KINDS, VerticalOptions, split_vertical
 
 __all__ = ["CARRIED_KEYS", "RunConfig", "RunConfigError"]
 
@@ -132,6 +133,7 @@ class RunConfig:
     round_max_held_mb: float = _dotted("round.max-held-mb", 4096.0)
     federation_roster: str = _dotted("federation.roster", "")
     federation_max_size_ratio: float = _dotted("federation.max-size-ratio", 3.0)
+    federation_kind: str = _dotted("federation.kind", "horizontal")
     dp_noise_multiplier: float = _dotted("privacy.noise-multiplier", 0.0)
     dp_max_grad_norm: float = _dotted("privacy.max-grad-norm", 1.0)
     dp_delta: float = _dotted("privacy.delta", 1e-5)
@@ -147,6 +149,8 @@ class RunConfig:
                                                      metadata={"group": "plug-ins"})
     personalisation_options: PersonalisationOptions = field(
         default_factory=PersonalisationOptions, metadata={"group": "personalisation"})
+    vertical_options: VerticalOptions = field(default_factory=VerticalOptions,
+                                              metadata={"group": "vertical"})
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> RunConfig:
@@ -160,6 +164,7 @@ class RunConfig:
             if not isinstance(values.get(key, ""), str):
                 raise RunConfigError(f"run-config '{key}' must be str, got {values[key]!r}")
         personal, values = split_personalisation(values)
+        vertical, values = split_vertical(values)
         sections, rest = parse_sections({k: v for k, v in values.items()
                                          if k not in CARRIED_KEYS})
         known, task = {_key(f): f for f in _scalar_fields(cls)}, _task_fields()
@@ -169,7 +174,8 @@ class RunConfig:
                                  f"{sorted([*known, *task])} and the plug-in sections "
                                  f"{sorted(sections)}")
         kwargs: dict[str, Any] = {"plugin_options": sections,
-                                  "personalisation_options": personal}
+                                  "personalisation_options": personal,
+                                  "vertical_options": vertical}
         sizes: dict[str, Any] = {}
         for key in rest:
             f = known.get(key) or task[key]
@@ -190,6 +196,8 @@ class RunConfig:
         """Check ranges and cross-field rules."""
         if self.task not in TASKS:
             self._fail("task", f"must be one of {sorted(TASKS)}")
+        if self.federation_kind not in FEDERATION_KINDS:
+            self._fail("federation_kind", f"must be one of {list(FEDERATION_KINDS)}")
         if self.optimizer not in OPTIMIZERS:
             self._fail("optimizer", f"must be one of {OPTIMIZERS}")
         if self.task_sizes.model_size not in ("small", "full"):
@@ -299,4 +307,5 @@ class RunConfig:
         for options in self.plugin_options.values():
             params.update(options.as_params())
         params.update(self.personalisation_options.as_params())
+        params.update(self.vertical_options.as_params())
         return params

@@ -40,6 +40,11 @@ File format (every key optional; a missing key takes the permissive value of
     min-participants = 2         # refuse a round summing fewer sites' updates (setup and unmask)
     min-threshold = 0.5          # t/(k+1) at least this (t > (k+1)/2 always), in [0.5, 1]
 
+    [vertical]                   # vertical federations (pvFed, split learning): docs/VERTICAL.md
+    allowed = false              # answer vertical messages (they carry per-patient vectors)
+    min-intersection = 20        # the fewest shared patients (PSI) this site works with
+    share-labels = false         # vanilla SplitNN: the site's labels go to the coordinator
+
     [apps]                       # which app bundles run: clients/site/app_rules.py
     any = true                   # false: only approved-sha256 / approved-file / trusted-keys
 """
@@ -61,8 +66,8 @@ from clients.training.dp_accountants import ACCOUNTANTS
 from strategies.codecs.registry import CODECS
 from strategies.errors import ConfigError, SiteError
 
-__all__ = ["PolicyRefusal", "SitePolicyError", "AppRules", "DpRules", "SecAggRules", "SitePolicy",
-           "load_policy", "ANY"]
+__all__ = ["PolicyRefusal", "SitePolicyError", "AppRules", "DpRules", "SecAggRules",
+           "VerticalRules", "SitePolicy", "load_policy", "ANY"]
 
 ANY = "*"
 
@@ -135,6 +140,28 @@ class SecAggRules:
 
 
 @dataclass(frozen=True)
+class VerticalRules:
+    """The vertical-federation rules of a site (section ``[vertical]``, docs/VERTICAL.md).
+
+    A vertical federation (pvFed, split learning) sends per-patient vectors: a local
+    encoder of the shared patients, or the cut-layer activations of each batch. A
+    policy *file* must say ``allowed = true`` for the site to answer any vertical
+    message (a file without the section refuses them); ``min_intersection`` is the
+    fewest patients the private set intersection may leave (fewer: refused, and every
+    later per-patient message of that federation too); ``share_labels`` lets vanilla
+    SplitNN send the site's labels to the coordinator (the U-shaped variant keeps them).
+    """
+
+    allowed: bool = False
+    min_intersection: int = 20
+    share_labels: bool = False
+
+
+#: What a site without a policy file answers (simulation): every vertical message.
+PERMISSIVE_VERTICAL = VerticalRules(allowed=True, min_intersection=1, share_labels=True)
+
+
+@dataclass(frozen=True)
 class SitePolicy:
     """The rules a site enforces on every request (see the module docstring)."""
 
@@ -156,6 +183,7 @@ class SitePolicy:
     min_val_items: int = 0
     dp: DpRules = field(default_factory=DpRules)
     secure_aggregation: SecAggRules = field(default_factory=SecAggRules)
+    vertical: VerticalRules = field(default_factory=lambda: PERMISSIVE_VERTICAL)
     apps: AppRules = field(default_factory=AppRules)
     fingerprint: str = ""
 
@@ -234,13 +262,16 @@ def _typed(name: str, value: Any, default: Any, where: str) -> Any:
         raise SitePolicyError(f"{where} must be in (0, 1], got {value!r}")
     if name == "min_participants" and number < 2:
         raise SitePolicyError(f"{where} must be >= 2 (a sum of one is the update), got {value!r}")
+    if name == "min_intersection" and number < 1:
+        raise SitePolicyError(f"{where} must be >= 1, got {value!r}")
     if name == "min_threshold" and not 0.5 <= number <= 1.0:
         raise SitePolicyError(f"{where} must be in [0.5, 1], got {value!r}")
     return number
 
 
-#: The policy's tables: ``[dp]`` and ``[secure-aggregation]`` (``[apps]``: parse_app_rules).
-_TABLES = {"dp": DpRules, "secure-aggregation": SecAggRules}
+#: The policy's tables: ``[dp]``, ``[secure-aggregation]`` and ``[vertical]`` (``[apps]``:
+#: parse_app_rules). A file without ``[vertical]`` refuses vertical federations.
+_TABLES = {"dp": DpRules, "secure-aggregation": SecAggRules, "vertical": VerticalRules}
 
 
 def _section(cls: type, table: Mapping[str, Any], prefix: str, source: str) -> dict[str, Any]:

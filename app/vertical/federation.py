@@ -1,0 +1,168 @@
+"""The ServerApp's vertical federation (``federation.kind = "vertical"``): :func:`federate_vertical`.
+
+The same apps, policy and tracking as a horizontal federation, other messages
+(docs/VERTICAL.md):
+
+1. wait for the sites (``min-nodes``, bounded by ``node-wait-timeout``) and ask each for its
+   department and task (stage ``describe``);
+2. for pvFed, align the sites' patients by a private set intersection
+   (:func:`app.vertical.psi_flow.align`: the coordinator learns the intersection's size);
+3. run the method named by ``vertical.method`` (:data:`VERTICAL_RUNNERS`): pvFed's rounds of
+   local encoders in, a global encoder out; or split learning's batches of cut-layer
+   activations and gradients;
+4. log every round to one MLflow run (per site ``site/<department>/<metric>``, the mean over
+   sites under ``vertical/<metric>``), the traffic, and the sites' final metrics.
+
+A vertical stage needs every site: a site that refuses (its policy's ``[vertical]`` rules)
+or fails stops the federation with a :class:`~app.vertical.messages.VerticalError` naming it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from logging import INFO
+
+import numpy as np
+from flwr.app import Context
+from flwr.serverapp import Grid
+from flwr.supercore import log
+
+from app.config.run_config import RunConfig
+from app.tracking import FederationTracker
+from app.tracking.outbox import RoundRecord
+from app.tracking.tracker import metric_key
+from app.vertical.messages import StageAnswer, StageRequest, Traffic, send_stage
+from strategies.registry import Registry
+from strategies.rounds.exchange import wait_for_nodes
+from strategies.vertical.options import VerticalOptions
+
+__all__ = ["VERTICAL_RUNNERS", "VerticalContext", "VerticalOutcome", "VerticalResult",
+           "federate_vertical"]
+
+
+@dataclass
+class VerticalResult:
+    """What a method's run leaves: each department's final metrics, the coordinator's arrays."""
+
+    site_metrics: dict[str, dict[str, float]]
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+@dataclass
+class VerticalContext:
+    """What a vertical method's coordinator uses: the sites, the settings, messages, tracking."""
+
+    grid: Grid
+    #: The sites, in a fixed order (ascending node id).
+    nodes: list[int]
+    config: RunConfig
+    options: VerticalOptions
+    federation: str
+    tracker: FederationTracker | None = None
+    #: Node id -> its department (the sites' ``describe`` answers).
+    departments: dict[int, str] = field(default_factory=dict)
+    traffic: Traffic = field(default_factory=Traffic)
+
+    @property
+    def seed(self) -> int:
+        """The run seed (``seed``)."""
+        return self.config.seed
+
+    def send(self, stage: str, requests: Mapping[int, StageRequest],
+             server_round: int) -> dict[int, StageAnswer]:
+        """One stage to the nodes of ``requests`` (:func:`app.vertical.messages.send_stage`)."""
+        return send_stage(self.grid, stage, requests, federation=self.federation,
+                          server_round=server_round, timeout=self.config.round_timeout,
+                          traffic=self.traffic, names=self.departments)
+
+    def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        """Queue ``metrics`` of round ``step`` for MLflow (``<department>/<metric>`` per site,
+        else the federation's), with the traffic so far; never waits for MLflow."""
+        values: dict[str, float] = {}
+        for name, value in metrics.items():
+            department, _, metric = name.rpartition("/")
+            key = metric_key("site", department, metric) if department else metric_key(
+                "vertical", metric)
+            values[key] = float(value)
+        values.update({"traffic/downlink-bytes": float(self.traffic.downlink_bytes),
+                       "traffic/uplink-bytes": float(self.traffic.uplink_bytes),
+                       "round-seconds": 0.0})
+        if self.tracker is not None:
+            self.tracker.queue(RoundRecord(step, int(time.time() * 1000), values))
+            self.tracker.flush()
+        log(INFO, "Vertical round %d: %s", step, ", ".join(
+            f"{k} {v:.4f}" for k, v in sorted(metrics.items())))
+
+
+Runner = Callable[[VerticalContext], VerticalResult]
+#: Each vertical method's coordinator, ``"module:function"`` imported on use.
+VERTICAL_RUNNERS: Registry[Runner] = Registry("vertical method", "vertical.method")
+VERTICAL_RUNNERS.add_path("pvfed", "app.vertical.pvfed_flow:run_pvfed")
+VERTICAL_RUNNERS.add_path("splitnn", "app.vertical.split_flow:run_split")
+VERTICAL_RUNNERS.add_path("splitnn-u", "app.vertical.split_flow:run_split")
+
+
+@dataclass(frozen=True)
+class VerticalOutcome:
+    """What a vertical federation left behind, for callers that run the ServerApp in process."""
+
+    mlflow_run_id: str
+    result: VerticalResult
+    traffic: Traffic
+    seconds: float
+    #: Patients shared by every site (PSI; 0: no alignment, split learning).
+    intersection: int = 0
+    departments: dict[int, str] = field(default_factory=dict)
+
+
+def _mean_over_sites(site_metrics: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
+    names = sorted({name for values in site_metrics.values() for name in values})
+    return {name: float(np.mean([v[name] for v in site_metrics.values() if name in v]))
+            for name in names}
+
+
+def federate_vertical(grid: Grid, context: Context) -> VerticalOutcome:
+    """Run the vertical federation described by the run config (see the module docstring)."""
+    from app.vertical.psi_flow import align  # noqa: PLC0415 - pvFed's PSI, imported on use
+
+    config = RunConfig.from_mapping(context.run_config)
+    options = config.vertical_options
+    tracker = FederationTracker(config.task, config.tracking_uri, config.artifact_root,
+                                config.experiment)
+    run_id = tracker.start(
+        run_name=f"vertical-{options.method}-{time.strftime('%Y%m%d-%H%M%S')}",
+        params=config.as_params(),
+        tags={"flwr.run-id": str(context.run_id), "task": config.task,
+              "federation.kind": "vertical", "vertical.method": options.method})
+    started, status = time.monotonic(), "FAILED"
+    try:
+        nodes = wait_for_nodes(grid, config.min_nodes, config.node_wait_timeout)
+        ctx = VerticalContext(grid, nodes, config, options, run_id, tracker)
+        described = ctx.send("describe", {node: ({}, {}) for node in nodes}, 0)
+        ctx.departments = {node: described[node].info.get("department", f"node-{node}")
+                           for node in nodes}
+        if len(set(ctx.departments.values())) != len(nodes):  # names key the metrics
+            ctx.departments = {node: f"{name}-{node}" for node, name in ctx.departments.items()}
+        log(INFO, "Vertical federation (%s) over %s", options.method,
+            ", ".join(ctx.departments[n] for n in nodes))
+        intersection = align(ctx) if options.needs_alignment else 0
+        if intersection:
+            ctx.log(0, {"psi-size": intersection})
+        result = VERTICAL_RUNNERS.get(options.method)(ctx)
+        final = {f"{department}/final-{name}": value
+                 for department, values in result.site_metrics.items()
+                 for name, value in values.items()}
+        final.update({f"final-{name}": value
+                      for name, value in _mean_over_sites(result.site_metrics).items()})
+        ctx.log(config.num_server_rounds + 1, final)
+        status = "FINISHED"
+    finally:
+        tracker.flush()
+        tracker.finish(status)
+    seconds = time.monotonic() - started
+    log(INFO, "Vertical federation finished in %.1f s: %d messages, %.2f MB down, %.2f MB up",
+        seconds, ctx.traffic.messages, ctx.traffic.downlink_bytes / 1e6,
+        ctx.traffic.uplink_bytes / 1e6)
+    return VerticalOutcome(run_id, result, ctx.traffic, seconds, intersection, ctx.departments)
