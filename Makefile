@@ -22,6 +22,9 @@
 #            make simulate RAY_ADDRESS=host:port  (run the virtual sites on an existing Ray
 #                   cluster, `ray start --head --port PORT`; its nodes need this venv and the
 #                   data at the same paths)
+#            make simulate KIND=vertical [METHOD=pvfed|splitnn|splitnn-u] [SET=cohort|heart-disease]
+#                   a vertical federation (pvFed on a vertical set; split learning on the
+#                   task's sites), docs/VERTICAL.md
 #            make simulate ENGINE=local  (the in-process engine, app/engine/: the same apps in
 #                   this process, no SuperLink, no Ray; for small runs. Default ENGINE=ray)
 # Unset ROUNDS/STEPS/IMAGE_SIZE/TASK fall back to the preset, then to pyproject.toml.
@@ -69,6 +72,26 @@ SHARED_OUT   := $(CURDIR)/data/shared-$(SHARED_TAG)
 SHARED_CONVERT = $(DATAGEN) shared --task $(TASK_NAME) --set $(SET_NAME) \
 		--shared $(SHARED_DATA) --sites $(SITES) --scheme $(SCHEME) --alpha $(ALPHA) --seed $(SEED) \
 		$(if $(MAX_PER_SITE),--max-per-site $(MAX_PER_SITE))
+# KIND=vertical: a vertical federation (docs/VERTICAL.md). METHOD=pvfed (default) runs on a
+# vertical set, SET=cohort (the synthetic multimodal cohort, default) | heart-disease
+# (../shared/data's Cleveland patients split by department), written once into
+# data/vertical-<set>-seed<seed>; METHOD=splitnn | splitnn-u runs split learning on the
+# task's horizontal sites (TASK=cxr-cls, DATA=synthetic or shared as above).
+KIND         ?= horizontal
+METHOD       ?= pvfed
+VERTICAL_SET := $(if $(SET),$(SET),cohort)
+ifneq ($(filter-out horizontal vertical,$(KIND)),)
+$(error KIND=$(KIND): `make simulate` takes KIND=horizontal (default) or KIND=vertical)
+endif
+ifeq ($(KIND),vertical)
+VERTICAL_RUN := -c federation.kind=vertical -c vertical.method=$(METHOD)
+ifeq ($(METHOD),pvfed)
+PVFED_DATA   := 1
+DATA_DIR     ?= $(CURDIR)/data/vertical-$(VERTICAL_SET)-seed$(SEED)
+SITES        := 3
+CHECKPOINT_DIR ?= $(CURDIR)/runs/checkpoints/simulate-vertical-$(VERTICAL_SET)-seed$(SEED)
+endif
+endif
 ifeq ($(DATA),shared)
 DATA_DIR     ?= $(SHARED_OUT)
 RUN_PRESET   := $(if $(PRESET),$(PRESET),$(wildcard configs/$(TASK_NAME)-$(SET_NAME).toml))
@@ -132,7 +155,9 @@ endif
 # The stamp names the site count; DATA=shared converts the shared set once per
 # set/scheme/alpha/seed/cap (the folder name) and site count (the stamp).
 $(DATA_DIR)/.sites-$(SITES): | $(STAMP)
-ifeq ($(DATA),shared)
+ifeq ($(PVFED_DATA),1)
+	$(DATAGEN) vertical --set $(VERTICAL_SET) --shared $(SHARED_DATA) --out $(DATA_DIR) --seed $(SEED)
+else ifeq ($(DATA),shared)
 	$(SHARED_CONVERT) --out $(DATA_DIR)
 	@rm -f $(DATA_DIR)/.sites-*
 else
@@ -146,7 +171,7 @@ simulate: install data
 		$(if $(RUN_PRESET),--preset $(abspath $(RUN_PRESET))) \
 		$(if $(TASK),-c task=$(TASK)) $(SHARED_RUN) $(if $(ROUNDS),-c num-server-rounds=$(ROUNDS)) \
 		$(if $(STEPS),-c local-steps=$(STEPS)) $(if $(IMAGE_SIZE),-c image-size=$(IMAGE_SIZE)) \
-		-c seed=$(SEED) -c min-nodes=$(SITES) -c checkpoint-dir=$(CHECKPOINT_DIR) \
+		-c seed=$(SEED) -c min-nodes=$(SITES) -c checkpoint-dir=$(CHECKPOINT_DIR) $(VERTICAL_RUN) \
 		$(if $(RESUME),-c resume=true) $(if $(POLICY),-c site-policy=$(abspath $(POLICY))) \
 		--engine $(ENGINE) $(if $(filter ray,$(ENGINE)),$(if $(RAY_ADDRESS),--ray-address $(RAY_ADDRESS))) \
 		$(foreach kv,$(RUN_CONFIG),-c $(kv))
