@@ -40,7 +40,8 @@ class TaskEntry:
     shared_sets: tuple[str, ...]
     #: The :class:`~clients.training.task_settings.TaskSettings` fields whose product is the
     #: number of float32 values of one decoded example (the site policy's
-    #: ``max-study-bytes`` bounds 4 bytes each, before any data is read).
+    #: ``max-study-bytes`` bounds 4 bytes each, before any data is read); none for a task
+    #: whose example is a table row (a few dozen values: counted as one, 4 bytes).
     study_dims: tuple[str, ...] = ("image_size", "image_size")
 
     def default_set(self, task: str) -> str:
@@ -67,6 +68,8 @@ TASKS.add("cxr-cls", TaskEntry("clients.cxr_cls.task:CXRClsTask", "clients.cxr_c
 TASKS.add("ct3d-cls", TaskEntry("clients.ct3d_cls.task:CT3DClsTask", "clients.ct3d_cls.synthetic",
                                 "clients.ct3d_cls.shared", ("adrenalmnist3d",),
                                 ("volume_depth", "image_size", "image_size")))
+TASKS.add("tabular-cls", TaskEntry("clients.tabular.task:TabularClsTask", "clients.tabular.synthetic",
+                                   "clients.tabular.shared", ("heart-disease",), ()))
 
 
 def task_class(name: str) -> type[SiteTask]:

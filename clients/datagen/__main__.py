@@ -7,6 +7,8 @@ Commands
     :data:`clients.registry.TASKS`).
 ``shared --task T [--set S] --shared DIR --out DIR --sites N ...``
     Convert a shared real set into sites (:func:`clients.datagen.shared.main`).
+``vertical --set S [--shared DIR] --out DIR [--seed S] [--coverage C]``
+    Write a vertical set's sites (:mod:`clients.datagen.vertical_sets`).
 ``default-set TASK``
     Print the task's default shared set (used by the Makefile; imports no
     imaging library).
@@ -21,6 +23,7 @@ from clients.registry import TASKS, synthetic_module
 
 USAGE = ("usage: python -m clients.datagen synthetic --task TASK --out DIR [--sites N] [--seed S] ...\n"
          "       python -m clients.datagen shared --task TASK [--set SET] --shared DIR --out DIR --sites N ...\n"
+         "       python -m clients.datagen vertical --set SET [--shared DIR] --out DIR [--seed S] [--coverage C]\n"
          "       python -m clients.datagen default-set TASK\n"
          f"tasks: {', '.join(TASKS)}")
 
@@ -46,6 +49,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from clients.datagen.shared import main as convert_main  # noqa: PLC0415 - imports numpy and imaging
 
         return convert_main(rest)
+    if command == "vertical":
+        from clients.datagen.vertical_sets import main as vertical_main  # noqa: PLC0415 - as above
+
+        return vertical_main(rest)
     if command == "synthetic":
         task = None
         if "--task" in rest[:-1]:

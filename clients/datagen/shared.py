@@ -9,7 +9,9 @@ and listed in :data:`clients.registry.TASKS` (the first of a task is its default
 
 * ``cxr-cls``: ``pneumoniamnist`` (:mod:`clients.cxr_cls.shared`);
 * ``ct3d-cls``: ``adrenalmnist3d`` (:mod:`clients.ct3d_cls.shared`);
-* ``pe-seg``: ``ctpa`` and ``msd-lung`` (:mod:`clients.pe_seg.shared`).
+* ``pe-seg``: ``ctpa`` and ``msd-lung`` (:mod:`clients.pe_seg.shared`);
+* ``tabular-cls``: ``heart-disease`` (:mod:`clients.tabular.shared`: its own 4 hospitals are
+  the sites, ``--sites 4``, whatever the scheme).
 
 Every site gets a train/val split (stratified by label for the classification
 sets and ``ctpa``; fixed by source file for ``msd-lung``), a held-out ``test``
@@ -41,7 +43,7 @@ import numpy as np
 from clients.datagen.federation import hospital_name
 from clients.datagen.held_out import HeldOutPool, held_out_rng, move_share, splits_of
 from clients.datagen.partitions import SCHEMES, partition, stratified_iid_partition
-from clients.datagen.shared_set import SharedSet, read_medmnist, source_path
+from clients.datagen.shared_set import SharedSet, own_hospitals, read_medmnist, source_path
 from clients.errors import StudyError
 from clients.registry import TASKS, shared_set
 
@@ -152,7 +154,7 @@ def _write_source(site_dir: Path, source: SharedSet, args_line: str, summary: Si
         f"{_MARKER_LINE} ({args_line}).\n\n"
         f"Task: {source.task}\nSet: {source.name}\nSource file(s): {files}"
         + (" (train + val splits; its test split feeds the sites' test splits)"
-           if source.task != "pe-seg" else "") + "\n"
+           if source.task in ("cxr-cls", "ct3d-cls") else "") + "\n"
         f"{source.description}{note}"
         f"{source.license}\n"
         f"This site: {summary.train} train, {summary.val} val, {summary.test} test, "
@@ -200,7 +202,9 @@ def convert(task: str, shared: Path, out: Path, sites: int, scheme: str = "iid",
     items = source.load_items(source, shared, block_slices)
     labels = items.partitioned
     rng = np.random.default_rng(seed)
-    if source.task == "pe-seg" and scheme == "iid":
+    if items.hospitals is not None:  # a set of real hospitals: they are the sites
+        parts = own_hospitals(items.hospitals, sites, source.name)
+    elif source.task == "pe-seg" and scheme == "iid":
         # Few studies with a mask (6 of 18 ctpa blocks): a uniform split often leaves a site without any.
         parts = stratified_iid_partition(labels, sites, rng)
     else:

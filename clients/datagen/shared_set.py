@@ -17,7 +17,9 @@ from typing import TypeVar
 
 import numpy as np
 
-__all__ = ["SharedSet", "SiteItems", "MEDMNIST_LICENSE", "source_path", "read_medmnist", "medmnist_items"]
+from strategies.errors import ConfigError
+
+__all__ = ["SharedSet", "SiteItems", "own_hospitals", "MEDMNIST_LICENSE", "source_path", "read_medmnist", "medmnist_items"]
 
 R = TypeVar("R")
 
@@ -34,7 +36,9 @@ class SiteItems:
     partitioned (:class:`clients.datagen.held_out.HeldOutPool`).
     ``write(site_dir, idx, splits)`` writes the items ``idx`` as one site, item
     ``idx[j]`` in split ``splits[j]`` (``train`` / ``val`` / ``test``); ``note``
-    goes into ``SOURCE.txt``.
+    goes into ``SOURCE.txt``. ``hospitals`` (optional) is the hospital each item
+    comes from, for a set of real hospitals: they are the sites
+    (:func:`own_hospitals`), whatever the partition scheme.
     """
 
     labels: np.ndarray
@@ -43,6 +47,8 @@ class SiteItems:
     fixed_val: np.ndarray | None = None
     note: str = ""
     held_out: np.ndarray | None = None
+    #: The source's own hospital of each item (0, 1, ...): the sites are these hospitals.
+    hospitals: np.ndarray | None = None
 
     @property
     def partitioned(self) -> np.ndarray:
@@ -78,6 +84,21 @@ class SharedSet:
     description: str
     license: str
     load_items: Callable[[SharedSet, Path, int], SiteItems]
+
+
+def own_hospitals(hospitals: np.ndarray, sites: int, name: str) -> list[np.ndarray]:
+    """The items of each of a set's own hospitals, in hospital order (the sites of the set).
+
+    Raises
+    ------
+    ConfigError
+        If ``sites`` is not the number of hospitals (naming the set and ``--sites``).
+    """
+    count = int(np.max(hospitals)) + 1 if len(hospitals) else 0
+    if sites != count:
+        raise ConfigError(f"set {name!r} has its own {count} hospitals: --sites (SITES) must be "
+                          f"{count}, got {sites} (the partition scheme does not apply)")
+    return [np.flatnonzero(hospitals == k) for k in range(count)]
 
 
 def source_path(shared: Path, relpath: str) -> Path:

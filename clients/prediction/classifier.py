@@ -75,10 +75,14 @@ class ClassifierPredictor:
             logits = self.model(batch.to(self.compute.device))
         return torch.sigmoid(logits.float()).cpu().numpy()[0]
 
+    def item_input(self, item: PredictionItem) -> np.ndarray:
+        """The item's input as the training data holds it: ``read`` of its file."""
+        return self.read(item.image)
+
     def predict(self, item: PredictionItem) -> ItemResult:
         """The item's probabilities and reference labels (a
         :class:`~clients.prediction.predictor.Predictor` row)."""
-        scores = self._probabilities(self.read(item.image))
+        scores = self._probabilities(self.item_input(item))
         if item.labels is None:
             labels: list[object] = [None] * self.num_labels
         else:

@@ -28,7 +28,7 @@ def test_the_datagen_command_line_answers_without_numpy_or_torch():
 
 
 def test_every_task_names_modules_that_exist_and_its_default_set_first():
-    assert TASKS.names() == ["ct3d-cls", "cxr-cls", "pe-seg"]
+    assert TASKS.names() == ["ct3d-cls", "cxr-cls", "pe-seg", "tabular-cls"]
     for name, entry in TASKS.entries().items():
         for module in (entry.task.partition(":")[0], entry.synthetic, entry.shared):
             assert importlib.util.find_spec(module) is not None, (name, module)
@@ -37,7 +37,8 @@ def test_every_task_names_modules_that_exist_and_its_default_set_first():
 
 def test_an_unknown_task_or_set_is_refused_naming_the_known_ones():
     with pytest.raises(ConfigError, match=r"run config key 'task' must be one of "
-                                          r"\['ct3d-cls', 'cxr-cls', 'pe-seg'\] \(a task\), "
+                                          r"\['ct3d-cls', 'cxr-cls', 'pe-seg', 'tabular-cls'\] "
+                                          r"\(a task\), "
                                           r"got 'brain'"):
         task_class("brain")
     with pytest.raises(ConfigError, match="unknown set 'lidc' for task 'pe-seg'; expected one "

@@ -1,0 +1,1 @@
+"""The tabular classification task (``tabular-cls``): one table row per patient, an MLP."""
