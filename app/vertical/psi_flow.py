@@ -81,7 +81,8 @@ def _message(task: PsiTask, requests: Mapping[int, np.ndarray], answers: Answers
 def _array(ctx: VerticalContext, reply: StageAnswer, name: str) -> np.ndarray:
     """Array ``name`` of a site's reply."""
     if name not in reply.arrays:
-        raise FederationError(f"PSI: site {_site(ctx, reply.node_id)} replied without array {name!r}")
+        raise FederationError(f"PSI: site {_site(ctx, reply.node_id)} replied without array "
+                              f"{name!r}")
     return reply.arrays[name]
 
 

@@ -123,12 +123,14 @@ def finish(state: PsiClientState, setup: bytes, response: bytes) -> PsiClientSta
         found = client.GetIntersection(_parsed(psi.ServerSetup(), setup, "setup"),
                                        _parsed(psi.Response(), response, "response"))
     except RuntimeError as error:
-        raise SiteError(f"PSI finish: the server's setup and response do not fit: {error}") from error
+        raise SiteError(f"PSI finish: the server's setup and response do not fit: {error}"
+                        ) from error
     if any(not 0 <= index < len(state.items) for index in found):
         raise SiteError(f"PSI finish: the response names item indices outside the request "
                         f"({len(state.items)} items)")
     shared = {state.items[index] for index in found}
-    return PsiClientState(state.key, state.items, [item for item in state.current if item in shared])
+    return PsiClientState(state.key, state.items,
+                          [item for item in state.current if item in shared])
 
 
 def serve(current: Sequence[str], requests: Sequence[bytes]) -> tuple[bytes, list[bytes]]:

@@ -93,8 +93,8 @@ def psi_step(request: VerticalRequest) -> VerticalReply:
         Rule ``vertical.min-intersection`` if a finish leaves fewer shared patients than
         the site's policy allows.
     SiteError
-        If the site has no pending request, an array is missing or not bytes, or a PSI
-        message is malformed.
+        If the site has no pending request, an array is missing or not bytes, a PSI
+        message is malformed, or the site's loaded patients changed since its request.
     """
     state_dir = request.site.state_dir
     state = _load_client(state_dir)
@@ -104,6 +104,9 @@ def psi_step(request: VerticalRequest) -> VerticalReply:
         _check_minimum(request, len(state.current))
         if bool(request.config.get(LAST, False)):
             ids = salted_items(request.federation, request.site.task().report.loaded)
+            if not set(state.current) <= set(ids):
+                raise SiteError("PSI: the site's loaded patients changed since its request; "
+                                "the alignment must run again")
             save_alignment(state_dir, [ids[item] for item in state.current])
             (state_dir / CLIENT_FILE).unlink()
             reply.metrics[PSI_SIZE] = len(state.current)

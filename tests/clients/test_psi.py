@@ -81,7 +81,8 @@ class FakeContext:
                 stage, self.federation, server_round, dict(config),
                 {name: np.array(a) for name, a in arrays.items()}, VerticalOptions(),
                 self.sites[node]))
-            self.seen.extend((f"{stage} from {node}: {name}", a) for name, a in reply.arrays.items())
+            self.seen.extend((f"{stage} from {node}: {name}", a)
+                             for name, a in reply.arrays.items())
             self.metrics.append(dict(reply.metrics))
             answers[node] = StageAnswer(node, {n: np.array(a) for n, a in reply.arrays.items()},
                                         dict(reply.metrics), dict(reply.info))
@@ -175,7 +176,8 @@ def test_salts_differ_per_federation(tmp_path: Path) -> None:
     first, second = federation_of(tmp_path / "a", "fed-a"), federation_of(tmp_path / "b", "fed-b")
     align(first)
     align(second)
-    in_a, in_b = load_alignment(first.sites[11].state_dir), load_alignment(second.sites[11].state_dir)
+    in_a = load_alignment(first.sites[11].state_dir)
+    in_b = load_alignment(second.sites[11].state_dir)
     assert set(in_a) == set(in_b) == set(SHARED)
     assert in_a != in_b  # the common order follows the federation's salt
     assert not set(salted("fed-a", SHARED)) & set(salted("fed-b", SHARED))
@@ -190,3 +192,16 @@ def test_a_step_without_a_request_or_with_a_bad_array_is_a_site_error(tmp_path: 
         ctx.send("psi-step", {11: ({"psi-serve": 1}, {"request-0": np.zeros(3, np.float32)})}, 0)
     with pytest.raises(SiteError, match="request 0 is not a PSI message"):
         ctx.send("psi-step", {11: ({"psi-serve": 1}, {"request-0": np.full(9, 255, np.uint8)})}, 0)
+
+
+def test_a_site_whose_patients_changed_since_its_request_does_not_align(tmp_path: Path) -> None:
+    ctx = federation_of(tmp_path, "fed-changed", {"clinic": patients(*range(30)),
+                                                  "stress-lab": patients(*range(30))})
+    requests = ctx.send("psi-request", {11: ({}, {}), 12: ({}, {})}, 0)
+    served = ctx.send("psi-step", {11: ({"psi-serve": 1},
+                                        {"request-0": requests[12].arrays["request"]})}, 0)
+    ctx.sites[12].task().report.loaded.remove("patient-00007")  # e.g. now skipped as unreadable
+    answer = {"setup": served[11].arrays["setup"], "response": served[11].arrays["response-0"]}
+    with pytest.raises(SiteError, match="loaded patients changed"):
+        ctx.send("psi-step", {12: ({"psi-last": True}, answer)}, 0)
+    assert not (ctx.sites[12].state_dir / ALIGNMENT_FILE).exists()

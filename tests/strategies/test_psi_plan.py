@@ -14,7 +14,7 @@ from strategies.vertical.psi_plan import REQUEST_STAGE, STEP_STAGE, psi_plan
 
 
 def run_plan(sets: dict[int, set[int]]) -> tuple[dict[int, set[int]], dict[int, list[set[int]]]]:
-    """Run the plan over ``sets`` (node -> items): each node's final set, what each finish learned."""
+    """Run the plan over ``sets`` (node -> items): the final sets, what each finish learned."""
     nodes = list(sets)
     current = {node: set(items) for node, items in sets.items()}
     requested: dict[int, set[int]] = {}
@@ -60,7 +60,8 @@ def test_the_plan_takes_m_plus_three_steps(count: int) -> None:
     forward = plan[1:count]
     assert [(task.node, task.serve) for step in forward for task in step.tasks] == [
         (nodes[k - 1], (nodes[k],)) for k in range(1, count)]
-    assert [task.finish_with for step in forward for task in step.tasks] == [None, *nodes[:count - 2]]
+    finishes = [task.finish_with for step in forward for task in step.tasks]
+    assert finishes == [None, *nodes[:count - 2]]
     serve_back, finish_back = plan[count], plan[count + 1]
     assert serve_back.tasks[0].node == nodes[-1] and serve_back.tasks[0].serve == tuple(nodes[:-1])
     assert [task.node for task in finish_back.tasks] == nodes[:-1]
