@@ -112,6 +112,8 @@ VERTICAL_STAGES: Registry[StageHandler] = Registry("vertical stage", keys.VERTIC
 VERTICAL_STAGES.add_path("describe", "clients.vertical.stages:describe")
 VERTICAL_STAGES.add_path("psi-request", "clients.vertical.psi_stages:psi_request")
 VERTICAL_STAGES.add_path("psi-step", "clients.vertical.psi_stages:psi_step")
+VERTICAL_STAGES.add_path("pvfed-local", "clients.vertical.pvfed_site:pvfed_local")
+VERTICAL_STAGES.add_path("pvfed-round", "clients.vertical.pvfed_site:pvfed_round")
 
 
 def describe(request: VerticalRequest) -> VerticalReply:

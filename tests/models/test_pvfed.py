@@ -13,14 +13,6 @@ from models.small_cnn import SmallCNN
 from strategies.vertical.pvfed_aggregation import AggregationSettings
 
 
-@pytest.fixture(autouse=True)
-def _single_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_id_encoder_maps_each_patient_index_to_a_vector_and_is_seeded():
     encoder = IdEncoder(num_ids=10, hidden=16, width=5, seed=3)
     assert encoder(torch.tensor([0, 9])).shape == (2, 5)
