@@ -178,7 +178,7 @@ def claim_site_dir(site_dir: Path, data_dir: str, marker_text: str) -> Path:
 
     The generator writes only into site folders it created: a folder that
     does not exist yet or is empty, or one marked ``SYNTHETIC.txt`` by an
-    earlier run (whose ``data_dir`` is then removed). The folder is created
+    earlier run (whose ``data_dir``, a folder or a file, is then removed). The folder is created
     and marked (``SYNTHETIC.txt`` holding ``marker_text``).
 
     Raises
@@ -195,8 +195,10 @@ def claim_site_dir(site_dir: Path, data_dir: str, marker_text: str) -> Path:
             "a folder this generator did not create"
         )
     data = site_dir / data_dir
-    if marked and data.exists():
+    if marked and data.is_dir():
         shutil.rmtree(data)
+    elif marked and data.exists():
+        data.unlink()
     site_dir.mkdir(parents=True, exist_ok=True)
     (site_dir / MARKER_NAME).write_text(marker_text, encoding="utf-8")
     return data

@@ -28,6 +28,7 @@ __all__ = ["VERTICAL_SETS", "main"]
 #: Set name -> its writer, ``"module:function"``; one line per set.
 VERTICAL_SETS: dict[str, str] = {
     "heart-disease": "clients.tabular.departments:write_departments",
+    "cohort": "clients.datagen.cohort:write_cohort",
 }
 
 
