@@ -25,7 +25,8 @@ from clients.prediction.classifier import ClassifierPredictor, macro_auc
 from clients.training.sampling import positive_share_sampler
 from clients.training.site_task import EvalResult, SiteTask, TaskSettings, merged_report
 
-__all__ = ["LabelledTensors", "balanced_loader", "evaluate_classifier", "ClassificationTask"]
+__all__ = ["LabelledTensors", "balanced_loader", "evaluate_classifier", "logit_metrics",
+           "ClassificationTask"]
 
 
 class LabelledTensors(Dataset):
@@ -73,22 +74,28 @@ def evaluate_classifier(model: nn.Module, dataset: LabelledTensors, compute: Com
     reject with the whole reply.
     """
     model.to(compute.device).eval()
-    loss_fn = nn.BCEWithLogitsLoss(reduction="sum")
     logits, targets = [], []
     for x, y in DataLoader(dataset, batch_size=batch_size, **compute.loader_kwargs(workers=False)):
         with compute.autocast():
             out = model(x.to(compute.device, non_blocking=True))
         logits.append(out.float())
         targets.append(y)
-    out, labels = torch.cat(logits).cpu(), torch.cat(targets)
-    loss = float(loss_fn(out, labels))
-    scores = torch.sigmoid(out)
+    return logit_metrics(torch.cat(logits).cpu(), torch.cat(targets))
+
+
+def logit_metrics(logits: torch.Tensor, labels: torch.Tensor) -> EvalResult:
+    """BCE loss per label, macro ROC AUC and accuracy at probability 0.5 of ``(N, L)`` logits.
+
+    ROC AUC is left out where a label has one class only (see :func:`evaluate_classifier`).
+    """
+    loss = float(nn.BCEWithLogitsLoss(reduction="sum")(logits, labels))
+    scores = torch.sigmoid(logits)
     metrics = {"accuracy": float(((scores > 0.5).float() == labels).float().mean())}
     auc = macro_auc(scores, labels)
     if auc is not None:  # else a label has one class only in ``dataset``: AUC is omitted
         metrics["auc"] = auc
-    return EvalResult(num_examples=len(dataset), loss=loss / max(labels.numel(), 1),
-                      metrics=metrics, num_studies=len(dataset))
+    return EvalResult(num_examples=len(labels), loss=loss / max(labels.numel(), 1),
+                      metrics=metrics, num_studies=len(labels))
 
 
 class ClassificationTask(SiteTask):

@@ -114,6 +114,10 @@ VERTICAL_STAGES.add_path("psi-request", "clients.vertical.psi_stages:psi_request
 VERTICAL_STAGES.add_path("psi-step", "clients.vertical.psi_stages:psi_step")
 VERTICAL_STAGES.add_path("pvfed-local", "clients.vertical.pvfed_site:pvfed_local")
 VERTICAL_STAGES.add_path("pvfed-round", "clients.vertical.pvfed_site:pvfed_round")
+VERTICAL_STAGES.add_path("split-train", "clients.vertical.split_site:split_train")
+VERTICAL_STAGES.add_path("split-head", "clients.vertical.split_site:split_head")
+VERTICAL_STAGES.add_path("split-eval-forward", "clients.vertical.split_site:split_eval_forward")
+VERTICAL_STAGES.add_path("split-eval-finish", "clients.vertical.split_site:split_eval_finish")
 
 
 def describe(request: VerticalRequest) -> VerticalReply:

@@ -1,0 +1,221 @@
+"""The coordinator's side of split learning: its part of the network, its optimiser, the batch exchange.
+
+Split learning (Vepakomma et al., "Split learning for health", arXiv:1812.00564, 2018;
+the book's chapter 4) over sites holding different patients of one imaging task (no
+private set intersection; Poirot et al., arXiv:1912.12115, 2019, held chest X-ray
+performance constant from 1 to 50 clients). The coordinator builds the task's network
+from the run seed, cuts it (``vertical.cut``, ``vertical.head-layers``;
+:func:`~clients.vertical.split_model.cut_task_network`), keeps the middle (U-shaped,
+``splitnn-u``) or the rest (vanilla, ``splitnn``) and hands the site part (bottom, and the
+U-shaped head) to the sites; the site side is :mod:`clients.vertical.split_site`.
+
+Each of ``num-server-rounds`` rounds, every site trains ``local-steps`` batches
+(``batch-size``), ``vertical.batches-per-message`` batches per message:
+
+* vanilla: a site's message brings the batches' cut activations a1_j and labels y_j; the
+  coordinator, batch after batch, computes the loss of ``rest(a1_j)``, back-propagates,
+  steps its optimiser (one step per batch) and returns dL_j/da1_j with the site's next
+  message, which also asks for the next batches;
+* U-shaped: the coordinator returns a2_j = middle(a1_j) (stage ``split-head``); the site
+  finishes with its head and labels and sends dL_j/da2_j; the coordinator back-propagates
+  the middle from the graphs it kept, steps once on the mean gradient of the exchange's
+  batches and returns dL_j/da1_j.
+
+``vertical.split-mode = "sequential"``: the sites work in turn, the site part handed from
+one to the next through the coordinator (the book's vanilla synchronisation, sec. 19.1.1.1).
+``"parallel"`` (SplitFed, Thapa et al., "SplitFed: when federated learning meets split
+learning", AAAI 2022): every site trains its own copy of the site part at once and the
+coordinator processes their batches in node order with its one part (SplitFedV1's server
+parts are one per client, averaged; here one part sees every batch, as in SplitFedV2);
+after the round the sites' parts are averaged FedAvg-style, weighted by their training
+examples (:func:`~strategies.aggregation.fedavg_delta`). The round ends with an
+evaluation: each site's val and test splits through the whole split network, the
+coordinator's outputs back to the site, which computes its own AUC (labels never needed
+here). Per round ``ctx.log`` gets ``<department>/val-auc``, ``test-auc``, ``train-loss``
+...; the bytes are the context's traffic counter. Activations and gradients are float32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+
+from app.vertical.federation import VerticalContext, VerticalResult
+from app.vertical.messages import StageAnswer
+from clients.registry import task_class
+from clients.training.device import select_device
+from clients.training.site_task import make_optimizer
+from clients.vertical.split_model import (PART, U_SHAPED, batch_key, cut_task_network,
+                                          part_arrays, tensor_of)
+from strategies.aggregation import fedavg_delta
+from strategies.errors import ReplyError
+
+__all__ = ["run_split", "message_sizes"]
+
+Arrays = dict[str, np.ndarray]
+
+
+def message_sizes(local_steps: int, per_message: int) -> list[int]:
+    """Batches of each message of a site's round: ``per_message`` each, the rest last."""
+    full, rest = divmod(local_steps, per_message)
+    return [per_message] * full + ([rest] if rest else [])
+
+
+@dataclass
+class _Coordinator:
+    """The coordinator's part of the network, its optimiser and what it has seen this round."""
+
+    ctx: VerticalContext
+    middle: nn.Module
+    optimiser: torch.optim.Optimizer
+    loss_fn: nn.Module
+    device: torch.device
+    losses: dict[int, list[float]] = field(default_factory=dict)
+
+    def activation(self, answer: StageAnswer, j: int | str) -> torch.Tensor:
+        """Batch ``j``'s cut activation from a site's answer, on the coordinator's device."""
+        return tensor_of(answer.arrays, batch_key("activation", j), ReplyError).to(self.device)
+
+    def vanilla_step(self, answers: Mapping[int, StageAnswer], count: int) -> dict[int, Arrays]:
+        """Finish every batch's pass, one optimiser step each; dL_j/da1_j per site."""
+        gradients: dict[int, Arrays] = {}
+        self.middle.train()
+        for node, answer in answers.items():
+            gradients[node] = {}
+            for j in range(count):
+                received = self.activation(answer, j).requires_grad_()
+                labels = tensor_of(answer.arrays, batch_key("label", j), ReplyError).to(self.device)
+                loss = self.loss_fn(self.middle(received), labels)
+                self.optimiser.zero_grad(set_to_none=True)
+                loss.backward()
+                self.optimiser.step()
+                gradients[node][batch_key("gradient", j)] = received.grad.cpu().numpy()
+                self.losses.setdefault(node, []).append(float(loss.detach()))
+        return gradients
+
+    def u_step(self, answers: Mapping[int, StageAnswer], count: int,
+               server_round: int) -> dict[int, Arrays]:
+        """a2 = middle(a1) to the sites' heads, their dL/da2 back through the middle, one step on
+        the mean over the exchange's batches; dL_j/da1_j per site."""
+        self.middle.train()
+        self.optimiser.zero_grad(set_to_none=True)
+        kept: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        outputs: dict[int, Arrays] = {}
+        for node, answer in answers.items():
+            kept[node], outputs[node] = [], {}
+            for j in range(count):
+                received = self.activation(answer, j).requires_grad_()
+                out = self.middle(received)
+                kept[node].append((received, out))
+                outputs[node][batch_key("output", j)] = out.detach().float().cpu().numpy()
+        heads = self.ctx.send("split-head", {n: ({}, outputs[n]) for n in answers}, server_round)
+        gradients: dict[int, Arrays] = {}
+        for node, pairs in kept.items():
+            gradients[node] = {}
+            for j, (received, out) in enumerate(pairs):
+                back = tensor_of(heads[node].arrays, batch_key("gradient", j), ReplyError)
+                if back.shape != out.shape:
+                    raise ReplyError(f"split learning: {self.ctx.departments.get(node, node)}'s "
+                                     f"gradient-{j} has shape {tuple(back.shape)}, not "
+                                     f"{tuple(out.shape)}")
+                out.backward(back.to(self.device))
+                gradients[node][batch_key("gradient", j)] = received.grad.cpu().numpy()
+            self.losses.setdefault(node, []).append(float(heads[node].metrics["train-loss"]))
+        for p in self.middle.parameters():
+            if p.grad is not None:
+                p.grad /= count * len(kept)
+        self.optimiser.step()
+        return gradients
+
+    def turn(self, nodes: list[int], part: Arrays, server_round: int) -> dict[int, StageAnswer]:
+        """The sites of ``nodes`` train their round from ``part``; their last answers
+        (their parts and training examples)."""
+        ctx = self.ctx
+        u_shaped = ctx.options.method == U_SHAPED
+        sizes = message_sizes(ctx.config.local_steps, ctx.options.batches_per_message)
+        answers = ctx.send("split-train", {n: ({"batches": sizes[0], "step": 0}, part)
+                                           for n in nodes}, server_round)
+        for g, count in enumerate(sizes):
+            gradients = (self.u_step(answers, count, server_round) if u_shaped
+                         else self.vanilla_step(answers, count))
+            last = g + 1 == len(sizes)
+            entries = {"batches": 0 if last else sizes[g + 1], "step": g + 1, "return-part": last}
+            answers = ctx.send("split-train", {n: (entries, gradients[n]) for n in nodes},
+                               server_round)
+        return answers
+
+    @torch.no_grad()
+    def evaluate(self, part: Arrays, server_round: int) -> dict[int, dict[str, float]]:
+        """Every site's val and test splits through the split network; each site's metrics."""
+        nodes = self.ctx.nodes
+        forward = self.ctx.send("split-eval-forward", {n: ({}, part) for n in nodes}, server_round)
+        self.middle.eval()
+        outputs: dict[int, Arrays] = {}
+        for node, answer in forward.items():
+            outputs[node] = {}
+            for name in answer.arrays:
+                split = name.removeprefix(batch_key("activation", ""))
+                chunks = self.activation(answer, split).split(64)
+                outputs[node][batch_key("output", split)] = torch.cat(
+                    [self.middle(chunk).float().cpu() for chunk in chunks]).numpy()
+        finish = self.ctx.send("split-eval-finish", {n: ({}, outputs[n]) for n in nodes},
+                               server_round)
+        return {node: {k: float(v) for k, v in finish[node].metrics.items()} for node in nodes}
+
+
+def _averaged(answers: Mapping[int, StageAnswer]) -> Arrays:
+    """The sites' parts averaged, weighted by their training examples (FedAvg)."""
+    nodes = list(answers)
+    names = sorted(k for k in answers[nodes[0]].arrays if k.startswith(PART))
+    for node in nodes:
+        if sorted(k for k in answers[node].arrays if k.startswith(PART)) != names:
+            raise ReplyError(f"split learning: node {node}'s site part has other tensors")
+    mean = fedavg_delta([[answers[n].arrays[k] for k in names] for n in nodes],
+                        [int(answers[n].metrics["num-examples"]) for n in nodes])
+    return dict(zip(names, mean))
+
+
+def _part_of(answer: StageAnswer) -> Arrays:
+    return {k: v for k, v in answer.arrays.items() if k.startswith(PART)}
+
+
+def run_split(ctx: VerticalContext) -> VerticalResult:
+    """Split learning over ``ctx.nodes`` (see the module docstring); the sites' last metrics and
+    the trained network's parts (``middle/*`` at the coordinator, ``part/*`` the sites')."""
+    task, settings = task_class(ctx.config.task), ctx.config.task_settings()
+    torch.manual_seed(ctx.seed)
+    split = cut_task_network(task.model_for_run(settings), ctx.options)
+    device = select_device().device
+    split.middle.to(device)
+    coordinator = _Coordinator(ctx, split.middle, make_optimizer(
+        ctx.config.optimizer, split.middle.parameters(), ctx.config.lr, ctx.config.momentum),
+        task.loss_fn(), device)
+    part = part_arrays(split.site_part())
+    sequential = ctx.options.split_mode == "sequential"
+    site_metrics: dict[str, dict[str, float]] = {}
+    for server_round in range(1, ctx.config.num_server_rounds + 1):
+        coordinator.losses.clear()
+        turns = [[node] for node in ctx.nodes] if sequential else [list(ctx.nodes)]
+        returned: dict[int, StageAnswer] = {}
+        for nodes in turns:
+            returned.update(coordinator.turn(nodes, part, server_round))
+            if sequential:
+                part = _part_of(returned[nodes[0]])
+        if not sequential:
+            part = _averaged(returned)
+        evaluated = coordinator.evaluate(part, server_round)
+        site_metrics = {}
+        for node, metrics in evaluated.items():
+            losses = coordinator.losses.get(node, [])
+            if losses:
+                metrics["train-loss"] = float(np.mean(losses))
+            site_metrics[ctx.departments.get(node, f"node-{node}")] = metrics
+        ctx.log(server_round, {f"{department}/{name}": value
+                               for department, values in site_metrics.items()
+                               for name, value in values.items()})
+    arrays = {f"middle/{k}": v.detach().cpu().numpy() for k, v in split.middle.state_dict().items()}
+    return VerticalResult(site_metrics, {**arrays, **part})

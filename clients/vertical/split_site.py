@@ -1,0 +1,228 @@
+"""The site's stages of split learning: cut activations out, cut gradients in, its own evaluation.
+
+Split learning (Vepakomma et al., "Split learning for health", arXiv:1812.00564, 2018;
+the book's chapter 4) over sites that hold different patients of the same imaging task
+(horizontal data, no private set intersection; Poirot et al., "Split learning for
+collaborative deep learning in healthcare", arXiv:1912.12115, 2019, on chest X-rays).
+The site holds the network's first ``vertical.cut`` blocks (``bottom``) and, U-shaped
+(``splitnn-u``), its last ``vertical.head-layers`` blocks (``head``); the coordinator
+the rest (:mod:`app.vertical.split_flow`). Stages, one message each:
+
+``split-train``
+    Optionally loads the site part the message carries (``part/*``: the start of the
+    site's turn). Then, if the message carries ``gradient-<j>`` (dL_j/da1_j, the
+    gradient of batch j's mean loss at the cut), recomputes the forward pass of the
+    pending batches from the same saved weights (same indices, same seeds) and
+    back-propagates them: one optimiser step of the bottom on the mean of the
+    batches' gradients. Then, if ``batches`` > 0, draws that many class-balanced
+    batches (``batch-size``) and replies ``activation-<j>`` = bottom(x_j); the
+    vanilla SplitNN also sends ``label-<j>`` (only where the policy says
+    ``[vertical] share-labels = true``, else refused: rule ``vertical.share-labels``).
+    With ``return-part`` it replies its part (``part/*``) and ``num-examples``.
+``split-head`` (U-shaped)
+    Gets a2_j = middle(a1_j), computes head(a2_j) and the loss with its own labels,
+    steps the head once on the mean gradient, replies ``gradient-<j>`` = dL_j/da2_j
+    and ``train-loss``; the labels never leave the site.
+``split-eval-forward`` / ``split-eval-finish``
+    Loads the part the coordinator sends (the round's averaged or last part), replies
+    ``activation-val`` / ``activation-test`` of its val and test splits (bottom in
+    eval mode), then gets ``output-<split>`` back (vanilla: the logits; U-shaped: a2,
+    the site finishes with its head) and replies ``<split>-auc``, ``<split>-loss``,
+    ``<split>-accuracy`` and ``<split>-examples``: evaluation never needs the labels
+    at the coordinator.
+
+*Batching and staleness.* One message carries ``vertical.batches-per-message`` batches,
+all computed with the same site weights w_t; the site steps once per message on the
+mean of their gradients (so ``k`` batches per message are ``k`` times fewer site steps
+than ``local-steps``; with ``k = 1`` this is exactly the SplitNN of the paper). The
+gradient a batch brings back was computed by a coordinator that stepped on the earlier
+batches of the message (vanilla) or once for the message (U-shaped), so it is up to
+``k - 1`` coordinator steps stale for w_t: the price of amortising the per-message cost.
+Recomputing the forward pass leaves the normalisation statistics as the first pass
+left them. Everything that crosses is float32.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from clients.site.policy import PolicyRefusal
+from clients.training.classification import logit_metrics
+from clients.training.site_task import EVAL_SPLITS
+from clients.vertical.split_model import U_SHAPED, batch_key, part_arrays, tensor_of
+from clients.vertical.split_state import SplitSiteState, open_state, save_state
+from clients.vertical.stages import VerticalReply, VerticalRequest
+from clients.training.sampling import positive_share_weights
+from strategies.errors import SiteError
+from strategies.seeds import site_seed
+
+__all__ = ["split_train", "split_head", "split_eval_forward", "split_eval_finish"]
+
+
+def _batch(request: VerticalRequest, indices) -> tuple[torch.Tensor, torch.Tensor]:
+    """Training examples ``indices`` as one batch on the site's device."""
+    data = request.site.task().require_training()
+    xs, ys = zip(*(data[int(i)] for i in indices))
+    device = request.site.compute.device
+    return torch.stack(xs).to(device), torch.stack(ys).to(device)
+
+
+def _draw(request: VerticalRequest, count: int, state: SplitSiteState) -> None:
+    """Draw ``count`` class-balanced batches of training indices (the run's positive share),
+    seeded by the run seed, the round, the message's ``step`` and the site."""
+    site = request.site
+    data = site.task().require_training()
+    seed = site_seed(site.seed, request.server_round, f"{site.name}/split/{request.config.get('step', 0)}")
+    weights = positive_share_weights(len(data), getattr(data, "positive_indices", []),
+                                     site.settings.positive_fraction).numpy()
+    rng = torch.Generator().manual_seed(seed)
+    state.pending = torch.multinomial(torch.from_numpy(weights), count * site.settings.batch_size,
+                                      replacement=True, generator=rng).view(count, -1).numpy()
+    state.seeds = (seed + torch.arange(count)).numpy()
+
+
+def _mean_step(module: nn.Module, optimiser: torch.optim.Optimizer, batches: int) -> None:
+    """One optimiser step on the mean of ``batches`` accumulated batch gradients."""
+    for p in module.parameters():
+        if p.grad is not None:
+            p.grad /= batches
+    optimiser.step()
+    optimiser.zero_grad(set_to_none=True)
+
+
+def _backward_bottom(request: VerticalRequest, state: SplitSiteState) -> None:
+    """Recompute the pending batches' cut activations and back-propagate the returned gradients."""
+    count = len(state.pending)
+    if count == 0:
+        raise SiteError("split learning: gradients came for no pending batch (stage out of order)")
+    bottom = state.split.bottom.train()
+    buffers = {name: b.clone() for name, b in bottom.named_buffers()}
+    state.optimisers["bottom"].zero_grad(set_to_none=True)
+    for j, (indices, seed) in enumerate(zip(state.pending, state.seeds)):
+        gradient = tensor_of(request.arrays, batch_key("gradient", j))
+        x, _ = _batch(request, indices)
+        torch.manual_seed(int(seed))
+        activation = bottom(x)
+        if activation.shape != gradient.shape:
+            raise SiteError(f"split learning: gradient-{j} has shape {tuple(gradient.shape)}, "
+                            f"the cut activation {tuple(activation.shape)}")
+        activation.backward(gradient.to(activation.device))
+    with torch.no_grad():
+        for name, b in bottom.named_buffers():
+            b.copy_(buffers[name])
+    _mean_step(bottom, state.optimisers["bottom"], count)
+    state.pending, state.seeds = state.pending[:0], state.seeds[:0]
+
+
+def split_train(request: VerticalRequest) -> VerticalReply:
+    """Stage ``split-train``: the site part in, the returned gradients applied, the next batches'
+    cut activations out (see the module docstring).
+
+    Raises
+    ------
+    PolicyRefusal
+        Rule ``vertical.share-labels``: the vanilla SplitNN needs the labels at the
+        coordinator and the site's policy does not let them leave.
+    SiteError
+        No site part, gradients for no pending batch, a gradient of the wrong shape.
+    """
+    site, options = request.site, request.options
+    count = int(request.config.get("batches", 0))
+    vanilla = options.method != U_SHAPED
+    if count and vanilla and not site.rules.share_labels:
+        raise PolicyRefusal("vertical.share-labels", "the vanilla SplitNN sends each batch's labels "
+                            "to the coordinator; this site's policy keeps them (use splitnn-u)")
+    state = open_state(request)
+    if batch_key("gradient", 0) in request.arrays:
+        _backward_bottom(request, state)
+    reply = VerticalReply(metrics={"num-examples": len(site.task().require_training())})
+    if count:
+        if len(state.pending):
+            raise SiteError("split learning: new batches asked before the pending ones' gradients")
+        _draw(request, count, state)
+        bottom = state.split.bottom.train()
+        for j, (indices, seed) in enumerate(zip(state.pending, state.seeds)):
+            x, y = _batch(request, indices)
+            torch.manual_seed(int(seed))
+            with torch.no_grad():
+                reply.arrays[batch_key("activation", j)] = bottom(x).float().cpu().numpy()
+            if vanilla:
+                reply.arrays[batch_key("label", j)] = y.float().cpu().numpy()
+    if request.config.get("return-part", False):
+        reply.arrays.update(part_arrays(state.part))
+    save_state(request, state)
+    return reply
+
+
+def split_head(request: VerticalRequest) -> VerticalReply:
+    """Stage ``split-head`` (U-shaped): the head's forward, the loss with the site's labels, one
+    step of the head; replies dL_j/da2_j per pending batch and the message's mean loss.
+
+    Raises
+    ------
+    SiteError
+        The method is not U-shaped, or no batch is pending.
+    """
+    if request.options.method != U_SHAPED:
+        raise SiteError(f"split learning: stage 'split-head' is U-shaped only, not "
+                        f"{request.options.method!r}")
+    state = open_state(request)
+    if not len(state.pending):
+        raise SiteError("split learning: 'split-head' for no pending batch (stage out of order)")
+    head, loss_fn = state.split.head.train(), request.site.task().loss_fn()
+    reply, losses = VerticalReply(), []
+    for j, indices in enumerate(state.pending):
+        _, y = _batch(request, indices)
+        received = tensor_of(request.arrays, batch_key("output", j)).to(y.device).requires_grad_()
+        loss = loss_fn(head(received), y)
+        loss.backward()
+        reply.arrays[batch_key("gradient", j)] = received.grad.cpu().numpy()
+        losses.append(float(loss.detach()))
+    _mean_step(head, state.optimisers["head"], len(state.pending))
+    reply.metrics["train-loss"] = sum(losses) / len(losses)
+    save_state(request, state)
+    return reply
+
+
+def split_eval_forward(request: VerticalRequest) -> VerticalReply:
+    """Stage ``split-eval-forward``: the part in, the val and test splits' cut activations out."""
+    state = open_state(request)
+    task, device = request.site.task(), request.site.compute.device
+    bottom, reply = state.split.bottom.eval(), VerticalReply()
+    for split in EVAL_SPLITS:
+        data = task.eval_set(split)
+        if data is None or not len(data):
+            continue
+        x = torch.stack([data[i][0] for i in range(len(data))])
+        with torch.no_grad():
+            out = [bottom(chunk.to(device)).float().cpu() for chunk in x.split(64)]
+        reply.arrays[batch_key("activation", split)] = torch.cat(out).numpy()
+    save_state(request, state)
+    return reply
+
+
+def split_eval_finish(request: VerticalRequest) -> VerticalReply:
+    """Stage ``split-eval-finish``: the coordinator's outputs in, the site's metrics out
+    (``<split>-auc``, ``-loss``, ``-accuracy``, ``-examples``; AUC left out where undefined)."""
+    task = request.site.task()
+    u_shaped = request.options.method == U_SHAPED
+    head = open_state(request).split.head.eval() if u_shaped else None
+    reply = VerticalReply()
+    for split in EVAL_SPLITS:
+        name = batch_key("output", split)
+        if name not in request.arrays:
+            continue
+        data = task.eval_set(split)
+        labels = torch.stack([data[i][1] for i in range(len(data))])
+        out = tensor_of(request.arrays, name)
+        if head is not None:
+            with torch.no_grad():
+                out = head(out.to(request.site.compute.device)).float().cpu()
+        if len(out) != len(labels):
+            raise SiteError(f"split learning: {name} has {len(out)} rows, split {split!r} "
+                            f"{len(labels)} items")
+        result = logit_metrics(out, labels)
+        reply.metrics.update({f"{split}-{metric}": value for metric, value in result.metrics.items()})
+        reply.metrics.update({f"{split}-loss": result.loss, f"{split}-examples": len(labels)})
+    return reply

@@ -1,0 +1,176 @@
+"""Split learning's site stages under the coordinator's flow, without Flower: the context's
+``send`` answers each stage with the sites' own handlers (:func:`answer_vertical`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from app.config.run_config import RunConfig
+from app.vertical.federation import VerticalContext
+from app.vertical.messages import StageAnswer
+from app.vertical.split_flow import message_sizes, run_split
+from clients.manifests.load_report import LoadReport
+from clients.site.policy import PolicyRefusal, SitePolicy, VerticalRules
+from clients.site.site import Site
+from clients.site.site_round import SiteTasks
+from clients.training.classification import ClassificationTask, LabelledTensors
+from clients.training.device import ComputeDevice
+from clients.training.site_task import SiteTask, TaskSettings
+from clients.vertical.split_state import STATE_FILE
+from clients.vertical.stages import VerticalRequest, VerticalSite, answer_vertical
+from strategies.errors import SiteError
+from strategies.vertical.options import VerticalOptions
+
+CPU = ComputeDevice(torch.device("cpu"), None)
+SIZES = {"train": 64, "val": 32, "test": 32}
+
+
+class TinyTask(ClassificationTask):
+    """4 x 4 images whose label is whether the left half is brighter than the right."""
+
+    name = "tiny-cls"
+    manifest_name = "tiny.csv"
+    item_noun = "image"
+    preprocessing = "none"
+
+    def _load_split(self, split: str) -> tuple[LabelledTensors, LoadReport]:
+        rng = np.random.default_rng([len(self.site_dir.name), len(split)])
+        images = rng.random((SIZES[split], 4, 4), dtype=np.float32)
+        labels = (images[:, :, :2].mean((1, 2)) > images[:, :, 2:].mean((1, 2))).astype(np.float32)
+        report = LoadReport()
+        report.loaded.extend(f"{split}-{i}" for i in range(len(images)))
+        return LabelledTensors(list(images), [[y] for y in labels]), report
+
+    @classmethod
+    def model_for(cls, settings: TaskSettings) -> nn.Module:
+        return nn.Sequential(nn.Flatten(), nn.Linear(16, 16), nn.BatchNorm1d(16), nn.ReLU(),
+                             nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 1))
+
+    @classmethod
+    def read_image(cls, path, settings):
+        raise NotImplementedError
+
+    @classmethod
+    def manifest_items(cls, site_dir, split, settings):
+        return []
+
+    @classmethod
+    def example_input(cls, settings):
+        return np.zeros((1, 1, 4, 4), np.float32)
+
+
+@dataclass
+class TinySite(VerticalSite):
+    """A vertical site whose task is the tiny one, loaded once."""
+
+    loaded: SiteTask | None = None
+
+    def task(self) -> SiteTask:
+        if self.loaded is None:
+            self.loaded = TinyTask(self.data_path, self.settings)
+        return self.loaded
+
+
+def tiny_site(tmp_path: Path, name: str, rules: VerticalRules) -> TinySite:
+    data, state = tmp_path / name, tmp_path / name / "state"
+    state.mkdir(parents=True)
+    settings = TaskSettings(batch_size=8)
+    site = Site(name, data, state, SitePolicy(vertical=rules))
+    return TinySite(name=name, data_path=data, state_dir=state, rules=rules, task_name="tiny-cls",
+                    department=name, settings=settings, lr=0.05, optimizer="adam", momentum=0.9,
+                    seed=3, tasks=SiteTasks(compute=CPU), site=site)
+
+
+@dataclass
+class InProcessContext(VerticalContext):
+    """The coordinator's context with every stage answered by the sites' handlers in process."""
+
+    sites: dict[int, VerticalSite] = field(default_factory=dict)
+    logged: dict[int, dict[str, float]] = field(default_factory=dict)
+
+    def send(self, stage: str, requests: Mapping, server_round: int) -> dict[int, StageAnswer]:
+        answers = {}
+        for node, (entries, arrays) in requests.items():
+            request = VerticalRequest(stage, self.federation, server_round, dict(entries),
+                                      {k: np.array(v) for k, v in arrays.items()}, self.options,
+                                      self.sites[node])
+            reply = answer_vertical(request)
+            self.traffic.count(stage, sum(a.nbytes for a in arrays.values()),
+                               sum(a.nbytes for a in reply.arrays.values()))
+            answers[node] = StageAnswer(node, {k: np.array(v) for k, v in reply.arrays.items()},
+                                        dict(reply.metrics), dict(reply.info))
+        return answers
+
+    def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        self.logged[step] = dict(metrics)
+
+
+def federation(tmp_path: Path, method: str, mode: str = "parallel", rounds: int = 3,
+               rules: VerticalRules = VerticalRules(allowed=True, share_labels=True)
+               ) -> InProcessContext:
+    options = VerticalOptions(method=method, split_mode=mode, cut=3, head_layers=1,
+                              batches_per_message=4)
+    config = RunConfig(task="tiny-cls", num_server_rounds=rounds, local_steps=6, lr=0.05,
+                       optimizer="adam", seed=0, task_sizes=TaskSettings(batch_size=8),
+                       vertical_options=options)
+    sites = {node: tiny_site(tmp_path, f"site-{name}", rules)
+             for node, name in ((11, "a"), (12, "bb"))}
+    return InProcessContext(grid=None, nodes=list(sites), config=config, options=options,
+                            federation="fed-1", departments={n: s.department for n, s in sites.items()},
+                            sites=sites)
+
+
+@pytest.fixture(autouse=True)
+def tiny_task(monkeypatch):
+    monkeypatch.setattr("app.vertical.split_flow.task_class", lambda name: TinyTask)
+
+
+def test_a_round_is_messages_of_batches_per_message():
+    assert message_sizes(8, 3) == [3, 3, 2]
+    assert message_sizes(6, 3) == [3, 3]
+
+
+@pytest.mark.parametrize("method, mode", [("splitnn", "parallel"), ("splitnn-u", "parallel"),
+                                          ("splitnn", "sequential")])
+def test_split_learning_lowers_the_loss_at_both_sites(tmp_path, method, mode):
+    ctx = federation(tmp_path, method, mode)
+    result = run_split(ctx)
+    for department in ("site-a", "site-bb"):
+        first, last = ctx.logged[1], ctx.logged[3]
+        assert last[f"{department}/train-loss"] < first[f"{department}/train-loss"]
+        assert result.site_metrics[department]["val-examples"] == SIZES["val"]
+        assert result.site_metrics[department]["test-auc"] > 0.8
+    # the normalisation statistics count each batch once (the recomputed pass restores them);
+    # in turn, the part has seen both sites' batches
+    turns = 2 if mode == "sequential" else 1
+    assert int(result.arrays["part/bottom.2.num_batches_tracked"]) == 3 * 6 * turns
+    assert ("part/head.0.weight" in result.arrays) is (method == "splitnn-u")
+    assert any(name.startswith("middle/") for name in result.arrays)
+    # one message per site for each of 2 batch groups (4 + 2) + the last gradients, + U's head stages,
+    # + 2 evaluation stages, per round
+    per_round = 3 + (2 if method == "splitnn-u" else 0) + 2
+    assert ctx.traffic.messages == 3 * 2 * per_round
+    assert (tmp_path / "site-a" / "state" / STATE_FILE).is_file()
+
+
+def test_labels_leave_only_where_the_policy_says_share_labels(tmp_path):
+    keeps_labels = VerticalRules(allowed=True, share_labels=False)
+    with pytest.raises(PolicyRefusal, match="vertical.share-labels") as refused:
+        run_split(federation(tmp_path / "vanilla", "splitnn", rules=keeps_labels))
+    assert refused.value.rule == "vertical.share-labels"
+    ctx = federation(tmp_path / "u", "splitnn-u", rounds=1, rules=keeps_labels)
+    run_split(ctx)                              # U-shaped: the labels stay, the site answers
+    assert "site-a/val-auc" in ctx.logged[1]
+
+
+def test_a_site_without_its_part_refuses_a_stage_out_of_order(tmp_path):
+    ctx = federation(tmp_path, "splitnn")
+    with pytest.raises(SiteError, match="holds no site part"):
+        ctx.send("split-train", {11: ({"batches": 1}, {})}, 1)
