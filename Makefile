@@ -1,11 +1,12 @@
 # Federated medical imaging on Flower: make targets for a fresh machine.
 #   make simulate   install if needed, generate synthetic hospitals if missing,
 #                   run the federation in Flower's simulation engine (CPU is fine)
-#   make simulate TASK=pe-seg|cxr-cls|ct3d-cls DATA=shared [SET=ctpa|msd-lung]
+#   make simulate TASK=pe-seg|cxr-cls|ct3d-cls|tabular-cls DATA=shared [SET=ctpa|msd-lung]
 #                   the same on the real public sets in ../shared/data, converted once
 #                   into data/shared-<set>-<scheme>-seed<seed> (SITES/SCHEME/ALPHA/SEED/
 #                   MAX_PER_SITE respected; sets: pe-seg -> ctpa (default) | msd-lung,
-#                   cxr-cls -> pneumoniamnist, ct3d-cls -> adrenalmnist3d; the labels
+#                   cxr-cls -> pneumoniamnist, ct3d-cls -> adrenalmnist3d, tabular-cls ->
+#                   heart-disease (its own 4 hospitals: SITES=4); the labels
 #                   are the sets' own, see each site's SOURCE.txt). DATA=synthetic or
 #                   unset: synthetic hospitals. configs/<task>-<set>.toml, if present,
 #                   is the preset of a shared set (PRESET= overrides it).
@@ -349,7 +350,7 @@ privacy-budget: install
 		$(if $(REASON),--reason "$(REASON)")
 
 # --- Real shared data as federated sites (../shared/data, see clients/datagen/shared.py) ---
-#   make shared-data TASK=cxr-cls|ct3d-cls|pe-seg [SET=ctpa|msd-lung] [SITES=3]
+#   make shared-data TASK=cxr-cls|ct3d-cls|pe-seg|tabular-cls [SET=ctpa|msd-lung] [SITES=3]
 #                    [SCHEME=iid|dirichlet|size] [ALPHA=0.5] [SEED=0] [MAX_PER_SITE=K]
 # (Re)converts into data/shared-<set>-<scheme>-seed<seed> and writes the .sites-$(SITES)
 # stamp; `make simulate ... DATA=shared` with the same variables then runs on it (and
@@ -358,7 +359,7 @@ privacy-budget: install
 .PHONY: shared-data
 
 shared-data: install
-	@case "$(TASK_NAME)" in cxr-cls|ct3d-cls|pe-seg) ;; *) echo "usage: make shared-data TASK=cxr-cls|ct3d-cls|pe-seg [SET=ctpa|msd-lung] [SITES=3] [SCHEME=iid|dirichlet|size] [ALPHA=0.5] [SEED=0] [MAX_PER_SITE=K]" >&2; exit 2;; esac
+	@case "$(TASK_NAME)" in cxr-cls|ct3d-cls|pe-seg|tabular-cls) ;; *) echo "usage: make shared-data TASK=cxr-cls|ct3d-cls|pe-seg|tabular-cls [SET=ctpa|msd-lung] [SITES=3] [SCHEME=iid|dirichlet|size] [ALPHA=0.5] [SEED=0] [MAX_PER_SITE=K]" >&2; exit 2;; esac
 	$(SHARED_CONVERT) --out $(SHARED_OUT)
 	@rm -f $(SHARED_OUT)/.sites-*
 	@touch $(SHARED_OUT)/.sites-$(SITES)
