@@ -5,9 +5,12 @@ patients, with its own task from its own variables, as in pvFed's tabular
 protocol (Nishikawa et al., IEEJ 2024: every institution keeps its own model
 and its own task)::
 
-    <out>/clinic/       age, sex, trestbps, chol, fbs     task: asymptomatic chest pain (cp == 4)
-    <out>/stress-lab/   restecg, thalach, oldpeak, slope  task: exercise-induced angina (exang)
-    <out>/cath-lab/     ca, thal                          task: coronary disease (num > 0, the set's y)
+    <out>/hospital-00/  clinic      age, sex, trestbps, chol, fbs     task: asymptomatic chest pain (cp == 4)
+    <out>/hospital-01/  stress-lab  restecg, thalach, oldpeak, slope  task: exercise-induced angina (exang)
+    <out>/hospital-02/  cath-lab    ca, thal                          task: coronary disease (num > 0, the set's y)
+
+(folders named as the simulation's sites, ``hospital-<partition>``; the department is
+named in the folder's ``vertical-site.toml``)
 
 Why these targets: the clinic's history records the chest-pain type, which it
 predicts from the patient's profile and risk factors; the stress-test lab sees
@@ -152,7 +155,7 @@ def write_departments(shared: Path, out: Path, seed: int, coverage: float = 1.0)
             keep = np.sort(rng.choice(y.size, size=max(1, int(round(coverage * y.size))), replace=False))
         columns = [HEART_FEATURES.index(name) for name in department.features]
         labels = department.labels(x, y)
-        site_dir = out / department.name
+        site_dir = out / f"hospital-{k:02d}"  # simulation's partition k; the name: SITE_FILE
         _claim(site_dir)
         write_table(site_dir, department.features, (
             TableRow(ids[i], str(splits[i]), str(labels[i]),

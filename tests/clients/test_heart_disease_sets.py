@@ -53,8 +53,8 @@ def test_another_site_count_is_refused_naming_the_set(tmp_path):
 
 def test_departments_share_patients_and_splits_and_hold_their_own_columns_and_task(tmp_path):
     folders = write_departments(SHARED, tmp_path, seed=2)
-    assert [f.name for f in folders] == ["clinic", "stress-lab", "cath-lab"]
-    tables = {f.name: read_table(f) for f in folders}
+    assert [f.name for f in folders] == ["hospital-00", "hospital-01", "hospital-02"]
+    tables = {d.name: read_table(f) for f, d in zip(folders, DEPARTMENTS)}
     assert tables["clinic"].features == ("age", "sex", "trestbps", "chol", "fbs")
     assert tables["stress-lab"].features == ("restecg", "thalach", "oldpeak", "slope")
     assert tables["cath-lab"].features == ("ca", "thal")
@@ -87,11 +87,11 @@ def test_the_datagen_command_writes_departments_and_refuses_a_foreign_folder(tmp
     assert datagen_main(["vertical", "--set", "heart-disease", "--shared", str(SHARED),
                          "--out", str(tmp_path), "--seed", "1", "--coverage", "0.9"]) == 0
     assert "Wrote 3 sites of set heart-disease" in capsys.readouterr().out
-    assert len(_rows(tmp_path / "clinic")) == 273
-    (tmp_path / "other" / "clinic").mkdir(parents=True)
-    (tmp_path / "other" / "clinic" / "notes.txt").write_text("a hospital's file")
+    assert len(_rows(tmp_path / "hospital-00")) == 273  # the clinic
+    (tmp_path / "other" / "hospital-00").mkdir(parents=True)
+    (tmp_path / "other" / "hospital-00" / "notes.txt").write_text("a hospital's file")
     assert datagen_main(["vertical", "--set", "heart-disease", "--shared", str(SHARED),
                          "--out", str(tmp_path / "other")]) == 2
     assert "was not written by clients.tabular.departments" in capsys.readouterr().err
-    assert (tmp_path / "other" / "clinic" / "notes.txt").is_file()
-    assert np.isclose(len(_rows(tmp_path / "stress-lab")) / 303, 0.9, atol=0.01)
+    assert (tmp_path / "other" / "hospital-00" / "notes.txt").is_file()
+    assert np.isclose(len(_rows(tmp_path / "hospital-01")) / 303, 0.9, atol=0.01)  # stress lab
