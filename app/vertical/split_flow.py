@@ -32,11 +32,14 @@ examples (:func:`~strategies.aggregation.fedavg_delta`). The round ends with an
 evaluation: each site's val and test splits through the whole split network, the
 coordinator's outputs back to the site, which computes its own AUC (labels never needed
 here). Per round ``ctx.log`` gets ``<department>/val-auc``, ``test-auc``, ``train-loss``
-...; the bytes are the context's traffic counter. Activations and gradients are float32.
+... and ``seconds`` since the first round began; the bytes are the context's traffic
+counter (``Traffic.by_stage`` tells training from evaluation). Activations and gradients
+are float32.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -197,6 +200,7 @@ def run_split(ctx: VerticalContext) -> VerticalResult:
     part = part_arrays(split.site_part())
     sequential = ctx.options.split_mode == "sequential"
     site_metrics: dict[str, dict[str, float]] = {}
+    started = time.monotonic()
     for server_round in range(1, ctx.config.num_server_rounds + 1):
         coordinator.losses.clear()
         turns = [[node] for node in ctx.nodes] if sequential else [list(ctx.nodes)]
@@ -214,8 +218,8 @@ def run_split(ctx: VerticalContext) -> VerticalResult:
             if losses:
                 metrics["train-loss"] = float(np.mean(losses))
             site_metrics[ctx.departments.get(node, f"node-{node}")] = metrics
-        ctx.log(server_round, {f"{department}/{name}": value
-                               for department, values in site_metrics.items()
-                               for name, value in values.items()})
+        logged = {f"{department}/{name}": value for department, values in site_metrics.items()
+                  for name, value in values.items()}
+        ctx.log(server_round, {**logged, "seconds": time.monotonic() - started})
     arrays = {f"middle/{k}": v.detach().cpu().numpy() for k, v in split.middle.state_dict().items()}
     return VerticalResult(site_metrics, {**arrays, **part})

@@ -72,12 +72,14 @@ def load_part(part: nn.Module, arrays: Mapping[str, np.ndarray]) -> bool:
     if not received:
         return False
     state = part.state_dict()
-    if set(received) != set(state) or any(tuple(received[k].shape) != tuple(v.shape)
-                                          for k, v in state.items()):
+    misfits = sorted(set(received) ^ set(state)) or [
+        f"{k} {tuple(received[k].shape)} for {tuple(v.shape)}" for k, v in state.items()
+        if np.size(received[k]) != v.numel()]  # a 0-d counter may come back as shape (1,)
+    if misfits:
         raise SiteError(f"split learning: the received site part does not fit this site's "
-                        f"network (cut, head layers or task sizes differ): "
-                        f"{sorted(set(received) ^ set(state))[:4]}")
-    part.load_state_dict({k: torch.from_numpy(np.array(a, dtype=state[k].numpy().dtype))
+                        f"network (cut, head layers or task sizes differ): {misfits[:4]}")
+    part.load_state_dict({k: torch.from_numpy(np.array(a, dtype=state[k].cpu().numpy().dtype)
+                                              .reshape(tuple(state[k].shape)))
                           for k, a in received.items()})
     return True
 

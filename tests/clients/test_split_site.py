@@ -23,6 +23,7 @@ from clients.site.site_round import SiteTasks
 from clients.training.classification import ClassificationTask, LabelledTensors
 from clients.training.device import ComputeDevice
 from clients.training.site_task import SiteTask, TaskSettings
+from clients.vertical.split_model import cut_task_network, load_part, part_arrays
 from clients.vertical.split_state import STATE_FILE
 from clients.vertical.stages import VerticalRequest, VerticalSite, answer_vertical
 from strategies.errors import SiteError
@@ -168,6 +169,19 @@ def test_labels_leave_only_where_the_policy_says_share_labels(tmp_path):
     ctx = federation(tmp_path / "u", "splitnn-u", rounds=1, rules=keeps_labels)
     run_split(ctx)                              # U-shaped: the labels stay, the site answers
     assert "site-a/val-auc" in ctx.logged[1]
+
+
+def test_a_part_whose_counters_came_back_as_shape_1_loads_and_a_misfit_is_named():
+    """Flower's ArrayRecord returns a 0-d array (BatchNorm's counter) with shape (1,)."""
+    split = cut_task_network(TinyTask.model_for(TaskSettings()), VerticalOptions(
+        method="splitnn", cut=3))
+    arrays = part_arrays(split.site_part())
+    arrays["part/bottom.2.num_batches_tracked"] = np.array([5])
+    assert load_part(split.site_part(), arrays)
+    assert int(split.bottom[2].num_batches_tracked) == 5
+    arrays["part/bottom.1.weight"] = np.zeros((3, 3), np.float32)
+    with pytest.raises(SiteError, match=r"bottom.1.weight \(3, 3\) for \(16, 16\)"):
+        load_part(split.site_part(), arrays)
 
 
 def test_a_site_without_its_part_refuses_a_stage_out_of_order(tmp_path):
