@@ -36,7 +36,8 @@ import torch
 from torch import nn
 
 __all__ = ["IdEncoder", "VectorAutoencoder", "AutoencoderSettings", "split_output_layer",
-           "fit_id_encoder", "fit_full_batch", "encoder_arrays", "encoder_from_arrays", "autoencoder_aggregation"]
+           "fit_id_encoder", "fit_full_batch", "encoder_arrays", "encoder_from_arrays",
+           "autoencoder_aggregation"]
 
 
 class IdEncoder(nn.Module):

@@ -44,7 +44,7 @@ GLOBAL_PREFIX = "global-encoder."
 
 @dataclass(frozen=True)
 class GlobalStep:
-    """One round's coordinator step: the aggregated targets and the global encoder fitted to them."""
+    """One round's coordinator step: the aggregated targets, the global encoder fitted to them."""
 
     targets: np.ndarray
     encoder: IdEncoder

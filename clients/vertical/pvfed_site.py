@@ -16,7 +16,9 @@
     ``g = global_encoder(patient)``; the **redefined output layer**, ``nn.Linear(d_g + f,
     labels)`` on ``[g, extractor(x)]``, is trained with the extractor frozen
     (``vertical.head-epochs``, kept at its best validation AUC): ``pvfed-val-auc``,
-    ``pvfed-test-auc``. With ``pvfed-encode`` true (every round but the last) the
+    ``pvfed-test-auc``. The paper does not say how the new layer starts; here it
+    starts as the local output layer (weights 0 on ``g``), and the start competes in
+    the validation choice, so pvFed's validation AUC is never below the local best's. With ``pvfed-encode`` true (every round but the last) the
     local encoder is trained again ("然后, 再次训练本地编码器") and sent again.
 
 The width choice: the local encoder mimics the extractor's output itself, width
@@ -109,14 +111,14 @@ def pvfed_local(request: VerticalRequest) -> VerticalReply:
     except ValueError as exc:
         raise SiteError(f"pvFed local model of {site.department}: {exc}") from exc
     try:
-        extractor, _ = split_output_layer(model)
+        extractor, output = split_output_layer(model)
     except ValueError as exc:
         raise SiteError(f"task {site.task_name}: {exc}") from exc
     features = outputs(extractor, data.inputs).flatten(1).numpy()
     local = _defined({"local-val-auc": fitted.val_auc,
                       "local-test-auc": auc(model, *data.split("test"))})
     state = PvFedState(site.state_dir)
-    state.save_local(model, features, data.labels.numpy(), data.positions, local)
+    state.save_local(model, output, features, data.labels.numpy(), data.positions, local)
     encoder = IdEncoder(len(ids), options.hidden, features.shape[1],
                         seed=_seed(site, 0, "encoder"))
     reply = _distil(request, encoder, features, state)
@@ -145,6 +147,23 @@ def _global_vectors(request: VerticalRequest, patients: int) -> np.ndarray:
     return vectors
 
 
+def _redefined_output_layer(local: LocalState, global_width: int) -> nn.Linear:
+    """``nn.Linear(d_g + f, labels)`` starting as the local model's output layer.
+
+    The weights on the ``f`` features and the bias are the local output layer's, those
+    on the ``d_g`` global entries 0: training starts from the local best's predictions
+    (epoch 0 of :func:`~clients.vertical.pvfed_training.fit_classifier`) and moves only
+    where the global vectors help on the training patients.
+    """
+    weight, bias = (torch.as_tensor(local.output[name]) for name in ("weight", "bias"))
+    head = nn.Linear(global_width + weight.shape[1], weight.shape[0])
+    with torch.no_grad():
+        head.weight.zero_()
+        head.weight[:, global_width:] = weight
+        head.bias.copy_(bias)
+    return head
+
+
 def _retrain_head(request: VerticalRequest, local: LocalState,
                   vectors: np.ndarray) -> tuple[nn.Linear, dict[str, float]]:
     """The redefined output layer on ``[g, features]``, at its best validation AUC."""
@@ -152,14 +171,12 @@ def _retrain_head(request: VerticalRequest, local: LocalState,
     joint = torch.as_tensor(np.concatenate([vectors, local.features], axis=1))
     labels = torch.as_tensor(local.labels)
     seed = _seed(site, request.server_round, "head")
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        head = nn.Linear(joint.shape[1], labels.shape[1])
+    head = _redefined_output_layer(local, vectors.shape[1])
     index = {split: torch.as_tensor(local.positions[split]) for split in local.positions}
     fitted = fit_classifier(head, task_class(site.task_name).loss_fn(),
                             (joint[index["train"]], labels[index["train"]]),
                             (joint[index["val"]], labels[index["val"]]),
-                            _fit_settings(site, request.options.head_epochs, seed))
+                            _fit_settings(site, request.options.head_epochs, seed), keep_start=True)
     metrics = _defined({"pvfed-val-auc": fitted.val_auc,
                         "pvfed-test-auc": auc(head, joint[index["test"]], labels[index["test"]])})
     return head, {**metrics, "head-inputs": joint.shape[1]}

@@ -4,9 +4,10 @@ In deployment each message runs in a fresh process, so everything pvFed's later
 stages need is a file under the site's state folder (written atomically,
 safetensors for arrays: weights only, never a pickle):
 
-* ``pvfed-local.safetensors`` -- the local model's weights, the frozen feature
-  extractor's outputs on the aligned patients (``features``, ``(N, f)``), their
-  labels and each split's positions, with the local model's metrics as metadata;
+* ``pvfed-local.safetensors`` -- the local model's weights and its output layer's,
+  the frozen feature extractor's outputs on the aligned patients (``features``,
+  ``(N, f)``), their labels and each split's positions, with the local model's
+  metrics as metadata;
 * ``pvfed-local-encoder.safetensors`` -- the local encoder (continued each round);
 * ``pvfed-head.safetensors`` -- the last redefined output layer (the site's pvFed model
   with the extractor and the global encoder).
@@ -37,6 +38,7 @@ LOCAL_FILE = "pvfed-local.safetensors"
 ENCODER_FILE = "pvfed-local-encoder.safetensors"
 HEAD_FILE = "pvfed-head.safetensors"
 _MODEL = "model."
+_OUTPUT = "output."
 
 
 @dataclass(frozen=True)
@@ -48,12 +50,18 @@ class LocalState:
     positions: dict[str, np.ndarray]
     metrics: dict[str, float]
     model: dict[str, np.ndarray]
+    output: dict[str, np.ndarray]
 
 
 def module_arrays(module: nn.Module) -> dict[str, np.ndarray]:
     """A module's state dict as numpy arrays by name."""
     return {name: tensor.detach().cpu().numpy().copy()
             for name, tensor in module.state_dict().items()}
+
+
+def _prefixed(arrays: Mapping[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
+    """The arrays named ``prefix<name>``, by ``<name>``."""
+    return {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
 
 
 class PvFedState:
@@ -88,10 +96,12 @@ class PvFedState:
             raise SiteError(f"{name}: unreadable pvFed state: {exc}") from exc
         return arrays, metadata
 
-    def save_local(self, model: nn.Module, features: np.ndarray, labels: np.ndarray,
-                   positions: Mapping[str, np.ndarray], metrics: Mapping[str, float]) -> Path:
-        """Keep the local step's outcome (:class:`LocalState`)."""
+    def save_local(self, model: nn.Module, output: nn.Linear, features: np.ndarray,
+                   labels: np.ndarray, positions: Mapping[str, np.ndarray],
+                   metrics: Mapping[str, float]) -> Path:
+        """Keep the local step's outcome (:class:`LocalState`); ``output``: the output layer."""
         arrays = {f"{_MODEL}{k}": v for k, v in module_arrays(model).items()}
+        arrays.update({f"{_OUTPUT}{k}": v for k, v in module_arrays(output).items()})
         arrays.update(features=np.asarray(features, np.float32),
                       labels=np.asarray(labels, np.float32),
                       **{f"positions.{split}": np.asarray(positions[split], np.int64)
@@ -113,7 +123,7 @@ class PvFedState:
                 features=arrays["features"], labels=arrays["labels"],
                 positions={split: arrays[f"positions.{split}"] for split in SPLITS},
                 metrics=metrics,
-                model={k[len(_MODEL):]: v for k, v in arrays.items() if k.startswith(_MODEL)})
+                model=_prefixed(arrays, _MODEL), output=_prefixed(arrays, _OUTPUT))
         except (KeyError, ValueError, TypeError) as exc:
             raise SiteError(f"{LOCAL_FILE}: incomplete pvFed state: {exc}") from exc
 

@@ -27,7 +27,7 @@ __all__ = ["FitSettings", "Fitted", "outputs", "auc", "fit_classifier"]
 
 @dataclass(frozen=True)
 class FitSettings:
-    """A fit's schedule: run config ``batch-size``, ``optimizer``, ``lr``, ``momentum``, ``seed``."""
+    """A fit's schedule: run config ``batch-size``, ``optimizer``, ``lr``, ``momentum``; a seed."""
 
     epochs: int
     batch_size: int
@@ -39,7 +39,8 @@ class FitSettings:
 
 @dataclass(frozen=True)
 class Fitted:
-    """The kept epoch (1-based) and its validation AUC (None: undefined, the last epoch kept)."""
+    """The kept epoch (0: the starting weights) and its validation AUC (None: undefined, the
+    last epoch kept)."""
 
     epoch: int
     val_auc: float | None
@@ -73,8 +74,13 @@ def _batches(count: int, batch_size: int, generator: torch.Generator) -> list[to
 
 def fit_classifier(model: nn.Module, loss_fn: nn.Module,
                    train: tuple[torch.Tensor, torch.Tensor],
-                   val: tuple[torch.Tensor, torch.Tensor], settings: FitSettings) -> Fitted:
+                   val: tuple[torch.Tensor, torch.Tensor], settings: FitSettings,
+                   keep_start: bool = False) -> Fitted:
     """Train ``model`` in place and leave it at its best validation-AUC epoch.
+
+    With ``keep_start`` the starting weights compete as epoch 0: the fit never leaves
+    the model worse on the validation patients than it started (the redefined output
+    layer, which starts as the local model's, :mod:`clients.vertical.pvfed_site`).
 
     Parameters
     ----------
@@ -85,6 +91,8 @@ def fit_classifier(model: nn.Module, loss_fn: nn.Module,
     train, val : tuple of torch.Tensor
         ``(inputs, labels)`` of the training and validation patients.
     settings : FitSettings
+    keep_start : bool
+        Whether the starting weights may be kept (epoch 0).
 
     Raises
     ------
@@ -102,9 +110,9 @@ def fit_classifier(model: nn.Module, loss_fn: nn.Module,
                                settings.momentum)
     best = Fitted(settings.epochs, None)
     best_state = None
-    for epoch in range(1, settings.epochs + 1):
+    for epoch in range(0 if keep_start else 1, settings.epochs + 1):
         model.train()
-        for batch in _batches(len(inputs), settings.batch_size, generator):
+        for batch in _batches(len(inputs), settings.batch_size, generator) if epoch else ():
             optimiser.zero_grad()
             loss = loss_fn(model(inputs[batch].to(device)), labels[batch].to(device))
             if not math.isfinite(float(loss.detach())):

@@ -96,7 +96,8 @@ def mean_aggregation(outputs: Sequence[np.ndarray], settings: AggregationSetting
         raise ConfigError(f"vertical.aggregation = 'mean' averages local-encoder outputs of one "
                           f"width; the sites' widths are {widths} (their models' feature "
                           f"widths): use 'pca' or 'ae'")
-    return np.mean(np.stack([np.asarray(z, np.float64) for z in outputs]), axis=0).astype(np.float32)
+    stacked = np.stack([np.asarray(z, np.float64) for z in outputs])
+    return stacked.mean(axis=0).astype(np.float32)
 
 
 def pca_aggregation(outputs: Sequence[np.ndarray], settings: AggregationSettings) -> np.ndarray:

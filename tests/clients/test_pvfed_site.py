@@ -98,7 +98,8 @@ def test_local_stage_trains_the_local_model_and_sends_the_local_encoder(tmp_path
     assert {k: v.shape for k, v in reply.arrays.items()} == {
         "embedding.weight": (58, 16), "output.weight": (WIDTH, 16), "output.bias": (WIDTH,)}
     assert reply.metrics["patients"] == 58 and reply.metrics["feature-width"] == WIDTH
-    assert 0.5 < reply.metrics["local-test-auc"] <= 1.0 and 0.0 <= reply.metrics["local-val-auc"] <= 1
+    assert 0.5 < reply.metrics["local-test-auc"] <= 1.0
+    assert 0.0 <= reply.metrics["local-val-auc"] <= 1.0
     assert np.isfinite(reply.metrics["encoder-loss"]) and reply.info == {"department": "clinic"}
     assert (site.state_dir / LOCAL_FILE).is_file() and (site.state_dir / ENCODER_FILE).is_file()
     local = PvFedState(site.state_dir).load_local()
@@ -144,3 +145,12 @@ def test_a_refused_alignment_refuses_both_stages(tmp_path):
     for stage, handler in (("pvfed-local", pvfed_local), ("pvfed-round", pvfed_round)):
         with pytest.raises(PolicyRefusal, match="vertical.min-intersection"):
             handler(request(site, stage))
+
+
+def test_the_redefined_layer_starts_as_the_local_output_layer_so_val_auc_never_drops(tmp_path):
+    site = site_of(tmp_path, TinyTask(tmp_path))
+    save_alignment(site.state_dir, ALIGNED)
+    pvfed_local(request(site, "pvfed-local"))
+    noise = encoder_arrays(IdEncoder(58, 4, 3, seed=9))  # a global encoder that knows nothing
+    reply = pvfed_round(request(site, "pvfed-round", noise))
+    assert reply.metrics["pvfed-val-auc"] >= reply.metrics["local-val-auc"]
