@@ -20,7 +20,8 @@ it would otherwise overwrite the received activation, a leaf of the autograd gra
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -28,7 +29,8 @@ from torch import nn
 
 from models.monai_core import DenseNet
 
-__all__ = ["SplitNetwork", "network_blocks", "split_network", "CUT_KEY", "HEAD_LAYERS_KEY"]
+__all__ = ["SplitNetwork", "network_blocks", "split_network", "buffers_kept", "CUT_KEY",
+           "HEAD_LAYERS_KEY"]
 
 #: Run-config keys named in the errors of :func:`split_network`.
 CUT_KEY = "vertical.cut"
@@ -144,3 +146,16 @@ def split_network(model: nn.Module, cut: int, head_layers: int = 0) -> SplitNetw
     return SplitNetwork(bottom=nn.Sequential(*blocks[:cut]),
                         middle=nn.Sequential(*blocks[cut:n - head_layers]),
                         head=nn.Sequential(*blocks[n - head_layers:]))
+
+
+@contextmanager
+def buffers_kept(module: nn.Module) -> Iterator[nn.Module]:
+    """Run a recomputed forward pass without counting it twice: the module's buffers
+    (BatchNorm's running statistics and batch counter) are restored on exit."""
+    saved = {name: buffer.clone() for name, buffer in module.named_buffers()}
+    try:
+        yield module
+    finally:
+        with torch.no_grad():
+            for name, buffer in module.named_buffers():
+                buffer.copy_(saved[name])

@@ -18,8 +18,9 @@ Each of ``num-server-rounds`` rounds, every site trains ``local-steps`` batches
   message, which also asks for the next batches;
 * U-shaped: the coordinator returns a2_j = middle(a1_j) (stage ``split-head``); the site
   finishes with its head and labels and sends dL_j/da2_j; the coordinator back-propagates
-  the middle from the graphs it kept, steps once on the mean gradient of the exchange's
-  batches and returns dL_j/da1_j.
+  each through the middle from the a1_j it kept (the forward recomputed at its current
+  weights, the normalisation statistics counted once), one step per batch, and returns
+  dL_j/da1_j. Staleness of batched messages: :mod:`clients.vertical.split_site`.
 
 ``vertical.split-mode = "sequential"``: the sites work in turn, the site part handed from
 one to the next through the coordinator (the book's vanilla synchronisation, sec. 19.1.1.1).
@@ -54,6 +55,7 @@ from clients.training.device import select_device
 from clients.training.site_task import make_optimizer
 from clients.vertical.split_model import (PART, U_SHAPED, batch_key, cut_task_network,
                                           part_arrays, tensor_of)
+from models.split_network import buffers_kept
 from strategies.aggregation import fedavg_delta
 from strategies.errors import ReplyError
 
@@ -102,36 +104,34 @@ class _Coordinator:
 
     def u_step(self, answers: Mapping[int, StageAnswer], count: int,
                server_round: int) -> dict[int, Arrays]:
-        """a2 = middle(a1) to the sites' heads, their dL/da2 back through the middle, one step on
-        the mean over the exchange's batches; dL_j/da1_j per site."""
+        """a2 = middle(a1) to the sites' heads; each dL/da2 back through the middle (its forward
+        recomputed at the current weights), one step per batch; dL_j/da1_j per site."""
         self.middle.train()
-        self.optimiser.zero_grad(set_to_none=True)
-        kept: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        received: dict[int, list[torch.Tensor]] = {}
         outputs: dict[int, Arrays] = {}
-        for node, answer in answers.items():
-            kept[node], outputs[node] = [], {}
-            for j in range(count):
-                received = self.activation(answer, j).requires_grad_()
-                out = self.middle(received)
-                kept[node].append((received, out))
-                outputs[node][batch_key("output", j)] = out.detach().float().cpu().numpy()
+        with torch.no_grad():
+            for node, answer in answers.items():
+                received[node] = [self.activation(answer, j) for j in range(count)]
+                outputs[node] = {batch_key("output", j): self.middle(a1).float().cpu().numpy()
+                                 for j, a1 in enumerate(received[node])}
         heads = self.ctx.send("split-head", {n: ({}, outputs[n]) for n in answers}, server_round)
         gradients: dict[int, Arrays] = {}
-        for node, pairs in kept.items():
-            gradients[node] = {}
-            for j, (received, out) in enumerate(pairs):
-                back = tensor_of(heads[node].arrays, batch_key("gradient", j), ReplyError)
-                if back.shape != out.shape:
-                    raise ReplyError(f"split learning: {self.ctx.departments.get(node, node)}'s "
-                                     f"gradient-{j} has shape {tuple(back.shape)}, not "
-                                     f"{tuple(out.shape)}")
-                out.backward(back.to(self.device))
-                gradients[node][batch_key("gradient", j)] = received.grad.cpu().numpy()
-            self.losses.setdefault(node, []).append(float(heads[node].metrics["train-loss"]))
-        for p in self.middle.parameters():
-            if p.grad is not None:
-                p.grad /= count * len(kept)
-        self.optimiser.step()
+        with buffers_kept(self.middle):
+            for node, activations in received.items():
+                gradients[node] = {}
+                for j, a1 in enumerate(activations):
+                    back = tensor_of(heads[node].arrays, batch_key("gradient", j), ReplyError)
+                    leaf = a1.requires_grad_()
+                    out = self.middle(leaf)
+                    if back.shape != out.shape:
+                        raise ReplyError(f"split learning: {self.ctx.departments.get(node, node)}'s"
+                                         f" gradient-{j} has shape {tuple(back.shape)}, not "
+                                         f"{tuple(out.shape)}")
+                    self.optimiser.zero_grad(set_to_none=True)
+                    out.backward(back.to(self.device))
+                    self.optimiser.step()
+                    gradients[node][batch_key("gradient", j)] = leaf.grad.cpu().numpy()
+                self.losses.setdefault(node, []).append(float(heads[node].metrics["train-loss"]))
         return gradients
 
     def turn(self, nodes: list[int], part: Arrays, server_round: int) -> dict[int, StageAnswer]:

@@ -11,14 +11,14 @@ the rest (:mod:`app.vertical.split_flow`). Stages, one message each:
 ``split-train``
     Optionally loads the site part the message carries (``part/*``: the start of the
     site's turn). Then, if the message carries ``gradient-<j>`` (dL_j/da1_j, the
-    gradient of batch j's mean loss at the cut), recomputes the forward pass of the
-    pending batches from the same saved weights (same indices, same seeds) and
-    back-propagates them: one optimiser step of the bottom on the mean of the
-    batches' gradients. Then, if ``batches`` > 0, draws that many class-balanced
-    batches (``batch-size``) and replies ``activation-<j>`` = bottom(x_j); the
-    vanilla SplitNN also sends ``label-<j>`` (only where the policy says
-    ``[vertical] share-labels = true``, else refused: rule ``vertical.share-labels``).
-    With ``return-part`` it replies its part (``part/*``) and ``num-examples``.
+    gradient of batch j's mean loss at the cut), back-propagates each through the
+    bottom, its forward pass recomputed from the saved batch (same indices, same
+    seed), one optimiser step per batch. Then, if ``batches`` > 0, draws that many
+    class-balanced batches (``batch-size``) and replies ``activation-<j>`` =
+    bottom(x_j); the vanilla SplitNN also sends ``label-<j>`` (only where the policy
+    says ``[vertical] share-labels = true``, else refused: rule
+    ``vertical.share-labels``). With ``return-part`` it replies its part (``part/*``)
+    and ``num-examples``.
 ``split-head`` (U-shaped)
     Gets a2_j = middle(a1_j), computes head(a2_j) and the loss with its own labels,
     steps the head once on the mean gradient, replies ``gradient-<j>`` = dL_j/da2_j
@@ -31,21 +31,21 @@ the rest (:mod:`app.vertical.split_flow`). Stages, one message each:
     ``<split>-accuracy`` and ``<split>-examples``: evaluation never needs the labels
     at the coordinator.
 
-*Batching and staleness.* One message carries ``vertical.batches-per-message`` batches,
-all computed with the same site weights w_t; the site steps once per message on the
-mean of their gradients (so ``k`` batches per message are ``k`` times fewer site steps
-than ``local-steps``; with ``k = 1`` this is exactly the SplitNN of the paper). The
-gradient a batch brings back was computed by a coordinator that stepped on the earlier
-batches of the message (vanilla) or once for the message (U-shaped), so it is up to
-``k - 1`` coordinator steps stale for w_t: the price of amortising the per-message cost.
-Recomputing the forward pass leaves the normalisation statistics as the first pass
-left them. Everything that crosses is float32.
+*Batching and staleness.* One message carries ``vertical.batches-per-message`` (k)
+batches, their activations all computed with the site weights w_t of the message. Every
+part steps once per batch, so a round is ``local-steps`` steps of each part, as in the
+SplitNN; but batch j's gradient comes back for an activation computed at w_t and is
+back-propagated through the bottom at w_{t+j} (the forward recomputed at the current
+weights): it is up to k - 1 site steps stale, as the U-shaped head's dL/da2 is for an
+a2 the coordinator computed before its own steps. With k = 1 this is exactly the
+SplitNN of the paper; k trades that staleness for k times fewer messages. The
+recomputed pass leaves the normalisation statistics as the first pass left them
+(:func:`~models.split_network.buffers_kept`). Everything that crosses is float32.
 """
 
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from clients.site.policy import PolicyRefusal
 from clients.training.classification import logit_metrics
@@ -54,6 +54,7 @@ from clients.vertical.split_model import U_SHAPED, batch_key, part_arrays, tenso
 from clients.vertical.split_state import SplitSiteState, open_state, save_state
 from clients.vertical.stages import VerticalReply, VerticalRequest
 from clients.training.sampling import positive_share_weights
+from models.split_network import buffers_kept
 from strategies.errors import SiteError
 from strategies.seeds import site_seed
 
@@ -82,36 +83,28 @@ def _draw(request: VerticalRequest, count: int, state: SplitSiteState) -> None:
     state.seeds = (seed + torch.arange(count)).numpy()
 
 
-def _mean_step(module: nn.Module, optimiser: torch.optim.Optimizer, batches: int) -> None:
-    """One optimiser step on the mean of ``batches`` accumulated batch gradients."""
-    for p in module.parameters():
-        if p.grad is not None:
-            p.grad /= batches
-    optimiser.step()
+def _step(optimiser: torch.optim.Optimizer, output: torch.Tensor, gradient: torch.Tensor) -> None:
+    """One optimiser step of the part that computed ``output``, on the gradient it got back."""
     optimiser.zero_grad(set_to_none=True)
+    output.backward(gradient.to(output.device))
+    optimiser.step()
 
 
 def _backward_bottom(request: VerticalRequest, state: SplitSiteState) -> None:
-    """Recompute the pending batches' cut activations and back-propagate the returned gradients."""
-    count = len(state.pending)
-    if count == 0:
+    """Back-propagate each returned cut gradient through the bottom (its forward recomputed at
+    the current weights), one step per batch; the statistics as the first pass left them."""
+    if not len(state.pending):
         raise SiteError("split learning: gradients came for no pending batch (stage out of order)")
-    bottom = state.split.bottom.train()
-    buffers = {name: b.clone() for name, b in bottom.named_buffers()}
-    state.optimisers["bottom"].zero_grad(set_to_none=True)
-    for j, (indices, seed) in enumerate(zip(state.pending, state.seeds)):
-        gradient = tensor_of(request.arrays, batch_key("gradient", j))
-        x, _ = _batch(request, indices)
-        torch.manual_seed(int(seed))
-        activation = bottom(x)
-        if activation.shape != gradient.shape:
-            raise SiteError(f"split learning: gradient-{j} has shape {tuple(gradient.shape)}, "
-                            f"the cut activation {tuple(activation.shape)}")
-        activation.backward(gradient.to(activation.device))
-    with torch.no_grad():
-        for name, b in bottom.named_buffers():
-            b.copy_(buffers[name])
-    _mean_step(bottom, state.optimisers["bottom"], count)
+    with buffers_kept(state.split.bottom.train()) as bottom:
+        for j, (indices, seed) in enumerate(zip(state.pending, state.seeds)):
+            gradient = tensor_of(request.arrays, batch_key("gradient", j))
+            x, _ = _batch(request, indices)
+            torch.manual_seed(int(seed))
+            activation = bottom(x)
+            if activation.shape != gradient.shape:
+                raise SiteError(f"split learning: gradient-{j} has shape {tuple(gradient.shape)}, "
+                                f"the cut activation {tuple(activation.shape)}")
+            _step(state.optimisers["bottom"], activation, gradient)
     state.pending, state.seeds = state.pending[:0], state.seeds[:0]
 
 
@@ -176,10 +169,9 @@ def split_head(request: VerticalRequest) -> VerticalReply:
         _, y = _batch(request, indices)
         received = tensor_of(request.arrays, batch_key("output", j)).to(y.device).requires_grad_()
         loss = loss_fn(head(received), y)
-        loss.backward()
+        _step(state.optimisers["head"], loss, torch.ones(()))
         reply.arrays[batch_key("gradient", j)] = received.grad.cpu().numpy()
         losses.append(float(loss.detach()))
-    _mean_step(head, state.optimisers["head"], len(state.pending))
     reply.metrics["train-loss"] = sum(losses) / len(losses)
     save_state(request, state)
     return reply

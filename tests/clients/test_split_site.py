@@ -85,7 +85,7 @@ def tiny_site(tmp_path: Path, name: str, rules: VerticalRules) -> TinySite:
     settings = TaskSettings(batch_size=8)
     site = Site(name, data, state, SitePolicy(vertical=rules))
     return TinySite(name=name, data_path=data, state_dir=state, rules=rules, task_name="tiny-cls",
-                    department=name, settings=settings, lr=0.05, optimizer="adam", momentum=0.9,
+                    department=name, settings=settings, lr=0.02, optimizer="adam", momentum=0.9,
                     seed=3, tasks=SiteTasks(compute=CPU), site=site)
 
 
@@ -118,7 +118,7 @@ def federation(tmp_path: Path, method: str, mode: str = "parallel", rounds: int 
                ) -> InProcessContext:
     options = VerticalOptions(method=method, split_mode=mode, cut=3, head_layers=1,
                               batches_per_message=4)
-    config = RunConfig(task="tiny-cls", num_server_rounds=rounds, local_steps=6, lr=0.05,
+    config = RunConfig(task="tiny-cls", num_server_rounds=rounds, local_steps=6, lr=0.02,
                        optimizer="adam", seed=0, task_sizes=TaskSettings(batch_size=8),
                        vertical_options=options)
     sites = {node: tiny_site(tmp_path, f"site-{name}", rules)
