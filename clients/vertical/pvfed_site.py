@@ -106,14 +106,13 @@ def pvfed_local(request: VerticalRequest) -> VerticalReply:
     model = task.build_model().to(site.compute.device)
     outputs(model, data.inputs[:2])  # a lazily sized layer takes its shape before the optimiser
     try:
+        split_output_layer(model)  # a model without an output Linear is refused before training
         fitted = fit_classifier(model, task.loss_fn(), data.split("train"), data.split("val"),
                                 _fit_settings(site, options.local_epochs, seed))
     except ValueError as exc:
-        raise SiteError(f"pvFed local model of {site.department}: {exc}") from exc
-    try:
-        extractor, output = split_output_layer(model)
-    except ValueError as exc:
-        raise SiteError(f"task {site.task_name}: {exc}") from exc
+        raise SiteError(f"pvFed local model of {site.department} (task {site.task_name}): "
+                        f"{exc}") from exc
+    extractor, output = split_output_layer(model)
     features = outputs(extractor, data.inputs).flatten(1).numpy()
     local = _defined({"local-val-auc": fitted.val_auc,
                       "local-test-auc": auc(model, *data.split("test"))})

@@ -154,3 +154,12 @@ def test_the_redefined_layer_starts_as_the_local_output_layer_so_val_auc_never_d
     noise = encoder_arrays(IdEncoder(58, 4, 3, seed=9))  # a global encoder that knows nothing
     reply = pvfed_round(request(site, "pvfed-round", noise))
     assert reply.metrics["pvfed-val-auc"] >= reply.metrics["local-val-auc"]
+
+
+def test_a_task_whose_model_does_not_end_in_a_linear_is_refused_naming_it(tmp_path):
+    task = TinyTask(tmp_path)
+    task.build_model = lambda: nn.Sequential(nn.Flatten(), nn.Linear(FEATURES, 1), nn.Sigmoid())
+    site = site_of(tmp_path, task)
+    save_alignment(site.state_dir, ALIGNED)
+    with pytest.raises(SiteError, match="clinic .task cxr-cls.: pvFed needs a model whose last"):
+        pvfed_local(request(site, "pvfed-local"))
