@@ -45,9 +45,13 @@ recomputed pass leaves the normalisation statistics as the first pass left them
 
 from __future__ import annotations
 
+import math
+
 import torch
 
+from clients.registry import TASKS
 from clients.site.policy import PolicyRefusal
+from clients.site.policy_check import Request, check_training
 from clients.training.classification import logit_metrics
 from clients.training.site_task import EVAL_SPLITS
 from clients.vertical.split_model import U_SHAPED, batch_key, part_arrays, tensor_of
@@ -108,6 +112,19 @@ def _backward_bottom(request: VerticalRequest, state: SplitSiteState) -> None:
     state.pending, state.seeds = state.pending[:0], state.seeds[:0]
 
 
+def _check_training(request: VerticalRequest, count: int) -> None:
+    """The policy's training rules (:func:`~clients.site.policy_check.check_training`) for the
+    ``count`` batches a message asks for: task and sizes, ``min-batch-size``, the local-step
+    bounds, and ``dp.required`` (split learning has no DP-SGD: such a site refuses it)."""
+    site = request.site
+    sizes, dims = site.settings, TASKS.get(site.task_name).study_dims
+    check_training(site.site.policy, Request(
+        task=site.task_name, image_size=sizes.image_size, batch_size=sizes.batch_size,
+        local_steps=count, volume_depth=sizes.volume_depth if "volume_depth" in dims else 0,
+        slab_slices=sizes.slab_slices if "slab_slices" in dims else 0,
+        study_bytes=4 * math.prod(getattr(sizes, dim) for dim in dims)))
+
+
 def split_train(request: VerticalRequest) -> VerticalReply:
     """Stage ``split-train``: the site part in, the returned gradients applied, the next batches'
     cut activations out (see the module docstring).
@@ -116,7 +133,8 @@ def split_train(request: VerticalRequest) -> VerticalReply:
     ------
     PolicyRefusal
         Rule ``vertical.share-labels``: the vanilla SplitNN needs the labels at the
-        coordinator and the site's policy does not let them leave.
+        coordinator and the site's policy does not let them leave; a training rule of
+        the policy (:func:`_check_training`).
     SiteError
         No site part, gradients for no pending batch, a gradient of the wrong shape.
     """
@@ -126,6 +144,8 @@ def split_train(request: VerticalRequest) -> VerticalReply:
     if count and vanilla and not site.rules.share_labels:
         raise PolicyRefusal("vertical.share-labels", "the vanilla SplitNN sends each batch's labels "
                             "to the coordinator; this site's policy keeps them (use splitnn-u)")
+    if count:
+        _check_training(request, count)
     state = open_state(request)
     if batch_key("gradient", 0) in request.arrays:
         _backward_bottom(request, state)

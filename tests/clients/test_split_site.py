@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +17,7 @@ from app.vertical.federation import VerticalContext
 from app.vertical.messages import StageAnswer
 from app.vertical.split_flow import message_sizes, run_split
 from clients.manifests.load_report import LoadReport
-from clients.site.policy import PolicyRefusal, SitePolicy, VerticalRules
+from clients.site.policy import DpRules, PolicyRefusal, SitePolicy, VerticalRules
 from clients.site.site import Site
 from clients.site.site_round import SiteTasks
 from clients.training.classification import ClassificationTask, LabelledTensors
@@ -79,12 +79,14 @@ class TinySite(VerticalSite):
         return self.loaded
 
 
-def tiny_site(tmp_path: Path, name: str, rules: VerticalRules) -> TinySite:
+def tiny_site(tmp_path: Path, name: str, policy: SitePolicy) -> TinySite:
+    """A site of the tiny task (its policy checked as the cxr-cls task's)."""
     data, state = tmp_path / name, tmp_path / name / "state"
     state.mkdir(parents=True)
     settings = TaskSettings(batch_size=8)
-    site = Site(name, data, state, SitePolicy(vertical=rules))
-    return TinySite(name=name, data_path=data, state_dir=state, rules=rules, task_name="tiny-cls",
+    site = Site(name, data, state, policy)
+    return TinySite(name=name, data_path=data, state_dir=state, rules=policy.vertical,
+                    task_name="cxr-cls",
                     department=name, settings=settings, lr=0.02, optimizer="adam", momentum=0.9,
                     seed=3, tasks=SiteTasks(compute=CPU), site=site)
 
@@ -114,14 +116,14 @@ class InProcessContext(VerticalContext):
 
 
 def federation(tmp_path: Path, method: str, mode: str = "parallel", rounds: int = 3,
-               rules: VerticalRules = VerticalRules(allowed=True, share_labels=True)
-               ) -> InProcessContext:
+               rules: VerticalRules = VerticalRules(allowed=True, share_labels=True),
+               policy: SitePolicy = SitePolicy()) -> InProcessContext:
     options = VerticalOptions(method=method, split_mode=mode, cut=3, head_layers=1,
                               batches_per_message=4)
     config = RunConfig(task="tiny-cls", num_server_rounds=rounds, local_steps=6, lr=0.02,
                        optimizer="adam", seed=0, task_sizes=TaskSettings(batch_size=8),
                        vertical_options=options)
-    sites = {node: tiny_site(tmp_path, f"site-{name}", rules)
+    sites = {node: tiny_site(tmp_path, f"site-{name}", replace(policy, vertical=rules))
              for node, name in ((11, "a"), (12, "bb"))}
     return InProcessContext(grid=None, nodes=list(sites), config=config, options=options,
                             federation="fed-1", departments={n: s.department for n, s in sites.items()},
@@ -169,6 +171,14 @@ def test_labels_leave_only_where_the_policy_says_share_labels(tmp_path):
     ctx = federation(tmp_path / "u", "splitnn-u", rounds=1, rules=keeps_labels)
     run_split(ctx)                              # U-shaped: the labels stay, the site answers
     assert "site-a/val-auc" in ctx.logged[1]
+
+
+@pytest.mark.parametrize("policy, rule", [(SitePolicy(dp=DpRules(required=True)), "dp.required"),
+                                          (SitePolicy(min_batch_size=16), "min-batch-size")])
+def test_split_training_passes_the_policys_training_rules(tmp_path, policy, rule):
+    with pytest.raises(PolicyRefusal) as refused:
+        run_split(federation(tmp_path, "splitnn-u", policy=policy))
+    assert refused.value.rule == rule
 
 
 def test_a_part_whose_counters_came_back_as_shape_1_loads_and_a_misfit_is_named():
