@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -63,14 +62,10 @@ def _history(client: MlflowClient, run_id: str, key: str) -> list[float]:
 @pytest.mark.skipif(not (SHARED / "tabular" / "heart_disease").is_dir(),
                     reason="needs the shared data folder (../shared/data)")
 def test_pvfed_in_the_simulation_engine(tmp_path, mlflow_store):
-    written = tmp_path / "departments"
+    data_root = tmp_path / "data"  # hospital-00..02: the clinic, the stress lab, the cath lab
     subprocess.run([sys.executable, "-m", "clients.datagen", "vertical", "--set", "heart-disease",
-                    "--shared", str(SHARED), "--out", str(written), "--seed", "0"],
+                    "--shared", str(SHARED), "--out", str(data_root), "--seed", "0"],
                    cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
-    data_root = tmp_path / "data"
-    folders = sorted(p for p in written.iterdir() if (p / "vertical-site.toml").is_file())
-    for i, folder in enumerate(folders):  # simulation's partition i reads hospital-0i
-        shutil.copytree(folder, data_root / f"hospital-{i:02d}")
     output, client, run = _simulate(tmp_path, data_root, mlflow_store(tmp_path), [
         "task=tabular-cls", "num-server-rounds=2", "vertical.method=pvfed",
         "vertical.aggregation=pca", "vertical.local-epochs=5", "vertical.encoder-epochs=20",
