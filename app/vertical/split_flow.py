@@ -79,11 +79,34 @@ class _Coordinator:
     optimiser: torch.optim.Optimizer
     loss_fn: nn.Module
     device: torch.device
+    #: The shape of one item's activation at the cut.
+    cut_shape: tuple[int, ...] = ()
     losses: dict[int, list[float]] = field(default_factory=dict)
 
     def activation(self, answer: StageAnswer, j: int | str) -> torch.Tensor:
-        """Batch ``j``'s cut activation from a site's answer, on the coordinator's device."""
-        return tensor_of(answer.arrays, batch_key("activation", j), ReplyError).to(self.device)
+        """Batch ``j``'s cut activation from a site's answer, on the coordinator's device.
+
+        Raises
+        ------
+        ReplyError
+            Missing, not finite, or not of the cut's shape per item (named with the site).
+        """
+        tensor = tensor_of(answer.arrays, batch_key("activation", j), ReplyError)
+        if tuple(tensor.shape[1:]) != self.cut_shape:
+            raise ReplyError(f"split learning: {self.site(answer)}'s activation-{j} has items of "
+                             f"shape {tuple(tensor.shape[1:])}, the cut's are {self.cut_shape}")
+        return tensor.to(self.device)
+
+    def labels(self, answer: StageAnswer, j: int) -> torch.Tensor:
+        """Batch ``j``'s labels (vanilla), each in [0, 1], one row per activation row."""
+        labels = tensor_of(answer.arrays, batch_key("label", j), ReplyError)
+        if labels.numel() and not bool(((labels >= 0) & (labels <= 1)).all()):
+            raise ReplyError(f"split learning: {self.site(answer)}'s label-{j} is not in [0, 1]")
+        return labels.to(self.device)
+
+    def site(self, answer: StageAnswer) -> str:
+        """The department of the site that sent ``answer``, for errors."""
+        return self.ctx.departments.get(answer.node_id, f"node {answer.node_id}")
 
     def vanilla_step(self, answers: Mapping[int, StageAnswer], count: int) -> dict[int, Arrays]:
         """Finish every batch's pass, one optimiser step each; dL_j/da1_j per site."""
@@ -93,7 +116,10 @@ class _Coordinator:
             gradients[node] = {}
             for j in range(count):
                 received = self.activation(answer, j).requires_grad_()
-                labels = tensor_of(answer.arrays, batch_key("label", j), ReplyError).to(self.device)
+                labels = self.labels(answer, j)
+                if len(labels) != len(received):
+                    raise ReplyError(f"split learning: {self.site(answer)}'s label-{j} has "
+                                     f"{len(labels)} rows for {len(received)} activations")
                 loss = self.loss_fn(self.middle(received), labels)
                 self.optimiser.zero_grad(set_to_none=True)
                 loss.backward()
@@ -124,9 +150,8 @@ class _Coordinator:
                     leaf = a1.requires_grad_()
                     out = self.middle(leaf)
                     if back.shape != out.shape:
-                        raise ReplyError(f"split learning: {self.ctx.departments.get(node, node)}'s"
-                                         f" gradient-{j} has shape {tuple(back.shape)}, not "
-                                         f"{tuple(out.shape)}")
+                        raise ReplyError(f"split learning: {self.site(heads[node])}'s gradient-{j}"
+                                         f" has shape {tuple(back.shape)}, not {tuple(out.shape)}")
                     self.optimiser.zero_grad(set_to_none=True)
                     out.backward(back.to(self.device))
                     self.optimiser.step()
@@ -194,9 +219,11 @@ def run_split(ctx: VerticalContext) -> VerticalResult:
     split = cut_task_network(task.model_for_run(settings), ctx.options)
     device = select_device().device
     split.middle.to(device)
+    with torch.no_grad():
+        cut_shape = tuple(split.bottom.eval()(torch.from_numpy(task.example_input(settings))).shape)
     coordinator = _Coordinator(ctx, split.middle, make_optimizer(
         ctx.config.optimizer, split.middle.parameters(), ctx.config.lr, ctx.config.momentum),
-        task.loss_fn(), device)
+        task.loss_fn(), device, cut_shape[1:])
     part = part_arrays(split.site_part())
     sequential = ctx.options.split_mode == "sequential"
     site_metrics: dict[str, dict[str, float]] = {}

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -26,7 +26,7 @@ from clients.training.site_task import SiteTask, TaskSettings
 from clients.vertical.split_model import cut_task_network, load_part, part_arrays
 from clients.vertical.split_state import STATE_FILE
 from clients.vertical.stages import VerticalRequest, VerticalSite, answer_vertical
-from strategies.errors import SiteError
+from strategies.errors import ReplyError, SiteError
 from strategies.vertical.options import VerticalOptions
 
 CPU = ComputeDevice(torch.device("cpu"), None)
@@ -97,6 +97,8 @@ class InProcessContext(VerticalContext):
 
     sites: dict[int, VerticalSite] = field(default_factory=dict)
     logged: dict[int, dict[str, float]] = field(default_factory=dict)
+    #: A malicious site: (stage, node) -> what it does to its reply's arrays.
+    tamper: dict[tuple[str, int], Callable[[dict], None]] = field(default_factory=dict)
 
     def send(self, stage: str, requests: Mapping, server_round: int) -> dict[int, StageAnswer]:
         answers = {}
@@ -107,8 +109,9 @@ class InProcessContext(VerticalContext):
             reply = answer_vertical(request)
             self.traffic.count(stage, sum(a.nbytes for a in arrays.values()),
                                sum(a.nbytes for a in reply.arrays.values()))
-            answers[node] = StageAnswer(node, {k: np.array(v) for k, v in reply.arrays.items()},
-                                        dict(reply.metrics), dict(reply.info))
+            arrays = {k: np.array(v) for k, v in reply.arrays.items()}
+            self.tamper.get((stage, node), lambda _: None)(arrays)
+            answers[node] = StageAnswer(node, arrays, dict(reply.metrics), dict(reply.info))
         return answers
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
@@ -179,6 +182,23 @@ def test_split_training_passes_the_policys_training_rules(tmp_path, policy, rule
     with pytest.raises(PolicyRefusal) as refused:
         run_split(federation(tmp_path, "splitnn-u", policy=policy))
     assert refused.value.rule == rule
+
+
+def _scaled_labels(arrays: dict) -> None:
+    arrays["label-0"] = arrays["label-0"] * 7
+
+
+def _cropped_activation(arrays: dict) -> None:
+    arrays["activation-1"] = arrays["activation-1"][:, :3]
+
+
+@pytest.mark.parametrize("tamper, error", [(_scaled_labels, "site-bb's label-0 is not in"),
+                                           (_cropped_activation, "site-bb's activation-1 has items")])
+def test_the_coordinator_names_a_site_whose_reply_is_malformed(tmp_path, tamper, error):
+    ctx = federation(tmp_path, "splitnn", rounds=1)
+    ctx.tamper[("split-train", 12)] = tamper
+    with pytest.raises(ReplyError, match=error):
+        run_split(ctx)
 
 
 def test_a_part_whose_counters_came_back_as_shape_1_loads_and_a_misfit_is_named():
