@@ -23,6 +23,7 @@ from clients.site.site_round import SiteTasks
 from clients.training.classification import ClassificationTask, LabelledTensors
 from clients.training.device import ComputeDevice
 from clients.training.site_task import SiteTask, TaskSettings
+from clients.vertical import split_site
 from clients.vertical.split_model import cut_task_network, load_part, part_arrays
 from clients.vertical.split_state import STATE_FILE
 from clients.vertical.stages import VerticalRequest, VerticalSite, answer_vertical
@@ -218,3 +219,41 @@ def test_a_site_without_its_part_refuses_a_stage_out_of_order(tmp_path):
     ctx = federation(tmp_path, "splitnn")
     with pytest.raises(SiteError, match="holds no site part"):
         ctx.send("split-train", {11: ({"batches": 1}, {})}, 1)
+
+
+@pytest.mark.parametrize("method", ["splitnn", "splitnn-u"])
+def test_one_batch_per_message_is_exactly_sgd_on_the_whole_network(tmp_path, method, monkeypatch):
+    """k = 1, one site, plain SGD: every cut gradient is evaluated at the weights of the step
+    it feeds, so split learning reproduces SGD on the unsplit network over the same batches."""
+    ctx = federation(tmp_path, method, rounds=2)
+    ctx.options = replace(ctx.options, batches_per_message=1)
+    ctx.config = replace(ctx.config, optimizer="sgd", momentum=0.0, vertical_options=ctx.options)
+    ctx.nodes = [11]
+    site = ctx.sites[11]
+    site.optimizer, site.momentum = "sgd", 0.0
+    drawn: list[np.ndarray] = []
+    draw = split_site._draw
+
+    def recorded(request, count, state):
+        draw(request, count, state)
+        drawn.extend(state.pending)
+
+    monkeypatch.setattr(split_site, "_draw", recorded)
+    result = run_split(ctx)
+    torch.manual_seed(ctx.seed)
+    model = TinyTask.model_for(site.settings).train()
+    optimiser = torch.optim.SGD(model.parameters(), lr=ctx.config.lr)
+    data = site.task().train_set
+    for indices in drawn:
+        x = torch.stack([data[int(i)][0] for i in indices])
+        y = torch.stack([data[int(i)][1] for i in indices])
+        optimiser.zero_grad()
+        nn.BCEWithLogitsLoss()(model(x), y).backward()
+        optimiser.step()
+    assert len(drawn) == 2 * 6
+    expected = cut_task_network(model, ctx.options)
+    for name, value in part_arrays(expected.site_part()).items():
+        np.testing.assert_allclose(result.arrays[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+    for name, value in expected.middle.state_dict().items():
+        np.testing.assert_allclose(result.arrays[f"middle/{name}"], value.numpy(), rtol=1e-5,
+                                   atol=1e-6, err_msg=name)
