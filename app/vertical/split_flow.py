@@ -1,4 +1,4 @@
-"""The coordinator's side of split learning: its part of the network, its optimiser, the batch exchange.
+"""The coordinator's side of split learning: its part of the network, its optimiser, the batches.
 
 Split learning (Vepakomma et al., "Split learning for health", arXiv:1812.00564, 2018;
 the book's chapter 4) over sites holding different patients of one imaging task (no

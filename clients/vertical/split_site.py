@@ -47,17 +47,18 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from clients.registry import TASKS
 from clients.site.policy import PolicyRefusal
 from clients.site.policy_check import Request, check_training
 from clients.training.classification import logit_metrics
+from clients.training.sampling import positive_share_weights
 from clients.training.site_task import EVAL_SPLITS
 from clients.vertical.split_model import U_SHAPED, batch_key, part_arrays, tensor_of
 from clients.vertical.split_state import SplitSiteState, open_state, save_state
 from clients.vertical.stages import VerticalReply, VerticalRequest
-from clients.training.sampling import positive_share_weights
 from models.split_network import buffers_kept
 from strategies.errors import SiteError
 from strategies.seeds import site_seed
@@ -65,7 +66,7 @@ from strategies.seeds import site_seed
 __all__ = ["split_train", "split_head", "split_eval_forward", "split_eval_finish"]
 
 
-def _batch(request: VerticalRequest, indices) -> tuple[torch.Tensor, torch.Tensor]:
+def _batch(request: VerticalRequest, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
     """Training examples ``indices`` as one batch on the site's device."""
     data = request.site.task().require_training()
     xs, ys = zip(*(data[int(i)] for i in indices))
@@ -78,7 +79,8 @@ def _draw(request: VerticalRequest, count: int, state: SplitSiteState) -> None:
     seeded by the run seed, the round, the message's ``step`` and the site."""
     site = request.site
     data = site.task().require_training()
-    seed = site_seed(site.seed, request.server_round, f"{site.name}/split/{request.config.get('step', 0)}")
+    step = request.config.get("step", 0)
+    seed = site_seed(site.seed, request.server_round, f"{site.name}/split/{step}")
     weights = positive_share_weights(len(data), getattr(data, "positive_indices", []),
                                      site.settings.positive_fraction).numpy()
     rng = torch.Generator().manual_seed(seed)
@@ -142,8 +144,9 @@ def split_train(request: VerticalRequest) -> VerticalReply:
     count = int(request.config.get("batches", 0))
     vanilla = options.method != U_SHAPED
     if count and vanilla and not site.rules.share_labels:
-        raise PolicyRefusal("vertical.share-labels", "the vanilla SplitNN sends each batch's labels "
-                            "to the coordinator; this site's policy keeps them (use splitnn-u)")
+        raise PolicyRefusal("vertical.share-labels", "the vanilla SplitNN sends each batch's "
+                            "labels to the coordinator; this site's policy keeps them (use "
+                            "splitnn-u)")
     if count:
         _check_training(request, count)
     state = open_state(request)
@@ -235,6 +238,6 @@ def split_eval_finish(request: VerticalRequest) -> VerticalReply:
             raise SiteError(f"split learning: {name} has {len(out)} rows, split {split!r} "
                             f"{len(labels)} items")
         result = logit_metrics(out, labels)
-        reply.metrics.update({f"{split}-{metric}": value for metric, value in result.metrics.items()})
+        reply.metrics.update({f"{split}-{name}": value for name, value in result.metrics.items()})
         reply.metrics.update({f"{split}-loss": result.loss, f"{split}-examples": len(labels)})
     return reply

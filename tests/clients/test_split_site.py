@@ -130,7 +130,8 @@ def federation(tmp_path: Path, method: str, mode: str = "parallel", rounds: int 
     sites = {node: tiny_site(tmp_path, f"site-{name}", replace(policy, vertical=rules))
              for node, name in ((11, "a"), (12, "bb"))}
     return InProcessContext(grid=None, nodes=list(sites), config=config, options=options,
-                            federation="fed-1", departments={n: s.department for n, s in sites.items()},
+                            federation="fed-1",
+                            departments={n: s.department for n, s in sites.items()},
                             sites=sites)
 
 
@@ -160,8 +161,8 @@ def test_split_learning_lowers_the_loss_at_both_sites(tmp_path, method, mode):
     assert int(result.arrays["part/bottom.2.num_batches_tracked"]) == 3 * 6 * turns
     assert ("part/head.0.weight" in result.arrays) is (method == "splitnn-u")
     assert any(name.startswith("middle/") for name in result.arrays)
-    # one message per site for each of 2 batch groups (4 + 2) + the last gradients, + U's head stages,
-    # + 2 evaluation stages, per round
+    # per round and site: a message for each of 2 batch groups (4 + 2) and the last gradients,
+    # U's head stages, 2 evaluation stages
     per_round = 3 + (2 if method == "splitnn-u" else 0) + 2
     assert ctx.traffic.messages == 3 * 2 * per_round
     assert (tmp_path / "site-a" / "state" / STATE_FILE).is_file()
@@ -193,8 +194,9 @@ def _cropped_activation(arrays: dict) -> None:
     arrays["activation-1"] = arrays["activation-1"][:, :3]
 
 
-@pytest.mark.parametrize("tamper, error", [(_scaled_labels, "site-bb's label-0 is not in"),
-                                           (_cropped_activation, "site-bb's activation-1 has items")])
+@pytest.mark.parametrize("tamper, error", [
+    (_scaled_labels, "site-bb's label-0 is not in"),
+    (_cropped_activation, "site-bb's activation-1 has items")])
 def test_the_coordinator_names_a_site_whose_reply_is_malformed(tmp_path, tamper, error):
     ctx = federation(tmp_path, "splitnn", rounds=1)
     ctx.tamper[("split-train", 12)] = tamper

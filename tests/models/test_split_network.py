@@ -43,7 +43,8 @@ def test_the_parts_in_order_are_the_network(head_layers):
     assert split.bottom[0].weight is model.features.conv0.weight
 
 
-def _unsplit_gradients(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
+def _unsplit_gradients(model: nn.Module, x: torch.Tensor,
+                       y: torch.Tensor) -> dict[str, torch.Tensor]:
     reference = copy.deepcopy(model)
     nn.BCEWithLogitsLoss()(reference(x), y).backward()
     return {name: p.grad.clone() for name, p in reference.named_parameters()}
@@ -84,7 +85,8 @@ def test_u_shaped_exchange_gives_the_networks_gradients():
 
 
 def test_a_sequential_is_split_with_nested_blocks_flattened():
-    model = nn.Sequential(nn.Linear(3, 4), nn.Sequential(nn.ReLU(), nn.Linear(4, 2)), nn.Linear(2, 1))
+    model = nn.Sequential(nn.Linear(3, 4), nn.Sequential(nn.ReLU(), nn.Linear(4, 2)),
+                          nn.Linear(2, 1))
     split = split_network(model, cut=2, head_layers=1)
     assert len(network_blocks(model)) == 4
     assert [type(b) for b in split.bottom] == [nn.Linear, nn.ReLU]
