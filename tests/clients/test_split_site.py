@@ -27,7 +27,7 @@ from clients.vertical import split_site
 from clients.vertical.split_model import cut_task_network, load_part, part_arrays
 from clients.vertical.split_state import STATE_FILE
 from clients.vertical.stages import VerticalRequest, VerticalSite, answer_vertical
-from strategies.errors import ReplyError, SiteError
+from strategies.errors import ConfigError, ReplyError, SiteError
 from strategies.vertical.options import VerticalOptions
 
 CPU = ComputeDevice(torch.device("cpu"), None)
@@ -259,3 +259,13 @@ def test_one_batch_per_message_is_exactly_sgd_on_the_whole_network(tmp_path, met
     for name, value in expected.middle.state_dict().items():
         np.testing.assert_allclose(result.arrays[f"middle/{name}"], value.numpy(), rtol=1e-5,
                                    atol=1e-6, err_msg=name)
+
+
+def test_a_cut_the_tasks_network_cannot_take_is_a_config_error_naming_the_key():
+    network = TinyTask.model_for(TaskSettings())                # 7 blocks
+    with pytest.raises(ConfigError, match=r"vertical.cut = 7: .* 7 blocks"):
+        cut_task_network(network, VerticalOptions(method="splitnn", cut=7))
+    with pytest.raises(ConfigError, match=r"vertical.head-layers = 6"):
+        cut_task_network(network, VerticalOptions(method="splitnn-u", cut=1, head_layers=6))
+    assert len(cut_task_network(network, VerticalOptions(method="splitnn", cut=6,
+                                                         head_layers=6)).head) == 0
