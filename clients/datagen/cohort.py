@@ -2,11 +2,13 @@
 
 The default demo of a vertical federation (pvFed, docs/VERTICAL.md) needs patients
 whom several institutions saw, each holding a different modality and its own task.
-:func:`write_cohort` writes three site folders under ``out``::
+:func:`write_cohort` writes three site folders under ``out``, named as the simulation's
+sites (``hospital-<partition>``; the institution is the ``department`` of the folder's
+``vertical-site.toml``)::
 
-    ct-centre/     ct3d-cls: labels.csv + a chest CT per patient (DICOM series or NIfTI)
-    xray-clinic/   cxr-cls: images.csv + a frontal radiograph per patient (PNG or DICOM)
-    lab/           tabular-cls: table.csv of lab values (a few cells missing)
+    hospital-00/  ct-centre    ct3d-cls: labels.csv + a chest CT per patient (DICOM series or NIfTI)
+    hospital-01/  xray-clinic  cxr-cls: images.csv + a frontal radiograph per patient (PNG or DICOM)
+    hospital-02/  lab          tabular-cls: table.csv of lab values (a few cells missing)
 
 each with ``vertical-site.toml`` (its ``task`` and ``department``) and the
 ``SYNTHETIC.txt`` marker. The images and files are the product's own generators and
@@ -177,9 +179,10 @@ def draw_cohort(patients: int, seed: int, coverage: float = 0.9) -> Cohort:
     return cohort
 
 
-def write_cohort(shared: Path | None, out: Path, seed: int, coverage: float = 0.9, patients: int = 160,
+def write_cohort(shared: Path | None, out: Path, seed: int, coverage: float = 0.9, patients: int = 300,
                  image_size: int = 32, volume_depth: int = 16) -> list[Path]:
-    """Write the cohort's three site folders under ``out`` (``ct-centre``, ``xray-clinic``, ``lab``).
+    """Write the cohort's three site folders under ``out`` (``hospital-00..02``: the CT centre,
+    the X-ray clinic, the lab).
 
     Parameters
     ----------
@@ -193,7 +196,7 @@ def write_cohort(shared: Path | None, out: Path, seed: int, coverage: float = 0.
     coverage : float
         Share of the patients each site holds independently, in (0, 1] (default 0.9).
     patients : int
-        Number of patients (default 160).
+        Number of patients (default 300: about 220 held by all three at coverage 0.9).
     image_size : int
         Side of the radiographs (>= 32) and in-plane size of the CT volumes (default 32).
     volume_depth : int
@@ -220,5 +223,6 @@ def write_cohort(shared: Path | None, out: Path, seed: int, coverage: float = 0.
     cohort = draw_cohort(patients, seed, coverage)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    return [SITE_WRITERS[site].write(out / site, cohort, site, image_size=image_size,
-                                     volume_depth=volume_depth) for site in SITES]
+    return [SITE_WRITERS[site].write(out / f"hospital-{k:02d}", cohort, site,
+                                     image_size=image_size, volume_depth=volume_depth)
+            for k, site in enumerate(SITES)]

@@ -78,10 +78,10 @@ class CohortSite:
     write: SiteWriter
 
 
-def _claim(site_dir: Path, data_dir: str, task: str) -> Path:
+def _claim(site_dir: Path, data_dir: str, task: str, department: str) -> Path:
     """Claim ``site_dir`` (refusing a folder the product did not write) and write its site file."""
     data = federation.claim_site_dir(site_dir, data_dir, _MARKER_TEXT)
-    text = f'task = "{task}"\ndepartment = "{Path(site_dir).name}"\n'
+    text = f'task = "{task}"\ndepartment = "{department}"\n'
     write_atomic(Path(site_dir) / SITE_FILE, lambda handle: handle.write(text.encode()))
     return data
 
@@ -93,7 +93,7 @@ def _patient_rng(cohort: Cohort, site: str, index: int) -> np.random.Generator:
 
 def write_ct_site(site_dir: Path, cohort: Cohort, site: str, *, image_size: int, volume_depth: int) -> Path:
     """Write the CT centre: one chest CT per held patient (emphysema when its finding > 0), ``labels.csv``."""
-    studies = _claim(site_dir, "studies", "ct3d-cls")
+    studies = _claim(site_dir, "studies", "ct3d-cls", site)
     spacing = round(260.0 / volume_depth, 2)
     profile = CTProfile(name=site, num_studies=max(4, len(cohort.patient_ids)), noise_hu=12.0,
                         positive_rate=0.5, dicom_fraction=0.5, image_size=image_size,
@@ -152,7 +152,7 @@ def paint_opacity(image: np.ndarray, lung: np.ndarray, extent: float, rng: np.ra
 def write_xray_site(site_dir: Path, cohort: Cohort, site: str, *, image_size: int, volume_depth: int) -> Path:
     """Write the X-ray clinic: one radiograph per held patient (opacity by its finding), ``images.csv``."""
     del volume_depth
-    images = _claim(site_dir, "images", "cxr-cls")
+    images = _claim(site_dir, "images", "cxr-cls", site)
     profile = XRayProfile(name=site, num_images=max(2, len(cohort.patient_ids)), positive_rate=0.5,
                           gamma=1.0, lung_contrast=1.0, blur_px=0.3, noise=0.02,
                           kind_weights=(1.0,) * len(FILE_KINDS))
@@ -186,7 +186,7 @@ def _lab_row(cohort: Cohort, site: str, index: int) -> TableRow:
 def write_lab_site(site_dir: Path, cohort: Cohort, site: str, *, image_size: int, volume_depth: int) -> Path:
     """Write the lab: ``table.csv`` (``patient_id,split,label,<lab values>,sex``) of the held patients."""
     del image_size, volume_depth
-    _claim(site_dir, TABLE_NAME, "tabular-cls")
+    _claim(site_dir, TABLE_NAME, "tabular-cls", site)
     write_table(site_dir, [*LAB_FEATURES, "sex"], [_lab_row(cohort, site, i) for i in cohort.members(site)])
     return Path(site_dir)
 

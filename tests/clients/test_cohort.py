@@ -36,10 +36,11 @@ def cohort_sites(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
 def tasks(cohort_sites: list[Path]) -> dict[str, SiteTask]:
     """Each folder loaded by the task its vertical-site.toml names."""
     loaded = {}
-    for folder in cohort_sites:
+    for k, (folder, site) in enumerate(zip(cohort_sites, SITES)):
+        assert folder.name == f"hospital-{k:02d}"  # the simulation's partition k
         described = tomllib.loads((folder / "vertical-site.toml").read_text())
-        assert described == {"task": SITES[folder.name], "department": folder.name}
-        loaded[folder.name] = task_class(described["task"])(folder, SETTINGS)
+        assert described == {"task": SITES[site], "department": site}
+        loaded[site] = task_class(described["task"])(folder, SETTINGS)
     return loaded
 
 
@@ -152,12 +153,12 @@ def test_the_same_seed_writes_the_same_files_and_rewrites_its_own_folders(tmp_pa
 
 
 def test_a_folder_the_product_did_not_write_is_refused(tmp_path: Path) -> None:
-    (tmp_path / "lab").mkdir()
-    (tmp_path / "lab" / "notes.txt").write_text("a hospital's file")
-    with pytest.raises(FileExistsError, match="lab"):
+    (tmp_path / "hospital-02").mkdir()  # where the lab would go
+    (tmp_path / "hospital-02" / "notes.txt").write_text("a hospital's file")
+    with pytest.raises(FileExistsError, match="hospital-02"):
         write_cohort(None, tmp_path, 0, patients=40)
-    assert (tmp_path / "lab" / "notes.txt").read_text() == "a hospital's file"
-    assert sorted(p.name for p in (tmp_path / "lab").iterdir()) == ["notes.txt"]
+    assert (tmp_path / "hospital-02" / "notes.txt").read_text() == "a hospital's file"
+    assert sorted(p.name for p in (tmp_path / "hospital-02").iterdir()) == ["notes.txt"]
 
 
 def test_the_lab_table_has_missing_cells_and_every_lab_value(cohort_sites: list[Path]) -> None:
