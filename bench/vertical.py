@@ -14,7 +14,9 @@ model of its own.
   layer on [global vector, own features] (``pvfed-<aggregation>``).
 - **Split learning** (Vepakomma et al. 2018) on PneumoniaMNIST over 3 sites (iid), the
   same small DenseNet as FedAvg's: FedAvg (horizontal), vanilla SplitNN and U-shaped
-  SplitNN, with the sites' mean test AUC, the bytes of arrays on the wire and the wall time.
+  SplitNN, with the sites' mean test AUC, the bytes of training on the wire (FedAvg: its
+  train messages serialised; split learning: the arrays of its training stages; split
+  learning's evaluation bytes apart, in ``bytes_with_evaluation``) and the wall time.
 
 Usage::
 
@@ -64,6 +66,9 @@ SPLIT = {"task": "cxr-cls", "image-size": 32, "batch-size": 16, "model-size": "s
          "min-nodes": 3, "node-wait-timeout": 30.0, "experiment": "bench-vertical-split"}
 #: Split learning's cut: after the DenseNet's first pooling (1,024 floats per image, not 4,096).
 SPLIT_CUT = {"vertical.cut": 4}
+#: Batches per message: 1, exactly SplitNN. At 8 (a gradient up to 7 steps stale, 8x fewer
+#: messages) vanilla lost 1.6 points of AUC on this set, 5 seeds (docs/BENCHMARKS.md).
+SPLIT_BATCHES = {"splitnn": 1, "splitnn-u": 1}
 
 
 def _mean_sd(values: Sequence[float]) -> tuple[float, float]:
@@ -129,8 +134,9 @@ def pvfed_rows(grid: dict, workdir: Path, quick: bool) -> list[dict]:
     return rows
 
 
-def _fedavg(seed: int, grid: dict, workdir: Path) -> tuple[float, int, float]:
-    """FedAvg's mean test AUC over the sites (the selected round), array bytes, seconds."""
+def _fedavg(seed: int, grid: dict, workdir: Path) -> tuple[float, int, float, int]:
+    """FedAvg's mean test AUC over the sites (the selected round), the train exchanges'
+    serialised bytes (twice: its evaluate messages are not counted), seconds."""
     folders = shared_sites("cxr-cls", "pneumoniamnist", 3, seed, root=DATA / "vertical-split")
     overrides = {**SPLIT, "seed": seed, "num-server-rounds": grid["split_rounds"],
                  "local-steps": grid["split_steps"], "final-evaluation": True,
@@ -138,22 +144,27 @@ def _fedavg(seed: int, grid: dict, workdir: Path) -> tuple[float, int, float]:
     outcome, wall = run_product(overrides, _sites(folders, workdir / "state" / f"fedavg-{seed}"),
                                 workdir)
     aucs = [m["test-auc"] for m in outcome.cross_site.sites.values() if "test-auc" in m]
-    traffic = sum(t.get("bytes-up", 0.0) + t.get("bytes-down", 0.0)
-                  for report in outcome.reports.values() for t in report.traffic.values())
-    return statistics.fmean(aucs), int(traffic), wall
+    train = sum(t.get("bytes-up", 0.0) + t.get("bytes-down", 0.0)  # the train exchanges
+                for report in outcome.reports.values() for t in report.traffic.values())
+    return statistics.fmean(aucs), int(train), wall, int(train)
 
 
-def _split(method: str, seed: int, grid: dict, workdir: Path) -> tuple[float, int, float]:
-    """Split learning's mean test AUC over the sites (last round), array bytes, seconds."""
+def _split(method: str, seed: int, grid: dict, workdir: Path) -> tuple[float, int, float, int]:
+    """Split learning's mean test AUC over the sites (last round), the training stages' array
+    bytes, seconds, and the bytes with the evaluation stages."""
     folders = shared_sites("cxr-cls", "pneumoniamnist", 3, seed, root=DATA / "vertical-split")
     overrides = {**SPLIT, "seed": seed, "num-server-rounds": grid["split_rounds"],
                  "local-steps": grid["split_steps"], "federation.kind": "vertical",
-                 "vertical.method": method, **SPLIT_CUT}
+                 "vertical.method": method, **SPLIT_CUT,
+                 "vertical.batches-per-message": SPLIT_BATCHES[method]}
     state = workdir / "state" / f"{method}-{seed}"
     outcome, wall = run_product(overrides, _sites(folders, state), workdir)
     aucs = [m["test-auc"] for m in outcome.result.site_metrics.values() if "test-auc" in m]
     traffic = outcome.traffic.uplink_bytes + outcome.traffic.downlink_bytes
-    return statistics.fmean(aucs), int(traffic), wall
+    train = sum(row["uplink-bytes"] + row["downlink-bytes"]
+                for stage, row in outcome.traffic.by_stage.items()
+                if stage in ("split-train", "split-head"))
+    return statistics.fmean(aucs), int(train), wall, int(traffic)
 
 
 def split_rows(grid: dict, workdir: Path) -> list[dict]:
@@ -166,6 +177,7 @@ def split_rows(grid: dict, workdir: Path) -> list[dict]:
         mean, sd = _mean_sd(aucs)
         rows.append({"set": "pneumoniamnist", "method": method, "metric": mean, "sd": sd,
                      "bytes": int(statistics.fmean(r[1] for r in runs)),
+                     "bytes_with_evaluation": int(statistics.fmean(r[3] for r in runs)),
                      "seconds": statistics.fmean(r[2] for r in runs), "seeds": len(runs),
                      "values": aucs})
         print(rows[-1], flush=True)
