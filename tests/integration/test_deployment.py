@@ -121,6 +121,16 @@ def test_two_authenticated_sites_federate_over_tls(deployment, tmp_path, small_h
             'experiment="deploy"', 'experiment="deploy-changed"'), timeout=900,
             on_line=refused_output.append, project=changed)
         assert refused.run_id is not None, "".join(refused_output)[-3000:]
+        # A vertical federation over the same TLS deployment and approved bundle: its
+        # train.vertical messages reach the sites' ClientApps, whose policies (no
+        # [vertical] section) refuse them before any data is read (docs/VERTICAL.md).
+        vertical_output: list[str] = []
+        vertical = submit_run(d.flwr_home, run_config.replace(
+            'experiment="deploy"', 'experiment="deploy-vertical"')
+            + ' federation.kind="vertical" vertical.method="splitnn-u"', timeout=900,
+            on_line=vertical_output.append, project=approved)
+        assert vertical.run_id is not None, "".join(vertical_output)[-3000:]
+        assert vertical.status != "finished:completed", "".join(vertical_output)[-3000:]
         for node in nodes:
             assert node.process.poll() is None, _tail(node)
     finally:
@@ -163,6 +173,15 @@ def test_two_authenticated_sites_federate_over_tls(deployment, tmp_path, small_h
     for node in nodes:
         assert node.log_text().count(f"started warm worker") == 1, _tail(node)
         assert f"installed app {digest[:12]}" in node.log_text()
+
+    vertical_run = client.search_runs(
+        [client.get_experiment_by_name("deploy-vertical").experiment_id])[0]
+    assert vertical_run.info.status == "FAILED"
+    assert vertical_run.data.tags["federation.kind"] == "vertical"
+    assert "policy rule vertical.allowed (refused)" in ("".join(vertical_output)
+                                                        + d.link.flower_log.read_text())
+    for node in nodes:
+        assert "refused a train.vertical request" in node.log_text(), _tail(node)
 
     # The bundle with one changed byte: refused by both sites, nothing of it installed or run.
     changed_run = client.search_runs(
