@@ -113,6 +113,21 @@ class PluginOptions:
                               f"section '{cls.section}' has {sorted(known)}")
         return cls(**{known[k]: v for k, v in values.items()})
 
+    @classmethod
+    def split_from(cls, values: Mapping[str, Any]) -> tuple[PluginOptions, dict[str, Any]]:
+        """The section's options from a flat run config (``{"adacomm.tau-min": 2, ...}``),
+        and the run config's other keys.
+
+        Raises
+        ------
+        PluginError
+            For an unknown key of the section or a bad value, naming the full key.
+        """
+        prefix = f"{cls.section}."
+        section = {k[len(prefix):]: v for k, v in values.items() if k.startswith(prefix)}
+        rest = {k: v for k, v in values.items() if not k.startswith(prefix)}
+        return cls.from_section(section), rest
+
     def as_params(self) -> dict[str, Any]:
         """``{full key: value}`` for every option (MLflow params)."""
         return {self.key(f.name): getattr(self, f.name) for f in fields(self)}

@@ -113,7 +113,4 @@ def split_vertical(values: Mapping[str, Any]) -> tuple[VerticalOptions, dict[str
     PluginError
         For an unknown key of the section or a bad value, naming the full key.
     """
-    prefix = f"{SECTION}."
-    section = {k[len(prefix):]: v for k, v in values.items() if k.startswith(prefix)}
-    rest = {k: v for k, v in values.items() if not k.startswith(prefix)}
-    return VerticalOptions.from_section(section), rest
+    return VerticalOptions.split_from(values)

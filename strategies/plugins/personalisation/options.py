@@ -84,8 +84,5 @@ def split_personalisation(values: Mapping[str, Any]
     PluginError
         For an unknown key of the section or a bad value, naming the full key.
     """
-    prefix = f"{SECTION}."
-    section = {k[len(prefix):]: v for k, v in values.items() if k.startswith(prefix)}
-    rest = {k: v for k, v in values.items() if not k.startswith(prefix)}
-    return PersonalisationOptions.from_section(section), rest
+    return PersonalisationOptions.split_from(values)
 
