@@ -104,6 +104,9 @@ RUN_PRESET   := $(PRESET)
 SHARED_RUN   :=
 CHECKPOINT_DIR ?= $(CURDIR)/runs/checkpoints/simulate-$(TASK_NAME)-seed$(SEED)
 endif
+ifeq ($(PVFED_DATA),1)
+RUN_PRESET   := $(if $(PRESET),$(PRESET),$(wildcard configs/vertical-$(VERTICAL_SET).toml))
+endif
 ifneq ($(filter simulate data,$(MAKECMDGOALS)),)
 ifneq ($(filter-out synthetic shared,$(DATA)),)
 $(error DATA=$(DATA): `make simulate` and `make data` take DATA=synthetic (default) or DATA=shared; give a folder of sites with DATA_DIR=/abs/folder (DATA=/abs/site is for `make supernode`))
