@@ -1,0 +1,1 @@
+"""A vertical federation's coordinator: its messages, the PSI, pvFed and split learning (docs/VERTICAL.md)."""
