@@ -50,6 +50,13 @@ class VerticalResult:
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
 
 
+def _mean_over_sites(site_metrics: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
+    """Each metric's mean over the sites that report it."""
+    names = sorted({name for values in site_metrics.values() for name in values})
+    return {name: float(np.mean([v[name] for v in site_metrics.values() if name in v]))
+            for name in names}
+
+
 @dataclass
 class VerticalContext:
     """What a vertical method's coordinator uses: the sites, the settings, messages, tracking."""
@@ -76,6 +83,20 @@ class VerticalContext:
         return send_stage(self.grid, stage, requests, federation=self.federation,
                           server_round=server_round, timeout=self.config.round_timeout,
                           traffic=self.traffic, names=self.departments)
+
+    def department(self, node: int) -> str:
+        """The department of site ``node`` (its ``describe`` answer; ``node-<id>`` before it)."""
+        return self.departments.get(node, f"node-{node}")
+
+    def log_sites(self, step: int, site_metrics: Mapping[str, Mapping[str, float]],
+                  extra: Mapping[str, float] | None = None) -> None:
+        """:meth:`log` round ``step``: each department's metrics, their mean over the sites
+        that report them, and ``extra`` (the coordinator's own)."""
+        metrics = dict(extra or {})
+        for department, values in site_metrics.items():
+            metrics.update({f"{department}/{name}": value for name, value in values.items()})
+        metrics.update(_mean_over_sites(site_metrics))
+        self.log(step, metrics)
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         """Queue ``metrics`` of round ``step`` for MLflow (``<department>/<metric>`` per site,
@@ -117,12 +138,6 @@ class VerticalOutcome:
     departments: dict[int, str] = field(default_factory=dict)
 
 
-def _mean_over_sites(site_metrics: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
-    names = sorted({name for values in site_metrics.values() for name in values})
-    return {name: float(np.mean([v[name] for v in site_metrics.values() if name in v]))
-            for name in names}
-
-
 def federate_vertical(grid: Grid, context: Context) -> VerticalOutcome:
     """Run the vertical federation described by the run config (see the module docstring)."""
     from app.vertical.psi_flow import align  # noqa: PLC0415 - pvFed's PSI, imported on use
@@ -141,7 +156,7 @@ def federate_vertical(grid: Grid, context: Context) -> VerticalOutcome:
         nodes = wait_for_nodes(grid, config.min_nodes, config.node_wait_timeout)
         ctx = VerticalContext(grid, nodes, config, options, run_id, tracker)
         described = ctx.send("describe", {node: ({}, {}) for node in nodes}, 0)
-        ctx.departments = {node: described[node].info.get("department", f"node-{node}")
+        ctx.departments = {node: described[node].info.get("department", ctx.department(node))
                            for node in nodes}
         if len(set(ctx.departments.values())) != len(nodes):  # names key the metrics
             ctx.departments = {node: f"{name}-{node}" for node, name in ctx.departments.items()}
@@ -151,12 +166,9 @@ def federate_vertical(grid: Grid, context: Context) -> VerticalOutcome:
         if intersection:
             ctx.log(0, {"psi-size": intersection})
         result = VERTICAL_RUNNERS.get(options.method)(ctx)
-        final = {f"{department}/final-{name}": value
-                 for department, values in result.site_metrics.items()
-                 for name, value in values.items()}
-        final.update({f"final-{name}": value
-                      for name, value in _mean_over_sites(result.site_metrics).items()})
-        ctx.log(config.num_server_rounds + 1, final)
+        ctx.log_sites(config.num_server_rounds + 1, {
+            department: {f"final-{name}": value for name, value in values.items()}
+            for department, values in result.site_metrics.items()})
         status = "FINISHED"
     finally:
         tracker.flush()

@@ -64,7 +64,7 @@ def align(ctx: VerticalContext) -> int:
             if task.last:
                 sizes[task.node] = _size(ctx, reply)
     if len(set(sizes.values())) != 1:
-        reported = {_site(ctx, node): size for node, size in sizes.items()}
+        reported = {ctx.department(node): size for node, size in sizes.items()}
         raise FederationError(f"PSI: the sites report different intersection sizes: {reported}")
     return sizes[ctx.nodes[0]]
 
@@ -81,7 +81,7 @@ def _message(task: PsiTask, requests: Mapping[int, np.ndarray], answers: Answers
 def _array(ctx: VerticalContext, reply: StageAnswer, name: str) -> np.ndarray:
     """Array ``name`` of a site's reply."""
     if name not in reply.arrays:
-        raise FederationError(f"PSI: site {_site(ctx, reply.node_id)} replied without array "
+        raise FederationError(f"PSI: site {ctx.department(reply.node_id)} replied without array "
                               f"{name!r}")
     return reply.arrays[name]
 
@@ -90,11 +90,6 @@ def _size(ctx: VerticalContext, reply: StageAnswer) -> int:
     """The intersection size a site's last finish reports."""
     size = reply.metrics.get(PSI_SIZE)
     if not isinstance(size, (int, float)) or size < 0 or int(size) != size:
-        raise FederationError(f"PSI: site {_site(ctx, reply.node_id)} reported no valid "
+        raise FederationError(f"PSI: site {ctx.department(reply.node_id)} reported no valid "
                               f"metric {PSI_SIZE!r} (got {size!r})")
     return int(size)
-
-
-def _site(ctx: VerticalContext, node: int) -> str:
-    """A site's name for messages: its department, else its node id."""
-    return ctx.departments.get(node, f"node {node}")

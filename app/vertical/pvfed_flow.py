@@ -107,19 +107,7 @@ def global_step(local_encoders: Mapping[str, Mapping[str, np.ndarray]], options:
 
 def _site_metrics(ctx: VerticalContext, answers: Mapping[int, StageAnswer]) -> dict[str, dict]:
     """Department -> the metrics of its answer."""
-    return {ctx.departments.get(node, f"node-{node}"): dict(answer.metrics)
-            for node, answer in answers.items()}
-
-
-def _log(ctx: VerticalContext, server_round: int, site_metrics: Mapping[str, Mapping[str, float]],
-         extra: Mapping[str, float]) -> None:
-    """Round ``server_round``'s metrics per department and their mean over departments."""
-    metrics = dict(extra)
-    for department, values in site_metrics.items():
-        metrics.update({f"{department}/{name}": value for name, value in values.items()})
-    for name in sorted({name for values in site_metrics.values() for name in values}):
-        metrics[name] = float(np.mean([v[name] for v in site_metrics.values() if name in v]))
-    ctx.log(server_round, metrics)
+    return {ctx.department(node): dict(answer.metrics) for node, answer in answers.items()}
 
 
 def run_pvfed(ctx: VerticalContext) -> VerticalResult:
@@ -135,16 +123,16 @@ def run_pvfed(ctx: VerticalContext) -> VerticalResult:
     rounds = ctx.config.num_server_rounds
     answers = ctx.send("pvfed-local", {node: ({}, {}) for node in ctx.nodes}, 0)
     site_metrics = _site_metrics(ctx, answers)
-    _log(ctx, 0, site_metrics, {})
+    ctx.log_sites(0, site_metrics)
     encoder = None
     for server_round in range(1, rounds + 1):
-        step = global_step({ctx.departments.get(node, f"node-{node}"): answers[node].arrays
+        step = global_step({ctx.department(node): answers[node].arrays
                             for node in ctx.nodes}, ctx.options, ctx.seed, server_round, encoder)
         encoder, arrays = step.encoder, encoder_arrays(step.encoder)
         answers = ctx.send("pvfed-round", {node: ({ENCODE: server_round < rounds}, arrays)
                                            for node in ctx.nodes}, server_round)
         site_metrics = _site_metrics(ctx, answers)
-        _log(ctx, server_round, site_metrics, {"global-encoder-loss": step.loss})
+        ctx.log_sites(server_round, site_metrics, {"global-encoder-loss": step.loss})
     kept = {} if encoder is None else {f"{GLOBAL_PREFIX}{name}": value
                                        for name, value in encoder_arrays(encoder).items()}
     return VerticalResult(site_metrics=site_metrics, arrays=kept)

@@ -106,7 +106,7 @@ class _Coordinator:
 
     def site(self, answer: StageAnswer) -> str:
         """The department of the site that sent ``answer``, for errors."""
-        return self.ctx.departments.get(answer.node_id, f"node {answer.node_id}")
+        return self.ctx.department(answer.node_id)
 
     def vanilla_step(self, answers: Mapping[int, StageAnswer], count: int) -> dict[int, Arrays]:
         """Finish every batch's pass, one optimiser step each; dL_j/da1_j per site."""
@@ -249,9 +249,7 @@ def run_split(ctx: VerticalContext) -> VerticalResult:
             losses = coordinator.losses.get(node, [])
             if losses:
                 metrics["train-loss"] = float(np.mean(losses))
-            site_metrics[ctx.departments.get(node, f"node-{node}")] = metrics
-        logged = {f"{department}/{name}": value for department, values in site_metrics.items()
-                  for name, value in values.items()}
-        ctx.log(server_round, {**logged, "seconds": time.monotonic() - started})
+            site_metrics[ctx.department(node)] = metrics
+        ctx.log_sites(server_round, site_metrics, {"seconds": time.monotonic() - started})
     arrays = {f"middle/{k}": v.detach().cpu().numpy() for k, v in split.middle.state_dict().items()}
     return VerticalResult(site_metrics, {**arrays, **part})

@@ -35,12 +35,11 @@ from clients.cxr_cls import manifest as cxr_manifest
 from clients.cxr_cls.phantom import synthesize_radiograph
 from clients.cxr_cls.synthetic import SiteProfile as XRayProfile
 from clients.datagen import federation
+from clients.datagen.vertical_sets import write_site_file
 from clients.io.dicom_writer import write_dicom_series
 from clients.io.nifti import write_nifti_ct
 from clients.io.radiograph_writer import FILE_KINDS, write_radiograph
-from clients.site.atomic_file import write_atomic
 from clients.tabular.table import TABLE_NAME, TableRow, format_value, write_table
-from clients.vertical.stages import SITE_FILE
 
 if TYPE_CHECKING:
     from clients.datagen.cohort import Cohort
@@ -81,8 +80,7 @@ class CohortSite:
 def _claim(site_dir: Path, data_dir: str, task: str, department: str) -> Path:
     """Claim ``site_dir`` (refusing a folder the product did not write) and write its site file."""
     data = federation.claim_site_dir(site_dir, data_dir, _MARKER_TEXT)
-    text = f'task = "{task}"\ndepartment = "{department}"\n'
-    write_atomic(Path(site_dir) / SITE_FILE, lambda handle: handle.write(text.encode()))
+    write_site_file(site_dir, task, department)
     return data
 
 

@@ -23,13 +23,23 @@ from pathlib import Path
 
 from strategies.registry import import_path
 
-__all__ = ["VERTICAL_SETS", "main"]
+__all__ = ["SITE_FILE", "VERTICAL_SETS", "main", "write_site_file"]
+
+#: A vertical site folder's statement of its task and department
+#: (read by :func:`clients.vertical.stages.vertical_site`).
+SITE_FILE = "vertical-site.toml"
 
 #: Set name -> its writer, ``"module:function"``; one line per set.
 VERTICAL_SETS: dict[str, str] = {
     "heart-disease": "clients.tabular.departments:write_departments",
     "cohort": "clients.datagen.cohort:write_cohort",
 }
+
+
+def write_site_file(site_dir: Path, task: str, department: str) -> None:
+    """Write ``site_dir``'s :data:`SITE_FILE`: the site's task and department."""
+    (Path(site_dir) / SITE_FILE).write_text(f'task = "{task}"\ndepartment = "{department}"\n',
+                                            encoding="utf-8")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -40,13 +40,13 @@ import numpy as np
 
 from clients.tabular.heart_variables import HEART_FEATURES
 from clients.tabular.shared import HEART_DISEASE, read_heart_disease
+from clients.datagen.vertical_sets import write_site_file
 from clients.tabular.table import TableRow, format_value, write_table
 from strategies.errors import ConfigError
 
-__all__ = ["Department", "DEPARTMENTS", "SITE_FILE", "patient_splits", "write_departments"]
+__all__ = ["Department", "DEPARTMENTS", "patient_splits", "write_departments"]
 
 #: The department's description of itself, read by the vertical site.
-SITE_FILE = "vertical-site.toml"
 _SOURCE = "SOURCE.txt"
 _MARKER_LINE = "Written by clients.tabular.departments"
 
@@ -155,13 +155,12 @@ def write_departments(shared: Path, out: Path, seed: int, coverage: float = 1.0)
             keep = np.sort(rng.choice(y.size, size=max(1, int(round(coverage * y.size))), replace=False))
         columns = [HEART_FEATURES.index(name) for name in department.features]
         labels = department.labels(x, y)
-        site_dir = out / f"hospital-{k:02d}"  # simulation's partition k; the name: SITE_FILE
+        site_dir = out / f"hospital-{k:02d}"  # simulation's partition k; its name: the site file
         _claim(site_dir)
         write_table(site_dir, department.features, (
             TableRow(ids[i], str(splits[i]), str(labels[i]),
                      tuple(format_value(v) for v in x[i, columns])) for i in keep))
-        (site_dir / SITE_FILE).write_text(
-            f'task = "tabular-cls"\ndepartment = "{department.name}"\n', encoding="utf-8")
+        write_site_file(site_dir, "tabular-cls", department.name)
         (site_dir / _SOURCE).write_text(
             f"{_MARKER_LINE} (set=heart-disease seed={seed} coverage={coverage:g}).\n\n"
             f"Department: {department.name} of Cleveland Clinic Foundation, {keep.size} of its "

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from clients.datagen.vertical_sets import SITE_FILE
 from clients.registry import TASKS
 from clients.site.policy import PolicyRefusal, VerticalRules
 from clients.site.run_settings import SiteRunSettings
@@ -44,8 +45,6 @@ from strategies.vertical.options import VerticalOptions
 __all__ = ["SITE_FILE", "VERTICAL_STAGES", "StageHandler", "VerticalReply", "VerticalRequest",
            "VerticalSite", "answer_vertical", "describe", "vertical_site"]
 
-#: The site folder's statement of its task and department in a vertical federation.
-SITE_FILE = "vertical-site.toml"
 
 
 @dataclass

@@ -7,6 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from app.vertical.federation import VerticalContext
 from app.vertical.messages import StageAnswer
 from app.vertical.pvfed_flow import GLOBAL_PREFIX, global_step, run_pvfed
 from clients.vertical.alignment import save_alignment
@@ -75,6 +76,9 @@ class RoutedContext:
 
     def log(self, step, metrics):
         self.logged.append((step, dict(metrics)))
+
+    department = VerticalContext.department
+    log_sites = VerticalContext.log_sites
 
 
 def test_pvfed_rounds_give_a_site_the_information_another_holds(tmp_path):

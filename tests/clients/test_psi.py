@@ -18,6 +18,7 @@ import numpy as np
 import private_set_intersection.python as psi
 import pytest
 
+from app.vertical.federation import VerticalContext
 from app.vertical.messages import StageAnswer
 from app.vertical.psi_flow import align
 from clients.site.policy import PolicyRefusal, SitePolicy, VerticalRules
@@ -71,6 +72,8 @@ class FakeContext:
     @property
     def departments(self) -> dict[int, str]:
         return {node: site.department for node, site in self.sites.items()}
+
+    department = VerticalContext.department
 
     def send(self, stage: str, requests: Mapping[int, tuple[Mapping, Mapping[str, np.ndarray]]],
              server_round: int) -> dict[int, StageAnswer]:
