@@ -55,7 +55,7 @@ from clients.training.site_task import SiteTask, TaskSettings
 from strategies import message_keys as keys
 from strategies.model_buffer import unpack_model
 
-__all__ = ["SiteTasks", "TaskLoader", "answer", "request_of"]
+__all__ = ["SiteTasks", "TaskLoader", "answer", "request_of", "sized_request"]
 
 log = logging.getLogger("clients.site")
 
@@ -109,35 +109,37 @@ class SiteTasks:
         self._tasks.clear()
 
 
-def request_of(instruction: Instruction, run: SiteRunSettings) -> Request:
-    """What ``instruction`` asks of the site, in the policy's terms.
+def sized_request(task: str, sizes: TaskSettings, **asked) -> Request:
+    """A request for ``task`` at ``sizes``, in the policy's terms, with the ``asked`` fields.
 
     The sizes the site would decode come from the task's
     :attr:`~clients.registry.TaskEntry.study_dims` (a volume depth or slab only where
     the task decodes one; bytes of one float32 study).
     """
-    sizes = run.sizes
-    dims = TASKS.get(run.task).study_dims
-    values = math.prod(getattr(sizes, dim) for dim in dims)
-    plan = instruction.plan
-    summed = instruction.secagg.get(keys.SECAGG_SUMMED, 0)
-    return Request(task=run.task, image_size=sizes.image_size,
-                   batch_size=sizes.batch_size, codec=instruction.codec,
-                   local_steps=instruction.local_steps, time_budget=instruction.time_budget,
-                   loss_subset=instruction.loss_subset,
-                   dp_noise_multiplier=run.privacy.noise_multiplier,
-                   dp_max_grad_norm=run.privacy.max_grad_norm, dp_delta=run.privacy.delta,
-                   dp_accountant=run.privacy.accountant,
+    dims = TASKS.get(task).study_dims
+    return Request(task=task, image_size=sizes.image_size, batch_size=sizes.batch_size,
                    volume_depth=sizes.volume_depth if "volume_depth" in dims else 0,
                    slab_slices=sizes.slab_slices if "slab_slices" in dims else 0,
-                   study_bytes=4 * values,
-                   shares_finetuned=(instruction.kind == "train"
-                                     and instruction.server_round > run.num_server_rounds),
-                   secagg_stage=instruction.secagg_stage,
-                   secagg_participants=plan.participants if plan else 0,
-                   secagg_neighbours=plan.neighbours if plan else 0,
-                   secagg_threshold=plan.threshold if plan else 0,
-                   secagg_summed=summed if isinstance(summed, int) else 0)
+                   study_bytes=4 * math.prod(getattr(sizes, dim) for dim in dims), **asked)
+
+
+def request_of(instruction: Instruction, run: SiteRunSettings) -> Request:
+    """What ``instruction`` asks of the site, in the policy's terms (:func:`sized_request`)."""
+    plan = instruction.plan
+    summed = instruction.secagg.get(keys.SECAGG_SUMMED, 0)
+    return sized_request(
+        run.task, run.sizes, codec=instruction.codec, local_steps=instruction.local_steps,
+        time_budget=instruction.time_budget, loss_subset=instruction.loss_subset,
+        dp_noise_multiplier=run.privacy.noise_multiplier,
+        dp_max_grad_norm=run.privacy.max_grad_norm, dp_delta=run.privacy.delta,
+        dp_accountant=run.privacy.accountant,
+        shares_finetuned=(instruction.kind == "train"
+                          and instruction.server_round > run.num_server_rounds),
+        secagg_stage=instruction.secagg_stage,
+        secagg_participants=plan.participants if plan else 0,
+        secagg_neighbours=plan.neighbours if plan else 0,
+        secagg_threshold=plan.threshold if plan else 0,
+        secagg_summed=summed if isinstance(summed, int) else 0)
 
 
 def _global_model(task: SiteTask, arrays: Mapping[str, np.ndarray],

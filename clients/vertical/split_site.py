@@ -45,14 +45,13 @@ recomputed pass leaves the normalisation statistics as the first pass left them
 
 from __future__ import annotations
 
-import math
 
 import numpy as np
 import torch
 
-from clients.registry import TASKS
 from clients.site.policy import PolicyRefusal
-from clients.site.policy_check import Request, check_training
+from clients.site.policy_check import check_training
+from clients.site.site_round import sized_request
 from clients.training.classification import logit_metrics
 from clients.training.sampling import positive_share_weights
 from clients.training.site_task import EVAL_SPLITS
@@ -119,12 +118,8 @@ def _check_training(request: VerticalRequest, count: int) -> None:
     ``count`` batches a message asks for: task and sizes, ``min-batch-size``, the local-step
     bounds, and ``dp.required`` (split learning has no DP-SGD: such a site refuses it)."""
     site = request.site
-    sizes, dims = site.settings, TASKS.get(site.task_name).study_dims
-    check_training(site.site.policy, Request(
-        task=site.task_name, image_size=sizes.image_size, batch_size=sizes.batch_size,
-        local_steps=count, volume_depth=sizes.volume_depth if "volume_depth" in dims else 0,
-        slab_slices=sizes.slab_slices if "slab_slices" in dims else 0,
-        study_bytes=4 * math.prod(getattr(sizes, dim) for dim in dims)))
+    check_training(site.site.policy,
+                   sized_request(site.task_name, site.settings, local_steps=count))
 
 
 def split_train(request: VerticalRequest) -> VerticalReply:
