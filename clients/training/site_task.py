@@ -34,7 +34,7 @@ from clients.manifests.load_report import LoadReport
 from clients.prediction.items import PredictionItem, plain_folder_items
 from clients.training.private_training import (DpSettings, dp_compatible, noise_only_step,
                                                private_training)
-from clients.training.trainer import TrainResult, train_steps
+from clients.training.trainer import StepHooks, TrainResult, train_steps
 from strategies.errors import SiteError
 
 if TYPE_CHECKING:
@@ -270,6 +270,7 @@ class SiteTask(ABC):
         compute: ComputeDevice, seed: int, optimizer: str = "adam",
         deadline: float | None = None, label: str = "", proximal_mu: float = 0.0,
         privacy: DpSettings | None = None, loop: Callable[..., TrainResult] = train_steps,
+        step_hooks: StepHooks | None = None,
     ) -> TrainResult:
         """Run ``steps`` local optimiser steps on the site's training data.
 
@@ -288,6 +289,10 @@ class SiteTask(ABC):
         ``build_model(private=True)``, in full precision, with
         :meth:`private_loss_fn`; the result carries the accountant's history.
 
+        ``step_hooks`` run around every optimiser step, DP-SGD's included (pruning's
+        :class:`~clients.training.pruning.MaskedTraining`: its ``before_step`` sees the
+        per-example gradients before Opacus clips them).
+
         Raises
         ------
         SiteDataError
@@ -297,7 +302,7 @@ class SiteTask(ABC):
         torch.manual_seed(seed)
         if privacy is not None and privacy.enabled:
             return self._train_private(model, steps, lr, momentum, compute, seed, optimizer,
-                                       deadline, label, privacy)
+                                       deadline, label, privacy, step_hooks)
         channels_last = compute.channels_last and self.channels_last_ok
         model.to(compute.device)
         if channels_last:
@@ -306,7 +311,8 @@ class SiteTask(ABC):
             opt = make_optimizer(optimizer, model.parameters(), lr, momentum)
             return loop(model, self._train_loader(seed, compute), self.loss_fn(), opt,
                         steps, compute, deadline=deadline, label=label,
-                        proximal_mu=proximal_mu, channels_last=channels_last)
+                        proximal_mu=proximal_mu, channels_last=channels_last,
+                        step_hooks=step_hooks)
         finally:
             if channels_last:
                 model.to(memory_format=torch.contiguous_format)
@@ -314,6 +320,7 @@ class SiteTask(ABC):
     def _train_private(
         self, model: nn.Module, steps: int, lr: float, momentum: float, compute: ComputeDevice,
         seed: int, optimizer: str, deadline: float | None, label: str, privacy: DpSettings,
+        step_hooks: StepHooks | None = None,
     ) -> TrainResult:
         """DP-SGD steps (see :meth:`train`); Opacus's grad samplers need float32 and NCHW."""
         compute = replace(compute, amp_dtype=None, channels_last=False)
@@ -323,7 +330,7 @@ class SiteTask(ABC):
                               privacy) as (dp_opt, dp_loader, accountant):
             result = train_steps(model, dp_loader, self.private_loss_fn(), dp_opt, steps,
                                  compute, deadline=deadline, label=label,
-                                 empty_batch_step=noise_only_step)
+                                 empty_batch_step=noise_only_step, step_hooks=step_hooks)
         return replace(result, privacy_steps=tuple(accountant.history))
 
     @torch.no_grad()

@@ -16,6 +16,7 @@ import math
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -23,7 +24,8 @@ from torch import nn
 from clients.training.device import ComputeDevice
 from strategies.errors import SiteError
 
-__all__ = ["TrainResult", "NonFiniteLossError", "backward_step", "cycle_batches", "train_steps"]
+__all__ = ["TrainResult", "NonFiniteLossError", "StepHooks", "backward_step", "cycle_batches",
+           "train_steps"]
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +34,17 @@ LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 class NonFiniteLossError(SiteError):
     """The training loss became NaN or infinite; the local update is unusable."""
+
+
+class StepHooks(Protocol):
+    """What a training loop calls around every optimiser step (pruning's masked training,
+    :class:`clients.training.pruning.MaskedTraining`)."""
+
+    def before_step(self, model: nn.Module) -> None:
+        """After the backward pass (and the loss scaler's unscaling), before the step."""
+
+    def after_step(self, model: nn.Module) -> None:
+        """After the optimiser step."""
 
 
 @dataclass(frozen=True)
@@ -54,15 +67,27 @@ class TrainResult:
 
 
 def backward_step(loss: torch.Tensor, optimizer: torch.optim.Optimizer,
-                  scaler: torch.amp.GradScaler | None = None) -> None:
-    """Back-propagate ``loss`` and take one optimiser step, through ``scaler`` (fp16 AMP) if given."""
+                  scaler: torch.amp.GradScaler | None = None, model: nn.Module | None = None,
+                  step_hooks: StepHooks | None = None) -> None:
+    """Back-propagate ``loss`` and take one optimiser step, through ``scaler`` (fp16 AMP) if given.
+
+    ``step_hooks`` (on ``model``) run around the step: ``before_step`` on the true-scale
+    gradients (after ``scaler.unscale_``), ``after_step`` once the weights moved.
+    """
     if scaler is not None:
         scaler.scale(loss).backward()
+        if step_hooks is not None:
+            scaler.unscale_(optimizer)
+            step_hooks.before_step(model)
         scaler.step(optimizer)
         scaler.update()
     else:
         loss.backward()
+        if step_hooks is not None:
+            step_hooks.before_step(model)
         optimizer.step()
+    if step_hooks is not None:
+        step_hooks.after_step(model)
 
 
 def cycle_batches(batches: Iterable) -> Iterator:
@@ -89,6 +114,7 @@ def train_steps(
     proximal_mu: float = 0.0,
     channels_last: bool = False,
     empty_batch_step: Callable[[torch.optim.Optimizer], None] | None = None,
+    step_hooks: StepHooks | None = None,
 ) -> TrainResult:
     """Run ``steps`` optimiser steps of ``model`` on ``batches``.
 
@@ -128,6 +154,9 @@ def train_steps(
         Runs the optimiser step of an empty batch (Poisson sampling of DP-SGD
         draws them; :func:`clients.training.private_training.noise_only_step`).
         It counts as a step; the mean loss is over the non-empty batches.
+    step_hooks : StepHooks, optional
+        Called on ``model`` around every optimiser step (:func:`backward_step`); an empty
+        batch's step has no backward pass, so only its ``after_step`` runs.
 
     Raises
     ------
@@ -155,6 +184,8 @@ def train_steps(
             if empty_batch_step is None:
                 raise ValueError("the training data loader yielded an empty batch")
             empty_batch_step(optimizer)
+            if step_hooks is not None:
+                step_hooks.after_step(model)
             done += 1
             continue
         x = x.to(device, non_blocking=non_blocking,
@@ -170,7 +201,7 @@ def train_steps(
             initial_loss = float(loss.detach())
             if not math.isfinite(initial_loss):
                 raise NonFiniteLossError(f"{label} non-finite loss {initial_loss} at step {done + 1}")
-        backward_step(loss, optimizer, scaler)
+        backward_step(loss, optimizer, scaler, model, step_hooks)
         loss_sum += loss.detach().float()
         examples += int(x.shape[0])
         done += 1

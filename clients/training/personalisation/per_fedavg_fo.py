@@ -30,7 +30,8 @@ import torch
 from torch import nn
 
 from clients.training.device import ComputeDevice
-from clients.training.trainer import LossFn, NonFiniteLossError, TrainResult, cycle_batches
+from clients.training.trainer import (LossFn, NonFiniteLossError, StepHooks, TrainResult,
+                                      cycle_batches)
 
 __all__ = ["per_fedavg_fo_steps"]
 
@@ -39,10 +40,13 @@ def per_fedavg_fo_steps(
     model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], loss_fn: LossFn,
     optimizer: torch.optim.Optimizer, steps: int, compute: ComputeDevice, *, inner_lr: float,
     deadline: float | None = None, label: str = "", channels_last: bool = False,
-    proximal_mu: float = 0.0,
+    proximal_mu: float = 0.0, step_hooks: StepHooks | None = None,
 ) -> TrainResult:
     r"""Run ``steps`` Per-FedAvg-FO steps of ``model`` (in place); the loop of
     :func:`clients.training.trainer.train_steps`, same arguments and result.
+
+    ``step_hooks`` run around the outer (optimiser) step, on the gradient taken at
+    :math:`\tilde w` once :math:`w` is restored.
 
     ``num_examples`` counts both batches of a step; ``mean_loss`` and
     ``initial_loss`` are the losses :math:`f(w; D)` at the current point.
@@ -86,7 +90,11 @@ def per_fedavg_fo_steps(
         with torch.no_grad():
             for p, value in zip(params, point):
                 p.copy_(value)
+        if step_hooks is not None:
+            step_hooks.before_step(model)
         optimizer.step()
+        if step_hooks is not None:
+            step_hooks.after_step(model)
         losses.append(float(loss.detach()))
         examples += int(x.shape[0]) + int(x2.shape[0])
         done += 1
