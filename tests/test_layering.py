@@ -39,6 +39,7 @@ CLIENT_SIDE_STRATEGIES = frozenset({
     "strategies.secure_aggregation.vector",       # the masked vector, rand-k's shared coordinates
     "strategies.secure_aggregation.weights",      # site_coefficient, applied before masking
     "strategies.vertical.options",                # VerticalOptions, the vertical.* section
+    "strategies.plugins.pruning.mask",            # the pruning mask: compact / expand, its record
 })
 
 #: Flower's pure primitives the listed modules may reach (functions over bytes and numpy

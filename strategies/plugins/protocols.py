@@ -22,7 +22,7 @@ the new global model is ``x_global - Delta``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from strategies.rounds.site_selection import SelectionContext
     from strategies.secure_aggregation.settings import SecAggSettings
 
-__all__ = ["Aggregator", "CodecRate", "Defence", "PluginClass", "Schedule",
+__all__ = ["Aggregator", "CodecRate", "Defence", "PluginClass", "Pruning", "Schedule",
            "SecureAggregation", "Selector", "StreamingAggregator"]
 
 #: What a plug-in returns to track for the round (MLflow metrics): name -> value.
@@ -157,3 +157,34 @@ class SecureAggregation(Protocol):
 
     #: The run's ``secagg.*`` settings; None: updates are sent in the clear.
     settings: SecAggSettings | None
+
+
+@runtime_checkable
+class Pruning(Protocol):
+    """``strategy.pruning``: which coordinates of the model are kept, sent and trained.
+
+    The global model stays in full shapes with zeros at the pruned coordinates; the mask
+    (:mod:`strategies.plugins.pruning.mask`) covers the arrays that have prunable units.
+    """
+
+    #: False for ``none``: the model stays dense.
+    active: bool
+    #: ``"unstructured"`` (weights) or ``"structured"`` (channels); ``""`` for ``none``.
+    mode: str
+    #: The mask's version: 0 before :meth:`initialise`, +1 each time the mask changes.
+    version: int
+    #: The current mask: array name -> bool array of its full shape (True = kept).
+    masks: dict[str, np.ndarray]
+
+    def initialise(self, named: Mapping[str, np.ndarray], structure: Mapping[str, Any]) -> Info:
+        """Initial pruning of the initial model ``named`` over ``structure``'s units;
+        a no-op when ``version > 0`` (a resumed run); what to track."""
+
+    def report_due(self, server_round: int) -> bool:
+        """Whether the sites send their squared gradients with ``server_round``'s update."""
+
+    def observe(self, server_round: int, named: Mapping[str, np.ndarray],
+                sqgrad: Mapping[str, np.ndarray] | None, seconds: float) -> Info:
+        """After ``server_round``'s aggregation: ``named`` the new global model (full shapes),
+        ``sqgrad`` the sites' summed squared gradients (full shapes) or None, ``seconds`` the
+        sites' mean round time; re-prunes when due; what to track."""

@@ -14,7 +14,9 @@ folder of ``strategies/plugins/`` and one run-config choice key:
 * ``DEFENCES``: ``defences/``, chosen by ``strategy.defence``
   (:class:`~strategies.plugins.protocols.Defence`);
 * ``SECURE_AGGREGATION``: ``secure_aggregation/``, chosen by
-  ``strategy.secure-aggregation`` (:class:`~strategies.plugins.protocols.SecureAggregation`).
+  ``strategy.secure-aggregation`` (:class:`~strategies.plugins.protocols.SecureAggregation`);
+* ``PRUNINGS``: ``pruning/``, chosen by ``strategy.pruning``
+  (:class:`~strategies.plugins.protocols.Pruning`).
 
 A plug-in module registers its class with ``@REGISTRY.register("name")``; every
 module of the folder is imported on first use, so dropping a file there is all
@@ -46,7 +48,7 @@ from strategies.plugins.options import NoOptions, PluginError, PluginOptions
 from strategies.plugins.run_settings import RunSettings
 from strategies.registry import Registry
 
-__all__ = ["AGGREGATORS", "CODEC_RATES", "DEFENCES", "PLUGIN_REGISTRIES", "SCHEDULES",
+__all__ = ["AGGREGATORS", "CODEC_RATES", "DEFENCES", "PLUGIN_REGISTRIES", "PRUNINGS", "SCHEDULES",
            "SECURE_AGGREGATION", "SELECTORS", "build", "check", "default_sections", "option_types",
            "parse_sections"]
 
@@ -65,8 +67,10 @@ CODEC_RATES: Registry[type] = Registry("compression-rate schedule", "strategy.co
 SECURE_AGGREGATION: Registry[type] = Registry(
     "secure aggregation", "strategy.secure-aggregation",
     package=f"{_FOLDER}.secure_aggregation", error=PluginError)
+PRUNINGS: Registry[type] = Registry("pruning", "strategy.pruning",
+                                    package=f"{_FOLDER}.pruning", error=PluginError)
 PLUGIN_REGISTRIES: tuple[Registry[type], ...] = (AGGREGATORS, SCHEDULES, SELECTORS, DEFENCES,
-                                                 CODEC_RATES, SECURE_AGGREGATION)
+                                                 CODEC_RATES, SECURE_AGGREGATION, PRUNINGS)
 
 
 def option_types(registry: Registry[type]) -> list[type[PluginOptions]]:

@@ -2,7 +2,8 @@
 
 The schedules start from ``local-steps``, the selectors draw with the run's
 ``seed`` over ``num-server-rounds``, FedNova checks the sites' ``optimizer``,
-secure aggregation the other plug-ins chosen.
+secure aggregation the other plug-ins chosen, pruning secure aggregation,
+personalisation and DP-SGD.
 The run config (``app/config/run_config.py``) builds one :class:`RunSettings`
 and the registry hands it to every plug-in it builds.
 """
@@ -42,6 +43,13 @@ class RunSettings:
         The other plug-ins chosen (``strategy.aggregator``, ``strategy.defence``,
         ``strategy.codec-rate``): secure aggregation refuses those that need each
         site's update.
+    secure_aggregation : str
+        ``strategy.secure-aggregation``: pruning refuses SecAgg+.
+    personalisation : str
+        ``personalisation.method``: structured pruning refuses FedBN.
+    privacy : bool
+        Whether the sites train with DP-SGD (``privacy.noise-multiplier > 0``):
+        structured pruning refuses it.
     """
 
     local_steps: int
@@ -55,3 +63,6 @@ class RunSettings:
     aggregator: str = "fedavg"
     defence: str = "none"
     codec_rate: str = "fixed"
+    secure_aggregation: str = "none"
+    personalisation: str = "none"
+    privacy: bool = False

@@ -15,6 +15,7 @@ from strategies.plugins.protocols import (
     CodecRate,
     Defence,
     PluginClass,
+    Pruning,
     Schedule,
     SecureAggregation,
     Selector,
@@ -30,7 +31,7 @@ SETTINGS = RunSettings(local_steps=5, num_rounds=3, fraction_train=1.0, min_node
 KINDS: list[tuple[Registry[type], type]] = [
     (AGGREGATORS, Aggregator), (DEFENCES, Defence), (registries.SCHEDULES, Schedule),
     (registries.CODEC_RATES, CodecRate), (registries.SELECTORS, Selector),
-    (registries.SECURE_AGGREGATION, SecureAggregation),
+    (registries.SECURE_AGGREGATION, SecureAggregation), (registries.PRUNINGS, Pruning),
 ]
 #: Secure aggregation refuses top-k (per-site indices): its plug-ins are built with rand-k.
 SETTINGS_OF = {registries.SECURE_AGGREGATION.key: replace(SETTINGS, codec="randk:0.01")}

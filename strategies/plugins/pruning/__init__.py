@@ -1,0 +1,7 @@
+"""Model pruning (``strategy.pruning``): which coordinates of the model are kept and sent.
+
+``none.py`` "none" (dense); ``prunefl.py`` "prunefl" (PruneFL, Jiang et al. 2022:
+initial magnitude pruning, then adaptive re-pruning from the sites' squared
+gradients); ``mask.py`` the mask and its wire form; ``units.py`` the units a
+structure prunes as one (weights or channels).
+"""
