@@ -175,6 +175,8 @@ class Pruning(Protocol):
     version: int
     #: The current mask: array name -> bool array of its full shape (True = kept).
     masks: dict[str, np.ndarray]
+    #: Codec spec of the sites' squared-gradient report (``pruning.report-codec``; ``""`` for none).
+    report_codec: str
 
     def initialise(self, named: Mapping[str, np.ndarray], structure: Mapping[str, Any]) -> Info:
         """Initial pruning of the initial model ``named`` over ``structure``'s units;

@@ -18,6 +18,7 @@ class NoPruning(Plugin):
     #: Prunes nothing: the rounds send and train the full model.
     active = False
     mode = ""
+    report_codec = ""
 
     def __init__(self) -> None:
         self.version = 0

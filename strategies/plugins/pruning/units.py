@@ -15,7 +15,7 @@ channel keeps the coordinates it shares with the kept channels of other groups).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +38,7 @@ class _Slice:
     axis: int | None
     indices: np.ndarray
 
-    def per_index(self, values: np.ndarray, reduce: Any) -> np.ndarray:
+    def per_index(self, values: np.ndarray, reduce: Callable[..., np.ndarray]) -> np.ndarray:
         """``reduce`` of ``values`` (the array's shape) over each unit's coordinates."""
         if self.axis is None:
             return values.ravel()
@@ -176,10 +176,6 @@ class Units:
 
     def kept(self, masks: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         """Per unit, whether ``masks`` keeps some of its coordinates (arrays not in it: all)."""
-        out = []
-        for g in self.groups:
-            flags = [s.per_index(masks[s.array], np.any) if s.array in masks
-                     else np.ones(s.indices.size if s.axis is not None
-                                  else int(np.prod(self.shapes[s.array])), bool) for s in g]
-            out.append(np.logical_or.reduce(flags))
-        return out
+        return [np.logical_or.reduce([s.per_index(masks[s.array], np.any) if s.array in masks
+                                      else np.ones(n, bool) for s in g])
+                for g, n in zip(self.groups, self.sizes())]
