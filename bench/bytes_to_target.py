@@ -27,14 +27,33 @@ and seed runs as many.
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["compare", "summarise", "goals", "markdown_table"]
+__all__ = ["add_target_arguments", "traffic_fields", "compare", "summarise", "goals",
+           "markdown_table"]
 
 #: The issue's goals: uplink and downlink ratios, final metric within 2%, bytes to target.
 GOAL_UP, GOAL_DOWN, GOAL_REL, GOAL_TARGET = 100.0, 10.0, -0.02, 50.0
+
+
+def add_target_arguments(parser: argparse.ArgumentParser) -> None:
+    """The to-target rule's options (``--tail``, ``--fraction``) and ``--budget-seconds``."""
+    parser.add_argument("--tail", type=int, default=2, help="final = mean of the last N rounds")
+    parser.add_argument("--fraction", type=float, default=0.95, help="target = this x dense")
+    parser.add_argument("--budget-seconds", type=float, default=None,
+                        help="start no run after this many seconds (default: no limit)")
+
+
+def traffic_fields(run) -> dict:
+    """The bytes :func:`compare` reads from a row, from an ``engine_runs.RoundSeries``."""
+    return {"bytes_up_per_round": [int(sum(b)) for b in run.bytes_up],
+            "bytes_down_per_round": [int(sum(b)) for b in run.bytes_down],
+            "up_bytes_per_site_round": float(np.mean(run.bytes_up)),
+            "down_bytes_per_site_round": float(np.mean(run.bytes_down)),
+            "dense_fp32_bytes": run.dense_fp32_bytes}
 
 
 def _bytes_to(row: dict, target: float, initial: bool = True

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bytes_to_target import traffic_fields
 from codec_configs import CodecConfig
 from engine_runs import SHARED, run_product, series, shared_sites, synthetic_sites
 
@@ -105,11 +106,7 @@ def codec_run(federation: CompressionSet, config: CodecConfig, seed: int, rounds
         "downlink": config.downlink, "warmup_rounds": config.warmup_rounds,
         "engine": "in-process", "sites": len(sites), "rounds": run.rounds, "metric": metric,
         "curve": run.metrics[metric], "curves": run.metrics,
-        "bytes_up_per_round": [int(sum(b)) for b in run.bytes_up],
-        "bytes_down_per_round": [int(sum(b)) for b in run.bytes_down],
-        "up_bytes_per_site_round": float(np.mean(run.bytes_up)),
-        "down_bytes_per_site_round": float(np.mean(run.bytes_down)),
-        "dense_fp32_bytes": run.dense_fp32_bytes,
+        **traffic_fields(run),
         "residual_norm": [float(np.mean([m.get("residual-norm", 0.0) for m in r.values()]))
                           for r in run.train],
         "train_loss": [float(np.mean([m.get("train-loss", 0.0) for m in r.values()]))

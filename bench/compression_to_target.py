@@ -65,7 +65,8 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from bytes_to_target import compare, goals, markdown_table, summarise  # noqa: E402
+from bytes_to_target import (add_target_arguments, compare, goals,  # noqa: E402
+                             markdown_table, summarise)
 from codec_configs import CodecConfig, parse_config  # noqa: E402
 from compression_sets import add_set_arguments, codec_run, compression_set  # noqa: E402
 
@@ -107,10 +108,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--patience", type=int, default=0,
                         help="dense: the product's early-stopping.patience (0 = off)")
     parser.add_argument("--min-delta", type=float, default=0.005)
-    parser.add_argument("--tail", type=int, default=2, help="final = mean of the last N rounds")
-    parser.add_argument("--fraction", type=float, default=0.95, help="target = this x dense")
-    parser.add_argument("--budget-seconds", type=float, default=None,
-                        help="start no run after this many seconds (default: no limit)")
+    add_target_arguments(parser)
     add_set_arguments(parser)
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
     parser.add_argument("--resume", action="store_true", help="keep the runs already in --output")

@@ -1,0 +1,180 @@
+"""The federations and variants of ``bench/pruning.py``, and one run of them through the product.
+
+Sets (site folders written once under ``data/bench/`` by the product's
+generators, :mod:`engine_runs`; a shared set is skipped when
+``../shared/data`` lacks it):
+
+``msd-lung``
+    The MSD Task06 lung-tumour CT patches (``seg2d``, 48 px, manual masks)
+    dealt IID to ``--sites`` folders by ``clients.datagen shared --task pe-seg
+    --set msd-lung``; the pe-seg task's U-Net on 1-slice slabs (2D); Dice.
+``pneumoniamnist``
+    PneumoniaMNIST (``cxr2d``) dealt IID by ``clients.datagen shared --task
+    cxr-cls``; the cxr-cls task's small DenseNet at 32 px; ROC AUC.
+``synthetic-pe``
+    The synthetic PE hospitals of ``clients.datagen synthetic --task pe-seg``
+    (96 px written, 32 px slabs); the 2.5D U-Net; Dice.
+
+A :class:`Variant` is a pruning method (:data:`METHODS`, as run-config keys
+of the product's ``strategy.pruning`` plug-in and its ``pruning.*`` section)
+with an update codec (:class:`codec_configs.CodecConfig`). Every variant of
+a set and seed runs the same rounds from the same initial model (the run
+config's ``seed``) on the same sites with the same local training seeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from bytes_to_target import traffic_fields
+from codec_configs import CodecConfig
+from engine_runs import SHARED, run_product, series, shared_sites, synthetic_sites
+
+__all__ = ["METHODS", "SETS", "SetSpec", "PruningSet", "PruningSettings", "Variant",
+           "add_set_arguments", "pruning_set", "pruning_run"]
+
+#: Run-config keys of each method (on top of :meth:`PruningSettings.overrides`).
+METHODS: dict[str, dict] = {
+    "dense": {},
+    "magnitude": {"strategy.pruning": "prunefl", "pruning.mode": "unstructured",
+                  "pruning.interval": 0},
+    "prunefl-unstructured": {"strategy.pruning": "prunefl", "pruning.mode": "unstructured"},
+    "prunefl-structured": {"strategy.pruning": "prunefl", "pruning.mode": "structured"},
+}
+NO_CODEC = CodecConfig("none", False)
+
+
+@dataclass(frozen=True)
+class SetSpec:
+    """A set's task, metric, run-config overrides and, for a shared set, its source.
+
+    ``shared_file`` is the ``../shared/data`` file the set needs ("" for a
+    synthetic set) and ``shared_set`` the converter's ``--set``.
+    """
+
+    task: str
+    metric: str
+    overrides: dict
+    shared_file: str = ""
+    shared_set: str = ""
+
+
+SETS: dict[str, SetSpec] = {
+    "msd-lung": SetSpec("pe-seg", "dice", {"image-size": 48, "slab-slices": 1,
+                                           "batch-size": 16, "lr": 3e-3, "local-steps": 10},
+                        "seg2d/msd_lung_tumour_patches_val.npz", "msd-lung"),
+    "pneumoniamnist": SetSpec("cxr-cls", "auc", {"image-size": 32, "batch-size": 16,
+                                                 "lr": 1e-3, "local-steps": 10},
+                              "cxr2d/pneumoniamnist_balanced.npz", "pneumoniamnist"),
+    "synthetic-pe": SetSpec("pe-seg", "dice", {"image-size": 32, "batch-size": 8, "lr": 3e-3,
+                                               "local-steps": 20}),
+}
+
+
+@dataclass(frozen=True)
+class PruningSet:
+    """A federation to prune: its name, metric, site folders and run-config overrides."""
+
+    name: str
+    metric: str
+    folders: tuple[Path, ...]
+    overrides: dict
+
+
+@dataclass(frozen=True)
+class PruningSettings:
+    """The ``pruning.*`` keys every pruning method shares (the command line's options)."""
+
+    initial_density: float
+    max_density: float
+    interval: int
+
+    def overrides(self) -> dict:
+        return {"pruning.initial-density": self.initial_density,
+                "pruning.max-density": self.max_density, "pruning.interval": self.interval}
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A pruning method (a key of :data:`METHODS`) and the update codec beside it."""
+
+    method: str
+    codec: CodecConfig = field(default=NO_CODEC)
+
+    @property
+    def name(self) -> str:
+        return self.method if self.codec == NO_CODEC else f"{self.method} {self.codec.name}"
+
+    def overrides(self, settings: PruningSettings) -> dict:
+        """The run-config keys of this variant (the product checks them before a run)."""
+        pruning = {} if self.method == "dense" else settings.overrides()
+        return {**pruning, **METHODS[self.method], **self.codec.overrides()}
+
+
+def add_set_arguments(parser: argparse.ArgumentParser) -> None:
+    """The sets' sizes and local training (0: the set's own, :data:`SETS`)."""
+    parser.add_argument("--shared-data", type=Path, default=SHARED)
+    parser.add_argument("--sites", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=0, help="local steps a round")
+    parser.add_argument("--batch-size", type=int, default=0)
+    parser.add_argument("--pe-data", type=Path, default=None,
+                        help="synthetic-pe: a folder of site folders hospital-NN (default: "
+                             "generated once under data/bench/)")
+    parser.add_argument("--workdir", type=Path, default=None,
+                        help="MLflow store of the runs (default: a temporary folder)")
+
+
+def pruning_set(name: str, args: argparse.Namespace) -> PruningSet | None:
+    """The set ``name`` (its folders generated once); ``None`` if its shared data is absent."""
+    spec = SETS[name]
+    if spec.shared_file:
+        if not (Path(args.shared_data) / spec.shared_file).is_file():
+            return None
+        folders = shared_sites(spec.task, spec.shared_set, args.sites, 0,
+                               shared=args.shared_data)
+    elif args.pe_data:
+        folders = sorted(Path(args.pe_data).glob("hospital-*"))
+    else:
+        folders = synthetic_sites(spec.task, args.sites, 0, 96)
+    sizes = {k: v for k, v in (("local-steps", args.steps), ("batch-size", args.batch_size)) if v}
+    return PruningSet(name, spec.metric, tuple(folders), {
+        "task": spec.task, "optimizer": "adam", **spec.overrides, **sizes})
+
+
+def _kept(report, arrays) -> float:
+    """The final model's kept fraction of its parameters: the strategy's ``pruning-params-kept``,
+    else (no pruning) the non-zero fraction of the final arrays."""
+    if "pruning-params-kept" in report.strategy:
+        return float(report.strategy["pruning-params-kept"])
+    values = [np.asarray(a) for a in arrays.to_numpy_ndarrays()]
+    return float(sum(np.count_nonzero(v) for v in values) / sum(v.size for v in values))
+
+
+def pruning_run(federation: PruningSet, variant: Variant, settings: PruningSettings, seed: int,
+                rounds: int, workdir: Path) -> dict:
+    """One federation of ``variant`` on ``federation``; its JSON row (one seed)."""
+    from app.engine import VirtualSite  # noqa: PLC0415 - the engine loads Flower
+
+    sites = [VirtualSite.folder(folder, site_name=folder.name) for folder in federation.folders]
+    overrides = {**federation.overrides, **variant.overrides(settings), "seed": seed,
+                 "num-server-rounds": rounds, "experiment": f"bench-pruning-{federation.name}"}
+    outcome, seconds = run_product(overrides, sites, workdir)
+    run = series(outcome)
+    reports = [outcome.reports[r] for r in sorted(outcome.reports)]
+    return {
+        "set": federation.name, "seed": seed, "method": variant.method,
+        "codec": variant.codec.name, "variant": variant.name, "engine": "in-process",
+        "sites": len(sites), "rounds": run.rounds, "metric": federation.metric,
+        "curve": run.metrics[federation.metric], "curves": run.metrics,
+        "seconds_per_round": [float(r.seconds) for r in reports],
+        **traffic_fields(run),
+        "params_kept": _kept(reports[-1], outcome.arrays),
+        "pruning": [{k: v for k, v in r.strategy.items() if k.startswith("pruning-")}
+                    for r in reports],
+        "dropped": run.dropped, "seconds": seconds, "mlflow_run_id": outcome.mlflow_run_id,
+        "run_config": overrides,
+    }

@@ -1,0 +1,181 @@
+r"""The arithmetic of ``bench/pruning.py``: to the target per seed, means over seeds, goals.
+
+A *row* is one federation (one set, seed and variant = pruning method plus
+update codec): its primary validation metric per round (``curve``), the
+round reports' wall seconds (``seconds_per_round``) and bytes up and down of
+all sites per round, and the kept fraction of the model's parameters at the
+end (``params_kept``). Against the ``dense`` row of the same set and seed
+(:func:`compare_seeds`, built on :func:`bytes_to_target.compare`):
+
+* ``final_metric`` = mean of the last ``tail`` rounds; ``relative_to_dense``
+  = ``final / final_dense``;
+* the target is ``fraction`` (95%) of dense's final metric; the first round
+  ``r`` whose metric reaches it ends the count: ``bytes_to_target`` = bytes up
+  + down of all sites over rounds ``1..r``, ``seconds_to_target`` = the sum of
+  those rounds' wall seconds (train and evaluate); ``None`` if never reached;
+* ``bytes_ratio`` and ``seconds_ratio`` = dense's value / ours (the speed-up).
+
+:func:`summarise` gives, per (set, variant), means and sample standard
+deviations over seeds (to-target values over the seeds that reached it);
+:func:`goals` checks the issue's goals on those means (issue 32, item 4).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from bytes_to_target import compare
+
+__all__ = ["DENSE", "GOALS", "compare_seeds", "summarise", "goals", "markdown_table"]
+
+#: The unpruned reference method: every ratio divides its value.
+DENSE = "dense"
+#: The issue's goals: parameters kept, final metric vs dense, wall-time and bytes speed-ups.
+GOALS = {"params_kept_at_most": 0.2, "relative_to_dense_at_least": 0.99,
+         "structured_seconds_ratio_at_least": 1.5, "bytes_ratio_at_least": 5.0}
+
+
+def _ratio(dense: float | None, ours: float | None) -> float | None:
+    return dense / ours if dense and ours else None
+
+
+def _seconds_to(row: dict, rounds: int | None) -> float | None:
+    """Wall seconds of rounds ``1..rounds`` (``None`` when the target was never reached)."""
+    return None if rounds is None else float(np.sum(row["seconds_per_round"][:rounds]))
+
+
+def compare_seeds(rows: Sequence[dict], tail: int = 2, fraction: float = 0.95) -> list[dict]:
+    """``rows`` with final metric, target, to-target values and ratios vs dense (same set, seed).
+
+    :func:`bytes_to_target.compare` finds the target round and the bytes to it;
+    its reference row is the one whose ``config`` is ``"none"``, here the
+    ``dense`` variant. A row without its dense row gets ``None`` values.
+    """
+    as_configs = [{**row, "config": "none" if row["variant"] == DENSE else row["variant"]}
+                  for row in rows]
+    compared = compare(as_configs, tail, fraction)
+    dense = {(r["set"], r["seed"]): r for r in compared if r["config"] == "none"}
+    out = []
+    for row, done in zip(rows, compared, strict=True):
+        ref = dense.get((row["set"], row["seed"]))
+        seconds = _seconds_to(row, done["rounds_to_target"])
+        dense_seconds = None if ref is None else _seconds_to(ref, ref["rounds_to_target"])
+        out.append({**row, "final_metric": done["final_metric"],
+                    "relative_to_dense": done["relative_to_dense"], "target": done["target"],
+                    "rounds_to_target": done["rounds_to_target"],
+                    "bytes_to_target": done["bytes_to_target"],
+                    "bytes_ratio": done["bytes_to_target_ratio"],
+                    "seconds_to_target": seconds,
+                    "seconds_ratio": _ratio(dense_seconds, seconds)})
+    return out
+
+
+def _mean_sd(values: Sequence[float | None]) -> tuple[float | None, float | None]:
+    """Mean and sample standard deviation of the values that are not ``None``."""
+    got = [float(v) for v in values if v is not None]
+    if not got:
+        return None, None
+    return float(np.mean(got)), float(np.std(got, ddof=1)) if len(got) > 1 else None
+
+
+def summarise(rows: Sequence[dict]) -> list[dict]:
+    """Per (set, variant) of compared rows, in first-seen order: the issue's ``runs`` entries.
+
+    ``seeds`` lists the seeds run and ``reached`` how many reached the target;
+    ``seconds_to_target`` / ``bytes_to_target`` and their ratios are means over
+    those seeds (``None`` if none did).
+    """
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for row in rows:
+        groups.setdefault((row["set"], row["variant"]), []).append(row)
+    out = []
+    for (name, variant), group in groups.items():
+        entry = {"set": name, "method": group[0]["method"], "codec": group[0]["codec"],
+                 "variant": variant, "seeds": sorted(r["seed"] for r in group),
+                 "rounds": sorted({r["rounds"] for r in group}),
+                 "reached": sum(r["rounds_to_target"] is not None for r in group)}
+        for key in ("params_kept", "final_metric", "relative_to_dense", "seconds_to_target",
+                    "bytes_to_target", "seconds_ratio", "bytes_ratio"):
+            entry[key], entry[f"{key}_sd"] = _mean_sd([r[key] for r in group])
+        out.append(entry)
+    return out
+
+
+def _all_reached(entry: dict) -> bool:
+    return entry["reached"] == len(entry["seeds"])
+
+
+def _at_least(value: float | None, bound: float) -> bool:
+    return value is not None and value >= bound
+
+
+def goals(summary: Sequence[dict]) -> dict:
+    """The issue's goals per set and overall (``met``: on every set measured).
+
+    * ``small_and_accurate``: the pruning variants keeping at most 20% of the
+      parameters with a final metric at least 99% of dense's;
+    * ``structured_speed``: ``prunefl-structured`` (no codec) reaches the
+      target at least 1.5x sooner in wall seconds than dense, on every seed;
+    * ``bytes``: the pruning variants without a codec that need at least 5x
+      fewer bytes to the target, on every seed; ``bytes_with_codec``: the
+      codec variants that do, and with fewer bytes than the same method alone.
+    """
+    per_set: dict[str, dict] = {}
+    alone = {(e["set"], e["method"]): e for e in summary if e["codec"] == "none"}
+    for e in summary:
+        if e["method"] == DENSE:
+            continue
+        out = per_set.setdefault(e["set"], {"small_and_accurate": [], "structured_speed": None,
+                                            "bytes": [], "bytes_with_codec": []})
+        kept = e["params_kept"] is not None and e["params_kept"] <= GOALS["params_kept_at_most"]
+        if kept and _at_least(e["relative_to_dense"], GOALS["relative_to_dense_at_least"]):
+            out["small_and_accurate"].append(e["variant"])
+        if e["method"] == "prunefl-structured" and e["codec"] == "none":
+            out["structured_speed"] = e["seconds_ratio"] if _all_reached(e) else None
+        fewer = _all_reached(e) and _at_least(e["bytes_ratio"], GOALS["bytes_ratio_at_least"])
+        if fewer and e["codec"] == "none":
+            out["bytes"].append(e["variant"])
+        same = alone.get((e["set"], e["method"]))
+        if fewer and e["codec"] != "none" and same is not None and _at_least(
+                e["bytes_ratio"], same["bytes_ratio"] or 0.0):
+            out["bytes_with_codec"].append(e["variant"])
+    met = {
+        "small_and_accurate": [bool(s["small_and_accurate"]) for s in per_set.values()],
+        "structured_speed": [_at_least(s["structured_speed"],
+                                       GOALS["structured_seconds_ratio_at_least"])
+                             for s in per_set.values()],
+        "bytes": [bool(s["bytes"]) for s in per_set.values()],
+        "bytes_with_codec": [bool(s["bytes_with_codec"]) for s in per_set.values()]}
+    return {"thresholds": dict(GOALS), "per_set": per_set,
+            "met": {goal: bool(flags) and all(flags) for goal, flags in met.items()}}
+
+
+def _cell(mean: float | None, sd: float | None, fmt: str) -> str:
+    if mean is None:
+        return "never"
+    return format(mean, fmt) + ("" if sd is None else f" ± {format(sd, fmt)}")
+
+
+def _megabytes(value: float | None) -> str:
+    return "never" if value is None else f"{value / 1e6:.2f} MB"
+
+
+def markdown_table(summary: Sequence[dict]) -> str:
+    """One line per (set, variant) for docs/BENCHMARKS.md: means ± sd over seeds."""
+    lines = ["| set | method | codec | seeds | params kept | final metric | rel. to dense | "
+             "seconds to target | x faster | bytes to target | x fewer bytes |",
+             "|" + "---|" * 11]
+    for e in summary:
+        reached = "" if _all_reached(e) else f" (reached {e['reached']}/{len(e['seeds'])})"
+        lines.append(" | ".join([
+            f"| {e['set']}", e["method"], f"`{e['codec']}`", str(len(e["seeds"])),
+            _cell(e["params_kept"], None, ".3f"),
+            _cell(e["final_metric"], e["final_metric_sd"], ".3f"),
+            _cell(e["relative_to_dense"], None, ".3f"),
+            _cell(e["seconds_to_target"], e["seconds_to_target_sd"], ".0f") + reached,
+            _cell(e["seconds_ratio"], None, ".2f"),
+            _megabytes(e["bytes_to_target"]),
+            _cell(e["bytes_ratio"], None, ".1f")]) + " |")
+    return "\n".join(lines)
