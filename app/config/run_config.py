@@ -128,6 +128,7 @@ class RunConfig:
     strategy_downlink_codec: str = _dotted("strategy.downlink-codec", "none")
     strategy_error_feedback: bool = _dotted("strategy.error-feedback", True)
     strategy_secure_aggregation: str = _dotted("strategy.secure-aggregation", "none")
+    strategy_pruning: str = _dotted("strategy.pruning", "none")
     round_deadline: float = _dotted("round.deadline", 0.0)
     round_quorum: int = _dotted("round.quorum", 0)
     round_max_held_mb: float = _dotted("round.max-held-mb", 4096.0)
@@ -297,7 +298,10 @@ class RunConfig:
                            seed=self.seed, optimizer=self.optimizer, codec=self.strategy_codec,
                            codec_warmup_rounds=self.strategy_codec_warmup_rounds,
                            aggregator=self.strategy_aggregator, defence=self.strategy_defence,
-                           codec_rate=self.strategy_codec_rate)
+                           codec_rate=self.strategy_codec_rate,
+                           secure_aggregation=self.strategy_secure_aggregation,
+                           personalisation=self.personalisation,
+                           privacy=self.dp_noise_multiplier > 0)
 
     def as_params(self) -> dict[str, Any]:
         """Flat ``{key: value}`` with the run-config spelling, for MLflow params."""
