@@ -63,6 +63,7 @@ from strategies.plugins.registries import (
     AGGREGATORS,
     CODEC_RATES,
     DEFENCES,
+    PRUNINGS,
     SCHEDULES,
     SECURE_AGGREGATION,
     SELECTORS,
@@ -113,6 +114,7 @@ def build_strategy(config: RunConfig, federation: str = "",
         max_size_ratio=config.federation_max_size_ratio,
         secure_aggregation=build(SECURE_AGGREGATION, config.strategy_secure_aggregation,
                                  sections, settings),
+        pruning=build(PRUNINGS, config.strategy_pruning, sections, settings),
     )
 
 
@@ -124,6 +126,24 @@ def initial_arrays(model: nn.Module, source: str) -> ArrayRecord:
         model.load_state_dict(load_state_dict_from(source, model))
         log(INFO, "Initial model: %s", source)
     return ArrayRecord(model.state_dict())
+
+
+def prune_initial(strategy: FederatedStrategy, arrays: ArrayRecord, model: nn.Module,
+                  task: type, config: RunConfig) -> ArrayRecord:
+    """The first global model under ``strategy.pruning``: the plug-in's initial magnitude
+    pruning over the model's prunable structure (:func:`clients.training.pruning.model_structure`,
+    torch-pruning's dependency groups in structured mode), pruned weights zeroed; a resumed run
+    keeps its checkpointed mask. ``arrays`` unchanged without pruning."""
+    pruning = strategy.train.pruning
+    if pruning is None:
+        return arrays
+    from clients.training.pruning import model_structure  # TEMP: top-level once it lands
+    example = torch.as_tensor(task.example_input(config.task_settings()))
+    structure = model_structure(model, pruning.pruning.mode, example)
+    pruned, info = pruning.start(arrays, structure)
+    log(INFO, "Pruning (%s, %d groups): %s", pruning.pruning.mode, len(structure["groups"]),
+        ", ".join(f"{k} {v:g}" for k, v in info.items()))
+    return pruned
 
 
 class RoundRecorder:
@@ -268,6 +288,7 @@ def federate(grid: Grid, context: Context) -> FederationOutcome | VerticalOutcom
             checkpoint_path = folder / CHECKPOINT_FILE
     log(INFO, "MLflow run %s in experiment '%s' at %s", run_id, tracker.experiment_name,
         tracker.tracking_uri)
+    initial = prune_initial(strategy, initial, model, task, config)
     on_round_end = RoundRecorder(
         tracker, strategy, checkpoint_path, run_config,
         lambda report: progress_line(report, config.num_server_rounds, metric), best,

@@ -132,3 +132,14 @@ SECAGG_KEY_SHARES = "key-shares"
 VERTICAL_MESSAGE_TYPE = "train.vertical"
 VERTICAL = "vertical"
 VERTICAL_STAGE = "vertical-stage"
+
+# Adaptive pruning (PruneFL, strategies.plugins.pruning; docs/COMPRESSION.md): a train
+# instruction's config names the mask version of its model (absent: no pruning), the mode and,
+# in a re-pruning round, the codec of the squared gradients the site sends back (PRUNING_SQGRAD,
+# an array of DELTA); the model's covered arrays travel compacted (kept values only) and the
+# mask itself (strategies.plugins.pruning.mask.mask_record) only to a node that has not
+# acknowledged its version, which a train reply echoes as the metric PRUNING_VERSION.
+PRUNING_VERSION = "pruning-version"
+PRUNING_MODE = "pruning-mode"
+PRUNING_REPORT = "pruning-report"
+PRUNING_SQGRAD = "pruning-sqgrad"

@@ -66,6 +66,9 @@ class TrainReply:
     a_norm: float = 0.0
     #: ``||a||_1`` of the tau the site was sent (a full round; 0 when unknown), by the server.
     tau_a_norm: float = 0.0
+    #: The encoded squared gradients a re-pruning round asked for (``pruning-sqgrad`` of
+    #: ``delta``, decoded by :mod:`strategies.rounds.pruning_round`); None when not sent.
+    sqgrad: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -124,7 +127,8 @@ def _metrics(message: Message, required: tuple[str, ...],
 
 
 def _delta(message: Message, reference: list[np.ndarray], codec: str,
-           seed: int) -> list[np.ndarray]:
+           seed: int) -> tuple[list[np.ndarray], np.ndarray | None]:
+    """The decoded update and, when the reply carries them, the encoded squared gradients."""
     record = message.content.get(keys.DELTA)
     if not isinstance(record, ArrayRecord):
         raise InvalidReplyError(f"missing ArrayRecord '{keys.DELTA}'")
@@ -132,6 +136,10 @@ def _delta(message: Message, reference: list[np.ndarray], codec: str,
         arrays = {name: array.numpy() for name, array in record.items()}
     except Exception as exc:  # noqa: BLE001 - any decoding failure makes the reply unusable
         raise InvalidReplyError(f"'{keys.DELTA}' cannot be decoded: {exc}") from exc
+    sqgrad = arrays.pop(keys.PRUNING_SQGRAD, None)
+    if sqgrad is not None and sqgrad.dtype != np.uint8:
+        raise InvalidReplyError(f"'{keys.PRUNING_SQGRAD}' must be a uint8 payload, "
+                                f"got {sqgrad.dtype}")
     try:
         delta = unpack_update(arrays, reference, codec, seed)
     except UpdateFormatError as exc:
@@ -139,7 +147,7 @@ def _delta(message: Message, reference: list[np.ndarray], codec: str,
     for i, array in enumerate(delta):
         if np.issubdtype(array.dtype, np.floating) and not np.isfinite(array).all():
             raise InvalidReplyError(f"array {i}: contains NaN or infinite values")
-    return delta
+    return delta, sqgrad
 
 
 def checked_steps(steps: float, max_steps: int | None) -> int:
@@ -176,10 +184,12 @@ def parse_train_reply(message: Message, reference: list[np.ndarray], codec: str 
     a_norm = (solver or LocalSolver()).a_norm(steps)
     metrics[keys.A_NORM] = a_norm
     node_id = message.metadata.src_node_id if node_id is None else node_id
+    delta, sqgrad = _delta(message, reference, codec, seed)
     return TrainReply(
         node_id=node_id,
         site=site_name(message, node_id),
-        delta=_delta(message, reference, codec, seed),
+        delta=delta,
+        sqgrad=sqgrad,
         wire_bytes=wire_size(message.content),
         num_examples=int(metrics[keys.NUM_EXAMPLES]),
         steps=int(steps),

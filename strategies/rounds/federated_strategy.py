@@ -58,8 +58,8 @@ from strategies.compression import check_warmup
 from strategies.downlink import ServerDownlink
 from strategies.errors import FederationError
 from strategies.local_solver import LocalSolver
-from strategies.plugins.protocols import (Aggregator, CodecRate, Schedule, SecureAggregation,
-                                          Selector)
+from strategies.plugins.protocols import (Aggregator, CodecRate, Pruning, Schedule,
+                                          SecureAggregation, Selector)
 from strategies.plugins.schedules.codec_rate import FixedCodecRate
 from strategies.replies import MetricsReply, parse_metrics_reply
 from strategies.rounds.exchange import Exchanged, exchange, wait_for_nodes
@@ -137,6 +137,10 @@ class FederatedStrategy(Strategy):
     secure_aggregation : SecureAggregation, optional
         ``strategy.secure-aggregation``: with settings (``secagg+``) each train half of a
         round is a SecAgg+ round (:class:`SecureTrain`); default none (the plain round).
+    pruning : Pruning, optional
+        ``strategy.pruning``: an active one (``prunefl``) prunes the model the sites train and
+        receive (:mod:`strategies.rounds.pruning_round`; the first model goes through its
+        ``start``); its mask is checkpointed with the strategy.
     """
 
     def __init__(
@@ -163,6 +167,7 @@ class FederatedStrategy(Strategy):
         max_held_mb: float = DEFAULT_MAX_HELD_MB,
         max_size_ratio: float = DEFAULT_MAX_SIZE_RATIO,
         secure_aggregation: SecureAggregation | None = None,
+        pruning: Pruning | None = None,
     ) -> None:
         if min_nodes < 1:
             raise ValueError(f"min_nodes must be >= 1, got {min_nodes}")
@@ -187,7 +192,7 @@ class FederatedStrategy(Strategy):
             codec_rate=codec_rate or FixedCodecRate(), sites=self.sites, policy=self.policy,
             uplink=self.uplink, downlink=ServerDownlink(downlink_codec, seed),
             local_solver=self.local_solver, max_empty_rounds=max_empty_rounds,
-            max_held_mb=max_held_mb)
+            max_held_mb=max_held_mb, pruning=pruning)
         settings = secure_aggregation.settings if secure_aggregation is not None else None
         self.secure = None if settings is None else SecureTrain(settings, self.train)
         self._evaluate_intake: ReplyIntake[MetricsReply] = self._intake_of({})
@@ -293,12 +298,13 @@ class FederatedStrategy(Strategy):
     def snapshot(self) -> dict:
         """The strategy's state to checkpoint (plug-ins and what it learnt of the sites);
         an adaptive compression rate's state under ``codec-rate`` (a fixed one has none,
-        so checkpoints without it keep their layout)."""
+        so checkpoints without it keep their layout), the pruning mask under ``pruning``."""
         train = self.train
         rate = {} if isinstance(train.codec_rate, FixedCodecRate) else {
             "codec-rate": train.codec_rate}
+        pruning = {} if train.pruning is None else {"pruning": train.pruning.pruning}
         return {"aggregator": train.aggregator, "schedule": train.schedule,
-                "selector": train.selector, **rate, **self.sites.snapshot()}
+                "selector": train.selector, **rate, **pruning, **self.sites.snapshot()}
 
     def restore(self, state: dict) -> None:
         """Continue from a :meth:`snapshot`."""
@@ -306,6 +312,8 @@ class FederatedStrategy(Strategy):
         train.aggregator, train.schedule = state["aggregator"], state["schedule"]
         train.selector = state["selector"]
         train.codec_rate = state.get("codec-rate", train.codec_rate)
+        if train.pruning is not None:
+            train.pruning.pruning = state["pruning"]
         self.sites = train.sites = SiteBook.restore(state, self.sites.roster,
                                                       self.sites.max_size_ratio)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
@@ -27,6 +28,9 @@ from strategies.downlink import ServerDownlink
 from strategies.local_solver import LocalSolver
 from strategies.model_packing import pack_arrays
 from strategies.replies import TrainReply, parse_train_reply
+
+if TYPE_CHECKING:
+    from strategies.rounds.pruning_round import PruningRound
 
 __all__ = ["Uplink", "TrainPlan", "site_messages", "train_messages", "query_messages"]
 
@@ -158,21 +162,32 @@ def site_messages(
 
 def train_messages(node_ids: list[int], arrays: ArrayRecord, config: ConfigRecord,
                    server_round: int, plan: TrainPlan, uplink: Uplink,
-                   downlink: ServerDownlink) -> list[Message]:
+                   downlink: ServerDownlink, pruning: PruningRound | None = None
+                   ) -> list[Message]:
     """The round's train instructions: each node's settings from ``plan``, and the model.
 
     With an active ``downlink`` the model goes through
     :meth:`ServerDownlink.prepare` (a compressed step to the nodes in sync, a
     dense snapshot to the others, the header in each config); otherwise packed
-    as it is, the same bytes as without a downlink codec.
+    as it is, the same bytes as without a downlink codec. With ``pruning``,
+    ``arrays`` is the compacted model (:meth:`PruningRound.outgoing`), every config
+    names the mask version and a node that does not hold that mask gets it too
+    (:meth:`PruningRound.with_mask`).
     """
+    settings = (lambda node: plan.settings(node, uplink)) if pruning is None else (
+        lambda node: {**plan.settings(node, uplink), **pruning.settings(server_round)})
     if not downlink.active:
+        if pruning is None:
+            return site_messages(node_ids, arrays, config, server_round, MessageType.TRAIN,
+                                 settings)
+        packed = pack_arrays(arrays)
         return site_messages(node_ids, arrays, config, server_round, MessageType.TRAIN,
-                             lambda node: plan.settings(node, uplink))
+                             settings, pruning.with_mask(node_ids, {n: packed for n in node_ids}))
     down = downlink.prepare(server_round, arrays, node_ids)
+    records = down.arrays if pruning is None else pruning.with_mask(node_ids, down.arrays)
     return site_messages(node_ids, arrays, config, server_round, MessageType.TRAIN,
-                         lambda node: {**plan.settings(node, uplink),
-                                       **down.headers[node].settings()}, down.arrays)
+                         lambda node: {**settings(node), **down.headers[node].settings()},
+                         records)
 
 
 def query_messages(node_ids: list[int], arrays: ArrayRecord, server_round: int,

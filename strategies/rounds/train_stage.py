@@ -33,11 +33,12 @@ from strategies.downlink import ServerDownlink
 from strategies.errors import FederationError
 from strategies.local_solver import LocalSolver
 from strategies.plugins.defences.defended import DefendedAggregator
-from strategies.plugins.protocols import Aggregator, CodecRate, Schedule, Selector
+from strategies.plugins.protocols import Aggregator, CodecRate, Pruning, Schedule, Selector
 from strategies.plugins.schedules.codec_rate import SiteRound
 from strategies.replies import TrainReply
 from strategies.rounds.instructions import TrainPlan, Uplink, train_messages
 from strategies.rounds.normalisation_statistics import RoundStatistics
+from strategies.rounds.pruning_round import PruningRound
 from strategies.rounds.reply_intake import Cap, ReplyIntake, Taken
 from strategies.rounds.round_metrics import aggregated_replies, example_weighted_metrics
 from strategies.rounds.round_policy import RoundPolicy
@@ -94,6 +95,10 @@ class TrainStage:
         Abort after this many consecutive rounds without one usable reply.
     max_held_mb : float
         Run config ``round.max-held-mb`` (:mod:`strategies.rounds.update_stream`).
+    pruning : Pruning, optional
+        ``strategy.pruning``: an active one (``prunefl``) makes every round a pruned round
+        (:class:`~strategies.rounds.pruning_round.PruningRound`: compacted model and updates,
+        the mask to the sites, re-pruning); none or ``none``: dense rounds.
     """
 
     # pylint: disable=too-many-arguments,too-many-instance-attributes
@@ -101,7 +106,8 @@ class TrainStage:
                  codec_rate: CodecRate, sites: SiteBook,
                  policy: RoundPolicy, uplink: Uplink, downlink: ServerDownlink,
                  local_solver: LocalSolver, max_empty_rounds: int = 3,
-                 max_held_mb: float = DEFAULT_MAX_HELD_MB) -> None:
+                 max_held_mb: float = DEFAULT_MAX_HELD_MB,
+                 pruning: Pruning | None = None) -> None:
         self.aggregator, self.schedule, self.selector = aggregator, schedule, selector
         self.codec_rate, self.sites, self.policy = codec_rate, sites, policy
         self.uplink, self.downlink, self.local_solver = uplink, downlink, local_solver
@@ -113,6 +119,8 @@ class TrainStage:
         self.keys: list[str] = []
         self.reference: list[np.ndarray] = []
         self.empty_rounds = 0
+        self.pruning = (PruningRound(pruning) if pruning is not None and pruning.active
+                        else None)
         self.intake: ReplyIntake[TrainReply] = self._intake({})
 
     def _intake(self, expected: dict[int, str]) -> ReplyIntake[TrainReply]:
@@ -133,18 +141,20 @@ class TrainStage:
                               robust=isinstance(self.aggregator, DefendedAggregator))
         self.plan = TrainPlan.for_round(node_ids, self.schedule.tau, self.uplink, server_round,
                                         self.codec_rate.rate_for(parse_spec(self.uplink.codec)))
-        messages = train_messages(node_ids, arrays, config, server_round, self.plan,
-                                  self.uplink, self.downlink)
+        sent = arrays if self.pruning is None else self.pruning.outgoing(arrays)
+        messages = train_messages(node_ids, sent, config, server_round, self.plan,
+                                  self.uplink, self.downlink, self.pruning)
         self.intake = self._intake({n: self.sites.label(n) for n in node_ids})
         self.down_bytes = bytes_down(messages)
         return messages
 
     def select(self, server_round: int, arrays: ArrayRecord, grid: Grid, nodes: list[int],
                report: RoundReport) -> list[int]:
-        """The round's model (``keys``, ``reference``) and the sites the selector picks among
-        the connected ``nodes`` (offline ones recorded as dropped)."""
+        """The round's model (``keys``, ``reference``: compacted when pruned) and the sites the
+        selector picks among the connected ``nodes`` (offline ones recorded as dropped)."""
         self.keys = list(arrays.keys())
-        self.reference = arrays.to_numpy_ndarrays()
+        sent = arrays if self.pruning is None else self.pruning.outgoing(arrays)
+        self.reference = sent.to_numpy_ndarrays()
         context = SelectionContext(
             sizes=dict(self.sites.sizes), last_losses=dict(self.sites.last_losses),
             query_losses=lambda candidates, subset: query_losses(
@@ -222,6 +232,10 @@ class TrainStage:
                 max(self.plan.tau.values(), default=self.plan.default_tau))
             report.strategy.update(repairs)
             updated, report.aggregation_failed = apply_update(self.reference, delta, self.keys)
+        if updated is not None and self.pruning is not None:
+            updated, info = self.pruning.conclude(report.server_round, self.keys, updated,
+                                                  outcome.used)
+            report.strategy.update(info)
         if updated is None:
             self.aggregator = before
             log(WARNING, "aggregate_train: round %d: %s", report.server_round,

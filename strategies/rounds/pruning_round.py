@@ -1,0 +1,157 @@
+"""The train stage's side of adaptive pruning: what travels down, what comes back, re-pruning.
+
+With ``strategy.pruning = "prunefl"`` (:mod:`strategies.plugins.pruning`) the global model
+the strategy holds keeps its full shapes, pruned coordinates at 0, and the plug-in holds the
+mask (checkpointed with the strategy). A round then
+
+* sends each covered array **compacted**, its kept values only
+  (:func:`~strategies.plugins.pruning.mask.compact`): the packed downlink, the downlink codec
+  and its error feedback see the kept weights only; a mask change changes their layout, so
+  the downlink restarts from a dense snapshot of the kept weights
+  (:class:`~strategies.downlink.ServerDownlink`);
+* adds the mask itself (one bit per covered coordinate,
+  :func:`~strategies.plugins.pruning.mask.mask_record`) to the instruction of a node that has
+  not acknowledged its version (``pruning-version`` of its last accepted train reply), and
+  names the version, the mode and, in a re-pruning round, the codec of the squared gradients
+  in every config (:meth:`PruningRound.settings`);
+* validates and aggregates the sites' compacted updates against the compacted model (so the
+  uplink codec and the sites' error feedback act on the kept weights only), expands the new
+  model back to full shapes, lets the plug-in observe the round with the sites' summed squared
+  gradients (PruneFL's re-pruning) and zeroes what the new mask prunes
+  (:meth:`PruningRound.conclude`).
+
+Example::
+
+    rounds = PruningRound(prunefl)
+    model = rounds.start(initial_record, structure)    # initial magnitude pruning
+    sent = rounds.outgoing(model)                      # what the instructions carry
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from logging import WARNING
+
+import numpy as np
+from flwr.app import Array, ArrayRecord
+from flwr.supercore import log
+
+from strategies import message_keys as keys
+from strategies.compression import decode
+from strategies.model_packing import named_arrays, record_of
+from strategies.plugins.protocols import Info, Pruning
+from strategies.plugins.pruning.mask import apply_mask, compact, expand, mask_record
+from strategies.replies import TrainReply
+
+__all__ = ["PruningRound", "squared_gradients"]
+
+
+def _float_arrays(named: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {k: v for k, v in named.items() if np.issubdtype(v.dtype, np.floating)}
+
+
+def squared_gradients(replies: Sequence[TrainReply], named: Mapping[str, np.ndarray],
+                      codec: str) -> dict[str, np.ndarray] | None:
+    """The sum over ``replies`` of the squared gradients they sent, in ``named``'s full shapes.
+
+    Each site sends one vector over the model's floating-point arrays in model order, encoded
+    with ``codec`` (run config ``pruning.report-codec``). A payload that does not decode, or
+    decodes to a negative or non-finite value, is left out with a logged reason (its update
+    still counts). None when no reply sent one.
+    """
+    floats = _float_arrays(named)
+    size = sum(a.size for a in floats.values())
+    total, used = np.zeros(size, np.float64), 0
+    for reply in replies:
+        if reply.sqgrad is None:
+            continue
+        try:
+            vector = decode(np.asarray(reply.sqgrad), codec, size)
+        except ValueError as exc:
+            log(WARNING, "pruning: %s's squared gradients left out: %s", reply.site, exc)
+            continue
+        if not np.isfinite(vector).all() or (vector < 0).any():
+            log(WARNING, "pruning: %s's squared gradients left out: negative or not finite",
+                reply.site)
+            continue
+        total += vector
+        used += 1
+    if not used:
+        return None
+    out, start = {}, 0
+    for name, array in floats.items():
+        out[name] = total[start:start + array.size].reshape(array.shape)
+        start += array.size
+    return out
+
+
+class PruningRound:
+    """The pruning plug-in's part in each train round (see the module docstring).
+
+    Parameters
+    ----------
+    pruning : Pruning
+        The run's active pruning plug-in (``strategy.pruning``); its state is the mask.
+    """
+
+    def __init__(self, pruning: Pruning) -> None:
+        self.pruning = pruning
+        #: Per node, the mask version its last accepted train reply acknowledged.
+        self.acknowledged: dict[int, int] = {}
+
+    def start(self, arrays: ArrayRecord, structure: Mapping) -> tuple[ArrayRecord, Info]:
+        """The first global model: the plug-in's initial pruning of ``arrays`` (nothing new on a
+        resumed run, whose mask came with the checkpoint), pruned coordinates zeroed."""
+        named = named_arrays(arrays)
+        info = self.pruning.initialise(named, structure)
+        return record_of(apply_mask(named, self.pruning.masks)), info
+
+    def outgoing(self, arrays: ArrayRecord) -> ArrayRecord:
+        """``arrays`` (full shapes) as the instructions carry them: covered arrays compacted."""
+        return record_of(compact(named_arrays(arrays), self.pruning.masks))
+
+    def settings(self, server_round: int) -> dict:
+        """The config entries of every train instruction of ``server_round``."""
+        report = self.pruning.report_codec if self.pruning.report_due(server_round) else ""
+        return {keys.PRUNING_VERSION: int(self.pruning.version),
+                keys.PRUNING_MODE: self.pruning.mode, keys.PRUNING_REPORT: report}
+
+    def with_mask(self, node_ids: Sequence[int],
+                  records: Mapping[int, ArrayRecord]) -> dict[int, ArrayRecord]:
+        """Each node's model record, plus the mask for a node that does not hold its version
+        (a fresh record: the others may share one object)."""
+        version = int(self.pruning.version)
+        mask = {name: Array(value) for name, value in mask_record(self.pruning.masks).items()}
+        out = {}
+        for node in node_ids:
+            record = records[node]
+            if self.acknowledged.get(node) != version:
+                record = ArrayRecord({**dict(record.items()), **mask})
+            out[node] = record
+        return out
+
+    def acknowledge(self, replies: Sequence[TrainReply]) -> None:
+        """Record the mask version each accepted reply trained (``pruning-version``)."""
+        version = int(self.pruning.version)
+        for reply in replies:
+            if reply.metrics.get(keys.PRUNING_VERSION) == version:
+                self.acknowledged[reply.node_id] = version
+            else:
+                self.acknowledged.pop(reply.node_id, None)
+
+    def conclude(self, server_round: int, names: Sequence[str], updated: Sequence[np.ndarray],
+                 replies: Sequence[TrainReply]) -> tuple[list[np.ndarray], Info]:
+        """The round's new model in full shapes, after the plug-in observed the round.
+
+        ``updated`` is the new compacted model (``names`` in order), ``replies`` the updates
+        it aggregated: their squared gradients (a re-pruning round) and train seconds go to
+        :meth:`Pruning.observe`; what its new mask prunes is set to 0.
+        """
+        self.acknowledge(replies)
+        named = expand(dict(zip(names, updated)), self.pruning.masks)
+        sqgrad = (squared_gradients(replies, named, self.pruning.report_codec)
+                  if self.pruning.report_due(server_round) else None)
+        seconds = [float(r.metrics.get(keys.TRAIN_SECONDS, 0.0)) for r in replies]
+        info = self.pruning.observe(server_round, named, sqgrad,
+                                    float(np.mean(seconds)) if seconds else 0.0)
+        return list(apply_mask(named, self.pruning.masks).values()), info
