@@ -68,8 +68,14 @@ def _parser() -> argparse.ArgumentParser:
                         help="update codec of the --codec-methods variants")
     parser.add_argument("--codec-methods", nargs="*", default=["prunefl-unstructured"],
                         choices=list(METHODS))
-    parser.add_argument("--density", type=float, default=0.15, help="pruning.initial-density")
-    parser.add_argument("--max-density", type=float, default=0.2, help="pruning.max-density")
+    parser.add_argument("--density", type=float, default=0.15,
+                        help="pruning.initial-density of the unstructured methods")
+    parser.add_argument("--max-density", type=float, default=0.2,
+                        help="pruning.max-density of the unstructured methods")
+    parser.add_argument("--structured-density", type=float, default=0.4,
+                        help="pruning.initial-density of prunefl-structured (channels)")
+    parser.add_argument("--structured-max-density", type=float, default=0.45,
+                        help="pruning.max-density of prunefl-structured")
     parser.add_argument("--interval", type=int, default=2,
                         help="pruning.interval of the prunefl methods")
     parser.add_argument("--rounds", type=int, default=8)
@@ -112,8 +118,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.table:
         print(markdown_table(json.loads(args.output.read_text())["runs"]))
         return 0
-    settings = PruningSettings(args.density, args.max_density, args.interval)
+    settings = PruningSettings({"unstructured": (args.density, args.max_density),
+                                "structured": (args.structured_density,
+                                               args.structured_max_density)}, args.interval)
     wanted = variants(args.methods, args.codec, args.codec_methods)
+    for variant in wanted:  # the product refuses a bad setting before any run
+        variant.check(settings)
     started = time.perf_counter()
     previous = json.loads(args.output.read_text()) if args.resume and \
         args.output.is_file() else {}

@@ -39,7 +39,7 @@ __all__ = ["METHODS", "SETS", "SetSpec", "PruningSet", "PruningSettings", "Varia
 
 #: Run-config keys of each method (on top of :meth:`PruningSettings.overrides`).
 METHODS: dict[str, dict] = {
-    "dense": {},
+    "dense": {"strategy.pruning": "none"},
     "magnitude": {"strategy.pruning": "prunefl", "pruning.mode": "unstructured",
                   "pruning.interval": 0},
     "prunefl-unstructured": {"strategy.pruning": "prunefl", "pruning.mode": "unstructured"},
@@ -87,15 +87,22 @@ class PruningSet:
 
 @dataclass(frozen=True)
 class PruningSettings:
-    """The ``pruning.*`` keys every pruning method shares (the command line's options)."""
+    """The ``pruning.*`` keys the command line sets, per mode: (initial, max) density.
 
-    initial_density: float
-    max_density: float
+    A density is the kept fraction of each group's units (a weight, or an output
+    channel with its coordinates in every dependent array): a weight layer
+    between two channel groups that each keep ``d`` of their channels keeps
+    about ``d^2`` of its weights, so structured pruning wants a higher density
+    for the same parameters kept.
+    """
+
+    densities: dict[str, tuple[float, float]]
     interval: int
 
-    def overrides(self) -> dict:
-        return {"pruning.initial-density": self.initial_density,
-                "pruning.max-density": self.max_density, "pruning.interval": self.interval}
+    def overrides(self, mode: str) -> dict:
+        initial, maximum = self.densities[mode]
+        return {"pruning.initial-density": initial, "pruning.max-density": maximum,
+                "pruning.interval": self.interval}
 
 
 @dataclass(frozen=True)
@@ -110,9 +117,22 @@ class Variant:
         return self.method if self.codec == NO_CODEC else f"{self.method} {self.codec.name}"
 
     def overrides(self, settings: PruningSettings) -> dict:
-        """The run-config keys of this variant (the product checks them before a run)."""
-        pruning = {} if self.method == "dense" else settings.overrides()
-        return {**pruning, **METHODS[self.method], **self.codec.overrides()}
+        """The run-config keys of this variant."""
+        keys = METHODS[self.method]
+        pruning = settings.overrides(keys["pruning.mode"]) if "pruning.mode" in keys else {}
+        return {**pruning, **keys, **self.codec.overrides()}
+
+    def check(self, settings: PruningSettings) -> None:
+        """Validate the keys as the product does, before anything runs.
+
+        Raises
+        ------
+        strategies.errors.ConfigError
+            A key or value the product refuses (the message names it).
+        """
+        from app.engine import full_run_config  # noqa: PLC0415 - the engine loads Flower
+
+        full_run_config(self.overrides(settings))
 
 
 def add_set_arguments(parser: argparse.ArgumentParser) -> None:
@@ -146,12 +166,10 @@ def pruning_set(name: str, args: argparse.Namespace) -> PruningSet | None:
 
 
 def _kept(report, arrays) -> float:
-    """The final model's kept fraction of its parameters: the strategy's ``pruning-params-kept``,
-    else (no pruning) the non-zero fraction of the final arrays."""
-    if "pruning-params-kept" in report.strategy:
-        return float(report.strategy["pruning-params-kept"])
-    values = [np.asarray(a) for a in arrays.to_numpy_ndarrays()]
-    return float(sum(np.count_nonzero(v) for v in values) / sum(v.size for v in values))
+    """The final model's kept fraction of its values: the strategy's ``pruning-params-kept``
+    (a count) over the model's size, 1 without pruning."""
+    size = sum(np.size(a) for a in arrays.to_numpy_ndarrays())
+    return float(report.strategy.get("pruning-params-kept", size)) / size
 
 
 def pruning_run(federation: PruningSet, variant: Variant, settings: PruningSettings, seed: int,

@@ -11,8 +11,9 @@ import pytest
 import pruning as bench
 from pruning_sets import PruningSettings, Variant
 from pruning_summary import compare_seeds, goals, markdown_table, summarise
+from strategies.errors import ConfigError
 
-SETTINGS = PruningSettings(initial_density=0.15, max_density=0.2, interval=2)
+SETTINGS = PruningSettings({"unstructured": (0.15, 0.2), "structured": (0.4, 0.45)}, interval=2)
 
 
 def _row(variant, curve, seconds, up, down, kept=1.0, seed=0, name="s"):
@@ -109,12 +110,19 @@ def test_variants_are_run_configs_of_the_product():
                                         "prunefl-structured topk:0.1+ef"]
     structured = wanted[-1].overrides(SETTINGS)
     assert structured["pruning.mode"] == "structured"
-    assert structured["pruning.initial-density"] == 0.15
-    assert structured["pruning.max-density"] == 0.2 and structured["pruning.interval"] == 2
+    assert structured["pruning.initial-density"] == 0.4
+    assert structured["pruning.max-density"] == 0.45 and structured["pruning.interval"] == 2
     assert structured["strategy.codec"] == "topk:0.1"
     assert structured["strategy.error-feedback"] is True
-    assert Variant("magnitude").overrides(SETTINGS)["pruning.interval"] == 0
+    magnitude = Variant("magnitude").overrides(SETTINGS)
+    assert magnitude["pruning.interval"] == 0 and magnitude["pruning.initial-density"] == 0.15
+    assert Variant("dense").overrides(SETTINGS)["strategy.pruning"] == "none"
     assert "pruning.initial-density" not in Variant("dense").overrides(SETTINGS)
+    for variant in wanted:
+        variant.check(SETTINGS)
+    too_dense = PruningSettings({"unstructured": (0.3, 0.2)}, interval=2)
+    with pytest.raises(ConfigError, match="max-density"):
+        Variant("magnitude").check(too_dense)
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +148,7 @@ def test_a_tiny_federation_writes_the_issue_format(tiny):
                 "seconds_to_target", "bytes_to_target", "seeds"):
         assert key in run
     assert (run["set"], run["method"], run["seeds"]) == ("synthetic-pe", "dense", [5])
-    assert run["params_kept"] == pytest.approx(1.0, abs=0.01)
+    assert run["params_kept"] == 1.0
     assert run["relative_to_dense"] == 1.0
     (seed,) = result["per_seed"]
     assert seed["rounds"] == 2 and len(seed["seconds_per_round"]) == 2
