@@ -82,6 +82,13 @@ class Instruction:
         The stage's round plan (``None`` without a stage).
     secagg : dict of str to Any
         The stage's config entries as sent (``server-round`` and every ``secagg-*``).
+    pruning_version : int
+        The mask version of the instruction's model (``pruning-version``); 0: not pruned.
+    pruning_mode : str
+        ``unstructured`` or ``structured`` (``pruning-mode``); "" when not pruned.
+    pruning_report : str
+        The codec of the squared gradients to send back this round (``pruning-report``);
+        "" when none are asked.
     """
 
     kind: str
@@ -98,6 +105,9 @@ class Instruction:
     secagg_stage: str = ""
     plan: RoundPlan | None = None
     secagg: dict[str, Any] = field(default_factory=dict)
+    pruning_version: int = 0
+    pruning_mode: str = ""
+    pruning_report: str = ""
 
     @classmethod
     def parse(cls, kind: str, config: Mapping[str, Any], run: SiteRunSettings,
@@ -149,4 +159,7 @@ class Instruction:
             plan=RoundPlan.parse(config) if stage else None,
             secagg={key: value for key, value in config.items()
                     if stage and (key == keys.SERVER_ROUND or key.startswith("secagg-"))},
+            pruning_version=_value(config, keys.PRUNING_VERSION, int, 0),
+            pruning_mode=_value(config, keys.PRUNING_MODE, str, ""),
+            pruning_report=_value(config, keys.PRUNING_REPORT, str, ""),
         )

@@ -39,6 +39,8 @@ from clients.site.last_global import LastGlobal
 from clients.site.privacy_charge import PrivacyCharge
 from clients.site.run_settings import SiteRunSettings
 from clients.site.site import Site
+from clients.site.site_pruning import (MASK_ENTRIES, PrunedTraining, received_mask,
+                                       squared_gradient_report)
 from clients.site.site_reply import Metrics
 from clients.site.state_store import SiteStateStore
 from clients.training.device import ComputeDevice
@@ -49,6 +51,7 @@ from strategies.compression import ErrorFeedback, parse_spec
 from strategies.downlink_receive import receive
 from strategies.downlink_reference import Reference
 from strategies.model_buffer import PackedModelError, unpack_model
+from strategies.plugins.pruning.mask import compact, expand
 from strategies.seeds import site_seed
 from strategies.update_codec import pack_update
 
@@ -84,6 +87,29 @@ def received_model(arrays: Mapping[str, np.ndarray], instruction: Instruction,
     return reference.named(), {keys.DOWNLINK_VERSION: reference.version}
 
 
+def received_pruned_model(arrays: Mapping[str, np.ndarray], instruction: Instruction,
+                          state_dir: Path) -> tuple[dict[str, np.ndarray], Metrics,
+                                                    dict[str, np.ndarray]]:
+    """:func:`received_model` of a possibly pruned instruction: the global model in full shapes
+    (pruned coordinates 0), the reply's metrics of it and the round's mask ({} unpruned).
+
+    Raises
+    ------
+    clients.site.site_pruning.MaskVersionError
+        When the site does not hold the mask version the instruction names.
+    """
+    if not instruction.pruning_version:
+        named, metrics = received_model(arrays, instruction, state_dir)
+        return named, metrics, {}
+    entries = {k: np.asarray(v) for k, v in arrays.items() if k in MASK_ENTRIES}
+    model = {k: v for k, v in arrays.items() if k not in MASK_ENTRIES}
+    masks = received_mask(entries, instruction.pruning_version, instruction.federation,
+                          state_dir)
+    compacted, metrics = received_model(model, instruction, state_dir)
+    return (expand(compacted, masks), {**metrics, keys.PRUNING_VERSION: instruction.pruning_version},
+            masks)
+
+
 def encode_update(delta: Sequence[np.ndarray], instruction: Instruction, state_dir: Path,
                   raw: Collection[int] = frozenset()) -> tuple[dict[str, np.ndarray], float]:
     """Pack ``delta`` with the instruction's codec; keep the error-feedback residual.
@@ -111,12 +137,15 @@ def encode_update(delta: Sequence[np.ndarray], instruction: Instruction, state_d
         return pack_update(delta, spec, instruction.codec_seed, raw=raw), 0.0
     store = SiteStateStore(state_dir)
     feedback = ErrorFeedback(spec)
-    saved = store.load(instruction.federation, RESIDUAL_NAME)
+    # the residual of the kept weights of one pruning mask: a new mask starts a new one
+    name = RESIDUAL_NAME + (f"-mask-{instruction.pruning_version}"
+                            if instruction.pruning_version else "")
+    saved = store.load(instruction.federation, name)
     if saved is not None:
         feedback.load_state(saved)
     arrays = pack_update(delta, spec, instruction.codec_seed, feedback, raw=raw)
     residual = feedback.state()
-    store.save(instruction.federation, RESIDUAL_NAME, residual)
+    store.save(instruction.federation, name, residual)
     return arrays, float(np.linalg.norm(residual))
 
 
@@ -133,11 +162,15 @@ class LocalUpdate:
         Positions of the model's buffers (normalisation statistics, counters).
     metrics : dict
         The train reply's metrics but the codec's (``residual-norm``).
+    sqgrad : numpy.ndarray or None
+        A pruned re-pruning round's encoded squared gradients (``pruning-sqgrad``); the delta
+        of a pruned round holds the kept coordinates only (:mod:`clients.site.site_pruning`).
     """
 
     delta: list[np.ndarray]
     buffers: frozenset[int]
     metrics: Metrics
+    sqgrad: np.ndarray | None = None
 
 
 def local_update(task: SiteTask, arrays: Mapping[str, np.ndarray], instruction: Instruction,
@@ -157,12 +190,16 @@ def local_update(task: SiteTask, arrays: Mapping[str, np.ndarray], instruction: 
         steps = min(steps, site.max_local_steps)
     budget = instruction.time_budget
     deadline = time.monotonic() + budget if budget > 0 else None
-    global_arrays, downlink_metrics = received_model(arrays, instruction, site.state_dir)
+    global_arrays, downlink_metrics, masks = received_pruned_model(arrays, instruction,
+                                                                   site.state_dir)
     privacy = run.privacy
     model = task.build_model(private=privacy.enabled)
     model.load_state_dict({name: torch.as_tensor(a) for name, a in global_arrays.items()})
     personal = site_personalisation(run.personalisation, site.state_dir, instruction.federation)
     personal.receive(model)  # FedBN: the site's own normalisation layers
+    pruned = (PrunedTraining(model, masks, instruction.pruning_mode,
+                             torch.as_tensor(task.example_input(task.settings)))
+              if masks else None)
     final = instruction.server_round > run.num_server_rounds  # the cross-site fine-tune
     charge = (PrivacyCharge.before(site, privacy, len(train_set), task.settings.batch_size,
                                    steps, instruction.federation,
@@ -171,22 +208,31 @@ def local_update(task: SiteTask, arrays: Mapping[str, np.ndarray], instruction: 
     seed = site_seed(run.seed, instruction.server_round, site.name)
     started = time.monotonic()
     try:
-        result = personal.train(task, model, steps, seed, deadline, lr=run.lr,
-                                momentum=run.momentum, compute=compute,
+        result = personal.train(task, model if pruned is None else pruned.model, steps, seed,
+                                deadline, lr=run.lr, momentum=run.momentum, compute=compute,
                                 optimizer=run.optimizer, proximal_mu=run.proximal_mu,
                                 label=f"{site.name} round {instruction.server_round}",
-                                privacy=privacy)
+                                privacy=privacy,
+                                step_hooks=None if pruned is None else pruned.hooks)
     except BaseException:
         if charge is not None:  # nothing of it leaves the site: release the reservation
             charge.cancel()
         raise
     dp_metrics = charge.record(result.privacy_steps) if charge is not None else {}
+    if pruned is not None:
+        pruned.finish()
     local_state = model.state_dict()
     # delta = x_global - x_local, in the global model's order and dtypes (0-d kept 0-d).
     delta = [np.asarray(value - local_state[name].detach().cpu().numpy(), dtype=value.dtype)
              for name, value in global_arrays.items()]
     delta = personal.keep_local(model, delta, list(global_arrays),  # FedBN: 0, kept at the site
                                 save=not final)
+    sqgrad = None
+    if pruned is not None:  # the kept coordinates only; the squared gradients when asked
+        sqgrad = squared_gradient_report(pruned.squared_gradients(), global_arrays,
+                                         instruction.pruning_report, instruction.federation,
+                                         site.state_dir)
+        delta = list(compact(dict(zip(global_arrays, delta)), masks).values())
     parameters = {name for name, _ in model.named_parameters()}
     buffers = frozenset(i for i, name in enumerate(global_arrays) if name not in parameters)
     metrics: Metrics = {
@@ -198,7 +244,7 @@ def local_update(task: SiteTask, arrays: Mapping[str, np.ndarray], instruction: 
         keys.STUDIES_SKIPPED: len(task.report.skipped),
         **dp_metrics, **downlink_metrics,
     }
-    return LocalUpdate(delta, buffers, metrics)
+    return LocalUpdate(delta, buffers, metrics, sqgrad)
 
 
 def train_round(task: SiteTask, arrays: Mapping[str, np.ndarray], instruction: Instruction,
@@ -209,4 +255,6 @@ def train_round(task: SiteTask, arrays: Mapping[str, np.ndarray], instruction: I
     local = local_update(task, arrays, instruction, site, run, compute)
     update, residual_norm = encode_update(local.delta, instruction, site.state_dir,
                                           raw=local.buffers)
+    if local.sqgrad is not None:
+        update[keys.PRUNING_SQGRAD] = local.sqgrad
     return update, {keys.RESIDUAL_NORM: residual_norm, **local.metrics}

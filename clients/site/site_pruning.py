@@ -1,0 +1,144 @@
+"""A site's side of adaptive pruning: the mask it holds, its pruned training, its squared gradients.
+
+A pruned train instruction (``pruning-version`` > 0, :mod:`strategies.rounds.pruning_round`)
+carries the model's covered arrays compacted (kept values only) and, when the site does not
+hold that mask version yet, the mask itself. The site
+
+* keeps the mask in its state store (:func:`received_mask`), so later rounds need only the
+  version; a site that lost it refuses the round (:class:`MaskVersionError`) and the
+  coordinator, seeing no acknowledgement, sends the mask with the next instruction;
+* trains with the pruned weights held at zero (:class:`PrunedTraining`): unstructured, the dense
+  network with masked gradients and weights
+  (:class:`~clients.training.pruning.MaskedTraining`; under DP-SGD the per-sample gradients are
+  masked before clipping, so clipping and noise act on the kept weights); structured, the
+  smaller network torch-pruning cuts out of it (:func:`~clients.training.pruning.shrink`), so
+  the steps really cost less, mapped back to full shapes afterwards;
+* sums the squared gradients of every step since its last report (PruneFL's first-order
+  estimate of each weight's risk reduction) in its state store and, in a re-pruning round,
+  sends them encoded with the round's report codec (:func:`squared_gradient_report`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from clients.site.state_store import SiteStateStore
+from strategies.compression import encode
+from strategies.errors import SiteError
+from strategies.plugins.pruning.mask import MASK_BITS_KEY, MASK_LAYOUT_KEY, masks_from_record
+
+__all__ = ["MASK_ENTRIES", "MaskVersionError", "PrunedTraining", "received_mask",
+           "squared_gradient_report"]
+
+#: The instruction's array entries that carry the mask (not the model).
+MASK_ENTRIES = (MASK_BITS_KEY, MASK_LAYOUT_KEY)
+_VERSION = "pruning-mask-version"
+_SQGRAD = "pruning-sqgrad"
+
+
+class MaskVersionError(SiteError):
+    """The instruction names a pruning mask version the site does not hold."""
+
+
+def received_mask(entries: Mapping[str, np.ndarray], version: int, federation: str,
+                  state_dir: Path) -> dict[str, np.ndarray]:
+    """The round's mask: from the instruction's ``entries`` (then saved, version last), or the
+    one the site saved for ``version``.
+
+    Raises
+    ------
+    MaskVersionError
+        When the instruction carries no mask and the site holds another version (or none).
+    strategies.plugins.pruning.mask.PruningError
+        When the mask sent is malformed.
+    """
+    store = SiteStateStore(state_dir)
+    if entries:
+        masks = masks_from_record(entries)
+        for name in MASK_ENTRIES:
+            store.save(federation, name, entries[name])
+        store.save(federation, _VERSION, np.array([version], np.int64))
+        return masks
+    held = store.load(federation, _VERSION)
+    if held is None or int(held[0]) != version:
+        raise MaskVersionError(
+            f"pruning mask version {version} is not held at this site (it holds "
+            f"{'none' if held is None else int(held[0])}); the next instruction brings it")
+    return masks_from_record({name: store.load(federation, name) for name in MASK_ENTRIES})
+
+
+class PrunedTraining:
+    """The network a pruned round trains, its step hooks and what it hands back.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The dense network holding the received global model (pruned weights 0).
+    masks : mapping of str to numpy.ndarray
+        The round's mask (array name -> kept coordinates).
+    mode : str
+        ``unstructured`` (train ``model`` itself, gradients and weights masked) or
+        ``structured`` (train the network without the pruned channels).
+    example_input : torch.Tensor
+        One input batch (torch-pruning traces the network with it).
+    """
+
+    def __init__(self, model: nn.Module, masks: Mapping[str, np.ndarray], mode: str,
+                 example_input: torch.Tensor) -> None:
+        from clients.training.pruning import MaskedTraining, model_structure, shrink  # TEMP
+        self.dense, self.mode = model, mode
+        self.shrunk = None
+        if mode == "structured":
+            structure = model_structure(model, mode, example_input)
+            self.shrunk = shrink(model, structure, masks, example_input)
+            self.model = self.shrunk.model
+            self.hooks = MaskedTraining({}, collect=True)
+        else:
+            self.model = model
+            self.hooks = MaskedTraining(masks, collect=True)
+            self.hooks.zero_pruned(model)
+
+    def finish(self) -> None:
+        """Put the trained weights on the dense network (structured: mapped back, zeros at the
+        removed channels; unstructured: already there)."""
+        if self.shrunk is not None:
+            dense = self.shrunk.dense_state(self.model.state_dict())
+            self.dense.load_state_dict({k: torch.as_tensor(v) for k, v in dense.items()})
+
+    def squared_gradients(self) -> dict[str, np.ndarray]:
+        """The steps' summed squared gradients by parameter name, in full shapes."""
+        squared = self.hooks.squared_gradients()
+        if self.shrunk is None:
+            return squared
+        state = {**self.model.state_dict(),
+                 **{name: torch.as_tensor(value) for name, value in squared.items()}}
+        full = self.shrunk.dense_state(state)
+        return {name: full[name] for name in squared}
+
+
+def squared_gradient_report(squared: Mapping[str, np.ndarray], order: Mapping[str, np.ndarray],
+                            report: str, federation: str, state_dir: Path) -> np.ndarray | None:
+    """Add this round's ``squared`` gradients to the site's running sum; in a re-pruning
+    round (``report`` = the codec) return the sum encoded and start a new one.
+
+    The sum is one vector over the floating-point arrays of ``order`` (the global model, in
+    model order; buffers stay 0), kept in the site's state store between rounds.
+    """
+    floats = [(name, a) for name, a in order.items() if np.issubdtype(a.dtype, np.floating)]
+    vector = np.concatenate([
+        np.asarray(squared[name], np.float32).reshape(-1) if name in squared
+        else np.zeros(array.size, np.float32) for name, array in floats])
+    store = SiteStateStore(state_dir)
+    held = store.load(federation, _SQGRAD)
+    if held is not None and held.size == vector.size:
+        vector = vector + held
+    if not report:
+        store.save(federation, _SQGRAD, vector)
+        return None
+    store.save(federation, _SQGRAD, np.zeros(0, np.float32))
+    return encode(vector, report)
