@@ -189,6 +189,8 @@ def pruning_run(federation: PruningSet, variant: Variant, settings: PruningSetti
         "sites": len(sites), "rounds": run.rounds, "metric": federation.metric,
         "curve": run.metrics[federation.metric], "curves": run.metrics,
         "seconds_per_round": [float(r.seconds) for r in reports],
+        "train_seconds_per_round": [float(sum(m.get("train-seconds", 0.0) for m in r.values()))
+                                    for r in run.train],
         **traffic_fields(run),
         "params_kept": _kept(reports[-1], outcome.arrays),
         "pruning": [{k: v for k, v in r.strategy.items() if k.startswith("pruning-")}

@@ -13,7 +13,10 @@ end (``params_kept``). Against the ``dense`` row of the same set and seed
   ``r`` whose metric reaches it ends the count: ``bytes_to_target`` = bytes up
   + down of all sites over rounds ``1..r``, ``seconds_to_target`` = the sum of
   those rounds' wall seconds (train and evaluate); ``None`` if never reached;
-* ``bytes_ratio`` and ``seconds_ratio`` = dense's value / ours (the speed-up).
+* ``bytes_ratio`` and ``seconds_ratio`` = dense's value / ours (the speed-up);
+  ``train_seconds_to_target`` / ``train_seconds_ratio`` the same on the
+  sites' own training seconds (``train_seconds_per_round``: the sum of their
+  ``train-seconds``), without the rounds' start-up, transport and evaluation.
 
 :func:`summarise` gives, per (set, variant), means and sample standard
 deviations over seeds (to-target values over the seeds that reached it);
@@ -41,9 +44,10 @@ def _ratio(dense: float | None, ours: float | None) -> float | None:
     return dense / ours if dense and ours else None
 
 
-def _seconds_to(row: dict, rounds: int | None) -> float | None:
-    """Wall seconds of rounds ``1..rounds`` (``None`` when the target was never reached)."""
-    return None if rounds is None else float(np.sum(row["seconds_per_round"][:rounds]))
+def _seconds_to(row: dict, rounds: int | None, key: str = "seconds_per_round"
+                ) -> float | None:
+    """Seconds ``key`` of rounds ``1..rounds`` (``None`` when the target was never reached)."""
+    return None if rounds is None else float(np.sum(row[key][:rounds]))
 
 
 def compare_seeds(rows: Sequence[dict], tail: int = 2, fraction: float = 0.95) -> list[dict]:
@@ -60,15 +64,17 @@ def compare_seeds(rows: Sequence[dict], tail: int = 2, fraction: float = 0.95) -
     out = []
     for row, done in zip(rows, compared, strict=True):
         ref = dense.get((row["set"], row["seed"]))
-        seconds = _seconds_to(row, done["rounds_to_target"])
-        dense_seconds = None if ref is None else _seconds_to(ref, ref["rounds_to_target"])
+        times = {}
+        for name, key in (("seconds", "seconds_per_round"),
+                          ("train_seconds", "train_seconds_per_round")):
+            ours = _seconds_to(row, done["rounds_to_target"], key)
+            dense_time = None if ref is None else _seconds_to(ref, ref["rounds_to_target"], key)
+            times.update({f"{name}_to_target": ours, f"{name}_ratio": _ratio(dense_time, ours)})
         out.append({**row, "final_metric": done["final_metric"],
                     "relative_to_dense": done["relative_to_dense"], "target": done["target"],
                     "rounds_to_target": done["rounds_to_target"],
                     "bytes_to_target": done["bytes_to_target"],
-                    "bytes_ratio": done["bytes_to_target_ratio"],
-                    "seconds_to_target": seconds,
-                    "seconds_ratio": _ratio(dense_seconds, seconds)})
+                    "bytes_ratio": done["bytes_to_target_ratio"], **times})
     return out
 
 
@@ -97,7 +103,8 @@ def summarise(rows: Sequence[dict]) -> list[dict]:
                  "rounds": sorted({r["rounds"] for r in group}),
                  "reached": sum(r["rounds_to_target"] is not None for r in group)}
         for key in ("params_kept", "final_metric", "relative_to_dense", "seconds_to_target",
-                    "bytes_to_target", "seconds_ratio", "bytes_ratio"):
+                    "bytes_to_target", "seconds_ratio", "bytes_ratio", "train_seconds_to_target",
+                    "train_seconds_ratio"):
             entry[key], entry[f"{key}_sd"] = _mean_sd([r[key] for r in group])
         out.append(entry)
     return out
@@ -165,8 +172,8 @@ def _megabytes(value: float | None) -> str:
 def markdown_table(summary: Sequence[dict]) -> str:
     """One line per (set, variant) for docs/BENCHMARKS.md: means ± sd over seeds."""
     lines = ["| set | method | codec | seeds | params kept | final metric | rel. to dense | "
-             "seconds to target | x faster | bytes to target | x fewer bytes |",
-             "|" + "---|" * 11]
+             "seconds to target | x faster | x faster (training) | bytes to target | "
+             "x fewer bytes |", "|" + "---|" * 12]
     for e in summary:
         reached = "" if _all_reached(e) else f" (reached {e['reached']}/{len(e['seeds'])})"
         lines.append(" | ".join([
@@ -175,7 +182,7 @@ def markdown_table(summary: Sequence[dict]) -> str:
             _cell(e["final_metric"], e["final_metric_sd"], ".3f"),
             _cell(e["relative_to_dense"], None, ".3f"),
             _cell(e["seconds_to_target"], e["seconds_to_target_sd"], ".0f") + reached,
-            _cell(e["seconds_ratio"], None, ".2f"),
+            _cell(e["seconds_ratio"], None, ".2f"), _cell(e["train_seconds_ratio"], None, ".2f"),
             _megabytes(e["bytes_to_target"]),
             _cell(e["bytes_ratio"], None, ".1f")]) + " |")
     return "\n".join(lines)

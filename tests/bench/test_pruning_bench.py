@@ -20,7 +20,8 @@ def _row(variant, curve, seconds, up, down, kept=1.0, seed=0, name="s"):
     method, _, codec = variant.partition(" ")
     return {"set": name, "seed": seed, "method": method, "codec": codec or "none",
             "variant": variant, "rounds": len(curve), "curve": curve,
-            "seconds_per_round": seconds, "bytes_up_per_round": [up] * len(curve),
+            "seconds_per_round": seconds, "train_seconds_per_round": [s / 2 for s in seconds],
+            "bytes_up_per_round": [up] * len(curve),
             "bytes_down_per_round": [down] * len(curve),
             "up_bytes_per_site_round": up / 2, "down_bytes_per_site_round": down / 2,
             "dense_fp32_bytes": 1000, "params_kept": kept}
@@ -42,6 +43,8 @@ def test_target_seconds_and_bytes_count_until_the_first_round_at_95_percent_of_d
     p = runs["prunefl-structured"]
     assert p["seconds_to_target"] == 9.0 and p["bytes_to_target"] == 750
     assert p["seconds_ratio"] == pytest.approx(30 / 9)
+    assert p["train_seconds_to_target"] == 4.5  # the sites' training: half of each round here
+    assert p["train_seconds_ratio"] == pytest.approx(15 / 4.5)
     assert p["bytes_ratio"] == pytest.approx(8.0)
     assert p["final_metric"] == pytest.approx(0.975)
     assert p["relative_to_dense"] == pytest.approx(0.975)
@@ -153,6 +156,8 @@ def test_a_tiny_federation_writes_the_issue_format(tiny):
     (seed,) = result["per_seed"]
     assert seed["rounds"] == 2 and len(seed["seconds_per_round"]) == 2
     assert all(s > 0 for s in seed["seconds_per_round"])
+    assert all(0 < t < s for t, s in zip(seed["train_seconds_per_round"],
+                                         seed["seconds_per_round"], strict=True))
     assert seed["dropped"] == [{}, {}] and seed["sites"] == 2
     assert seed["run_config"]["local-steps"] == 2 and seed["run_config"]["batch-size"] == 4
     assert result["goals"]["per_set"] == {}  # nothing pruned: no goal is met
