@@ -85,11 +85,16 @@ class _Graph(tp.DependencyGraph):
 
 
 def dependency_graph(model: nn.Module, example_input: torch.Tensor) -> _Graph:
-    """torch-pruning's dependency graph of ``model`` traced on ``example_input`` (eval mode)."""
+    """torch-pruning's dependency graph of ``model`` traced on ``example_input`` (eval mode).
+
+    The input goes in a one-element tuple: torch-pruning calls ``model(*example_inputs)``
+    first, which on a bare batch of one would run the model on the unbatched example.
+    """
     training = model.training
     try:
         with torch.enable_grad():
-            return _Graph().build_dependency(model, example_inputs=example_input, verbose=False)
+            return _Graph().build_dependency(model, example_inputs=(example_input,),
+                                             verbose=False)
     finally:
         model.train(training)
 

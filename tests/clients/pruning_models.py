@@ -20,11 +20,12 @@ TINY = {"cxr-cls": TaskSettings(image_size=32, batch_size=2, model_size="small")
 
 
 def tiny_model(task: str) -> tuple[nn.Module, torch.Tensor]:
-    """The task's model (eval mode, seeded) and a random batch of two of its inputs."""
+    """The task's model (eval mode, seeded) and a random input of its example's shape (a
+    batch of one, as the task's ``example_input``)."""
     torch.manual_seed(0)
     cls = task_class(task)
     example = torch.as_tensor(cls.example_input(TINY[task]))
-    return cls.model_for(TINY[task]).eval(), torch.randn(2, *example.shape[1:])
+    return cls.model_for(TINY[task]).eval(), torch.randn(example.shape)
 
 
 def unit_masks(structure: Mapping, model: nn.Module,

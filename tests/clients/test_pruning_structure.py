@@ -57,6 +57,18 @@ def test_output_and_recurrent_layers_are_left_out(task_structures):
                        for g in structure["groups"] for p in g["slices"])
 
 
+def test_every_layer_but_the_outputs_is_pruned_in_a_feed_forward_model(task_structures):
+    """Every convolution or linear layer's output channels are units, but those of the
+    output layers (one output channel here) and the ConvLSTM's (recurrent)."""
+    task, model, _, _, structure = task_structures
+    cut = {(p["array"], p["axis"]) for g in structure["groups"] for p in g["slices"]}
+    for name, m in model.named_modules():
+        if isinstance(m, (nn.modules.conv._ConvNd, nn.Linear)) and ".lstm." not in name:
+            outputs = m.out_channels if isinstance(m, nn.modules.conv._ConvNd) else m.out_features
+            transposed = isinstance(m, nn.modules.conv._ConvTransposeNd)
+            assert ((f"{name}.weight", int(transposed)) in cut) == (outputs > 1), name
+
+
 def test_zeroing_one_unit_is_removing_its_channel(task_structures):
     """The coordinator's mask (coordinates of the unit zeroed) and the site's surgery
     (torch-pruning removes the channel) compute the same function."""
