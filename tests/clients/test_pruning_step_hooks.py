@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import nn
 
 from clients.training.device import select_device
 from clients.training.personalisation.per_fedavg_fo import per_fedavg_fo_steps
-from clients.training.trainer import train_steps
+from clients.training.trainer import backward_step, train_steps
 
 
 class Recorder:
@@ -86,3 +88,18 @@ def test_per_fedavg_fo_runs_the_hooks_around_its_outer_step():
     assert [kind for kind, _, _ in hooks.events] == ["before", "after"] * 2
     for (_, grad, w_before), (_, _, w_after) in zip(hooks.events[::2], hooks.events[1::2]):
         torch.testing.assert_close(w_after, w_before - 0.1 * grad)  # w restored before the step
+
+
+def test_under_a_loss_scaler_before_step_sees_the_true_scale_gradient():
+    torch.manual_seed(0)
+    model = nn.Linear(2, 1)
+    plain = copy.deepcopy(model)
+    x, y = _data(1)[0]
+    nn.functional.mse_loss(plain(x), y).backward()
+    hooks = Recorder()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    backward_step(nn.functional.mse_loss(model(x), y), opt,
+                  torch.amp.GradScaler("cpu", init_scale=1024.0), model, hooks)
+    (_, grad, _), (_, _, after) = hooks.events
+    torch.testing.assert_close(grad, plain.weight.grad)
+    torch.testing.assert_close(after, plain.weight.detach() - 0.1 * plain.weight.grad)
