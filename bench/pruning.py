@@ -15,7 +15,15 @@ the initial model, ``pruning.interval = 0``); ``prunefl-unstructured`` and
 the sites' summed squared gradients, of single weights or of whole output
 channels); and each method of ``--codec-methods`` again with the update codec
 ``--codec`` (``codec`` of the JSON). ``--density`` / ``--max-density`` are
-``pruning.initial-density`` / ``pruning.max-density``.
+``pruning.initial-density`` / ``pruning.max-density`` of the unstructured
+methods, ``--structured-density`` / ``--structured-max-density`` those of
+``prunefl-structured`` (a channel density ``d`` keeps about ``d^2`` of a layer
+between two pruned groups); ``--report-codec`` (``pruning.report-codec``)
+encodes the sites' squared gradients, which cover every coordinate.
+
+Before its first measured run of a set, the process runs one untimed round
+of dense on it: the first federation of a process also pays torch's and the
+sites' start-up, which would otherwise all fall on ``dense``.
 
 Per seed (``per_seed``, :func:`pruning_summary.compare_seeds`): the target
 is ``--fraction`` (95%) of dense's final metric (mean of the last ``--tail``
@@ -76,8 +84,10 @@ def _parser() -> argparse.ArgumentParser:
                         help="pruning.initial-density of prunefl-structured (channels)")
     parser.add_argument("--structured-max-density", type=float, default=0.45,
                         help="pruning.max-density of prunefl-structured")
-    parser.add_argument("--interval", type=int, default=2,
+    parser.add_argument("--interval", type=int, default=3,
                         help="pruning.interval of the prunefl methods")
+    parser.add_argument("--report-codec", default="topk:0.05",
+                        help="pruning.report-codec: codec of the sites' squared gradients")
     parser.add_argument("--rounds", type=int, default=8)
     add_target_arguments(parser)
     add_set_arguments(parser)
@@ -120,7 +130,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     settings = PruningSettings({"unstructured": (args.density, args.max_density),
                                 "structured": (args.structured_density,
-                                               args.structured_max_density)}, args.interval)
+                                               args.structured_max_density)},
+                               args.interval, args.report_codec)
     wanted = variants(args.methods, args.codec, args.codec_methods)
     for variant in wanted:  # the product refuses a bad setting before any run
         variant.check(settings)
@@ -136,6 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = list(previous.get("per_seed", []))  # compare_seeds recomputes what it adds
     done = {(r["set"], r["seed"], r["variant"]) for r in rows}
     missing: list[str] = []
+    warm: set[str] = set()
     with tempfile.TemporaryDirectory(prefix="pruning-bench-") as tmp:
         workdir = args.workdir or Path(tmp)
         for seed in args.seeds:
@@ -154,6 +166,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                             > args.budget_seconds) or (not dense and variant.method != DENSE):
                         missing.append(f"{name} seed {seed} {variant.name}")
                         continue
+                    if name not in warm:  # the process's first federation of the set: untimed
+                        pruning_run(federation, Variant(DENSE), settings, seed, 1, workdir)
+                        warm.add(name)
                     rows.append(pruning_run(federation, variant, settings, seed, args.rounds,
                                             workdir))
                     done.add((name, seed, variant.name))

@@ -87,7 +87,8 @@ class PruningSet:
 
 @dataclass(frozen=True)
 class PruningSettings:
-    """The ``pruning.*`` keys the command line sets, per mode: (initial, max) density.
+    """The ``pruning.*`` keys the command line sets: per mode (initial, max) density, the
+    re-pruning interval and the squared gradients' codec.
 
     A density is the kept fraction of each group's units (a weight, or an output
     channel with its coordinates in every dependent array): a weight layer
@@ -98,11 +99,12 @@ class PruningSettings:
 
     densities: dict[str, tuple[float, float]]
     interval: int
+    report_codec: str = "fp16"
 
     def overrides(self, mode: str) -> dict:
         initial, maximum = self.densities[mode]
         return {"pruning.initial-density": initial, "pruning.max-density": maximum,
-                "pruning.interval": self.interval}
+                "pruning.interval": self.interval, "pruning.report-codec": self.report_codec}
 
 
 @dataclass(frozen=True)

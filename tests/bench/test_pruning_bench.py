@@ -13,7 +13,8 @@ from pruning_sets import PruningSettings, Variant
 from pruning_summary import compare_seeds, goals, markdown_table, summarise
 from strategies.errors import ConfigError
 
-SETTINGS = PruningSettings({"unstructured": (0.15, 0.2), "structured": (0.4, 0.45)}, interval=2)
+SETTINGS = PruningSettings({"unstructured": (0.15, 0.2), "structured": (0.4, 0.45)}, interval=2,
+                           report_codec="topk:0.05")
 
 
 def _row(variant, curve, seconds, up, down, kept=1.0, seed=0, name="s"):
@@ -115,6 +116,7 @@ def test_variants_are_run_configs_of_the_product():
     assert structured["pruning.mode"] == "structured"
     assert structured["pruning.initial-density"] == 0.4
     assert structured["pruning.max-density"] == 0.45 and structured["pruning.interval"] == 2
+    assert structured["pruning.report-codec"] == "topk:0.05"
     assert structured["strategy.codec"] == "topk:0.1"
     assert structured["strategy.error-feedback"] is True
     magnitude = Variant("magnitude").overrides(SETTINGS)
