@@ -66,6 +66,9 @@ class LoggedModel:
         Where it was loaded from.
     run_id : str
         The MLflow run (the federation) that logged it; ``""`` when the model records none.
+    pruning : str
+        The pruning mode of a pruned federation's model (metadata ``pruning.mode``:
+        ``unstructured`` | ``structured``); ``""`` for a dense one.
     """
 
     model: nn.Module
@@ -74,6 +77,7 @@ class LoggedModel:
     private: bool
     uri: str
     run_id: str = ""
+    pruning: str = ""
 
 
 def load_state_dict_from(source: str, template: nn.Module) -> dict[str, torch.Tensor]:
@@ -145,8 +149,10 @@ def _read_folder(folder: Path, source: str) -> LoggedModel:
                                f"({type(exc).__name__}: {_first_line(exc)})") from exc
     entry = fedmed_entry(mlmodel.metadata, source)
     model = network_from(entry, weights_path(folder, mlmodel.flavors, source), source)
+    pruning = entry.get("pruning", {})
     return LoggedModel(model, entry["task"], _task_settings(entry.get("task-settings", {}), source),
-                       bool(entry.get("private", False)), source, mlmodel.run_id or "")
+                       bool(entry.get("private", False)), source, mlmodel.run_id or "",
+                       str(pruning.get("mode", "")) if isinstance(pruning, dict) else "")
 
 
 def network_from(entry: Mapping[str, Any], weights: Path, source: str) -> nn.Module:

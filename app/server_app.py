@@ -45,6 +45,7 @@ from app.tracking.refusals import require_aggregation, round_aggregated
 from app.tracking.run_end import RunEnd, finish_run, flush_command
 from app.vertical.federation import VerticalOutcome, federate_vertical
 from clients.registry import task_class
+from clients.training.pruning import model_structure
 from strategies import message_keys as keys
 from strategies.rounds.cross_site import CrossSiteResult
 from strategies.rounds.checkpoint import (
@@ -137,7 +138,6 @@ def prune_initial(strategy: FederatedStrategy, arrays: ArrayRecord, model: nn.Mo
     pruning = strategy.train.pruning
     if pruning is None:
         return arrays
-    from clients.training.pruning import model_structure  # TEMP: top-level once it lands
     example = torch.as_tensor(task.example_input(config.task_settings()))
     structure = model_structure(model, pruning.pruning.mode, example)
     pruned, info = pruning.start(arrays, structure)

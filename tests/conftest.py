@@ -17,6 +17,7 @@ PROCESS_GROUPS = {
     "tests/integration/test_simulation.py": "ray",
     "tests/integration/test_simulation_secagg.py": "ray",
     "tests/integration/test_simulation_vertical.py": "ray",
+    "tests/integration/test_simulation_pruning.py": "ray",
     "tests/integration/test_ray_cluster.py": "ray",
     "tests/integration/test_deployment_resume.py": "ray",
     "tests/integration/test_deployment.py": "deployment",

@@ -36,13 +36,16 @@ from typing import Any
 
 import mlflow
 import numpy as np
+import torch
 from flwr.supercore import log
 from safetensors.numpy import load_file, save_file
 
 from app.config.run_config import RunConfig
 from app.tracking.best_round import BestRound
 from app.tracking.federation_models import FederationModels, RoundScore, log_federation_models
+from app.tracking.model_folder import METADATA_KEY
 from app.tracking.model_logging import model_metadata
+from app.tracking.model_sparsity import sparsity
 from app.tracking.tracker import FederationTracker, bounded_requests
 from clients.registry import task_class
 
@@ -179,18 +182,34 @@ class RunEnd:
         task, settings = task_class(config.task), config.task_settings()
         private = config.dp_noise_multiplier > 0
         mlflow.set_tracking_uri(self.tracking_uri)
+        metadata = model_metadata(config.task, settings, private, task.main_metric)
+        pruned = self._pruned(config, task, private)
         with bounded_requests(END_REQUEST_TIMEOUT), _in_run(self.run_id):
             if self.tags:
                 mlflow.set_tags(self.tags)
+            if pruned:  # the logged model's sparsity (params kept, FLOPs, bytes)
+                metadata[METADATA_KEY]["pruning"] = pruned
+                mlflow.log_metrics({f"model/{k}": v for k, v in pruned.items()
+                                    if k != "mode"})
             models = log_federation_models(
                 self.run_id, self.experiment, task.model_for_run(settings, private=private),
                 (list(self.final), list(self.final.values())), self.last, self.best_round(),
-                task.example_input(settings),
-                model_metadata(config.task, settings, private, task.main_metric),
-                config.strategy_codec, reuse_logged=True)
+                task.example_input(settings), metadata, config.strategy_codec,
+                reuse_logged=True)
             mlflow.end_run(status=self.status)
         self.forget()
         return models
+
+    def _pruned(self, config: RunConfig, task: Any, private: bool) -> dict[str, Any]:
+        """The final model's sparsity under ``strategy.pruning`` (``mode`` and
+        :func:`app.tracking.model_sparsity.sparsity`); {} without pruning."""
+        if config.strategy_pruning == "none":
+            return {}
+        mode = config.plugin_options["pruning"].mode
+        model = task.model_for_run(config.task_settings(), private=private)
+        model.load_state_dict({k: torch.as_tensor(v) for k, v in self.final.items()})
+        return {"mode": mode, **sparsity(model.eval(), task.example_input(config.task_settings()),
+                                         mode)}
 
     def forget(self) -> None:
         """Delete the end's files (MLflow has all of it)."""

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from clients.site.state_store import SiteStateStore
+from clients.training.pruning import MaskedTraining, model_structure, shrink
 from strategies.compression import encode
 from strategies.errors import SiteError
 from strategies.plugins.pruning.mask import MASK_BITS_KEY, MASK_LAYOUT_KEY, masks_from_record
@@ -90,7 +91,6 @@ class PrunedTraining:
 
     def __init__(self, model: nn.Module, masks: Mapping[str, np.ndarray], mode: str,
                  example_input: torch.Tensor) -> None:
-        from clients.training.pruning import MaskedTraining, model_structure, shrink  # TEMP
         self.dense, self.mode = model, mode
         self.shrunk = None
         if mode == "structured":
