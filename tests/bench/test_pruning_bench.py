@@ -138,7 +138,7 @@ def tiny(tmp_path_factory, mlflow_store):
     write_small_hospitals(tmp / "pe", seed=5)
     mlflow_store(tmp / "work")
     out = tmp / "pruning.json"
-    assert bench.main(["--sets", "synthetic-pe", "--seeds", "5", "--methods", "dense",
+    assert bench.main(["--sets", "synthetic-pe", "--seeds", "5", "--methods", "magnitude",
                        "--codec-methods", "--rounds", "2", "--steps", "2", "--batch-size", "4",
                        "--pe-data", str(tmp / "pe"), "--workdir", str(tmp / "work"),
                        "--output", str(out)]) == 0
@@ -148,30 +148,40 @@ def tiny(tmp_path_factory, mlflow_store):
 def test_a_tiny_federation_writes_the_issue_format(tiny):
     result = json.loads(tiny.read_text())
     assert result["meta"]["engine"] == "in-process" and result["missing"] == []
-    (run,) = result["runs"]
-    for key in ("set", "method", "params_kept", "final_metric", "relative_to_dense",
-                "seconds_to_target", "bytes_to_target", "seeds"):
-        assert key in run
-    assert (run["set"], run["method"], run["seeds"]) == ("synthetic-pe", "dense", [5])
-    assert run["params_kept"] == 1.0
-    assert run["relative_to_dense"] == 1.0
-    (seed,) = result["per_seed"]
-    assert seed["rounds"] == 2 and len(seed["seconds_per_round"]) == 2
-    assert all(s > 0 for s in seed["seconds_per_round"])
-    assert all(0 < t < s for t, s in zip(seed["train_seconds_per_round"],
-                                         seed["seconds_per_round"], strict=True))
-    assert seed["dropped"] == [{}, {}] and seed["sites"] == 2
-    assert seed["run_config"]["local-steps"] == 2 and seed["run_config"]["batch-size"] == 4
-    assert result["goals"]["per_set"] == {}  # nothing pruned: no goal is met
-    assert not any(result["goals"]["met"].values())
+    runs = {r["method"]: r for r in result["runs"]}
+    assert sorted(runs) == ["dense", "magnitude"]
+    for run in runs.values():
+        for key in ("set", "method", "params_kept", "final_metric", "relative_to_dense",
+                    "seconds_to_target", "bytes_to_target", "seeds"):
+            assert key in run
+        assert (run["set"], run["seeds"]) == ("synthetic-pe", [5])
+    assert runs["dense"]["params_kept"] == 1.0 and runs["dense"]["relative_to_dense"] == 1.0
+    # one-shot magnitude pruning at initial density 0.15: the weights' 15% and the rest
+    assert 0.15 <= runs["magnitude"]["params_kept"] < 0.16
+    seeds = {r["method"]: r for r in result["per_seed"]}
+    for seed in seeds.values():
+        assert seed["rounds"] == 2 and len(seed["seconds_per_round"]) == 2
+        assert all(0 < t < s for t, s in zip(seed["train_seconds_per_round"],
+                                             seed["seconds_per_round"], strict=True))
+        assert seed["dropped"] == [{}, {}] and seed["sites"] == 2
+        assert seed["run_config"]["local-steps"] == 2 and seed["run_config"]["batch-size"] == 4
+    pruned = seeds["magnitude"]
+    assert pruned["run_config"]["strategy.pruning"] == "prunefl"
+    assert [p["pruning-version"] for p in pruned["pruning"]] == [1.0, 1.0]  # no re-pruning
+    # only the kept weights travel: each round's update is about 6x smaller than dense's
+    dense_up, pruned_up = seeds["dense"]["bytes_up_per_round"], pruned["bytes_up_per_round"]
+    assert all(p < d / 5 for p, d in zip(pruned_up, dense_up, strict=True))
+    assert set(result["goals"]["per_set"]["synthetic-pe"]) == {
+        "small_and_accurate", "structured_speed", "bytes", "bytes_with_codec"}
+    assert result["goals"]["met"]["structured_speed"] is False  # not run
 
 
 def test_resume_keeps_the_runs_and_the_table_reads_the_output(tiny, capsys):
-    assert bench.main(["--sets", "synthetic-pe", "--seeds", "5", "--methods", "dense",
+    assert bench.main(["--sets", "synthetic-pe", "--seeds", "5", "--methods", "magnitude",
                        "--codec-methods", "--pe-data", str(tiny.parent / "pe"),
                        "--output", str(tiny), "--resume"]) == 0
     result = json.loads(tiny.read_text())
-    assert len(result["per_seed"]) == 1 and len(result["meta"]["commands"]) == 2
+    assert len(result["per_seed"]) == 2 and len(result["meta"]["commands"]) == 2
     capsys.readouterr()
     assert bench.main(["--output", str(tiny), "--table"]) == 0
     assert "| synthetic-pe | dense | `none` | 1 |" in capsys.readouterr().out
