@@ -12,8 +12,11 @@ the index torch-pruning removes for root channel ``k``.
 
 Left out, and logged: the model's output layers (their channels are the predictions),
 layers called more than once in a forward pass (recurrent cells, whose weights are
-shared over time), groups through a split of a layer's output (an LSTM's gates), and
-groups torch-pruning maps to unequal index counts or to parameters of unknown layout.
+shared over time), groups through a split of a layer's output (an LSTM's gates), groups
+through a GroupNorm (DP-SGD's models: a zeroed channel still counts in its group's mean and
+variance, a removed one does not, so the coordinator's mask and the site's smaller network
+would differ), and groups torch-pruning maps to unequal index counts or to parameters of
+unknown layout.
 """
 
 from __future__ import annotations
@@ -185,8 +188,8 @@ def _group_slices(graph: _Graph, group, names: dict[nn.Module, str],
         axes = _parameter_axes(module, out, names[module])
         if axes is None:
             return f"layer {names[module]!r} ({type(module).__name__}) has no known channel axes"
-        if isinstance(module, nn.GroupNorm) and module.num_groups not in (1, module.num_channels):
-            return f"removing a channel changes the statistics of GroupNorm {names[module]!r}"
+        if isinstance(module, nn.GroupNorm):
+            return f"GroupNorm {names[module]!r} normalises over several channels"
         for r in range(counts.pop()):
             for array, axis in axes:
                 if array in params and params[array].requires_grad:

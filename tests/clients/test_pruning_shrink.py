@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from torch import nn
 
+from clients.registry import task_class
 from clients.training.pruning import PruningSurgeryError, model_cost, model_structure, shrink
 from tests.clients.pruning_models import TINY, keep_fraction, masked_copy, tiny_model, unit_masks
 
@@ -67,6 +69,22 @@ def test_training_the_shrunk_model_touches_no_pruned_coordinate(quarter):
     for name, mask in masks.items():
         assert np.all(after[name][~mask] == 0), name
     assert any(not np.array_equal(after[n], before[n]) for n in masks)
+
+
+@pytest.mark.parametrize("task", sorted(TINY))
+def test_dp_sgd_models_shrink_to_their_masked_function(task):
+    """DP-SGD's models (GroupNorm for BatchNorm, slice-wise layers): groups through a GroupNorm
+    are left out (a zeroed channel still counts in its group's statistics)."""
+    _, x = tiny_model(task)
+    model = task_class(task).model_for_run(TINY[task], private=True).eval()
+    structure = model_structure(model, "structured", x)
+    norms = {f"{n}.{k}" for n, m in model.named_modules() if isinstance(m, nn.GroupNorm)
+             for k, _ in m.named_parameters(recurse=False)}
+    assert not any(p["array"] in norms for g in structure["groups"] for p in g["slices"])
+    masks = unit_masks(structure, model, keep_fraction(structure, 0.25))
+    with torch.no_grad():
+        torch.testing.assert_close(shrink(model, structure, masks, x).model.eval()(x),
+                                   masked_copy(model, masks)(x), rtol=1e-5, atol=1e-5)
 
 
 def test_shrink_refuses_an_unstructured_structure_and_a_foreign_layer():
