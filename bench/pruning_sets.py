@@ -174,6 +174,16 @@ def _kept(report, arrays) -> float:
     return float(report.strategy.get("pruning-params-kept", size)) / size
 
 
+def _logged_model(workdir: Path, run_id: str) -> dict[str, float]:
+    """The logged model's sparsity the run recorded in MLflow (``model/*`` metrics: params
+    kept, density, bytes, FLOPs of the network that runs and of the dense one); {} for dense."""
+    from mlflow.tracking import MlflowClient  # noqa: PLC0415 - MLflow loads on use
+
+    store = f"sqlite:///{Path(workdir).resolve() / 'mlflow.db'}"
+    metrics = MlflowClient(tracking_uri=store).get_run(run_id).data.metrics
+    return {k[len("model/"):]: v for k, v in metrics.items() if k.startswith("model/")}
+
+
 def pruning_run(federation: PruningSet, variant: Variant, settings: PruningSettings, seed: int,
                 rounds: int, workdir: Path) -> dict:
     """One federation of ``variant`` on ``federation``; its JSON row (one seed)."""
@@ -185,6 +195,7 @@ def pruning_run(federation: PruningSet, variant: Variant, settings: PruningSetti
     outcome, seconds = run_product(overrides, sites, workdir)
     run = series(outcome)
     reports = [outcome.reports[r] for r in sorted(outcome.reports)]
+    logged = _logged_model(workdir, outcome.mlflow_run_id)
     return {
         "set": federation.name, "seed": seed, "method": variant.method,
         "codec": variant.codec.name, "variant": variant.name, "engine": "in-process",
@@ -195,6 +206,8 @@ def pruning_run(federation: PruningSet, variant: Variant, settings: PruningSetti
                                     for r in run.train],
         **traffic_fields(run),
         "params_kept": _kept(reports[-1], outcome.arrays),
+        "flops_kept": logged["flops"] / logged["flops-dense"] if logged else 1.0,
+        "logged_model": logged,
         "pruning": [{k: v for k, v in r.strategy.items() if k.startswith("pruning-")}
                     for r in reports],
         "dropped": run.dropped, "seconds": seconds, "mlflow_run_id": outcome.mlflow_run_id,

@@ -4,7 +4,9 @@ A *row* is one federation (one set, seed and variant = pruning method plus
 update codec): its primary validation metric per round (``curve``), the
 round reports' wall seconds (``seconds_per_round``) and bytes up and down of
 all sites per round, and the kept fraction of the model's parameters at the
-end (``params_kept``). Against the ``dense`` row of the same set and seed
+end (``params_kept``) and the kept fraction of its forward pass's FLOPs
+(``flops_kept``, of the network that runs: without its pruned channels when
+structured). Against the ``dense`` row of the same set and seed
 (:func:`compare_seeds`, built on :func:`bytes_to_target.compare`):
 
 * ``final_metric`` = mean of the last ``tail`` rounds; ``relative_to_dense``
@@ -102,7 +104,7 @@ def summarise(rows: Sequence[dict]) -> list[dict]:
                  "variant": variant, "seeds": sorted(r["seed"] for r in group),
                  "rounds": sorted({r["rounds"] for r in group}),
                  "reached": sum(r["rounds_to_target"] is not None for r in group)}
-        for key in ("params_kept", "final_metric", "relative_to_dense", "seconds_to_target",
+        for key in ("params_kept", "flops_kept", "final_metric", "relative_to_dense", "seconds_to_target",
                     "bytes_to_target", "seconds_ratio", "bytes_ratio", "train_seconds_to_target",
                     "train_seconds_ratio"):
             entry[key], entry[f"{key}_sd"] = _mean_sd([r[key] for r in group])
@@ -171,14 +173,15 @@ def _megabytes(value: float | None) -> str:
 
 def markdown_table(summary: Sequence[dict]) -> str:
     """One line per (set, variant) for docs/BENCHMARKS.md: means ± sd over seeds."""
-    lines = ["| set | method | codec | seeds | params kept | final metric | rel. to dense | "
+    lines = ["| set | method | codec | seeds | params kept | FLOPs kept | final metric | "
+             "rel. to dense | "
              "seconds to target | x faster | x faster (training) | bytes to target | "
-             "x fewer bytes |", "|" + "---|" * 12]
+             "x fewer bytes |", "|" + "---|" * 13]
     for e in summary:
         reached = "" if _all_reached(e) else f" (reached {e['reached']}/{len(e['seeds'])})"
         lines.append(" | ".join([
             f"| {e['set']}", e["method"], f"`{e['codec']}`", str(len(e["seeds"])),
-            _cell(e["params_kept"], None, ".3f"),
+            _cell(e["params_kept"], None, ".3f"), _cell(e["flops_kept"], None, ".3f"),
             _cell(e["final_metric"], e["final_metric_sd"], ".3f"),
             _cell(e["relative_to_dense"], None, ".3f"),
             _cell(e["seconds_to_target"], e["seconds_to_target_sd"], ".0f") + reached,

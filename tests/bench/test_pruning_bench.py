@@ -25,7 +25,7 @@ def _row(variant, curve, seconds, up, down, kept=1.0, seed=0, name="s"):
             "bytes_up_per_round": [up] * len(curve),
             "bytes_down_per_round": [down] * len(curve),
             "up_bytes_per_site_round": up / 2, "down_bytes_per_site_round": down / 2,
-            "dense_fp32_bytes": 1000, "params_kept": kept}
+            "dense_fp32_bytes": 1000, "params_kept": kept, "flops_kept": kept}
 
 
 def test_target_seconds_and_bytes_count_until_the_first_round_at_95_percent_of_dense():
@@ -79,7 +79,7 @@ def test_summary_is_mean_and_sample_sd_over_seeds_with_to_target_over_the_seeds_
     assert entry["seconds_to_target"] == 2.0 and entry["seconds_to_target_sd"] is None
     assert entry["seconds_ratio"] == pytest.approx(5.0)
     table = markdown_table(summarise(compare_seeds(rows)))
-    assert "| s | prunefl-unstructured | `none` | 2 | 0.150 |" in table
+    assert "| s | prunefl-unstructured | `none` | 2 | 0.150 | 0.150 |" in table
     assert "(reached 1/2)" in table
 
 
@@ -158,6 +158,12 @@ def test_a_tiny_federation_writes_the_issue_format(tiny):
     assert runs["dense"]["params_kept"] == 1.0 and runs["dense"]["relative_to_dense"] == 1.0
     # one-shot magnitude pruning at initial density 0.15: the weights' 15% and the rest
     assert 0.15 <= runs["magnitude"]["params_kept"] < 0.16
+    # the logged model's sparsity, read back from MLflow; unstructured runs dense FLOPs
+    logged = {r["method"]: r["logged_model"] for r in result["per_seed"]}
+    assert logged["dense"] == {}
+    assert logged["magnitude"]["params-kept"] == pytest.approx(
+        runs["magnitude"]["params_kept"] * logged["magnitude"]["params-total"], abs=1)
+    assert runs["magnitude"]["flops_kept"] == 1.0 == runs["dense"]["flops_kept"]
     seeds = {r["method"]: r for r in result["per_seed"]}
     for seed in seeds.values():
         assert seed["rounds"] == 2 and len(seed["seconds_per_round"]) == 2
