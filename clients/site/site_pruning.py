@@ -73,6 +73,20 @@ def received_mask(entries: Mapping[str, np.ndarray], version: int, federation: s
     return masks_from_record({name: store.load(federation, name) for name in MASK_ENTRIES})
 
 
+#: Structures by network (class and state-dict shapes): tracing torch-pruning's dependency
+#: graph costs seconds on a large network, and a warm site worker trains the same one each round.
+_STRUCTURES: dict[tuple, dict] = {}
+
+
+def _structure(model: nn.Module, mode: str, example_input: torch.Tensor) -> dict:
+    """:func:`model_structure`, computed once per network layout and mode in this process."""
+    key = (type(model).__qualname__, mode,
+           tuple((name, tuple(value.shape)) for name, value in model.state_dict().items()))
+    if key not in _STRUCTURES:
+        _STRUCTURES[key] = model_structure(model, mode, example_input)
+    return _STRUCTURES[key]
+
+
 class PrunedTraining:
     """The network a pruned round trains, its step hooks and what it hands back.
 
@@ -94,7 +108,7 @@ class PrunedTraining:
         self.dense, self.mode = model, mode
         self.shrunk = None
         if mode == "structured":
-            structure = model_structure(model, mode, example_input)
+            structure = _structure(model, mode, example_input)
             self.shrunk = shrink(model, structure, masks, example_input)
             self.model = self.shrunk.model
             self.hooks = MaskedTraining({}, collect=True)

@@ -121,24 +121,26 @@ class MaskedTraining:
 
     @torch.no_grad()
     def zero_pruned(self, model: nn.Module) -> None:
-        """Set ``model``'s pruned weights to 0."""
-        for p, on in self._mask_tensors(model).values():
-            p.mul_(on)
+        """Set ``model``'s pruned weights to 0 (one fused multiply over the masked tensors)."""
+        pairs = list(self._mask_tensors(model).values())
+        if pairs:
+            torch._foreach_mul_([p for p, _ in pairs], [on for _, on in pairs])
 
     def _add_squares(self, model: nn.Module) -> None:
-        """Add ``grad ** 2`` of every trainable parameter to the sums; a step whose gradients
-        are not all finite (one a loss scaler skips) adds nothing."""
+        """Add ``grad ** 2`` of every trainable parameter to the sums (fused over the tensors:
+        a per-tensor loop is launch-bound on a GPU); a step whose gradients are not all finite
+        (one a loss scaler skips) adds nothing."""
         grads = {name: p.grad.detach() for name, p in model.named_parameters()
                  if p.requires_grad and p.grad is not None}
         if not grads:
             return
-        finite = torch.stack([torch.isfinite(g).all() for g in grads.values()]).all()
-        for name, g in grads.items():
-            square = torch.where(finite, g.float().square(), 0.0)
-            if name in self._squared:
-                self._squared[name] += square
-            else:
-                self._squared[name] = square
+        values = [g.float() for g in grads.values()]
+        if not bool(torch.stack(torch._foreach_norm(values)).isfinite().all()):
+            return  # the scaler skips this step (it reads the same flag on the host anyway)
+        for name, g in zip(grads, values):
+            if name not in self._squared:
+                self._squared[name] = torch.zeros_like(g)
+        torch._foreach_addcmul_([self._squared[name] for name in grads], values, values)
 
     @torch.no_grad()
     def before_step(self, model: nn.Module) -> None:
@@ -147,9 +149,10 @@ class MaskedTraining:
         masks = self._mask_tensors(model)
         if self.collect and not _private(model):
             self._add_squares(model)
+        with_grad = [(p.grad, on) for p, on in masks.values() if p.grad is not None]
+        if with_grad:
+            torch._foreach_mul_([g for g, _ in with_grad], [on for _, on in with_grad])
         for p, on in masks.values():
-            if p.grad is not None:
-                p.grad.mul_(on)
             samples = getattr(p, "grad_sample", None)
             for sample in (samples if isinstance(samples, list) else [samples]):
                 if sample is not None:
