@@ -33,8 +33,8 @@ from strategies.compression import encode
 from strategies.errors import SiteError
 from strategies.plugins.pruning.mask import MASK_BITS_KEY, MASK_LAYOUT_KEY, masks_from_record
 
-__all__ = ["MASK_ENTRIES", "MaskVersionError", "PrunedTraining", "received_mask",
-           "squared_gradient_report"]
+__all__ = ["MASK_ENTRIES", "MaskVersionError", "PrunedTraining", "StructuralChangeRefused",
+           "received_mask", "refuse_structural_change", "squared_gradient_report"]
 
 #: The instruction's array entries that carry the mask (not the model).
 MASK_ENTRIES = (MASK_BITS_KEY, MASK_LAYOUT_KEY)
@@ -44,6 +44,25 @@ _SQGRAD = "pruning-sqgrad"
 
 class MaskVersionError(SiteError):
     """The instruction names a pruning mask version the site does not hold."""
+
+
+class StructuralChangeRefused(SiteError):
+    """A structured pruning would remove channels of layers the site keeps as its own."""
+
+
+def refuse_structural_change(mode: str, keeps_layers: bool) -> None:
+    """Refuse a structured round at a site that keeps its own normalisation layers (FedBN):
+    removing their channels would break the personalised model it holds.
+
+    Raises
+    ------
+    StructuralChangeRefused
+        Naming the rule (``pruning.mode = structured`` with ``personalisation.method = fedbn``).
+    """
+    if mode == "structured" and keeps_layers:
+        raise StructuralChangeRefused(
+            "pruning.mode = 'structured' removes channels of the site's own normalisation "
+            "layers (personalisation.method = 'fedbn'); the site refuses the structural change")
 
 
 def received_mask(entries: Mapping[str, np.ndarray], version: int, federation: str,

@@ -40,7 +40,7 @@ from clients.site.privacy_charge import PrivacyCharge
 from clients.site.run_settings import SiteRunSettings
 from clients.site.site import Site
 from clients.site.site_pruning import (MASK_ENTRIES, PrunedTraining, received_mask,
-                                       squared_gradient_report)
+                                       refuse_structural_change, squared_gradient_report)
 from clients.site.site_reply import Metrics
 from clients.site.state_store import SiteStateStore
 from clients.training.device import ComputeDevice
@@ -197,6 +197,8 @@ def local_update(task: SiteTask, arrays: Mapping[str, np.ndarray], instruction: 
     model.load_state_dict({name: torch.as_tensor(a) for name, a in global_arrays.items()})
     personal = site_personalisation(run.personalisation, site.state_dir, instruction.federation)
     personal.receive(model)  # FedBN: the site's own normalisation layers
+    if masks:
+        refuse_structural_change(instruction.pruning_mode, personal.keeps_layers)
     pruned = (PrunedTraining(model, masks, instruction.pruning_mode,
                              torch.as_tensor(task.example_input(task.settings)))
               if masks else None)

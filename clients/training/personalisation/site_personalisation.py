@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 from torch import nn
@@ -67,6 +67,10 @@ class Adaptation:
 @runtime_checkable
 class SitePersonalisation(Protocol):
     """One method at one site, for one message (built by :func:`site_personalisation`)."""
+
+    #: Whether the site keeps layers of its own in its state (FedBN's normalisation layers),
+    #: whose channels a structured pruning would remove: the site refuses such a round.
+    keeps_layers: ClassVar[bool]
 
     @classmethod
     def check_model(cls, model: nn.Module, task: str) -> None:

@@ -33,6 +33,8 @@ __all__ = ["FedBN"]
 class FedBN(NoPersonalisation):
     """The site's own normalisation layers (none kept when the message names no federation)."""
 
+    keeps_layers = True
+
     def __init__(self, options: PersonalisationOptions, state_dir: Path | None,
                  federation: str) -> None:
         super().__init__(options, state_dir, federation)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from torch import nn
@@ -33,6 +33,8 @@ class NoPersonalisation:
     federation : str
         The federation the site's state is keyed by ("": none).
     """
+
+    keeps_layers: ClassVar[bool] = False
 
     def __init__(self, options: PersonalisationOptions, state_dir: Path | None,
                  federation: str) -> None:
