@@ -18,7 +18,9 @@ structured). Against the ``dense`` row of the same set and seed
 * ``bytes_ratio`` and ``seconds_ratio`` = dense's value / ours (the speed-up);
   ``train_seconds_to_target`` / ``train_seconds_ratio`` the same on the
   sites' own training seconds (``train_seconds_per_round``: the sum of their
-  ``train-seconds``), without the rounds' start-up, transport and evaluation.
+  ``train-seconds``), without the rounds' start-up, transport and evaluation;
+  ``up_ratio`` / ``down_ratio``: dense's bytes per site and round / ours, up
+  and down, whatever the rounds to the target.
 
 :func:`summarise` gives, per (set, variant), means and sample standard
 deviations over seeds (to-target values over the seeds that reached it);
@@ -76,7 +78,8 @@ def compare_seeds(rows: Sequence[dict], tail: int = 2, fraction: float = 0.95) -
                     "relative_to_dense": done["relative_to_dense"], "target": done["target"],
                     "rounds_to_target": done["rounds_to_target"],
                     "bytes_to_target": done["bytes_to_target"],
-                    "bytes_ratio": done["bytes_to_target_ratio"], **times})
+                    "bytes_ratio": done["bytes_to_target_ratio"], "up_ratio": done["up_ratio"],
+                    "down_ratio": done["down_ratio"], **times})
     return out
 
 
@@ -106,7 +109,7 @@ def summarise(rows: Sequence[dict]) -> list[dict]:
                  "reached": sum(r["rounds_to_target"] is not None for r in group)}
         for key in ("params_kept", "flops_kept", "final_metric", "relative_to_dense", "seconds_to_target",
                     "bytes_to_target", "seconds_ratio", "bytes_ratio", "train_seconds_to_target",
-                    "train_seconds_ratio"):
+                    "train_seconds_ratio", "up_ratio", "down_ratio"):
             entry[key], entry[f"{key}_sd"] = _mean_sd([r[key] for r in group])
         out.append(entry)
     return out

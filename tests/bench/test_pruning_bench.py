@@ -47,6 +47,7 @@ def test_target_seconds_and_bytes_count_until_the_first_round_at_95_percent_of_d
     assert p["train_seconds_to_target"] == 4.5  # the sites' training: half of each round here
     assert p["train_seconds_ratio"] == pytest.approx(15 / 4.5)
     assert p["bytes_ratio"] == pytest.approx(8.0)
+    assert p["up_ratio"] == 10.0 and p["down_ratio"] == pytest.approx(1000 / 150)  # per round
     assert p["final_metric"] == pytest.approx(0.975)
     assert p["relative_to_dense"] == pytest.approx(0.975)
     m = runs["magnitude"]
