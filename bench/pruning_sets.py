@@ -33,6 +33,7 @@ import numpy as np
 from bytes_to_target import traffic_fields
 from codec_configs import CodecConfig
 from engine_runs import SHARED, run_product, series, shared_sites, synthetic_sites
+from strategies.rounds.round_report import RoundReport
 
 __all__ = ["METHODS", "SETS", "SetSpec", "PruningSet", "PruningSettings", "Variant",
            "add_set_arguments", "pruning_set", "pruning_run"]
@@ -167,10 +168,9 @@ def pruning_set(name: str, args: argparse.Namespace) -> PruningSet | None:
         "task": spec.task, "optimizer": "adam", **spec.overrides, **sizes})
 
 
-def _kept(report, arrays) -> float:
-    """The final model's kept fraction of its values: the strategy's ``pruning-params-kept``
-    (a count) over the model's size, 1 without pruning."""
-    size = sum(np.size(a) for a in arrays.to_numpy_ndarrays())
+def _kept(report: RoundReport, size: int) -> float:
+    """The final model's kept fraction of its ``size`` values: the strategy's
+    ``pruning-params-kept`` (a count) over it, 1 without pruning."""
     return float(report.strategy.get("pruning-params-kept", size)) / size
 
 
@@ -205,7 +205,8 @@ def pruning_run(federation: PruningSet, variant: Variant, settings: PruningSetti
         "train_seconds_per_round": [float(sum(m.get("train-seconds", 0.0) for m in r.values()))
                                     for r in run.train],
         **traffic_fields(run),
-        "params_kept": _kept(reports[-1], outcome.arrays),
+        "params_kept": _kept(reports[-1], sum(np.size(a) for a in
+                                               outcome.arrays.to_numpy_ndarrays())),
         "flops_kept": logged["flops"] / logged["flops-dense"] if logged else 1.0,
         "logged_model": logged,
         "pruning": [{k: v for k, v in r.strategy.items() if k.startswith("pruning-")}
