@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from clients.site.state_store import SiteStateStore
-from clients.training.pruning import MaskedTraining, model_structure, shrink
+from clients.training.pruning import MaskedTraining, Shrunk, model_structure, shrink
 from strategies.compression import encode
 from strategies.errors import SiteError
 from strategies.plugins.pruning.mask import MASK_BITS_KEY, MASK_LAYOUT_KEY, masks_from_record
@@ -92,18 +92,42 @@ def received_mask(entries: Mapping[str, np.ndarray], version: int, federation: s
     return masks_from_record({name: store.load(federation, name) for name in MASK_ENTRIES})
 
 
-#: Structures by network (class and state-dict shapes): tracing torch-pruning's dependency
-#: graph costs seconds on a large network, and a warm site worker trains the same one each round.
+#: Structures by network (class and state-dict shapes), and the last shrunk networks by network
+#: and mask: tracing torch-pruning's dependency graph costs seconds on a large network, and a
+#: warm site worker trains the same network under the same mask for ``pruning.interval`` rounds.
 _STRUCTURES: dict[tuple, dict] = {}
+_SHRUNK: dict[tuple, Shrunk] = {}
+_SHRUNK_KEPT = 2
+
+
+def _layout(model: nn.Module) -> tuple:
+    return (type(model).__qualname__,
+            tuple((name, tuple(value.shape)) for name, value in model.state_dict().items()))
 
 
 def _structure(model: nn.Module, mode: str, example_input: torch.Tensor) -> dict:
     """:func:`model_structure`, computed once per network layout and mode in this process."""
-    key = (type(model).__qualname__, mode,
-           tuple((name, tuple(value.shape)) for name, value in model.state_dict().items()))
+    key = (_layout(model), mode)
     if key not in _STRUCTURES:
         _STRUCTURES[key] = model_structure(model, mode, example_input)
     return _STRUCTURES[key]
+
+
+def _shrunk(model: nn.Module, masks: Mapping[str, np.ndarray],
+            example_input: torch.Tensor) -> Shrunk:
+    """``model`` without its pruned channels: the network cut once per mask (a few kept in this
+    process), this round's weights loaded into it."""
+    key = (_layout(model), tuple((name, mask.tobytes()) for name, mask in masks.items()))
+    shrunk = _SHRUNK.get(key)
+    if shrunk is None:
+        shrunk = shrink(model, _structure(model, "structured", example_input), masks,
+                        example_input)
+        while len(_SHRUNK) >= _SHRUNK_KEPT:
+            _SHRUNK.pop(next(iter(_SHRUNK)))
+        _SHRUNK[key] = shrunk
+    else:
+        shrunk.model.load_state_dict(shrunk.small_state(model.state_dict()))
+    return shrunk
 
 
 class PrunedTraining:
@@ -127,8 +151,7 @@ class PrunedTraining:
         self.dense, self.mode = model, mode
         self.shrunk = None
         if mode == "structured":
-            structure = _structure(model, mode, example_input)
-            self.shrunk = shrink(model, structure, masks, example_input)
+            self.shrunk = _shrunk(model, masks, example_input)
             self.model = self.shrunk.model
             self.hooks = MaskedTraining({}, collect=True)
         else:

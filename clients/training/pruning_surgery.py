@@ -61,6 +61,26 @@ class Shrunk:
             dense[name] = full
         return dense
 
+    def small_state(self, dense: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The inverse of :meth:`dense_state`: the full-shape ``dense`` state at the kept indices,
+        a state dict for :attr:`model` (so a cached shrunk network takes a new round's weights).
+
+        Raises
+        ------
+        PruningSurgeryError
+            If an entry is missing or not of its full shape.
+        """
+        small = {}
+        for name, shape in self.full_shapes.items():
+            if name not in dense or tuple(dense[name].shape) != shape:
+                raise PruningSurgeryError(f"dense state entry {name!r} is missing or not of "
+                                          f"shape {shape}")
+            value = torch.as_tensor(dense[name])
+            for axis, kept in sorted(self.kept_indices.get(name, {}).items()):
+                value = value.index_select(axis, torch.as_tensor(kept, dtype=torch.long))
+            small[name] = value
+        return small
+
 
 def pruned_units(group: Mapping, masks: Mapping[str, np.ndarray]) -> list[int]:
     """The units of a structured group whose coordinates in its first slice are all pruned."""

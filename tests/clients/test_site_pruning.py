@@ -70,3 +70,26 @@ def test_unstructured_training_starts_from_the_pruned_weights_at_zero():
     pruned = PrunedTraining(model, MASKS, "unstructured", torch.zeros(1, 3))
     assert pruned.model is model
     np.testing.assert_array_equal(model[0].weight.detach().numpy() != 0, MASKS["0.weight"])
+
+
+def test_a_structured_site_cuts_its_network_once_per_mask_and_loads_each_round_into_it():
+    from clients.training.pruning import model_structure
+    from strategies.plugins.pruning.prunefl import PruneFL
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(2, 6, 3, padding=1), nn.ReLU(), nn.Conv2d(6, 1, 1))
+    example = torch.zeros(1, 2, 8, 8)
+    pruning = PruneFL(mode="structured", initial_density=0.5)
+    named = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+    pruning.initialise(named, model_structure(model, "structured", example))
+    first = PrunedTraining(model, pruning.masks, "structured", example)
+    with torch.no_grad():  # the next round's global model: other weights, same mask
+        for p in model.parameters():
+            p.add_(1.0)
+        for name, mask in pruning.masks.items():
+            dict(model.named_parameters())[name].mul_(torch.as_tensor(mask, dtype=torch.float32))
+    second = PrunedTraining(model, pruning.masks, "structured", example)
+    assert second.model is first.model  # cut once
+    x = torch.randn(3, 2, 8, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(second.model(x), model(x), atol=1e-5, rtol=1e-5)
