@@ -29,7 +29,7 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from logging import WARNING
 
 import numpy as np
@@ -130,14 +130,15 @@ class PruningRound:
             out[node] = record
         return out
 
-    def acknowledge(self, replies: Sequence[TrainReply]) -> None:
-        """Record the mask version each accepted reply trained (``pruning-version``)."""
+    def acknowledge(self, replies: Sequence[TrainReply], asked: Iterable[int]) -> None:
+        """Record the mask version each accepted reply trained (``pruning-version``); a node
+        ``asked`` whose reply was not accepted (it may have lost its mask) gets the mask again."""
         version = int(self.pruning.version)
+        for node in asked:
+            self.acknowledged.pop(node, None)
         for reply in replies:
             if reply.metrics.get(keys.PRUNING_VERSION) == version:
                 self.acknowledged[reply.node_id] = version
-            else:
-                self.acknowledged.pop(reply.node_id, None)
 
     def conclude(self, server_round: int, names: Sequence[str], updated: Sequence[np.ndarray],
                  replies: Sequence[TrainReply]) -> tuple[list[np.ndarray], Info]:
@@ -147,7 +148,6 @@ class PruningRound:
         it aggregated: their squared gradients (a re-pruning round) and train seconds go to
         :meth:`Pruning.observe`; what its new mask prunes is set to 0.
         """
-        self.acknowledge(replies)
         named = expand(dict(zip(names, updated)), self.pruning.masks)
         sqgrad = (squared_gradients(replies, named, self.pruning.report_codec)
                   if self.pruning.report_due(server_round) else None)

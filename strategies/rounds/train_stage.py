@@ -207,6 +207,8 @@ class TrainStage:
             report.train[reply.site] = dict(reply.metrics)
             self.sites.learn(reply.node_id, reply.site, reply.num_examples, reply.train_loss)
         record_selection(report, self.selector, self.sites.label)
+        if self.pruning is not None:
+            self.pruning.acknowledge(accepted, self.plan.tau)
         record_traffic(report, self.down_bytes, accepted, self.reference, self.sites.label)
         if self.downlink.active:  # a dense downlink records nothing
             report.strategy.update(self.downlink.observe(accepted, self.down_bytes))
