@@ -49,11 +49,10 @@ from clients.site.run_settings import SiteRunSettings
 from clients.site.site import Site
 from clients.site.site_adaptation import personalised_evaluation
 from clients.site.site_reply import Metrics, SiteReply
-from clients.site.site_training import train_round
+from clients.site.site_training import received_pruned_model, train_round
 from clients.training.device import ComputeDevice, select_device
 from clients.training.site_task import SiteTask, TaskSettings
 from strategies import message_keys as keys
-from strategies.model_buffer import unpack_model
 
 __all__ = ["SiteTasks", "TaskLoader", "answer", "request_of", "sized_request"]
 
@@ -142,11 +141,13 @@ def request_of(instruction: Instruction, run: SiteRunSettings) -> Request:
         secagg_summed=summed if isinstance(summed, int) else 0)
 
 
-def _global_model(task: SiteTask, arrays: Mapping[str, np.ndarray],
-                  run: SiteRunSettings) -> nn.Module:
-    """The task's model holding the packed global model in ``arrays``."""
+def _global_model(task: SiteTask, arrays: Mapping[str, np.ndarray], instruction: Instruction,
+                  site: Site, run: SiteRunSettings) -> nn.Module:
+    """The task's model holding the packed global model in ``arrays`` (a pruned one expanded
+    with the mask the site holds or is sent, :func:`received_pruned_model`)."""
     model = task.build_model(private=run.privacy.enabled)
-    model.load_state_dict({name: torch.as_tensor(a) for name, a in unpack_model(arrays).items()})
+    named, _, _ = received_pruned_model(arrays, instruction, site.state_dir)
+    model.load_state_dict({name: torch.as_tensor(a) for name, a in named.items()})
     return model
 
 
@@ -154,7 +155,7 @@ def _evaluate(task: SiteTask, arrays: Mapping[str, np.ndarray], instruction: Ins
               site: Site, run: SiteRunSettings, tasks: SiteTasks) -> tuple[Metrics, list[str]]:
     """The evaluate reply's metrics and the rules under which the site withheld some."""
     split = instruction.eval_split
-    model = _global_model(task, arrays, run)
+    model = _global_model(task, arrays, instruction, site, run)
     result = task.evaluate(model, tasks.compute(), split=split)
     loss_key, studies_key = _SPLIT_KEYS[split]
     metrics: Metrics = {keys.NUM_EXAMPLES: result.num_examples, studies_key: result.num_studies}
@@ -170,9 +171,9 @@ def _evaluate(task: SiteTask, arrays: Mapping[str, np.ndarray], instruction: Ins
 
 
 def _query(task: SiteTask, arrays: Mapping[str, np.ndarray], instruction: Instruction,
-           run: SiteRunSettings, tasks: SiteTasks) -> Metrics:
+           site: Site, run: SiteRunSettings, tasks: SiteTasks) -> Metrics:
     train_set = task.require_training()  # a test-only site: SiteDataError, an error reply
-    model = _global_model(task, arrays, run)
+    model = _global_model(task, arrays, instruction, site, run)
     loss = task.training_loss(model, tasks.compute(), subset=instruction.loss_subset)
     return {keys.NUM_EXAMPLES: len(train_set), keys.QUERY_LOSS: loss}
 
@@ -223,4 +224,4 @@ def answer(instruction: Instruction, arrays: Mapping[str, np.ndarray], site: Sit
         if withheld:
             record[keys.WITHHELD] = ",".join(withheld)
         return SiteReply(metrics, record)
-    return SiteReply(_query(task, arrays, instruction, run, tasks), record)
+    return SiteReply(_query(task, arrays, instruction, site, run, tasks), record)

@@ -7,6 +7,11 @@ are the packed model (:mod:`strategies.model_buffer`); with them
 step, or replaced by the dense snapshot, verified by its checksum and saved for
 the next round; the reply acknowledges its version (``downlink-version``).
 
+With pruning (``pruning-version``, :mod:`clients.site.site_pruning`) the covered arrays arrive
+compacted and are expanded with the mask the site holds (:func:`received_pruned_model`); the
+site trains with the pruned weights held at 0 (structured: the smaller network), sends the
+compacted update and, in a re-pruning round, its squared gradients (``pruning-sqgrad``).
+
 Train (:func:`local_update`): puts the site's own layers on the model (FedBN),
 checks the DP budget before training and records the steps after (the site's one
 privacy ledger per dataset, all federations together, :mod:`clients.site.privacy_charge`;
@@ -56,7 +61,7 @@ from strategies.seeds import site_seed
 from strategies.update_codec import pack_update
 
 __all__ = ["RESIDUAL_NAME", "LocalUpdate", "encode_update", "local_update", "received_model",
-           "train_round"]
+           "received_pruned_model", "train_round"]
 
 #: The error-feedback residual's name in the site's state store.
 RESIDUAL_NAME = "ef-residual"
@@ -106,8 +111,8 @@ def received_pruned_model(arrays: Mapping[str, np.ndarray], instruction: Instruc
     masks = received_mask(entries, instruction.pruning_version, instruction.federation,
                           state_dir)
     compacted, metrics = received_model(model, instruction, state_dir)
-    return (expand(compacted, masks), {**metrics, keys.PRUNING_VERSION: instruction.pruning_version},
-            masks)
+    metrics = {**metrics, keys.PRUNING_VERSION: instruction.pruning_version}
+    return expand(compacted, masks), metrics, masks
 
 
 def encode_update(delta: Sequence[np.ndarray], instruction: Instruction, state_dir: Path,

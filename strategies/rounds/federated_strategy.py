@@ -270,6 +270,9 @@ class FederatedStrategy(Strategy):
             rng = np.random.default_rng([self.seed, server_round])
             nodes = sorted(int(n) for n in rng.choice(sorted(nodes), size=count, replace=False))
         self._evaluate_intake = self._intake_of({n: self.sites.label(n) for n in nodes})
+        if self.train.pruning is not None:  # the compacted model, the mask to who lacks it
+            return self.train.pruning.evaluate_messages(nodes, arrays, config, server_round,
+                                                        self.uplink.evaluate_settings)
         return site_messages(nodes, arrays, config, server_round, MessageType.EVALUATE,
                              self.uplink.evaluate_settings)
 

@@ -14,6 +14,7 @@ mask (checkpointed with the strategy). A round then
   not acknowledged its version (``pruning-version`` of its last accepted train reply), and
   names the version, the mode and, in a re-pruning round, the codec of the squared gradients
   in every config (:meth:`PruningRound.settings`);
+* sends the evaluate instructions the same way (:meth:`PruningRound.evaluate_messages`);
 * validates and aggregates the sites' compacted updates against the compacted model (so the
   uplink codec and the sites' error feedback act on the kept weights only), expands the new
   model back to full shapes, lets the plug-in observe the round with the sites' summed squared
@@ -29,19 +30,20 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from logging import WARNING
 
 import numpy as np
-from flwr.app import Array, ArrayRecord
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType
 from flwr.supercore import log
 
 from strategies import message_keys as keys
 from strategies.compression import decode
-from strategies.model_packing import named_arrays, record_of
+from strategies.model_packing import named_arrays, pack_arrays, record_of
 from strategies.plugins.protocols import Info, Pruning
 from strategies.plugins.pruning.mask import apply_mask, compact, expand, mask_record
 from strategies.replies import TrainReply
+from strategies.rounds.instructions import site_messages
 
 __all__ = ["PruningRound", "squared_gradients"]
 
@@ -129,6 +131,17 @@ class PruningRound:
                 record = ArrayRecord({**dict(record.items()), **mask})
             out[node] = record
         return out
+
+    def evaluate_messages(self, node_ids: list[int], arrays: ArrayRecord, config: ConfigRecord,
+                          server_round: int, extra: Callable[[int], dict]) -> list[Message]:
+        """The round's evaluate instructions: the compacted model, the mask to a node that does
+        not hold its version, the version and mode in every config (no report asked)."""
+        sent = self.outgoing(arrays)
+        packed = pack_arrays(sent)
+        settings = {**self.settings(server_round), keys.PRUNING_REPORT: ""}
+        return site_messages(node_ids, sent, config, server_round, MessageType.EVALUATE,
+                             lambda node: {**extra(node), **settings},
+                             self.with_mask(node_ids, {n: packed for n in node_ids}))
 
     def acknowledge(self, replies: Sequence[TrainReply], asked: Iterable[int]) -> None:
         """Record the mask version each accepted reply trained (``pruning-version``); a node

@@ -75,3 +75,24 @@ def test_a_re_pruning_round_expands_the_new_model_and_zeroes_what_the_new_mask_p
     assert rounds.pruning.masks["w"][0, 0] and info["pruning-version"] == 2
     np.testing.assert_array_equal(new[0][0], [0, 0, 0])  # added back at 0, others pruned
     np.testing.assert_array_equal(new[0][1] != 0, rounds.pruning.masks["w"][1])
+
+
+def test_evaluate_instructions_carry_the_compacted_model_and_the_mask_to_who_lacks_it(
+        server_identity):
+    from flwr.app import ConfigRecord
+
+    from strategies.model_buffer import unpack_model
+
+    rounds, start = _round()
+    rounds.acknowledge([_reply(1, 1)], asked=[1])
+    messages = rounds.evaluate_messages([1, 2], start, ConfigRecord({"x": 1}), 3,
+                                        lambda node: {keys.FEDERATION: "fed"})
+    by_node = dict(zip([1, 2], messages))  # one message per node, in order
+    for node, message in by_node.items():
+        config = message.content[keys.CONFIG]
+        assert config[keys.PRUNING_VERSION] == 1 and config[keys.PRUNING_REPORT] == ""
+        assert config[keys.FEDERATION] == "fed" and config["x"] == 1
+        arrays = {k: v.numpy() for k, v in message.content[keys.ARRAYS].items()}
+        assert (MASK_BITS_KEY in arrays) == (node == 2)  # 1 holds version 1 already
+        model = unpack_model({k: v for k, v in arrays.items() if not k.startswith("pruning-")})
+        np.testing.assert_array_equal(model["w"], [4, 5, 6])
