@@ -34,7 +34,7 @@ from strategies.errors import SiteError
 from strategies.plugins.pruning.mask import MASK_BITS_KEY, MASK_LAYOUT_KEY, masks_from_record
 
 __all__ = ["MASK_ENTRIES", "MaskVersionError", "PrunedTraining", "StructuralChangeRefused",
-           "received_mask", "refuse_structural_change", "squared_gradient_report"]
+           "evaluated_network", "received_mask", "refuse_structural_change", "squared_gradient_report"]
 
 #: The instruction's array entries that carry the mask (not the model).
 MASK_ENTRIES = (MASK_BITS_KEY, MASK_LAYOUT_KEY)
@@ -128,6 +128,13 @@ def _shrunk(model: nn.Module, masks: Mapping[str, np.ndarray],
     else:
         shrunk.model.load_state_dict(shrunk.small_state(model.state_dict()))
     return shrunk
+
+
+def evaluated_network(model: nn.Module, masks: Mapping[str, np.ndarray], mode: str,
+                      example_input: torch.Tensor) -> nn.Module:
+    """The network an evaluate or query message runs: structured, ``model`` without its pruned
+    channels (the same function with fewer FLOPs); otherwise ``model`` itself."""
+    return _shrunk(model, masks, example_input).model if mode == "structured" else model
 
 
 class PrunedTraining:

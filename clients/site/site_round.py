@@ -49,6 +49,7 @@ from clients.site.run_settings import SiteRunSettings
 from clients.site.site import Site
 from clients.site.site_adaptation import personalised_evaluation
 from clients.site.site_reply import Metrics, SiteReply
+from clients.site.site_pruning import evaluated_network
 from clients.site.site_training import received_pruned_model, train_round
 from clients.training.device import ComputeDevice, select_device
 from clients.training.site_task import SiteTask, TaskSettings
@@ -144,11 +145,15 @@ def request_of(instruction: Instruction, run: SiteRunSettings) -> Request:
 def _global_model(task: SiteTask, arrays: Mapping[str, np.ndarray], instruction: Instruction,
                   site: Site, run: SiteRunSettings) -> nn.Module:
     """The task's model holding the packed global model in ``arrays`` (a pruned one expanded
-    with the mask the site holds or is sent, :func:`received_pruned_model`)."""
+    with the mask the site holds or is sent, :func:`received_pruned_model`; structured, the
+    network without its pruned channels, :func:`evaluated_network`)."""
     model = task.build_model(private=run.privacy.enabled)
-    named, _, _ = received_pruned_model(arrays, instruction, site.state_dir)
+    named, _, masks = received_pruned_model(arrays, instruction, site.state_dir)
     model.load_state_dict({name: torch.as_tensor(a) for name, a in named.items()})
-    return model
+    if not masks:
+        return model
+    return evaluated_network(model, masks, instruction.pruning_mode,
+                             torch.as_tensor(task.example_input(task.settings)))
 
 
 def _evaluate(task: SiteTask, arrays: Mapping[str, np.ndarray], instruction: Instruction,

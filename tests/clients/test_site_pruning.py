@@ -93,3 +93,25 @@ def test_a_structured_site_cuts_its_network_once_per_mask_and_loads_each_round_i
     x = torch.randn(3, 2, 8, 8)
     with torch.no_grad():
         torch.testing.assert_close(second.model(x), model(x), atol=1e-5, rtol=1e-5)
+
+
+def test_a_structured_evaluation_runs_the_network_without_its_pruned_channels():
+    from clients.site.site_pruning import evaluated_network
+    from clients.training.pruning import model_structure
+    from strategies.plugins.pruning.prunefl import PruneFL
+
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Conv2d(2, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 1, 1))
+    example = torch.zeros(1, 2, 8, 8)
+    pruning = PruneFL(mode="structured", initial_density=0.25)
+    named = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+    pruning.initialise(named, model_structure(model, "structured", example))
+    with torch.no_grad():
+        for name, mask in pruning.masks.items():
+            dict(model.named_parameters())[name].mul_(torch.as_tensor(mask, dtype=torch.float32))
+    small = evaluated_network(model, pruning.masks, "structured", example)
+    assert sum(p.numel() for p in small.parameters()) < sum(p.numel() for p in model.parameters())
+    x = torch.randn(2, 2, 8, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(small(x), model(x), atol=1e-5, rtol=1e-5)
+    assert evaluated_network(model, pruning.masks, "unstructured", example) is model
