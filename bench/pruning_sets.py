@@ -33,7 +33,6 @@ import numpy as np
 from bytes_to_target import traffic_fields
 from codec_configs import CodecConfig
 from engine_runs import SHARED, run_product, series, shared_sites, synthetic_sites
-from strategies.rounds.round_report import RoundReport
 
 __all__ = ["METHODS", "SETS", "SetSpec", "PruningSet", "PruningSettings", "Variant",
            "add_set_arguments", "pruning_set", "pruning_run"]
@@ -168,10 +167,10 @@ def pruning_set(name: str, args: argparse.Namespace) -> PruningSet | None:
         "task": spec.task, "optimizer": "adam", **spec.overrides, **sizes})
 
 
-def _kept(report: RoundReport, size: int) -> float:
-    """The final model's kept fraction of its ``size`` values: the strategy's
+def _kept(strategy: dict[str, float], size: int) -> float:
+    """The final model's kept fraction of its ``size`` values: the last round's strategy info
     ``pruning-params-kept`` (a count) over it, 1 without pruning."""
-    return float(report.strategy.get("pruning-params-kept", size)) / size
+    return float(strategy.get("pruning-params-kept", size)) / size
 
 
 def _logged_model(workdir: Path, run_id: str) -> dict[str, float]:
@@ -205,7 +204,7 @@ def pruning_run(federation: PruningSet, variant: Variant, settings: PruningSetti
         "train_seconds_per_round": [float(sum(m.get("train-seconds", 0.0) for m in r.values()))
                                     for r in run.train],
         **traffic_fields(run),
-        "params_kept": _kept(reports[-1], sum(np.size(a) for a in
+        "params_kept": _kept(reports[-1].strategy, sum(np.size(a) for a in
                                                outcome.arrays.to_numpy_ndarrays())),
         "flops_kept": logged["flops"] / logged["flops-dense"] if logged else 1.0,
         "logged_model": logged,

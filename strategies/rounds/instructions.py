@@ -180,9 +180,8 @@ def train_messages(node_ids: list[int], arrays: ArrayRecord, config: ConfigRecor
         if pruning is None:
             return site_messages(node_ids, arrays, config, server_round, MessageType.TRAIN,
                                  settings)
-        packed = pack_arrays(arrays)
         return site_messages(node_ids, arrays, config, server_round, MessageType.TRAIN,
-                             settings, pruning.with_mask(node_ids, {n: packed for n in node_ids}))
+                             settings, pruning.packed_for(node_ids, arrays))
     down = downlink.prepare(server_round, arrays, node_ids)
     records = down.arrays if pruning is None else pruning.with_mask(node_ids, down.arrays)
     return site_messages(node_ids, arrays, config, server_round, MessageType.TRAIN,

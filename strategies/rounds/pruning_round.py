@@ -137,11 +137,15 @@ class PruningRound:
         """The round's evaluate instructions: the compacted model, the mask to a node that does
         not hold its version, the version and mode in every config (no report asked)."""
         sent = self.outgoing(arrays)
-        packed = pack_arrays(sent)
         settings = {**self.settings(server_round), keys.PRUNING_REPORT: ""}
         return site_messages(node_ids, sent, config, server_round, MessageType.EVALUATE,
                              lambda node: {**extra(node), **settings},
-                             self.with_mask(node_ids, {n: packed for n in node_ids}))
+                             self.packed_for(node_ids, sent))
+
+    def packed_for(self, node_ids: Sequence[int], sent: ArrayRecord) -> dict[int, ArrayRecord]:
+        """The compacted model ``sent`` packed once, with the mask for the nodes that lack it."""
+        packed = pack_arrays(sent)
+        return self.with_mask(node_ids, {node: packed for node in node_ids})
 
     def acknowledge(self, replies: Sequence[TrainReply], asked: Iterable[int]) -> None:
         """Record the mask version each accepted reply trained (``pruning-version``); a node

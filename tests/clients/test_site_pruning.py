@@ -9,12 +9,14 @@ import torch
 from torch import nn
 
 from clients.site.site_pruning import (MaskVersionError, PrunedTraining, StructuralChangeRefused,
-                                       received_mask, refuse_structural_change,
-                                       squared_gradient_report)
+                                       evaluated_network, received_mask,
+                                       refuse_structural_change, squared_gradient_report)
 from clients.training.personalisation.methods.fedbn import FedBN
 from clients.training.personalisation.methods.none import NoPersonalisation
+from clients.training.pruning import model_structure
 from strategies.compression import decode
 from strategies.plugins.pruning.mask import PruningError, mask_record
+from strategies.plugins.pruning.prunefl import PruneFL
 
 MASKS = {"0.weight": np.array([[True, False, True], [False, False, True]])}
 
@@ -72,23 +74,35 @@ def test_unstructured_training_starts_from_the_pruned_weights_at_zero():
     np.testing.assert_array_equal(model[0].weight.detach().numpy() != 0, MASKS["0.weight"])
 
 
-def test_a_structured_site_cuts_its_network_once_per_mask_and_loads_each_round_into_it():
-    from clients.training.pruning import model_structure
-    from strategies.plugins.pruning.prunefl import PruneFL
+EXAMPLE = torch.zeros(1, 2, 8, 8)
 
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(2, 6, 3, padding=1), nn.ReLU(), nn.Conv2d(6, 1, 1))
-    example = torch.zeros(1, 2, 8, 8)
-    pruning = PruneFL(mode="structured", initial_density=0.5)
+
+def _structured(channels: int, density: float, seed: int) -> tuple[nn.Module, dict]:
+    """A two-conv network, its structured PruneFL mask at ``density``, the pruned weights 0."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Conv2d(2, channels, 3, padding=1), nn.ReLU(),
+                          nn.Conv2d(channels, 1, 1))
+    pruning = PruneFL(mode="structured", initial_density=density)
     named = {k: v.detach().numpy() for k, v in model.state_dict().items()}
-    pruning.initialise(named, model_structure(model, "structured", example))
-    first = PrunedTraining(model, pruning.masks, "structured", example)
+    pruning.initialise(named, model_structure(model, "structured", EXAMPLE))
+    _zero_pruned(model, pruning.masks)
+    return model, pruning.masks
+
+
+def _zero_pruned(model: nn.Module, masks: dict) -> None:
+    with torch.no_grad():
+        for name, mask in masks.items():
+            dict(model.named_parameters())[name].mul_(torch.as_tensor(mask, dtype=torch.float32))
+
+
+def test_a_structured_site_cuts_its_network_once_per_mask_and_loads_each_round_into_it():
+    model, masks = _structured(6, 0.5, seed=0)
+    first = PrunedTraining(model, masks, "structured", EXAMPLE)
     with torch.no_grad():  # the next round's global model: other weights, same mask
         for p in model.parameters():
             p.add_(1.0)
-        for name, mask in pruning.masks.items():
-            dict(model.named_parameters())[name].mul_(torch.as_tensor(mask, dtype=torch.float32))
-    second = PrunedTraining(model, pruning.masks, "structured", example)
+    _zero_pruned(model, masks)
+    second = PrunedTraining(model, masks, "structured", EXAMPLE)
     assert second.model is first.model  # cut once
     x = torch.randn(3, 2, 8, 8)
     with torch.no_grad():
@@ -96,22 +110,10 @@ def test_a_structured_site_cuts_its_network_once_per_mask_and_loads_each_round_i
 
 
 def test_a_structured_evaluation_runs_the_network_without_its_pruned_channels():
-    from clients.site.site_pruning import evaluated_network
-    from clients.training.pruning import model_structure
-    from strategies.plugins.pruning.prunefl import PruneFL
-
-    torch.manual_seed(1)
-    model = nn.Sequential(nn.Conv2d(2, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 1, 1))
-    example = torch.zeros(1, 2, 8, 8)
-    pruning = PruneFL(mode="structured", initial_density=0.25)
-    named = {k: v.detach().numpy() for k, v in model.state_dict().items()}
-    pruning.initialise(named, model_structure(model, "structured", example))
-    with torch.no_grad():
-        for name, mask in pruning.masks.items():
-            dict(model.named_parameters())[name].mul_(torch.as_tensor(mask, dtype=torch.float32))
-    small = evaluated_network(model, pruning.masks, "structured", example)
+    model, masks = _structured(8, 0.25, seed=1)
+    small = evaluated_network(model, masks, "structured", EXAMPLE)
     assert sum(p.numel() for p in small.parameters()) < sum(p.numel() for p in model.parameters())
     x = torch.randn(2, 2, 8, 8)
     with torch.no_grad():
         torch.testing.assert_close(small(x), model(x), atol=1e-5, rtol=1e-5)
-    assert evaluated_network(model, pruning.masks, "unstructured", example) is model
+    assert evaluated_network(model, masks, "unstructured", EXAMPLE) is model
