@@ -11,6 +11,8 @@
 #                   unset: synthetic hospitals. configs/<task>-<set>.toml, if present,
 #                   is the preset of a shared set (PRESET= overrides it).
 #   make test       install if needed, run all tests
+#   make console-screenshots   the console's browser tests (Debian's chromium), saving a
+#                   screenshot of each page into docs/console/ (the README's pictures)
 #   make predict MODEL=<MLflow URI | /abs/model-folder> DATA=/abs/folder OUT=/abs/out   apply a logged model (below)
 #   make tracking-flush [RUN_DIR=...]   send MLflow what an outage at a federation's end left on disk
 # Overrides: make simulate ROUNDS=2 SITES=2 STEPS=10 RUN_CONFIG="lr=0.02 batch-size=4"
@@ -189,6 +191,12 @@ test: install
 	@$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 \
 		$(PYTEST_ARGS) tests; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 0; fi; exit $$rc
+
+# The console's browser tests in headless Chromium, each page's screenshot into docs/console/.
+.PHONY: console-screenshots
+console-screenshots: install
+	FEDMED_CONSOLE_SCREENSHOTS=$(CURDIR)/docs/console $(PY) -m pytest -q -p no:cacheprovider \
+		tests/app/test_console_browser.py
 
 # The real Ray-cluster test (a loopback head + one worker node; ~6 min on 2 cores, so
 # outside `make test`'s CI budget): `make simulate RAY_ADDRESS=...` on a real cluster.
