@@ -15,6 +15,7 @@
 #                   screenshot of each page into docs/console/ (the README's pictures)
 #   make predict MODEL=<MLflow URI | /abs/model-folder> DATA=/abs/folder OUT=/abs/out   apply a logged model (below)
 #   make tracking-flush [RUN_DIR=...]   send MLflow what an outage at a federation's end left on disk
+#   make audit-verify STATE=/abs/state [ARCHIVE=/abs/folder]   check the site's audit log (below)
 # Overrides: make simulate ROUNDS=2 SITES=2 STEPS=10 RUN_CONFIG="lr=0.02 batch-size=4"
 #            make simulate PRESET=configs/pe-seg-quick.toml
 #            make simulate RESUME=1     (continue from the last server checkpoint)
@@ -359,6 +360,19 @@ privacy-budget: install
 		$(if $(DATA),--data $(abspath $(DATA))) $(if $(POLICY),--policy $(abspath $(POLICY))) \
 		$(if $(RESET),--reset "$(RESET)") $(if $(EXTEND),--extend $(EXTEND)) \
 		$(if $(REASON),--reason "$(REASON)")
+
+# --- The site's audit log (hospital IT / data-protection officer; app/site_runtime/audit_chain.py) ---
+#   make audit-verify STATE=/abs/state [ARCHIVE=/abs/folder]
+# Checks the hash chain of STATE/audit/ (and of the rotated segments moved to ARCHIVE):
+# prints "audit log OK: N records, head <hash>" (exit 0), or names the first edited,
+# removed, reordered or truncated record by file:line and seq (exit 1). Keep the head
+# hash somewhere else: python -m app.site_runtime.audit_chain ... --expect-head SEQ:HASH
+# later proves the whole chain was not rewritten. docs/DEPLOYMENT.md.
+.PHONY: audit-verify
+
+audit-verify: install
+	@test -n "$(STATE)" || { echo "usage: make audit-verify STATE=/abs/state [ARCHIVE=/abs/folder]" >&2; exit 2; }
+	$(PY) -m app.site_runtime.audit_chain --state $(abspath $(STATE)) $(if $(ARCHIVE),--archive $(abspath $(ARCHIVE)))
 
 # --- Real shared data as federated sites (../shared/data, see clients/datagen/shared.py) ---
 #   make shared-data TASK=cxr-cls|ct3d-cls|pe-seg|tabular-cls [SET=ctpa|msd-lung] [SITES=3]

@@ -10,6 +10,8 @@
 ``app_approval.py``         check_app: a run's FAB against the site policy's ``[apps]``;
                             signing keys, signatures, approvals (CLI)
 ``app_bundle.py``           the app bundle (FAB) of a project folder
+``audit_log.py``            AuditLog: append-only JSON lines chained by SHA-256, rotated
+``audit_chain.py``          verify_chain, ``make audit-verify``: the first bad record
 ==========================  ===============================================================
 
 It uses the process primitives of :mod:`app.tooling` (daemons, environment, errors).

@@ -1,0 +1,374 @@
+"""The site's tamper-evident audit log: append-only JSON lines, each chained to the previous one.
+
+The site's runtime (never the uploaded app) writes one record per message it
+received, and one per admin act (policy change, app approval or revocation,
+budget reset), under ``<state-dir>/audit/``:
+
+- ``audit.jsonl``: the segment being written, one record per line
+  (JSON, ``sort_keys=True``, ``separators=(",", ":")``, UTF-8);
+- ``audit-<first seq, 9 digits>.jsonl``: the segments rotated out by size;
+- ``head.json``: ``{"seq", "hash"}`` of the last record written;
+- ``.lock``: the ``fcntl.flock`` every writer holds (the site runner, the
+  console and the admin commands are different processes).
+
+:meth:`AuditLog.append` adds ``seq`` (0, 1, 2, ... over every segment),
+``time`` (UTC, ISO 8601 with ``Z``, unless given), ``prev`` (the previous
+record's ``hash``, :data:`GENESIS` for seq 0) and ``hash``, the SHA-256 of the
+record's canonical JSON without its ``hash`` key (:func:`record_hash`). Each
+line is one ``os.write`` on an ``O_APPEND`` descriptor, then ``os.fsync``; the
+head is replaced atomically. An edit, a removal, a reordering or a cut of the
+file then shows in :func:`app.site_runtime.audit_chain.verify_chain`.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import logging
+import math
+import os
+import re
+import tempfile
+import threading
+from collections.abc import Iterator, Mapping
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from strategies.errors import SiteError
+
+__all__ = [
+    "AUDIT_DIR", "CURRENT_NAME", "HEAD_NAME", "LOCK_NAME", "GENESIS", "DEFAULT_MAX_BYTES",
+    "AuditLogError", "AuditLog", "audit_dir", "canonical_json", "record_hash",
+    "segment_name", "segment_paths", "last_line",
+]
+
+log = logging.getLogger("app.site_runtime.audit_log")
+
+AUDIT_DIR = "audit"
+CURRENT_NAME = "audit.jsonl"
+HEAD_NAME = "head.json"
+LOCK_NAME = ".lock"
+GENESIS = "0" * 64
+DEFAULT_MAX_BYTES = 8 * 2**20
+
+#: The keys the log adds itself; a record handed to :meth:`AuditLog.append` may not carry them.
+CHAIN_KEYS = ("seq", "prev", "hash")
+#: A rotated segment's name: its first record's seq, 9 digits.
+SEGMENT = re.compile(r"audit-(\d{9})\.jsonl")
+FILE_MODE = 0o640
+SCALARS = (str, int, float, bool, type(None))
+
+
+class AuditLogError(SiteError):
+    """The audit log cannot be written or read; the message names the file (and line)."""
+
+
+def audit_dir(state_dir: str | Path) -> Path:
+    """Return the audit folder of a site's state dir, ``<state-dir>/audit``."""
+    return Path(state_dir) / AUDIT_DIR
+
+
+def canonical_json(record: Mapping[str, Any]) -> bytes:
+    """Return ``record`` as the log writes it: sorted keys, no spaces, UTF-8, no NaN."""
+    return json.dumps(record, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      allow_nan=False).encode("utf-8")
+
+
+def record_hash(record: Mapping[str, Any]) -> str:
+    """Return the SHA-256 hex of ``record``'s canonical JSON without its ``hash`` key."""
+    body = {key: value for key, value in record.items() if key != "hash"}
+    return hashlib.sha256(canonical_json(body)).hexdigest()
+
+
+def segment_name(first_seq: int) -> str:
+    """Return the name of the rotated segment whose first record has ``first_seq``."""
+    return f"audit-{first_seq:09d}.jsonl"
+
+
+def segment_paths(folder: Path) -> list[tuple[int, Path]]:
+    """Return ``(first seq, path)`` of each rotated segment in ``folder``, in seq order."""
+    if not folder.is_dir():
+        return []
+    found = ((SEGMENT.fullmatch(path.name), path) for path in folder.iterdir())
+    return sorted((int(match.group(1)), path) for match, path in found if match)
+
+
+def last_line(path: Path) -> tuple[bytes | None, bool]:
+    """Return the last complete line of ``path`` (without its newline) and whether a torn
+    line (no final newline) follows it; ``(None, False)`` for a missing or empty file."""
+    try:
+        with open(path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            block = 4096
+            while True:
+                start = max(size - block, 0)
+                handle.seek(start)
+                data = handle.read(size - start)
+                torn = not data.endswith(b"\n")
+                complete = data if not torn else data[:data.rfind(b"\n") + 1]
+                lines = complete[:-1].rsplit(b"\n", 1) if complete else []
+                if len(lines) == 2 or start == 0:
+                    return (lines[-1] if lines else None), torn and bool(data)
+                block *= 4
+    except FileNotFoundError:
+        return None, False
+
+
+def _utc_now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _checked(record: Mapping[str, Any]) -> dict[str, Any]:
+    """Return a copy of ``record`` after checking its keys and values (JSON scalars or flat
+    dicts of scalars, a ``kind``, none of the chain's keys)."""
+    if not isinstance(record, Mapping):
+        raise AuditLogError(f"audit record: a mapping is required, got {type(record).__name__}")
+    for key in CHAIN_KEYS:
+        if key in record:
+            raise AuditLogError(f"audit record: key {key!r} is written by the log itself")
+    if not isinstance(record.get("kind"), str) or not record["kind"]:
+        raise AuditLogError("audit record: key 'kind' (a non-empty string) is required")
+    if "time" in record and not isinstance(record["time"], str):
+        raise AuditLogError("audit record: key 'time' must be an ISO 8601 string")
+    for key, value in record.items():
+        inner = value.items() if isinstance(value, Mapping) else [("", value)]
+        for sub, item in inner:
+            name = f"{key}.{sub}" if sub else key
+            if not isinstance(key, str) or not isinstance(sub, str):
+                raise AuditLogError(f"audit record: key {name!r} is not a string")
+            if not isinstance(item, SCALARS):
+                raise AuditLogError(f"audit record: key {name!r} holds a "
+                                    f"{type(item).__name__}, not a JSON scalar")
+            if isinstance(item, float) and not math.isfinite(item):
+                raise AuditLogError(f"audit record: key {name!r} is {item}, not a JSON number")
+    return {key: dict(value) if isinstance(value, Mapping) else value
+            for key, value in record.items()}
+
+
+def _fsync_folder(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class AuditLog:
+    """The audit log of one site's state dir (:mod:`module docs <app.site_runtime.audit_log>`).
+
+    Parameters
+    ----------
+    state_dir
+        The site's state dir (the node config's, the ``STATE=`` of the make targets);
+        the log lives in its ``audit/`` folder, created on the first append.
+    max_bytes
+        The current segment is rotated before an append once it holds this many bytes.
+    sync
+        ``os.fsync`` each line (and the head) before :meth:`append` returns.
+    """
+
+    def __init__(self, state_dir: str | Path, max_bytes: int = DEFAULT_MAX_BYTES,
+                 sync: bool = True) -> None:
+        if max_bytes < 1:
+            raise AuditLogError(f"audit log max_bytes: {max_bytes} is not positive")
+        self.folder = audit_dir(state_dir)
+        self.current = self.folder / CURRENT_NAME
+        self.head_path = self.folder / HEAD_NAME
+        self.max_bytes = max_bytes
+        self.sync = sync
+        self._lock = threading.Lock()
+
+    def append(self, record: Mapping[str, Any]) -> dict[str, Any]:
+        """Append ``record`` as the chain's next record; return it as written.
+
+        Safe across threads and processes. Rotates the current segment first when
+        it holds ``max_bytes`` or more.
+
+        Raises
+        ------
+        AuditLogError
+            The record carries ``seq``/``prev``/``hash``, lacks ``kind`` or holds a
+            value that is no JSON scalar (the message names the key); or the log's
+            files cannot be written (the message names the file).
+        """
+        body = _checked(record)
+        body.setdefault("time", _utc_now())
+        with self._lock, self._flock(fcntl.LOCK_EX):
+            seq, prev = self._previous()
+            body["seq"], body["prev"] = seq + 1, prev
+            body["hash"] = record_hash(body)
+            line = canonical_json(body) + b"\n"
+            try:
+                self._rotate_if_full()
+                self._write_line(line)
+                self._write_head(body["seq"], body["hash"])
+            except OSError as exc:
+                raise AuditLogError(f"audit log {self.folder}: cannot append: {exc}") from exc
+        return body
+
+    def records(self) -> Iterator[dict[str, Any]]:
+        """Yield every record of every segment (rotated ones first) in seq order.
+
+        The segments are taken under the log's lock, so a rotation or an append
+        while the records are read neither hides nor repeats one.
+
+        Raises
+        ------
+        AuditLogError
+            A line is not a JSON object (the message names the file and line).
+        """
+        if not self.folder.is_dir():
+            return
+        with self._flock(fcntl.LOCK_SH):
+            rotated = [path for _, path in segment_paths(self.folder)]
+            try:
+                current = open(self.current, "rb")
+            except FileNotFoundError:
+                current = None
+            size = os.fstat(current.fileno()).st_size if current is not None else 0
+        for path in rotated:
+            with open(path, "rb") as handle:
+                yield from _parsed(path, handle.read())
+        if current is not None:
+            with current:
+                yield from _parsed(self.current, current.read(size))
+
+    def head(self) -> dict[str, Any] | None:
+        """Return ``{"seq", "hash"}`` of the last record written, or None before the first."""
+        try:
+            head = json.loads(self.head_path.read_bytes())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            raise AuditLogError(f"audit head {self.head_path}: unreadable: {exc}") from exc
+        if not (isinstance(head, dict) and isinstance(head.get("seq"), int)
+                and isinstance(head.get("hash"), str)):
+            raise AuditLogError(f"audit head {self.head_path}: not {{\"seq\", \"hash\"}}")
+        return head
+
+    def _flock(self, mode: int) -> _FileLock:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        return _FileLock(self.folder / LOCK_NAME, mode)
+
+    def _previous(self) -> tuple[int, str]:
+        """Return ``(seq, hash)`` of the last record: from head.json, or from the newest line
+        when head.json is missing, unreadable, or behind the segment (a write cut short)."""
+        try:
+            head = self.head()
+        except AuditLogError as exc:
+            log.warning("%s: continuing from the log's last line", exc)
+            head = None
+        newest = self._newest_record()
+        if head is None:
+            if newest is not None:
+                log.warning("audit head %s missing: continuing from the last line of %s",
+                            self.head_path, newest[2])
+                return newest[0], newest[1]
+            return -1, GENESIS
+        if newest is not None and newest[0] > head["seq"]:
+            log.warning("audit head %s (seq %d) is behind %s (seq %d): continuing from the "
+                        "segment's last line", self.head_path, head["seq"], newest[2], newest[0])
+            return newest[0], newest[1]
+        return head["seq"], head["hash"]
+
+    def _newest_record(self) -> tuple[int, str, Path] | None:
+        """Return ``(seq, hash, file)`` of the last complete line of the newest segment."""
+        candidates = [self.current] + [path for _, path in reversed(segment_paths(self.folder))]
+        for path in candidates:
+            line, _ = last_line(path)
+            if line is None:
+                continue
+            try:
+                record = json.loads(line)
+                return int(record["seq"]), str(record["hash"]), path
+            except (ValueError, KeyError, TypeError) as exc:
+                raise AuditLogError(f"audit log {path}: last line unreadable: {exc}") from exc
+        return None
+
+    def _rotate_if_full(self) -> None:
+        try:
+            size = self.current.stat().st_size
+        except FileNotFoundError:
+            return
+        if size < self.max_bytes:
+            return
+        with open(self.current, "rb") as handle:
+            first = json.loads(handle.readline())
+        target = self.folder / segment_name(int(first["seq"]))
+        if target.exists():
+            raise AuditLogError(f"audit log {target}: exists, {self.current} not rotated")
+        os.replace(self.current, target)
+        if self.sync:
+            _fsync_folder(self.folder)
+        log.info("audit log rotated: %s -> %s", self.current.name, target.name)
+
+    def _write_line(self, line: bytes) -> None:
+        created = not self.current.exists()
+        _, torn = last_line(self.current)
+        if torn:
+            log.warning("audit log %s ends with a torn line: it stays, as a line of its own",
+                        self.current)
+            line = b"\n" + line
+        fd = os.open(self.current, os.O_WRONLY | os.O_APPEND | os.O_CREAT, FILE_MODE)
+        try:
+            written = os.write(fd, line)
+            if written != len(line):
+                raise AuditLogError(f"audit log {self.current}: short write "
+                                    f"({written} of {len(line)} bytes)")
+            if self.sync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        if created and self.sync:
+            _fsync_folder(self.folder)
+
+    def _write_head(self, seq: int, digest: str) -> None:
+        fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=HEAD_NAME, suffix=".tmp")
+        try:
+            os.fchmod(fd, FILE_MODE)
+            os.write(fd, canonical_json({"hash": digest, "seq": seq}))
+            if self.sync:
+                os.fsync(fd)
+            os.close(fd)
+            fd = -1
+            os.replace(tmp, self.head_path)
+        except BaseException:
+            if fd >= 0:
+                os.close(fd)
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+
+class _FileLock:
+    """``fcntl.flock`` on a lock file, opened afresh each time (a forked child never
+    shares its parent's open lock)."""
+
+    def __init__(self, path: Path, mode: int) -> None:
+        self.path, self.mode, self.fd = path, mode, -1
+
+    def __enter__(self) -> _FileLock:
+        try:
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, FILE_MODE)
+        except OSError as exc:
+            raise AuditLogError(f"audit lock {self.path}: {exc}") from exc
+        fcntl.flock(self.fd, self.mode)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+        os.close(self.fd)
+
+
+def _parsed(path: Path, data: bytes) -> Iterator[dict[str, Any]]:
+    """Yield the records of one segment's bytes; a torn last line is left out."""
+    lines = data.split(b"\n")
+    for number, line in enumerate(lines[:-1], start=1):
+        try:
+            record = json.loads(line)
+        except ValueError as exc:
+            raise AuditLogError(f"audit log {path}:{number}: not JSON: {exc}") from exc
+        if not isinstance(record, dict):
+            raise AuditLogError(f"audit log {path}:{number}: not a JSON object")
+        yield record
