@@ -266,7 +266,7 @@ predict: install
 #   make sign-app KEY=/abs/app-signing.key [EXPIRES=YYYY-MM-DD]
 #                                                  (coordinator: the app's sha256 and signature,
 #                                                   valid through EXPIRES, default 90 days)
-#   make approve-app POLICY=/abs/policy.toml SHA256=<64 hex> | FAB=/abs/app.fab
+#   make approve-app POLICY=/abs/policy.toml SHA256=<64 hex> | FAB=/abs/app.fab [STATE=/abs/state]
 #                                                  (hospital: append to the policy's approved-file)
 # Artefacts (keys, SuperLink database, logs) live under DEPLOY_DIR; the flwr CLI
 # uses its own FLWR_HOME (DEPLOY_FLWR_HOME) with the TLS connection "fedmed-deploy".
@@ -342,8 +342,9 @@ sign-app: install
 		$(if $(EXPIRES),--expires $(EXPIRES))
 
 approve-app: install
-	@test -n "$(POLICY)" -a -n "$(SHA256)$(FAB)" || { echo "usage: make approve-app POLICY=/abs/policy.toml SHA256=<64 hex> | FAB=/abs/app.fab" >&2; exit 2; }
+	@test -n "$(POLICY)" -a -n "$(SHA256)$(FAB)" || { echo "usage: make approve-app POLICY=/abs/policy.toml SHA256=<64 hex> | FAB=/abs/app.fab [STATE=/abs/state (audited)]" >&2; exit 2; }
 	$(PY) -m app.site_runtime.app_approval approve --policy $(abspath $(POLICY)) \
+		$(if $(STATE),--state $(abspath $(STATE))) \
 		$(if $(SHA256),--sha256 $(SHA256),--fab $(abspath $(FAB)))
 
 # --- The site's privacy budget (hospital admin; app/site_runtime/privacy_budget.py) ---

@@ -3,7 +3,10 @@
 ==========================  ===============================================================
 ``site_node.py``            the hospital's node process: SuperNode + site runner (CLI)
 ``supernode.py``            SuperNodeProcess: a hospital's ``flower-supernode`` (TLS, its key)
-``site_runner.py``          SiteRunner: app check before install, WorkerPool of warm workers
+``site_runner.py``          SiteRunner: app check before install, warm workers, audit per message
+``worker_pool.py``          WorkerPool: the warm workers, one per (app bundle, imaging task)
+``audit_record.py``         the audit record of one message, built from what the runtime saw
+``site_audit.py``           SiteAudit: node-start / policy-change / message records, node status
 ``site_worker.py``          the warm worker script (stdlib + flwr until the bundle loads)
 ``runtime_channel.py``      the site runner's HTTP channel to its SuperNode's Runtime API
 ``node_signals.py``         in-process wake-ups between the SuperNode and the site runner

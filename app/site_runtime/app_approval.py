@@ -343,6 +343,10 @@ def _iso_date(text: str) -> date:
 def _cmd_approve(args: argparse.Namespace) -> None:
     digest = _digest(args)
     added = approve(args.policy, digest)
+    if added and args.state is not None:
+        from app.site_runtime.site_audit import audit_event
+        audit_event(args.state, {"kind": "app-approved", "app": digest, "by": "cli",
+                                 "reason": "make approve-app"})
     print(f"app {digest} {'approved' if added else 'was already approved'} "
           f"(approved-file of {args.policy})")
 
@@ -374,6 +378,8 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_sign)
     p = sub.add_parser("approve", help="append a FAB digest to the policy's approved-file")
     p.add_argument("--policy", type=Path, required=True)
+    p.add_argument("--state", type=Path, default=None,
+                   help="the site's state dir: the approval goes to its audit log")
     source(p, sha256=True)
     p.set_defaults(func=_cmd_approve)
     return parser

@@ -19,8 +19,9 @@ its own machine, can::
 * ``--extend EPSILON``: adds ``EPSILON`` to the dataset's allowance, on top of the
   policy's ``dp.max-epsilon``.
 
-A reset or an extension appends a line to ``<state-dir>/privacy/budget-admin.log``
-and logs it. Errors name the path; the exit status is 2.
+A reset or an extension appends a line to ``<state-dir>/privacy/budget-admin.log``,
+a ``budget-reset`` / ``budget-extended`` record to the site's audit log
+(:mod:`app.site_runtime.site_audit`) and logs it. Errors name the path; the exit status is 2.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from app.site_runtime.site_audit import audit_event
 from clients.site.policy import SitePolicy, load_policy
 from clients.site.privacy_ledger import PRIVACY_DIR, PrivacyLedger, dataset_id
 from clients.training.dp_accountants import ACCOUNTANTS
@@ -112,8 +114,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             ledgers = [PrivacyLedger(state / PRIVACY_DIR / dataset_id(data), args.accountant)]
             if args.reset is not None:
                 log.warning("%s", ledgers[0].reset(args.reset))
+                audit_event(state, {"kind": "budget-reset", "dataset": ledgers[0].folder.name,
+                                    "epsilon": None, "reason": args.reset, "by": "cli"})
             elif args.extend is not None:
                 log.warning("%s", ledgers[0].extend(args.extend, args.reason))
+                audit_event(state, {"kind": "budget-extended",
+                                    "dataset": ledgers[0].folder.name,
+                                    "epsilon": args.extend, "reason": args.reason, "by": "cli"})
         for ledger in ledgers:
             print(ledger_summary(ledger, policy, delta))
     except (FedMedError, OSError, ValueError) as exc:

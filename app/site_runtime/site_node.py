@@ -44,6 +44,7 @@ from typing import Any, Callable
 from flwr.supercore.inflatable.inflatable_utils import pull_objects
 from flwr.supercore.run import RunNotRunningException
 
+from app.config.site_config import SiteConfig
 from app.tooling.errors import FlowerProcessError
 from app.site_runtime.node_signals import NodeSignals
 from app.site_runtime.one_policy import node_config_of, policy_mismatch
@@ -205,7 +206,8 @@ def main(argv: list[str] | None = None) -> None:
     widen_transfers(args.transfer_lanes)
     signals = NodeSignals()
     runner = SiteRunner(_runtime_address(supernode_args), args.policy, poll_interval=1.0,
-                        max_workers=args.max_workers, signals=signals)
+                        max_workers=args.max_workers, signals=signals,
+                        node=SiteConfig.from_node_config(node_config, data_root=""))
     stop = threading.Event()
     threading.Thread(target=runner.serve, args=(stop,), name="site-runner", daemon=True).start()
     cap_supernode_waits(args.poll_interval, signals)

@@ -37,14 +37,8 @@ used one is stopped to make room.
 from __future__ import annotations
 
 import logging
-import os
-import socket
-import subprocess
-import sys
 import threading
 import time
-from collections import OrderedDict
-from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -62,9 +56,12 @@ from flwr.supercore.task_identity import TaskIdentity
 from flwr.supernode.runtime.run_clientapp import push_message, push_task_output
 
 from app.site_runtime.app_approval import SIGNATURE_KEY, AppNotApproved, check_app
+from app.site_runtime.audit_record import LedgerSnapshot, message_record
 from app.site_runtime.installed_app import WORKER_ENV, verified_install
 from app.site_runtime.node_signals import NodeSignals
 from app.site_runtime.one_policy import policy_mismatch
+from app.site_runtime.site_audit import SiteAudit
+from app.site_runtime.worker_pool import WorkerPool
 from app.site_runtime.runtime_channel import (
     pull_task_input,
     runtime_retry_invoker,
@@ -78,97 +75,9 @@ from app.tooling.errors import FlowerProcessError
 from strategies import message_keys as keys
 from strategies.errors import ConfigError
 
-__all__ = ["WorkerPool", "SiteRunner", "WORKER_SCRIPT", "expire_state"]
+__all__ = ["SiteRunner", "expire_state"]
 
 log = logging.getLogger("fedmed.site_runner")
-
-#: The worker runs as a script (see :mod:`app.site_runtime.site_worker`).
-WORKER_SCRIPT = Path(__file__).with_name("site_worker.py")
-
-
-class _Worker:
-    """One warm worker process and its socket."""
-
-    def __init__(self, key: tuple[str, str], env: dict[str, str] | None) -> None:
-        ours, theirs = socket.socketpair()
-        self.key = key
-        self.process = subprocess.Popen(  # pylint: disable=consider-using-with
-            [sys.executable, str(WORKER_SCRIPT), "--fd", str(theirs.fileno()),
-             "--parent-pid", str(os.getpid())],
-            pass_fds=[theirs.fileno()], env=env)
-        theirs.close()
-        self.connection = Connection(ours.detach())
-        log.info("started warm worker %d for app %s, task %r",
-                 self.process.pid, key[0][:12], key[1])
-
-    def run(self, job: dict[str, Any]) -> tuple:
-        """Send ``job``; ``("done", ...)``, ``("failed", ...)`` or ``("crashed", exit code)``."""
-        try:
-            self.connection.send(job)
-            while not self.connection.poll(0.5):
-                if self.process.poll() is not None:
-                    return ("crashed", self.process.returncode)
-            return self.connection.recv()
-        except (EOFError, OSError, BrokenPipeError):
-            return ("crashed", self.process.wait(timeout=10))
-
-    def stop(self) -> None:
-        """Close the socket (the worker exits) and reap the process."""
-        self.connection.close()
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-
-
-class WorkerPool:
-    """Warm workers keyed by (FAB hash, imaging task), at most ``max_workers`` alive.
-
-    Parameters
-    ----------
-    max_workers : int
-        Workers kept at once; the least recently used one is stopped beyond it.
-    env : dict, optional
-        Environment of the workers (default: the runner's).
-    """
-
-    def __init__(self, max_workers: int = 2, env: dict[str, str] | None = None) -> None:
-        if max_workers < 1:
-            raise ValueError(f"max_workers must be >= 1, got {max_workers}")
-        self.max_workers = max_workers
-        self.env = env
-        self._workers: OrderedDict[tuple[str, str], _Worker] = OrderedDict()
-        self.started = 0
-
-    def run(self, key: tuple[str, str], job: dict[str, Any]) -> tuple:
-        """Run ``job`` on the worker of ``key`` (started if needed); a crashed one is dropped."""
-        worker = self._workers.pop(key, None)
-        if worker is None:
-            while len(self._workers) >= self.max_workers:
-                _, oldest = self._workers.popitem(last=False)
-                oldest.stop()
-            worker = _Worker(key, self.env)
-            self.started += 1
-        outcome = worker.run(job)
-        if outcome[0] == "crashed":
-            log.error("warm worker %d of app %s exited with code %s; a new one starts on "
-                      "the next message", worker.process.pid, key[0][:12], outcome[1])
-            worker.stop()
-        else:
-            self._workers[key] = worker
-        return outcome
-
-    def discard(self, fab_hash: str) -> None:
-        """Stop every worker of the bundle ``fab_hash`` (its code may have changed)."""
-        for key in [key for key in self._workers if key[0] == fab_hash]:
-            self._workers.pop(key).stop()
-
-    def close(self) -> None:
-        """Stop every worker."""
-        while self._workers:
-            self._workers.popitem()[1].stop()
-
 
 def _site(context: Context) -> str:
     return str(context.node_config.get("site-name", f"node-{context.node_id}"))
@@ -218,11 +127,15 @@ class SiteRunner:
     signals : NodeSignals, optional
         Wake-ups shared with the SuperNode of this process (:mod:`app.site_runtime.site_node`):
         a new task, a received message, and (set here) a stored reply.
+    node : SiteConfig, optional
+        The node's own config (its name and state dir): the node status the console
+        shows is written there (:mod:`app.site_runtime.site_audit`). Each message is
+        audited in the state dir of its node config (the same one in a deployment).
     """
 
     def __init__(self, runtime_api_address: str, policy_path: Path | None,
                  poll_interval: float = 0.05, max_workers: int = 2,
-                 signals: NodeSignals | None = None) -> None:
+                 signals: NodeSignals | None = None, node: SiteConfig | None = None) -> None:
         if poll_interval <= 0:
             raise ValueError(f"poll_interval must be > 0, got {poll_interval}")
         if policy_path is None:
@@ -235,6 +148,24 @@ class SiteRunner:
         self.signals = signals
         self._installed: set[str] = set()
         self._runs: set[int] = set()
+        self._audits: dict[Path, SiteAudit] = {}
+        self.node_audit = None if node is None else self._audit_at(node.state_dir, node.name)
+        if self.node_audit is not None:
+            self.node_audit.node_started(self._policy().fingerprint)
+
+    def _audit_at(self, state_dir: Path, site: str) -> SiteAudit:
+        key = Path(state_dir).resolve()
+        if key not in self._audits:
+            self._audits[key] = SiteAudit(key, site)
+        return self._audits[key]
+
+    def _audit_of(self, context: Context) -> SiteAudit | None:
+        """The audit of the message's node config (None for a node config without data-path)."""
+        try:
+            node = SiteConfig.from_node_config(context.node_config, data_root="")
+        except ConfigError:
+            return self.node_audit
+        return self._audit_at(node.state_dir, node.name)
 
     def _client(self, token: str | None = None) -> RuntimeHttpClient:
         interceptors: list = [RuntimeVersionHttpInterceptor(
@@ -262,8 +193,12 @@ class SiteRunner:
                 except Exception as exc:  # pylint: disable=broad-exception-caught
                     log.warning("site runner: the SuperNode's Runtime API is not answering "
                                 "(%s); retrying", type(exc).__name__)
+                    if self.node_audit is not None:
+                        self.node_audit.status(reached=False, force=True)
                     stop.wait(1.0)
                     continue
+                if self.node_audit is not None:
+                    self.node_audit.status(reached=True)
                 if response.HasField("task") and response.token:
                     self.handle(response.token)
                 else:
@@ -284,12 +219,15 @@ class SiteRunner:
         heartbeat = HeartbeatSender(task_heartbeat_fn(client, gone))
         heartbeat.start()
         context = None
+        audited: tuple | None = None
         try:
             started = time.monotonic()
             message, context, run, fab = pull_task_input(client, self.signals)
             pulled = time.monotonic()
+            ledgers = LedgerSnapshot(context)
             reply, context, status, details = self._answer(message, context, run, fab)
             answered = time.monotonic()
+            audited = (message, reply, context, fab.hash_str, answered - pulled, ledgers)
             push_message(client, reply, context)
             if self.signals is not None:
                 self.signals.reply_stored.set()
@@ -305,9 +243,29 @@ class SiteRunner:
             else:
                 log.exception("site runner: task failed before a reply could be sent")
                 push_task_output(client, context, SubStatus.FAILED, type(exc).__name__)
+            if audited is not None:  # answered, but the reply did not leave
+                audited = (*audited[:1], Message(Error(code=keys.WORKER_FAILURE_CODE,
+                                                       reason="reply not delivered"),
+                                                 reply_to=audited[0]), *audited[2:])
         finally:
             heartbeat.stop()
             client.close()
+            if audited is not None:
+                self.audit(*audited)
+
+    def audit(self, message: Message, reply: Message, context: Context, fab_hash: str,
+              seconds: float, ledgers: LedgerSnapshot) -> dict[str, Any] | None:
+        """Append the audit record of ``message`` and the ``reply`` that left (or did not).
+
+        Written after the reply is pushed, so that its fsync never delays a round;
+        returns the record as written (None when the node config names no state dir or
+        the log cannot be written, said loudly in the site's log).
+        """
+        audit = self._audit_of(context)
+        if audit is None:
+            return None
+        return audit.message(message_record(message, reply, context, fab_hash, seconds,
+                                            ledgers.charged()))
 
     def _receipt(self, message_id: str, started: float) -> str:
         """`` (receipt X s)``: when, after the pull started, the SuperNode had every object."""
@@ -325,7 +283,11 @@ class SiteRunner:
                             "runner's, or none (details in the site's log)")
         signature = str(context.run_config.get(SIGNATURE_KEY, ""))
         try:
-            how = check_app(self._policy().apps, fab.hash_str, fab.content, signature)
+            policy = self._policy()
+            audit = self._audit_of(context)
+            if audit is not None:
+                audit.policy_in_force(policy.fingerprint)
+            how = check_app(policy.apps, fab.hash_str, fab.content, signature)
         except (AppNotApproved, ConfigError) as refusal:
             log.warning("site %s refused app %s: %s", site, fab.hash_str[:12], refusal)
             why = (refusal if isinstance(refusal, AppNotApproved) else

@@ -41,6 +41,7 @@ import torch
 from torch import nn
 
 from clients.registry import TASKS, task_class
+from clients.site.data_report import write_data_report
 from clients.site.decoded_cache import CACHE_DIR_NAME, load_task
 from clients.site.instruction import Instruction
 from clients.site.policy_check import Request, check_request, releases_val_metrics
@@ -90,8 +91,15 @@ class SiteTasks:
         key = (name, str(site.data_path), settings)
         if key not in self._tasks:
             cache_dir: Path | None = site.state_dir / CACHE_DIR_NAME if site.cache_decoded else None
-            self._tasks[key] = self._load(task_class(name), site.data_path, settings, cache_dir,
-                                          exclude=[site.state_dir])
+            task = self._load(task_class(name), site.data_path, settings, cache_dir,
+                              exclude=[site.state_dir])
+            self._tasks[key] = task
+            if isinstance(task, SiteTask):  # the hospital's view of its data (the console)
+                try:
+                    write_data_report(task, site.data_path, site.state_dir)
+                except OSError as exc:
+                    log.warning("site %s: the data report cannot be written (%s)", site.name,
+                                type(exc).__name__)
         return self._tasks[key]
 
     def compute(self) -> ComputeDevice:

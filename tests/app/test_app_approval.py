@@ -13,6 +13,7 @@ from flwr.common.config import parse_config_args
 
 from app.config.run_config import RunConfig, RunConfigError
 from app.tooling import deployment
+from app.site_runtime.audit_log import AuditLog
 from app.site_runtime.app_approval import (SIGNATURE_KEY, AppNotApproved, approve, check_app,
                                         fab_sha256, keygen, main, project_fab, sign_app)
 from app.tooling.run_submission import RunOutcome
@@ -133,8 +134,11 @@ def test_command_line_hash_approve_and_keygen(tmp_path, capsys):
     policy = _policy(tmp_path, f'any = false\napproved-file = "{approved}"')
     assert main(["hash", "--fab", str(fab)]) == 0
     assert capsys.readouterr().out.strip() == DIGEST
-    assert main(["approve", "--policy", str(policy), "--fab", str(fab)]) == 0
+    state = tmp_path / "state"
+    assert main(["approve", "--policy", str(policy), "--fab", str(fab), "--state", str(state)]) == 0
     assert DIGEST in approved.read_text()
+    assert [(r["kind"], r["app"], r["by"]) for r in AuditLog(state).records()] == [
+        ("app-approved", DIGEST, "cli")]
     assert main(["keygen", "--out", str(tmp_path / "k")]) == 0
     assert main(["keygen", "--out", str(tmp_path / "k")]) == 1
     assert "refusing to overwrite" in capsys.readouterr().err

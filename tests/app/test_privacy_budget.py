@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from app.site_runtime.audit_log import AuditLog
 from app.site_runtime.privacy_budget import main
 from clients.site.privacy_ledger import PrivacyLedger, dataset_id
 
@@ -51,6 +52,11 @@ def test_extend_and_reset_are_kept_archived_and_logged(tmp_path, spent, capsys):
     assert len(log) == 2
     assert "extended by epsilon 2.5" in log[0] and "ethics board 2026-11" in log[0]
     assert "ledger reset (2 entries" in log[1] and "new extraction" in log[1]
+    audited = [(r["kind"], r["dataset"], r["epsilon"], r["reason"], r["by"])
+               for r in AuditLog(tmp_path / "state").records()]
+    assert audited == [("budget-extended", spent.folder.name, 2.5, "ethics board 2026-11", "cli"),
+                       ("budget-reset", spent.folder.name, None, "new extraction of the data",
+                        "cli")]
 
 
 def test_errors_name_the_path_and_exit_2(tmp_path, capsys):

@@ -17,7 +17,7 @@ from flwr.cli.build import build_fab_from_disk
 from flwr.cli.install import install_from_fab
 from flwr.supercore.task_identity import TaskIdentity
 
-from app.site_runtime.site_runner import WorkerPool
+from app.site_runtime.worker_pool import WorkerPool
 from tests.app.tiny_app import write_tiny_app
 
 CLIENT = '''

@@ -1,0 +1,184 @@
+"""One audit record per message a site receives, built by the site runtime from what it saw.
+
+The site runner (:mod:`app.site_runtime.site_runner`) pulls every message and
+pushes every reply itself, so it can say what the federation asked and what the
+site sent without trusting the uploaded app: the record is built from the
+message's ``config`` record and the run config (what was asked), the reply (the
+decision, the refused rule, the serialised bytes that left), the runner's clock
+and the site's privacy ledgers (the epsilon the message charged, read from the
+ledger files before and after, not from the app's metrics). It holds only
+settings and numbers, never an image, a file path, an item or patient id, and
+never an exception's text (a refusal's rule is a policy key):
+
+>>> record = message_record(message, reply, context, fab_hash, seconds=1.5, epsilon=0.0)
+>>> record["decision"], record["rule"], record["asked"]["local-steps"]
+('refused', 'min-batch-size', 10)
+
+:class:`app.site_runtime.audit_log.AuditLog` adds ``seq``, ``time`` and the
+hash chain.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from flwr.app import Context, Message
+
+from app.config.site_config import SiteConfig
+from strategies import message_keys as keys
+from strategies.errors import FedMedError
+from strategies.replies import wire_size
+
+__all__ = ["ASKED_INSTRUCTION_KEYS", "ASKED_RUN_KEYS", "asked_of", "decision_of",
+           "LedgerSnapshot", "message_record"]
+
+log = logging.getLogger("fedmed.site_runner")
+
+#: Keys of a message's ``config`` record that say what was asked (scalars only).
+ASKED_INSTRUCTION_KEYS = (keys.SERVER_ROUND, keys.LOCAL_STEPS, keys.TIME_BUDGET, keys.CODEC,
+                          keys.ERROR_FEEDBACK, keys.DOWNLINK_CODEC, keys.EVAL_SPLIT,
+                          keys.LOSS_SUBSET, keys.SECAGG_STAGE, keys.VERTICAL_STAGE,
+                          keys.PRUNING_VERSION, keys.PRUNING_MODE)
+#: Run-config keys a site's computation reads that say what was asked (scalars only).
+ASKED_RUN_KEYS = ("task", "local-steps", "batch-size", "image-size", "optimizer", "lr",
+                  "privacy.noise-multiplier", "privacy.max-grad-norm", "privacy.delta",
+                  "privacy.accountant", "personalisation.method", "strategy.pruning")
+#: The longest text value kept in ``asked`` (a codec spec, a task name).
+_MAX_TEXT = 64
+#: A policy rule as the site's refusals name it (``policy rule min-batch-size (refused)``).
+_RULE = re.compile(re.escape(keys.POLICY_RULE_PREFIX) + r"([a-z][a-z0-9.\-]*) \(refused\)")
+#: Error codes of a refusal (the data policy's, the runner's app check's).
+_REFUSALS = (keys.POLICY_REFUSAL_CODE, keys.APP_REFUSAL_CODE)
+
+
+def _scalar(value: Any) -> bool | int | float | str | None:
+    """``value`` if it is a JSON scalar worth keeping (short text without a path), else None."""
+    if isinstance(value, bool) or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, str) and len(value) <= _MAX_TEXT and "/" not in value \
+            and "\\" not in value:
+        return value
+    return None
+
+
+def asked_of(message: Message, run_config: Mapping[str, Any]) -> dict[str, Any]:
+    """What ``message`` asked: its instruction's scalar settings over the run config's."""
+    asked: dict[str, Any] = {}
+    for key in ASKED_RUN_KEYS:
+        if key in run_config and (value := _scalar(run_config[key])) is not None:
+            asked[key] = value
+    config = message.content.config_records.get(keys.CONFIG) if message.has_content() else None
+    for key in ASKED_INSTRUCTION_KEYS:
+        if config is not None and key in config and (value := _scalar(config[key])) is not None:
+            asked[key] = value
+    return asked
+
+
+def decision_of(reply: Message) -> tuple[str, str | None, int | None]:
+    """``(decision, rule, error code)``: answered, refused (with its policy rule) or failed."""
+    if not reply.has_error():
+        return "answered", None, None
+    code = int(reply.error.code)
+    found = _RULE.search(reply.error.reason or "")
+    if code in _REFUSALS or found is not None:
+        return "refused", found.group(1) if found else None, code
+    return "failed", None, code
+
+
+def _federation(message: Message) -> str:
+    config = message.content.config_records.get(keys.CONFIG) if message.has_content() else None
+    value = _scalar(config.get(keys.FEDERATION)) if config is not None else None
+    return str(value) if value is not None else ""
+
+
+def message_record(message: Message, reply: Message, context: Context, fab_hash: str,
+                   seconds: float, epsilon: float | None) -> dict[str, Any]:
+    """The audit record of one message and the reply the site sent to it.
+
+    Parameters
+    ----------
+    message, reply : Message
+        The message as pulled, the reply as pushed.
+    context : Context
+        The task's context (run config, node config).
+    fab_hash : str
+        The SHA-256 of the run's app bundle.
+    seconds : float
+        From the pull's end to the reply.
+    epsilon : float or None
+        The epsilon the message charged to the site's ledgers (:class:`LedgerSnapshot`;
+        None when a changed ledger could not be read).
+    """
+    decision, rule, code = decision_of(reply)
+    return {"kind": "message",
+            "site": str(context.node_config.get("site-name", f"node-{context.node_id}")),
+            "run": int(message.metadata.run_id), "federation": _federation(message),
+            "app": fab_hash, "type": message.metadata.message_type,
+            "asked": asked_of(message, context.run_config), "decision": decision, "rule": rule,
+            "error_code": code, "bytes_sent": wire_size(reply.content) if reply.has_content()
+            else 0, "epsilon": None if epsilon is None else round(float(epsilon), 9), "seconds": round(float(seconds), 4)}
+
+
+class LedgerSnapshot:
+    """The site's privacy ledgers as they were before a message, to count what it charged.
+
+    Each dataset's ledger (:mod:`clients.site.privacy_ledger`) is read again after
+    the message; a ledger whose ``history.json`` changed is charged the increase
+    of its epsilon (the accountant of its newest entry, at the run's
+    ``privacy.delta``), recomputed from both histories.
+
+    Parameters
+    ----------
+    context : Context
+        The task's context; its node config names the state dir.
+    """
+
+    def __init__(self, context: Context) -> None:
+        self.delta = float(context.run_config.get("privacy.delta", 1e-5))
+        self.folder: Path | None = None
+        self.before: dict[Path, bytes] = {}
+        try:
+            node = SiteConfig.from_node_config(context.node_config, data_root="")
+        except FedMedError:
+            return  # the ClientApp refuses a bad node config itself; nothing was charged
+        from clients.site.privacy_ledger import HISTORY_NAME, PRIVACY_DIR
+        self.folder = Path(node.state_dir) / PRIVACY_DIR
+        self.before = {path: path.read_bytes()
+                       for path in self.folder.glob(f"*/{HISTORY_NAME}")}
+
+    def charged(self) -> float | None:
+        """The epsilon the site's ledgers gained since the snapshot (0: none changed;
+        None: a changed ledger cannot be read, said in the site's log)."""
+        if self.folder is None:
+            return 0.0
+        from clients.site.privacy_ledger import HISTORY_NAME
+        total: float | None = 0.0
+        for path in self.folder.glob(f"*/{HISTORY_NAME}"):
+            if self.before.get(path) != path.read_bytes():
+                increase = self._increase(path)
+                total = None if total is None or increase is None else total + increase
+        return total
+
+    def _increase(self, path: Path) -> float | None:
+        from clients.site.privacy_ledger import LedgerEntry, LedgerError, PrivacyLedger
+        try:
+            ledger = PrivacyLedger(path.parent, "rdp")
+            if not ledger.entries:
+                return 0.0
+            ledger.accountant = ledger.entries[-1].accountant
+            after = ledger.epsilon(self.delta)
+            old = json.loads(self.before[path]) if path in self.before else {"entries": []}
+            ledger.entries = [LedgerEntry.from_json(row) for row in old["entries"]]
+            return max(after - ledger.epsilon(self.delta), 0.0)
+        except (LedgerError, ValueError, KeyError, TypeError) as exc:
+            log.warning("audit: the epsilon charged to ledger %s is unknown (%s)", path.parent,
+                        type(exc).__name__)
+            return None

@@ -1,0 +1,48 @@
+"""The site's own view of its data, for the hospital's console: items per split, skipped items.
+
+When a task loads a site's data (:class:`clients.site.site_round.SiteTasks`), the
+counts of each split and every skipped item with its reason
+(:class:`~clients.manifests.load_report.LoadReport`) are written to
+``<state-dir>/data-report/<dataset-id>.json`` (atomically; ``dataset-id`` as the
+privacy ledger's, :func:`~clients.site.privacy_ledger.dataset_id`)::
+
+    {"task": "cxr-cls", "dataset": "3f2a...", "time": "2026-11-27T10:00:00Z",
+     "splits": {"train": {"loaded": 120}, "val": {"loaded": 30}, "test": {"loaded": 0}},
+     "skipped": {"study-0042": "unreadable DICOM series ..."}}
+
+The reasons may name files and item ids: the file stays at the site (the
+console serves its Data page to the local machine only); nothing of it is sent.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from clients.site.atomic_file import write_atomic
+from clients.site.privacy_ledger import dataset_id
+from clients.training.site_task import SiteTask
+
+__all__ = ["DATA_REPORT_DIR", "data_report", "write_data_report"]
+
+#: The folder of the data reports under the site's state dir.
+DATA_REPORT_DIR = "data-report"
+
+
+def data_report(task: SiteTask, data_path: str | Path) -> dict[str, Any]:
+    """The report of ``task``'s loaded data (see the module docstring)."""
+    splits = {name: {"loaded": 0 if data is None else len(data)} for name, data in
+              (("train", task.train_set), ("val", task.val_set), ("test", task.test_set))}
+    return {"task": task.name, "dataset": dataset_id(data_path),
+            "time": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "splits": splits, "skipped": dict(task.report.skipped)}
+
+
+def write_data_report(task: SiteTask, data_path: str | Path, state_dir: str | Path) -> Path:
+    """Write ``task``'s report under ``state_dir``; returns its path."""
+    report = data_report(task, data_path)
+    path = Path(state_dir) / DATA_REPORT_DIR / f"{report['dataset']}.json"
+    return write_atomic(path, lambda handle: handle.write(
+        json.dumps(report, indent=1, sort_keys=True).encode()))
