@@ -15,6 +15,7 @@
 ``app_bundle.py``           the app bundle (FAB) of a project folder
 ``audit_log.py``            AuditLog: append-only JSON lines chained by SHA-256, rotated
 ``audit_chain.py``          verify_chain, ``make audit-verify``: the first bad record
+``audit_format.py``         the audit log's files: names, canonical JSON, record hash
 ==========================  ===============================================================
 
 It uses the process primitives of :mod:`app.tooling` (daemons, environment, errors).

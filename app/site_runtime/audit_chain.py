@@ -6,7 +6,7 @@
 
 walks the rotated segments of ``<state-dir>/audit/`` (and of the archive folder the
 hospital moved old segments to) in seq order, then ``audit.jsonl``, recomputing each
-record's hash (:func:`app.site_runtime.audit_log.record_hash`) and its link to the
+record's hash (:func:`app.site_runtime.audit_format.record_hash`) and its link to the
 previous one. It prints ``audit log OK: N records, head <hash>`` (exit 0) or the first
 problem in one line, ``file:line``, seq and what happened (exit 1); a missing folder
 exits 2.
@@ -32,17 +32,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from app.site_runtime.audit_log import (
-    CURRENT_NAME, GENESIS, HEAD_NAME, AuditLogError, audit_dir, record_hash, segment_paths,
+from app.site_runtime.audit_format import (
+    CURRENT_NAME, GENESIS, HEAD_NAME, audit_dir, record_hash, segment_paths,
 )
+from app.site_runtime.audit_log import AuditLogError
 
 __all__ = ["ChainReport", "verify_chain", "main"]
+
+HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
@@ -56,7 +60,7 @@ class ChainReport:
     records
         Records read in order before the first problem (all of them when ``ok``).
     head_hash
-        Hash of the last good record (:data:`~app.site_runtime.audit_log.GENESIS` if none).
+        Hash of the last good record (:data:`~app.site_runtime.audit_format.GENESIS` if none).
     problem
         ``"edited"``, ``"removed"``, ``"reordered"``, ``"truncated"`` or ``"unreadable"``.
     seq, file, line
@@ -153,11 +157,10 @@ def _expected(expect_head: str | None) -> tuple[int | None, str] | None:
     if expect_head is None:
         return None
     seq, _, digest = expect_head.rpartition(":")
-    if not seq:
-        return None, digest.lower()
-    if not seq.isdigit():
-        raise AuditLogError(f"--expect-head {expect_head!r}: not HEX or SEQ:HEX")
-    return int(seq), digest.lower()
+    if (seq and not seq.isdigit()) or not HEX64.fullmatch(digest.lower()):
+        raise AuditLogError(f"--expect-head {expect_head!r}: not HEX or SEQ:HEX "
+                            "(a SHA-256 in 64 hex digits)")
+    return (int(seq) if seq else None), digest.lower()
 
 
 class _Walk:
@@ -180,20 +183,26 @@ class _Walk:
             if isinstance(record, _Broken):
                 record.seq = self.seq
                 raise record
-            later = [item["seq"] for _, item in parsed[index + 1:] if isinstance(item, dict)]
-            self.record(line, record, later)
+            self.record(line, record, parsed[index + 1:])
 
-    def record(self, line: _Line, record: dict[str, Any], later_seqs: list[int]) -> None:
+    def record(self, line: _Line, record: dict[str, Any],
+               later: Sequence[tuple[_Line, dict[str, Any] | _Broken]] = ()) -> None:
+        """Check one record against its own hash, the chain so far and the anchors;
+        ``later``: the segment's lines after it (a missing seq found there was moved)."""
         seq = record["seq"]
-        if seq < self.seq:
-            raise _Broken("reordered", seq, line, f"seq {seq} comes after seq {self.seq - 1}")
-        if seq > self.seq:
-            if self.seq in later_seqs:
+        if record_hash(record) != record["hash"]:
+            raise _Broken("edited", seq, line, "the record's hash does not match its content")
+        if seq != self.seq:
+            if record["prev"] == self.hash:
+                raise _Broken("edited", seq, line, f"seq {seq} where seq {self.seq} belongs "
+                              "(its seq was changed and its hash recomputed)")
+            if seq < self.seq:
+                raise _Broken("reordered", seq, line,
+                              f"seq {seq} comes after seq {self.seq - 1}")
+            if any(isinstance(item, dict) and item["seq"] == self.seq for _, item in later):
                 raise _Broken("reordered", seq, line, f"seq {seq} comes before seq {self.seq}")
             missing = f"seq {self.seq}" if seq == self.seq + 1 else f"seqs {self.seq}..{seq - 1}"
             raise _Broken("removed", self.seq, line, f"{missing} missing before seq {seq}")
-        if record_hash(record) != record["hash"]:
-            raise _Broken("edited", seq, line, "the record's hash does not match its content")
         if record["prev"] != self.hash:
             if self.previous is None:
                 raise _Broken("edited", seq, line, "the first record's prev is not the genesis")

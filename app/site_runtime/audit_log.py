@@ -23,12 +23,10 @@ file then shows in :func:`app.site_runtime.audit_chain.verify_chain`.
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import logging
 import math
 import os
-import re
 import tempfile
 import threading
 from collections.abc import Iterator, Mapping
@@ -36,85 +34,29 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from app.site_runtime.audit_format import (
+    AUDIT_DIR, CURRENT_NAME, GENESIS, HEAD_NAME, LOCK_NAME, audit_dir, canonical_json,
+    last_line, record_hash, segment_name, segment_paths,
+)
 from strategies.errors import SiteError
 
-__all__ = [
-    "AUDIT_DIR", "CURRENT_NAME", "HEAD_NAME", "LOCK_NAME", "GENESIS", "DEFAULT_MAX_BYTES",
-    "AuditLogError", "AuditLog", "audit_dir", "canonical_json", "record_hash",
-    "segment_name", "segment_paths", "last_line",
+__all__ = [  # the names of the format the log's users need come with it
+    "AUDIT_DIR", "CURRENT_NAME", "HEAD_NAME", "GENESIS", "DEFAULT_MAX_BYTES",
+    "AuditLogError", "AuditLog", "audit_dir",
 ]
 
 log = logging.getLogger("app.site_runtime.audit_log")
 
-AUDIT_DIR = "audit"
-CURRENT_NAME = "audit.jsonl"
-HEAD_NAME = "head.json"
-LOCK_NAME = ".lock"
-GENESIS = "0" * 64
 DEFAULT_MAX_BYTES = 8 * 2**20
 
 #: The keys the log adds itself; a record handed to :meth:`AuditLog.append` may not carry them.
 CHAIN_KEYS = ("seq", "prev", "hash")
-#: A rotated segment's name: its first record's seq, 9 digits.
-SEGMENT = re.compile(r"audit-(\d{9})\.jsonl")
 FILE_MODE = 0o640
 SCALARS = (str, int, float, bool, type(None))
 
 
 class AuditLogError(SiteError):
     """The audit log cannot be written or read; the message names the file (and line)."""
-
-
-def audit_dir(state_dir: str | Path) -> Path:
-    """Return the audit folder of a site's state dir, ``<state-dir>/audit``."""
-    return Path(state_dir) / AUDIT_DIR
-
-
-def canonical_json(record: Mapping[str, Any]) -> bytes:
-    """Return ``record`` as the log writes it: sorted keys, no spaces, UTF-8, no NaN."""
-    return json.dumps(record, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                      allow_nan=False).encode("utf-8")
-
-
-def record_hash(record: Mapping[str, Any]) -> str:
-    """Return the SHA-256 hex of ``record``'s canonical JSON without its ``hash`` key."""
-    body = {key: value for key, value in record.items() if key != "hash"}
-    return hashlib.sha256(canonical_json(body)).hexdigest()
-
-
-def segment_name(first_seq: int) -> str:
-    """Return the name of the rotated segment whose first record has ``first_seq``."""
-    return f"audit-{first_seq:09d}.jsonl"
-
-
-def segment_paths(folder: Path) -> list[tuple[int, Path]]:
-    """Return ``(first seq, path)`` of each rotated segment in ``folder``, in seq order."""
-    if not folder.is_dir():
-        return []
-    found = ((SEGMENT.fullmatch(path.name), path) for path in folder.iterdir())
-    return sorted((int(match.group(1)), path) for match, path in found if match)
-
-
-def last_line(path: Path) -> tuple[bytes | None, bool]:
-    """Return the last complete line of ``path`` (without its newline) and whether a torn
-    line (no final newline) follows it; ``(None, False)`` for a missing or empty file."""
-    try:
-        with open(path, "rb") as handle:
-            size = os.fstat(handle.fileno()).st_size
-            block = 4096
-            while True:
-                start = max(size - block, 0)
-                handle.seek(start)
-                data = handle.read(size - start)
-                torn = not data.endswith(b"\n")
-                complete = data if not torn else data[:data.rfind(b"\n") + 1]
-                lines = complete[:-1].rsplit(b"\n", 1) if complete else []
-                if len(lines) == 2 or start == 0:
-                    return (lines[-1] if lines else None), torn and bool(data)
-                block *= 4
-    except FileNotFoundError:
-        return None, False
-
 
 def _utc_now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
@@ -196,13 +138,15 @@ class AuditLog:
         body = _checked(record)
         body.setdefault("time", _utc_now())
         with self._lock, self._flock(fcntl.LOCK_EX):
-            seq, prev = self._previous()
-            body["seq"], body["prev"] = seq + 1, prev
-            body["hash"] = record_hash(body)
-            line = canonical_json(body) + b"\n"
             try:
-                self._rotate_if_full()
-                self._write_line(line)
+                tail, torn = last_line(self.current)
+                seq, prev = self._previous(tail)
+                body["seq"], body["prev"] = seq + 1, prev
+                body["hash"] = record_hash(body)
+                line = canonical_json(body) + b"\n"
+                if self._rotate_if_full():
+                    torn = False
+                self._write_line(b"\n" + line if torn else line)
                 self._write_head(body["seq"], body["hash"])
             except OSError as exc:
                 raise AuditLogError(f"audit log {self.folder}: cannot append: {exc}") from exc
@@ -229,8 +173,11 @@ class AuditLog:
                 current = None
             size = os.fstat(current.fileno()).st_size if current is not None else 0
         for path in rotated:
-            with open(path, "rb") as handle:
-                yield from _parsed(path, handle.read())
+            try:
+                data = path.read_bytes()
+            except OSError as exc:
+                raise AuditLogError(f"audit log {path}: unreadable: {exc}") from exc
+            yield from _parsed(path, data)
         if current is not None:
             with current:
                 yield from _parsed(self.current, current.read(size))
@@ -252,65 +199,80 @@ class AuditLog:
         self.folder.mkdir(parents=True, exist_ok=True)
         return _FileLock(self.folder / LOCK_NAME, mode)
 
-    def _previous(self) -> tuple[int, str]:
-        """Return ``(seq, hash)`` of the last record: from head.json, or from the newest line
-        when head.json is missing, unreadable, or behind the segment (a write cut short)."""
+    def _previous(self, tail: bytes | None) -> tuple[int, str]:
+        """Return ``(seq, hash)`` of the last record (``(-1, GENESIS)`` before the first):
+        head.json's, or the newest line's when head.json is missing, unreadable or behind
+        that line (a write cut short between the line and the head)."""
         try:
             head = self.head()
         except AuditLogError as exc:
             log.warning("%s: continuing from the log's last line", exc)
             head = None
-        newest = self._newest_record()
+        try:
+            newest = self._newest_record(tail)
+        except AuditLogError as exc:
+            if head is None:
+                raise
+            log.warning("%s: continuing from head.json", exc)
+            newest = None
         if head is None:
-            if newest is not None:
-                log.warning("audit head %s missing: continuing from the last line of %s",
-                            self.head_path, newest[2])
-                return newest[0], newest[1]
-            return -1, GENESIS
+            if newest is None:
+                return -1, GENESIS
+            log.warning("audit head %s missing: continuing from the last line of %s",
+                        self.head_path, newest[2])
+            return newest[0], newest[1]
         if newest is not None and newest[0] > head["seq"]:
             log.warning("audit head %s (seq %d) is behind %s (seq %d): continuing from the "
                         "segment's last line", self.head_path, head["seq"], newest[2], newest[0])
             return newest[0], newest[1]
         return head["seq"], head["hash"]
 
-    def _newest_record(self) -> tuple[int, str, Path] | None:
-        """Return ``(seq, hash, file)`` of the last complete line of the newest segment."""
-        candidates = [self.current] + [path for _, path in reversed(segment_paths(self.folder))]
-        for path in candidates:
-            line, _ = last_line(path)
-            if line is None:
-                continue
-            try:
-                record = json.loads(line)
-                return int(record["seq"]), str(record["hash"]), path
-            except (ValueError, KeyError, TypeError) as exc:
-                raise AuditLogError(f"audit log {path}: last line unreadable: {exc}") from exc
-        return None
+    def _newest_record(self, tail: bytes | None) -> tuple[int, str, Path] | None:
+        """Return ``(seq, hash, file)`` of the newest complete line: ``tail`` (the current
+        segment's) or, when the current segment has none, the newest rotated one's."""
+        path = self.current
+        if tail is None:
+            for _, path in reversed(segment_paths(self.folder)):
+                tail, _ = last_line(path)
+                if tail is not None:
+                    break
+            else:
+                return None
+        try:
+            record = json.loads(tail)
+            return int(record["seq"]), str(record["hash"]), path
+        except (ValueError, KeyError, TypeError) as exc:
+            raise AuditLogError(f"audit log {path}: last line unreadable: {exc}") from exc
 
-    def _rotate_if_full(self) -> None:
+    def _rotate_if_full(self) -> bool:
+        """Rename a full current segment to its rotated name; True if it was rotated."""
         try:
             size = self.current.stat().st_size
         except FileNotFoundError:
-            return
+            return False
         if size < self.max_bytes:
-            return
+            return False
         with open(self.current, "rb") as handle:
-            first = json.loads(handle.readline())
-        target = self.folder / segment_name(int(first["seq"]))
+            first = handle.readline()
+        try:
+            target = self.folder / segment_name(int(json.loads(first)["seq"]))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise AuditLogError(f"audit log {self.current}:1: unreadable, not rotated: "
+                                f"{exc}") from exc
         if target.exists():
             raise AuditLogError(f"audit log {target}: exists, {self.current} not rotated")
         os.replace(self.current, target)
         if self.sync:
             _fsync_folder(self.folder)
         log.info("audit log rotated: %s -> %s", self.current.name, target.name)
+        return True
 
     def _write_line(self, line: bytes) -> None:
-        created = not self.current.exists()
-        _, torn = last_line(self.current)
-        if torn:
+        """One ``os.write`` of ``line`` on an ``O_APPEND`` descriptor, then ``os.fsync``."""
+        if line.startswith(b"\n"):
             log.warning("audit log %s ends with a torn line: it stays, as a line of its own",
                         self.current)
-            line = b"\n" + line
+        created = not self.current.exists()
         fd = os.open(self.current, os.O_WRONLY | os.O_APPEND | os.O_CREAT, FILE_MODE)
         try:
             written = os.write(fd, line)
@@ -353,7 +315,11 @@ class _FileLock:
             self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, FILE_MODE)
         except OSError as exc:
             raise AuditLogError(f"audit lock {self.path}: {exc}") from exc
-        fcntl.flock(self.fd, self.mode)
+        try:
+            fcntl.flock(self.fd, self.mode)
+        except OSError as exc:
+            os.close(self.fd)
+            raise AuditLogError(f"audit lock {self.path}: {exc}") from exc
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from app.site_runtime.audit_chain import main, verify_chain
-from app.site_runtime.audit_log import AuditLog, AuditLogError, audit_dir, canonical_json, record_hash
+from app.site_runtime.audit_format import canonical_json, record_hash
+from app.site_runtime.audit_log import AuditLog, AuditLogError, audit_dir
 
 
 def _write(state: Path, count: int, max_bytes: int = 2**20) -> list[dict]:
@@ -108,6 +109,21 @@ def test_a_line_that_is_not_json_is_unreadable_and_earlier_problems_come_first(s
     assert _where(verify_chain(state)) == ("removed", 2, "audit.jsonl", 3)
 
 
+@pytest.mark.parametrize("recompute", [False, True])
+def test_a_changed_seq_is_named_as_edited(state, recompute):
+    _rewrite(_current(state), lambda lines: lines[:4] + [_edit(lines[4], recompute, seq=40)]
+             + lines[5:])
+    report = verify_chain(state)
+    assert _where(report) == ("edited", 40, "audit.jsonl", 5)
+
+
+def test_a_repeated_line_is_named_as_reordered(state):
+    _rewrite(_current(state), lambda lines: lines[:5] + [lines[4]] + lines[5:])
+    report = verify_chain(state)
+    assert _where(report) == ("reordered", 4, "audit.jsonl", 6)
+    assert "seq 4 comes after seq 4" in report.message()
+
+
 def _segments(state: Path) -> list[Path]:
     return sorted(audit_dir(state).glob("audit-*.jsonl"))
 
@@ -174,8 +190,9 @@ def test_a_rewritten_chain_is_caught_only_by_an_archived_head(tmp_path):
     assert (report.problem, report.seq) == ("edited", None)
     assert "no record has the expected head" in report.message()
     assert verify_chain(original, expect_head=f"12:{archived}").problem == "truncated"
-    with pytest.raises(AuditLogError, match="expect-head"):
-        verify_chain(original, expect_head=f"x:{archived}")
+    for malformed in (f"x:{archived}", "7:abc", archived + "0"):
+        with pytest.raises(AuditLogError, match="expect-head"):
+            verify_chain(original, expect_head=malformed)
 
 
 def test_the_command_prints_one_line_and_exits_0_1_or_2(state, tmp_path, capsys):

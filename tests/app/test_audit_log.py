@@ -6,14 +6,15 @@ from __future__ import annotations
 import hashlib
 import json
 import multiprocessing
+import os
+import threading
 from pathlib import Path
 
 import pytest
 
 from app.site_runtime.audit_chain import verify_chain
-from app.site_runtime.audit_log import (
-    GENESIS, AuditLog, AuditLogError, audit_dir, canonical_json, segment_name,
-)
+from app.site_runtime.audit_format import canonical_json, segment_name
+from app.site_runtime.audit_log import GENESIS, AuditLog, AuditLogError, audit_dir
 
 
 def _message(number: int) -> dict:
@@ -97,6 +98,19 @@ def test_two_processes_appending_give_one_unbroken_chain(tmp_path):
     assert len(list(audit_dir(tmp_path).glob("audit-*.jsonl"))) > 1
 
 
+def test_threads_sharing_one_log_give_one_unbroken_chain(tmp_path):
+    log = AuditLog(tmp_path, max_bytes=2048, sync=False)
+    threads = [threading.Thread(target=lambda w=w: [log.append(
+        {"kind": "message", "site": f"thread-{w}", "asked": {"n": n}}) for n in range(50)])
+        for w in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert [r["seq"] for r in log.records()] == list(range(200))
+    assert verify_chain(tmp_path).ok
+
+
 def test_rotation_by_size_keeps_the_chain_across_segments(tmp_path):
     log = AuditLog(tmp_path, max_bytes=1500)
     written = [log.append(_message(n)) for n in range(20)]
@@ -149,3 +163,53 @@ def test_a_torn_last_line_stays_a_line_of_its_own(tmp_path):
     assert raw[1] == b'{"kind":"mess' and json.loads(raw[2])["seq"] == record["seq"] == 1
     report = verify_chain(tmp_path)
     assert (report.problem, report.line) == ("unreadable", 2)
+
+
+def test_an_unreadable_last_line_is_passed_over_while_head_json_holds_the_chain(tmp_path):
+    log = AuditLog(tmp_path)
+    first = log.append(_message(0))
+    with open(audit_dir(tmp_path) / "audit.jsonl", "ab") as handle:
+        handle.write(b"garbage\n")
+    record = log.append(_message(1))
+    assert (record["seq"], record["prev"]) == (1, first["hash"])
+    (audit_dir(tmp_path) / "head.json").unlink()
+    with open(audit_dir(tmp_path) / "audit.jsonl", "ab") as handle:
+        handle.write(b"garbage\n")
+    with pytest.raises(AuditLogError, match="audit.jsonl: last line unreadable"):
+        log.append(_message(2))
+
+
+def test_records_name_the_file_and_line_of_a_line_that_is_not_json(tmp_path):
+    log = AuditLog(tmp_path)
+    log.append(_message(0))
+    with open(audit_dir(tmp_path) / "audit.jsonl", "ab") as handle:
+        handle.write(b"[1, 2]\n")
+    with pytest.raises(AuditLogError, match=r"audit.jsonl:2: not a JSON object"):
+        list(log.records())
+
+
+@pytest.mark.parametrize("sync", [True, False])
+def test_each_record_is_one_write_and_is_fsynced_with_the_head(tmp_path, monkeypatch, sync):
+    log = AuditLog(tmp_path, sync=sync)
+    log.append(_message(0))
+    writes, syncs = [], []
+    real_write, real_fsync = os.write, os.fsync
+
+    def write(fd, data):
+        writes.append(bytes(data))
+        return real_write(fd, data)
+
+    def fsync(fd):
+        syncs.append(os.readlink(f"/proc/self/fd/{fd}"))
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "write", write)
+    monkeypatch.setattr(os, "fsync", fsync)
+    record = log.append(_message(1))
+    assert writes[0] == canonical_json(record) + b"\n" and len(writes) == 2
+    assert json.loads(writes[1]) == {"seq": 1, "hash": record["hash"]}
+    if sync:
+        assert syncs[0] == str(audit_dir(tmp_path) / "audit.jsonl")
+        assert Path(syncs[1]).name.startswith("head.json") and len(syncs) == 2
+    else:
+        assert syncs == []
