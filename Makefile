@@ -16,6 +16,7 @@
 #   make predict MODEL=<MLflow URI | /abs/model-folder> DATA=/abs/folder OUT=/abs/out   apply a logged model (below)
 #   make tracking-flush [RUN_DIR=...]   send MLflow what an outage at a federation's end left on disk
 #   make audit-verify STATE=/abs/state [ARCHIVE=/abs/folder]   check the site's audit log (below)
+#   make console SITE=<name> STATE=/abs/state POLICY=/abs/policy.toml   the hospital's console (below)
 # Overrides: make simulate ROUNDS=2 SITES=2 STEPS=10 RUN_CONFIG="lr=0.02 batch-size=4"
 #            make simulate PRESET=configs/pe-seg-quick.toml
 #            make simulate RESUME=1     (continue from the last server checkpoint)
@@ -374,6 +375,28 @@ privacy-budget: install
 audit-verify: install
 	@test -n "$(STATE)" || { echo "usage: make audit-verify STATE=/abs/state [ARCHIVE=/abs/folder]" >&2; exit 2; }
 	$(PY) -m app.site_runtime.audit_chain --state $(abspath $(STATE)) $(if $(ARCHIVE),--archive $(abspath $(ARCHIVE)))
+
+# --- The hospital's console (app/site_runtime/console.py; docs/DEPLOYMENT.md) ---
+#   make console SITE=hospital-a STATE=/abs/state POLICY=/abs/policy.toml
+#                [CONSOLE_HOST=127.0.0.1] [CONSOLE_PORT=8470]
+#                [TLS_CERT=/abs/cert.pem TLS_KEY=/abs/key.pem] [ADMIN_TOKEN_FILE=/abs/token]
+# Serves the console's pages (overview, policy, apps, privacy, activity, data) on loopback
+# by default; any other CONSOLE_HOST requires TLS_CERT, TLS_KEY and ADMIN_TOKEN_FILE.
+CONSOLE_HOST     ?=
+CONSOLE_PORT     ?=
+TLS_CERT         ?=
+TLS_KEY          ?=
+ADMIN_TOKEN_FILE ?=
+.PHONY: console
+
+console: install
+	@test -n "$(SITE)" -a -n "$(STATE)" -a -n "$(POLICY)" || { echo "usage: make console SITE=<name> STATE=/abs/state POLICY=/abs/policy.toml [CONSOLE_HOST=127.0.0.1] [CONSOLE_PORT=8470] [TLS_CERT=/abs/cert.pem TLS_KEY=/abs/key.pem] [ADMIN_TOKEN_FILE=/abs/token]" >&2; exit 2; }
+	$(PY) -m app.site_runtime.console --site $(SITE) --state $(abspath $(STATE)) \
+		--policy $(abspath $(POLICY)) $(if $(CONSOLE_HOST),--host $(CONSOLE_HOST)) \
+		$(if $(CONSOLE_PORT),--port $(CONSOLE_PORT)) \
+		$(if $(TLS_CERT),--tls-cert $(abspath $(TLS_CERT))) \
+		$(if $(TLS_KEY),--tls-key $(abspath $(TLS_KEY))) \
+		$(if $(ADMIN_TOKEN_FILE),--admin-token-file $(abspath $(ADMIN_TOKEN_FILE)))
 
 # --- Real shared data as federated sites (../shared/data, see clients/datagen/shared.py) ---
 #   make shared-data TASK=cxr-cls|ct3d-cls|pe-seg|tabular-cls [SET=ctpa|msd-lung] [SITES=3]

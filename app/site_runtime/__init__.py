@@ -16,6 +16,12 @@
 ``audit_log.py``            AuditLog: append-only JSON lines chained by SHA-256, rotated
 ``audit_chain.py``          verify_chain, ``make audit-verify``: the first bad record
 ``audit_format.py``         the audit log's files: names, canonical JSON, record hash
+``console.py``              the hospital's console (``make console``): pages, CLI, uvicorn
+``console_access.py``       ConsoleSettings, bind rule, admin-token login, CSRF
+``console_pages.py``        what the Overview, Policy, Activity and Data pages show
+``console_apps.py``         what the Apps page shows (approvals, keys, revocations, apps seen)
+``console_privacy.py``      what the Privacy page shows (epsilon per dataset, its curve)
+``policy_edit.py``          approve / revoke an app: the policy edited atomically, audited
 ==========================  ===============================================================
 
 It uses the process primitives of :mod:`app.tooling` (daemons, environment, errors).

@@ -1,0 +1,354 @@
+"""The hospital's console: a web page, served by the site, that shows what left the site.
+
+Server-rendered pages (FastAPI + Jinja2 templates in ``console_templates/``, one
+stylesheet, no script). Access rules (loopback by default, TLS and an admin token
+otherwise, CSRF on every POST, security headers): :mod:`app.site_runtime.console_access`.
+What each page shows: :mod:`app.site_runtime.console_pages`, ``console_apps``,
+``console_privacy``; approve / revoke: :mod:`app.site_runtime.policy_edit`.
+
+Routes and the element ids the browser tests rely on (every page: ``nav`` with links
+``nav-overview`` ... ``nav-data``; ``chain-alert`` when the audit chain is broken;
+``flash`` for the result of an action; every form carries the hidden ``csrf`` field)::
+
+    GET  /              Overview: node-connected (text "connected" / "not connected"),
+                        current-run, last-message, counts-today (count-answered,
+                        count-refused, count-failed), chain-status (class ok / broken)
+    GET  /policy        policy-fingerprint, policy-error, one table per section:
+                        policy-rules, policy-dp, policy-secure-aggregation,
+                        policy-vertical, policy-apps
+    GET  /apps          apps-any, apps-table (approved digests; row app-<digest>),
+                        keys-table, revoked-table, seen-table (row seen-<digest>),
+                        forms revoke-<digest> (button revoke-button-<digest>),
+                        approve-form (input approve-digest, button approve-button)
+    POST /apps/confirm  action, app -> the confirmation page: confirm-changes (list),
+                        confirm-form (input reason, button confirm-button), cancel-link
+    POST /apps/apply    action, app, fingerprint, reason -> 303 to /apps (flash)
+    GET  /privacy       privacy-table (row ds-<id>; cells eps-<id>, budget-<id>,
+                        left-<id>; error-<id> for an unreadable ledger), chart-<id> (inline
+                        SVG), admin-log
+    GET  /activity      activity-filter (filter-run, filter-type, filter-decision,
+                        filter-kind, filter-button), activity-table (row row-<seq>, cells
+                        classed col-<column>), csv-link, activity-count; ?page=N
+    GET  /activity.csv  the filtered rows as CSV (attachment)
+    GET  /data          loopback clients only (else 403): data-<dataset> sections,
+                        split table splits-<dataset>, skipped-<dataset>
+    GET  /login, POST /login (login-form, input token, button login-button),
+    POST /logout
+
+Command line (``make console``)::
+
+    python -m app.site_runtime.console --site NAME --state DIR --policy FILE
+        [--host 127.0.0.1] [--port 8470] [--tls-cert F --tls-key F]
+        [--admin-token-file F] [--origin https://name:port ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, quote, urlencode
+
+import uvicorn
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.staticfiles import StaticFiles
+from fastapi.templating import Jinja2Templates
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from app.site_runtime.console_access import (CSRF_FIELD, SESSION_COOKIE, SESSION_SECONDS,
+                                             ConsoleSettings, SessionSigner, is_loopback,
+                                             request_origin_ok, token_ok)
+from app.site_runtime.console_apps import apps_view
+from app.site_runtime.console_pages import (AuditView, activity_csv, activity_rows,
+                                            chain_banner, data_reports, node_status, overview,
+                                            policy_sections)
+from app.site_runtime.console_privacy import PrivacyView
+from app.site_runtime.policy_edit import apply_edit, plan_edit
+from clients.site.policy import SitePolicy, load_policy
+from strategies.errors import ConfigError, FedMedError
+
+__all__ = ["create_console", "main", "serve_console"]
+
+log = logging.getLogger("fedmed.console")
+
+TEMPLATES = Path(__file__).with_name("console_templates")
+#: Activity rows per page.
+PAGE_ROWS = 200
+#: The largest form body accepted (bytes).
+MAX_FORM_BYTES = 64 * 1024
+_SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; base-uri 'none'; form-action 'self'; "
+                               "frame-ancestors 'none'",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "same-origin",
+    "X-Content-Type-Options": "nosniff",
+    "Cache-Control": "no-store",
+}
+_OPEN_PATHS = ("/login", "/static/console.css")
+
+
+def _policy(settings: ConsoleSettings) -> tuple[SitePolicy | None, str]:
+    try:
+        return load_policy(settings.policy_path), ""
+    except FedMedError as exc:
+        return None, str(exc)
+
+
+def _error_page(request: Request, status: int, text: str) -> Response:
+    return _page(request, "error.html", status=status, message=text, page="error")
+
+
+def _page(request: Request, name: str, status: int = 200, **context: Any) -> Response:
+    state = request.app.state
+    session = getattr(request.state, "session", None)
+    records, _, chain = state.audit.snapshot()
+    context.setdefault("page", name.removesuffix(".html"))
+    return state.templates.TemplateResponse(request, name, {
+        "site": state.settings.site, "chain_alert": chain_banner(chain),
+        "csrf": state.signer.csrf_token(session) if session else "",
+        "logged_in": bool(session and session.admin and state.settings.admin_token),
+        "flash": request.query_params.get("done", ""), **context}, status_code=status)
+
+
+async def _form(request: Request) -> dict[str, str]:
+    """The urlencoded form of a POST, after its CSRF token is checked (403 if wrong)."""
+    body = await request.body()
+    if len(body) > MAX_FORM_BYTES:
+        raise HTTPException(413, f"form over {MAX_FORM_BYTES} bytes")
+    fields = {key: values[-1] for key, values in
+              parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True).items()}
+    session = request.state.session
+    if not request.app.state.signer.csrf_ok(session, fields.get(CSRF_FIELD, "")):
+        raise HTTPException(403, "the form's CSRF token is missing or stale: reload the page "
+                                 "and try again; nothing was changed")
+    return fields
+
+
+def _set_session(response: Response, request: Request, session: Any) -> None:
+    response.set_cookie(SESSION_COOKIE, request.app.state.signer.dump(session),
+                        max_age=SESSION_SECONDS, httponly=True, samesite="strict",
+                        secure=request.app.state.settings.tls, path="/")
+
+
+async def _guard(request: Request, call_next: Any) -> Response:
+    """Host check, session, origin check of every POST, login, security headers."""
+    state = request.app.state
+    settings: ConsoleSettings = state.settings
+    session = state.signer.load(request.cookies.get(SESSION_COOKIE))
+    fresh = session is None
+    request.state.session = session = session or state.signer.new(admin=False)
+    if request.headers.get("host", "").lower() not in settings.own_hosts():
+        response = Response("unknown Host header: the console answers only by its own address",
+                            status_code=400, media_type="text/plain")
+    elif request.method not in ("GET", "HEAD") and not request_origin_ok(
+            settings, request.headers.get("origin"), request.headers.get("referer")):
+        response = _error_page(request, 403, "this form was not sent from the console's own "
+                                             "pages (Origin/Referer check); nothing was changed")
+    elif settings.admin_token and not session.admin and request.url.path not in _OPEN_PATHS:
+        response = (RedirectResponse(f"/login?next={quote(request.url.path)}", status_code=303)
+                    if request.method in ("GET", "HEAD") else
+                    _error_page(request, 403, "log in with the admin token first"))
+    else:
+        response = await call_next(request)
+    if fresh and "set-cookie" not in response.headers:
+        _set_session(response, request, session)
+    for name, value in _SECURITY_HEADERS.items():
+        response.headers.setdefault(name, value)
+    return response
+
+
+def create_console(settings: ConsoleSettings) -> FastAPI:
+    """The console's web application for one site (see the module docstring for routes)."""
+    app = FastAPI(title=f"FedMed console: {settings.site}", docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    app.state.settings = settings
+    app.state.signer = SessionSigner()
+    app.state.templates = Jinja2Templates(directory=str(TEMPLATES))
+    app.state.audit = AuditView(settings.state_dir)
+    app.state.privacy = PrivacyView(settings.state_dir)
+    app.middleware("http")(_guard)
+    app.mount("/static", StaticFiles(directory=str(TEMPLATES / "static")), name="static")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        return _error_page(request, exc.status_code, str(exc.detail))
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> Response:
+        log.exception("console: %s %s failed", request.method, request.url.path)
+        return _error_page(request, 500, f"internal error ({type(exc).__name__}); the "
+                                         "console's log has the details")
+
+    @app.get("/login", response_class=HTMLResponse)
+    def login_form(request: Request, next: str = "/") -> Response:
+        return _page(request, "login.html", next=next if next.startswith("/") else "/",
+                     wrong=False)
+
+    @app.post("/login")
+    async def login(request: Request) -> Response:
+        fields = await _form(request)
+        target = fields.get("next", "/")
+        target = target if target.startswith("/") and not target.startswith("//") else "/"
+        if not token_ok(settings, fields.get("token", "")):
+            log.warning("console: a login with a wrong admin token from %s",
+                        request.client.host if request.client else "?")
+            return _page(request, "login.html", status=403, next=target, wrong=True)
+        response = RedirectResponse(target, status_code=303)
+        _set_session(response, request, app.state.signer.new(admin=True))
+        return response
+
+    @app.post("/logout")
+    async def logout(request: Request) -> Response:
+        await _form(request)
+        response = RedirectResponse("/login" if settings.admin_token else "/", status_code=303)
+        _set_session(response, request, app.state.signer.new(admin=False))
+        return response
+
+    @app.get("/", response_class=HTMLResponse)
+    def overview_page(request: Request) -> Response:
+        records, read_error, chain = app.state.audit.snapshot()
+        status = node_status(settings.state_dir)
+        summary = overview(records)
+        last = summary["last"]
+        run = status.get("run") if status.get("run") is not None else (last or {}).get("run")
+        return _page(request, "overview.html", status=200, node=status, summary=summary,
+                     run=run, chain=chain_banner(chain), read_error=read_error)
+
+    @app.get("/policy", response_class=HTMLResponse)
+    def policy_page(request: Request) -> Response:
+        policy, error = _policy(settings)
+        return _page(request, "policy.html", policy=policy, error=error,
+                     sections=policy_sections(policy) if policy else [],
+                     path=str(settings.policy_path))
+
+    @app.get("/apps", response_class=HTMLResponse)
+    def apps_page(request: Request) -> Response:
+        policy, error = _policy(settings)
+        records, _, _ = app.state.audit.snapshot()
+        return _page(request, "apps.html", error=error,
+                     view=apps_view(policy.apps, records) if policy else None)
+
+    @app.post("/apps/confirm", response_class=HTMLResponse)
+    async def apps_confirm(request: Request) -> Response:
+        fields = await _form(request)
+        action, digest = fields.get("action", ""), fields.get("app", "").strip().lower()
+        try:
+            edit = plan_edit(settings.policy_path, action, digest)
+        except FedMedError as exc:
+            return _page(request, "error.html", status=400, message=str(exc))
+        return _page(request, "apps_confirm.html", edit=edit)
+
+    @app.post("/apps/apply")
+    async def apps_apply(request: Request) -> Response:
+        fields = await _form(request)
+        action, digest = fields.get("action", ""), fields.get("app", "")
+        try:
+            edit = apply_edit(settings.policy_path, settings.state_dir, action, digest,
+                              fields.get("reason", "").strip()[:500],
+                              expect_fingerprint=fields.get("fingerprint") or None)
+        except FedMedError as exc:
+            return _page(request, "error.html", status=409, message=str(exc))
+        done = (f"{action}d {digest[:12]}: " + "; ".join(edit.changes)) if edit.changes \
+            else f"nothing to change: {digest[:12]} was already {action}d"
+        log.warning("console: %s", done)
+        return RedirectResponse("/apps?" + urlencode({"done": done}), status_code=303)
+
+    @app.get("/privacy", response_class=HTMLResponse)
+    def privacy_page(request: Request) -> Response:
+        policy, error = _policy(settings)
+        return _page(request, "privacy.html", error=error,
+                     datasets=app.state.privacy.datasets(policy),
+                     admin_log=app.state.privacy.admin_log())
+
+    def _filtered(request: Request) -> tuple[list[dict[str, Any]], dict[str, str]]:
+        records, _, _ = app.state.audit.snapshot()
+        chosen = {key: request.query_params.get(key, "")[:200]
+                  for key in ("run", "type", "decision", "kind")}
+        return activity_rows(records, chosen["run"], chosen["type"], chosen["decision"],
+                             chosen["kind"]), chosen
+
+    @app.get("/activity", response_class=HTMLResponse)
+    def activity_page(request: Request, page: int = 1) -> Response:
+        rows, chosen = _filtered(request)
+        pages = max((len(rows) + PAGE_ROWS - 1) // PAGE_ROWS, 1)
+        page = min(max(page, 1), pages)
+        query = urlencode({k: v for k, v in chosen.items() if v})
+        return _page(request, "activity.html", rows=rows[(page - 1) * PAGE_ROWS:page * PAGE_ROWS],
+                     count=len(rows), chosen=chosen, page_number=page, pages=pages, query=query)
+
+    @app.get("/activity.csv")
+    def activity_export(request: Request) -> Response:
+        rows, _ = _filtered(request)
+        return Response(activity_csv(rows), media_type="text/csv; charset=utf-8", headers={
+            "Content-Disposition": f'attachment; filename="audit-{settings.site}.csv"'})
+
+    @app.get("/data", response_class=HTMLResponse)
+    def data_page(request: Request) -> Response:
+        client = request.client.host if request.client else ""
+        if not is_loopback(client):
+            raise HTTPException(403, "the Data page is served to this machine only (loopback): "
+                                     "it may name the site's files")
+        return _page(request, "data.html", reports=data_reports(settings.state_dir))
+
+    return app
+
+
+def serve_console(settings: ConsoleSettings, stop: threading.Event | None = None) -> None:
+    """Serve the console with uvicorn until interrupted or ``stop`` is set.
+
+    Usable from a thread of the site node (signals are then left to the main thread).
+    """
+    config = uvicorn.Config(create_console(settings), host=settings.host, port=settings.port,
+                            ssl_certfile=str(settings.tls_cert) if settings.tls_cert else None,
+                            ssl_keyfile=str(settings.tls_key) if settings.tls_key else None,
+                            log_level="warning", server_header=False, proxy_headers=False)
+    server = uvicorn.Server(config)
+    if stop is not None:
+        def watch() -> None:
+            stop.wait()
+            server.should_exit = True
+        threading.Thread(target=watch, name="console-stop", daemon=True).start()
+    log.warning("console of site %s on %s://%s:%d", settings.site,
+                "https" if settings.tls else "http", settings.host, settings.port)
+    server.run()
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m app.site_runtime.console",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--site", required=True, help="the site's name")
+    parser.add_argument("--state", required=True, help="the site's state dir")
+    parser.add_argument("--policy", required=True, help="the site policy file")
+    parser.add_argument("--host", default="127.0.0.1", help="listen address (loopback default)")
+    parser.add_argument("--port", type=int, default=8470)
+    parser.add_argument("--tls-cert", help="PEM certificate (required off loopback)")
+    parser.add_argument("--tls-key", help="PEM key (required off loopback)")
+    parser.add_argument("--admin-token-file", help="file holding the admin token "
+                                                   "(required off loopback)")
+    parser.add_argument("--origin", action="append", default=[],
+                        help="https://name:port browsers use (required for 0.0.0.0 / ::)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the console; 2 with the error on stderr when the settings are refused."""
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    try:
+        settings = ConsoleSettings(args.site, args.state, args.policy, args.host, args.port,
+                                   args.tls_cert, args.tls_key, args.admin_token_file,
+                                   tuple(args.origin))
+    except ConfigError as exc:
+        print(f"console: {exc}", file=sys.stderr)
+        return 2
+    serve_console(settings)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,213 @@
+"""Who may reach the console: the bind rule, the admin token, sessions, CSRF, headers."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.site_runtime.console import create_console
+from app.site_runtime.console_access import (SESSION_COOKIE, SESSION_SECONDS, ConsoleSettings,
+                                             SessionSigner, is_loopback)
+from clients.site.policy import load_policy
+from strategies.errors import ConfigError
+from tests.app.console_site import site_folder
+
+BASE = "http://127.0.0.1:8470"
+TOKEN = "correct-horse-battery-staple"
+DIGEST = "c" * 64
+
+
+@pytest.fixture
+def paths(tmp_path: Path) -> dict[str, Path]:
+    state, policy = site_folder(tmp_path)
+    token = tmp_path / "token"
+    token.write_text(TOKEN + "\n")
+    for name in ("cert.pem", "key.pem"):
+        (tmp_path / name).write_text("placeholder: only its existence is checked here\n")
+    return {"state": state, "policy": policy, "token": token, "cert": tmp_path / "cert.pem",
+            "key": tmp_path / "key.pem"}
+
+
+def client_of(settings: ConsoleSettings, host: str = "127.0.0.1") -> TestClient:
+    return TestClient(create_console(settings), base_url=BASE, client=(host, 40000))
+
+
+def csrf_of(html: str) -> str:
+    return re.search(r'name="csrf" value="([0-9a-f]+)"', html).group(1)
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "::1", "localhost", "127.0.0.5", "[::1]"])
+def test_loopback_names(host):
+    assert is_loopback(host)
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "10.0.0.5", "console.hospital.org", "::"])
+def test_other_addresses_are_not_loopback(host):
+    assert not is_loopback(host)
+
+
+def test_a_missing_state_dir_or_policy_names_the_option(paths, tmp_path):
+    with pytest.raises(ConfigError, match="--state .*no such folder"):
+        ConsoleSettings("a", tmp_path / "nowhere", paths["policy"])
+    with pytest.raises(ConfigError, match="--policy .*no such file"):
+        ConsoleSettings("a", paths["state"], tmp_path / "none.toml")
+
+
+@pytest.mark.parametrize("missing", ["--tls-cert", "--tls-key", "--admin-token-file"])
+def test_off_loopback_tls_and_a_token_are_required(paths, missing):
+    given = {"--tls-cert": paths["cert"], "--tls-key": paths["key"],
+             "--admin-token-file": paths["token"]}
+    given[missing] = None
+    if missing != "--admin-token-file":  # a lone cert or key is refused first, naming the other
+        given = {**given, "--tls-cert": None, "--tls-key": None}
+    with pytest.raises(ConfigError, match=re.escape(missing if missing == "--admin-token-file"
+                                                    else "--tls-cert")):
+        ConsoleSettings("a", paths["state"], paths["policy"], host="10.0.0.5",
+                        tls_cert=given["--tls-cert"], tls_key=given["--tls-key"],
+                        admin_token_file=given["--admin-token-file"])
+
+
+def test_a_cert_without_its_key_is_refused(paths):
+    with pytest.raises(ConfigError, match="--tls-key"):
+        ConsoleSettings("a", paths["state"], paths["policy"], tls_cert=paths["cert"])
+
+
+def test_off_loopback_with_tls_and_token_is_accepted(paths):
+    settings = ConsoleSettings("a", paths["state"], paths["policy"], host="10.0.0.5", port=8443,
+                               tls_cert=paths["cert"], tls_key=paths["key"],
+                               admin_token_file=paths["token"])
+    assert settings.own_origins() == {"https://10.0.0.5:8443"}
+    assert settings.admin_token == TOKEN
+
+
+def test_a_wildcard_address_needs_the_origin_browsers_use(paths):
+    tls = {"tls_cert": paths["cert"], "tls_key": paths["key"], "admin_token_file": paths["token"]}
+    with pytest.raises(ConfigError, match="--origin"):
+        ConsoleSettings("a", paths["state"], paths["policy"], host="0.0.0.0", **tls)
+    settings = ConsoleSettings("a", paths["state"], paths["policy"], host="0.0.0.0",
+                               origins=("https://Console.Hospital.org:8470",), **tls)
+    assert settings.own_origins() == {"https://console.hospital.org:8470"}
+
+
+def test_a_short_admin_token_is_refused(paths):
+    paths["token"].write_text("short")
+    with pytest.raises(ConfigError, match="--admin-token-file .*at least 16"):
+        ConsoleSettings("a", paths["state"], paths["policy"], admin_token_file=paths["token"])
+
+
+def test_sessions_are_signed_and_expire():
+    signer = SessionSigner()
+    session = signer.new(admin=True)
+    cookie = signer.dump(session)
+    assert signer.load(cookie) == session
+    assert signer.load(cookie.replace(".1.", ".0.")) is None
+    assert signer.load(SessionSigner().dump(session)) is None  # another console's key
+    assert signer.load(cookie, now=session.issued + SESSION_SECONDS + 1) is None
+    assert signer.csrf_ok(session, signer.csrf_token(session))
+    assert not signer.csrf_ok(signer.new(admin=True), signer.csrf_token(session))
+
+
+def test_security_headers_and_cookie_flags(paths):
+    response = client_of(ConsoleSettings("a", paths["state"], paths["policy"])).get("/")
+    assert response.headers["content-security-policy"].startswith("default-src 'self'")
+    assert response.headers["x-frame-options"] == "DENY"
+    assert response.headers["referrer-policy"] == "same-origin"
+    cookie = response.headers["set-cookie"]
+    assert cookie.startswith(SESSION_COOKIE) and "HttpOnly" in cookie
+    assert "SameSite=strict" in cookie or "SameSite=Strict" in cookie
+
+
+def _revoke_form(client: TestClient, **overrides: str) -> dict[str, str]:
+    form = {"csrf": csrf_of(client.get("/apps").text), "action": "revoke", "app": DIGEST,
+            "fingerprint": "", "reason": "test"}
+    return {**form, **overrides}
+
+
+def test_a_post_without_the_csrf_token_changes_nothing(paths):
+    client = client_of(ConsoleSettings("a", paths["state"], paths["policy"]))
+    before = paths["policy"].read_text()
+    form = _revoke_form(client, csrf="0" * 64)
+    response = client.post("/apps/apply", data=form, headers={"Origin": BASE})
+    assert response.status_code == 403 and "CSRF" in response.text
+    form.pop("csrf")
+    assert client.post("/apps/apply", data=form, headers={"Origin": BASE}).status_code == 403
+    assert paths["policy"].read_text() == before
+
+
+def test_a_post_from_another_origin_changes_nothing(paths):
+    client = client_of(ConsoleSettings("a", paths["state"], paths["policy"]))
+    before = paths["policy"].read_text()
+    form = _revoke_form(client)
+    for headers in ({"Origin": "http://evil.example"}, {"Origin": "null"}, {},
+                    {"Referer": "http://evil.example/apps"}):
+        response = client.post("/apps/apply", data=form, headers=headers)
+        assert response.status_code == 403, headers
+    assert paths["policy"].read_text() == before
+    response = client.post("/apps/apply", data=form, headers={"Referer": BASE + "/apps"},
+                           follow_redirects=False)
+    assert response.status_code == 303
+    assert DIGEST in load_policy(paths["policy"]).apps.revoked_sha256
+
+
+def test_an_unknown_host_header_is_refused(paths):
+    client = client_of(ConsoleSettings("a", paths["state"], paths["policy"]))
+    assert client.get("/", headers={"Host": "rebound.example:8470"}).status_code == 400
+    assert client.get("/", headers={"Host": "localhost:8470"}).status_code == 200
+
+
+def test_with_a_token_pages_need_a_login(paths):
+    settings = ConsoleSettings("a", paths["state"], paths["policy"],
+                               admin_token_file=paths["token"])
+    client = client_of(settings)
+    response = client.get("/activity", follow_redirects=False)
+    assert response.status_code == 303 and response.headers["location"] == "/login?next=/activity"
+    login = client.get("/login").text
+    wrong = client.post("/login", data={"csrf": csrf_of(login), "token": "x" * 20,
+                                        "next": "/activity"}, headers={"Origin": BASE})
+    assert wrong.status_code == 403 and 'id="login-error"' in wrong.text
+    assert client.get("/activity", follow_redirects=False).status_code == 303
+    right = client.post("/login", data={"csrf": csrf_of(login), "token": TOKEN,
+                                        "next": "/activity"}, headers={"Origin": BASE},
+                        follow_redirects=False)
+    assert right.status_code == 303 and right.headers["location"] == "/activity"
+    assert "HttpOnly" in right.headers["set-cookie"]
+    assert client.get("/activity").status_code == 200
+    out = client.post("/logout", data={"csrf": csrf_of(client.get("/").text)},
+                      headers={"Origin": BASE}, follow_redirects=False)
+    assert out.status_code == 303
+    assert client.get("/activity", follow_redirects=False).status_code == 303
+
+
+def test_with_a_token_a_post_before_login_is_refused(paths):
+    settings = ConsoleSettings("a", paths["state"], paths["policy"],
+                               admin_token_file=paths["token"])
+    client = client_of(settings)
+    csrf = csrf_of(client.get("/login").text)
+    response = client.post("/apps/apply", data={"csrf": csrf, "action": "revoke",
+                                                "app": DIGEST}, headers={"Origin": BASE})
+    assert response.status_code == 403
+    assert DIGEST not in load_policy(paths["policy"]).apps.revoked_sha256
+
+
+def test_the_data_page_is_served_to_loopback_clients_only(paths):
+    settings = ConsoleSettings("a", paths["state"], paths["policy"])
+    assert client_of(settings, host="127.0.0.1").get("/data").status_code == 200
+    response = client_of(settings, host="10.1.2.3").get("/data")
+    assert response.status_code == 403 and "may name the site" in response.text
+    assert client_of(settings, host="10.1.2.3").get("/activity").status_code == 200
+
+
+def test_an_internal_error_shows_no_stack_trace(paths, monkeypatch):
+    def broken(state_dir):
+        raise RuntimeError("boom in /secret/site/path")
+
+    monkeypatch.setattr("app.site_runtime.console.data_reports", broken)
+    settings = ConsoleSettings("a", paths["state"], paths["policy"])
+    client = TestClient(create_console(settings), base_url=BASE, raise_server_exceptions=False,
+                        client=("127.0.0.1", 40000))
+    response = client.get("/data")
+    assert response.status_code == 500 and "RuntimeError" in response.text
+    assert "Traceback" not in response.text and "/secret/site/path" not in response.text

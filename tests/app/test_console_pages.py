@@ -1,0 +1,215 @@
+"""The console's pages: what each one shows, from a real audit log, ledger, policy and reports."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import re
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.site_runtime.audit_log import AuditLog, audit_dir
+from app.site_runtime.console import create_console
+from app.site_runtime.console_access import ConsoleSettings
+from app.site_runtime.console_pages import activity_csv, activity_rows, data_reports, node_status
+from app.site_runtime.console_privacy import policy_delta
+from clients.site.policy import load_policy
+from clients.site.privacy_ledger import PrivacyLedger
+from tests.app.console_site import site_folder
+
+BASE = "http://127.0.0.1:8470"
+APP_A, APP_B = "a" * 64, "b" * 64
+
+
+def message(decision: str, run: int = 7, rule: str | None = None, app: str = APP_A,
+            type_: str = "train", federation: str = "fed-1", epsilon: float = 0.0) -> dict:
+    """A ``message`` record as the site runtime writes it (SHARED DESIGN 3)."""
+    return {"kind": "message", "site": "hospital-a", "run": run, "federation": federation,
+            "app": app, "type": type_, "asked": {"local-steps": 5, "batch-size": 8},
+            "decision": decision, "rule": rule, "error_code": 3 if rule else None,
+            "bytes_sent": 0 if rule else 4096, "epsilon": epsilon, "seconds": 0.25}
+
+
+@pytest.fixture
+def site(tmp_path: Path) -> dict:
+    """A state dir with an audit log of four messages and a copy of the default policy."""
+    state, policy = site_folder(tmp_path)
+    log = AuditLog(state)
+    log.append({"kind": "node-start", "site": "hospital-a", "policy": "f" * 16})
+    log.append(message("answered", epsilon=0.5))
+    log.append(message("refused", rule="min-batch-size", type_="evaluate"))
+    log.append(message("refused", run=8, rule="apps", app=APP_B))
+    log.append(message("failed", run=8, federation="=HYPERLINK(\"x\")"))
+    return {"state": state, "policy": policy, "log": log}
+
+
+def client_of(site: dict) -> TestClient:
+    settings = ConsoleSettings("hospital-a", site["state"], site["policy"])
+    return TestClient(create_console(settings), base_url=BASE, client=("127.0.0.1", 40000))
+
+
+def cell(html: str, element_id: str) -> str:
+    """The text of the element with ``id`` (tags stripped)."""
+    match = re.search(rf'id="{re.escape(element_id)}"[^>]*>(.*?)</', html, re.S)
+    assert match, f"no element {element_id}"
+    return re.sub(r"<[^>]+>", "", match.group(1)).strip()
+
+
+def test_overview_counts_today_and_verified_chain(site):
+    html = client_of(site).get("/").text
+    assert cell(html, "count-answered") == "1"
+    assert cell(html, "count-refused") == "2"
+    assert cell(html, "count-failed") == "1"
+    assert "failed" in cell(html, "last-message") and "train" in cell(html, "last-message")
+    assert cell(html, "chain-status") == "audit log verified, 5 records"
+    assert cell(html, "current-run") == "8"
+    assert cell(html, "node-connected").startswith("not connected")
+
+
+def test_overview_names_an_edited_record_in_red(site):
+    client = client_of(site)
+    assert "verified" in cell(client.get("/").text, "chain-status")
+    path = audit_dir(site["state"]) / "audit.jsonl"
+    lines = path.read_text().splitlines()
+    lines[2] = lines[2].replace('"min-batch-size"', '"max-local-steps"')
+    path.write_text("\n".join(lines) + "\n")
+    html = client.get("/").text
+    assert re.search(r'id="chain-status" class="banner broken"', html)
+    status = cell(html, "chain-status")
+    assert "edited" in status and "2" in status
+    assert 'id="chain-alert"' in client.get("/activity").text
+
+
+def test_node_connected_only_with_a_fresh_status_and_a_live_pid(site):
+    folder = audit_dir(site["state"])
+    now = datetime.now(timezone.utc)
+    status = {"site": "hospital-a", "pid": os.getpid(), "time": now.isoformat(),
+              "started": now.isoformat(), "runtime_api": "ok", "run": 8}
+    (folder / "node-status.json").write_text(json.dumps(status))
+    assert node_status(site["state"], now)["connected"]
+    assert cell(client_of(site).get("/").text, "node-connected") == "connected"
+    later = node_status(site["state"], now + timedelta(seconds=31))
+    assert not later["connected"] and "31 s" in later["reason"]
+    (folder / "node-status.json").write_text(json.dumps({**status, "pid": 2**22 + 12345}))
+    assert "not running" in node_status(site["state"], now)["reason"]
+
+
+def test_activity_filters_by_run_type_and_decision(site):
+    client = client_of(site)
+    html = client.get("/activity", params={"decision": "refused"}).text
+    rows = re.findall(r'<tr id="row-(\d+)"', html)
+    assert rows == ["3", "2"]  # newest first
+    assert cell(html, "activity-count") == "2 records"
+    assert '<td class="col-rule">apps</td>' in html
+    html = client.get("/activity", params={"decision": "refused", "run": "7"}).text
+    assert re.findall(r'<tr id="row-(\d+)"', html) == ["2"]
+    html = client.get("/activity", params={"type": "evaluate"}).text
+    assert re.findall(r'<tr id="row-(\d+)"', html) == ["2"]
+    html = client.get("/activity", params={"kind": "node-start"}).text
+    assert re.findall(r'<tr id="row-(\d+)"', html) == ["0"]
+
+
+def test_activity_csv_exports_the_filtered_rows(site):
+    response = client_of(site).get("/activity.csv", params={"decision": "refused"})
+    assert response.headers["content-disposition"].startswith("attachment")
+    rows = list(csv.DictReader(io.StringIO(response.text)))
+    assert [(r["seq"], r["rule"], r["app"]) for r in rows] == [("3", "apps", APP_B),
+                                                               ("2", "min-batch-size", APP_A)]
+
+
+def test_csv_cells_never_start_a_spreadsheet_formula(site):
+    rows = activity_rows(list(site["log"].records()), decision="failed")
+    exported = list(csv.DictReader(io.StringIO(activity_csv(rows))))
+    assert exported[0]["federation"] == "'=HYPERLINK(\"x\")"
+
+
+def test_coordinator_strings_are_escaped_in_pages(site):
+    site["log"].append(message("refused", rule="<script>alert(1)</script>"))
+    html = client_of(site).get("/activity").text
+    assert "<script>" not in html and "&lt;script&gt;" in html
+
+
+def test_privacy_shows_exactly_the_ledgers_epsilon(site):
+    ledger = PrivacyLedger(site["state"] / "privacy" / "0123456789abcdef", "rdp")
+    ledger.record([(1.1, 0.01, 200)], "fed-1", "train")
+    ledger.record([(1.1, 0.01, 300)], "fed-2", "train")
+    ledger.extend(2.5, "ethics board approval 42")
+    policy = load_policy(site["policy"])
+    delta = policy_delta(policy)
+    spent = PrivacyLedger(ledger.folder, "rdp").epsilon(delta)
+    html = client_of(site).get("/privacy").text
+    assert cell(html, "eps-0123456789abcdef") == f"{spent:.4g}"
+    budget = policy.dp.max_epsilon + 2.5
+    assert cell(html, "budget-0123456789abcdef") == f"{budget:.4g}"
+    assert cell(html, "left-0123456789abcdef") == f"{budget - spent:.4g}"
+    chart = re.search(r'id="chart-0123456789abcdef">(.*?)</figure>', html, re.S).group(1)
+    points = re.search(r'class="epsilon" points="([^"]+)"', chart).group(1).split()
+    assert len(points) == 2
+    assert "ethics board approval 42" in cell(html, "admin-log")
+
+
+def test_an_unreadable_ledger_is_shown_not_a_crash(site):
+    folder = site["state"] / "privacy" / "fedcba9876543210"
+    folder.mkdir(parents=True)
+    (folder / "history.json").write_text("{not json")
+    response = client_of(site).get("/privacy")
+    assert response.status_code == 200
+    assert "not JSON" in cell(response.text, "error-fedcba9876543210")
+
+
+def test_policy_page_shows_every_section_and_the_fingerprint(site):
+    html = client_of(site).get("/policy").text
+    assert cell(html, "policy-fingerprint") == load_policy(site["policy"]).fingerprint
+    for section in ("rules", "dp", "secure-aggregation", "vertical", "apps"):
+        assert f'id="policy-{section}"' in html
+    assert "<td>max-epsilon</td><td>10.0</td>" in html
+
+
+def test_an_unreadable_policy_is_shown_not_a_500(site):
+    client = client_of(site)
+    site["policy"].write_text("min-batch-size = -3\n")
+    for page in ("/policy", "/apps", "/privacy"):
+        response = client.get(page)
+        assert response.status_code == 200
+        assert "min-batch-size" in cell(response.text, "policy-error")
+
+
+def test_apps_page_lists_apps_seen_with_their_standing(site):
+    html = client_of(site).get("/apps").text
+    seen = re.search(r'id="seen-table">(.*?)</table>', html, re.S).group(1)
+    assert f'id="seen-{APP_B}"' in seen and f'id="seen-{APP_A}"' in seen
+    assert "refused (rule apps)" in seen
+    assert f'id="revoke-{APP_A}"' in html
+    assert cell(html, "apps-any").startswith("any = false")
+
+
+def test_data_page_lists_splits_and_skipped_items(site):
+    folder = site["state"] / "data-report"
+    folder.mkdir()
+    (folder / "0123456789abcdef.json").write_text(json.dumps({
+        "task": "cxr-cls", "dataset": "0123456789abcdef", "time": "2026-11-27T10:00:00Z",
+        "splits": {"train": {"loaded": 120}, "val": {"loaded": 30,
+                                                    "skipped": {"img-9": "not a PNG"}}},
+        "skipped": {"study-0042": "unreadable DICOM series"}}))
+    (folder / "broken.json").write_text("[]")
+    reports = data_reports(site["state"])
+    assert reports[0]["skipped"] == [("val", "img-9", "not a PNG"),
+                                     ("(all)", "study-0042", "unreadable DICOM series")]
+    assert reports[1]["error"]
+    html = client_of(site).get("/data").text
+    splits = re.search(r'id="splits-0123456789abcdef">(.*?)</table>', html, re.S).group(1)
+    assert "120" in splits and "30" in splits
+    skipped = re.search(r'id="skipped-0123456789abcdef">(.*?)</table>', html, re.S).group(1)
+    assert "study-0042" in skipped and "unreadable DICOM series" in skipped
+
+
+def test_every_page_has_the_nav_and_no_script(site):
+    client = client_of(site)
+    for page in ("/", "/policy", "/apps", "/privacy", "/activity", "/data"):
+        html = client.get(page).text
+        assert 'id="nav"' in html and "<script" not in html
