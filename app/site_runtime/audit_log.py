@@ -75,7 +75,9 @@ def _checked(record: Mapping[str, Any]) -> dict[str, Any]:
     if "time" in record and not isinstance(record["time"], str):
         raise AuditLogError("audit record: key 'time' must be an ISO 8601 string")
     for key, value in record.items():
-        inner = value.items() if isinstance(value, Mapping) else [("", value)]
+        nested = type(value) is dict or (not isinstance(value, SCALARS)
+                                         and isinstance(value, Mapping))
+        inner = value.items() if nested else [("", value)]
         for sub, item in inner:
             name = f"{key}.{sub}" if sub else key
             if not isinstance(key, str) or not isinstance(sub, str):
@@ -85,7 +87,7 @@ def _checked(record: Mapping[str, Any]) -> dict[str, Any]:
                                     f"{type(item).__name__}, not a JSON scalar")
             if isinstance(item, float) and not math.isfinite(item):
                 raise AuditLogError(f"audit record: key {name!r} is {item}, not a JSON number")
-    return {key: dict(value) if isinstance(value, Mapping) else value
+    return {key: value if isinstance(value, SCALARS) else dict(value)
             for key, value in record.items()}
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,8 @@ import pytest
 from app.site_runtime.audit_chain import main, verify_chain
 from app.site_runtime.audit_format import canonical_json, record_hash
 from app.site_runtime.audit_log import AuditLog, AuditLogError, audit_dir
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _write(state: Path, count: int, max_bytes: int = 2**20) -> list[dict]:
@@ -208,3 +212,22 @@ def test_the_command_prints_one_line_and_exits_0_1_or_2(state, tmp_path, capsys)
     assert f"state dir {missing}: no such folder" in capsys.readouterr().err
     assert main(["--state", str(state), "--archive", str(missing)]) == 2
     assert f"archive {missing}: no such folder" in capsys.readouterr().err
+
+
+def test_the_module_runs_as_a_command_with_its_exit_status(state):
+    _rewrite(_current(state), lambda lines: lines[:-3])
+    done = subprocess.run([sys.executable, "-m", "app.site_runtime.audit_chain", "--state",
+                           str(state)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert done.stdout == (f"audit log BROKEN at {_current(state)}:8 (seq 7): truncated: "
+                           "head.json names seq 9, the log ends at seq 6\n")
+
+
+def test_make_audit_verify_passes_absolute_folders(tmp_path):
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    done = subprocess.run(["make", "-n", "--no-print-directory", "audit-verify", "STATE=st",
+                           "ARCHIVE=old"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert (f"-m app.site_runtime.audit_chain --state {ROOT}/st --archive {ROOT}/old"
+            in done.stdout)
