@@ -55,6 +55,7 @@ from urllib.parse import parse_qs, quote, urlencode
 
 import uvicorn
 from fastapi import FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
@@ -112,7 +113,13 @@ def _page(request: Request, name: str, status: int = 200, **context: Any) -> Res
         "site": state.settings.site, "chain_alert": chain_banner(chain),
         "csrf": state.signer.csrf_token(session) if session else "",
         "logged_in": bool(session and session.admin and state.settings.admin_token),
-        "flash": request.query_params.get("done", ""), **context}, status_code=status)
+        "flash": _flash(request), **context}, status_code=status)
+
+
+def _flash(request: Request) -> str:
+    """The result message of the last action, when the console itself signed it."""
+    text, mac = request.query_params.get("done", ""), request.query_params.get("mac", "")
+    return text if text and request.app.state.signer.text_ok(text, mac) else ""
 
 
 async def _form(request: Request) -> dict[str, str]:
@@ -127,6 +134,14 @@ async def _form(request: Request) -> dict[str, str]:
         raise HTTPException(403, "the form's CSRF token is missing or stale: reload the page "
                                  "and try again; nothing was changed")
     return fields
+
+
+def _local_path(target: str) -> str:
+    """``target`` when it is a path of this console (never another site: no open redirect)."""
+    if not target.startswith("/") or target[1:2] in ("/", "\\") or any(
+            c in target for c in "\r\n"):
+        return "/"
+    return target
 
 
 def _set_session(response: Response, request: Request, session: Any) -> None:
@@ -178,22 +193,29 @@ def create_console(settings: ConsoleSettings) -> FastAPI:
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
         return _error_page(request, exc.status_code, str(exc.detail))
 
+    @app.exception_handler(RequestValidationError)
+    async def bad_request(request: Request, exc: RequestValidationError) -> Response:
+        wrong = ", ".join(str(error.get("loc", ["?"])[-1]) for error in exc.errors())
+        return _error_page(request, 400, f"bad value of {wrong} in the address")
+
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> Response:
         log.exception("console: %s %s failed", request.method, request.url.path)
         return _error_page(request, 500, f"internal error ({type(exc).__name__}); the "
                                          "console's log has the details")
 
+    @app.get("/favicon.ico")
+    def favicon() -> Response:
+        return Response(status_code=204)
+
     @app.get("/login", response_class=HTMLResponse)
     def login_form(request: Request, next: str = "/") -> Response:
-        return _page(request, "login.html", next=next if next.startswith("/") else "/",
-                     wrong=False)
+        return _page(request, "login.html", next=_local_path(next), wrong=False)
 
     @app.post("/login")
     async def login(request: Request) -> Response:
         fields = await _form(request)
-        target = fields.get("next", "/")
-        target = target if target.startswith("/") and not target.startswith("//") else "/"
+        target = _local_path(fields.get("next", "/"))
         if not token_ok(settings, fields.get("token", "")):
             log.warning("console: a login with a wrong admin token from %s",
                         request.client.host if request.client else "?")
@@ -256,7 +278,8 @@ def create_console(settings: ConsoleSettings) -> FastAPI:
         done = (f"{action}d {digest[:12]}: " + "; ".join(edit.changes)) if edit.changes \
             else f"nothing to change: {digest[:12]} was already {action}d"
         log.warning("console: %s", done)
-        return RedirectResponse("/apps?" + urlencode({"done": done}), status_code=303)
+        return RedirectResponse("/apps?" + urlencode(
+            {"done": done, "mac": app.state.signer.sign_text(done)}), status_code=303)
 
     @app.get("/privacy", response_class=HTMLResponse)
     def privacy_page(request: Request) -> Response:

@@ -254,6 +254,14 @@ class SessionSigner:
         """The CSRF token of ``session`` (the hidden ``csrf`` field of its forms)."""
         return self._mac(f"csrf:{session.sid}")
 
+    def sign_text(self, text: str) -> str:
+        """A MAC of ``text`` (a result message carried in a redirect's query)."""
+        return self._mac(f"text:{text}")
+
+    def text_ok(self, text: str, mac: str) -> bool:
+        """Whether ``mac`` is :meth:`sign_text` of ``text``: a forged link shows nothing."""
+        return hmac.compare_digest(self.sign_text(text), mac)
+
     def csrf_ok(self, session: Session, token: str) -> bool:
         """Whether ``token`` is the CSRF token of ``session`` (constant-time)."""
         return hmac.compare_digest(self.csrf_token(session), token)

@@ -5,15 +5,21 @@ Each folder of ``<state-dir>/privacy/`` is one dataset's ledger
 :meth:`PrivacyLedger.epsilon` at the policy's ``dp.delta`` (or
 :data:`~app.site_runtime.privacy_budget.DEFAULT_DELTA` when the policy bounds none, as
 ``make privacy-budget`` shows it), counted with the accountant of the ledger's latest
-entry (the one its runs use; RDP for an empty ledger). The chart recomputes the
-cumulative epsilon after each entry (at most :data:`MAX_POINTS` of them, evenly
-spread, the last one always included) and draws it as inline SVG, server-side.
-Curves are cached by the ledger's ``history.json`` size and mtime.
+entry (the one its runs use; RDP for an empty ledger).
+
+The chart is the cumulative epsilon after each entry (at most :data:`MAX_POINTS`
+points, evenly spread, the last one always included), drawn as inline SVG,
+server-side. It is computed in one pass with Opacus's RDP analysis (Mironov 2017:
+the RDP of a composition is the sum of the entries' RDP, so each prefix adds one
+term; ``RDPAccountant`` recomputes every term for every prefix, quadratic in the
+entries): for an RDP ledger its last point is the ledger's epsilon to the last bit.
+A PRV ledger's curve is that RDP upper bound too (PRV composes numerically, seconds
+per prefix), and the page says so. Epsilon and curve are cached by the ledger's
+``history.json`` size and mtime.
 """
 
 from __future__ import annotations
 
-import copy
 import math
 import threading
 from pathlib import Path
@@ -21,7 +27,9 @@ from typing import Any
 
 from app.site_runtime.privacy_budget import DEFAULT_DELTA
 from clients.site.policy import SitePolicy
-from clients.site.privacy_ledger import ADMIN_LOG_NAME, PRIVACY_DIR, PrivacyLedger
+from clients.site.privacy_ledger import ADMIN_LOG_NAME, PRIVACY_DIR, LedgerEntry, PrivacyLedger
+from clients.training.dp_accountants import DEFAULT_ACCOUNTANT
+from clients.training.opacus_loader import opacus
 from strategies.errors import FedMedError
 
 __all__ = ["MAX_POINTS", "PrivacyView", "chart_svg", "policy_delta"]
@@ -36,17 +44,26 @@ def policy_delta(policy: SitePolicy | None) -> float:
     return policy.dp.delta if policy is not None and policy.dp.delta < 1 else DEFAULT_DELTA
 
 
-def _curve(ledger: PrivacyLedger, delta: float) -> list[tuple[str, float]]:
-    """``(time, cumulative epsilon)`` after each of up to :data:`MAX_POINTS` entries."""
-    entries = ledger.entries
-    if not entries:
-        return []
-    count = min(len(entries), MAX_POINTS)
-    ends = sorted({math.ceil((i + 1) * len(entries) / count) for i in range(count)})
-    empty = copy.copy(ledger)
-    empty.entries = []
-    steps = [entry.step() for entry in entries]
-    return [(entries[end - 1].time, empty.epsilon(delta, steps[:end])) for end in ends]
+def _rdp_curve(entries: list[LedgerEntry], delta: float) -> list[tuple[str, float]]:
+    """``(time, cumulative RDP epsilon)`` after each of up to :data:`MAX_POINTS` entries."""
+    analysis = opacus("accountants.analysis.rdp")
+    orders = opacus("accountants.rdp").RDPAccountant.DEFAULT_ALPHAS
+    per_step: dict[tuple[float, float], Any] = {}
+    total: Any = 0
+    curve = []
+    for entry in entries:
+        if entry.steps > 0:
+            key = (entry.sample_rate, entry.noise_multiplier)
+            if key not in per_step:
+                per_step[key] = analysis.compute_rdp(q=key[0], noise_multiplier=key[1], steps=1,
+                                                     orders=orders)
+            total = total + per_step[key] * entry.steps
+        spent = analysis.get_privacy_spent(orders=orders, rdp=total, delta=delta)[0] \
+            if per_step else 0.0
+        curve.append((entry.time, float(spent)))
+    count = min(len(curve), MAX_POINTS)
+    ends = sorted({math.ceil((i + 1) * len(curve) / count) for i in range(count)})
+    return [curve[end - 1] for end in ends]
 
 
 def chart_svg(points: list[tuple[str, float]], budget: float) -> str:
@@ -102,35 +119,36 @@ class PrivacyView:
 
     def __init__(self, state_dir: Path) -> None:
         self.folder = Path(state_dir) / PRIVACY_DIR
-        self._curves: dict[tuple[Any, ...], list[tuple[str, float]]] = {}
+        self._cache: dict[str, tuple[tuple[Any, ...], float, list[tuple[str, float]]]] = {}
         self._lock = threading.Lock()
 
-    def _cached_curve(self, ledger: PrivacyLedger, delta: float) -> list[tuple[str, float]]:
+    def spent_and_curve(self, ledger: PrivacyLedger,
+                         delta: float) -> tuple[float, list[tuple[str, float]]]:
+        """The ledger's epsilon and curve, recomputed only when its history changed."""
         try:
             stat = ledger.history_path.stat()
-            key: tuple[Any, ...] = (ledger.folder.name, stat.st_size, stat.st_mtime_ns,
-                                    ledger.accountant, delta)
+            key: tuple[Any, ...] = (stat.st_size, stat.st_mtime_ns, ledger.accountant, delta)
         except FileNotFoundError:
-            return []
+            return 0.0, []
         with self._lock:
-            if key not in self._curves:
-                self._curves = {k: v for k, v in self._curves.items() if k[0] != key[0]}
-                self._curves[key] = _curve(ledger, delta)
-            return self._curves[key]
+            cached = self._cache.get(ledger.folder.name)
+            if cached is None or cached[0] != key:
+                cached = (key, ledger.epsilon(delta), _rdp_curve(ledger.entries, delta))
+                self._cache[ledger.folder.name] = cached
+            return cached[1], cached[2]
 
     def _dataset(self, folder: Path, policy: SitePolicy | None, delta: float) -> dict[str, Any]:
         try:
-            probe = PrivacyLedger(folder, "rdp")
-            accountant = probe.entries[-1].accountant if probe.entries else "rdp"
+            probe = PrivacyLedger(folder, DEFAULT_ACCOUNTANT)
+            accountant = probe.entries[-1].accountant if probe.entries else DEFAULT_ACCOUNTANT
             ledger = PrivacyLedger(folder, accountant)
-            spent = ledger.epsilon(delta)
+            spent, curve = self.spent_and_curve(ledger, delta)
             allowance = ledger.allowance()
         except (FedMedError, OSError, ValueError) as exc:
             return {"dataset": folder.name, "error": str(exc)}
         max_epsilon = policy.dp.max_epsilon if policy is not None else math.inf
         budget = max_epsilon + allowance
         left = max(budget - spent, 0.0) if math.isfinite(budget) else math.inf
-        curve = self._cached_curve(ledger, delta)
         return {"dataset": folder.name, "error": "", "accountant": accountant, "delta": delta,
                 "entries": len(ledger.entries),
                 "reserved": sum(1 for e in ledger.entries if e.reservation),
@@ -138,7 +156,7 @@ class PrivacyView:
                 "max_epsilon": max_epsilon, "allowance": allowance, "budget": budget,
                 "left": left, "left_text": "no limit" if math.isinf(left) else f"{left:.4g}",
                 "budget_text": "no limit" if math.isinf(budget) else f"{budget:.4g}",
-                "chart": chart_svg(curve, budget)}
+                "chart": chart_svg(curve, budget), "curve_exact": accountant == "rdp"}
 
     def datasets(self, policy: SitePolicy | None) -> list[dict[str, Any]]:
         """One row per dataset folder (an unreadable ledger: its row carries ``error``)."""

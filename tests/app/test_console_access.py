@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import re
+import socket
+import threading
 from pathlib import Path
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from app.site_runtime.console import create_console
+from app.site_runtime.console import create_console, main, serve_console
 from app.site_runtime.console_access import (SESSION_COOKIE, SESSION_SECONDS, ConsoleSettings,
                                              SessionSigner, is_loopback)
 from clients.site.policy import load_policy
@@ -211,3 +214,61 @@ def test_an_internal_error_shows_no_stack_trace(paths, monkeypatch):
     response = client.get("/data")
     assert response.status_code == 500 and "RuntimeError" in response.text
     assert "Traceback" not in response.text and "/secret/site/path" not in response.text
+
+
+def test_under_tls_the_session_cookie_is_secure(paths):
+    settings = ConsoleSettings("a", paths["state"], paths["policy"], tls_cert=paths["cert"],
+                               tls_key=paths["key"])
+    client = TestClient(create_console(settings), base_url="https://127.0.0.1:8470")
+    assert "Secure" in client.get("/").headers["set-cookie"]
+
+
+@pytest.mark.parametrize("target", ["//evil.example/x", "/\\evil.example", "https://evil.example",
+                                    "/apps\r\nSet-Cookie: x=1"])
+def test_the_login_goes_back_to_console_pages_only(paths, target):
+    settings = ConsoleSettings("a", paths["state"], paths["policy"],
+                               admin_token_file=paths["token"])
+    client = client_of(settings)
+    csrf = csrf_of(client.get("/login").text)
+    response = client.post("/login", data={"csrf": csrf, "token": TOKEN, "next": target},
+                           headers={"Origin": BASE}, follow_redirects=False)
+    assert response.status_code == 303 and response.headers["location"] == "/"
+
+
+def test_a_bad_query_value_is_an_error_page_not_json(paths):
+    client = client_of(ConsoleSettings("a", paths["state"], paths["policy"]))
+    response = client.get("/activity", params={"page": "many"})
+    assert response.status_code == 400 and 'id="error-message"' in response.text
+
+
+def test_the_command_line_refuses_bad_settings_naming_the_option(paths, tmp_path, capsys):
+    assert main(["--site", "a", "--state", str(tmp_path / "none"),
+                 "--policy", str(paths["policy"])]) == 2
+    assert "--state" in capsys.readouterr().err
+    assert main(["--site", "a", "--state", str(paths["state"]), "--policy", str(paths["policy"]),
+                 "--host", "192.168.1.20"]) == 2
+    assert "--tls-cert is required" in capsys.readouterr().err
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_serve_console_answers_over_http_until_stopped(paths):
+    settings = ConsoleSettings("a", paths["state"], paths["policy"], port=_free_port())
+    stop = threading.Event()
+    server = threading.Thread(target=serve_console, args=(settings, stop), daemon=True)
+    server.start()
+    url = f"http://127.0.0.1:{settings.port}/policy"
+    for _ in range(300):
+        try:
+            response = httpx.get(url, timeout=5)
+            break
+        except httpx.TransportError:
+            server.join(0.1)
+    assert response.status_code == 200 and 'id="policy-fingerprint"' in response.text
+    stop.set()
+    server.join(30)
+    assert not server.is_alive()

@@ -17,7 +17,7 @@ from app.site_runtime.audit_log import AuditLog, audit_dir
 from app.site_runtime.console import create_console
 from app.site_runtime.console_access import ConsoleSettings
 from app.site_runtime.console_pages import activity_csv, activity_rows, data_reports, node_status
-from app.site_runtime.console_privacy import policy_delta
+from app.site_runtime.console_privacy import PrivacyView, policy_delta
 from clients.site.policy import load_policy
 from clients.site.privacy_ledger import PrivacyLedger
 from tests.app.console_site import site_folder
@@ -213,3 +213,51 @@ def test_every_page_has_the_nav_and_no_script(site):
     for page in ("/", "/policy", "/apps", "/privacy", "/activity", "/data"):
         html = client.get(page).text
         assert 'id="nav"' in html and "<script" not in html
+
+
+def test_the_privacy_curve_ends_at_the_ledgers_epsilon_bit_for_bit(site):
+    ledger = PrivacyLedger(site["state"] / "privacy" / "00000000000000aa", "rdp")
+    for steps, sigma in ((50, 1.0), (0, 1.0), (70, 1.3), (50, 1.0)):
+        ledger.record([(sigma, 0.02, steps)], "fed-1", "train")
+    view = PrivacyView(site["state"])
+    spent, curve = view.spent_and_curve(ledger, 1e-5)
+    assert spent == ledger.epsilon(1e-5)
+    assert curve[-1][1] == spent
+    assert len(curve) == 3  # the 0-step entry is not written
+    partial = PrivacyLedger(ledger.folder, "rdp")
+    partial.entries = partial.entries[:2]
+    assert curve[1][1] == partial.epsilon(1e-5)
+    assert curve[0][1] < curve[1][1] < curve[2][1]
+
+
+def test_revoke_through_the_pages_is_confirmed_applied_and_audited(site):
+    client = client_of(site)
+    apps = client.get("/apps").text
+    csrf = re.search(r'name="csrf" value="([0-9a-f]+)"', apps).group(1)
+    confirm = client.post("/apps/confirm", data={"csrf": csrf, "action": "revoke", "app": APP_A},
+                          headers={"Origin": BASE})
+    assert f"apps.revoked-sha256: add {APP_A}" in cell(confirm.text, "confirm-changes")
+    assert APP_A not in load_policy(site["policy"]).apps.revoked_sha256  # nothing yet
+    fingerprint = re.search(r'name="fingerprint" value="([0-9a-f]+)"', confirm.text).group(1)
+    done = client.post("/apps/apply", data={"csrf": csrf, "action": "revoke", "app": APP_A,
+                                            "fingerprint": fingerprint, "reason": "recall"},
+                       headers={"Origin": BASE})
+    assert done.url.path == "/apps" and cell(done.text, "flash").startswith("revoked aaaaaaaaaaaa")
+    assert APP_A in load_policy(site["policy"]).apps.revoked_sha256
+    revoked = [r for r in site["log"].records() if r["kind"] == "app-revoked"]
+    assert [(r["app"], r["by"], r["reason"]) for r in revoked] == [(APP_A, "console", "recall")]
+    assert 'id="flash"' not in client.get("/apps", params={"done": "call 555-0100 now",
+                                                           "mac": "0" * 64}).text
+
+
+def test_a_line_that_is_not_json_is_reported_not_a_500(site):
+    path = audit_dir(site["state"]) / "audit.jsonl"
+    lines = path.read_text().splitlines()
+    lines[3] = "{torn"
+    path.write_text("\n".join(lines) + "\n")
+    client = client_of(site)
+    overview = client.get("/")
+    assert overview.status_code == 200
+    assert re.search(r'id="chain-status" class="banner broken"', overview.text)
+    assert "unreadable" in cell(overview.text, "chain-status")
+    assert client.get("/activity").status_code == 200
