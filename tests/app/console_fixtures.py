@@ -16,6 +16,7 @@ they fail: ``.ci/run`` installs Debian's chromium with apt.
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import socket
@@ -32,6 +33,7 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
+from PIL import Image
 
 from app.site_errors import error_reply
 from app.site_runtime.app_approval import approve, fab_sha256
@@ -241,8 +243,10 @@ def page(browser: Any, console: ConsoleSite) -> Iterator[Any]:
 
 
 def screenshot(page: Any, name: str) -> None:
-    """Save ``page`` as ``<name>.png`` into the screenshot folder, when one is asked for."""
+    """Save ``page`` as ``<name>.png`` into the screenshot folder, when one is asked for
+    (the whole page, in 128 colours: a few tens of kB for the repository)."""
     folder = os.environ.get(SCREENSHOTS_ENV)
     if folder:
         Path(folder).mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(Path(folder) / f"{name}.png"), full_page=True)
+        shot = Image.open(io.BytesIO(page.screenshot(full_page=True)))
+        shot.convert("RGB").quantize(colors=128).save(Path(folder) / f"{name}.png", optimize=True)
