@@ -380,6 +380,7 @@ audit-verify: install
 #   make console SITE=hospital-a STATE=/abs/state POLICY=/abs/policy.toml
 #                [CONSOLE_HOST=127.0.0.1] [CONSOLE_PORT=8470]
 #                [TLS_CERT=/abs/cert.pem TLS_KEY=/abs/key.pem] [ADMIN_TOKEN_FILE=/abs/token]
+#                [ARCHIVE=/abs/folder]  (archived audit segments, as for make audit-verify)
 # Serves the console's pages (overview, policy, apps, privacy, activity, data) on loopback
 # by default; any other CONSOLE_HOST requires TLS_CERT, TLS_KEY and ADMIN_TOKEN_FILE.
 CONSOLE_HOST     ?=
@@ -390,13 +391,14 @@ ADMIN_TOKEN_FILE ?=
 .PHONY: console
 
 console: install
-	@test -n "$(SITE)" -a -n "$(STATE)" -a -n "$(POLICY)" || { echo "usage: make console SITE=<name> STATE=/abs/state POLICY=/abs/policy.toml [CONSOLE_HOST=127.0.0.1] [CONSOLE_PORT=8470] [TLS_CERT=/abs/cert.pem TLS_KEY=/abs/key.pem] [ADMIN_TOKEN_FILE=/abs/token]" >&2; exit 2; }
+	@test -n "$(SITE)" -a -n "$(STATE)" -a -n "$(POLICY)" || { echo "usage: make console SITE=<name> STATE=/abs/state POLICY=/abs/policy.toml [CONSOLE_HOST=127.0.0.1] [CONSOLE_PORT=8470] [TLS_CERT=/abs/cert.pem TLS_KEY=/abs/key.pem] [ADMIN_TOKEN_FILE=/abs/token] [ARCHIVE=/abs/folder]" >&2; exit 2; }
 	$(PY) -m app.site_runtime.console --site $(SITE) --state $(abspath $(STATE)) \
 		--policy $(abspath $(POLICY)) $(if $(CONSOLE_HOST),--host $(CONSOLE_HOST)) \
 		$(if $(CONSOLE_PORT),--port $(CONSOLE_PORT)) \
 		$(if $(TLS_CERT),--tls-cert $(abspath $(TLS_CERT))) \
 		$(if $(TLS_KEY),--tls-key $(abspath $(TLS_KEY))) \
-		$(if $(ADMIN_TOKEN_FILE),--admin-token-file $(abspath $(ADMIN_TOKEN_FILE)))
+		$(if $(ADMIN_TOKEN_FILE),--admin-token-file $(abspath $(ADMIN_TOKEN_FILE))) \
+		$(if $(ARCHIVE),--audit-archive $(abspath $(ARCHIVE)))
 
 # --- Real shared data as federated sites (../shared/data, see clients/datagen/shared.py) ---
 #   make shared-data TASK=cxr-cls|ct3d-cls|pe-seg|tabular-cls [SET=ctpa|msd-lung] [SITES=3]

@@ -39,7 +39,7 @@ Command line (``make console``)::
 
     python -m app.site_runtime.console --site NAME --state DIR --policy FILE
         [--host 127.0.0.1] [--port 8470] [--tls-cert F --tls-key F]
-        [--admin-token-file F] [--origin https://name:port ...]
+        [--admin-token-file F] [--origin https://name:port ...] [--audit-archive DIR]
 """
 
 from __future__ import annotations
@@ -184,7 +184,7 @@ def create_console(settings: ConsoleSettings) -> FastAPI:
     app.state.settings = settings
     app.state.signer = SessionSigner()
     app.state.templates = Jinja2Templates(directory=str(TEMPLATES))
-    app.state.audit = AuditView(settings.state_dir)
+    app.state.audit = AuditView(settings.state_dir, settings.audit_archive)
     app.state.privacy = PrivacyView(settings.state_dir)
     app.middleware("http")(_guard)
     app.mount("/static", StaticFiles(directory=str(TEMPLATES / "static")), name="static")
@@ -355,6 +355,8 @@ def _parser() -> argparse.ArgumentParser:
                                                    "(required off loopback)")
     parser.add_argument("--origin", action="append", default=[],
                         help="https://name:port browsers use (required for 0.0.0.0 / ::)")
+    parser.add_argument("--audit-archive", help="folder of archived audit segments (the "
+                                                "Overview's chain check reads them)")
     return parser
 
 
@@ -365,7 +367,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = ConsoleSettings(args.site, args.state, args.policy, args.host, args.port,
                                    args.tls_cert, args.tls_key, args.admin_token_file,
-                                   tuple(args.origin))
+                                   tuple(args.origin), args.audit_archive)
     except ConfigError as exc:
         print(f"console: {exc}", file=sys.stderr)
         return 2

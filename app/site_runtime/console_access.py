@@ -123,6 +123,9 @@ class ConsoleSettings:
     origins : tuple of str
         Further origins (``https://name:port``) browsers reach the console by;
         required for a wildcard host.
+    audit_archive : Path, optional
+        The folder the hospital moves rotated audit segments to (``make audit-verify
+        ARCHIVE=``): the Overview's chain check reads them as if in place.
 
     Raises
     ------
@@ -140,6 +143,7 @@ class ConsoleSettings:
     tls_key: Path | None = None
     admin_token_file: Path | None = None
     origins: tuple[str, ...] = ()
+    audit_archive: Path | None = None
     admin_token: str = field(default="", repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -151,6 +155,8 @@ class ConsoleSettings:
             raise ConfigError("console --policy: the site policy file is required")
         object.__setattr__(self, "state_dir", _existing(self.state_dir, "--state", folder=True))
         object.__setattr__(self, "policy_path", _existing(self.policy_path, "--policy"))
+        object.__setattr__(self, "audit_archive",
+                           _existing(self.audit_archive, "--audit-archive", folder=True))
         if isinstance(self.port, bool) or not isinstance(self.port, int) \
                 or not 1 <= self.port <= 65535:
             raise ConfigError(f"console --port must be a port number 1..65535, got {self.port!r}")

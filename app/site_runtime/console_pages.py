@@ -108,15 +108,20 @@ class AuditView:
     ----------
     state_dir : Path
         The site's state dir.
+    archive : Path, optional
+        Where the hospital moved rotated segments: verified as if in place (their
+        records are not listed).
 
     Notes
     -----
-    The cache key is the name, size and mtime of every file of ``<state-dir>/audit/``,
-    so a page refresh with no new record neither re-reads nor re-verifies the log.
+    The cache key is the name, size and mtime of every segment and of ``head.json``
+    (and of the archive's segments), so a page refresh with no new record neither
+    re-reads nor re-verifies the log.
     """
 
-    def __init__(self, state_dir: Path) -> None:
+    def __init__(self, state_dir: Path, archive: Path | None = None) -> None:
         self.state_dir = Path(state_dir)
+        self.archive = archive
         self._lock = threading.Lock()
         self._key: tuple[Any, ...] | None = None
         self._records: list[dict[str, Any]] = []
@@ -124,12 +129,13 @@ class AuditView:
         self._chain: ChainReport | None = None
 
     def _signature(self) -> tuple[Any, ...]:
-        folder = audit_dir(self.state_dir)
-        try:
-            entries = sorted(os.scandir(folder), key=lambda e: e.name)
-        except FileNotFoundError:
-            return ()
-        return tuple((e.name, e.stat().st_size, e.stat().st_mtime_ns) for e in entries
+        entries = []
+        for folder in (audit_dir(self.state_dir), self.archive):
+            try:
+                entries += sorted(os.scandir(folder), key=lambda e: e.name) if folder else []
+            except FileNotFoundError:
+                continue
+        return tuple((e.path, e.stat().st_size, e.stat().st_mtime_ns) for e in entries
                      if e.name.endswith(".jsonl") or e.name == HEAD_NAME)
 
     def _refresh(self) -> None:
@@ -144,7 +150,7 @@ class AuditView:
             except (FedMedError, OSError, ValueError) as exc:
                 error = str(exc)
         self._records, self._error, self._key = records, error, key
-        self._chain = verify_chain(self.state_dir) if key else None
+        self._chain = verify_chain(self.state_dir, self.archive) if key else None
 
     def snapshot(self) -> tuple[list[dict[str, Any]], str, ChainReport | None]:
         """``(records in seq order, read error or "", ChainReport or None when no log)``."""

@@ -7,6 +7,7 @@ import io
 import json
 import os
 import re
+import shutil
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -261,3 +262,19 @@ def test_a_line_that_is_not_json_is_reported_not_a_500(site):
     assert re.search(r'id="chain-status" class="banner broken"', overview.text)
     assert "unreadable" in cell(overview.text, "chain-status")
     assert client.get("/activity").status_code == 200
+
+
+def test_segments_moved_to_the_archive_verify_with_the_archive_option(site, tmp_path):
+    log = AuditLog(site["state"], max_bytes=600)
+    for _ in range(6):
+        log.append(message("answered"))
+    folder = audit_dir(site["state"])
+    rotated = sorted(folder.glob("audit-*.jsonl"))
+    assert len(rotated) >= 2
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    shutil.move(rotated[0], archive / rotated[0].name)
+    assert "removed" in cell(client_of(site).get("/").text, "chain-status")
+    settings = ConsoleSettings("hospital-a", site["state"], site["policy"], audit_archive=archive)
+    client = TestClient(create_console(settings), base_url=BASE, client=("127.0.0.1", 40000))
+    assert cell(client.get("/").text, "chain-status") == "audit log verified, 11 records"
