@@ -105,6 +105,7 @@ def measure(runs: Sequence[tuple[str, bool, int | None]], records: int,
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run every configuration, write the JSON and print the table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=2000)
     parser.add_argument("--rotate-bytes", type=int, default=64 * 1024)

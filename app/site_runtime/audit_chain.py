@@ -7,7 +7,9 @@
 walks the rotated segments of ``<state-dir>/audit/`` (and of the archive folder the
 hospital moved old segments to) in seq order, then ``audit.jsonl``, recomputing each
 record's hash (:func:`app.site_runtime.audit_format.record_hash`) and its link to the
-previous one. It prints ``audit log OK: N records, head <hash>`` (exit 0) or the first
+previous one. The log's files are taken under its lock
+(:meth:`~app.site_runtime.audit_log.AuditLog.snapshot`): a log the site is writing
+verifies. It prints ``audit log OK: N records, head <hash>`` (exit 0) or the first
 problem in one line, ``file:line``, seq and what happened (exit 1); a missing folder
 exits 2.
 
@@ -42,7 +44,7 @@ from typing import Any
 from app.site_runtime.audit_format import (
     CURRENT_NAME, GENESIS, HEAD_NAME, audit_dir, record_hash, segment_paths,
 )
-from app.site_runtime.audit_log import AuditLogError
+from app.site_runtime.audit_log import AuditLog, AuditLogError, LogSnapshot
 
 __all__ = ["ChainReport", "verify_chain", "main"]
 
@@ -105,20 +107,24 @@ class _Broken(Exception):
         self.good: tuple[int, str] | None = None
 
 
-def _segments(folder: Path, archive: Path | None) -> list[Path]:
-    """Rotated segments (state dir first where both hold one) in seq order, then the current."""
+def _segments(snapshot: LogSnapshot, folder: Path,
+              archive: Path | None) -> list[tuple[Path, bytes | None]]:
+    """``(path, bytes)`` of the rotated segments (the state dir's copy where the archive holds
+    one too; bytes None: read when walked) in seq order, then the current segment's."""
     found = dict(segment_paths(archive)) if archive is not None else {}
-    found.update(segment_paths(folder))
-    paths = [found[first] for first in sorted(found)]
-    current = folder / CURRENT_NAME
-    return paths + ([current] if current.exists() else [])
+    found.update(snapshot.rotated)
+    segments: list[tuple[Path, bytes | None]] = [(found[first], None) for first in sorted(found)]
+    if snapshot.current:
+        segments.append((folder / CURRENT_NAME, snapshot.current))
+    return segments
 
 
-def _lines(path: Path) -> list[_Line]:
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise AuditLogError(f"audit log {path}: unreadable: {exc}") from exc
+def _lines(path: Path, data: bytes | None) -> list[_Line]:
+    if data is None:
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise AuditLogError(f"audit log {path}: unreadable: {exc}") from exc
     parts = data.split(b"\n")
     lines = [_Line(path, number, raw, False) for number, raw in enumerate(parts[:-1], start=1)]
     if parts[-1]:
@@ -139,13 +145,12 @@ def _parse(line: _Line) -> dict[str, Any]:
     return record
 
 
-def _read_head(folder: Path) -> dict[str, Any] | None:
-    path = folder / HEAD_NAME
-    try:
-        head = json.loads(path.read_bytes())
-    except FileNotFoundError:
+def _read_head(raw: bytes | None, path: Path) -> dict[str, Any] | None:
+    if raw is None:
         return None
-    except (OSError, ValueError) as exc:
+    try:
+        head = json.loads(raw)
+    except ValueError as exc:
         raise _Broken("unreadable", None, None, f"head.json: {exc}", file=path) from exc
     if not (isinstance(head, dict) and type(head.get("seq")) is int
             and isinstance(head.get("hash"), str)):
@@ -166,7 +171,8 @@ def _expected(expect_head: str | None) -> tuple[int | None, str] | None:
 class _Walk:
     """The chain walked record by record: the seq and hash each next record must link to."""
 
-    def __init__(self, head: dict[str, Any] | None, expect: tuple[int | None, str] | None):
+    def __init__(self, head: dict[str, Any] | None,
+                 expect: tuple[int | None, str] | None) -> None:
         self.seq, self.hash, self.count = 0, GENESIS, 0
         self.previous: tuple[_Line, dict[str, Any]] | None = None
         self.head, self.expect, self.expect_seen = head, expect, False
@@ -276,12 +282,13 @@ def verify_chain(state_dir: str | Path, archive: str | Path | None = None,
         raise AuditLogError(f"audit-verify: archive {archive}: no such folder")
     folder = audit_dir(state)
     walk = _Walk(None, _expected(expect_head))
+    snapshot = AuditLog(state).snapshot()
     try:
-        walk.head = _read_head(folder)
-        segments = _segments(folder, Path(archive) if archive is not None else None)
-        for path in segments:
-            walk.segment(_lines(path))
-        walk.end(segments[-1] if segments else folder / CURRENT_NAME)
+        walk.head = _read_head(snapshot.head, folder / HEAD_NAME)
+        segments = _segments(snapshot, folder, Path(archive) if archive is not None else None)
+        for path, data in segments:
+            walk.segment(_lines(path, data))
+        walk.end(segments[-1][0] if segments else folder / CURRENT_NAME)
     except _Broken as broken:
         records, head_hash = broken.good or (walk.count, walk.hash)
         return ChainReport(False, records, head_hash, broken.problem, broken.seq,

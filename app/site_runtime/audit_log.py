@@ -30,6 +30,7 @@ import os
 import tempfile
 import threading
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,7 @@ from strategies.errors import SiteError
 
 __all__ = [  # the names of the format the log's users need come with it
     "AUDIT_DIR", "CURRENT_NAME", "HEAD_NAME", "GENESIS", "DEFAULT_MAX_BYTES",
-    "AuditLogError", "AuditLog", "audit_dir",
+    "AuditLogError", "AuditLog", "LogSnapshot", "audit_dir",
 ]
 
 log = logging.getLogger("app.site_runtime.audit_log")
@@ -99,6 +100,17 @@ def _fsync_folder(folder: Path) -> None:
         os.close(fd)
 
 
+@dataclass(frozen=True)
+class LogSnapshot:
+    """The log's files at one moment (:meth:`AuditLog.snapshot`): head.json's bytes (None
+    when missing), ``(first seq, path)`` of the rotated segments in seq order (immutable
+    once rotated), and the current segment's bytes (empty when missing)."""
+
+    head: bytes | None
+    rotated: list[tuple[int, Path]]
+    current: bytes
+
+
 class AuditLog:
     """The audit log of one site's state dir (:mod:`module docs <app.site_runtime.audit_log>`).
 
@@ -130,6 +142,11 @@ class AuditLog:
         Safe across threads and processes. Rotates the current segment first when
         it holds ``max_bytes`` or more.
 
+        Returns
+        -------
+        dict
+            The record as written: ``record`` with ``time``, ``seq``, ``prev``, ``hash``.
+
         Raises
         ------
         AuditLogError
@@ -157,32 +174,42 @@ class AuditLog:
     def records(self) -> Iterator[dict[str, Any]]:
         """Yield every record of every segment (rotated ones first) in seq order.
 
-        The segments are taken under the log's lock, so a rotation or an append
-        while the records are read neither hides nor repeats one.
+        Yields
+        ------
+        dict
+            Each record as written, the log's ``seq``, ``time``, ``prev`` and ``hash``
+            included; the segments are those of one :meth:`snapshot`.
 
         Raises
         ------
         AuditLogError
             A line is not a JSON object (the message names the file and line).
         """
-        if not self.folder.is_dir():
-            return
-        with self._flock(fcntl.LOCK_SH):
-            rotated = [path for _, path in segment_paths(self.folder)]
-            try:
-                current = open(self.current, "rb")
-            except FileNotFoundError:
-                current = None
-            size = os.fstat(current.fileno()).st_size if current is not None else 0
-        for path in rotated:
+        snapshot = self.snapshot()
+        for _, path in snapshot.rotated:
             try:
                 data = path.read_bytes()
             except OSError as exc:
                 raise AuditLogError(f"audit log {path}: unreadable: {exc}") from exc
             yield from _parsed(path, data)
-        if current is not None:
-            with current:
-                yield from _parsed(self.current, current.read(size))
+        yield from _parsed(self.current, snapshot.current)
+
+    def snapshot(self) -> LogSnapshot:
+        """Return head.json's bytes, the rotated segments and the current segment's bytes,
+        all taken under the log's lock: no append or rotation is seen half done."""
+        if not self.folder.is_dir():
+            return LogSnapshot(None, [], b"")
+        with self._flock(fcntl.LOCK_SH):
+            try:
+                head = self.head_path.read_bytes()
+            except FileNotFoundError:
+                head = None
+            rotated = segment_paths(self.folder)
+            try:
+                current = self.current.read_bytes()
+            except FileNotFoundError:
+                current = b""
+        return LogSnapshot(head, rotated, current)
 
     def head(self) -> dict[str, Any] | None:
         """Return ``{"seq", "hash"}`` of the last record written, or None before the first."""
@@ -314,7 +341,8 @@ class _FileLock:
 
     def __enter__(self) -> _FileLock:
         try:
-            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, FILE_MODE)
+            access = os.O_RDONLY if self.mode == fcntl.LOCK_SH else os.O_RDWR
+            self.fd = os.open(self.path, access | os.O_CREAT, FILE_MODE)
         except OSError as exc:
             raise AuditLogError(f"audit lock {self.path}: {exc}") from exc
         try:

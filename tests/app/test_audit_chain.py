@@ -4,6 +4,7 @@ reordered or cut record is named by file, line and seq; `make audit-verify`'s ex
 from __future__ import annotations
 
 import json
+import multiprocessing
 import shutil
 import subprocess
 import sys
@@ -231,3 +232,24 @@ def test_make_audit_verify_passes_absolute_folders(tmp_path):
     assert done.returncode == 0, done.stderr
     assert (f"-m app.site_runtime.audit_chain --state {ROOT}/st --archive {ROOT}/old"
             in done.stdout)
+
+
+def _append_rotating(state: str, count: int) -> None:
+    log = AuditLog(state, max_bytes=2048, sync=False)
+    for number in range(count):
+        log.append({"kind": "message", "asked": {"n": number}})
+
+
+def test_a_log_read_while_another_process_appends_and_rotates_always_verifies(tmp_path):
+    writer = multiprocessing.get_context("spawn").Process(
+        target=_append_rotating, args=(str(tmp_path), 300))
+    writer.start()
+    reports, seen = [], []
+    while writer.is_alive() or not reports:
+        reports.append(verify_chain(tmp_path))
+        seen.append([record["seq"] for record in AuditLog(tmp_path).records()])
+    writer.join(60)
+    assert writer.exitcode == 0
+    assert [report.message() for report in reports if not report.ok] == []
+    assert all(seqs == list(range(len(seqs))) for seqs in seen)
+    assert verify_chain(tmp_path).records == 300
