@@ -22,7 +22,8 @@ What each problem means:
 - ``reordered``: a seq comes before a smaller one;
 - ``truncated``: ``head.json`` names a later record than the last one, or the last line
   is torn (no newline);
-- ``unreadable``: a line is not a JSON object with ``seq``, ``prev`` and ``hash``.
+- ``unreadable``: a line is not a JSON object with ``seq``, ``prev`` and ``hash``, or a
+  segment cannot be read.
 
 The chain proves the log was not edited *in place*. Someone able to write the folder
 could still rewrite the whole chain from an early record on (recomputing every hash and
@@ -119,12 +120,15 @@ def _segments(snapshot: LogSnapshot, folder: Path,
     return segments
 
 
-def _lines(path: Path, data: bytes | None) -> list[_Line]:
+def _lines(path: Path, data: bytes | None, seq: int) -> list[_Line]:
+    """The lines of one segment (``data``, else read from ``path``); the next seq due is
+    ``seq`` (named when the file cannot be read, e.g. moved away while verified)."""
     if data is None:
         try:
             data = path.read_bytes()
         except OSError as exc:
-            raise AuditLogError(f"audit log {path}: unreadable: {exc}") from exc
+            raise _Broken("unreadable", seq, None, f"cannot read the segment: {exc}",
+                          file=path) from exc
     parts = data.split(b"\n")
     lines = [_Line(path, number, raw, False) for number, raw in enumerate(parts[:-1], start=1)]
     if parts[-1]:
@@ -272,8 +276,8 @@ def verify_chain(state_dir: str | Path, archive: str | Path | None = None,
     Raises
     ------
     AuditLogError
-        ``state_dir`` or ``archive`` is not a folder, a segment cannot be read, or
-        ``expect_head`` is malformed.
+        ``state_dir`` or ``archive`` is not a folder, or ``expect_head`` is malformed
+        (a segment that cannot be read is reported as ``unreadable``).
     """
     state = Path(state_dir)
     if not state.is_dir():
@@ -287,7 +291,7 @@ def verify_chain(state_dir: str | Path, archive: str | Path | None = None,
         walk.head = _read_head(snapshot.head, folder / HEAD_NAME)
         segments = _segments(snapshot, folder, Path(archive) if archive is not None else None)
         for path, data in segments:
-            walk.segment(_lines(path, data))
+            walk.segment(_lines(path, data, walk.seq))
         walk.end(segments[-1][0] if segments else folder / CURRENT_NAME)
     except _Broken as broken:
         records, head_hash = broken.good or (walk.count, walk.hash)

@@ -166,6 +166,17 @@ def test_the_tail_cut_from_a_rotated_segment_is_named_as_removed(rotated):
     assert _where(verify_chain(rotated)) == ("removed", last, after.name, 1)
 
 
+def test_a_segment_that_cannot_be_read_is_named_as_unreadable(rotated):
+    segment = _segments(rotated)[1]
+    first = json.loads(segment.read_bytes().splitlines()[0])["seq"]
+    segment.unlink()
+    segment.mkdir()  # read as root too: a folder by the segment's name
+    report = verify_chain(rotated)
+    assert (report.problem, report.seq, report.file, report.line) == (
+        "unreadable", first, str(segment), None)
+    assert "cannot read the segment" in report.message()
+
+
 def test_segments_moved_to_an_archive_folder_are_read_in_place(rotated, tmp_path_factory):
     archive = tmp_path_factory.mktemp("archive")
     for segment in _segments(rotated)[:2]:
