@@ -30,7 +30,8 @@ Routes and the element ids the browser tests rely on (every page: ``nav`` with l
                         filter-kind, filter-button), activity-table (row row-<seq>, cells
                         classed col-<column>), csv-link, activity-count; ?page=N
     GET  /activity.csv  the filtered rows as CSV (attachment)
-    GET  /data          loopback clients only (else 403): data-<dataset> sections,
+    GET  /data          loopback clients only, never through a proxy (else 403):
+                        data-<dataset> sections,
                         split table splits-<dataset>, skipped-<dataset>
     GET  /login, POST /login (login-form, input token, button login-button),
     POST /logout
@@ -59,10 +60,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.site_runtime.console_access import (CSRF_FIELD, SESSION_COOKIE, SESSION_SECONDS,
-                                             ConsoleSettings, SessionSigner, is_loopback,
+                                             ConsoleSettings, Session, SessionSigner,
+                                             is_loopback,
                                              request_origin_ok, token_ok)
 from app.site_runtime.console_apps import apps_view
 from app.site_runtime.console_pages import (AuditView, activity_csv, activity_rows,
@@ -107,7 +110,7 @@ def _error_page(request: Request, status: int, text: str) -> Response:
 def _page(request: Request, name: str, status: int = 200, **context: Any) -> Response:
     state = request.app.state
     session = getattr(request.state, "session", None)
-    records, _, chain = state.audit.snapshot()
+    _, _, chain = state.audit.snapshot()
     context.setdefault("page", name.removesuffix(".html"))
     return state.templates.TemplateResponse(request, name, {
         "site": state.settings.site, "chain_alert": chain_banner(chain),
@@ -144,7 +147,7 @@ def _local_path(target: str) -> str:
     return target
 
 
-def _set_session(response: Response, request: Request, session: Any) -> None:
+def _set_session(response: Response, request: Request, session: Session) -> None:
     response.set_cookie(SESSION_COOKIE, request.app.state.signer.dump(session),
                         max_age=SESSION_SECONDS, httponly=True, samesite="strict",
                         secure=request.app.state.settings.tls, path="/")
@@ -260,7 +263,7 @@ def create_console(settings: ConsoleSettings) -> FastAPI:
         fields = await _form(request)
         action, digest = fields.get("action", ""), fields.get("app", "").strip().lower()
         try:
-            edit = plan_edit(settings.policy_path, action, digest)
+            edit = await run_in_threadpool(plan_edit, settings.policy_path, action, digest)
         except FedMedError as exc:
             return _page(request, "error.html", status=400, message=str(exc))
         return _page(request, "apps_confirm.html", edit=edit)
@@ -270,9 +273,9 @@ def create_console(settings: ConsoleSettings) -> FastAPI:
         fields = await _form(request)
         action, digest = fields.get("action", ""), fields.get("app", "")
         try:
-            edit = apply_edit(settings.policy_path, settings.state_dir, action, digest,
-                              fields.get("reason", "").strip()[:500],
-                              expect_fingerprint=fields.get("fingerprint") or None)
+            edit = await run_in_threadpool(
+                apply_edit, settings.policy_path, settings.state_dir, action, digest,
+                fields.get("reason", "").strip()[:500], fields.get("fingerprint") or None)
         except FedMedError as exc:
             return _page(request, "error.html", status=409, message=str(exc))
         done = (f"{action}d {digest[:12]}: " + "; ".join(edit.changes)) if edit.changes \
@@ -307,13 +310,15 @@ def create_console(settings: ConsoleSettings) -> FastAPI:
     @app.get("/activity.csv")
     def activity_export(request: Request) -> Response:
         rows, _ = _filtered(request)
+        name = "".join(c if c.isalnum() or c in "-_" else "_" for c in settings.site)
         return Response(activity_csv(rows), media_type="text/csv; charset=utf-8", headers={
-            "Content-Disposition": f'attachment; filename="audit-{settings.site}.csv"'})
+            "Content-Disposition": f'attachment; filename="audit-{name}.csv"'})
 
     @app.get("/data", response_class=HTMLResponse)
     def data_page(request: Request) -> Response:
         client = request.client.host if request.client else ""
-        if not is_loopback(client):
+        proxied = "forwarded" in request.headers or "x-forwarded-for" in request.headers
+        if not is_loopback(client) or proxied:
             raise HTTPException(403, "the Data page is served to this machine only (loopback): "
                                      "it may name the site's files")
         return _page(request, "data.html", reports=data_reports(settings.state_dir))

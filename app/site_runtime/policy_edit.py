@@ -35,15 +35,20 @@ from typing import Any
 from app.site_runtime.app_approval import approve
 from clients.site.app_rules import SHA256_HEX, read_approved_file
 from clients.site.policy import SitePolicy, load_policy
-from strategies.errors import ConfigError, FedMedError
+from strategies.errors import ConfigError, FedMedError, SiteError
 
-__all__ = ["ACTIONS", "PolicyEdit", "apply_edit", "plan_edit", "set_apps_list"]
+__all__ = ["ACTIONS", "AuditNotWritten", "PolicyEdit", "apply_edit", "plan_edit",
+           "set_apps_list"]
 
 #: The edits the console offers.
 ACTIONS = ("approve", "revoke")
 _EDIT_LOCK = threading.Lock()
 _TABLE = re.compile(r"^\s*\[\s*(\[?)\s*([^\]]*?)\s*\]")
 _BLANK_OR_COMMENT = re.compile(r"^\s*(#.*)?$")
+
+
+class AuditNotWritten(SiteError):
+    """An edit was applied to the policy but its audit record could not be written."""
 
 
 @dataclass(frozen=True)
@@ -271,6 +276,8 @@ def apply_edit(policy_path: Path, state_dir: Path, action: str, app: str, reason
     ------
     ConfigError
         As :func:`plan_edit`, or the policy changed since the confirmation.
+    AuditNotWritten
+        The edit is applied but the audit log could not record it (its message says so).
     """
     with _EDIT_LOCK:
         edit = plan_edit(policy_path, action, app)
@@ -287,6 +294,11 @@ def apply_edit(policy_path: Path, state_dir: Path, action: str, app: str, reason
                 approve(Path(policy_path), app)
             except FedMedError as exc:
                 raise ConfigError(f"approved-file {edit.append_to_file}: {exc}") from exc
-        _audit(Path(state_dir), {"kind": f"app-{action}d", "app": app, "by": by,
-                                 "reason": reason or "no reason given"}, edit, by)
+        try:
+            _audit(Path(state_dir), {"kind": f"app-{action}d", "app": app, "by": by,
+                                     "reason": reason or "no reason given"}, edit, by)
+        except (FedMedError, OSError) as exc:
+            raise AuditNotWritten(f"the {action} of app {app[:12]} IS applied to {policy_path}, "
+                                  f"but the audit log of {state_dir} could not record it "
+                                  f"({exc}); fix the log, then record the act by hand") from exc
         return edit

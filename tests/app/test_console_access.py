@@ -201,6 +201,8 @@ def test_the_data_page_is_served_to_loopback_clients_only(paths):
     response = client_of(settings, host="10.1.2.3").get("/data")
     assert response.status_code == 403 and "may name the site" in response.text
     assert client_of(settings, host="10.1.2.3").get("/activity").status_code == 200
+    proxied = client_of(settings).get("/data", headers={"X-Forwarded-For": "10.1.2.3"})
+    assert proxied.status_code == 403
 
 
 def test_an_internal_error_shows_no_stack_trace(paths, monkeypatch):

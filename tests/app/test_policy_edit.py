@@ -12,7 +12,7 @@ import pytest
 from app.site_runtime.app_approval import AppNotApproved, check_app
 from app.site_runtime.audit_chain import verify_chain
 from app.site_runtime.audit_log import AuditLog
-from app.site_runtime.policy_edit import apply_edit, plan_edit, set_apps_list
+from app.site_runtime.policy_edit import AuditNotWritten, apply_edit, plan_edit, set_apps_list
 from clients.site.policy import load_policy
 from strategies.errors import ConfigError
 from tests.app.console_site import site_folder
@@ -170,3 +170,10 @@ def _failing_on_temp_files(real):
             raise ConfigError(f"site policy {path}: refused for the test")
         return real(path)
     return load
+
+
+def test_an_audit_that_cannot_be_written_says_the_edit_is_applied(site):
+    (site["state"] / "audit").write_text("a file where the audit folder belongs")
+    with pytest.raises(AuditNotWritten, match="IS applied"):
+        apply_edit(site["policy"], site["state"], "revoke", DIGEST, "")
+    assert DIGEST in load_policy(site["policy"]).apps.revoked_sha256
