@@ -92,6 +92,8 @@ class ChainReport:
 
 @dataclass(frozen=True)
 class _Line:
+    """One line of a segment: its file, 1-based number, bytes, and whether it is torn."""
+
     file: Path
     number: int
     raw: bytes
@@ -99,6 +101,8 @@ class _Line:
 
 
 class _Broken(Exception):
+    """The first problem found: raised out of the walk, turned into a :class:`ChainReport`."""
+
     def __init__(self, problem: str, seq: int | None, place: _Line | None, detail: str,
                  file: Path | None = None) -> None:
         super().__init__(detail)

@@ -59,6 +59,7 @@ SCALARS = (str, int, float, bool, type(None))
 class AuditLogError(SiteError):
     """The audit log cannot be written or read; the message names the file (and line)."""
 
+
 def _utc_now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
