@@ -35,6 +35,8 @@ from flwr.supercore.exit import ExitCode
 from mlflow.tracking import MlflowClient
 
 from app.site_runtime.app_approval import fab_sha256, keygen, project_fab, sign_app
+from app.site_runtime.audit_chain import verify_chain
+from app.site_runtime.audit_log import AuditLog
 from app.tooling.certs import ensure_server_certificate
 from app.tooling.environment import free_port
 from app.tooling.flwr_cli import list_supernodes, wait_online
@@ -182,6 +184,21 @@ def test_two_authenticated_sites_federate_over_tls(deployment, tmp_path, small_h
                                                         + d.link.flower_log.read_text())
     for node in nodes:
         assert "refused a train.vertical request" in node.log_text(), _tail(node)
+
+    # Each site's runtime audited every message it received, in an unbroken chain.
+    for site in SITES:
+        state = tmp_path / "state" / site
+        assert verify_chain(state).ok, verify_chain(state).message()
+        records = list(AuditLog(state).records())
+        assert records[0]["kind"] == "node-start"
+        messages = [r for r in records if r["kind"] == "message"]
+        assert {r["type"] for r in messages if r["decision"] == "answered" and
+                r["app"] == digest} == {"train", "evaluate"}
+        assert all(r["bytes_sent"] > 0 and r["run"] == outcome.run_id for r in messages
+                   if r["decision"] == "answered")
+        assert {r["rule"] for r in messages if r["run"] == refused.run_id} == {"apps"}
+        assert {r["rule"] for r in messages if r["type"] == "train.vertical"} == {
+            "vertical.allowed"}
 
     # The bundle with one changed byte: refused by both sites, nothing of it installed or run.
     changed_run = client.search_runs(
