@@ -83,6 +83,8 @@ log = logging.getLogger("fedmed.console")
 TEMPLATES = Path(__file__).with_name("console_templates")
 #: Activity rows per page.
 PAGE_ROWS = 200
+#: How long a stop waits for open requests and keep-alive connections (seconds).
+GRACE_SECONDS = 3
 #: The largest form body accepted (bytes).
 MAX_FORM_BYTES = 64 * 1024
 _SECURITY_HEADERS = {
@@ -334,7 +336,8 @@ def serve_console(settings: ConsoleSettings, stop: threading.Event | None = None
     config = uvicorn.Config(create_console(settings), host=settings.host, port=settings.port,
                             ssl_certfile=str(settings.tls_cert) if settings.tls_cert else None,
                             ssl_keyfile=str(settings.tls_key) if settings.tls_key else None,
-                            log_level="warning", server_header=False, proxy_headers=False)
+                            log_level="warning", server_header=False, proxy_headers=False,
+                            timeout_graceful_shutdown=GRACE_SECONDS)
     server = uvicorn.Server(config)
     if stop is not None:
         def watch() -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 import socket
 import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -14,6 +16,7 @@ from fastapi.testclient import TestClient
 from app.site_runtime.console import create_console, main, serve_console
 from app.site_runtime.console_access import (SESSION_COOKIE, SESSION_SECONDS, ConsoleSettings,
                                              SessionSigner, is_loopback)
+from app.tooling.certs import cert_paths, ensure_server_certificate
 from clients.site.policy import load_policy
 from strategies.errors import ConfigError
 from tests.app.console_site import site_folder
@@ -258,19 +261,48 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def test_serve_console_answers_over_http_until_stopped(paths):
-    settings = ConsoleSettings("a", paths["state"], paths["policy"], port=_free_port())
+@contextmanager
+def _serving(settings: ConsoleSettings, probe: Callable[[], httpx.Response]) -> Iterator[None]:
+    """Run :func:`serve_console` in a thread until the block ends; wait until it answers."""
     stop = threading.Event()
     server = threading.Thread(target=serve_console, args=(settings, stop), daemon=True)
     server.start()
-    url = f"http://127.0.0.1:{settings.port}/policy"
     for _ in range(300):
         try:
-            response = httpx.get(url, timeout=5)
+            probe()
             break
         except httpx.TransportError:
             server.join(0.1)
-    assert response.status_code == 200 and 'id="policy-fingerprint"' in response.text
-    stop.set()
-    server.join(30)
+    try:
+        yield
+    finally:
+        stop.set()
+        server.join(30)
     assert not server.is_alive()
+
+
+def test_serve_console_answers_over_http_until_stopped(paths):
+    settings = ConsoleSettings("a", paths["state"], paths["policy"], port=_free_port())
+    url = f"http://127.0.0.1:{settings.port}/policy"
+    with _serving(settings, lambda: httpx.get(url, timeout=5)):
+        response = httpx.get(url, timeout=5)
+    assert response.status_code == 200 and 'id="policy-fingerprint"' in response.text
+
+
+def test_serve_console_over_tls_with_the_admin_token(paths, tmp_path):
+    ensure_server_certificate(tmp_path / "certs", "127.0.0.1,localhost")
+    certs = cert_paths(tmp_path / "certs")
+    settings = ConsoleSettings("a", paths["state"], paths["policy"], port=_free_port(),
+                               tls_cert=certs.server_cert, tls_key=certs.server_key,
+                               admin_token_file=paths["token"])
+    origin = f"https://127.0.0.1:{settings.port}"
+    with httpx.Client(base_url=origin, verify=str(certs.ca_cert), timeout=5) as client, \
+            _serving(settings, lambda: httpx.get(origin, verify=str(certs.ca_cert), timeout=5)):
+        first = client.get("/apps")
+        assert first.headers["location"] == "/login?next=/apps"
+        assert "Secure" in first.headers["set-cookie"]
+        login = client.get("/login")
+        done = client.post("/login", data={"csrf": csrf_of(login.text), "token": TOKEN,
+                                           "next": "/apps"}, headers={"Origin": origin})
+        assert done.status_code == 303 and "Secure" in done.headers["set-cookie"]
+        assert 'id="apps-table"' in client.get("/apps").text
