@@ -40,6 +40,8 @@ __all__ = ["ACTIVITY_COLUMNS", "AuditView", "CONNECTED_SECONDS", "activity_csv",
 
 #: A node-status file older than this (seconds) means the node is not connected.
 CONNECTED_SECONDS = 30.0
+#: The decisions of a message record (SHARED DESIGN 3 of issue #33).
+DECISIONS = ("answered", "refused", "failed")
 #: The Activity table's and the CSV's columns: (header, record key).
 ACTIVITY_COLUMNS = (("seq", "seq"), ("time", "time"), ("kind", "kind"), ("run", "run"),
                     ("federation", "federation"), ("type", "type"), ("decision", "decision"),
@@ -169,16 +171,18 @@ def chain_banner(chain: ChainReport | None) -> dict[str, Any]:
 
 
 def overview(records: list[dict[str, Any]], today: str | None = None) -> dict[str, Any]:
-    """The last message record and today's message counts by decision."""
+    """The last message record and today's (UTC) message counts by decision.
+
+    The three decisions are always counted (0 when none); any other value a record
+    carries is counted after them.
+    """
     today = today or datetime.now(timezone.utc).date().isoformat()
     messages = [r for r in records if r.get("kind") == "message"]
-    counts = Counter(str(r.get("decision")) for r in messages
-                     if str(r.get("time", "")).startswith(today))
+    counts = Counter({decision: 0 for decision in DECISIONS})
+    counts.update(str(r.get("decision")) for r in messages
+                  if str(r.get("time", "")).startswith(today))
     return {"last": messages[-1] if messages else None, "today": today,
-            "counts": {d: counts.get(d, 0) for d in ("answered", "refused", "failed")}
-                      | {d: n for d, n in counts.items() if d not in ("answered", "refused",
-                                                                      "failed")},
-            "total": len(records)}
+            "counts": dict(counts), "total": len(records)}
 
 
 def _shown(value: Any) -> str:
