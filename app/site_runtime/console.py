@@ -63,9 +63,8 @@ from fastapi.templating import Jinja2Templates
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.site_runtime.console_access import (CSRF_FIELD, SESSION_COOKIE, SESSION_SECONDS,
-                                             ConsoleSettings, Session, SessionSigner,
-                                             is_loopback,
+from app.site_runtime.console_access import (CSRF_FIELD, SESSION_SECONDS, ConsoleSettings,
+                                             Session, SessionSigner, is_loopback,
                                              request_origin_ok, token_ok)
 from app.site_runtime.console_apps import apps_view
 from app.site_runtime.console_pages import (AuditView, activity_csv, activity_rows,
@@ -150,7 +149,8 @@ def _local_path(target: str) -> str:
 
 
 def _set_session(response: Response, request: Request, session: Session) -> None:
-    response.set_cookie(SESSION_COOKIE, request.app.state.signer.dump(session),
+    response.set_cookie(request.app.state.settings.cookie_name,
+                        request.app.state.signer.dump(session),
                         max_age=SESSION_SECONDS, httponly=True, samesite="strict",
                         secure=request.app.state.settings.tls, path="/")
 
@@ -159,7 +159,7 @@ async def _guard(request: Request, call_next: Any) -> Response:
     """Host check, session, origin check of every POST, login, security headers."""
     state = request.app.state
     settings: ConsoleSettings = state.settings
-    session = state.signer.load(request.cookies.get(SESSION_COOKIE))
+    session = state.signer.load(request.cookies.get(settings.cookie_name))
     fresh = session is None
     request.state.session = session = session or state.signer.new(admin=False)
     if request.headers.get("host", "").lower() not in settings.own_hosts():

@@ -43,7 +43,8 @@ __all__ = ["CSRF_FIELD", "ConsoleSettings", "SESSION_COOKIE", "SESSION_SECONDS",
            "SessionSigner", "is_loopback", "origin_of", "read_admin_token", "request_origin_ok",
            "token_ok"]
 
-#: The session cookie's name.
+#: The session cookie's name, before ``_<port>`` (browsers share cookies across the ports
+#: of one host: two sites' consoles on one machine would log each other out).
 SESSION_COOKIE = "fedmed_console"
 #: The hidden form field that carries the CSRF token.
 CSRF_FIELD = "csrf"
@@ -184,6 +185,11 @@ class ConsoleSettings:
         object.__setattr__(self, "origins", origins)
         if self.admin_token_file is not None:
             object.__setattr__(self, "admin_token", read_admin_token(self.admin_token_file))
+
+    @property
+    def cookie_name(self) -> str:
+        """This console's session cookie: :data:`SESSION_COOKIE` and its port."""
+        return f"{SESSION_COOKIE}_{self.port}"
 
     @property
     def tls(self) -> bool:

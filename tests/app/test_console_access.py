@@ -122,7 +122,7 @@ def test_security_headers_and_cookie_flags(paths):
     assert response.headers["x-frame-options"] == "DENY"
     assert response.headers["referrer-policy"] == "same-origin"
     cookie = response.headers["set-cookie"]
-    assert cookie.startswith(SESSION_COOKIE) and "HttpOnly" in cookie
+    assert cookie.startswith(f"{SESSION_COOKIE}_8470=") and "HttpOnly" in cookie
     assert "SameSite=strict" in cookie or "SameSite=Strict" in cookie
 
 
