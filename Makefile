@@ -257,6 +257,8 @@ predict: install
 #                  [POLICY=/abs/policy.toml]   (the site policy; default configs/site-policy.toml)
 #                  [RETAIN_DAYS=30]  (a federation's state folder is removed after RETAIN_DAYS
 #                                     days untouched; 0 keeps all)
+#                  [CONSOLE=1 [CONSOLE_PORT=8470]]  (also serve the hospital's console on
+#                                     127.0.0.1:CONSOLE_PORT in the node process)
 #   make supernodes                                (which sites are online)
 #   make federate ROSTER=/abs/roster.toml [ROUNDS=2] [RUN_CONFIG="local-steps=20 min-nodes=2"]
 #                 (the site roster, docs/DEPLOYMENT.md section 3, is required:
@@ -310,12 +312,13 @@ register: install
 		--site $(SITE) $(if $(PUBKEY),--public-key $(abspath $(PUBKEY)))
 
 supernode: install
-	@test -n "$(SITE)" -a -n "$(DATA)" || { echo "usage: make supernode SITE=<name> DATA=/abs/site/folder [STATE=/abs/dir] [SUPERNODE_PORT=port] [POLICY=/abs/policy.toml] [RETAIN_DAYS=30]" >&2; exit 2; }
+	@test -n "$(SITE)" -a -n "$(DATA)" || { echo "usage: make supernode SITE=<name> DATA=/abs/site/folder [STATE=/abs/dir] [SUPERNODE_PORT=port] [POLICY=/abs/policy.toml] [RETAIN_DAYS=30] [CONSOLE=1 [CONSOLE_PORT=8470]]" >&2; exit 2; }
 	$(PY) -m app.tooling.deployment supernode $(DEPLOY_ARGS) --site $(SITE) --data $(abspath $(DATA)) \
 		$(if $(STATE),--state $(abspath $(STATE))) \
 		$(if $(SUPERNODE_PORT),--runtime-port $(SUPERNODE_PORT)) \
 		--policy $(if $(POLICY),$(abspath $(POLICY)),$(CURDIR)/configs/site-policy.toml) \
-		$(if $(RETAIN_DAYS),--state-retention-days $(RETAIN_DAYS))
+		$(if $(RETAIN_DAYS),--state-retention-days $(RETAIN_DAYS)) \
+		$(if $(filter 1 true yes,$(CONSOLE)),--console-port $(or $(CONSOLE_PORT),8470))
 
 supernodes: install
 	@$(PY) -m app.tooling.deployment nodes $(DEPLOY_ARGS) --flwr-home $(DEPLOY_FLWR_HOME)

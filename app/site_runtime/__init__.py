@@ -18,6 +18,7 @@
 ``audit_format.py``         the audit log's files: names, canonical JSON, record hash
 ``console.py``              the hospital's console (``make console``): pages, CLI, uvicorn
 ``console_access.py``       ConsoleSettings, bind rule, admin-token login, CSRF
+``console_http.py``         what every page shares: request guard, rendering, forms
 ``console_pages.py``        what the Overview, Policy, Activity and Data pages show
 ``console_apps.py``         what the Apps page shows (approvals, keys, revocations, apps seen)
 ``console_privacy.py``      what the Privacy page shows (epsilon per dataset, its curve)

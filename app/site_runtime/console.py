@@ -2,7 +2,8 @@
 
 Server-rendered pages (FastAPI + Jinja2 templates in ``console_templates/``, one
 stylesheet, no script). Access rules (loopback by default, TLS and an admin token
-otherwise, CSRF on every POST, security headers): :mod:`app.site_runtime.console_access`.
+otherwise, CSRF on every POST, security headers): :mod:`app.site_runtime.console_access`;
+the guard, rendering and forms every page shares: :mod:`app.site_runtime.console_http`.
 What each page shows: :mod:`app.site_runtime.console_pages`, ``console_apps``,
 ``console_privacy``; approve / revoke: :mod:`app.site_runtime.policy_edit`.
 
@@ -50,9 +51,8 @@ import logging
 import sys
 import threading
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, quote, urlencode
+from urllib.parse import urlencode
 
 import uvicorn
 from fastapi import FastAPI, HTTPException, Request
@@ -63,123 +63,26 @@ from fastapi.templating import Jinja2Templates
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.site_runtime.console_access import (CSRF_FIELD, SESSION_SECONDS, ConsoleSettings,
-                                             Session, SessionSigner, is_loopback,
-                                             request_origin_ok, token_ok)
+from app.site_runtime.console_access import (ConsoleSettings, SessionSigner, is_loopback,
+                                             token_ok)
+from app.site_runtime.console_http import (TEMPLATES, current_policy, error_page, guard,
+                                           local_path, read_form, render, set_session)
 from app.site_runtime.console_apps import apps_view
 from app.site_runtime.console_pages import (AuditView, activity_csv, activity_rows,
                                             chain_banner, data_reports, node_status, overview,
                                             policy_sections)
 from app.site_runtime.console_privacy import PrivacyView
 from app.site_runtime.policy_edit import apply_edit, plan_edit
-from clients.site.policy import SitePolicy, load_policy
 from strategies.errors import ConfigError, FedMedError
 
-__all__ = ["create_console", "main", "serve_console"]
+__all__ = ["create_console", "main", "serve_console", "start_console_thread"]
 
 log = logging.getLogger("fedmed.console")
 
-TEMPLATES = Path(__file__).with_name("console_templates")
 #: Activity rows per page.
 PAGE_ROWS = 200
 #: How long a stop waits for open requests and keep-alive connections (seconds).
 GRACE_SECONDS = 3
-#: The largest form body accepted (bytes).
-MAX_FORM_BYTES = 64 * 1024
-_SECURITY_HEADERS = {
-    "Content-Security-Policy": "default-src 'self'; base-uri 'none'; form-action 'self'; "
-                               "frame-ancestors 'none'",
-    "X-Frame-Options": "DENY",
-    "Referrer-Policy": "same-origin",
-    "X-Content-Type-Options": "nosniff",
-    "Cache-Control": "no-store",
-}
-_OPEN_PATHS = ("/login", "/static/console.css")
-
-
-def _policy(settings: ConsoleSettings) -> tuple[SitePolicy | None, str]:
-    try:
-        return load_policy(settings.policy_path), ""
-    except FedMedError as exc:
-        return None, str(exc)
-
-
-def _error_page(request: Request, status: int, text: str) -> Response:
-    return _page(request, "error.html", status=status, message=text, page="error")
-
-
-def _page(request: Request, name: str, status: int = 200, **context: Any) -> Response:
-    state = request.app.state
-    session = getattr(request.state, "session", None)
-    _, _, chain = state.audit.snapshot()
-    context.setdefault("page", name.removesuffix(".html"))
-    return state.templates.TemplateResponse(request, name, {
-        "site": state.settings.site, "chain_alert": chain_banner(chain),
-        "csrf": state.signer.csrf_token(session) if session else "",
-        "logged_in": bool(session and session.admin and state.settings.admin_token),
-        "flash": _flash(request), **context}, status_code=status)
-
-
-def _flash(request: Request) -> str:
-    """The result message of the last action, when the console itself signed it."""
-    text, mac = request.query_params.get("done", ""), request.query_params.get("mac", "")
-    return text if text and request.app.state.signer.text_ok(text, mac) else ""
-
-
-async def _form(request: Request) -> dict[str, str]:
-    """The urlencoded form of a POST, after its CSRF token is checked (403 if wrong)."""
-    body = await request.body()
-    if len(body) > MAX_FORM_BYTES:
-        raise HTTPException(413, f"form over {MAX_FORM_BYTES} bytes")
-    fields = {key: values[-1] for key, values in
-              parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True).items()}
-    session = request.state.session
-    if not request.app.state.signer.csrf_ok(session, fields.get(CSRF_FIELD, "")):
-        raise HTTPException(403, "the form's CSRF token is missing or stale: reload the page "
-                                 "and try again; nothing was changed")
-    return fields
-
-
-def _local_path(target: str) -> str:
-    """``target`` when it is a path of this console (never another site: no open redirect)."""
-    if not target.startswith("/") or target[1:2] in ("/", "\\") or any(
-            c in target for c in "\r\n"):
-        return "/"
-    return target
-
-
-def _set_session(response: Response, request: Request, session: Session) -> None:
-    response.set_cookie(request.app.state.settings.cookie_name,
-                        request.app.state.signer.dump(session),
-                        max_age=SESSION_SECONDS, httponly=True, samesite="strict",
-                        secure=request.app.state.settings.tls, path="/")
-
-
-async def _guard(request: Request, call_next: Any) -> Response:
-    """Host check, session, origin check of every POST, login, security headers."""
-    state = request.app.state
-    settings: ConsoleSettings = state.settings
-    session = state.signer.load(request.cookies.get(settings.cookie_name))
-    fresh = session is None
-    request.state.session = session = session or state.signer.new(admin=False)
-    if request.headers.get("host", "").lower() not in settings.own_hosts():
-        response = Response("unknown Host header: the console answers only by its own address",
-                            status_code=400, media_type="text/plain")
-    elif request.method not in ("GET", "HEAD") and not request_origin_ok(
-            settings, request.headers.get("origin"), request.headers.get("referer")):
-        response = _error_page(request, 403, "this form was not sent from the console's own "
-                                             "pages (Origin/Referer check); nothing was changed")
-    elif settings.admin_token and not session.admin and request.url.path not in _OPEN_PATHS:
-        response = (RedirectResponse(f"/login?next={quote(request.url.path)}", status_code=303)
-                    if request.method in ("GET", "HEAD") else
-                    _error_page(request, 403, "log in with the admin token first"))
-    else:
-        response = await call_next(request)
-    if fresh and "set-cookie" not in response.headers:
-        _set_session(response, request, session)
-    for name, value in _SECURITY_HEADERS.items():
-        response.headers.setdefault(name, value)
-    return response
 
 
 def create_console(settings: ConsoleSettings) -> FastAPI:
@@ -191,22 +94,22 @@ def create_console(settings: ConsoleSettings) -> FastAPI:
     app.state.templates = Jinja2Templates(directory=str(TEMPLATES))
     app.state.audit = AuditView(settings.state_dir, settings.audit_archive)
     app.state.privacy = PrivacyView(settings.state_dir)
-    app.middleware("http")(_guard)
+    app.middleware("http")(guard)
     app.mount("/static", StaticFiles(directory=str(TEMPLATES / "static")), name="static")
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
-        return _error_page(request, exc.status_code, str(exc.detail))
+        return error_page(request, exc.status_code, str(exc.detail))
 
     @app.exception_handler(RequestValidationError)
     async def bad_request(request: Request, exc: RequestValidationError) -> Response:
         wrong = ", ".join(str(error.get("loc", ["?"])[-1]) for error in exc.errors())
-        return _error_page(request, 400, f"bad value of {wrong} in the address")
+        return error_page(request, 400, f"bad value of {wrong} in the address")
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> Response:
         log.exception("console: %s %s failed", request.method, request.url.path)
-        return _error_page(request, 500, f"internal error ({type(exc).__name__}); the "
+        return error_page(request, 500, f"internal error ({type(exc).__name__}); the "
                                          "console's log has the details")
 
     @app.get("/favicon.ico")
@@ -215,25 +118,25 @@ def create_console(settings: ConsoleSettings) -> FastAPI:
 
     @app.get("/login", response_class=HTMLResponse)
     def login_form(request: Request, next: str = "/") -> Response:
-        return _page(request, "login.html", next=_local_path(next), wrong=False)
+        return render(request, "login.html", next=local_path(next), wrong=False)
 
     @app.post("/login")
     async def login(request: Request) -> Response:
-        fields = await _form(request)
-        target = _local_path(fields.get("next", "/"))
+        fields = await read_form(request)
+        target = local_path(fields.get("next", "/"))
         if not token_ok(settings, fields.get("token", "")):
             log.warning("console: a login with a wrong admin token from %s",
                         request.client.host if request.client else "?")
-            return _page(request, "login.html", status=403, next=target, wrong=True)
+            return render(request, "login.html", status=403, next=target, wrong=True)
         response = RedirectResponse(target, status_code=303)
-        _set_session(response, request, app.state.signer.new(admin=True))
+        set_session(response, request, app.state.signer.new(admin=True))
         return response
 
     @app.post("/logout")
     async def logout(request: Request) -> Response:
-        await _form(request)
+        await read_form(request)
         response = RedirectResponse("/login" if settings.admin_token else "/", status_code=303)
-        _set_session(response, request, app.state.signer.new(admin=False))
+        set_session(response, request, app.state.signer.new(admin=False))
         return response
 
     @app.get("/", response_class=HTMLResponse)
@@ -243,43 +146,43 @@ def create_console(settings: ConsoleSettings) -> FastAPI:
         summary = overview(records)
         last = summary["last"]
         run = status.get("run") if status.get("run") is not None else (last or {}).get("run")
-        return _page(request, "overview.html", status=200, node=status, summary=summary,
-                     run=run, chain=chain_banner(chain), read_error=read_error)
+        return render(request, "overview.html", status=200, node=status, summary=summary,
+                      run=run, chain=chain_banner(chain), read_error=read_error)
 
     @app.get("/policy", response_class=HTMLResponse)
     def policy_page(request: Request) -> Response:
-        policy, error = _policy(settings)
-        return _page(request, "policy.html", policy=policy, error=error,
-                     sections=policy_sections(policy) if policy else [],
-                     path=str(settings.policy_path))
+        policy, error = current_policy(settings)
+        return render(request, "policy.html", policy=policy, error=error,
+                      sections=policy_sections(policy) if policy else [],
+                      path=str(settings.policy_path))
 
     @app.get("/apps", response_class=HTMLResponse)
     def apps_page(request: Request) -> Response:
-        policy, error = _policy(settings)
+        policy, error = current_policy(settings)
         records, _, _ = app.state.audit.snapshot()
-        return _page(request, "apps.html", error=error,
-                     view=apps_view(policy.apps, records) if policy else None)
+        return render(request, "apps.html", error=error,
+                      view=apps_view(policy.apps, records) if policy else None)
 
     @app.post("/apps/confirm", response_class=HTMLResponse)
     async def apps_confirm(request: Request) -> Response:
-        fields = await _form(request)
+        fields = await read_form(request)
         action, digest = fields.get("action", ""), fields.get("app", "").strip().lower()
         try:
             edit = await run_in_threadpool(plan_edit, settings.policy_path, action, digest)
         except FedMedError as exc:
-            return _page(request, "error.html", status=400, message=str(exc))
-        return _page(request, "apps_confirm.html", edit=edit)
+            return render(request, "error.html", status=400, message=str(exc))
+        return render(request, "apps_confirm.html", edit=edit)
 
     @app.post("/apps/apply")
     async def apps_apply(request: Request) -> Response:
-        fields = await _form(request)
+        fields = await read_form(request)
         action, digest = fields.get("action", ""), fields.get("app", "")
         try:
             edit = await run_in_threadpool(
                 apply_edit, settings.policy_path, settings.state_dir, action, digest,
                 fields.get("reason", "").strip()[:500], fields.get("fingerprint") or None)
         except FedMedError as exc:
-            return _page(request, "error.html", status=409, message=str(exc))
+            return render(request, "error.html", status=409, message=str(exc))
         done = (f"{action}d {digest[:12]}: " + "; ".join(edit.changes)) if edit.changes \
             else f"nothing to change: {digest[:12]} was already {action}d"
         log.warning("console: %s", done)
@@ -288,10 +191,10 @@ def create_console(settings: ConsoleSettings) -> FastAPI:
 
     @app.get("/privacy", response_class=HTMLResponse)
     def privacy_page(request: Request) -> Response:
-        policy, error = _policy(settings)
-        return _page(request, "privacy.html", error=error,
-                     datasets=app.state.privacy.datasets(policy),
-                     admin_log=app.state.privacy.admin_log())
+        policy, error = current_policy(settings)
+        return render(request, "privacy.html", error=error,
+                      datasets=app.state.privacy.datasets(policy),
+                      admin_log=app.state.privacy.admin_log())
 
     def _filtered(request: Request) -> tuple[list[dict[str, Any]], dict[str, str]]:
         records, _, _ = app.state.audit.snapshot()
@@ -306,8 +209,9 @@ def create_console(settings: ConsoleSettings) -> FastAPI:
         pages = max((len(rows) + PAGE_ROWS - 1) // PAGE_ROWS, 1)
         page = min(max(page, 1), pages)
         query = urlencode({k: v for k, v in chosen.items() if v})
-        return _page(request, "activity.html", rows=rows[(page - 1) * PAGE_ROWS:page * PAGE_ROWS],
-                     count=len(rows), chosen=chosen, page_number=page, pages=pages, query=query)
+        shown = rows[(page - 1) * PAGE_ROWS:page * PAGE_ROWS]
+        return render(request, "activity.html", rows=shown, count=len(rows), chosen=chosen,
+                      page_number=page, pages=pages, query=query)
 
     @app.get("/activity.csv")
     def activity_export(request: Request) -> Response:
@@ -323,7 +227,7 @@ def create_console(settings: ConsoleSettings) -> FastAPI:
         if not is_loopback(client) or proxied:
             raise HTTPException(403, "the Data page is served to this machine only (loopback): "
                                      "it may name the site's files")
-        return _page(request, "data.html", reports=data_reports(settings.state_dir))
+        return render(request, "data.html", reports=data_reports(settings.state_dir))
 
     return app
 
@@ -347,6 +251,24 @@ def serve_console(settings: ConsoleSettings, stop: threading.Event | None = None
     log.warning("console of site %s on %s://%s:%d", settings.site,
                 "https" if settings.tls else "http", settings.host, settings.port)
     server.run()
+
+
+def start_console_thread(settings: ConsoleSettings, stop: threading.Event) -> threading.Thread:
+    """Serve the console in a daemon thread of this process until ``stop`` is set.
+
+    The site node's ``--console-port`` (``make supernode CONSOLE=1``): a console that
+    cannot start (its port taken) is logged and never stops the node.
+    """
+    def run() -> None:
+        try:
+            serve_console(settings, stop)
+        except (SystemExit, OSError) as exc:  # uvicorn exits when it cannot bind
+            log.error("console of site %s not served on %s:%d (%s)", settings.site,
+                      settings.host, settings.port, exc or "address in use?")
+
+    thread = threading.Thread(target=run, name="console", daemon=True)
+    thread.start()
+    return thread
 
 
 def _parser() -> argparse.ArgumentParser:

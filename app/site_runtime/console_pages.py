@@ -215,7 +215,8 @@ def policy_sections(policy: SitePolicy) -> list[tuple[str, list[tuple[str, str]]
 def _detail(record: dict[str, Any]) -> str:
     kind = record.get("kind")
     if kind == "policy-change":
-        return f"policy {record.get('previous')} -> {record.get('fingerprint')} by {record.get('by')}"
+        return (f"policy {record.get('previous')} -> {record.get('fingerprint')} "
+                f"by {record.get('by')}")
     if kind == "node-start":
         return f"site {record.get('site')}, policy {record.get('policy')}"
     if kind == "message":

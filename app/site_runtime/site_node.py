@@ -1,15 +1,16 @@
 """A hospital's node process: Flower's SuperNode and the hospital's site runner, together.
 
 ``python -m app.site_runtime.site_node --policy /abs/policy.toml [--poll-interval S]
-[--max-workers N] [--transfer-lanes N] -- <flower-supernode arguments>`` runs, in one
-process the
-hospital starts:
+[--max-workers N] [--transfer-lanes N] [--console-port PORT] -- <flower-supernode
+arguments>`` runs, in one process the hospital starts:
 
 * ``flower-supernode`` with ``--isolation process`` (it serves its Runtime API on
   loopback and starts nothing itself), and
 * the :class:`~app.site_runtime.site_runner.SiteRunner` in a thread: it acquires
   each ClientApp task, checks the app bundle against the site policy and runs
-  approved ones in warm workers.
+  approved ones in warm workers, and
+* with ``--console-port PORT`` (``make supernode CONSOLE=1``), the hospital's console
+  (:mod:`app.site_runtime.console`) on ``127.0.0.1:PORT`` in another thread.
 
 ``--policy`` is required and must be the file the node config's ``policy-path``
 names (:mod:`app.site_runtime.one_policy`): the node refuses to start otherwise.
@@ -169,6 +170,14 @@ def _runtime_address(supernode_args: list[str]) -> str:
     return f"127.0.0.1:{supernode_args[supernode_args.index('--port') + 1]}"
 
 
+def _start_console(node: SiteConfig, policy: Path, port: int, stop: threading.Event) -> None:
+    """The hospital's console on loopback in this process (fastapi is imported only then)."""
+    from app.site_runtime.console import start_console_thread  # pylint: disable=C0415
+    from app.site_runtime.console_access import ConsoleSettings  # pylint: disable=C0415
+    node.state_dir.mkdir(parents=True, exist_ok=True)
+    start_console_thread(ConsoleSettings(node.name, node.state_dir, policy, port=port), stop)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Start the site runner thread, then run the SuperNode in this process until it exits."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -186,6 +195,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--transfer-lanes", type=int, default=4,
                         help="concurrent requests per message transfer (Flower: 2 or the "
                              "CPU cores, the fewer)")
+    parser.add_argument("--console-port", type=int, default=None,
+                        help="also serve the hospital's console on 127.0.0.1:PORT")
     args = parser.parse_args(ours)
     if args.policy is None:
         print("site_node: --policy /abs/policy.toml is required (the one site policy file, "
@@ -205,11 +216,13 @@ def main(argv: list[str] | None = None) -> None:
     expire_state(node_config)  # the state-retention rule, at start (the runner: before each run)
     widen_transfers(args.transfer_lanes)
     signals = NodeSignals()
+    node = SiteConfig.from_node_config(node_config, data_root="")
     runner = SiteRunner(_runtime_address(supernode_args), args.policy, poll_interval=1.0,
-                        max_workers=args.max_workers, signals=signals,
-                        node=SiteConfig.from_node_config(node_config, data_root=""))
+                        max_workers=args.max_workers, signals=signals, node=node)
     stop = threading.Event()
     threading.Thread(target=runner.serve, args=(stop,), name="site-runner", daemon=True).start()
+    if args.console_port:
+        _start_console(node, args.policy, args.console_port, stop)
     cap_supernode_waits(args.poll_interval, signals)
     from flwr.supercore.logger import update_console_handler  # pylint: disable=C0415
     from flwr.supernode.cli.flower_supernode import flower_supernode  # pylint: disable=C0415

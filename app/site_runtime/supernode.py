@@ -63,7 +63,8 @@ class SuperNodeProcess(DaemonProcess):
               private_key: Path | None = None, torch_threads: int = 0,
               max_wait_time: float | None = None, policy: Path | None = None,
               runner: str = "warm", poll_interval: float = 0.25,
-              state_retention_days: float | None = None) -> SuperNodeProcess:
+              state_retention_days: float | None = None,
+              console_port: int | None = None) -> SuperNodeProcess:
         """Start the SuperNode of ``site`` (returns at once; it connects in the background).
 
         Parameters
@@ -99,9 +100,15 @@ class SuperNodeProcess(DaemonProcess):
         state_retention_days : float, optional
             Node option ``state-retention-days``: days a federation's state folder
             is kept after its last change (None: the default, 30; 0: kept forever).
+        console_port : int, optional
+            With the site runner: serve the hospital's console
+            (:mod:`app.site_runtime.console`) on ``127.0.0.1:<console_port>`` in the
+            node process (``make supernode CONSOLE=1``).
         """
         if runner not in ("warm", "flower"):
             raise FlowerProcessError(f"runner must be 'warm' or 'flower', got {runner!r}")
+        if console_port and runner != "warm":
+            raise FlowerProcessError("the console runs in the site node: runner must be 'warm'")
         data_path = Path(data_path)
         if policy is None and runner == "warm":
             raise FlowerProcessError("the site runner needs the site policy: give policy="
@@ -137,7 +144,9 @@ class SuperNodeProcess(DaemonProcess):
         else:
             command = [sys.executable, "-m", "app.site_runtime.site_node",
                        *(["--policy", str(policy)] if policy else []),
-                       "--poll-interval", str(poll_interval), "--", *command]
+                       "--poll-interval", str(poll_interval),
+                       *(["--console-port", str(console_port)] if console_port else []),
+                       "--", *command]
         extra = {"FEDMED_TORCH_THREADS": str(torch_threads)} if torch_threads else {}
         daemon = spawn_daemon(command, flower_env(folder / "flwr-home", extra),
                               folder / "supernode.log", f"flower-supernode {site}", cwd=folder)

@@ -140,7 +140,8 @@ def _cmd_supernode(args: argparse.Namespace) -> int:
                                   else None, args.runtime_port, args.private_key,
                                   torch_threads=args.torch_threads,
                                   policy=args.policy.resolve(),
-                                  state_retention_days=args.state_retention_days)
+                                  state_retention_days=args.state_retention_days,
+                                  console_port=args.console_port)
     return _foreground(node, f"SuperNode {args.site} -> {_superlink_address(args)} (pid "
                        f"{node.pid}, runtime API 127.0.0.1:{node.port})\n  data     "
                        f"{args.data.resolve()}\n  policy   {args.policy.resolve()}",
@@ -234,6 +235,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--state-retention-days", type=float, default=None,
                    help="days a federation's state folder is kept after its last change "
                         "(default 30; 0 keeps all)")
+    p.add_argument("--console-port", type=int, default=None,
+                   help="also serve the hospital's console on 127.0.0.1:PORT (make supernode "
+                        "CONSOLE=1; off loopback: make console)")
     p.set_defaults(func=_cmd_supernode)
 
     p = sub.add_parser("nodes", help="list SuperNodes with their site names")

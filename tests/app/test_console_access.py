@@ -13,7 +13,7 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from app.site_runtime.console import create_console, main, serve_console
+from app.site_runtime.console import create_console, main, serve_console, start_console_thread
 from app.site_runtime.console_access import (SESSION_COOKIE, SESSION_SECONDS, ConsoleSettings,
                                              SessionSigner, is_loopback)
 from app.tooling.certs import cert_paths, ensure_server_certificate
@@ -306,3 +306,15 @@ def test_serve_console_over_tls_with_the_admin_token(paths, tmp_path):
                                            "next": "/apps"}, headers={"Origin": origin})
         assert done.status_code == 303 and "Secure" in done.headers["set-cookie"]
         assert 'id="apps-table"' in client.get("/apps").text
+
+
+def test_a_console_thread_on_a_taken_port_is_logged_and_ends(paths, caplog):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        settings = ConsoleSettings("a", paths["state"], paths["policy"],
+                                   port=taken.getsockname()[1])
+        thread = start_console_thread(settings, threading.Event())
+        thread.join(60)
+    assert not thread.is_alive()
+    assert "not served" in caplog.text
