@@ -18,8 +18,10 @@ Routes and the element ids the browser tests rely on (every page: ``nav`` with l
                         policy-rules, policy-dp, policy-secure-aggregation,
                         policy-vertical, policy-apps
     GET  /apps          apps-any, apps-table (approved digests; row app-<digest>),
-                        keys-table, revoked-table, seen-table (row seen-<digest>),
-                        forms revoke-<digest> (button revoke-button-<digest>),
+                        keys-table, revoked-table (row revoked-<digest>, form
+                        approve-<digest>), seen-table (row seen-<digest>, forms
+                        seen-revoke-<digest> / seen-approve-<digest>), forms
+                        revoke-<digest> (button revoke-button-<digest>),
                         approve-form (input approve-digest, button approve-button)
     POST /apps/confirm  action, app -> the confirmation page: confirm-changes (list),
                         confirm-form (input reason, button confirm-button), cancel-link

@@ -19,6 +19,7 @@ from app.site_runtime.console import create_console
 from app.site_runtime.console_access import ConsoleSettings
 from app.site_runtime.console_pages import activity_csv, activity_rows, data_reports, node_status
 from app.site_runtime.console_privacy import PrivacyView, policy_delta
+from app.site_runtime.policy_edit import apply_edit
 from clients.site.policy import load_policy
 from clients.site.privacy_ledger import PrivacyLedger
 from tests.app.console_site import site_folder
@@ -181,11 +182,14 @@ def test_an_unreadable_policy_is_shown_not_a_500(site):
 
 
 def test_apps_page_lists_apps_seen_with_their_standing(site):
+    apply_edit(site["policy"], site["state"], "approve", APP_A, "")  # approved and seen
     html = client_of(site).get("/apps").text
     seen = re.search(r'id="seen-table">(.*?)</table>', html, re.S).group(1)
     assert f'id="seen-{APP_B}"' in seen and f'id="seen-{APP_A}"' in seen
-    assert "refused (rule apps)" in seen
-    assert f'id="revoke-{APP_A}"' in html
+    assert "refused (rule apps)" in seen and "approved by digest (approved-sha256)" in seen
+    assert f'id="seen-revoke-{APP_A}"' in html
+    ids = re.findall(r'id="([^"]+)"', html)
+    assert len(ids) == len(set(ids))
     assert cell(html, "apps-any").startswith("any = false")
 
 
@@ -214,6 +218,8 @@ def test_every_page_has_the_nav_and_no_script(site):
     for page in ("/", "/policy", "/apps", "/privacy", "/activity", "/data"):
         html = client.get(page).text
         assert 'id="nav"' in html and "<script" not in html
+        ids = re.findall(r'id="([^"]+)"', html)
+        assert len(ids) == len(set(ids)), page
 
 
 def test_the_privacy_curve_ends_at_the_ledgers_epsilon_bit_for_bit(site):
