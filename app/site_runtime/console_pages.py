@@ -35,8 +35,9 @@ from clients.site.data_report import DATA_REPORT_DIR
 from clients.site.policy import SitePolicy
 from strategies.errors import FedMedError
 
-__all__ = ["ACTIVITY_COLUMNS", "AuditView", "CONNECTED_SECONDS", "activity_csv",
-           "activity_rows", "data_reports", "node_status", "overview", "policy_sections"]
+__all__ = ["ACTIVITY_COLUMNS", "AuditView", "CONNECTED_SECONDS", "DECISIONS", "activity_csv",
+           "activity_rows", "chain_banner", "data_reports", "node_status", "overview",
+           "policy_sections"]
 
 #: A node-status file older than this (seconds) means the node is not connected.
 CONNECTED_SECONDS = 30.0
