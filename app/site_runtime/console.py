@@ -12,8 +12,9 @@ Routes and the element ids the browser tests rely on (every page: ``nav`` with l
 ``flash`` for the result of an action; every form carries the hidden ``csrf`` field)::
 
     GET  /              Overview: node-connected (text "connected" / "not connected"),
-                        current-run, last-message, counts-today (count-answered,
-                        count-refused, count-failed), chain-status (class ok / broken)
+                        current-run, last-message, policy-in-force, counts-today
+                        (count-answered, count-refused, count-failed), chain-status (class
+                        ok / broken)
     GET  /policy        policy-fingerprint, policy-error, one table per section:
                         policy-rules, policy-dp, policy-secure-aggregation,
                         policy-vertical, policy-apps
@@ -148,8 +149,10 @@ def create_console(settings: ConsoleSettings) -> FastAPI:
         summary = overview(records)
         last = summary["last"]
         run = status.get("run") if status.get("run") is not None else (last or {}).get("run")
+        policy, policy_error = current_policy(settings)
         return render(request, "overview.html", status=200, node=status, summary=summary,
-                      run=run, chain=chain_banner(chain), read_error=read_error)
+                      run=run, chain=chain_banner(chain), read_error=read_error,
+                      fingerprint=policy.fingerprint if policy else "", policy_error=policy_error)
 
     @app.get("/policy", response_class=HTMLResponse)
     def policy_page(request: Request) -> Response:

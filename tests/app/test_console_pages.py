@@ -71,6 +71,7 @@ def test_overview_counts_today_and_verified_chain(site):
     assert cell(html, "chain-status") == "audit log verified, 5 records"
     assert cell(html, "current-run") == "8"
     assert cell(html, "node-connected").startswith("not connected")
+    assert cell(html, "policy-in-force") == load_policy(site["policy"]).fingerprint
 
 
 def test_overview_names_an_edited_record_in_red(site):
