@@ -31,12 +31,13 @@ from typing import Any
 from flwr.app import Context, Message
 
 from app.config.site_config import SiteConfig
+from app.site_runtime.app_approval import SIGNATURE_KEY
 from strategies import message_keys as keys
 from strategies.errors import FedMedError
 from strategies.replies import wire_size
 
 __all__ = ["ASKED_INSTRUCTION_KEYS", "ASKED_RUN_KEYS", "asked_of", "decision_of",
-           "LedgerSnapshot", "message_record"]
+           "LedgerSnapshot", "message_record", "signature_expiry"]
 
 log = logging.getLogger("fedmed.site_runner")
 
@@ -53,6 +54,8 @@ ASKED_RUN_KEYS = ("task", "local-steps", "batch-size", "image-size", "optimizer"
 _MAX_TEXT = 64
 #: A policy rule as the site's refusals name it (``policy rule min-batch-size (refused)``).
 _RULE = re.compile(re.escape(keys.POLICY_RULE_PREFIX) + r"([a-z][a-z0-9.\-]*) \(refused\)")
+#: ``YYYY-MM-DD:`` at the start of an ``app-signature`` (:func:`~app.site_runtime.app_approval.sign_app`).
+_DATE = re.compile(r"\d{4}-\d{2}-\d{2}:")
 #: Error codes of a refusal (the data policy's, the runner's app check's).
 _REFUSALS = (keys.POLICY_REFUSAL_CODE, keys.APP_REFUSAL_CODE)
 
@@ -99,8 +102,15 @@ def _federation(message: Message) -> str:
     return str(value) if value is not None else ""
 
 
+def signature_expiry(run_config: Mapping[str, Any]) -> str | None:
+    """The expiry date (``YYYY-MM-DD``) the run's ``app-signature`` was signed with, if any."""
+    text = str(run_config.get(SIGNATURE_KEY, ""))
+    return text[:10] if _DATE.fullmatch(text[:11]) else None
+
+
 def message_record(message: Message, reply: Message, context: Context, fab_hash: str,
-                   seconds: float, epsilon: float | None) -> dict[str, Any]:
+                   seconds: float, epsilon: float | None, approval: str | None = None
+                   ) -> dict[str, Any]:
     """The audit record of one message and the reply the site sent to it.
 
     Parameters
@@ -116,6 +126,10 @@ def message_record(message: Message, reply: Message, context: Context, fab_hash:
     epsilon : float or None
         The epsilon the message charged to the site's ledgers (:class:`LedgerSnapshot`;
         None when a changed ledger could not be read).
+    approval : str, optional
+        How the site policy approved the bundle (``any``, ``sha256`` or ``key <12 hex>``,
+        :func:`~app.site_runtime.app_approval.check_app`); None when it was not checked
+        or refused. A key's approval holds through ``signature_expires``.
     """
     decision, rule, code = decision_of(reply)
     return {"kind": "message",
@@ -124,7 +138,9 @@ def message_record(message: Message, reply: Message, context: Context, fab_hash:
             "app": fab_hash, "type": message.metadata.message_type,
             "asked": asked_of(message, context.run_config), "decision": decision, "rule": rule,
             "error_code": code, "bytes_sent": wire_size(reply.content) if reply.has_content()
-            else 0, "epsilon": None if epsilon is None else round(float(epsilon), 9), "seconds": round(float(seconds), 4)}
+            else 0, "epsilon": None if epsilon is None else round(float(epsilon), 9),
+            "seconds": round(float(seconds), 4), "approval": approval,
+            "signature_expires": signature_expiry(context.run_config)}
 
 
 class LedgerSnapshot:

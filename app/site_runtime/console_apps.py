@@ -9,7 +9,8 @@ audit log's message records:
 * the apps seen in the audit log: last seen, last decision, and how the policy in
   force treats them now. A bundle approved only by a trusted key's signature runs
   through the expiry date signed with it (the run's ``app-signature``,
-  :mod:`app.site_runtime.app_approval`), which the audit record does not hold.
+  :mod:`app.site_runtime.app_approval`): the runtime's audit record of its last
+  message holds that date and the key that approved it.
 """
 
 from __future__ import annotations
@@ -76,9 +77,15 @@ def apps_view(rules: AppRules, records: list[dict[str, Any]]) -> dict[str, Any]:
                 or not SHA256_HEX.fullmatch(app):
             continue
         seen[app] = {"app": app, "last_seen": record.get("time", ""),
-                     "decision": record.get("decision", ""), "rule": record.get("rule") or ""}
+                     "decision": record.get("decision", ""), "rule": record.get("rule") or "",
+                     "approval": str(record.get("approval") or ""),
+                     "expires": str(record.get("signature_expires") or "")}
     for row in seen.values():
         row["standing"] = standing(rules, row["app"], in_file)
+        if row["standing"].startswith("not approved by digest") \
+                and row["approval"].startswith("key ") and row["expires"]:
+            row["standing"] = (f"approved by the signature of {row['approval']} (last run), "
+                               f"valid through {row['expires']}")
         row["revoked"] = row["app"] in rules.revoked_sha256
     approved = [{"app": app, "where": "approved-sha256", "note": "no expiry",
                  "revoked": app in rules.revoked_sha256} for app in rules.approved_sha256]

@@ -149,6 +149,7 @@ class SiteRunner:
         self._installed: set[str] = set()
         self._runs: set[int] = set()
         self._audits: dict[Path, SiteAudit] = {}
+        self._approvals: dict[str, str] = {}  # message id -> how its bundle was approved
         self.node_audit = None if node is None else self._audit_at(node.state_dir, node.name)
         if self.node_audit is not None:
             self.node_audit.node_started(self._policy().fingerprint)
@@ -261,11 +262,12 @@ class SiteRunner:
         returns the record as written (None when the node config names no state dir or
         the log cannot be written, said loudly in the site's log).
         """
+        approval = self._approvals.pop(message.metadata.message_id, None)
         audit = self._audit_of(context)
         if audit is None:
             return None
         return audit.message(message_record(message, reply, context, fab_hash, seconds,
-                                            ledgers.charged()))
+                                            ledgers.charged(), approval))
 
     def _receipt(self, message_id: str, started: float) -> str:
         """`` (receipt X s)``: when, after the pull started, the SuperNode had every object."""
@@ -288,6 +290,7 @@ class SiteRunner:
             if audit is not None:
                 audit.policy_in_force(policy.fingerprint)
             how = check_app(policy.apps, fab.hash_str, fab.content, signature)
+            self._approvals[message.metadata.message_id] = how
         except (AppNotApproved, ConfigError) as refusal:
             log.warning("site %s refused app %s: %s", site, fab.hash_str[:12], refusal)
             why = (refusal if isinstance(refusal, AppNotApproved) else

@@ -5,6 +5,7 @@ once per fingerprint; the node's status for the console."""
 from __future__ import annotations
 
 import json
+from datetime import date
 from types import SimpleNamespace
 
 import pytest
@@ -13,12 +14,15 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from app.site_errors import error_reply
 from app.site_runtime.audit_chain import verify_chain
-from app.site_runtime.app_approval import fab_sha256
+from app.site_runtime import site_runner
+from app.site_runtime.app_approval import SIGNATURE_KEY, fab_sha256, keygen, sign_app
 from app.site_runtime.audit_log import AuditLog
+from app.site_runtime.console_apps import apps_view
 from app.site_runtime.audit_record import LedgerSnapshot, decision_of, message_record
 from app.site_runtime.site_audit import STATUS_NAME, SiteAudit
 from app.site_runtime.site_runner import SiteRunner
-from clients.site.policy import PolicyRefusal
+from clients.site.app_rules import key_fingerprint, load_public_key
+from clients.site.policy import PolicyRefusal, load_policy
 from clients.site.privacy_ledger import PrivacyLedger
 from strategies import message_keys as keys
 from tests.app.site_messages import instruction
@@ -126,3 +130,28 @@ def test_the_node_audits_its_start_and_keeps_its_status(tmp_path):
     kinds = [(r["kind"], r.get("policy", r.get("fingerprint"))) for r in
              AuditLog(tmp_path).records()]
     assert kinds == [("node-start", "abcd"), ("policy-change", "abcd")]
+
+
+def test_a_signed_bundle_is_audited_with_its_key_and_expiry(site, tmp_path, monkeypatch):
+    _, public = keygen(tmp_path / "keys")
+    digest = fab_sha256(FAB)
+    signature = sign_app(digest, tmp_path / "keys" / "app-signing.key", date(2099, 1, 31))
+    site.policy.write_text(f'[apps]\nany = false\ntrusted-keys = ["{public}"]\n')
+    monkeypatch.setattr(site_runner, "verified_install", lambda content: (None, []))
+    message = instruction("evaluate")
+    answer = Message(RecordDict({keys.METRICS: MetricRecord({keys.NUM_EXAMPLES: 3})}),
+                     reply_to=message)
+    monkeypatch.setattr(site.runner.pool, "run", lambda key, job: ("done", answer,
+                                                                   job["context"]))
+    context = _context(site.node_config, **{SIGNATURE_KEY: signature})
+    fab = SimpleNamespace(hash_str=digest, content=FAB)
+    reply, context, _, _ = site.runner._answer(message, context, SimpleNamespace(
+        run_id=1, fab_id="fedmed", fab_version="0.1.0"), fab)
+    record = site.runner.audit(message, reply, context, digest, 0.1, LedgerSnapshot(context))
+    fingerprint = key_fingerprint(load_public_key(public))
+    assert (record["decision"], record["approval"], record["signature_expires"]) == (
+        "answered", f"key {fingerprint}", "2099-01-31")
+    rules = load_policy(site.policy).apps
+    seen = apps_view(rules, list(AuditLog(site.state).records()))["seen"]
+    assert seen[0]["standing"] == (f"approved by the signature of key {fingerprint} (last run), "
+                                   "valid through 2099-01-31")
