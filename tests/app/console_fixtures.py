@@ -6,7 +6,7 @@ the way the site runtime fills them: a node start, messages of every decision (a
 a policy refusal and a failure recorded with the runtime's own record builder; the
 tests have the real site runner refuse apps), two datasets' privacy ledgers (one
 budget extended by the admin command) and a data report with a skipped item. Its console is served
-by :func:`app.site_runtime.console.serve_console` in a thread on a free loopback port,
+by :func:`app.site_runtime.console.start_console_thread` on a free loopback port,
 once per test module, and one headless Chromium (Debian's package, driven by
 Playwright; never a downloaded browser) serves every test of the module.
 
@@ -38,6 +38,8 @@ from PIL import Image
 from app.site_errors import error_reply
 from app.site_runtime.app_approval import approve, fab_sha256
 from app.site_runtime.audit_record import LedgerSnapshot, message_record
+from app.site_runtime.console import start_console_thread
+from app.site_runtime.console_access import ConsoleSettings
 from app.site_runtime.privacy_budget import main as privacy_budget
 from app.site_runtime.site_audit import SiteAudit
 from app.site_runtime.site_runner import SiteRunner
@@ -197,16 +199,12 @@ def _wait_until_served(url: str, thread: threading.Thread) -> None:
 
 @pytest.fixture(scope="module")
 def console(console_site: ConsoleSite) -> Iterator[ConsoleSite]:
-    """``console_site`` with its console served on loopback (``console_site.url``)."""
-    from app.site_runtime.console import serve_console  # noqa: PLC0415
-    from app.site_runtime.console_access import ConsoleSettings  # noqa: PLC0415
-
+    """``console_site`` with its console served on loopback (``console_site.url``), in a
+    thread as the site node serves it (``make supernode CONSOLE=1``)."""
     settings = ConsoleSettings(site=SITE, state_dir=console_site.state,
                                policy_path=console_site.policy, port=_free_port())
     stop = threading.Event()
-    thread = threading.Thread(target=serve_console, args=(settings, stop), name="console",
-                              daemon=True)
-    thread.start()
+    thread = start_console_thread(settings, stop)
     console_site.url = f"http://127.0.0.1:{settings.port}"
     try:
         _wait_until_served(console_site.url, thread)
