@@ -186,28 +186,37 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _wait_until_served(url: str, thread: threading.Thread) -> None:
+def _served(url: str, thread: threading.Thread) -> bool:
+    """Whether the console of ``thread`` answers at ``url`` (False: it could not bind)."""
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and thread.is_alive():
         try:
             with urllib.request.urlopen(url + "/policy", timeout=2):
-                return
+                pass
         except OSError:
             time.sleep(0.1)
-    pytest.fail(f"the console did not answer at {url} (thread alive: {thread.is_alive()})")
+            continue
+        thread.join(timeout=0.5)  # a console that lost its port to another process exits
+        return thread.is_alive()
+    return False
 
 
 @pytest.fixture(scope="module")
 def console(console_site: ConsoleSite) -> Iterator[ConsoleSite]:
     """``console_site`` with its console served on loopback (``console_site.url``), in a
-    thread as the site node serves it (``make supernode CONSOLE=1``)."""
-    settings = ConsoleSettings(site=SITE, state_dir=console_site.state,
-                               policy_path=console_site.policy, port=_free_port())
+    thread as the site node serves it (``make supernode CONSOLE=1``); another free port
+    is tried if one was taken meanwhile."""
     stop = threading.Event()
-    thread = start_console_thread(settings, stop)
-    console_site.url = f"http://127.0.0.1:{settings.port}"
     try:
-        _wait_until_served(console_site.url, thread)
+        for _ in range(3):
+            settings = ConsoleSettings(site=SITE, state_dir=console_site.state,
+                                       policy_path=console_site.policy, port=_free_port())
+            thread = start_console_thread(settings, stop)
+            console_site.url = f"http://127.0.0.1:{settings.port}"
+            if _served(console_site.url, thread):
+                break
+        else:
+            pytest.fail(f"the console did not answer at {console_site.url}")
         yield console_site
     finally:
         stop.set()
