@@ -1,0 +1,201 @@
+"""Server optimizers, SCAFFOLD, FedProx and FedNova vs FedAvg, pooled and local-only training.
+
+Issue 34, item 3, as a configuration of the product: each method is a run
+config (:mod:`server_optimizer_methods`) run by the in-process engine on site
+folders written by the product's converter (:mod:`server_optimizer_sets`).
+Methods: ``fedavg``, ``fedavgm`` / ``fedadam`` / ``fedyogi``
+(``strategy.server-opt``), ``fedprox`` (``proximal-mu``), ``fednova``
+(``strategy.aggregator``), ``scaffold``, ``pooled`` (centralised, the same
+total local steps) and ``local-only``; a method whose run-config key the
+product does not declare yet is left out of the default list and refused
+when asked for, naming the key.
+
+Protocol: per set and method, a grid of the sites' lr x the method's knob
+runs with seed 0 and the setting with the best validation metric (mean of the
+last ``--tail`` rounds, site-averaged) is chosen on validation data only; it
+then runs with ``--seeds`` seeds (seed 0's run is the tuning run). The
+reported metric is the unweighted mean over the sites of each site's ``test``
+split metric (FLamby averages its per-centre test metrics the same way),
+after the last round; ``rounds_to_target``: the first round reaching
+``--fraction`` of pooled's final metric (:mod:`server_optimizer_summary`).
+A seed fixes the initial model and every batch; the data split is fixed
+(converter seed 0). Usage::
+
+    python bench/server_optimizers.py                       # heart-disease, 5 seeds
+    python bench/server_optimizers.py --sets pneumoniamnist --methods fedavg pooled
+    python bench/server_optimizers.py --quick --sets msd-lung   # wiring check
+
+Writes ``--output`` (default ``bench/results/server_optimizers.json``) after
+every method; it keeps the sets and methods a run does not measure (measured
+with the same set settings).
+"""
+
+from __future__ import annotations
+
+# First: one BLAS/OpenMP thread before numpy/torch load, and the project importable.
+from single_thread import ROOT  # noqa: I001
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from dataclasses import asdict  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from report import Column, environment, print_table, write_report  # noqa: E402
+from server_optimizer_methods import (LRS, METHODS, run_method, settings_grid,  # noqa: E402
+                                      unavailable)
+from server_optimizer_sets import SETS, BenchSet, build_folders, shortened  # noqa: E402
+from server_optimizer_summary import choose, goals, summarise, val_score  # noqa: E402
+
+__all__ = ["available_methods", "main"]
+
+DEFAULT_OUTPUT = ROOT / "bench" / "results" / "server_optimizers.json"
+
+
+def available_methods() -> tuple[list[str], dict[str, str]]:
+    """The methods the product can run now, and why each other one cannot."""
+    reasons = {name: unavailable(name) for name in METHODS}
+    return [m for m, r in reasons.items() if r is None], {m: r for m, r in reasons.items() if r}
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sets", nargs="+", default=["heart-disease"], choices=list(SETS))
+    p.add_argument("--methods", nargs="+", default=None,
+                   help="default: every method whose run-config keys the product declares")
+    p.add_argument("--seeds", type=int, default=5, help="seeds 0 .. seeds-1 (0 also tunes)")
+    p.add_argument("--lrs", type=float, nargs="+", default=list(LRS), help="sites' lr grid")
+    p.add_argument("--rounds", type=int, default=0, help="0: the set's")
+    p.add_argument("--steps", type=int, default=0, help="local steps a round (0: the set's)")
+    p.add_argument("--sites", type=int, default=0, help="0: the set's (heart-disease: 4)")
+    p.add_argument("--max-per-site", type=int, default=0, help="items per site (0: all)")
+    p.add_argument("--fraction", type=float, default=0.95, help="target: this x pooled's final")
+    p.add_argument("--tail", type=int, default=3, help="rounds of the validation score")
+    p.add_argument("--quick", action="store_true", help="wiring check: 2 rounds of 2 steps, "
+                   "2 sites (heart-disease: 4) of at most 16 items, one lr, one seed")
+    p.add_argument("--shared", type=Path, default=ROOT.parent / "shared" / "data")
+    p.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
+    p.add_argument("--workdir", type=Path, default=None, help="default: a temporary folder")
+    return p
+
+
+def _methods(parser: argparse.ArgumentParser, asked: list[str] | None) -> list[str]:
+    """The methods to run: ``asked`` (each known and available, else the parser's error
+    naming it) or every available one."""
+    ready, reasons = available_methods()
+    if asked is None:
+        return ready
+    for name in asked:
+        if name not in METHODS:
+            parser.error(f"unknown method {name!r} (known: {', '.join(METHODS)})")
+        if name in reasons:
+            parser.error(f"method {name!r} cannot run: {reasons[name]}")
+    return list(dict.fromkeys(asked))
+
+
+def _kept(output: Path, sets: dict[str, dict], running: set[tuple[str, str]]) -> dict:
+    """What ``output`` holds that this run keeps: records of sets measured with the same
+    settings (or not measured now), less the (set, method) pairs in ``running``."""
+    old = json.loads(output.read_text()) if output.is_file() else {}
+    same = {n for n, s in old.get("sets", {}).items() if sets.get(n, s) == s}
+
+    def keep(r: dict) -> bool:
+        return r["set"] in same and (r["set"], r["method"]) not in running
+
+    return {"sets": {n: s for n, s in old.get("sets", {}).items() if n in same},
+            "per_seed": [r for r in old.get("per_seed", []) if keep(r)],
+            "tuning": [r for r in old.get("tuning", []) if keep(r)],
+            "commands": old.get("commands", [])}
+
+
+def _measure(bench_set: BenchSet, methods: list[str], args: argparse.Namespace, payload: dict,
+             tmp: Path) -> None:
+    """Tune and run every method of ``methods`` on ``bench_set``; the output after each."""
+    folders = build_folders(bench_set, args.shared, tmp / bench_set.name / "folders")
+    work = args.workdir or tmp / bench_set.name / "runs"
+    for name in methods:
+        trials = []
+        for setting in settings_grid(METHODS[name], args.lrs):
+            curves = run_method(bench_set, folders, name, setting, 0, work)
+            trials.append({"setting": setting, "val": curves.val, "test": curves.test,
+                           "seconds": curves.seconds})
+            print(f"[{bench_set.name}] tune {name} {setting}: val "
+                  f"{val_score(curves.val, args.tail)} ({curves.seconds:.0f} s)", flush=True)
+        chosen = choose(trials, args.tail)
+        payload["tuning"].append({
+            "set": bench_set.name, "method": name, "seed": 0, "chosen": chosen["setting"],
+            "trials": [{"setting": t["setting"], "val_score": val_score(t["val"], args.tail),
+                        "val": t["val"]} for t in trials]})
+        records = [{"set": bench_set.name, "method": name, "seed": 0, **chosen}]
+        for seed in range(1, args.seeds):
+            curves = run_method(bench_set, folders, name, chosen["setting"], seed, work)
+            records.append({"set": bench_set.name, "method": name, "seed": seed,
+                            "setting": chosen["setting"], "val": curves.val,
+                            "test": curves.test, "seconds": curves.seconds})
+        payload["per_seed"] += records
+        print(f"[{bench_set.name}] {name} {chosen['setting']}: test "
+              f"{[round(r['test'][-1], 4) for r in records if r['test'][-1] is not None]}",
+              flush=True)
+        _write(payload, args)
+
+
+def _write(payload: dict, args: argparse.Namespace) -> None:
+    """The summary rows and goals of ``payload``'s records, then ``payload`` to ``--output``."""
+    payload["runs"] = [row for name in payload["sets"] for row in summarise(
+        name, payload["sets"][name]["metric"], payload["per_seed"], args.fraction)]
+    payload["goals"] = goals(payload["runs"])
+    write_report(args.output, payload, indent=1, allow_nan=False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    methods = _methods(parser, args.methods)
+    if args.quick:
+        args.seeds, args.lrs = 1, args.lrs[:1]
+        args.rounds, args.steps = args.rounds or 2, args.steps or 2
+        args.sites, args.max_per_site = args.sites or 2, args.max_per_site or 16
+    sets = [shortened(SETS[n], args.rounds, args.steps, args.sites, args.max_per_site)
+            for n in args.sets]
+    records = json.loads(json.dumps({s.name: asdict(s) for s in sets}))  # as the file holds them
+    kept = _kept(args.output, records, {(s.name, m) for s in sets for m in methods})
+    started = time.perf_counter()
+    payload = {
+        "description": __doc__.split("\n\n")[0], "engine": "in-process",
+        "protocol": {"fraction": args.fraction, "tail": args.tail, "lrs": args.lrs,
+                     "tuning_seed": 0, "optimizer": "sgd", "momentum": 0.0,
+                     "metric_average": "unweighted mean over sites of each site's test split",
+                     "quick": args.quick},
+        "sets": {**kept["sets"], **records}, "runs": [], "goals": {},
+        "tuning": kept["tuning"], "per_seed": kept["per_seed"], "skipped": [],
+        "unavailable": available_methods()[1],
+        "commands": kept["commands"] + [" ".join(["python", "bench/server_optimizers.py",
+                                                  *(sys.argv[1:] if argv is None else argv)])],
+        "machine": {**environment(), "device": "cpu"}}
+    with tempfile.TemporaryDirectory(prefix="server-optimizers-") as tmp:
+        for bench_set in sets:
+            if not (args.shared / bench_set.shared_file).is_file():
+                payload["skipped"].append({"set": bench_set.name, "reason": f"no "
+                                           f"{args.shared / bench_set.shared_file}"})
+                del payload["sets"][bench_set.name]
+                continue
+            _measure(bench_set, methods, args, payload, Path(tmp))
+    payload["wall_seconds"] = time.perf_counter() - started
+    _write(payload, args)
+    print_table("final test metric (mean +- sd over seeds), rounds to target", [
+        Column("set", "<15", lambda r: r["set"]), Column("method", "<11", lambda r: r["method"]),
+        Column("metric", "<9", lambda r: r["metric"]),
+        Column("final", "7.4f", lambda r: r["final_metric"]), Column("sd", "6.4f",
+                                                                     lambda r: r["sd"]),
+        Column("to target", ">9", lambda r: f"{r['rounds_to_target']:.1f}"
+               if r["rounds_to_target"] is not None else "never"),
+        Column("seeds", "5d", lambda r: r["seeds"])], payload["runs"])
+    for name, goal in payload["goals"].items():
+        print(f"{name}: best federated {goal['best_federated']}, gap closed {goal['gap_closed']}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

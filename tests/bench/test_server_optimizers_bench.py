@@ -1,0 +1,163 @@
+"""``bench/server_optimizers.py``: tuning choice, summary and goal arithmetic, the test views,
+the refusal of unknown or not-yet-available methods, and ``--quick`` runs through the product
+(in-process engine) on synthetic tabular hospitals and (with ``../shared/data``) the real
+heart-disease hospitals: the issue's JSON format, a later run keeping the methods it does not
+measure."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+bench = importlib.import_module("server_optimizers")
+methods = importlib.import_module("server_optimizer_methods")
+sets = importlib.import_module("server_optimizer_sets")
+summary = importlib.import_module("server_optimizer_summary")
+
+ROOT = Path(__file__).resolve().parents[2]
+SHARED = ROOT.parent / "shared" / "data"
+HEART = sets.SETS["heart-disease"].shared_file
+
+
+def _record(method: str, seed: int, test: list[float | None]) -> dict:
+    return {"set": "s", "method": method, "seed": seed, "setting": {"lr": 0.1}, "val": test,
+            "test": test}
+
+
+def test_the_chosen_setting_has_the_best_validation_tail_first_on_ties():
+    trials = [{"setting": {"lr": 0.03}, "val": [0.9, 0.5, 0.6]},
+              {"setting": {"lr": 0.1}, "val": [0.1, 0.7, None]},
+              {"setting": {"lr": 0.3}, "val": [0.0, 0.5, 0.9]}]
+    assert summary.val_score(trials[0]["val"], 2) == pytest.approx(0.55)
+    assert summary.val_score(trials[1]["val"], 2) == pytest.approx(0.7)  # None left out
+    assert summary.choose(trials, 2)["setting"] == {"lr": 0.1}  # 0.7 ties 0.7: the first
+    assert summary.choose(trials, 1)["setting"] == {"lr": 0.3}  # 0.9; lr 0.1 has none
+    with pytest.raises(ValueError, match="no tuning run has a validation metric"):
+        summary.choose([{"setting": {}, "val": [None]}], 1)
+
+
+def test_rows_are_means_over_seeds_with_rounds_to_a_share_of_pooled():
+    per_seed = [_record("pooled", 0, [0.6, 0.8, 0.8]), _record("pooled", 1, [0.7, 0.8, 1.0]),
+                _record("fedavg", 0, [0.5, 0.6, 0.7]), _record("fedavg", 1, [0.5, 0.9, 0.6]),
+                _record("fedyogi", 0, [0.5, 0.8, 0.85]), _record("fedyogi", 1, [0.6, 0.7, 0.9])]
+    rows = {r["method"]: r for r in summary.summarise("s", "accuracy", per_seed, 0.9)}
+    assert list(rows) == ["fedavg", "fedyogi", "pooled"]  # METHODS order
+    assert rows["pooled"]["final_metric"] == pytest.approx(0.9)
+    assert rows["pooled"]["sd"] == pytest.approx(0.1414214, abs=1e-6)
+    target = 0.81
+    assert rows["fedavg"]["target"] == pytest.approx(target)
+    assert rows["fedavg"]["rounds_to_target"] == 2 and rows["fedavg"]["seeds_at_target"] == 1
+    assert rows["fedyogi"]["rounds_to_target"] == 3.0  # rounds 3 and 3
+    assert rows["pooled"]["rounds_to_target"] == 3.0  # seed 0 never (0.8 < 0.81)
+    assert rows["pooled"]["seeds_at_target"] == 1
+    goal = summary.goals(list(rows.values()))["s"]
+    assert goal["best_federated"] == "fedyogi"  # pooled is no federated method
+    assert goal["gap_closed"] == pytest.approx((0.875 - 0.65) / (0.9 - 0.65))
+    assert goal["goal_met"] is True
+
+
+def test_no_gap_to_close_when_pooled_is_not_above_fedavg():
+    per_seed = [_record("pooled", 0, [0.6]), _record("fedavg", 0, [0.7])]
+    goal = summary.goals(summary.summarise("s", "auc", per_seed, 0.95))["s"]
+    assert goal["gap"] == pytest.approx(-0.1) and goal["gap_closed"] is None
+    assert goal["goal_met"] is None
+
+
+def test_the_grid_is_lr_times_the_method_knobs():
+    grid = methods.settings_grid(methods.METHODS["fedprox"], (0.03, 0.1))
+    assert grid == [{"lr": 0.03, "proximal-mu": 0.1}, {"lr": 0.03, "proximal-mu": 1.0},
+                    {"lr": 0.1, "proximal-mu": 0.1}, {"lr": 0.1, "proximal-mu": 1.0}]
+    assert methods.settings_grid(methods.METHODS["pooled"], (0.1,)) == [{"lr": 0.1}]
+
+
+def test_a_test_view_keeps_train_rows_and_measures_the_test_rows(tmp_path):
+    site = tmp_path / "hospital-00"
+    (site / "images").mkdir(parents=True)
+    (site / "images" / "a.png").write_bytes(b"x")
+    (site / "table.csv").write_text("patient_id,split,label,age\np1,train,1,50\np2,val,0,40\n"
+                                    "p3,test,1,60\n")
+    view = sets.test_view(site, tmp_path / "hospital-00-test")
+    assert (view / "table.csv").read_text().splitlines() == [
+        "patient_id,split,label,age", "p1,train,1,50", "p3,val,1,60"]
+    assert (view / "images" / "a.png").stat().st_ino == (site / "images" / "a.png").stat().st_ino
+
+
+def test_an_unknown_method_is_refused_by_name(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["--methods", "fedavg", "fedsgd-magic"])
+    assert exit_info.value.code == 2
+    assert "unknown method 'fedsgd-magic'" in capsys.readouterr().err
+    with pytest.raises(KeyError, match="unknown method 'nope'"):
+        methods.unavailable("nope")
+
+
+def test_a_method_whose_key_the_product_lacks_is_refused_naming_the_key(monkeypatch, capsys):
+    future = methods.Method({"strategy.no-such-plugin": "x"})
+    monkeypatch.setitem(methods.METHODS, "future", future)
+    assert "strategy.no-such-plugin" in methods.unavailable("future")
+    assert "future" not in bench.available_methods()[0]
+    with pytest.raises(SystemExit):
+        bench.main(["--methods", "future"])
+    assert "method 'future' cannot run" in capsys.readouterr().err
+
+
+def _synthetic_hospitals(task: str, shared: Path, out: Path, args: list[str]) -> list[Path]:
+    """Stands in for the converter: the product's synthetic tabular hospitals."""
+    sites = args[args.index("--sites") + 1]
+    subprocess.run([sys.executable, "-m", "clients.datagen", "synthetic", "--task", task,
+                    "--out", str(out), "--sites", sites, "--seed", "0"], check=True, cwd=ROOT,
+                   stdout=subprocess.DEVNULL)
+    folders = sorted(p for p in out.iterdir() if p.is_dir())
+    for folder in folders:  # ids unique over the hospitals, as the converter writes them
+        table = folder / "table.csv"
+        head, *rows = table.read_text().splitlines()
+        table.write_text("\n".join([head, *(f"{folder.name}-{r}" for r in rows)]) + "\n")
+    return folders
+
+
+def _quick(out: Path, shared: Path, *chosen: str) -> dict:
+    assert bench.main(["--quick", "--output", str(out), "--shared", str(shared),
+                       "--methods", *chosen]) == 0
+    return json.loads(out.read_text())
+
+
+def _check_format(result: dict, measured: set[str]) -> None:
+    rows = {r["method"]: r for r in result["runs"] if r["set"] == "heart-disease"}
+    assert set(rows) == measured
+    for row in rows.values():
+        assert {"set", "method", "final_metric", "rounds_to_target", "seeds", "sd"} <= set(row)
+        assert 0.0 <= row["final_metric"] <= 1.0 and row["seeds"] == 1 and row["sd"] == 0.0
+        assert row["metric"] == "accuracy" and row["setting"]["lr"] == methods.LRS[0]
+    goal = result["goals"]["heart-disease"]
+    assert goal["methods_measured"] == sorted(measured)
+    tuned = {t["method"]: t for t in result["tuning"]}
+    assert set(tuned) == measured
+    assert all(len(t["trials"]) == len(methods.settings_grid(methods.METHODS[m], methods.LRS[:1]))
+               for m, t in tuned.items())
+
+
+def test_quick_run_through_the_product_on_synthetic_hospitals(tmp_path, monkeypatch):
+    monkeypatch.setattr(sets, "convert_shared", _synthetic_hospitals)
+    shared = tmp_path / "shared"
+    (shared / HEART).parent.mkdir(parents=True)
+    (shared / HEART).touch()  # the set is present; its sites are the synthetic hospitals
+    out = tmp_path / "server_optimizers.json"
+    result = _quick(out, shared, "pooled")
+    _check_format(result, {"pooled"})
+    record = next(r for r in result["per_seed"] if r["method"] == "pooled")
+    assert len(record["test"]) == 2 and len(record["val"]) == 2  # 2 rounds, both measured
+    later = _quick(out, shared, "local-only")
+    _check_format(later, {"pooled", "local-only"})  # the earlier method kept
+    assert len(later["commands"]) == 2
+
+
+@pytest.mark.skipif(not (SHARED / HEART).is_file(), reason="../shared/data heart disease absent")
+def test_quick_run_on_the_four_heart_disease_hospitals(tmp_path):
+    result = _quick(tmp_path / "server_optimizers.json", SHARED, "fedavg")
+    _check_format(result, {"fedavg"})
+    assert result["sets"]["heart-disease"]["sites"] == 4
