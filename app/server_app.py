@@ -68,6 +68,7 @@ from strategies.plugins.registries import (
     SCHEDULES,
     SECURE_AGGREGATION,
     SELECTORS,
+    SERVER_OPTIMIZERS,
     build,
 )
 from strategies.rounds.round_policy import RoundPolicy
@@ -116,6 +117,7 @@ def build_strategy(config: RunConfig, federation: str = "",
         secure_aggregation=build(SECURE_AGGREGATION, config.strategy_secure_aggregation,
                                  sections, settings),
         pruning=build(PRUNINGS, config.strategy_pruning, sections, settings),
+        server_opt=build(SERVER_OPTIMIZERS, config.strategy_server_opt, sections, settings),
     )
 
 

@@ -129,6 +129,7 @@ class RunConfig:
     strategy_error_feedback: bool = _dotted("strategy.error-feedback", True)
     strategy_secure_aggregation: str = _dotted("strategy.secure-aggregation", "none")
     strategy_pruning: str = _dotted("strategy.pruning", "none")
+    strategy_server_opt: str = _dotted("strategy.server-opt", "sgd")
     round_deadline: float = _dotted("round.deadline", 0.0)
     round_quorum: int = _dotted("round.quorum", 0)
     round_max_held_mb: float = _dotted("round.max-held-mb", 4096.0)
@@ -301,7 +302,8 @@ class RunConfig:
                            codec_rate=self.strategy_codec_rate,
                            secure_aggregation=self.strategy_secure_aggregation,
                            personalisation=self.personalisation,
-                           privacy=self.dp_noise_multiplier > 0)
+                           privacy=self.dp_noise_multiplier > 0,
+                           pruning=self.strategy_pruning, server_opt=self.strategy_server_opt)
 
     def as_params(self) -> dict[str, Any]:
         """Flat ``{key: value}`` with the run-config spelling, for MLflow params."""

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from strategies.secure_aggregation.settings import SecAggSettings
 
 __all__ = ["Aggregator", "CodecRate", "Defence", "PluginClass", "Pruning", "Schedule",
-           "SecureAggregation", "Selector", "StreamingAggregator"]
+           "SecureAggregation", "Selector", "ServerOptimizer", "StreamingAggregator"]
 
 #: What a plug-in returns to track for the round (MLflow metrics): name -> value.
 Info = dict[str, float]
@@ -190,3 +190,22 @@ class Pruning(Protocol):
         """After ``server_round``'s aggregation: ``named`` the new global model (full shapes),
         ``sqgrad`` the sites' summed squared gradients (full shapes) or None, ``seconds`` the
         sites' mean round time; re-prunes when due; what to track."""
+
+
+@runtime_checkable
+class ServerOptimizer(Protocol):
+    """``strategy.server-opt``: the aggregator's ``Delta`` (the pseudo-gradient) -> the step.
+
+    Composes with every aggregator (and the unmasked SecAgg+ sum): the aggregator makes
+    ``Delta``, the optimizer the step ``s`` of ``x <- x - s``
+    (:mod:`strategies.plugins.server_opt`). Its state (moments, round count) is checkpointed
+    with the strategy; a round whose new model is refused keeps the state as it was.
+    """
+
+    #: Rounds applied so far.
+    rounds: int
+
+    def step(self, delta: list[np.ndarray], trained: Sequence[bool]) -> list[np.ndarray]:
+        """The step for ``delta`` (model order and dtypes); ``trained[j]``: array ``j`` is a
+        float parameter it acts on (integer buffers and normalisation statistics take
+        ``delta[j]`` as it is); advances the state."""

@@ -16,7 +16,9 @@ folder of ``strategies/plugins/`` and one run-config choice key:
 * ``SECURE_AGGREGATION``: ``secure_aggregation/``, chosen by
   ``strategy.secure-aggregation`` (:class:`~strategies.plugins.protocols.SecureAggregation`);
 * ``PRUNINGS``: ``pruning/``, chosen by ``strategy.pruning``
-  (:class:`~strategies.plugins.protocols.Pruning`).
+  (:class:`~strategies.plugins.protocols.Pruning`);
+* ``SERVER_OPTIMIZERS``: ``server_opt/``, chosen by ``strategy.server-opt``
+  (:class:`~strategies.plugins.protocols.ServerOptimizer`).
 
 A plug-in module registers its class with ``@REGISTRY.register("name")``; every
 module of the folder is imported on first use, so dropping a file there is all
@@ -49,8 +51,8 @@ from strategies.plugins.run_settings import RunSettings
 from strategies.registry import Registry
 
 __all__ = ["AGGREGATORS", "CODEC_RATES", "DEFENCES", "PLUGIN_REGISTRIES", "PRUNINGS", "SCHEDULES",
-           "SECURE_AGGREGATION", "SELECTORS", "build", "check", "default_sections", "option_types",
-           "parse_sections"]
+           "SECURE_AGGREGATION", "SELECTORS", "SERVER_OPTIMIZERS", "build", "check",
+           "default_sections", "option_types", "parse_sections"]
 
 _FOLDER = "strategies.plugins"
 
@@ -69,8 +71,11 @@ SECURE_AGGREGATION: Registry[type] = Registry(
     package=f"{_FOLDER}.secure_aggregation", error=PluginError)
 PRUNINGS: Registry[type] = Registry("pruning", "strategy.pruning",
                                     package=f"{_FOLDER}.pruning", error=PluginError)
+SERVER_OPTIMIZERS: Registry[type] = Registry("server optimizer", "strategy.server-opt",
+                                             package=f"{_FOLDER}.server_opt", error=PluginError)
 PLUGIN_REGISTRIES: tuple[Registry[type], ...] = (AGGREGATORS, SCHEDULES, SELECTORS, DEFENCES,
-                                                 CODEC_RATES, SECURE_AGGREGATION, PRUNINGS)
+                                                 CODEC_RATES, SECURE_AGGREGATION, PRUNINGS,
+                                                 SERVER_OPTIMIZERS)
 
 
 def option_types(registry: Registry[type]) -> list[type[PluginOptions]]:

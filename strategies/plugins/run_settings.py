@@ -50,6 +50,10 @@ class RunSettings:
     privacy : bool
         Whether the sites train with DP-SGD (``privacy.noise-multiplier > 0``):
         structured pruning refuses it.
+    pruning : str
+        ``strategy.pruning``: every server optimizer but ``sgd`` refuses it.
+    server_opt : str
+        ``strategy.server-opt``: FedNova refuses its own server momentum with another.
     """
 
     local_steps: int
@@ -66,3 +70,5 @@ class RunSettings:
     secure_aggregation: str = "none"
     personalisation: str = "none"
     privacy: bool = False
+    pruning: str = "none"
+    server_opt: str = "sgd"

@@ -4,41 +4,39 @@ Built on :class:`flwr.serverapp.strategy.Strategy` (Message API) and composed of
 
 * an **aggregator** (``fedavg`` | ``fednova``, :mod:`strategies.plugins`),
 * a **local-steps schedule** (``fixed`` | ``adacomm``) that sets tau per round,
-* a **compression-rate schedule** (``fixed`` | ``adaptive``) that sets the uplink
-  codec's kept fraction per round,
-* a **client selector** (``uniform``),
-* a **round policy** (deadline and quorum, :mod:`strategies.rounds.round_policy`),
-* **secure aggregation** (``none`` | ``secagg+``): with SecAgg+ the train half of a
-  round is :class:`~strategies.rounds.secure_train.SecureTrain`'s four exchanges and
-  the coordinator learns only the sum of the sites' updates,
+* a **compression-rate schedule** (``fixed`` | ``adaptive``): the uplink codec's kept fraction,
+* a **client selector** (``uniform``), a **round policy** (deadline and quorum),
+* a **server optimizer** (``sgd`` | ``avgm`` | ``adagrad`` | ``adam`` | ``yogi``),
+* **secure aggregation** (``none`` | ``secagg+``): with SecAgg+ the train half of a round is
+  :class:`~strategies.rounds.secure_train.SecureTrain`'s four exchanges and the coordinator
+  learns only the sum of the sites' updates,
 
 each chosen by name from the run config (:mod:`strategies.registry`). Unlike FedAvg it
 
 * waits a bounded time for sites to connect (:func:`wait_for_nodes`), not forever;
-* sends every site its own fresh ``RecordDict`` and ``ConfigRecord`` (Flower's
-  FedAvg shares one content object between all train messages), the model
-  optionally compressed with the server's error feedback (:mod:`strategies.downlink`);
+* sends every site its own fresh ``RecordDict`` and ``ConfigRecord`` (Flower's FedAvg shares one
+  content object between all train messages), the model optionally compressed with the server's
+  error feedback (:mod:`strategies.downlink`);
 * receives *updates* ``delta_i = x_global - x_local_i``, applies ``x <- x - Delta``;
-* validates every reply on its own and drops a malformed one (missing keys, wrong
-  shapes, NaN, site error) with a logged reason; stragglers are dropped and logged;
-* folds each reply's update into the aggregate as it arrives (linear aggregators),
-  or holds the round's updates within ``round.max-held-mb`` (robust rules);
-* keeps a trust boundary (:class:`SiteBook`): a site name is bound to the node
-  that first sent it (a reply under another node's name is dropped), and a
-  site's ``num-examples`` (train and evaluate) is capped at what it declared
-  when it joined and at a coordinator's roster (a name not on it is dropped);
-* drops a reply the aggregator rejects instead of failing the run, and keeps
-  the old model when the new one would not be finite
-  (:mod:`strategies.rounds.update_stream`, ``RoundReport.aggregation_failed``);
+* validates every reply on its own and drops a malformed one (missing keys, wrong shapes, NaN,
+  site error) with a logged reason; stragglers are dropped and logged;
+* folds each reply's update into the aggregate as it arrives (linear aggregators), or holds the
+  round's updates within ``round.max-held-mb`` (robust rules);
+* keeps a trust boundary (:class:`SiteBook`): a site name is bound to the node that first sent
+  it (a reply under another node's name is dropped), and a site's ``num-examples`` (train and
+  evaluate) is capped at what it declared when it joined and at a coordinator's roster (a name
+  not on it is dropped);
+* drops a reply the aggregator rejects instead of failing the run, and keeps the old model when
+  the new one would not be finite (:mod:`strategies.rounds.update_stream`,
+  ``RoundReport.aggregation_failed``);
 * records a :class:`RoundReport` per round for an observer (the ServerApp: MLflow).
 
 The class is the loop only: each round is two exchanges
-(:func:`strategies.rounds.exchange.exchange`, which takes every reply into the
-stage's :class:`ReplyIntake` once, as it arrives), train then evaluate. The train
-half is the collaborator :class:`TrainStage` (:mod:`strategies.rounds.train_stage`:
-the train plug-ins, instructions, update stream, aggregation); the other
-collaborators are in :mod:`strategies.rounds` (instructions, site selection,
-traffic, round metrics, site book).
+(:func:`strategies.rounds.exchange.exchange`, which takes every reply into the stage's
+:class:`ReplyIntake` once, as it arrives), train then evaluate. The train half is the
+collaborator :class:`TrainStage` (:mod:`strategies.rounds.train_stage`: the train plug-ins,
+instructions, update stream, aggregation); the other collaborators are in
+:mod:`strategies.rounds` (instructions, site selection, traffic, round metrics, site book).
 """
 
 from __future__ import annotations
@@ -59,7 +57,7 @@ from strategies.downlink import ServerDownlink
 from strategies.errors import FederationError
 from strategies.local_solver import LocalSolver
 from strategies.plugins.protocols import (Aggregator, CodecRate, Pruning, Schedule,
-                                          SecureAggregation, Selector)
+                                          SecureAggregation, Selector, ServerOptimizer)
 from strategies.plugins.schedules.codec_rate import FixedCodecRate
 from strategies.replies import MetricsReply, parse_metrics_reply
 from strategies.rounds.exchange import Exchanged, exchange, wait_for_nodes
@@ -141,6 +139,8 @@ class FederatedStrategy(Strategy):
         ``strategy.pruning``: an active one (``prunefl``) prunes the model the sites train and
         receive (:mod:`strategies.rounds.pruning_round`; the first model goes through its
         ``start``); its mask is checkpointed with the strategy.
+    server_opt : ServerOptimizer, optional
+        ``strategy.server-opt`` (:class:`TrainStage`; default ``sgd``); checkpointed.
     """
 
     def __init__(
@@ -168,6 +168,7 @@ class FederatedStrategy(Strategy):
         max_size_ratio: float = DEFAULT_MAX_SIZE_RATIO,
         secure_aggregation: SecureAggregation | None = None,
         pruning: Pruning | None = None,
+        server_opt: ServerOptimizer | None = None,
     ) -> None:
         if min_nodes < 1:
             raise ValueError(f"min_nodes must be >= 1, got {min_nodes}")
@@ -192,7 +193,7 @@ class FederatedStrategy(Strategy):
             codec_rate=codec_rate or FixedCodecRate(), sites=self.sites, policy=self.policy,
             uplink=self.uplink, downlink=ServerDownlink(downlink_codec, seed),
             local_solver=self.local_solver, max_empty_rounds=max_empty_rounds,
-            max_held_mb=max_held_mb, pruning=pruning)
+            max_held_mb=max_held_mb, pruning=pruning, server_opt=server_opt)
         settings = secure_aggregation.settings if secure_aggregation is not None else None
         self.secure = None if settings is None else SecureTrain(settings, self.train)
         self._evaluate_intake: ReplyIntake[MetricsReply] = self._intake_of({})
@@ -221,7 +222,6 @@ class FederatedStrategy(Strategy):
         log(INFO, "\t└──> Sites: min %d; wait for them at most %.0f s",
             self.min_nodes, self.node_wait_timeout)
 
-    # -------------------------------------------------------------------- train
     def _connected(self, grid: Grid) -> list[int]:
         """The connected sites, once ``min_nodes`` are (bounded wait); the site book told."""
         nodes = wait_for_nodes(grid, self.min_nodes, self.node_wait_timeout)
@@ -256,7 +256,6 @@ class FederatedStrategy(Strategy):
         return self.train.aggregate(self._report(server_round),
                                     self.train.intake.take_all(replies))
 
-    # ----------------------------------------------------------------- evaluate
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
@@ -297,17 +296,18 @@ class FederatedStrategy(Strategy):
         report.evaluate_aggregate = example_weighted_metrics(accepted)
         return MetricRecord({k: float(v) for k, v in report.evaluate_aggregate.items()})
 
-    # --------------------------------------------------------------- checkpoint
     def snapshot(self) -> dict:
         """The strategy's state to checkpoint (plug-ins and what it learnt of the sites);
         an adaptive compression rate's state under ``codec-rate`` (a fixed one has none,
-        so checkpoints without it keep their layout), the pruning mask under ``pruning``."""
+        so checkpoints without it keep their layout), the pruning mask under ``pruning``,
+        the server optimizer under ``server-opt``."""
         train = self.train
         rate = {} if isinstance(train.codec_rate, FixedCodecRate) else {
             "codec-rate": train.codec_rate}
         pruning = {} if train.pruning is None else {"pruning": train.pruning.pruning}
         return {"aggregator": train.aggregator, "schedule": train.schedule,
-                "selector": train.selector, **rate, **pruning, **self.sites.snapshot()}
+                "selector": train.selector, "server-opt": train.server_opt, **rate, **pruning,
+                **self.sites.snapshot()}
 
     def restore(self, state: dict) -> None:
         """Continue from a :meth:`snapshot`."""
@@ -315,12 +315,12 @@ class FederatedStrategy(Strategy):
         train.aggregator, train.schedule = state["aggregator"], state["schedule"]
         train.selector = state["selector"]
         train.codec_rate = state.get("codec-rate", train.codec_rate)
+        train.server_opt = state.get("server-opt", train.server_opt)  # older checkpoints: sgd
         if train.pruning is not None:
             train.pruning.pruning = state["pruning"]
         self.sites = train.sites = SiteBook.restore(state, self.sites.roster,
                                                       self.sites.max_size_ratio)
 
-    # -------------------------------------------------------------------- loop
     def _record(self, report: RoundReport, stage: str, exchanged: Exchanged) -> Taken:
         """An exchange's late arrivals, no-shows and reply seconds into ``report``."""
         for name in exchanged.late:

@@ -8,10 +8,11 @@ the compression-rate schedule, :mod:`strategies.plugins.schedules`) and the
 round's :class:`ReplyIntake` (each reply parsed, identity-checked, capped and
 folded into the update stream once, as it arrives); :meth:`TrainStage.aggregate`
 aggregates what the intake took, settles the new model's normalisation statistics
-and counters (:mod:`strategies.rounds.normalisation_statistics`), records the
-round's traffic and lets both schedules observe it. It owns the train plug-ins
-(aggregator, schedules, selector) and the round's train state (plan, bytes sent,
-the model the updates apply to).
+and counters (:mod:`strategies.rounds.normalisation_statistics`), has the server
+optimizer turn the update into the model's step, records the round's traffic and
+lets both schedules observe it. It owns the train plug-ins (aggregator, schedules,
+selector, server optimizer) and the round's train state (plan, bytes sent, the model
+the updates apply to).
 """
 
 from __future__ import annotations
@@ -33,11 +34,13 @@ from strategies.downlink import ServerDownlink
 from strategies.errors import FederationError
 from strategies.local_solver import LocalSolver
 from strategies.plugins.defences.defended import DefendedAggregator
-from strategies.plugins.protocols import Aggregator, CodecRate, Pruning, Schedule, Selector
+from strategies.plugins.protocols import (Aggregator, CodecRate, Pruning, Schedule, Selector,
+                                          ServerOptimizer)
+from strategies.plugins.server_opt.sgd import ServerSGD
 from strategies.plugins.schedules.codec_rate import SiteRound
 from strategies.replies import TrainReply
 from strategies.rounds.instructions import TrainPlan, Uplink, train_messages
-from strategies.rounds.normalisation_statistics import RoundStatistics
+from strategies.rounds.normalisation_statistics import RoundStatistics, StatisticPositions
 from strategies.rounds.pruning_round import PruningRound
 from strategies.rounds.reply_intake import Cap, ReplyIntake, Taken
 from strategies.rounds.round_metrics import aggregated_replies, example_weighted_metrics
@@ -48,7 +51,7 @@ from strategies.rounds.site_selection import SelectionContext, query_losses, rec
 from strategies.rounds.traffic import bytes_down, record_traffic
 from strategies.rounds.update_stream import DEFAULT_MAX_HELD_MB, AggregateOutcome, UpdateStream
 
-__all__ = ["OFFLINE", "NoValidRepliesError", "TrainStage", "site_rounds"]
+__all__ = ["OFFLINE", "NoValidRepliesError", "TrainStage", "site_rounds", "trained_arrays"]
 
 OFFLINE = "site offline: not connected to the SuperLink"
 
@@ -71,6 +74,13 @@ def site_rounds(report: RoundReport, used: Iterable[TrainReply]) -> list[SiteRou
             num_examples=reply.num_examples,
             initial_loss=float(reply.metrics[keys.INITIAL_LOSS])))
     return rounds
+
+
+def trained_arrays(reference: list[np.ndarray], positions: StatisticPositions) -> list[bool]:
+    """Which arrays of the model ``reference`` a server optimizer acts on: the float ones
+    that are not normalisation statistics (``positions``)."""
+    statistics = set(positions.estimates)
+    return [a.dtype.kind == "f" and j not in statistics for j, a in enumerate(reference)]
 
 
 class TrainStage:
@@ -99,6 +109,9 @@ class TrainStage:
         ``strategy.pruning``: an active one (``prunefl``) makes every round a pruned round
         (:class:`~strategies.rounds.pruning_round.PruningRound`: compacted model and updates,
         the mask to the sites, re-pruning); none or ``none``: dense rounds.
+    server_opt : ServerOptimizer, optional
+        ``strategy.server-opt``: the step the aggregator's ``Delta`` makes (default
+        ``sgd``, ``x - Delta``).
     """
 
     # pylint: disable=too-many-arguments,too-many-instance-attributes
@@ -107,8 +120,10 @@ class TrainStage:
                  policy: RoundPolicy, uplink: Uplink, downlink: ServerDownlink,
                  local_solver: LocalSolver, max_empty_rounds: int = 3,
                  max_held_mb: float = DEFAULT_MAX_HELD_MB,
-                 pruning: Pruning | None = None) -> None:
+                 pruning: Pruning | None = None,
+                 server_opt: ServerOptimizer | None = None) -> None:
         self.aggregator, self.schedule, self.selector = aggregator, schedule, selector
+        self.server_opt = server_opt or ServerSGD()
         self.codec_rate, self.sites, self.policy = codec_rate, sites, policy
         self.uplink, self.downlink, self.local_solver = uplink, downlink, local_solver
         self.max_empty_rounds = max_empty_rounds
@@ -198,8 +213,9 @@ class TrainStage:
         """The round's ``outcome`` over its ``accepted`` replies into ``report`` and the model.
 
         Per-site metrics, the sites learnt, traffic and what the schedules observe; the new
-        model (statistics and counters settled, :meth:`RoundStatistics.settle`), or the old
-        one with the aggregator as it was ``before`` the round when there is none.
+        model (statistics and counters settled, :meth:`RoundStatistics.settle`, then the
+        server optimizer's step), or the old one with the aggregator as it was ``before``
+        the round, and the server optimizer as it was, when there is none.
         """
         for reply in outcome.used:
             if report.train_dropped.get(reply.site) == OFFLINE:  # it came back on a new node
@@ -228,18 +244,21 @@ class TrainStage:
         self.empty_rounds = 0
         report.strategy.update(outcome.info)
         updated, report.aggregation_failed = None, outcome.failure
+        optimizer = copy.deepcopy(self.server_opt)
         if outcome.delta is not None:
             delta, repairs = self.statistics.settle(
                 self.reference, outcome.delta, aggregated_replies(outcome.used, outcome.info),
                 max(self.plan.tau.values(), default=self.plan.default_tau))
             report.strategy.update(repairs)
-            updated, report.aggregation_failed = apply_update(self.reference, delta, self.keys)
+            step = self.server_opt.step(delta, trained_arrays(self.reference,
+                                                              self.statistics.positions))
+            updated, report.aggregation_failed = apply_update(self.reference, step, self.keys)
         if updated is not None and self.pruning is not None:
             updated, info = self.pruning.conclude(report.server_round, self.keys, updated,
                                                   outcome.used)
             report.strategy.update(info)
         if updated is None:
-            self.aggregator = before
+            self.aggregator, self.server_opt = before, optimizer
             log(WARNING, "aggregate_train: round %d: %s", report.server_round,
                 report.aggregation_failed)
             return None, None

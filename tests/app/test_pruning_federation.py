@@ -9,12 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.config.run_config import RunConfig
-from app.engine import full_run_config, partition_sites, run_federation
-from app.server_app import build_strategy
+from app.engine import partition_sites, run_federation
 from strategies.plugins.pruning.mask import kept_count
-from strategies.rounds.checkpoint import CHECKPOINT_FILE, load_checkpoint
 from strategies.update_codec import dense_bytes
+from tests.app.restored_strategy import restored_strategy
 from tests.integration.conftest import write_small_hospitals
 
 PRUNED = {"num-server-rounds": 2, "local-steps": 2, "image-size": 32, "batch-size": 4,
@@ -25,12 +23,7 @@ PRUNED = {"num-server-rounds": 2, "local-steps": 2, "image-size": 32, "batch-siz
 
 def _checkpoint(folder: Path, overrides: dict):
     """The federation's last checkpoint and the pruning plug-in restored from it."""
-    path = next(folder.glob(f"*/{CHECKPOINT_FILE}"))
-    config = RunConfig.from_mapping(full_run_config(overrides))
-    strategy = build_strategy(config, federation=path.parent.name)
-    checkpoint = load_checkpoint(path, config.as_params(), template=strategy.snapshot(),
-                                 defaults=RunConfig().as_params())
-    strategy.restore(checkpoint.strategy)
+    checkpoint, strategy = restored_strategy(folder, overrides)
     return checkpoint, strategy.train.pruning.pruning
 
 

@@ -8,7 +8,9 @@ refused by its own ledger at the collect stage, before anything trains. It drops
 in the middle of every round after its neighbours agreed masks with it, so the
 coordinator must rebuild its mask key from their shares to unmask the sum of the
 other three. Every stage is a Flower ``train`` message served by a fresh ClientApp
-in a Ray worker: what a site keeps between stages lives in its state dir.
+in a Ray worker: what a site keeps between stages lives in its state dir. The server
+optimizer is FedYogi (``strategy.server-opt = "yogi"``): it acts on the unmasked sum, and
+its moments are in the coordinator's checkpoint.
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ import shutil
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
 
 from app.tooling.daemon import spawn_daemon
+from strategies.rounds.checkpoint import CHECKPOINT_FILE, load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.integration
@@ -34,7 +38,7 @@ RUN_CONFIG = (
     f"num-server-rounds={ROUNDS}", "local-steps=2", "image-size=32", "batch-size=4",
     "min-nodes=4", "node-wait-timeout=60", "experiment=secagg", "round-timeout=1200",
     "strategy.secure-aggregation=secagg+", "strategy.defence=none", "final-evaluation=false",
-    "privacy.noise-multiplier=1.0", "privacy.max-grad-norm=1.0",
+    "privacy.noise-multiplier=1.0", "privacy.max-grad-norm=1.0", "strategy.server-opt=yogi",
 )
 #: An upper bound only (a healthy run takes ~1.5 min on 2 idle cores).
 FEDERATION_TIMEOUT = 1500
@@ -55,7 +59,7 @@ def secure_federation(tmp_path_factory, small_hospitals, mlflow_store):
                "--sites", "4", "--tracking-uri", tracking,
                "--artifact-root", str(tmp / "artifacts"), "--flwr-home", str(tmp / "flwr-home"),
                "--log-dir", str(tmp / "logs"), "--timeout", str(FEDERATION_TIMEOUT - 60)]
-    for item in (*RUN_CONFIG, f"site-policy={policies}"):
+    for item in (*RUN_CONFIG, f"site-policy={policies}", f"checkpoint-dir={tmp / 'checkpoints'}"):
         command += ["-c", item]
     process = spawn_daemon(command, {**os.environ, "PYTHONPATH": str(ROOT)},
                            tmp / "federation.log", "simulate-secagg", cwd=ROOT)
@@ -93,3 +97,15 @@ def test_a_secure_round_survives_a_site_dropping_mid_round(secure_federation):
         assert _values(client, run_id, f"site/{site}/residual-norm") == []
         state = data_root / site / ".fedmed-state" / run_id
         assert not (state / "secagg-round.json").exists()  # deleted after the unmask
+
+
+def test_fedyogi_steps_on_the_unmasked_sum_and_its_moments_are_checkpointed(secure_federation):
+    tmp, _, _, client, run = secure_federation
+    assert run.data.params["strategy.server-opt"] == "yogi"
+    checkpoint = load_checkpoint(tmp / "checkpoints" / run.info.run_id / CHECKPOINT_FILE, None)
+    assert checkpoint.server_round == ROUNDS
+    yogi = checkpoint.strategy["server-opt"]  # the optimizer's attributes (no template)
+    assert yogi["rounds"] == ROUNDS and yogi["eta"] == 0.01
+    trained = [a for a in checkpoint.arrays if a.dtype.kind == "f"]
+    assert 0 < len(yogi["m"]) <= len(trained)  # float parameters only, no statistics
+    assert all(np.isfinite(m).all() and (v >= 0).all() for m, v in zip(yogi["m"], yogi["v"]))

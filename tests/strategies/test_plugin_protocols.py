@@ -19,6 +19,7 @@ from strategies.plugins.protocols import (
     Schedule,
     SecureAggregation,
     Selector,
+    ServerOptimizer,
     StreamingAggregator,
 )
 from strategies.plugins import registries
@@ -32,6 +33,7 @@ KINDS: list[tuple[Registry[type], type]] = [
     (AGGREGATORS, Aggregator), (DEFENCES, Defence), (registries.SCHEDULES, Schedule),
     (registries.CODEC_RATES, CodecRate), (registries.SELECTORS, Selector),
     (registries.SECURE_AGGREGATION, SecureAggregation), (registries.PRUNINGS, Pruning),
+    (registries.SERVER_OPTIMIZERS, ServerOptimizer),
 ]
 #: Secure aggregation refuses top-k (per-site indices): its plug-ins are built with rand-k.
 SETTINGS_OF = {registries.SECURE_AGGREGATION.key: replace(SETTINGS, codec="randk:0.01")}

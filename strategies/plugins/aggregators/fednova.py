@@ -89,7 +89,14 @@ class FedNovaAggregator(Plugin):
 
     @staticmethod
     def requires(options: FedNovaOptions, settings: RunSettings) -> None:
-        """FedNova's solver norm ``||a_i||_1`` is defined for SGD-type local solvers only."""
+        """FedNova's solver norm ``||a_i||_1`` is defined for SGD-type local solvers only;
+        its server momentum is not stacked on a server optimizer's."""
+        if options.server_momentum > 0.0 and settings.server_opt != "sgd":
+            raise PluginError(
+                f"run config keys 'fednova.server-momentum' = {options.server_momentum:g} and "
+                f"'strategy.server-opt' = {settings.server_opt!r} would apply two server "
+                "momenta; set fednova.server-momentum = 0 (strategy.server-opt = 'avgm' is "
+                "the same momentum for every aggregator)")
         if settings.optimizer != "sgd":
             raise PluginError(
                 "run config key 'strategy.aggregator' = 'fednova' needs optimizer = \"sgd\": "
