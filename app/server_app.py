@@ -63,6 +63,7 @@ from strategies.plugins.defences.defended import with_defence
 from strategies.plugins.registries import (
     AGGREGATORS,
     CODEC_RATES,
+    CONTROL_VARIATES,
     DEFENCES,
     PRUNINGS,
     SCHEDULES,
@@ -118,6 +119,8 @@ def build_strategy(config: RunConfig, federation: str = "",
                                  sections, settings),
         pruning=build(PRUNINGS, config.strategy_pruning, sections, settings),
         server_opt=build(SERVER_OPTIMIZERS, config.strategy_server_opt, sections, settings),
+        control_variates=build(CONTROL_VARIATES, config.strategy_control_variates, sections,
+                               settings),
     )
 
 

@@ -143,3 +143,13 @@ PRUNING_VERSION = "pruning-version"
 PRUNING_MODE = "pruning-mode"
 PRUNING_REPORT = "pruning-report"
 PRUNING_SQGRAD = "pruning-sqgrad"
+
+# Control variates (SCAFFOLD, strategies.plugins.control_variates): a train instruction's config
+# names the method (CONTROL_VARIATES, absent: none) and the codec of the server's c
+# (CONTROL_CODEC, the downlink codec); c travels as the array CONTROL_C of ARRAYS, one payload
+# over the model's float arrays; the reply's DELTA carries Delta c_i as the array CONTROL_DELTA,
+# encoded with the round's CODEC and CODEC_SEED.
+CONTROL_VARIATES = "control-variates"
+CONTROL_CODEC = "control-variates-codec"
+CONTROL_C = "scaffold-c"
+CONTROL_DELTA = "scaffold-dc"

@@ -69,6 +69,9 @@ class TrainReply:
     #: The encoded squared gradients a re-pruning round asked for (``pruning-sqgrad`` of
     #: ``delta``, decoded by :mod:`strategies.rounds.pruning_round`); None when not sent.
     sqgrad: np.ndarray | None = None
+    #: SCAFFOLD's encoded ``Delta c_i`` (``scaffold-dc`` of ``delta``, decoded by
+    #: :mod:`strategies.rounds.control_variate_round`); None when not sent.
+    control_delta: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -127,8 +130,9 @@ def _metrics(message: Message, required: tuple[str, ...],
 
 
 def _delta(message: Message, reference: list[np.ndarray], codec: str,
-           seed: int) -> tuple[list[np.ndarray], np.ndarray | None]:
-    """The decoded update and, when the reply carries them, the encoded squared gradients."""
+           seed: int) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
+    """The decoded update and, by key, the encoded side payloads the reply carries (the
+    squared gradients, SCAFFOLD's ``Delta c_i``)."""
     record = message.content.get(keys.DELTA)
     if not isinstance(record, ArrayRecord):
         raise InvalidReplyError(f"missing ArrayRecord '{keys.DELTA}'")
@@ -136,10 +140,11 @@ def _delta(message: Message, reference: list[np.ndarray], codec: str,
         arrays = {name: array.numpy() for name, array in record.items()}
     except Exception as exc:  # noqa: BLE001 - any decoding failure makes the reply unusable
         raise InvalidReplyError(f"'{keys.DELTA}' cannot be decoded: {exc}") from exc
-    sqgrad = arrays.pop(keys.PRUNING_SQGRAD, None)
-    if sqgrad is not None and sqgrad.dtype != np.uint8:
-        raise InvalidReplyError(f"'{keys.PRUNING_SQGRAD}' must be a uint8 payload, "
-                                f"got {sqgrad.dtype}")
+    side = {key: arrays.pop(key) for key in (keys.PRUNING_SQGRAD, keys.CONTROL_DELTA)
+            if key in arrays}
+    for key, payload in side.items():
+        if payload.dtype != np.uint8:
+            raise InvalidReplyError(f"'{key}' must be a uint8 payload, got {payload.dtype}")
     try:
         delta = unpack_update(arrays, reference, codec, seed)
     except UpdateFormatError as exc:
@@ -147,7 +152,7 @@ def _delta(message: Message, reference: list[np.ndarray], codec: str,
     for i, array in enumerate(delta):
         if np.issubdtype(array.dtype, np.floating) and not np.isfinite(array).all():
             raise InvalidReplyError(f"array {i}: contains NaN or infinite values")
-    return delta, sqgrad
+    return delta, side
 
 
 def checked_steps(steps: float, max_steps: int | None) -> int:
@@ -184,12 +189,13 @@ def parse_train_reply(message: Message, reference: list[np.ndarray], codec: str 
     a_norm = (solver or LocalSolver()).a_norm(steps)
     metrics[keys.A_NORM] = a_norm
     node_id = message.metadata.src_node_id if node_id is None else node_id
-    delta, sqgrad = _delta(message, reference, codec, seed)
+    delta, side = _delta(message, reference, codec, seed)
     return TrainReply(
         node_id=node_id,
         site=site_name(message, node_id),
         delta=delta,
-        sqgrad=sqgrad,
+        sqgrad=side.get(keys.PRUNING_SQGRAD),
+        control_delta=side.get(keys.CONTROL_DELTA),
         wire_bytes=wire_size(message.content),
         num_examples=int(metrics[keys.NUM_EXAMPLES]),
         steps=int(steps),

@@ -130,6 +130,7 @@ class RunConfig:
     strategy_secure_aggregation: str = _dotted("strategy.secure-aggregation", "none")
     strategy_pruning: str = _dotted("strategy.pruning", "none")
     strategy_server_opt: str = _dotted("strategy.server-opt", "sgd")
+    strategy_control_variates: str = _dotted("strategy.control-variates", "none")
     round_deadline: float = _dotted("round.deadline", 0.0)
     round_quorum: int = _dotted("round.quorum", 0)
     round_max_held_mb: float = _dotted("round.max-held-mb", 4096.0)

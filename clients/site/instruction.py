@@ -89,6 +89,11 @@ class Instruction:
     pruning_report : str
         The codec of the squared gradients to send back this round (``pruning-report``);
         "" when none are asked.
+    control_variates : str
+        ``scaffold`` when the instruction carries SCAFFOLD's ``c`` (``control-variates``);
+        "" otherwise.
+    control_codec : str
+        The codec ``c`` was sent with (``control-variates-codec``).
     """
 
     kind: str
@@ -108,6 +113,8 @@ class Instruction:
     pruning_version: int = 0
     pruning_mode: str = ""
     pruning_report: str = ""
+    control_variates: str = ""
+    control_codec: str = "none"
 
     @classmethod
     def parse(cls, kind: str, config: Mapping[str, Any], run: SiteRunSettings,
@@ -139,6 +146,10 @@ class Instruction:
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"instruction downlink entries are incomplete or "
                                    f"malformed ({exc!r}); request refused") from None
+        control = _value(config, keys.CONTROL_VARIATES, str, "")
+        if control not in ("", "scaffold"):
+            raise ConfigError(f"instruction key {keys.CONTROL_VARIATES!r} = {control!r}: "
+                              "expected 'scaffold' or none; request refused")
         stage = _value(config, keys.SECAGG_STAGE, str, "") if kind == "train" else ""
         if stage and stage not in keys.SECAGG_STAGES:
             raise ConfigError(f"train instruction key {keys.SECAGG_STAGE!r} = {stage!r}: "
@@ -162,4 +173,6 @@ class Instruction:
             pruning_version=_value(config, keys.PRUNING_VERSION, int, 0),
             pruning_mode=_value(config, keys.PRUNING_MODE, str, ""),
             pruning_report=_value(config, keys.PRUNING_REPORT, str, ""),
+            control_variates=control,
+            control_codec=_value(config, keys.CONTROL_CODEC, str, "none"),
         )

@@ -16,6 +16,7 @@ File format (every key optional; a missing key takes the permissive value of
     max-queries = inf            # loss queries answered per federation
     evaluate-trains = true       # an evaluate message may adapt (train) under the train rules
     share-finetuned-model = true # the cross-site exchange's fine-tune may run and leave
+    share-control-variates = true # SCAFFOLD's Delta c_i may leave with the update (twice the bytes)
     min-batch-size = 8
     min-local-steps = 1
     max-local-steps = inf        # a request above it is refused, not clamped
@@ -171,6 +172,7 @@ class SitePolicy:
     max_queries: float = math.inf
     evaluate_trains: bool = True
     share_finetuned_model: bool = True
+    share_control_variates: bool = True
     min_batch_size: int = 1
     min_local_steps: int = 1
     max_local_steps: float = math.inf

@@ -71,6 +71,7 @@ class Request:
     secagg_neighbours: int = 0
     secagg_threshold: int = 0
     secagg_summed: int = 0
+    control_variates: str = ""
 
 
 def _refuse_if(broken: bool, rule: str, detail: str) -> None:
@@ -176,7 +177,8 @@ def check_train(policy: SitePolicy, request: Request) -> None:
     PolicyRefusal
         Naming the first broken rule: the cross-site fine-tune where the site keeps
         its fine-tuned model (``share-finetuned-model``), the codec, the time
-        budget, the secure-aggregation rules, then :func:`check_training`'s rules.
+        budget, SCAFFOLD's control variates (``share-control-variates``), the
+        secure-aggregation rules, then :func:`check_training`'s rules.
     """
     _refuse_if(request.shares_finetuned and not policy.share_finetuned_model,
                "share-finetuned-model", "the site's fine-tuned model does not leave it "
@@ -187,6 +189,9 @@ def check_train(policy: SitePolicy, request: Request) -> None:
     budget = request.time_budget if request.time_budget > 0 else math.inf
     _refuse_if(budget > policy.max_time_budget, "max-time-budget",
                f"time budget {budget} s > {policy.max_time_budget} s")
+    _refuse_if(bool(request.control_variates) and not policy.share_control_variates,
+               "share-control-variates", f"{request.control_variates}'s control variate "
+               "(Delta c_i) does not leave the site with its update")
     check_secure_aggregation(policy, request)
     check_training(policy, request)
 

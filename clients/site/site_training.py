@@ -27,6 +27,9 @@ compression schemes", Algorithm 2): ``z = e + delta``, send ``C(z)``,
 (``state-dir``/<federation>/``ef-residual``), so it survives a restart of the
 SuperNode or of the site's worker. :func:`train_round` is both steps; a securely
 aggregated round masks the update instead (:mod:`clients.site.secure_update`).
+
+With SCAFFOLD (``control-variates``, :mod:`clients.site.site_scaffold`) the steps are corrected
+by ``c - c_i`` and the reply carries ``Delta c_i`` (``scaffold-dc``) next to the update.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from clients.site.site import Site
 from clients.site.site_pruning import (MASK_ENTRIES, PrunedTraining, received_mask,
                                        refuse_structural_change, squared_gradient_report)
 from clients.site.site_reply import Metrics
+from clients.site.site_scaffold import SiteControl, control_reply, received_control, split_control
 from clients.site.state_store import SiteStateStore
 from clients.training.device import ComputeDevice
 from clients.training.personalisation.site_personalisation import site_personalisation
@@ -55,6 +59,7 @@ from strategies import message_keys as keys
 from strategies.compression import ErrorFeedback, parse_spec
 from strategies.downlink_receive import receive
 from strategies.downlink_reference import Reference
+from strategies.local_solver import LocalSolver
 from strategies.model_buffer import PackedModelError, unpack_model
 from strategies.plugins.pruning.mask import compact, expand
 from strategies.seeds import site_seed
@@ -170,12 +175,15 @@ class LocalUpdate:
     sqgrad : numpy.ndarray or None
         A pruned re-pruning round's encoded squared gradients (``pruning-sqgrad``); the delta
         of a pruned round holds the kept coordinates only (:mod:`clients.site.site_pruning`).
+    control : tuple of SiteControl and numpy.ndarray, or None
+        SCAFFOLD: the round's control variates and option II's ``c_i^+``.
     """
 
     delta: list[np.ndarray]
     buffers: frozenset[int]
     metrics: Metrics
     sqgrad: np.ndarray | None = None
+    control: tuple[SiteControl, np.ndarray] | None = None
 
 
 def local_update(task: SiteTask, arrays: Mapping[str, np.ndarray], instruction: Instruction,
@@ -195,8 +203,12 @@ def local_update(task: SiteTask, arrays: Mapping[str, np.ndarray], instruction: 
         steps = min(steps, site.max_local_steps)
     budget = instruction.time_budget
     deadline = time.monotonic() + budget if budget > 0 else None
+    arrays, control_payload = split_control(arrays)
     global_arrays, downlink_metrics, masks = received_pruned_model(arrays, instruction,
                                                                    site.state_dir)
+    control = (received_control(control_payload, instruction, global_arrays, site.state_dir,
+                                run.optimizer, run.privacy.enabled)
+               if instruction.control_variates else None)
     privacy = run.privacy
     model = task.build_model(private=privacy.enabled)
     model.load_state_dict({name: torch.as_tensor(a) for name, a in global_arrays.items()})
@@ -213,6 +225,9 @@ def local_update(task: SiteTask, arrays: Mapping[str, np.ndarray], instruction: 
                                    "cross-site" if final else "train")
               if privacy.enabled else None)  # refused here if it would overspend the budget
     seed = site_seed(run.seed, instruction.server_round, site.name)
+    parameters = {name for name, _ in model.named_parameters()}
+    hooks = (pruned.hooks if pruned is not None
+             else control.hooks(parameters) if control is not None else None)
     started = time.monotonic()
     try:
         result = personal.train(task, model if pruned is None else pruned.model, steps, seed,
@@ -220,7 +235,7 @@ def local_update(task: SiteTask, arrays: Mapping[str, np.ndarray], instruction: 
                                 optimizer=run.optimizer, proximal_mu=run.proximal_mu,
                                 label=f"{site.name} round {instruction.server_round}",
                                 privacy=privacy,
-                                step_hooks=None if pruned is None else pruned.hooks)
+                                step_hooks=hooks)
     except BaseException:
         if charge is not None:  # nothing of it leaves the site: release the reservation
             charge.cancel()
@@ -232,6 +247,12 @@ def local_update(task: SiteTask, arrays: Mapping[str, np.ndarray], instruction: 
     # delta = x_global - x_local, in the global model's order and dtypes (0-d kept 0-d).
     delta = [np.asarray(value - local_state[name].detach().cpu().numpy(), dtype=value.dtype)
              for name, value in global_arrays.items()]
+    controlled = None
+    if control is not None:  # option II from x - y and the steps actually run
+        solver = LocalSolver(optimizer=run.optimizer, momentum=run.momentum, lr=run.lr,
+                             proximal_mu=run.proximal_mu)
+        controlled = (control, control.updated(dict(zip(global_arrays, delta)), parameters,
+                                               solver.a_norm(result.steps_done), run.lr))
     delta = personal.keep_local(model, delta, list(global_arrays),  # FedBN: 0, kept at the site
                                 save=not final)
     sqgrad = None
@@ -240,7 +261,6 @@ def local_update(task: SiteTask, arrays: Mapping[str, np.ndarray], instruction: 
                                          instruction.pruning_report, instruction.federation,
                                          site.state_dir)
         delta = list(compact(dict(zip(global_arrays, delta)), masks).values())
-    parameters = {name for name, _ in model.named_parameters()}
     buffers = frozenset(i for i, name in enumerate(global_arrays) if name not in parameters)
     metrics: Metrics = {
         keys.NUM_EXAMPLES: len(train_set),
@@ -251,7 +271,7 @@ def local_update(task: SiteTask, arrays: Mapping[str, np.ndarray], instruction: 
         keys.STUDIES_SKIPPED: len(task.report.skipped),
         **dp_metrics, **downlink_metrics,
     }
-    return LocalUpdate(delta, buffers, metrics, sqgrad)
+    return LocalUpdate(delta, buffers, metrics, sqgrad, controlled)
 
 
 def train_round(task: SiteTask, arrays: Mapping[str, np.ndarray], instruction: Instruction,
@@ -264,4 +284,6 @@ def train_round(task: SiteTask, arrays: Mapping[str, np.ndarray], instruction: I
                                           raw=local.buffers)
     if local.sqgrad is not None:
         update[keys.PRUNING_SQGRAD] = local.sqgrad
+    if local.control is not None:
+        update[keys.CONTROL_DELTA] = control_reply(*local.control, instruction, site.state_dir)
     return update, {keys.RESIDUAL_NORM: residual_norm, **local.metrics}

@@ -37,8 +37,8 @@ if TYPE_CHECKING:
     from strategies.rounds.site_selection import SelectionContext
     from strategies.secure_aggregation.settings import SecAggSettings
 
-__all__ = ["Aggregator", "CodecRate", "Defence", "PluginClass", "Pruning", "Schedule",
-           "SecureAggregation", "Selector", "ServerOptimizer", "StreamingAggregator"]
+__all__ = ["Aggregator", "CodecRate", "ControlVariates", "Defence", "PluginClass", "Pruning",
+           "Schedule", "SecureAggregation", "Selector", "ServerOptimizer", "StreamingAggregator"]
 
 #: What a plug-in returns to track for the round (MLflow metrics): name -> value.
 Info = dict[str, float]
@@ -190,6 +190,27 @@ class Pruning(Protocol):
         """After ``server_round``'s aggregation: ``named`` the new global model (full shapes),
         ``sqgrad`` the sites' summed squared gradients (full shapes) or None, ``seconds`` the
         sites' mean round time; re-prunes when due; what to track."""
+
+
+@runtime_checkable
+class ControlVariates(Protocol):
+    """``strategy.control-variates``: the server's control variate ``c`` (SCAFFOLD).
+
+    The vector runs over the model's floating-point arrays in model order
+    (:mod:`strategies.rounds.control_variate_round` sends and reads it).
+    """
+
+    #: False for ``none``: no control variate is sent or read back.
+    active: bool
+    #: The downlink codec's error-feedback residual of ``c`` (float32; empty: none yet).
+    residual: np.ndarray
+
+    def control(self, size: int, sites: int) -> np.ndarray:
+        """The control variate ``c`` to send (``size`` coordinates, float32); ``sites`` is
+        the federation's ``N`` this round."""
+
+    def observe(self, deltas: list[np.ndarray], sites: int) -> Info:
+        """Learn from the round's accepted ``Delta c_i`` (decoded) over ``sites`` = ``N``."""
 
 
 @runtime_checkable

@@ -17,6 +17,8 @@ folder of ``strategies/plugins/`` and one run-config choice key:
   ``strategy.secure-aggregation`` (:class:`~strategies.plugins.protocols.SecureAggregation`);
 * ``PRUNINGS``: ``pruning/``, chosen by ``strategy.pruning``
   (:class:`~strategies.plugins.protocols.Pruning`);
+* ``CONTROL_VARIATES``: ``control_variates/``, chosen by ``strategy.control-variates``
+  (:class:`~strategies.plugins.protocols.ControlVariates`);
 * ``SERVER_OPTIMIZERS``: ``server_opt/``, chosen by ``strategy.server-opt``
   (:class:`~strategies.plugins.protocols.ServerOptimizer`).
 
@@ -50,9 +52,9 @@ from strategies.plugins.options import NoOptions, PluginError, PluginOptions
 from strategies.plugins.run_settings import RunSettings
 from strategies.registry import Registry
 
-__all__ = ["AGGREGATORS", "CODEC_RATES", "DEFENCES", "PLUGIN_REGISTRIES", "PRUNINGS", "SCHEDULES",
-           "SECURE_AGGREGATION", "SELECTORS", "SERVER_OPTIMIZERS", "build", "check",
-           "default_sections", "option_types", "parse_sections"]
+__all__ = ["AGGREGATORS", "CODEC_RATES", "CONTROL_VARIATES", "DEFENCES", "PLUGIN_REGISTRIES",
+           "PRUNINGS", "SCHEDULES", "SECURE_AGGREGATION", "SELECTORS", "SERVER_OPTIMIZERS",
+           "build", "check", "default_sections", "option_types", "parse_sections"]
 
 _FOLDER = "strategies.plugins"
 
@@ -71,11 +73,14 @@ SECURE_AGGREGATION: Registry[type] = Registry(
     package=f"{_FOLDER}.secure_aggregation", error=PluginError)
 PRUNINGS: Registry[type] = Registry("pruning", "strategy.pruning",
                                     package=f"{_FOLDER}.pruning", error=PluginError)
+CONTROL_VARIATES: Registry[type] = Registry("control variates", "strategy.control-variates",
+                                            package=f"{_FOLDER}.control_variates",
+                                            error=PluginError)
 SERVER_OPTIMIZERS: Registry[type] = Registry("server optimizer", "strategy.server-opt",
                                              package=f"{_FOLDER}.server_opt", error=PluginError)
 PLUGIN_REGISTRIES: tuple[Registry[type], ...] = (AGGREGATORS, SCHEDULES, SELECTORS, DEFENCES,
                                                  CODEC_RATES, SECURE_AGGREGATION, PRUNINGS,
-                                                 SERVER_OPTIMIZERS)
+                                                 CONTROL_VARIATES, SERVER_OPTIMIZERS)
 
 
 def option_types(registry: Registry[type]) -> list[type[PluginOptions]]:

@@ -51,7 +51,8 @@ class RunSettings:
         Whether the sites train with DP-SGD (``privacy.noise-multiplier > 0``):
         structured pruning refuses it.
     pruning : str
-        ``strategy.pruning``: every server optimizer but ``sgd`` refuses it.
+        ``strategy.pruning``: SCAFFOLD's control variates refuse it, and every server
+        optimizer but ``sgd``.
     server_opt : str
         ``strategy.server-opt``: FedNova refuses its own server momentum with another.
     """

@@ -6,10 +6,11 @@ Built on :class:`flwr.serverapp.strategy.Strategy` (Message API) and composed of
 * a **local-steps schedule** (``fixed`` | ``adacomm``) that sets tau per round,
 * a **compression-rate schedule** (``fixed`` | ``adaptive``): the uplink codec's kept fraction,
 * a **client selector** (``uniform``), a **round policy** (deadline and quorum),
+* **control variates** (``none`` | ``scaffold``: SCAFFOLD's ``c`` next to the model),
 * a **server optimizer** (``sgd`` | ``avgm`` | ``adagrad`` | ``adam`` | ``yogi``),
 * **secure aggregation** (``none`` | ``secagg+``): with SecAgg+ the train half of a round is
-  :class:`~strategies.rounds.secure_train.SecureTrain`'s four exchanges and the coordinator
-  learns only the sum of the sites' updates,
+  :class:`~strategies.rounds.secure_train.SecureTrain`'s four exchanges and the coordinator learns
+  only the sum of the sites' updates,
 
 each chosen by name from the run config (:mod:`strategies.registry`). Unlike FedAvg it
 
@@ -18,26 +19,19 @@ each chosen by name from the run config (:mod:`strategies.registry`). Unlike Fed
   content object between all train messages), the model optionally compressed with the server's
   error feedback (:mod:`strategies.downlink`);
 * receives *updates* ``delta_i = x_global - x_local_i``, applies ``x <- x - Delta``;
-* validates every reply on its own and drops a malformed one (missing keys, wrong shapes, NaN,
-  site error) with a logged reason; stragglers are dropped and logged;
+* validates every reply on its own and drops a malformed one or a straggler, with a logged reason;
 * folds each reply's update into the aggregate as it arrives (linear aggregators), or holds the
   round's updates within ``round.max-held-mb`` (robust rules);
-* keeps a trust boundary (:class:`SiteBook`): a site name is bound to the node that first sent
-  it (a reply under another node's name is dropped), and a site's ``num-examples`` (train and
-  evaluate) is capped at what it declared when it joined and at a coordinator's roster (a name
-  not on it is dropped);
-* drops a reply the aggregator rejects instead of failing the run, and keeps the old model when
-  the new one would not be finite (:mod:`strategies.rounds.update_stream`,
-  ``RoundReport.aggregation_failed``);
+* keeps a trust boundary (:class:`SiteBook`): a site name is bound to the node that first sent it,
+  a site's ``num-examples`` capped at its first declaration and at a coordinator's roster;
+* drops a reply the aggregator rejects, and keeps the old model when the new one would not be
+  finite (:mod:`strategies.rounds.update_stream`, ``RoundReport.aggregation_failed``);
 * records a :class:`RoundReport` per round for an observer (the ServerApp: MLflow).
 
-The class is the loop only: each round is two exchanges
-(:func:`strategies.rounds.exchange.exchange`, which takes every reply into the stage's
-:class:`ReplyIntake` once, as it arrives), train then evaluate. The train half is the
-collaborator :class:`TrainStage` (:mod:`strategies.rounds.train_stage`: the train plug-ins,
-instructions, update stream, aggregation); the other collaborators are in
-:mod:`strategies.rounds` (instructions, site selection, traffic, round metrics, site book).
-"""
+The class is the loop only: each round is two exchanges (:func:`exchange` takes every reply
+into the stage's :class:`ReplyIntake` once), train then evaluate. The train half is
+:class:`TrainStage` (:mod:`strategies.rounds.train_stage`: the train plug-ins, instructions,
+update stream, aggregation); the other collaborators are in :mod:`strategies.rounds`."""
 
 from __future__ import annotations
 
@@ -56,8 +50,8 @@ from strategies.compression import check_warmup
 from strategies.downlink import ServerDownlink
 from strategies.errors import FederationError
 from strategies.local_solver import LocalSolver
-from strategies.plugins.protocols import (Aggregator, CodecRate, Pruning, Schedule,
-                                          SecureAggregation, Selector, ServerOptimizer)
+from strategies.plugins.protocols import (Aggregator, CodecRate, ControlVariates, Pruning,
+                                          Schedule, SecureAggregation, Selector, ServerOptimizer)
 from strategies.plugins.schedules.codec_rate import FixedCodecRate
 from strategies.replies import MetricsReply, parse_metrics_reply
 from strategies.rounds.exchange import Exchanged, exchange, wait_for_nodes
@@ -85,8 +79,8 @@ class FederatedStrategy(Strategy):
     Parameters
     ----------
     aggregator : Aggregator
-        The aggregator behind its defence (:mod:`strategies.plugins.protocols`); a
-        linear one (``needs_all_updates = False``) streams.
+        The aggregator behind its defence (:mod:`strategies.plugins.protocols`); a linear one
+        (``needs_all_updates = False``) streams.
     schedule : Schedule
         The local-steps schedule: ``tau`` next round, ``observe(replies) -> info``.
     selector : Selector
@@ -96,22 +90,22 @@ class FederatedStrategy(Strategy):
     min_nodes : int
         Sites connected before a round starts (how many train: the selector's choice).
     fraction_evaluate : float
-        Fraction of connected sites asked to evaluate, rounded up (0 disables);
-        below 1, a fresh sample each round, seeded by ``seed`` and the round.
+        Fraction of connected sites asked to evaluate, rounded up (0 disables); below 1, a fresh
+        sample each round, seeded by ``seed`` and the round.
     node_wait_timeout : float
         Seconds to wait for ``min_nodes`` sites before failing.
     time_budget : float
         Per-round wall-clock budget sent to sites (0 = none); they report the steps done.
     codec, downlink_codec : str
-        Update codec spec for the uplink (:mod:`strategies.compression`); for the
-        downlink (:mod:`strategies.downlink`; ``none``: dense, as sent before).
+        Update codec spec for the uplink (:mod:`strategies.compression`); for the downlink
+        (:mod:`strategies.downlink`; ``none``: dense, as sent before).
     codec_warmup_rounds : int
         Rounds over which the uplink codec's kept fraction warms up
         (:mod:`strategies.codecs.warmup`; 0: none).
     codec_rate : CodecRate, optional
         Compression-rate schedule (:mod:`strategies.plugins.schedules.codec_rate`):
-        ``rate_for(spec)`` (the round's kept fraction, None: the codec's) and
-        ``observe(rate, site rounds) -> info``; default ``fixed``.
+        ``rate_for(spec)`` (the round's kept fraction, None: the codec's) and ``observe(rate, site
+        rounds) -> info``; default ``fixed``.
     error_feedback : bool
         Whether sites keep an error-feedback residual for lossy codecs.
     federation : str
@@ -121,24 +115,26 @@ class FederatedStrategy(Strategy):
     max_empty_rounds : int
         Abort after this many consecutive rounds without one usable reply.
     local_solver : LocalSolver, optional
-        The sites' local optimiser settings; the server computes each reply's
-        FedNova a-norm from its reported steps with it (default: plain steps).
+        The sites' local optimiser settings; the server computes each reply's FedNova a-norm from
+        its reported steps with it (default: plain steps).
     roster : dict[str, int], optional
-        The coordinator's ``{site name: max-examples}`` (:mod:`app.config.roster`):
-        only these sites may reply, each capped at its ``max-examples``.
+        The coordinator's ``{site name: max-examples}`` (:mod:`app.config.roster`): only these
+        sites may reply, each capped at its ``max-examples``.
     max_size_ratio : float
-        Run config ``federation.max-size-ratio``: without a roster, a site's size is
-        at most this times the median of the others' (0: off;
-        :meth:`SiteBook.relative_cap`).
+        Run config ``federation.max-size-ratio``: without a roster, a site's size is at most this
+        times the median of the others' (0: off; :meth:`SiteBook.relative_cap`).
     max_held_mb : float
         Run config ``round.max-held-mb`` (:mod:`strategies.rounds.update_stream`).
     secure_aggregation : SecureAggregation, optional
-        ``strategy.secure-aggregation``: with settings (``secagg+``) each train half of a
-        round is a SecAgg+ round (:class:`SecureTrain`); default none (the plain round).
+        ``strategy.secure-aggregation``: with settings (``secagg+``) each train half of a round is
+        a SecAgg+ round (:class:`SecureTrain`); default none (the plain round).
     pruning : Pruning, optional
         ``strategy.pruning``: an active one (``prunefl``) prunes the model the sites train and
         receive (:mod:`strategies.rounds.pruning_round`; the first model goes through its
         ``start``); its mask is checkpointed with the strategy.
+    control_variates : ControlVariates, optional
+        ``strategy.control-variates``: an active one (``scaffold``) sends its ``c`` with every
+        train instruction (:mod:`strategies.rounds.control_variate_round`); checkpointed.
     server_opt : ServerOptimizer, optional
         ``strategy.server-opt`` (:class:`TrainStage`; default ``sgd``); checkpointed.
     """
@@ -168,6 +164,7 @@ class FederatedStrategy(Strategy):
         max_size_ratio: float = DEFAULT_MAX_SIZE_RATIO,
         secure_aggregation: SecureAggregation | None = None,
         pruning: Pruning | None = None,
+        control_variates: ControlVariates | None = None,
         server_opt: ServerOptimizer | None = None,
     ) -> None:
         if min_nodes < 1:
@@ -192,8 +189,8 @@ class FederatedStrategy(Strategy):
             aggregator=aggregator, schedule=schedule, selector=selector,
             codec_rate=codec_rate or FixedCodecRate(), sites=self.sites, policy=self.policy,
             uplink=self.uplink, downlink=ServerDownlink(downlink_codec, seed),
-            local_solver=self.local_solver, max_empty_rounds=max_empty_rounds,
-            max_held_mb=max_held_mb, pruning=pruning, server_opt=server_opt)
+            local_solver=self.local_solver, max_empty_rounds=max_empty_rounds, pruning=pruning,
+            max_held_mb=max_held_mb, control_variates=control_variates, server_opt=server_opt)
         settings = secure_aggregation.settings if secure_aggregation is not None else None
         self.secure = None if settings is None else SecureTrain(settings, self.train)
         self._evaluate_intake: ReplyIntake[MetricsReply] = self._intake_of({})
@@ -300,13 +297,14 @@ class FederatedStrategy(Strategy):
         """The strategy's state to checkpoint (plug-ins and what it learnt of the sites);
         an adaptive compression rate's state under ``codec-rate`` (a fixed one has none,
         so checkpoints without it keep their layout), the pruning mask under ``pruning``,
-        the server optimizer under ``server-opt``."""
+        SCAFFOLD's ``c`` under ``control-variates``, the server optimizer under ``server-opt``."""
         train = self.train
-        rate = {} if isinstance(train.codec_rate, FixedCodecRate) else {
-            "codec-rate": train.codec_rate}
-        pruning = {} if train.pruning is None else {"pruning": train.pruning.pruning}
+        optional = {"codec-rate": None if isinstance(train.codec_rate, FixedCodecRate)
+                    else train.codec_rate, "pruning": train.pruning and train.pruning.pruning,
+                    "control-variates": train.control and train.control.control}
         return {"aggregator": train.aggregator, "schedule": train.schedule,
-                "selector": train.selector, "server-opt": train.server_opt, **rate, **pruning,
+                "selector": train.selector, "server-opt": train.server_opt,
+                **{key: value for key, value in optional.items() if value is not None},
                 **self.sites.snapshot()}
 
     def restore(self, state: dict) -> None:
@@ -314,10 +312,12 @@ class FederatedStrategy(Strategy):
         train = self.train
         train.aggregator, train.schedule = state["aggregator"], state["schedule"]
         train.selector = state["selector"]
-        train.codec_rate = state.get("codec-rate", train.codec_rate)
         train.server_opt = state.get("server-opt", train.server_opt)  # older checkpoints: sgd
+        train.codec_rate = state.get("codec-rate", train.codec_rate)
         if train.pruning is not None:
             train.pruning.pruning = state["pruning"]
+        if train.control is not None:
+            train.control.control = state["control-variates"]
         self.sites = train.sites = SiteBook.restore(state, self.sites.roster,
                                                       self.sites.max_size_ratio)
 

@@ -34,11 +34,12 @@ from strategies.downlink import ServerDownlink
 from strategies.errors import FederationError
 from strategies.local_solver import LocalSolver
 from strategies.plugins.defences.defended import DefendedAggregator
-from strategies.plugins.protocols import (Aggregator, CodecRate, Pruning, Schedule, Selector,
-                                          ServerOptimizer)
+from strategies.plugins.protocols import (Aggregator, CodecRate, ControlVariates, Pruning,
+                                          Schedule, Selector, ServerOptimizer)
 from strategies.plugins.server_opt.sgd import ServerSGD
 from strategies.plugins.schedules.codec_rate import SiteRound
 from strategies.replies import TrainReply
+from strategies.rounds.control_variate_round import ControlVariateRound, federation_size
 from strategies.rounds.instructions import TrainPlan, Uplink, train_messages
 from strategies.rounds.normalisation_statistics import RoundStatistics, StatisticPositions
 from strategies.rounds.pruning_round import PruningRound
@@ -109,6 +110,10 @@ class TrainStage:
         ``strategy.pruning``: an active one (``prunefl``) makes every round a pruned round
         (:class:`~strategies.rounds.pruning_round.PruningRound`: compacted model and updates,
         the mask to the sites, re-pruning); none or ``none``: dense rounds.
+    control_variates : ControlVariates, optional
+        ``strategy.control-variates``: an active one (``scaffold``) sends ``c`` with every
+        train instruction and adds the replies' ``Delta c_i``
+        (:class:`~strategies.rounds.control_variate_round.ControlVariateRound`).
     server_opt : ServerOptimizer, optional
         ``strategy.server-opt``: the step the aggregator's ``Delta`` makes (default
         ``sgd``, ``x - Delta``).
@@ -121,6 +126,7 @@ class TrainStage:
                  local_solver: LocalSolver, max_empty_rounds: int = 3,
                  max_held_mb: float = DEFAULT_MAX_HELD_MB,
                  pruning: Pruning | None = None,
+                 control_variates: ControlVariates | None = None,
                  server_opt: ServerOptimizer | None = None) -> None:
         self.aggregator, self.schedule, self.selector = aggregator, schedule, selector
         self.server_opt = server_opt or ServerSGD()
@@ -136,6 +142,8 @@ class TrainStage:
         self.empty_rounds = 0
         self.pruning = (PruningRound(pruning) if pruning is not None and pruning.active
                         else None)
+        self.control = (ControlVariateRound(control_variates, downlink.spec)
+                        if control_variates is not None and control_variates.active else None)
         self.intake: ReplyIntake[TrainReply] = self._intake({})
 
     def _intake(self, expected: dict[int, str]) -> ReplyIntake[TrainReply]:
@@ -160,6 +168,9 @@ class TrainStage:
         messages = train_messages(node_ids, sent, config, server_round, self.plan,
                                   self.uplink, self.downlink, self.pruning)
         self.intake = self._intake({n: self.sites.label(n) for n in node_ids})
+        if self.control is not None:  # c next to the model (SCAFFOLD)
+            messages = self.control.attach(messages, self.reference,
+                                           federation_size(self.sites))
         self.down_bytes = bytes_down(messages)
         return messages
 
@@ -226,6 +237,9 @@ class TrainStage:
         if self.pruning is not None:
             self.pruning.acknowledge(accepted, self.plan.tau)
         record_traffic(report, self.down_bytes, accepted, self.reference, self.sites.label)
+        if self.control is not None:  # every accepted reply's site has saved its c_i
+            report.strategy.update(self.control.observe(accepted, self.plan, self.reference,
+                                                        federation_size(self.sites)))
         if self.downlink.active:  # a dense downlink records nothing
             report.strategy.update(self.downlink.observe(accepted, self.down_bytes))
         report.strategy.update(self.schedule.observe(outcome.used))

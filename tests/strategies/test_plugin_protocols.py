@@ -13,6 +13,7 @@ from strategies.plugins.defences.defended import DefendedAggregator
 from strategies.plugins.protocols import (
     Aggregator,
     CodecRate,
+    ControlVariates,
     Defence,
     PluginClass,
     Pruning,
@@ -33,6 +34,7 @@ KINDS: list[tuple[Registry[type], type]] = [
     (AGGREGATORS, Aggregator), (DEFENCES, Defence), (registries.SCHEDULES, Schedule),
     (registries.CODEC_RATES, CodecRate), (registries.SELECTORS, Selector),
     (registries.SECURE_AGGREGATION, SecureAggregation), (registries.PRUNINGS, Pruning),
+    (registries.CONTROL_VARIATES, ControlVariates),
     (registries.SERVER_OPTIMIZERS, ServerOptimizer),
 ]
 #: Secure aggregation refuses top-k (per-site indices): its plug-ins are built with rand-k.

@@ -1,0 +1,155 @@
+"""A site's side of SCAFFOLD: its control variate ``c_i``, the corrected steps, ``Delta c_i`` out.
+
+A train instruction with ``control-variates = "scaffold"``
+(:mod:`strategies.rounds.control_variate_round`) carries the server's ``c`` as the payload
+``scaffold-c`` of its arrays, encoded with the downlink codec it names
+(``control-variates-codec``). The site
+
+* keeps its own ``c_i`` in its state store (``state-dir``/<federation>/``scaffold-ci``), so it
+  survives a restart of the SuperNode or of the site's worker; a site without one (its first
+  round, a new state dir) starts from 0 (:func:`received_control`);
+* trains with ``grad <- grad + c - c_i`` (:class:`~clients.training.scaffold.ScaffoldCorrection`);
+* computes option II's ``c_i^+`` from the steps it actually ran (:meth:`SiteControl.updated`),
+  saves it and sends ``Delta c_i = c_i^+ - c_i`` with its update as ``scaffold-dc``, encoded with
+  the round's uplink codec and codec seed through its own error-feedback residual
+  (``scaffold-ef-residual``, apart from the update's, :func:`control_reply`).
+
+The vectors run over the model's floating-point arrays in model order; the normalisation
+buffers among them (running statistics, not parameters) hold 0. SCAFFOLD doubles what leaves
+the site per round: the site policy's ``share-control-variates`` may refuse it
+(:mod:`clients.site.policy_check`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from clients.site.instruction import Instruction
+from clients.site.state_store import SiteStateStore
+from clients.training.scaffold import ScaffoldCorrection, option_two
+from strategies import message_keys as keys
+from strategies.compression import ErrorFeedback, decode, encode, flatten, parse_spec
+from strategies.errors import SiteError
+from strategies.update_codec import float_positions
+
+__all__ = ["CONTROL_NAME", "RESIDUAL_NAME", "ControlVariateError", "SiteControl", "control_reply", "received_control",
+           "split_control"]
+
+#: The site's control variate ``c_i`` in its state store.
+CONTROL_NAME = "scaffold-ci"
+#: The error-feedback residual of ``Delta c_i`` in its state store.
+RESIDUAL_NAME = "scaffold-ef-residual"
+
+
+class ControlVariateError(SiteError):
+    """A SCAFFOLD instruction without a usable ``c``, or one the site's training cannot serve."""
+
+
+def split_control(arrays: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray],
+                                                             np.ndarray | None]:
+    """The instruction's model arrays, and the ``scaffold-c`` payload (None when absent)."""
+    model = {name: value for name, value in arrays.items() if name != keys.CONTROL_C}
+    payload = arrays.get(keys.CONTROL_C)
+    return model, None if payload is None else np.asarray(payload)
+
+
+@dataclass(frozen=True)
+class SiteControl:
+    """One round's control variates at a site, over the model's float arrays.
+
+    Attributes
+    ----------
+    c, c_i : numpy.ndarray
+        The server's ``c`` (as received) and the site's ``c_i``, flat float32.
+    names : list of str
+        The model's float arrays, in model order (the vectors' segments).
+    shapes : list of tuple
+        Their shapes.
+    """
+
+    c: np.ndarray
+    c_i: np.ndarray
+    names: list[str]
+    shapes: list[tuple[int, ...]]
+
+    def _split(self, vector: np.ndarray) -> dict[str, np.ndarray]:
+        out, start = {}, 0
+        for name, shape in zip(self.names, self.shapes):
+            size = int(np.prod(shape, dtype=np.int64))
+            out[name] = vector[start:start + size].reshape(shape)
+            start += size
+        return out
+
+    def hooks(self, parameters: Collection[str]) -> ScaffoldCorrection:
+        """The step hooks adding ``c - c_i`` to the gradients of ``parameters``."""
+        correction = self._split(self.c - self.c_i)
+        return ScaffoldCorrection({name: value for name, value in correction.items()
+                                   if name in parameters})
+
+    def updated(self, moved: Mapping[str, np.ndarray], parameters: Collection[str],
+                steps_norm: float, lr: float) -> np.ndarray:
+        """Option II's ``c_i^+`` from ``moved`` = ``x - y`` by array name (0 at the buffers)."""
+        c, c_i = self._split(self.c), self._split(self.c_i)
+        return flatten([option_two(c_i[name], c[name], moved[name], steps_norm, lr)
+                        if name in parameters else np.zeros(shape, np.float32)
+                        for name, shape in zip(self.names, self.shapes)])
+
+
+def received_control(payload: np.ndarray | None, instruction: Instruction,
+                     global_arrays: Mapping[str, np.ndarray], state_dir: Path,
+                     optimizer: str = "sgd", private: bool = False) -> SiteControl:
+    """The round's ``c`` (decoded) and the site's saved ``c_i`` (0 when it holds none of
+    this size).
+
+    Raises
+    ------
+    ControlVariateError
+        When the instruction carries no ``c`` or one that does not decode, or the run's
+        ``optimizer`` is not ``sgd`` or it trains ``private`` (DP-SGD): the coordinator
+        refuses those runs (:mod:`strategies.plugins.control_variates.scaffold`).
+    """
+    if optimizer != "sgd" or private:
+        raise ControlVariateError(
+            f"SCAFFOLD needs optimizer = \"sgd\" without DP-SGD (got optimizer = {optimizer!r}"
+            f"{', DP-SGD' if private else ''}); request refused")
+    values = list(global_arrays.values())
+    floats = float_positions(values)
+    names = [list(global_arrays)[i] for i in floats]
+    shapes = [tuple(values[i].shape) for i in floats]
+    sizes = [values[i].size for i in floats]
+    if payload is None:
+        raise ControlVariateError(f"a SCAFFOLD instruction without '{keys.CONTROL_C}'; "
+                                  "request refused")
+    try:
+        c = decode(payload, instruction.control_codec, sum(sizes), segments=sizes)
+    except ValueError as exc:
+        raise ControlVariateError(f"'{keys.CONTROL_C}' does not decode ({exc}); request "
+                                  "refused") from None
+    held = SiteStateStore(state_dir).load(instruction.federation, CONTROL_NAME)
+    c_i = held if held is not None and held.size == c.size else np.zeros(c.size, np.float32)
+    return SiteControl(np.asarray(c, np.float32), np.asarray(c_i, np.float32), names, shapes)
+
+
+def control_reply(control: SiteControl, c_i_plus: np.ndarray, instruction: Instruction,
+                  state_dir: Path) -> np.ndarray:
+    """Save ``c_i^+`` and return ``Delta c_i = c_i^+ - c_i`` encoded with the round's codec and
+    codec seed, through the site's own error feedback when the codec is lossy."""
+    store = SiteStateStore(state_dir)
+    delta = np.asarray(c_i_plus, np.float32) - control.c_i
+    sizes = [int(np.prod(shape, dtype=np.int64)) for shape in control.shapes]
+    spec, seed = instruction.codec, instruction.codec_seed
+    if parse_spec(spec).name != "none" and instruction.error_feedback:
+        feedback = ErrorFeedback(spec)
+        saved = store.load(instruction.federation, RESIDUAL_NAME)
+        if saved is not None and saved.size == delta.size:
+            feedback.load_state(saved)
+        payload = feedback.step(delta, seed=seed, segments=sizes)
+        store.save(instruction.federation, RESIDUAL_NAME, feedback.state())
+    else:
+        payload = encode(delta, spec, seed=seed, segments=sizes)
+    store.save(instruction.federation, CONTROL_NAME, np.asarray(c_i_plus, np.float32))
+    return payload

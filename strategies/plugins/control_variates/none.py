@@ -1,0 +1,27 @@
+"""No control variates: the sites' local steps are not corrected (the default)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from strategies.plugins.options import Plugin
+from strategies.plugins.registries import CONTROL_VARIATES
+
+
+@CONTROL_VARIATES.register("none")
+class NoControlVariates(Plugin):
+    """Plain local steps (no options): nothing is sent down or back besides the model."""
+
+    #: False: the rounds send no control variate and read none back.
+    active = False
+
+    def __init__(self) -> None:
+        self.residual = np.zeros(0, np.float32)
+
+    def control(self, size: int, sites: int) -> np.ndarray:
+        """No control variate: an empty vector."""
+        return np.zeros(0, np.float32)
+
+    def observe(self, deltas: list[np.ndarray], sites: int) -> dict[str, float]:
+        """Nothing to learn."""
+        return {}

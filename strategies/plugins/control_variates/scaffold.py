@@ -1,0 +1,108 @@
+r"""SCAFFOLD's server side: the control variate ``c`` (Karimireddy et al., ICML 2020).
+
+Karimireddy, Kale, Mohri, Reddi, Stich, Suresh, "SCAFFOLD: Stochastic Controlled
+Averaging for Federated Learning", ICML 2020, Algorithm 1 with option II. Each site
+``i`` keeps its own control variate ``c_i`` (:mod:`clients.site.site_scaffold`) and
+runs its ``K`` local steps as ``y <- y - eta_l (g_i(y) - c_i + c)``; then
+
+.. math:: c_i^+ = c_i - c + \frac{x - y}{K \eta_l}, \qquad
+          \Delta c_i = c_i^+ - c_i ,
+
+and the server, over the sites ``S`` of the round, of ``N`` in the federation:
+
+.. math:: x \leftarrow x + \eta_g \frac{1}{|S|}\sum_{i \in S} \Delta y_i, \qquad
+          c \leftarrow c + \frac{|S|}{N} \frac{1}{|S|}\sum_{i \in S} \Delta c_i .
+
+The model step is the aggregator's ``Delta`` (any aggregator, under any server
+optimizer: its step is :math:`\eta_g`); this plug-in holds ``c``. It keeps the sum
+``total`` of every ``Delta c_i`` it received and sends ``c = total / N``, so
+``c`` is the mean of all sites' ``c_i`` (each starts at 0) after every round, full
+or partial participation alike: the paper's update for a fixed ``N``.
+
+**N**, the number of sites in the federation: the coordinator's roster when it has
+one (``federation.roster``), else the most sites seen so far, connected or known by
+name. A site that joins late starts with ``c_i = 0`` and raises ``N``: ``c`` is then
+rescaled to the mean over the larger federation (``total / N``), which the paper's
+fixed-``N`` rule would not do. A reply that is dropped (late, invalid) after its site
+saved ``c_i^+`` leaves that site's ``c_i`` ahead of ``total``; every reply the server
+accepted counts, whether or not its update survives the defence.
+
+The vector of ``c`` runs over the model's floating-point arrays in model order (the
+sites' normalisation buffers hold 0). With a downlink codec ``c`` is sent compressed
+with the server's own error feedback ``residual`` (:class:`ErrorFeedback` on the full
+vector: the sent values average to ``c`` over the rounds), ``Delta c_i`` with the
+round's uplink codec and the site's own residual.
+
+Refused (:meth:`Scaffold.requires`, naming the keys): an optimizer other than ``sgd``
+(option II divides by the steps' learning rate; with heavy-ball momentum or a proximal
+term the site divides by the solver's ``||a||_1 eta_l``, FedNova's effective steps,
+``K eta_l`` for plain SGD), DP-SGD (its clipping and noise replace the corrected
+gradient), secure aggregation (the coordinator would need each site's ``Delta c_i``;
+summing them securely too is future work) and pruning (``c`` over compacted arrays
+whose layout changes with the mask).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from strategies.plugins.options import Plugin, PluginError
+from strategies.plugins.registries import CONTROL_VARIATES
+from strategies.plugins.run_settings import RunSettings
+
+__all__ = ["Scaffold"]
+
+_KEY = "run config key 'strategy.control-variates' = 'scaffold'"
+
+
+@CONTROL_VARIATES.register("scaffold")
+class Scaffold(Plugin):
+    """The server's control variate: the sum of the sites' ``c_i`` and the federation's size."""
+
+    #: True: the rounds send ``c`` and read each reply's ``Delta c_i``.
+    active = True
+
+    def __init__(self) -> None:
+        #: Sum of every ``Delta c_i`` received (float64), the model's float arrays flattened.
+        self.total = np.zeros(0, np.float64)
+        #: ``N`` of the last round (the federation's sites, see the module docstring).
+        self.sites = 0
+        #: The downlink codec's error-feedback residual of ``c`` (empty: none yet).
+        self.residual = np.zeros(0, np.float32)
+
+    @staticmethod
+    def requires(options: object, settings: RunSettings) -> None:
+        """Refuse, naming both keys, a run whose sites cannot apply option II."""
+        refusals = [
+            (settings.optimizer != "sgd", f"optimizer = {settings.optimizer!r}: option II's "
+             "c_i update divides by the SGD steps' learning rate (needs optimizer = \"sgd\")"),
+            (settings.privacy, "privacy.noise-multiplier > 0: DP-SGD's clipping and noise "
+             "replace the corrected gradient"),
+            (settings.secure_aggregation != "none",
+             f"strategy.secure-aggregation = {settings.secure_aggregation!r}: the coordinator "
+             "needs each site's Delta c_i, which SecAgg+ does not sum"),
+            (settings.pruning != "none", f"strategy.pruning = {settings.pruning!r}: c would "
+             "cover compacted arrays whose layout changes with the mask")]
+        for refused, why in refusals:
+            if refused:
+                raise PluginError(f"{_KEY} is refused with {why}")
+
+    def control(self, size: int, sites: int) -> np.ndarray:
+        """``c = total / N`` over ``size`` coordinates (zeros before any ``Delta c_i``);
+        ``sites`` is this round's ``N``, kept (it never shrinks)."""
+        self.sites = max(self.sites, int(sites), 1)
+        if self.total.size != size:
+            self.total = np.zeros(size, np.float64)
+        return (self.total / self.sites).astype(np.float32)
+
+    def observe(self, deltas: list[np.ndarray], sites: int) -> dict[str, float]:
+        """Add the round's accepted ``Delta c_i`` to ``total``; ``N`` is at least ``sites``."""
+        self.sites = max(self.sites, int(sites), 1)
+        for delta in deltas:
+            if self.total.size != delta.size:  # the first round after a fresh start
+                self.total = np.zeros(delta.size, np.float64)
+            self.total = self.total + np.asarray(delta, np.float64)
+        c = self.total / self.sites
+        return {"scaffold-c-norm": float(np.linalg.norm(c)),
+                "scaffold-sites": float(self.sites),
+                "scaffold-replies": float(len(deltas))}

@@ -1,0 +1,120 @@
+"""The train stage's side of control variates (SCAFFOLD): ``c`` down, ``Delta c_i`` back.
+
+The seam: ``strategy.control-variates`` is a plug-in kind of its own
+(:mod:`strategies.plugins.control_variates`), not an aggregator, so SCAFFOLD composes with
+every aggregator, defence and server optimizer: they turn the sites' model updates
+``Delta y_i`` into the model's step as for any run, and this round only adds the control
+variate next to the model. It travels as one more payload of the instruction's and the
+reply's arrays, so the codecs apply to it as to the model:
+
+* down (:meth:`ControlVariateRound.attach`): each train instruction gets ``c`` (the
+  plug-in's :meth:`~strategies.plugins.protocols.ControlVariates.control`) as the payload
+  ``scaffold-c`` of its arrays, encoded with the downlink codec (``strategy.downlink-codec``;
+  ``none``: float32) through the server's own error feedback, and its config names the
+  method and that codec (``control-variates``, ``control-variates-codec``);
+* back (:meth:`ControlVariateRound.observe`): each accepted reply's ``scaffold-dc`` (its
+  site's ``Delta c_i``, encoded with the round's uplink codec, the node's codec seed and the
+  site's own error feedback, :mod:`clients.site.site_scaffold`) is decoded and the plug-in
+  adds them up. A reply without one, or with one that does not decode, counts nothing
+  (``scaffold-dc-missing``) and its update still counts.
+
+``N``, the federation's sites, is the roster's size when the coordinator has one, else the
+most sites seen (connected, or known by name): :func:`federation_size`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from logging import WARNING
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, Message
+from flwr.supercore import log
+
+from strategies import message_keys as keys
+from strategies.compression import ErrorFeedback, decode, parse_spec
+from strategies.plugins.protocols import ControlVariates, Info
+from strategies.replies import TrainReply
+from strategies.rounds.instructions import TrainPlan
+from strategies.rounds.site_book import SiteBook
+from strategies.update_codec import float_positions
+
+__all__ = ["ControlVariateRound", "federation_size", "float_sizes"]
+
+
+def float_sizes(reference: Sequence[np.ndarray]) -> list[int]:
+    """The sizes of ``reference``'s floating-point arrays, in model order (``c``'s segments)."""
+    return [reference[i].size for i in float_positions(reference)]
+
+
+def federation_size(sites: SiteBook) -> int:
+    """``N``: the roster's sites, else the most of the connected nodes and the named sites."""
+    if sites.roster:
+        return len(sites.roster)
+    return max(len(sites.connected), len(set(sites.names.values())), 1)
+
+
+class ControlVariateRound:
+    """An active control-variates plug-in's part in each train round (module docstring).
+
+    Parameters
+    ----------
+    control : ControlVariates
+        The run's active plug-in (``strategy.control-variates``); its state is ``c``.
+    downlink_codec : str
+        ``strategy.downlink-codec``, canonical: the codec ``c`` is sent with.
+    """
+
+    def __init__(self, control: ControlVariates, downlink_codec: str = "none") -> None:
+        self.control = control
+        self.codec = str(parse_spec(downlink_codec))
+
+    def payload(self, reference: Sequence[np.ndarray], sites: int) -> np.ndarray:
+        """``c`` encoded with the downlink codec, through the server's error feedback (kept
+        as the plug-in's ``residual``: checkpointed with it)."""
+        sizes = float_sizes(reference)
+        c = self.control.control(sum(sizes), sites)
+        feedback = ErrorFeedback(self.codec)
+        if self.control.residual.size == c.size:
+            feedback.load_state(self.control.residual)
+        payload = feedback.step(c, segments=sizes)
+        self.control.residual = feedback.state()
+        return payload
+
+    def attach(self, messages: list[Message], reference: Sequence[np.ndarray],
+               sites: int) -> list[Message]:
+        """``messages`` (the round's train instructions) with ``c`` in their arrays and the
+        method and codec in their configs; a record shared by several messages stays shared."""
+        entry = Array(self.payload(reference, sites))
+        records: dict[int, ArrayRecord] = {}
+        for message in messages:
+            record = message.content[keys.ARRAYS]
+            if id(record) not in records:
+                records[id(record)] = ArrayRecord({**dict(record.items()), keys.CONTROL_C: entry})
+            message.content[keys.ARRAYS] = records[id(record)]
+            config = message.content[keys.CONFIG]
+            config[keys.CONTROL_VARIATES] = "scaffold"
+            config[keys.CONTROL_CODEC] = self.codec
+        return messages
+
+    def observe(self, replies: Sequence[TrainReply], plan: TrainPlan,
+                reference: Sequence[np.ndarray], sites: int) -> Info:
+        """Decode each accepted reply's ``Delta c_i`` (the round's codec and the node's seed)
+        and let the plug-in add them; what to track."""
+        sizes = float_sizes(reference)
+        deltas, missing = [], 0
+        for reply in replies:
+            try:
+                if reply.control_delta is None:
+                    raise ValueError("the reply carries none")
+                vector = decode(np.asarray(reply.control_delta), plan.codec, sum(sizes),
+                                seed=plan.seed_of(reply.node_id), segments=sizes)
+                if not np.isfinite(vector).all():
+                    raise ValueError("not finite")
+            except ValueError as exc:
+                log(WARNING, "scaffold: %s's Delta c_i left out: %s", reply.site, exc)
+                missing += 1
+                continue
+            deltas.append(vector)
+        info = self.control.observe(deltas, sites)
+        return {**info, "scaffold-dc-missing": float(missing)} if missing else info

@@ -1,0 +1,114 @@
+"""SCAFFOLD's server side (strategies/plugins/control_variates/scaffold.py,
+strategies/rounds/control_variate_round.py): c = (1/N) sum of the Delta c_i received, c down
+with the downlink codec and the server's error feedback, Delta c_i decoded with each node's
+codec and seed, and the run configs it refuses, naming the keys."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+
+from strategies import message_keys as keys
+from strategies.compression import decode, encode
+from strategies.plugins.control_variates.scaffold import Scaffold
+from strategies.plugins.options import PluginError
+from strategies.plugins.run_settings import RunSettings
+from strategies.replies import TrainReply
+from strategies.rounds.control_variate_round import ControlVariateRound, federation_size
+from strategies.rounds.instructions import TrainPlan
+from strategies.rounds.site_book import SiteBook
+
+SGD = RunSettings(local_steps=3, num_rounds=2, fraction_train=1.0, min_nodes=2, seed=0,
+                  optimizer="sgd")
+pytestmark = pytest.mark.usefixtures("server_identity")
+#: The model: a float weight (3 values), an integer counter, a float bias (1 value).
+REFERENCE = [np.zeros(3, np.float32), np.zeros((), np.int64), np.zeros(1, np.float32)]
+
+
+def _reply(node: int, control_delta: np.ndarray | None) -> TrainReply:
+    return TrainReply(node_id=node, site=f"s{node}", delta=[], num_examples=1, steps=1,
+                      train_loss=1.0, control_delta=control_delta)
+
+
+def _messages(nodes: list[int]) -> list[Message]:
+    shared = ArrayRecord({"model": Array(np.zeros(2, np.uint8))})
+    return [Message(RecordDict({keys.ARRAYS: shared, keys.CONFIG: ConfigRecord({})}),
+                    dst_node_id=node, message_type=MessageType.TRAIN) for node in nodes]
+
+
+@pytest.mark.parametrize(("change", "key"), [
+    ({"optimizer": "adam"}, "optimizer = 'adam'"),
+    ({"privacy": True}, "privacy.noise-multiplier"),
+    ({"secure_aggregation": "secagg+"}, "strategy.secure-aggregation"),
+    ({"pruning": "prunefl"}, "strategy.pruning")])
+def test_a_run_option_two_cannot_serve_is_refused_naming_both_keys(change, key):
+    with pytest.raises(PluginError, match="'strategy.control-variates' = 'scaffold'") as refused:
+        Scaffold.requires(None, replace(SGD, **change))
+    assert key in str(refused.value)
+    Scaffold.requires(None, SGD)
+
+
+def test_c_is_the_sum_of_the_delta_c_i_over_n():
+    scaffold = Scaffold()
+    np.testing.assert_array_equal(scaffold.control(4, sites=3), np.zeros(4))
+    scaffold.observe([np.array([3.0, 0, 0, 6.0]), np.array([0, 3.0, 0, 0])], sites=3)
+    np.testing.assert_allclose(scaffold.control(4, sites=3), [1.0, 1.0, 0, 2.0])
+    scaffold.observe([np.array([0, 0, 3.0, 0])], sites=3)  # one site of three this round
+    np.testing.assert_allclose(scaffold.control(4, sites=3), [1.0, 1.0, 1.0, 2.0])
+    # a fourth site joins (its c_i = 0): c is the mean over four; N never shrinks
+    np.testing.assert_allclose(scaffold.control(4, sites=4), [0.75, 0.75, 0.75, 1.5])
+    np.testing.assert_allclose(scaffold.control(4, sites=2), [0.75, 0.75, 0.75, 1.5])
+
+
+def test_n_is_the_roster_else_the_most_sites_seen():
+    assert federation_size(SiteBook(roster={"a": 10, "b": 10, "c": 10})) == 3
+    book = SiteBook(names={1: "a", 2: "b"})
+    book.connected = {1, 2, 3}
+    assert federation_size(book) == 3
+    book.connected = {1}
+    assert federation_size(book) == 2
+
+
+def test_c_goes_down_with_every_instruction_and_the_method_in_its_config():
+    scaffold = Scaffold()
+    scaffold.observe([np.array([2.0, 4.0, -2.0, 8.0])], sites=2)
+    messages = ControlVariateRound(scaffold).attach(_messages([1, 2]), REFERENCE, sites=2)
+    first, second = (m.content[keys.ARRAYS] for m in messages)
+    assert first is second and sorted(first) == ["model", keys.CONTROL_C]  # still shared
+    sent = decode(first[keys.CONTROL_C].numpy(), "none", 4)
+    np.testing.assert_allclose(sent, [1.0, 2.0, -1.0, 4.0])  # over the float arrays only
+    for message in messages:
+        assert message.content[keys.CONFIG][keys.CONTROL_VARIATES] == "scaffold"
+        assert message.content[keys.CONFIG][keys.CONTROL_CODEC] == "none"
+
+
+def test_a_compressed_downlink_sends_c_through_the_servers_error_feedback():
+    scaffold = Scaffold()
+    scaffold.observe([np.array([5.0, 2.0, 1.0, 8.0])], sites=1)
+    rounds = ControlVariateRound(scaffold, "topk:0.5")
+    sent = decode(rounds.payload(REFERENCE, sites=1), "topk:0.5", 4)
+    np.testing.assert_array_equal(sent, [5.0, 0, 0, 8.0])
+    np.testing.assert_array_equal(scaffold.residual, [0, 2.0, 1.0, 0])  # checkpointed with c
+    sent = decode(rounds.payload(REFERENCE, sites=1), "topk:0.5", 4)  # c + residual
+    np.testing.assert_array_equal(sent, [5.0, 0, 0, 8.0])
+    np.testing.assert_array_equal(scaffold.residual, [0, 4.0, 2.0, 0])
+    sent = decode(rounds.payload(REFERENCE, sites=1), "topk:0.5", 4)  # the residual gets out
+    np.testing.assert_array_equal(sent, [0, 6.0, 0, 8.0])
+
+
+def test_the_replies_delta_c_i_are_decoded_with_each_nodes_codec_and_seed():
+    scaffold = Scaffold()
+    plan = TrainPlan(tau={1: 3, 2: 3}, codec_seeds={1: 11, 2: 22}, codec="randk:0.5")
+    one, two = np.array([1.0, 2.0, 3.0, 4.0]), np.array([-1.0, 0.5, 0.0, 2.0])
+    replies = [_reply(1, encode(one, "randk:0.5", seed=11)),
+               _reply(2, encode(two, "randk:0.5", seed=22)),
+               _reply(3, None)]  # a reply without Delta c_i: its update counts, nothing else
+    info = ControlVariateRound(scaffold).observe(replies, plan, REFERENCE, sites=3)
+    expected = (decode(encode(one, "randk:0.5", seed=11), "randk:0.5", 4, seed=11)
+                + decode(encode(two, "randk:0.5", seed=22), "randk:0.5", 4, seed=22))
+    np.testing.assert_allclose(scaffold.total, expected)
+    assert info["scaffold-replies"] == 2 and info["scaffold-dc-missing"] == 1
+    assert info["scaffold-sites"] == 3
