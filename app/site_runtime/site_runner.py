@@ -228,7 +228,8 @@ class SiteRunner:
             ledgers = LedgerSnapshot(context)
             reply, context, status, details = self._answer(message, context, run, fab)
             answered = time.monotonic()
-            audited = (message, reply, context, fab.hash_str, answered - pulled, ledgers)
+            fab_hash = fab.hash_str if fab is not None else ""  # a run without a bundle
+            audited = (message, reply, context, fab_hash, answered - pulled, ledgers)
             push_message(client, reply, context)
             if self.signals is not None:
                 self.signals.reply_stored.set()
