@@ -95,10 +95,20 @@ def _methods(parser: argparse.ArgumentParser, asked: list[str] | None) -> list[s
     return list(dict.fromkeys(asked))
 
 
-def _kept(output: Path, sets: dict[str, dict], running: set[tuple[str, str]]) -> dict:
+def _kept(output: Path, sets: dict[str, dict], running: set[tuple[str, str]],
+          protocol: dict) -> dict:
     """What ``output`` holds that this run keeps: records of sets measured with the same
-    settings (or not measured now), less the (set, method) pairs in ``running``."""
+    settings (or not measured now), less the (set, method) pairs in ``running``.
+
+    Raises
+    ------
+    ValueError
+        If ``output`` was measured under another ``protocol`` (the message names the file).
+    """
     old = json.loads(output.read_text()) if output.is_file() else {}
+    if old and old.get("protocol") != protocol:
+        raise ValueError(f"{output} holds runs measured under another protocol "
+                         f"({old.get('protocol')}); write to another --output")
     same = {n for n, s in old.get("sets", {}).items() if sets.get(n, s) == s}
 
     def keep(r: dict) -> bool:
@@ -160,14 +170,18 @@ def main(argv: list[str] | None = None) -> int:
     sets = [shortened(SETS[n], args.rounds, args.steps, args.sites, args.max_per_site)
             for n in args.sets]
     records = json.loads(json.dumps({s.name: asdict(s) for s in sets}))  # as the file holds them
-    kept = _kept(args.output, records, {(s.name, m) for s in sets for m in methods})
+    protocol = {"fraction": args.fraction, "tail": args.tail, "lrs": args.lrs,
+                "tuning_seed": 0, "optimizer": "sgd", "momentum": 0.0,
+                "metric_average": "unweighted mean over sites of each site's test split",
+                "quick": args.quick}
+    try:
+        kept = _kept(args.output, records, {(s.name, m) for s in sets for m in methods},
+                     protocol)
+    except ValueError as exc:
+        parser.error(str(exc))
     started = time.perf_counter()
     payload = {
-        "description": __doc__.split("\n\n")[0], "engine": "in-process",
-        "protocol": {"fraction": args.fraction, "tail": args.tail, "lrs": args.lrs,
-                     "tuning_seed": 0, "optimizer": "sgd", "momentum": 0.0,
-                     "metric_average": "unweighted mean over sites of each site's test split",
-                     "quick": args.quick},
+        "description": __doc__.split("\n\n")[0], "engine": "in-process", "protocol": protocol,
         "sets": {**kept["sets"], **records}, "runs": [], "goals": {},
         "tuning": kept["tuning"], "per_seed": kept["per_seed"], "skipped": [],
         "unavailable": available_methods()[1],

@@ -141,7 +141,7 @@ def _check_format(result: dict, measured: set[str]) -> None:
                for m, t in tuned.items())
 
 
-def test_quick_run_through_the_product_on_synthetic_hospitals(tmp_path, monkeypatch):
+def test_quick_run_through_the_product_on_synthetic_hospitals(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(sets, "convert_shared", _synthetic_hospitals)
     shared = tmp_path / "shared"
     (shared / HEART).parent.mkdir(parents=True)
@@ -154,6 +154,9 @@ def test_quick_run_through_the_product_on_synthetic_hospitals(tmp_path, monkeypa
     later = _quick(out, shared, "local-only")
     _check_format(later, {"pooled", "local-only"})  # the earlier method kept
     assert len(later["commands"]) == 2
+    with pytest.raises(SystemExit):  # another lr grid: not mixed into the same file
+        bench.main(["--quick", "--output", str(out), "--shared", str(shared), "--lrs", "0.2"])
+    assert "holds runs measured under another protocol" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(not (SHARED / HEART).is_file(), reason="../shared/data heart disease absent")
