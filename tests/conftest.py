@@ -18,6 +18,7 @@ PROCESS_GROUPS = {
     "tests/integration/test_simulation_secagg.py": "ray",
     "tests/integration/test_simulation_vertical.py": "ray",
     "tests/integration/test_simulation_pruning.py": "ray",
+    "tests/integration/test_simulation_scaffold.py": "ray",
     "tests/integration/test_ray_cluster.py": "ray",
     "tests/integration/test_deployment_resume.py": "ray",
     "tests/integration/test_deployment.py": "deployment",

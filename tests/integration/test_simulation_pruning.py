@@ -18,11 +18,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from mlflow.tracking import MlflowClient
 
 from app.model_source import load_logged_model
-from app.tooling.daemon import spawn_daemon
 from app.tracking.model_sparsity import runnable_network
+from tests.integration.simulation_run import simulated_federation
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.integration
@@ -33,8 +32,6 @@ RUN_CONFIG = (
     "final-evaluation=false", "strategy.pruning=prunefl", "pruning.mode=structured",
     "pruning.initial-density=0.5", "pruning.interval=2",
 )
-#: An upper bound only (a healthy run takes about a minute on 2 idle cores).
-FEDERATION_TIMEOUT = 1500
 
 
 @pytest.fixture(scope="module")
@@ -43,23 +40,8 @@ def pruned_federation(tmp_path_factory, small_hospitals, mlflow_store):
     data_root = tmp / "data"
     small_hospitals(data_root, 11)
     tracking = mlflow_store(tmp)
-    command = [sys.executable, "-m", "app.tooling.simulate", "--data-root", str(data_root),
-               "--sites", "2", "--tracking-uri", tracking,
-               "--artifact-root", str(tmp / "artifacts"), "--flwr-home", str(tmp / "flwr-home"),
-               "--log-dir", str(tmp / "logs"), "--timeout", str(FEDERATION_TIMEOUT - 60)]
-    for item in RUN_CONFIG:
-        command += ["-c", item]
-    process = spawn_daemon(command, {**os.environ, "PYTHONPATH": str(ROOT)},
-                           tmp / "federation.log", "simulate-pruning", cwd=ROOT)
-    try:
-        code = process.process.wait(timeout=FEDERATION_TIMEOUT)
-        assert code == 0, process.log_text()[-8000:]
-        client = MlflowClient(tracking_uri=tracking)
-        runs = client.search_runs([client.get_experiment_by_name("pruning").experiment_id])
-        assert len(runs) == 1
-        yield tmp, data_root, tracking, client, runs[0]
-    finally:
-        process.stop()
+    with simulated_federation(tmp, data_root, 2, RUN_CONFIG, "pruning", tracking) as (client, run):
+        yield tmp, data_root, tracking, client, run
 
 
 def test_every_round_trains_a_pruned_model_and_round_two_re_prunes(pruned_federation):
