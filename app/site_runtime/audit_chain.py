@@ -100,7 +100,7 @@ class _Line:
     torn: bool
 
 
-class _Broken(Exception):
+class _Broken(AuditLogError):
     """The first problem found: raised out of the walk, turned into a :class:`ChainReport`."""
 
     def __init__(self, problem: str, seq: int | None, place: _Line | None, detail: str,
