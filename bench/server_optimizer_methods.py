@@ -43,7 +43,7 @@ __all__ = ["LRS", "Method", "METHODS", "FEDERATED", "settings_grid", "unavailabl
            "Curves", "run_method"]
 
 #: The sites' learning rates every method tunes over.
-LRS = (0.03, 0.1)
+LRS = (0.03, 0.1, 0.3)
 
 
 @dataclass(frozen=True)
