@@ -21,6 +21,10 @@ seeded initial model:
     its own ``val`` and ``test`` splits; the per-round curves are the mean over
     the ``K`` runs.
 
+The test views are connected nodes: SCAFFOLD's ``N`` (the connected sites without a
+roster) counts them, so its server control variate is ``K / 2K`` of the sites' mean
+here (docs/BENCHMARKS.md says so next to its row).
+
 A method is *available* when the product declares its keys
 (:func:`unavailable`): the server optimizers and SCAFFOLD are being added
 (issue 34), and a method whose key pyproject.toml lacks is refused by name.
