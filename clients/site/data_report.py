@@ -33,11 +33,14 @@ DATA_REPORT_DIR = "data-report"
 
 def data_report(task: SiteTask, data_path: str | Path) -> dict[str, Any]:
     """The report of ``task``'s loaded data (see the module docstring)."""
-    splits = {name: {"loaded": 0 if data is None else len(data)} for name, data in
-              (("train", task.train_set), ("val", task.val_set), ("test", task.test_set))}
+    splits = {}
+    for name in ("train", "val", "test"):  # a split the task never set has no items
+        data = getattr(task, f"{name}_set", None)
+        splits[name] = {"loaded": 0 if data is None else len(data)}
+    report = getattr(task, "report", None)
     return {"task": task.name, "dataset": dataset_id(data_path),
             "time": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "splits": splits, "skipped": dict(task.report.skipped)}
+            "splits": splits, "skipped": dict(getattr(report, "skipped", {}))}
 
 
 def write_data_report(task: SiteTask, data_path: str | Path, state_dir: str | Path) -> Path:

@@ -23,3 +23,13 @@ def test_loading_a_task_writes_its_data_report(tmp_path):
     assert report["splits"] == {"train": {"loaded": 12}, "val": {"loaded": 4},
                                 "test": {"loaded": 0}}
     assert report["skipped"] == {"study-7": "series has no pixel data"}
+
+
+def test_a_task_without_a_split_or_report_writes_what_it_has(tmp_path):
+    task = TinyCxr()
+    del task.val_set, task.report  # a task class that never set them (as some test fakes)
+    here = site(tmp_path)
+    SiteTasks(lambda *a, **k: task).task(here, "cxr-cls", SIZES)
+    path = here.state_dir / DATA_REPORT_DIR / f"{dataset_id(here.data_path)}.json"
+    report = json.loads(path.read_text())
+    assert report["splits"]["val"] == {"loaded": 0} and report["skipped"] == {}
