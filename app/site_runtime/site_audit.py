@@ -31,6 +31,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from app.site_runtime.audit_log import AuditLog, AuditLogError, audit_dir
 from clients.site.atomic_file import write_atomic
 
 __all__ = ["STATUS_NAME", "POLICY_SEEN_NAME", "SiteAudit", "audit_event", "audit_policy"]
@@ -57,7 +58,6 @@ def audit_event(state_dir: str | Path, record: dict[str, Any]) -> dict[str, Any]
     app.site_runtime.audit_log.AuditLogError
         When the log cannot be written (the caller decides whether that stops it).
     """
-    from app.site_runtime.audit_log import AuditLog
     return AuditLog(state_dir).append(record)
 
 
@@ -67,7 +67,6 @@ def audit_policy(state_dir: str | Path, fingerprint: str, by: str) -> bool:
     Every writer (the runner, the console) goes through here, so one change is
     recorded once, by whoever saw it first.
     """
-    from app.site_runtime.audit_log import audit_dir
     seen = audit_dir(state_dir) / POLICY_SEEN_NAME
     previous = None
     if seen.exists():
@@ -126,7 +125,6 @@ class SiteAudit:
         if not force and now - self._written < STATUS_EVERY:
             return
         self._written = now
-        from app.site_runtime.audit_log import audit_dir
         status = {"site": self.site, "pid": os.getpid(), "time": _now(),
                   "started": self.started, "runtime_api": "ok" if reached else "unreachable",
                   "run": self.run}
@@ -137,7 +135,6 @@ class SiteAudit:
             log.error("audit: the node status cannot be written (%s)", type(exc).__name__)
 
     def _guarded(self, write: Callable[[], Any]) -> Any:
-        from app.site_runtime.audit_log import AuditLogError
         try:
             return write()
         except (AuditLogError, OSError) as exc:
