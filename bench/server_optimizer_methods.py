@@ -1,8 +1,9 @@
 """The methods of ``bench/server_optimizers.py`` as run configs of the product, and one run.
 
 A :class:`Method` is a set of run-config keys of the product plus a small grid
-of its own knob(s); every method also tunes the sites' learning rate
-(:data:`LRS`). Three regimes, all through the in-process engine
+of its own knob(s); every method also tunes the sites' learning rate over its
+set's grid (:attr:`server_optimizer_sets.BenchSet.lrs`). Three regimes, all through
+the in-process engine
 (:func:`engine_runs.run_product`: the real ServerApp and ClientApp, the
 default norm-bound defence, the site policy), plain SGD at the sites (no
 momentum: FedProx and FedNova ask for it, SCAFFOLD too) and the same
@@ -43,12 +44,8 @@ from engine_runs import run_product
 from federation_sites import folder_sites
 from server_optimizer_sets import BenchSet, Folders
 
-__all__ = ["LRS", "Method", "METHODS", "FEDERATED", "settings_grid", "unavailable",
+__all__ = ["Method", "METHODS", "FEDERATED", "settings_grid", "unavailable",
            "Curves", "run_method"]
-
-#: The sites' learning rates every method tunes over.
-LRS = (0.03, 0.1, 0.3)
-
 
 @dataclass(frozen=True)
 class Method:
@@ -74,7 +71,7 @@ METHODS: dict[str, Method] = {
 FEDERATED = "federated"
 
 
-def settings_grid(method: Method, lrs: Sequence[float] = LRS) -> list[dict]:
+def settings_grid(method: Method, lrs: Sequence[float] = (0.1,)) -> list[dict]:
     """Every tuned setting of ``method``: ``lr`` x its knobs, each a dict of run-config keys."""
     names = ["lr", *method.grid]
     return [dict(zip(names, values))

@@ -48,8 +48,11 @@ TEST_SUFFIX = "-test"
 class BenchSet:
     """One data set: task, metric, task run config, sites, rounds x local steps.
 
-    ``shared_file`` is the ``../shared/data`` file the set needs and
-    ``converter_args`` the converter's arguments besides ``--sites`` and ``--seed``.
+    ``shared_file`` is the ``../shared/data`` file the set needs,
+    ``converter_args`` the converter's arguments besides ``--sites`` and ``--seed``, and
+    ``lrs`` the sites' learning rates every method tunes over (one rate for the image
+    sets: each of their runs costs ~100 s on one CPU core, so only the methods' own knobs
+    are tuned there).
     """
 
     name: str
@@ -61,6 +64,7 @@ class BenchSet:
     steps: int
     shared_file: str
     converter_args: tuple[str, ...]
+    lrs: tuple[float, ...] = (0.03, 0.1, 0.3)
 
 
 SETS: dict[str, BenchSet] = {
@@ -71,23 +75,26 @@ SETS: dict[str, BenchSet] = {
     "pneumoniamnist": BenchSet(
         "pneumoniamnist", "cxr-cls", "auc", {"image-size": 32, "batch-size": 16}, sites=10,
         rounds=20, steps=10, shared_file="cxr2d/pneumoniamnist_balanced.npz",
-        converter_args=("--set", "pneumoniamnist", "--scheme", "dirichlet", "--alpha", "0.3")),
+        converter_args=("--set", "pneumoniamnist", "--scheme", "dirichlet", "--alpha", "0.3"),
+        lrs=(0.1,)),
     "msd-lung": BenchSet(
         "msd-lung", "pe-seg", "dice", {"image-size": 48, "slab-slices": 1, "batch-size": 16},
         sites=10, rounds=20, steps=10, shared_file="seg2d/msd_lung_tumour_patches_val.npz",
-        converter_args=("--set", "msd-lung", "--scheme", "size")),
+        converter_args=("--set", "msd-lung", "--scheme", "size"), lrs=(0.1,)),
 }
 
 
 def shortened(bench_set: BenchSet, rounds: int = 0, steps: int = 0, sites: int = 0,
-              max_per_site: int = 0) -> BenchSet:
-    """``bench_set`` with fewer rounds, local steps or sites (0: the set's) and at most
-    ``max_per_site`` items per site (0: all). The heart-disease hospitals stay 4."""
+              max_per_site: int = 0, lrs: tuple[float, ...] = ()) -> BenchSet:
+    """``bench_set`` with fewer rounds, local steps or sites (0: the set's), at most
+    ``max_per_site`` items per site (0: all) and the lr grid ``lrs`` (empty: the set's).
+    The heart-disease hospitals stay 4."""
     capped = ("--max-per-site", str(max_per_site)) if max_per_site else ()
     keep_sites = bench_set.name == "heart-disease"
     return replace(bench_set, rounds=rounds or bench_set.rounds, steps=steps or bench_set.steps,
                    sites=bench_set.sites if keep_sites else sites or bench_set.sites,
-                   converter_args=bench_set.converter_args + capped)
+                   converter_args=bench_set.converter_args + capped,
+                   lrs=tuple(lrs) or bench_set.lrs)
 
 
 @dataclass(frozen=True)

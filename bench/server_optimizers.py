@@ -10,7 +10,7 @@ total local steps) and ``local-only``; a method whose run-config key the
 product does not declare yet is left out of the default list and refused
 when asked for, naming the key.
 
-Protocol: per set and method, a grid of the sites' lr x the method's knob
+Protocol: per set and method, a grid of the sites' lr (the set's) x the method's knob
 runs with seed 0 and the setting with the best validation metric (mean of the
 last ``--tail`` rounds, site-averaged) is chosen on validation data only; it
 then runs with ``--seeds`` seeds (seed 0's run is the tuning run). The
@@ -44,8 +44,7 @@ from dataclasses import asdict  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from report import Column, environment, print_table, write_report  # noqa: E402
-from server_optimizer_methods import (LRS, METHODS, run_method, settings_grid,  # noqa: E402
-                                      unavailable)
+from server_optimizer_methods import METHODS, run_method, settings_grid, unavailable  # noqa: E402
 from server_optimizer_sets import SETS, BenchSet, build_folders, shortened  # noqa: E402
 from server_optimizer_summary import choose, goals, summarise, val_score  # noqa: E402
 
@@ -66,7 +65,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--methods", nargs="+", default=None,
                    help="default: every method whose run-config keys the product declares")
     p.add_argument("--seeds", type=int, default=5, help="seeds 0 .. seeds-1 (0 also tunes)")
-    p.add_argument("--lrs", type=float, nargs="+", default=list(LRS), help="sites' lr grid")
+    p.add_argument("--lrs", type=float, nargs="+", default=[],
+                   help="sites' lr grid (default: the set's, server_optimizer_sets.SETS)")
     p.add_argument("--rounds", type=int, default=0, help="0: the set's")
     p.add_argument("--steps", type=int, default=0, help="local steps a round (0: the set's)")
     p.add_argument("--sites", type=int, default=0, help="0: the set's (heart-disease: 4)")
@@ -127,7 +127,7 @@ def _measure(bench_set: BenchSet, methods: list[str], args: argparse.Namespace, 
     work = args.workdir or tmp / bench_set.name / "runs"
     for name in methods:
         trials = []
-        for setting in settings_grid(METHODS[name], args.lrs):
+        for setting in settings_grid(METHODS[name], bench_set.lrs):
             curves = run_method(bench_set, folders, name, setting, 0, work)
             trials.append({"setting": setting, "val": curves.val, "test": curves.test,
                            "seconds": curves.seconds})
@@ -164,14 +164,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     methods = _methods(parser, args.methods)
     if args.quick:
-        args.seeds, args.lrs = 1, args.lrs[:1]
+        args.seeds = 1
         args.rounds, args.steps = args.rounds or 2, args.steps or 2
         args.sites, args.max_per_site = args.sites or 2, args.max_per_site or 16
-    sets = [shortened(SETS[n], args.rounds, args.steps, args.sites, args.max_per_site)
-            for n in args.sets]
+    sets = [shortened(SETS[n], args.rounds, args.steps, args.sites, args.max_per_site,
+                      tuple(args.lrs) or SETS[n].lrs[:1 if args.quick else None]) for n in args.sets]
     records = json.loads(json.dumps({s.name: asdict(s) for s in sets}))  # as the file holds them
-    protocol = {"fraction": args.fraction, "tail": args.tail, "lrs": args.lrs,
-                "tuning_seed": 0, "optimizer": "sgd", "momentum": 0.0,
+    protocol = {"fraction": args.fraction, "tail": args.tail, "tuning_seed": 0, "optimizer": "sgd", "momentum": 0.0,
                 "metric_average": "unweighted mean over sites of each site's test split",
                 "quick": args.quick}
     try:

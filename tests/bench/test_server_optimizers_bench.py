@@ -132,12 +132,12 @@ def _check_format(result: dict, measured: set[str]) -> None:
     for row in rows.values():
         assert {"set", "method", "final_metric", "rounds_to_target", "seeds", "sd"} <= set(row)
         assert 0.0 <= row["final_metric"] <= 1.0 and row["seeds"] == 1 and row["sd"] == 0.0
-        assert row["metric"] == "accuracy" and row["setting"]["lr"] == methods.LRS[0]
+        assert row["metric"] == "accuracy" and row["setting"]["lr"] == sets.SETS["heart-disease"].lrs[0]
     goal = result["goals"]["heart-disease"]
     assert goal["methods_measured"] == sorted(measured)
     tuned = {t["method"]: t for t in result["tuning"]}
     assert set(tuned) == measured
-    assert all(len(t["trials"]) == len(methods.settings_grid(methods.METHODS[m], methods.LRS[:1]))
+    assert all(len(t["trials"]) == len(methods.settings_grid(methods.METHODS[m], sets.SETS["heart-disease"].lrs[:1]))
                for m, t in tuned.items())
 
 
@@ -154,8 +154,8 @@ def test_quick_run_through_the_product_on_synthetic_hospitals(tmp_path, monkeypa
     later = _quick(out, shared, "local-only")
     _check_format(later, {"pooled", "local-only"})  # the earlier method kept
     assert len(later["commands"]) == 2
-    with pytest.raises(SystemExit):  # another lr grid: not mixed into the same file
-        bench.main(["--quick", "--output", str(out), "--shared", str(shared), "--lrs", "0.2"])
+    with pytest.raises(SystemExit):  # another target fraction: not mixed into the same file
+        bench.main(["--quick", "--output", str(out), "--shared", str(shared), "--fraction", "0.5"])
     assert "holds runs measured under another protocol" in capsys.readouterr().err
 
 
