@@ -22,9 +22,10 @@ seeded initial model:
     its own ``val`` and ``test`` splits; the per-round curves are the mean over
     the ``K`` runs.
 
-The test views are connected nodes: SCAFFOLD's ``N`` (the connected sites without a
-roster) counts them, so its server control variate is ``K / 2K`` of the sites' mean
-here (docs/BENCHMARKS.md says so next to its row).
+The test views are connected nodes that refuse training under their policy: SCAFFOLD's
+``N`` leaves them out (a site that refuses a train instruction under its policy is not
+counted, :mod:`strategies.plugins.control_variates.scaffold`), so its server control
+variate is the mean of the ``K`` training sites' ``c_i``.
 
 A method is *available* when the product declares its keys
 (:func:`unavailable`): the server optimizers and SCAFFOLD are being added

@@ -22,7 +22,7 @@ the new global model is ``x_global - Delta``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
@@ -207,10 +207,14 @@ class ControlVariates(Protocol):
 
     def control(self, size: int, sites: int) -> np.ndarray:
         """The control variate ``c`` to send (``size`` coordinates, float32); ``sites`` is
-        the federation's ``N`` this round."""
+        the number of sites seen this round (roster, connected or named)."""
 
     def observe(self, deltas: list[np.ndarray], sites: int) -> Info:
-        """Learn from the round's accepted ``Delta c_i`` (decoded) over ``sites`` = ``N``."""
+        """Learn from the round's accepted ``Delta c_i`` (decoded); ``sites``: the sites seen."""
+
+    def decline(self, refused: Iterable[str], trained: Iterable[str]) -> None:
+        """The sites that ``refused`` the round's train instruction under their site policy
+        (they never train: not counted in ``N``), and those that ``trained`` (counted)."""
 
 
 @runtime_checkable

@@ -18,13 +18,15 @@ reply's arrays, so the codecs apply to it as to the model:
   adds them up. A reply without one, or with one that does not decode, counts nothing
   (``scaffold-dc-missing``) and its update still counts.
 
-``N``, the federation's sites, is the roster's size when the coordinator has one, else the
-most sites seen (connected, or known by name): :func:`federation_size`.
+``N``, the federation's sites that train: the roster's size when the coordinator has one,
+else the most sites seen (connected, or known by name: :func:`federation_size`), less the
+sites that refused a train instruction under their site policy (:meth:`ControlVariateRound.
+observe` tells the plug-in, :meth:`~strategies.plugins.protocols.ControlVariates.decline`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from logging import WARNING
 
 import numpy as np
@@ -37,6 +39,7 @@ from strategies.plugins.protocols import ControlVariates, Info
 from strategies.replies import TrainReply
 from strategies.rounds.instructions import TrainPlan
 from strategies.rounds.site_book import SiteBook
+from strategies.rounds.withheld import refused_rule
 from strategies.update_codec import float_positions
 
 __all__ = ["ControlVariateRound", "federation_size", "float_sizes"]
@@ -98,9 +101,13 @@ class ControlVariateRound:
         return messages
 
     def observe(self, replies: Sequence[TrainReply], plan: TrainPlan,
-                reference: Sequence[np.ndarray], sites: int) -> Info:
+                reference: Sequence[np.ndarray], sites: int,
+                dropped: Mapping[str, str] | None = None) -> Info:
         """Decode each accepted reply's ``Delta c_i`` (the round's codec and the node's seed)
-        and let the plug-in add them; what to track."""
+        and let the plug-in add them, after telling it which sites ``dropped`` (site ->
+        reason) refused to train under their policy; what to track."""
+        refused = [site for site, why in (dropped or {}).items() if refused_rule(why)]
+        self.control.decline(refused, [reply.site for reply in replies])
         sizes = float_sizes(reference)
         deltas, missing = [], 0
         for reply in replies:

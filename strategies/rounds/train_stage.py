@@ -238,8 +238,9 @@ class TrainStage:
             self.pruning.acknowledge(accepted, self.plan.tau)
         record_traffic(report, self.down_bytes, accepted, self.reference, self.sites.label)
         if self.control is not None:  # every accepted reply's site has saved its c_i
-            report.strategy.update(self.control.observe(accepted, self.plan, self.reference,
-                                                        federation_size(self.sites)))
+            report.strategy.update(self.control.observe(
+                accepted, self.plan, self.reference, federation_size(self.sites),
+                report.train_dropped))
         if self.downlink.active:  # a dense downlink records nothing
             report.strategy.update(self.downlink.observe(accepted, self.down_bytes))
         report.strategy.update(self.schedule.observe(outcome.used))

@@ -3,7 +3,8 @@ ServerApp and ClientApp on tiny synthetic chest X-ray hospitals. The server's co
 c equals the mean of the sites' c_i over every site of the federation after each round (full
 participation: a run resumed round by round, with new site objects each time, so the sites
 read their c_i back from their state dirs; partial participation: a site never selected
-holds c_i = 0 and still counts in N)."""
+holds c_i = 0 and still counts in N; a site whose policy refuses training, e.g. an
+evaluate-only node, does not count in N)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.engine import partition_sites, run_federation
+from app.engine import VirtualSite, partition_sites, run_federation
 from clients.cxr_cls.synthetic import generate_site, site_profiles
 from clients.site.site_scaffold import CONTROL_NAME
 from tests.app.restored_strategy import restored_strategy
+
+EVALUATE_ONLY = Path(__file__).resolve().parents[2] / "configs" / "site-policy-evaluate-only.toml"
 
 SCAFFOLD = {"task": "cxr-cls", "local-steps": 3, "image-size": 32, "batch-size": 4,
             "node-wait-timeout": 5, "final-evaluation": False, "optimizer": "sgd",
@@ -98,3 +101,26 @@ def test_partial_participation_counts_every_site_in_n(tmp_path, mlflow_store):
     assert sites == 3 and 1 <= len(trained) <= 2
     assert np.abs(c).max() > 0
     np.testing.assert_allclose(c, sum(controls.values()) / 3, atol=1e-6)
+
+
+def test_a_site_that_refuses_to_train_under_its_policy_is_not_counted_in_n(tmp_path,
+                                                                          mlflow_store):
+    _tiny_hospitals(tmp_path / "data", 3)
+    folders = sorted(p for p in (tmp_path / "data").iterdir() if p.is_dir())
+    sites = [VirtualSite.folder(f, site_name=f.name,
+                                policy_path=EVALUATE_ONLY if f == folders[-1] else None)
+             for f in folders]
+    overrides = {**SCAFFOLD, "num-server-rounds": 2, "min-nodes": 3,
+                 "data-root": str(tmp_path / "data"), "experiment": "scaffold-evaluate-only",
+                 "tracking-uri": mlflow_store(tmp_path / "mlflow"),
+                 "artifact-root": str(tmp_path / "artifacts"),
+                 "checkpoint-dir": str(tmp_path / "ckpt")}
+    outcome = run_federation(overrides, sites)
+    assert sorted(outcome.reports[2].train) == [f.name for f in folders[:2]]
+    assert "policy rule" in outcome.reports[2].train_dropped[folders[-1].name]
+    c, n, federation = _server_c(tmp_path / "ckpt", overrides)
+    controls = _site_controls(tmp_path / "data", federation, c.size)
+    assert n == 2 and outcome.reports[2].strategy["scaffold-sites"] == 2
+    assert not np.any(controls[folders[-1].name])  # it never trained: c_i = 0
+    np.testing.assert_allclose(c, (controls[folders[0].name] + controls[folders[1].name]) / 2,
+                               atol=1e-6)

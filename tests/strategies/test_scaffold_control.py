@@ -63,6 +63,21 @@ def test_c_is_the_sum_of_the_delta_c_i_over_n():
     np.testing.assert_allclose(scaffold.control(4, sites=2), [0.75, 0.75, 0.75, 1.5])
 
 
+def test_a_site_that_refuses_to_train_under_its_policy_leaves_n_until_it_trains():
+    scaffold = Scaffold()
+    scaffold.control(2, sites=3)
+    refusal = "site reported an error: site s3: policy rule min-local-steps (refused)"
+    dropped = {"s3": refusal, "s4": "no reply before the round closed"}
+    info = ControlVariateRound(scaffold).observe(
+        [_reply(1, encode(np.array([2.0, 4.0]), "none")), _reply(2, encode(np.zeros(2), "none"))],
+        TrainPlan(tau={1: 3, 2: 3}, codec_seeds={1: 1, 2: 2}, codec="none"),
+        [np.zeros(2, np.float32)], 4, dropped)
+    assert scaffold.declined == {"s3"} and info["scaffold-sites"] == 3  # s4 only went quiet
+    np.testing.assert_allclose(scaffold.control(2, sites=4), [2 / 3, 4 / 3])
+    scaffold.decline([], ["s3"])  # its policy changed: it trained
+    np.testing.assert_allclose(scaffold.control(2, sites=4), [0.5, 1.0])
+
+
 def test_n_is_the_roster_else_the_most_sites_seen():
     assert federation_size(SiteBook(roster={"a": 10, "b": 10, "c": 10})) == 3
     book = SiteBook(names={1: "a", 2: "b"})

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 
 from strategies.plugins.options import Plugin
@@ -25,3 +27,6 @@ class NoControlVariates(Plugin):
     def observe(self, deltas: list[np.ndarray], sites: int) -> dict[str, float]:
         """Nothing to learn."""
         return {}
+
+    def decline(self, refused: Iterable[str], trained: Iterable[str]) -> None:
+        """No federation size to keep."""

@@ -19,13 +19,16 @@ optimizer: its step is :math:`\eta_g`); this plug-in holds ``c``. It keeps the s
 ``c`` is the mean of all sites' ``c_i`` (each starts at 0) after every round, full
 or partial participation alike: the paper's update for a fixed ``N``.
 
-**N**, the number of sites in the federation: the coordinator's roster when it has
-one (``federation.roster``), else the most sites seen so far, connected or known by
-name. A site that joins late starts with ``c_i = 0`` and raises ``N``: ``c`` is then
-rescaled to the mean over the larger federation (``total / N``), which the paper's
-fixed-``N`` rule would not do. A reply that is dropped (late, invalid) after its site
-saved ``c_i^+`` leaves that site's ``c_i`` ahead of ``total``; every reply the server
-accepted counts, whether or not its update survives the defence.
+**N**, the number of sites in the federation that train: the coordinator's roster when
+it has one (``federation.roster``), else the most sites seen so far, connected or known
+by name, less the sites that refused a train instruction under their site policy (an
+evaluate-only site, a site whose policy refuses SCAFFOLD: their ``c_i`` stays 0 for
+good, :meth:`Scaffold.decline`; a declined site that trains again counts again). A site
+that joins late starts with ``c_i = 0`` and raises ``N``: ``c`` is then rescaled to the
+mean over the larger federation (``total / N``), which the paper's fixed-``N`` rule
+would not do. A reply that is dropped (late, invalid) after its site saved ``c_i^+``
+leaves that site's ``c_i`` ahead of ``total``; every reply the server accepted counts,
+whether or not its update survives the defence.
 
 The vector of ``c`` runs over the model's floating-point arrays in model order (the
 sites' normalisation buffers hold 0). With a downlink codec ``c`` is sent compressed
@@ -43,6 +46,8 @@ whose layout changes with the mask).
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -65,8 +70,12 @@ class Scaffold(Plugin):
     def __init__(self) -> None:
         #: Sum of every ``Delta c_i`` received (float64), the model's float arrays flattened.
         self.total = np.zeros(0, np.float64)
-        #: ``N`` of the last round (the federation's sites, see the module docstring).
+        #: ``N`` of the last round (the federation's sites that train, module docstring).
         self.sites = 0
+        #: The most sites seen (connected, named or on the roster), declined ones included.
+        self.seen = 0
+        #: Sites that refused a train instruction under their policy (not counted in ``N``).
+        self.declined: set[str] = set()
         #: The downlink codec's error-feedback residual of ``c`` (empty: none yet).
         self.residual = np.zeros(0, np.float32)
 
@@ -87,17 +96,29 @@ class Scaffold(Plugin):
             if refused:
                 raise PluginError(f"{_KEY} is refused with {why}")
 
+    def _count(self, sites: int) -> None:
+        """``N`` from ``sites`` seen this round: the most seen, less the declined ones."""
+        self.seen = max(self.seen, int(sites))
+        self.sites = max(self.seen - len(self.declined), 1)
+
+    def decline(self, refused: Iterable[str], trained: Iterable[str]) -> None:
+        """The sites that ``refused`` this round's train instruction under their policy leave
+        ``N``; the sites that ``trained`` (an accepted reply) count again."""
+        self.declined = (self.declined | set(refused)) - set(trained)
+
     def control(self, size: int, sites: int) -> np.ndarray:
         """``c = total / N`` over ``size`` coordinates (zeros before any ``Delta c_i``);
-        ``sites`` is this round's ``N``, kept (it never shrinks)."""
-        self.sites = max(self.sites, int(sites), 1)
+        ``sites`` is the number of sites seen this round (``N`` adds no declined site and
+        never drops a site once seen)."""
+        self._count(sites)
         if self.total.size != size:
             self.total = np.zeros(size, np.float64)
         return (self.total / self.sites).astype(np.float32)
 
     def observe(self, deltas: list[np.ndarray], sites: int) -> dict[str, float]:
-        """Add the round's accepted ``Delta c_i`` to ``total``; ``N`` is at least ``sites``."""
-        self.sites = max(self.sites, int(sites), 1)
+        """Add the round's accepted ``Delta c_i`` to ``total``; ``sites`` as for
+        :meth:`control`."""
+        self._count(sites)
         for delta in deltas:
             if self.total.size != delta.size:  # the first round after a fresh start
                 self.total = np.zeros(delta.size, np.float64)
