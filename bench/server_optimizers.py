@@ -24,6 +24,7 @@ A seed fixes the initial model and every batch; the data split is fixed
     python bench/server_optimizers.py                       # heart-disease, 5 seeds
     python bench/server_optimizers.py --sets pneumoniamnist --methods fedavg pooled
     python bench/server_optimizers.py --quick --sets msd-lung   # wiring check
+    python bench/server_optimizers.py --merge other.json        # sets run elsewhere
 
 Writes ``--output`` (default ``bench/results/server_optimizers.json``) after
 every method; it keeps the sets and methods a run does not measure (measured
@@ -48,7 +49,7 @@ from server_optimizer_methods import METHODS, run_method, settings_grid, unavail
 from server_optimizer_sets import SETS, BenchSet, build_folders, shortened  # noqa: E402
 from server_optimizer_summary import choose, goals, summarise, val_score  # noqa: E402
 
-__all__ = ["available_methods", "main"]
+__all__ = ["available_methods", "merge", "main"]
 
 DEFAULT_OUTPUT = ROOT / "bench" / "results" / "server_optimizers.json"
 
@@ -78,6 +79,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--shared", type=Path, default=ROOT.parent / "shared" / "data")
     p.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
     p.add_argument("--workdir", type=Path, default=None, help="default: a temporary folder")
+    p.add_argument("--merge", type=Path, nargs="+", default=None, metavar="FILE",
+                   help="run nothing: fold the sets measured in FILEs (e.g. sets run in "
+                   "parallel processes, same protocol) into --output")
     return p
 
 
@@ -118,6 +122,36 @@ def _kept(output: Path, sets: dict[str, dict], running: set[tuple[str, str]],
             "per_seed": [r for r in old.get("per_seed", []) if keep(r)],
             "tuning": [r for r in old.get("tuning", []) if keep(r)],
             "commands": old.get("commands", [])}
+
+
+def merge(output: Path, files: list[Path], fraction: float) -> dict:
+    """``output`` with every set measured in ``files`` folded in (a set a file measured
+    replaces the records ``output`` or an earlier file held for it); the summary recomputed.
+
+    Raises
+    ------
+    ValueError
+        If the files were measured under different protocols (the message names them).
+    """
+    payloads = [(f, json.loads(f.read_text())) for f in [output, *files] if f.is_file()]
+    if not payloads:
+        raise ValueError(f"nothing to merge: none of {[str(f) for f in files]} exists")
+    first, merged = payloads[0]
+    for path, payload in payloads[1:]:
+        if payload.get("protocol") != merged.get("protocol"):
+            raise ValueError(f"{path} was measured under another protocol than {first}; "
+                             "merge only runs of the same protocol")
+        for part in ("per_seed", "tuning"):
+            merged[part] = [r for r in merged.get(part, []) if r["set"] not in payload["sets"]]
+            merged[part] += payload.get(part, [])
+        merged["sets"] = {**merged.get("sets", {}), **payload["sets"]}
+        merged["skipped"] = merged.get("skipped", []) + payload.get("skipped", [])
+        merged["commands"] = list(dict.fromkeys(merged.get("commands", [])
+                                                + payload.get("commands", [])))
+    merged["runs"] = [row for name in merged["sets"] for row in summarise(
+        name, merged["sets"][name]["metric"], merged["per_seed"], fraction)]
+    merged["goals"] = goals(merged["runs"])
+    return merged
 
 
 def _measure(bench_set: BenchSet, methods: list[str], args: argparse.Namespace, payload: dict,
@@ -162,6 +196,13 @@ def _write(payload: dict, args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    if args.merge:
+        try:
+            write_report(args.output, merge(args.output, args.merge, args.fraction), indent=1,
+                         allow_nan=False)
+        except ValueError as exc:
+            parser.error(str(exc))
+        return 0
     methods = _methods(parser, args.methods)
     if args.quick:
         args.seeds = 1

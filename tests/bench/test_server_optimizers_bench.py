@@ -164,3 +164,36 @@ def test_quick_run_on_the_four_heart_disease_hospitals(tmp_path):
     result = _quick(tmp_path / "server_optimizers.json", SHARED, "fedavg")
     _check_format(result, {"fedavg"})
     assert result["sets"]["heart-disease"]["sites"] == 4
+
+
+def _measured(set_name: str, value: float, protocol: dict) -> dict:
+    """A results file of one set: fedavg and pooled, one seed, two rounds."""
+    records = [{"set": set_name, "method": m, "seed": 0, "setting": {"lr": 0.1},
+                "val": [v, v], "test": [v, v], "seconds": 1.0}
+               for m, v in (("fedavg", value), ("pooled", value + 0.1))]
+    return {"protocol": protocol, "sets": {set_name: {"metric": "auc", "marker": value}},
+            "per_seed": records, "tuning": [{"set": set_name, "method": "fedavg"}],
+            "commands": [f"run {set_name} {value}"]}
+
+
+def test_merge_folds_the_sets_of_parallel_runs_into_the_output(tmp_path, capsys):
+    protocol = {"fraction": 0.95}
+    out, other = tmp_path / "server_optimizers.json", tmp_path / "msd.json"
+    out.write_text(json.dumps({**_measured("heart-disease", 0.7, protocol),
+                               "sets": {"heart-disease": {"metric": "accuracy"},
+                                        "msd-lung": {"metric": "dice", "marker": 0.1}},
+                               "per_seed": _measured("heart-disease", 0.7, protocol)["per_seed"]
+                               + _measured("msd-lung", 0.1, protocol)["per_seed"]}))
+    other.write_text(json.dumps(_measured("msd-lung", 0.5, protocol)))
+    assert bench.main(["--merge", str(other), "--output", str(out)]) == 0
+    merged = json.loads(out.read_text())
+    assert merged["sets"]["msd-lung"]["marker"] == 0.5  # the new measurement replaced the old
+    finals = {(r["set"], r["method"]): r["final_metric"] for r in merged["runs"]}
+    assert finals == pytest.approx({("heart-disease", "fedavg"): 0.7,
+                                    ("heart-disease", "pooled"): 0.8,
+                                    ("msd-lung", "fedavg"): 0.5, ("msd-lung", "pooled"): 0.6})
+    assert merged["commands"] == ["run heart-disease 0.7", "run msd-lung 0.5"]
+    other.write_text(json.dumps(_measured("msd-lung", 0.5, {"fraction": 0.5})))
+    with pytest.raises(SystemExit):
+        bench.main(["--merge", str(other), "--output", str(out)])
+    assert "another protocol" in capsys.readouterr().err
