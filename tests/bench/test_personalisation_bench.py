@@ -5,6 +5,7 @@ computation, the same sampled sites for every method."""
 
 from __future__ import annotations
 
+import csv
 import importlib
 import json
 from pathlib import Path
@@ -99,6 +100,15 @@ def test_the_run_config_asks_the_product_for_the_protocol():
     assert config["seed"] == 3 and config["personalisation.method"] == "per-fedavg-fo"
 
 
+def test_the_heart_disease_hospitals_all_train_every_round_and_stay_four():
+    hospitals = sets.SETS["heart-disease"]
+    config = sets.run_config(hospitals, "finetune", 0, sets.Protocol())
+    assert config["selection.m"] == 4 and config["min-nodes"] == 4  # not r = 0.2 of 4
+    assert config["task"] == "tabular-cls" and config["lr"] == 0.1
+    assert sets.quick_set(hospitals).sites == 4 and sets.shortened(hospitals, sites=2).sites == 4
+    assert sets.sites_per_round(sets.SETS["msd-lung"], sets.Protocol()) == 2  # r = 0.2 of 10
+
+
 def _quick(out: Path, name: str, *extra: str) -> dict:
     assert bench.main(["--quick", "--sets", name, "--output", str(out),
                        "--shared", str(SHARED), *extra]) == 0
@@ -149,3 +159,30 @@ def test_quick_run_on_size_skewed_msd_lung_sites(tmp_path):
     sites = result["per_seed"]["msd-lung"][0]["methods"]["local-only"]["sites"]
     assert sorted(sites) == ["hospital-00", "hospital-01"]
     assert all(0.0 <= m["dice"] <= 1.0 for m in sites.values())
+
+
+def _table_rows(folder: Path) -> list[tuple[str, str]]:
+    with (folder / "table.csv").open(newline="") as f:
+        return sorted((row["patient_id"], row["split"]) for row in csv.DictReader(f))
+
+
+@pytest.mark.skipif(not (SHARED / sets.SETS["heart-disease"].shared_files[0]).is_file(),
+                    reason="../shared/data/tabular (heart disease) absent")
+def test_quick_run_on_the_four_heart_disease_hospitals_reads_their_test_split(tmp_path):
+    result = _quick(tmp_path / "personalisation.json", "heart-disease", "--methods", "finetune")
+    runs = {r["method"]: r for r in result["runs"]}
+    assert set(runs) == {"fedavg-global", "finetune"}
+    assert set(runs["finetune"]["metrics"]) <= {"accuracy", "auc"}
+    assert runs["finetune"]["metric"] == "accuracy" and 0.0 <= runs["finetune"]["mean"] <= 1.0
+    record = result["per_seed"]["heart-disease"][0]["methods"]["finetune"]
+    assert record["sampled"] == [[f"hospital-0{k}" for k in range(4)]]  # all 4, every round
+    bench_set = sets.quick_set(sets.SETS["heart-disease"])
+    sets.build_sites(bench_set, SHARED, tmp_path / "sites", seed=3)
+    split = {f.name: _table_rows(f) for f in sorted((tmp_path / "sites-split").iterdir())}
+    for name, rows in split.items():  # the converter's split (seed 0), test rows measured as val
+        expected = sorted((pid, "val" if s == "test" else s) for pid, s in rows if s != "val")
+        assert _table_rows(tmp_path / "sites" / name) == expected
+        assert any(s == "val" for _, s in expected)
+    sets.build_sites(bench_set, SHARED, tmp_path / "zero" / "sites", seed=0)
+    assert all(_table_rows(tmp_path / "zero" / "sites" / name) == _table_rows(
+        tmp_path / "sites" / name) for name in split)  # one fixed split whatever the seed
