@@ -43,6 +43,9 @@ class TaskEntry:
     #: ``max-study-bytes`` bounds 4 bytes each, before any data is read); none for a task
     #: whose example is a table row (a few dozen values: counted as one, 4 bytes).
     study_dims: tuple[str, ...] = ("image_size", "image_size")
+    #: Whether run-config ``augmentation`` applies (its training images are 2D or 3D images of
+    #: a :class:`~clients.training.classification.ClassificationTask`).
+    augmentable: bool = False
 
     def default_set(self, task: str) -> str:
         """The shared set used when none is named.
@@ -64,10 +67,10 @@ TASKS.add("pe-seg", TaskEntry("clients.pe_seg.task:PESegTask", "clients.pe_seg.s
                               "clients.pe_seg.shared", ("ctpa", "msd-lung"),
                               ("slab_slices", "image_size", "image_size")))
 TASKS.add("cxr-cls", TaskEntry("clients.cxr_cls.task:CXRClsTask", "clients.cxr_cls.synthetic",
-                               "clients.cxr_cls.shared", ("pneumoniamnist",)))
+                               "clients.cxr_cls.shared", ("pneumoniamnist",), augmentable=True))
 TASKS.add("ct3d-cls", TaskEntry("clients.ct3d_cls.task:CT3DClsTask", "clients.ct3d_cls.synthetic",
                                 "clients.ct3d_cls.shared", ("adrenalmnist3d",),
-                                ("volume_depth", "image_size", "image_size")))
+                                ("volume_depth", "image_size", "image_size"), augmentable=True))
 TASKS.add("tabular-cls", TaskEntry("clients.tabular.task:TabularClsTask", "clients.tabular.synthetic",
                                    "clients.tabular.shared", ("heart-disease",), ()))
 

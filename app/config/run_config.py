@@ -21,7 +21,9 @@ from dataclasses import Field, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from clients.training.augmentation_levels import AUGMENTATIONS
 from clients.training.dp_accountants import ACCOUNTANTS, DEFAULT_ACCOUNTANT
+from clients.training.lr_schedule import LR_SCHEDULES
 from clients.training.task_settings import OPTIMIZERS, TaskSettings
 from clients.registry import TASKS
 from strategies.compression import check_warmup, parse_spec
@@ -70,7 +72,7 @@ def _scalar_fields(config: Any) -> list[Field]:
 
 # TaskSettings fields that are run-config keys (positive_fraction stays the task's).
 _TASK_KEYS = ("image_size", "slab_slices", "batch_size", "num_labels", "model_size",
-              "volume_depth")
+              "volume_depth", "augmentation")
 
 
 def _task_fields() -> dict[str, Field]:
@@ -92,7 +94,7 @@ class RunConfig:
     """Settings of one federation (see pyproject.toml for the defaults).
 
     The task's sizes (``image-size``, ``slab-slices``, ``batch-size``, ``num-labels``,
-    ``model-size``, ``volume-depth``) are :class:`TaskSettings` fields, held in
+    ``model-size``, ``volume-depth``) and ``augmentation`` are :class:`TaskSettings` fields, held in
     ``task_sizes``; the plug-ins' sections are in ``plugin_options``.
     """
 
@@ -101,6 +103,8 @@ class RunConfig:
     local_steps: int = 200
     optimizer: str = "adam"
     lr: float = 0.003
+    lr_schedule: str = "constant"
+    lr_floor: float = 0.0
     momentum: float = 0.9
     proximal_mu: float = 0.0
     time_budget: float = 0.0
@@ -205,6 +209,18 @@ class RunConfig:
             self._fail("optimizer", f"must be one of {OPTIMIZERS}")
         if self.task_sizes.model_size not in ("small", "full"):
             self._fail("model_size", "must be 'small' or 'full'")
+        if self.task_sizes.augmentation not in AUGMENTATIONS:
+            self._fail("augmentation", f"must be one of {list(AUGMENTATIONS)}")
+        if self.task_sizes.augmentation != "none" and not TASKS.get(self.task).augmentable:
+            self._fail("augmentation", f"must be 'none' for task {self.task!r} (only the image "
+                       f"classifiers {[t for t in TASKS if TASKS.get(t).augmentable]} augment)")
+        if self.lr_schedule not in LR_SCHEDULES:
+            self._fail("lr_schedule", f"must be one of {list(LR_SCHEDULES)}")
+        if not 0.0 <= self.lr_floor <= 1.0:
+            self._fail("lr_floor", "must be in [0, 1] (a fraction of lr)")
+        if self.lr_schedule != "constant" and self.proximal_mu:
+            self._fail("lr_schedule", "must be 'constant' with proximal-mu > 0 (the server's "
+                       "a-norm of FedProx's steps assumes one lr)")
         for name in ("num_server_rounds", "local_steps", "batch_size", "image_size",
                      "num_labels", "volume_depth", "round_max_held_mb",
                      "min_nodes", "node_wait_timeout", "round_timeout", "lr"):

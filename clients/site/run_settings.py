@@ -16,7 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from clients.training.augmentation_levels import AUGMENTATIONS
 from clients.training.dp_accountants import ACCOUNTANTS
+from clients.training.lr_schedule import LR_SCHEDULES, round_lr
 from clients.training.private_training import DpSettings
 from clients.training.site_task import TaskSettings
 from clients.training.task_settings import OPTIMIZERS
@@ -29,7 +31,9 @@ __all__ = ["SiteRunSettings"]
 
 #: Run-config keys of :class:`TaskSettings` (``positive_fraction`` stays the task's).
 _TASK_KEYS = ("image-size", "slab-slices", "batch-size", "num-labels", "model-size",
-              "volume-depth")
+              "volume-depth", "augmentation")
+#: The task keys that are names, not sizes (no range check).
+_NAMED_TASK_KEYS = ("model-size", "augmentation")
 #: The run config's defaults of the site's keys that have no default below (pyproject.toml).
 _DEFAULTS: dict[str, Any] = {"task": "pe-seg", "local-steps": 200, "optimizer": "adam",
                              "lr": 0.003, "momentum": 0.9, "seed": 0, "num-server-rounds": 6}
@@ -73,6 +77,10 @@ class SiteRunSettings:
     seed: int
     #: ``num-server-rounds``: a train message after the last round is the final fine-tuning.
     num_server_rounds: int
+    #: ``lr-schedule``, ``lr-floor``: the rate over the rounds
+    #: (:mod:`clients.training.lr_schedule`).
+    lr_schedule: str = "constant"
+    lr_floor: float = 0.0
     #: ``time-budget``: seconds of local training when an instruction names none (0 = none).
     time_budget: float = 0.0
     #: ``proximal-mu``: FedProx's proximal term (0 = none).
@@ -113,7 +121,7 @@ class SiteRunSettings:
         run = {key: scalars[key.replace("-", "_")] for key in
                ("local-steps", "num-server-rounds", "lr", "time-budget", "proximal-mu")}
         run.update({key: getattr(sizes, key.replace("-", "_")) for key in _TASK_KEYS
-                    if key != "model-size"})
+                    if key not in _NAMED_TASK_KEYS})
         for key, value in run.items():
             floor = key in ("time-budget", "proximal-mu")
             _require(value >= 0 if floor else value > 0, key,
@@ -122,6 +130,12 @@ class SiteRunSettings:
                  scalars["momentum"])
         _require(scalars["optimizer"] in OPTIMIZERS, "optimizer",
                  f"must be one of {OPTIMIZERS}", scalars["optimizer"])
+        _require(scalars["lr_schedule"] in LR_SCHEDULES, "lr-schedule",
+                 f"must be one of {list(LR_SCHEDULES)}", scalars["lr_schedule"])
+        _require(0.0 <= scalars["lr_floor"] <= 1.0, "lr-floor", "must be in [0, 1]",
+                 scalars["lr_floor"])
+        _require(sizes.augmentation in AUGMENTATIONS, "augmentation",
+                 f"must be one of {list(AUGMENTATIONS)}", sizes.augmentation)
         _require(privacy.noise_multiplier >= 0, "privacy.noise-multiplier", "must be >= 0",
                  privacy.noise_multiplier)
         _require(privacy.max_grad_norm > 0, "privacy.max-grad-norm", "must be > 0",
@@ -130,3 +144,8 @@ class SiteRunSettings:
         _require(privacy.accountant in ACCOUNTANTS, "privacy.accountant",
                  f"must be one of {list(ACCOUNTANTS)}", privacy.accountant)
         return cls(sizes=sizes, privacy=privacy, personalisation=personal, **scalars)
+
+    def round_lr(self, server_round: int) -> float:
+        """The local learning rate of round ``server_round`` (``lr`` under ``lr-schedule``)."""
+        return round_lr(self.lr, self.lr_schedule, server_round, self.num_server_rounds,
+                        self.lr_floor)

@@ -225,13 +225,14 @@ def local_update(task: SiteTask, arrays: Mapping[str, np.ndarray], instruction: 
                                    "cross-site" if final else "train")
               if privacy.enabled else None)  # refused here if it would overspend the budget
     seed = site_seed(run.seed, instruction.server_round, site.name)
+    lr = run.round_lr(instruction.server_round)  # lr-schedule: the round's rate
     parameters = {name for name, _ in model.named_parameters()}
     hooks = (pruned.hooks if pruned is not None
              else control.hooks(parameters) if control is not None else None)
     started = time.monotonic()
     try:
         result = personal.train(task, model if pruned is None else pruned.model, steps, seed,
-                                deadline, lr=run.lr, momentum=run.momentum, compute=compute,
+                                deadline, lr=lr, momentum=run.momentum, compute=compute,
                                 optimizer=run.optimizer, proximal_mu=run.proximal_mu,
                                 label=f"{site.name} round {instruction.server_round}",
                                 privacy=privacy,
@@ -249,10 +250,10 @@ def local_update(task: SiteTask, arrays: Mapping[str, np.ndarray], instruction: 
              for name, value in global_arrays.items()]
     controlled = None
     if control is not None:  # option II from x - y and the steps actually run
-        solver = LocalSolver(optimizer=run.optimizer, momentum=run.momentum, lr=run.lr,
+        solver = LocalSolver(optimizer=run.optimizer, momentum=run.momentum, lr=lr,
                              proximal_mu=run.proximal_mu)
         controlled = (control, control.updated(dict(zip(global_arrays, delta)), parameters,
-                                               solver.a_norm(result.steps_done), run.lr))
+                                               solver.a_norm(result.steps_done), lr))
     delta = personal.keep_local(model, delta, list(global_arrays),  # FedBN: 0, kept at the site
                                 save=not final)
     sqgrad = None

@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader, Dataset
 from clients.training.device import ComputeDevice
 from clients.manifests.load_report import LoadReport
 from clients.prediction.classifier import ClassifierPredictor, macro_auc
+from clients.training.augmentation import augmented
 from clients.training.sampling import positive_share_sampler
 from clients.training.site_task import EvalResult, SiteTask, TaskSettings, merged_report
 
@@ -52,14 +53,16 @@ class LabelledTensors(Dataset):
 
 
 def balanced_loader(dataset: LabelledTensors, batch_size: int, positive_fraction: float,
-                    seed: int, compute: ComputeDevice) -> DataLoader:
+                    seed: int, compute: ComputeDevice, augmentation: str = "none") -> DataLoader:
     """Sample with replacement so that ``positive_fraction`` of items are positive.
 
-    Batches are fed as ``compute`` asks (pinned memory, workers).
+    The drawn images are augmented as run-config ``augmentation`` says
+    (:func:`~clients.training.augmentation.augmented`; ``none``: as loaded). Batches are fed
+    as ``compute`` asks (pinned memory, workers).
     """
     n = len(dataset)
     sampler = positive_share_sampler(n, dataset.positive_indices, positive_fraction, seed)
-    return DataLoader(dataset, batch_size=batch_size, sampler=sampler,
+    return DataLoader(augmented(dataset, augmentation), batch_size=batch_size, sampler=sampler,
                       drop_last=n >= batch_size, **compute.loader_kwargs())
 
 
@@ -105,8 +108,8 @@ class ClassificationTask(SiteTask):
     :meth:`_load_split` (the report merges them); a split without usable items
     is ``None``, and a site without a usable item in any split is a
     :class:`~clients.training.site_task.SiteDataError`. Training batches are
-    class-balanced (:func:`balanced_loader`); evaluation runs
-    :func:`evaluate_classifier`; ``make predict`` scores one item at a time
+    class-balanced (:func:`balanced_loader`) and augmented as ``augmentation`` says;
+    evaluation runs :func:`evaluate_classifier`; ``make predict`` scores one item at a time
     (:class:`~clients.prediction.classifier.ClassifierPredictor`). Subclasses set
     ``name``, ``manifest_name``, ``item_noun`` and the prediction attributes of
     :class:`~clients.training.site_task.SiteTask` and implement
@@ -158,7 +161,8 @@ class ClassificationTask(SiteTask):
 
     def _train_loader(self, seed: int, compute: ComputeDevice) -> DataLoader:
         return balanced_loader(self.require_training(), self.settings.batch_size,
-                               self.settings.positive_fraction, seed, compute)
+                               self.settings.positive_fraction, seed, compute,
+                               self.settings.augmentation)
 
     def _eval_batch_size(self) -> int:
         """Batch size of :meth:`evaluate`: the training batch size."""

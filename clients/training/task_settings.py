@@ -24,6 +24,9 @@ class TaskSettings:
     balance), at least that share for segmentation (slabs with a mask are never
     down-weighted, see :mod:`clients.training.sampling`). ``num_labels`` and ``model_size`` (``small`` |
     ``full``) are for the classifiers, ``volume_depth`` (slices) for 3D volumes.
+    ``augmentation`` (``none`` | ``light`` | ``strong``,
+    :mod:`clients.training.augmentation_levels`) randomly transforms the classifiers'
+    training images (tasks whose registry entry is ``augmentable``).
     """
 
     image_size: int = 64
@@ -33,3 +36,4 @@ class TaskSettings:
     num_labels: int = 1
     model_size: str = "small"
     volume_depth: int = 32
+    augmentation: str = "none"
