@@ -41,7 +41,8 @@ CPU. The sets (``bench/personalisation_sets.py``; ``--sites``, ``--rounds`` and
   range from 36% to 93% positive), and a cross-silo federation of 4 hospitals has
   them all every round, as FLamby does. lr 0.1: FedAvg's choice on the hospitals'
   ``val`` splits in ``bench/server_optimizers.py``'s tuning (grid 0.03 / 0.1 / 0.3).
-  10 rounds of 16 passes: 160 SGD steps a hospital, next to that benchmark's 15 x 10.
+  10 rounds of 16 passes: 160 SGD steps a hospital, next to that benchmark's 15 x 10;
+- ``heart-disease-r0.5``: the same hospitals, 2 of them a round (``r = 0.5``), 20 rounds.
 
 The U-Net's InstanceNorm has neither parameters nor statistics, so ``fedbn`` is
 refused on both segmentation sets (the product's own check when the federation

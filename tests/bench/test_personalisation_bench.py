@@ -107,6 +107,9 @@ def test_the_heart_disease_hospitals_all_train_every_round_and_stay_four():
     assert config["task"] == "tabular-cls" and config["lr"] == 0.1
     assert sets.quick_set(hospitals).sites == 4 and sets.shortened(hospitals, sites=2).sites == 4
     assert sets.sites_per_round(sets.SETS["msd-lung"], sets.Protocol()) == 2  # r = 0.2 of 10
+    half = sets.SETS["heart-disease-r0.5"]  # 2 a round for twice the rounds: same passes
+    assert sets.run_config(half, "finetune", 0, sets.Protocol())["selection.m"] == 2
+    assert half.rounds * sets.sites_per_round(half, sets.Protocol()) == hospitals.rounds * 4
 
 
 def _quick(out: Path, name: str, *extra: str) -> dict:
