@@ -25,6 +25,7 @@ A seed fixes the initial model and every batch; the data split is fixed
     python bench/server_optimizers.py --sets pneumoniamnist --methods fedavg pooled
     python bench/server_optimizers.py --quick --sets msd-lung   # wiring check
     python bench/server_optimizers.py --merge other.json        # sets run elsewhere
+    python bench/server_optimizers.py --sets msd-lung --extend --seeds 5  # 2 more seeds
 
 Writes ``--output`` (default ``bench/results/server_optimizers.json``) after
 every method; it keeps the sets and methods a run does not measure (measured
@@ -65,7 +66,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--sets", nargs="+", default=["heart-disease"], choices=list(SETS))
     p.add_argument("--methods", nargs="+", default=None,
                    help="default: every method whose run-config keys the product declares")
-    p.add_argument("--seeds", type=int, default=5, help="seeds 0 .. seeds-1 (0 also tunes)")
+    p.add_argument("--seeds", type=int, default=None,
+                   help="seeds 0 .. seeds-1 (0 also tunes); default 5, --quick 1")
     p.add_argument("--lrs", type=float, nargs="+", default=[],
                    help="sites' lr grid (default: the set's, server_optimizer_sets.SETS)")
     p.add_argument("--rounds", type=int, default=0, help="0: the set's")
@@ -79,6 +81,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--shared", type=Path, default=ROOT.parent / "shared" / "data")
     p.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
     p.add_argument("--workdir", type=Path, default=None, help="default: a temporary folder")
+    p.add_argument("--extend", action="store_true",
+                   help="keep each method's tuning choice and seeds in --output (same set "
+                   "settings) and run only the seeds 0 .. seeds-1 it lacks")
     p.add_argument("--merge", type=Path, nargs="+", default=None, metavar="FILE",
                    help="run nothing: fold the sets measured in FILEs (e.g. sets run in "
                    "parallel processes, same protocol) into --output")
@@ -154,26 +159,50 @@ def merge(output: Path, files: list[Path], fraction: float) -> dict:
     return merged
 
 
+def _earlier(payload: dict, set_name: str, method: str) -> dict | None:
+    """The setting ``payload`` holds as tuned for ``method`` on ``set_name`` (``--extend``),
+    with its tuning seed measured; else ``None`` (it is tuned again)."""
+    tuned = [t["chosen"] for t in payload["tuning"]
+             if (t["set"], t["method"]) == (set_name, method)]
+    seeds = {r["seed"] for r in payload["per_seed"] if (r["set"], r["method"]) == (set_name,
+                                                                               method)}
+    return {"setting": tuned[-1]} if tuned and 0 in seeds else None
+
+
+def _tune(bench_set: BenchSet, folders, name: str, args: argparse.Namespace, payload: dict,
+          work: Path) -> dict:
+    """Run ``name``'s settings grid with the tuning seed; record the trials and return the
+    chosen trial (its ``setting`` and seed 0's curves)."""
+    trials = []
+    for setting in settings_grid(METHODS[name], bench_set.lrs):
+        curves = run_method(bench_set, folders, name, setting, 0, work)
+        trials.append({"setting": setting, "val": curves.val, "test": curves.test,
+                       "seconds": curves.seconds})
+        print(f"[{bench_set.name}] tune {name} {setting}: val "
+              f"{val_score(curves.val, args.tail)} ({curves.seconds:.0f} s)", flush=True)
+    chosen = choose(trials, args.tail)
+    payload["tuning"].append({
+        "set": bench_set.name, "method": name, "seed": 0, "chosen": chosen["setting"],
+        "trials": [{"setting": t["setting"], "val_score": val_score(t["val"], args.tail),
+                    "val": t["val"]} for t in trials]})
+    return chosen
+
+
 def _measure(bench_set: BenchSet, methods: list[str], args: argparse.Namespace, payload: dict,
              tmp: Path) -> None:
     """Tune and run every method of ``methods`` on ``bench_set``; the output after each."""
     folders = build_folders(bench_set, args.shared, tmp / bench_set.name / "folders")
     work = args.workdir or tmp / bench_set.name / "runs"
     for name in methods:
-        trials = []
-        for setting in settings_grid(METHODS[name], bench_set.lrs):
-            curves = run_method(bench_set, folders, name, setting, 0, work)
-            trials.append({"setting": setting, "val": curves.val, "test": curves.test,
-                           "seconds": curves.seconds})
-            print(f"[{bench_set.name}] tune {name} {setting}: val "
-                  f"{val_score(curves.val, args.tail)} ({curves.seconds:.0f} s)", flush=True)
-        chosen = choose(trials, args.tail)
-        payload["tuning"].append({
-            "set": bench_set.name, "method": name, "seed": 0, "chosen": chosen["setting"],
-            "trials": [{"setting": t["setting"], "val_score": val_score(t["val"], args.tail),
-                        "val": t["val"]} for t in trials]})
-        records = [{"set": bench_set.name, "method": name, "seed": 0, **chosen}]
+        earlier = _earlier(payload, bench_set.name, name) if args.extend else None
+        chosen = earlier or _tune(bench_set, folders, name, args, payload, work)
+        done = {r["seed"] for r in payload["per_seed"]
+                if (r["set"], r["method"]) == (bench_set.name, name)}
+        records = [] if earlier else [{"set": bench_set.name, "method": name, "seed": 0,
+                                       **chosen}]
         for seed in range(1, args.seeds):
+            if seed in done:
+                continue
             curves = run_method(bench_set, folders, name, chosen["setting"], seed, work)
             records.append({"set": bench_set.name, "method": name, "seed": seed,
                             "setting": chosen["setting"], "val": curves.val,
@@ -204,19 +233,21 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(str(exc))
         return 0
     methods = _methods(parser, args.methods)
+    args.seeds = args.seeds or (1 if args.quick else 5)
     if args.quick:
-        args.seeds = 1
         args.rounds, args.steps = args.rounds or 2, args.steps or 2
         args.sites, args.max_per_site = args.sites or 2, args.max_per_site or 16
     sets = [shortened(SETS[n], args.rounds, args.steps, args.sites, args.max_per_site,
-                      tuple(args.lrs) or SETS[n].lrs[:1 if args.quick else None]) for n in args.sets]
+                      tuple(args.lrs) or SETS[n].lrs[:1 if args.quick else None])
+            for n in args.sets]
     records = json.loads(json.dumps({s.name: asdict(s) for s in sets}))  # as the file holds them
-    protocol = {"fraction": args.fraction, "tail": args.tail, "tuning_seed": 0, "optimizer": "sgd", "momentum": 0.0,
+    protocol = {"fraction": args.fraction, "tail": args.tail, "tuning_seed": 0,
+                "optimizer": "sgd", "momentum": 0.0,
                 "metric_average": "unweighted mean over sites of each site's test split",
                 "quick": args.quick}
     try:
-        kept = _kept(args.output, records, {(s.name, m) for s in sets for m in methods},
-                     protocol)
+        running = set() if args.extend else {(s.name, m) for s in sets for m in methods}
+        kept = _kept(args.output, records, running, protocol)
     except ValueError as exc:
         parser.error(str(exc))
     started = time.perf_counter()

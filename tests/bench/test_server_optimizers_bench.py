@@ -159,6 +159,22 @@ def test_quick_run_through_the_product_on_synthetic_hospitals(tmp_path, monkeypa
     assert "holds runs measured under another protocol" in capsys.readouterr().err
 
 
+def test_extend_adds_seeds_to_the_tuned_choice_without_tuning_again(tmp_path, monkeypatch):
+    monkeypatch.setattr(sets, "convert_shared", _synthetic_hospitals)
+    shared = tmp_path / "shared"
+    (shared / HEART).parent.mkdir(parents=True)
+    (shared / HEART).touch()
+    out = tmp_path / "server_optimizers.json"
+    first = _quick(out, shared, "pooled")
+    assert bench.main(["--quick", "--extend", "--seeds", "2", "--output", str(out), "--shared",
+                       str(shared), "--methods", "pooled"]) == 0
+    extended = json.loads(out.read_text())
+    assert extended["tuning"] == first["tuning"]  # not tuned again
+    assert [r["seed"] for r in extended["per_seed"]] == [0, 1]
+    assert extended["per_seed"][0] == first["per_seed"][0]
+    assert extended["runs"][0]["seeds"] == 2
+
+
 @pytest.mark.skipif(not (SHARED / HEART).is_file(), reason="../shared/data heart disease absent")
 def test_quick_run_on_the_four_heart_disease_hospitals(tmp_path):
     result = _quick(tmp_path / "server_optimizers.json", SHARED, "fedavg")
