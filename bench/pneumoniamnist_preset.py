@@ -26,6 +26,10 @@ trained centrally). Usage::
     python bench/pneumoniamnist_preset.py                 # 3 seeds + pooled
     python bench/pneumoniamnist_preset.py --seeds 0 --regimes federated --set lr=0.001
     python bench/pneumoniamnist_preset.py --quick         # wiring check, seconds
+    python bench/pneumoniamnist_preset.py --reuse earlier.json  # runs only what it lacks
+
+The pooled run uses the preset's whole run config (its server optimizer steps over the one
+site's update).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from single_thread import ROOT  # noqa: I001
 
 import argparse  # noqa: E402
 import csv  # noqa: E402
+import json  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
@@ -49,7 +54,7 @@ from federation_sites import convert_shared, folder_sites, pooled_folder  # noqa
 from report import Column, environment, print_table, write_report  # noqa: E402
 from server_optimizer_sets import test_view  # noqa: E402
 
-__all__ = ["PRESET", "TARGET", "build_nodes", "run_regime", "main"]
+__all__ = ["PRESET", "TARGET", "build_nodes", "run_regime", "reused", "main"]
 
 PRESET = ROOT / "configs" / "cxr-cls-pneumoniamnist-best.toml"
 DEFAULT_OUTPUT = ROOT / "bench" / "results" / "pneumoniamnist_preset.json"
@@ -99,6 +104,26 @@ def run_regime(regime: str, config: dict[str, Any], seed: int, sites: Sequence[P
             "local_steps": steps}
 
 
+def reused(outputs: Sequence[Path], config: dict[str, Any]) -> list[dict[str, Any]]:
+    """The runs of earlier ``outputs`` measured with ``config``, first run of a (regime, seed)
+    kept.
+
+    Raises
+    ------
+    ValueError
+        Naming the file, when its settings are not ``config``.
+    """
+    runs: dict[tuple[str, int], dict[str, Any]] = {}
+    for output in outputs:
+        earlier = json.loads(output.read_text())
+        if earlier["settings"] != config or earlier.get("quick"):
+            raise ValueError(f"{output}: measured with other settings ({earlier['settings']}), "
+                             f"not {config}")
+        for run in earlier["runs"]:
+            runs.setdefault((run["regime"], run["seed"]), run)
+    return list(runs.values())
+
+
 def _override(text: str) -> tuple[str, Any]:
     """``key=value`` with ``value`` read as TOML (``lr=0.001``, ``optimizer="sgd"`` or
     ``optimizer=sgd``)."""
@@ -121,6 +146,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--pooled-seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--shared", type=Path, default=SHARED)
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
+    parser.add_argument("--reuse", type=Path, action="append", default=[],
+                        help="keep the runs of this earlier output measured with the same "
+                             "settings (a seed and regime there is not run again)")
     parser.add_argument("--quick", action="store_true",
                         help="wiring check: 30 items per site, 2 rounds x 2 steps, seed 0")
     args = parser.parse_args(argv)
@@ -135,9 +163,12 @@ def main(argv: Sequence[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="pneumoniamnist-preset-") as tmp:
         sites, pooled, test = build_nodes(args.shared, Path(tmp), 30 if args.quick else 0)
         test_items = split_count(pooled, "test")
-        runs = []
+        runs = reused(args.reuse, config)
+        done = {(r["regime"], r["seed"]) for r in runs}
         for regime in args.regimes:
             for seed in (seeds if regime == "federated" else pooled_seeds):
+                if (regime, seed) in done:
+                    continue
                 runs.append(run_regime(regime, config, seed, sites, pooled, test,
                                        Path(tmp) / "runs"))
                 print(f"[{regime} seed {seed}] val {runs[-1]['val_auc']:.4f} test "

@@ -33,6 +33,17 @@ def test_a_key_is_overridden_as_toml_else_as_text() -> None:
     assert bench._override("augmentation=light") == ("augmentation", "light")
 
 
+def test_earlier_runs_are_reused_only_under_the_same_settings(tmp_path) -> None:
+    settings = {"task": "cxr-cls", "lr": 0.003}
+    run = {"regime": "federated", "seed": 1, "test_auc": 0.9, "val_auc": 0.95}
+    earlier = tmp_path / "earlier.json"
+    earlier.write_text(json.dumps({"settings": settings, "runs": [run, {**run, "val_auc": 0.1}],
+                                   "quick": False}))
+    assert bench.reused([earlier], dict(settings)) == [run]  # the first of a (regime, seed)
+    with pytest.raises(ValueError, match="earlier.json: measured with other settings"):
+        bench.reused([earlier], {**settings, "lr": 0.01})
+
+
 @NEEDS_DATA
 def test_the_pooled_test_view_holds_the_whole_medmnist_test_split(tmp_path) -> None:
     sites, pooled, test = bench.build_nodes(SHARED, tmp_path)
