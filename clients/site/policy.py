@@ -27,6 +27,8 @@ File format (every key optional; a missing key takes the permissive value of
     max-slab-slices = inf        # slices of a 2.5D slab (pe-seg slab-slices)
     max-study-bytes = inf        # bytes of one decoded float32 study the run's sizes define
     min-val-items = 0            # fewer validation items: only counts leave
+    sandbox = "on"               # the site runner runs the app only in its sandbox (bubblewrap);
+                                 # "off": a plain process, shown in red on the console
 
     [dp]
     required = false             # refuse training without DP-SGD
@@ -45,6 +47,11 @@ File format (every key optional; a missing key takes the permissive value of
     allowed = false              # answer vertical messages (they carry per-patient vectors)
     min-intersection = 20        # the fewest shared patients (PSI) this site works with
     share-labels = false         # vanilla SplitNN: the site's labels go to the coordinator
+
+    [audit]                      # the audit log's anchors: app/site_runtime/audit_anchor.py
+    anchor = ""                  # "": none; "syslog": journald/syslog; "/abs/path": a file on
+                                 # another mount, appended with the log's head
+    anchor-every = 100           # records between two anchors (and at every node stop)
 
     [apps]                       # which app bundles run: clients/site/app_rules.py
     any = true                   # false: only approved-sha256 / approved-file / trusted-keys
@@ -67,10 +74,16 @@ from clients.training.dp_accountants import ACCOUNTANTS
 from strategies.codecs.registry import CODECS
 from strategies.errors import ConfigError, SiteError
 
-__all__ = ["PolicyRefusal", "SitePolicyError", "AppRules", "DpRules", "SecAggRules",
-           "VerticalRules", "SitePolicy", "load_policy", "ANY"]
+__all__ = ["PolicyRefusal", "SitePolicyError", "AppRules", "AuditRules", "DpRules",
+           "SecAggRules", "VerticalRules", "SitePolicy", "load_policy", "ANY", "SANDBOX_MODES",
+           "SYSLOG_ANCHOR"]
 
 ANY = "*"
+#: ``sandbox``: "on" (the default: the worker runs only inside the sandbox, fail closed) or
+#: "off" (a plain process; the console shows it in red).
+SANDBOX_MODES = ("on", "off")
+#: ``audit.anchor`` naming the system log (journald through syslog) instead of a file.
+SYSLOG_ANCHOR = "syslog"
 
 
 class PolicyRefusal(SiteError):
@@ -158,6 +171,23 @@ class VerticalRules:
     share_labels: bool = False
 
 
+@dataclass(frozen=True)
+class AuditRules:
+    """Where the site's audit log is anchored off the machine (section ``[audit]``).
+
+    A hash chain (:mod:`app.site_runtime.audit_log`) shows an edited or deleted record,
+    but not a chain rewritten whole with its head: the head must also be kept where the
+    rewriter cannot reach. ``anchor`` names that place: ``""`` (none; ``make
+    audit-verify`` then says so), ``"syslog"`` (the system log, journald's syslog socket)
+    or an absolute path (a file on another mount, e.g. a write-once share) that every
+    anchor appends to; ``anchor_every`` is the number of records between two anchors (one
+    is also written at every node stop).
+    """
+
+    anchor: str = ""
+    anchor_every: int = 100
+
+
 #: What a site without a policy file answers (simulation): every vertical message.
 PERMISSIVE_VERTICAL = VerticalRules(allowed=True, min_intersection=1, share_labels=True)
 
@@ -183,9 +213,11 @@ class SitePolicy:
     max_slab_slices: float = math.inf
     max_study_bytes: float = math.inf
     min_val_items: int = 0
+    sandbox: str = "on"
     dp: DpRules = field(default_factory=DpRules)
     secure_aggregation: SecAggRules = field(default_factory=SecAggRules)
     vertical: VerticalRules = field(default_factory=lambda: PERMISSIVE_VERTICAL)
+    audit: AuditRules = field(default_factory=AuditRules)
     apps: AppRules = field(default_factory=AppRules)
     fingerprint: str = ""
 
@@ -253,12 +285,22 @@ def _typed(name: str, value: Any, default: Any, where: str) -> Any:
         return _names(value, where, tuple(CODECS))
     if name == "accountants":
         return _names(value, where, tuple(ACCOUNTANTS))
+    if name == "sandbox":
+        if value not in SANDBOX_MODES:
+            raise SitePolicyError(f"{where} must be one of {list(SANDBOX_MODES)}, got {value!r}")
+        return value
+    if name == "anchor":
+        if not isinstance(value, str) or not (value in ("", SYSLOG_ANCHOR)
+                                              or Path(value).is_absolute()):
+            raise SitePolicyError(f"{where} must be \"\", \"{SYSLOG_ANCHOR}\" or an absolute "
+                                  f"path, got {value!r}")
+        return value
     if isinstance(default, bool):
         if not isinstance(value, bool):
             raise SitePolicyError(f"{where} must be true or false, got {value!r}")
         return value
     integer = isinstance(default, int) or name in _WHOLE_LIMITS
-    minimum = 1.0 if name.endswith(_AT_LEAST_ONE) else 0.0
+    minimum = 1.0 if name.endswith(_AT_LEAST_ONE) or name == "anchor_every" else 0.0
     number = _number(value, where, integer=integer, minimum=minimum)
     if name == "delta" and not 0.0 < number <= 1.0:
         raise SitePolicyError(f"{where} must be in (0, 1], got {value!r}")
@@ -271,9 +313,10 @@ def _typed(name: str, value: Any, default: Any, where: str) -> Any:
     return number
 
 
-#: The policy's tables: ``[dp]``, ``[secure-aggregation]`` and ``[vertical]`` (``[apps]``:
-#: parse_app_rules). A file without ``[vertical]`` refuses vertical federations.
-_TABLES = {"dp": DpRules, "secure-aggregation": SecAggRules, "vertical": VerticalRules}
+#: The policy's tables: ``[dp]``, ``[secure-aggregation]``, ``[vertical]`` and ``[audit]``
+#: (``[apps]``: parse_app_rules). A file without ``[vertical]`` refuses vertical federations.
+_TABLES = {"dp": DpRules, "secure-aggregation": SecAggRules, "vertical": VerticalRules,
+           "audit": AuditRules}
 
 
 def _section(cls: type, table: Mapping[str, Any], prefix: str, source: str) -> dict[str, Any]:
