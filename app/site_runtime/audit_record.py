@@ -20,6 +20,7 @@ hash chain.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -37,7 +38,7 @@ from strategies.errors import FedMedError
 from strategies.replies import wire_size
 
 __all__ = ["ASKED_INSTRUCTION_KEYS", "ASKED_RUN_KEYS", "asked_of", "decision_of",
-           "LedgerSnapshot", "message_record", "signature_expiry"]
+           "federation_label", "LedgerSnapshot", "message_record", "signature_expiry"]
 
 log = logging.getLogger("fedmed.site_runner")
 
@@ -52,6 +53,10 @@ ASKED_RUN_KEYS = ("task", "local-steps", "batch-size", "image-size", "optimizer"
                   "privacy.accountant", "personalisation.method", "strategy.pruning")
 #: The longest text value kept in ``asked`` (a codec spec, a task name).
 _MAX_TEXT = 64
+#: A federation id the audit keeps as it is (:func:`federation_label`).
+_PLAIN_ID = re.compile(r"[A-Za-z0-9_.-]+")
+#: Hex digits of the SHA-256 that stands for any other federation id.
+_ID_HEX = 16
 #: A policy rule as the site's refusals name it (``policy rule min-batch-size (refused)``).
 _RULE = re.compile(re.escape(keys.POLICY_RULE_PREFIX) + r"([a-z][a-z0-9.\-]*) \(refused\)")
 #: ``YYYY-MM-DD:`` at the start of an ``app-signature`` (:func:`~app.site_runtime.app_approval.sign_app`).
@@ -96,10 +101,26 @@ def decision_of(reply: Message) -> tuple[str, str | None, int | None]:
     return "failed", None, code
 
 
+def federation_label(federation: Any) -> str:
+    """How the audit records a federation id: itself when short and plain, else its hash.
+
+    An id of at most 64 characters of ``A-Z a-z 0-9 _ . -`` is kept as it is; any
+    other (longer, or holding ``/``, spaces, ...) is recorded as ``sha256:`` and the
+    first 16 hex digits of the SHA-256 of its UTF-8 text, so the hospital can still
+    match it (``printf %s "$ID" | sha256sum | cut -c1-16``); ``:`` is no plain
+    character, so a label of that form is never a kept id. Missing or empty: ``""``.
+    """
+    if federation is None or federation == "":
+        return ""
+    text = str(federation)
+    if len(text) <= _MAX_TEXT and _PLAIN_ID.fullmatch(text):
+        return text
+    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()[:_ID_HEX]
+
+
 def _federation(message: Message) -> str:
     config = message.content.config_records.get(keys.CONFIG) if message.has_content() else None
-    value = _scalar(config.get(keys.FEDERATION)) if config is not None else None
-    return str(value) if value is not None else ""
+    return federation_label(config.get(keys.FEDERATION)) if config is not None else ""
 
 
 def signature_expiry(run_config: Mapping[str, Any]) -> str | None:
