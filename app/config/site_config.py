@@ -19,6 +19,11 @@ empty): a file for every virtual site, or a folder of ``<site-name>.toml`` files
 (one policy per hospital; a site without its file runs the permissive policy).
 That run-config key is honoured only in simulation: a deployed site's policy
 comes from its own node_config, never from the researcher's run config.
+
+``privacy-ledger = "site-runtime"`` is set only by the hospital's site runtime in the
+node config it hands its sandboxed worker (:mod:`app.site_runtime.worker_view`): the
+runtime has charged the privacy ledger before the app saw the message, and the app's
+round charges nothing (:attr:`clients.site.site.Site.runtime_ledger`).
 """
 
 from __future__ import annotations
@@ -32,7 +37,10 @@ from clients.site.policy import SitePolicy, load_policy
 from clients.site.state_retention import DEFAULT_RETENTION_DAYS
 from strategies.errors import ConfigError
 
-__all__ = ["SiteConfig", "SiteConfigError"]
+__all__ = ["RUNTIME_LEDGER", "SiteConfig", "SiteConfigError"]
+
+#: node_config ``privacy-ledger``: the value the site runtime sets for its worker.
+RUNTIME_LEDGER = ("privacy-ledger", "site-runtime")
 
 
 class SiteConfigError(ConfigError):
@@ -61,6 +69,13 @@ def _days(value: Any) -> float:
     return days
 
 
+def _runtime_ledger(value: Any) -> bool:
+    if value not in ("", RUNTIME_LEDGER[1]):
+        raise SiteConfigError(f"node_config {RUNTIME_LEDGER[0]} must be {RUNTIME_LEDGER[1]!r} "
+                              f"(set by the site runtime) or absent, got {value!r}")
+    return value == RUNTIME_LEDGER[1]
+
+
 def _policy_path(value: Any, source: str) -> Path | None:
     if not str(value):
         return None
@@ -80,6 +95,7 @@ class SiteConfig:
     cache_decoded: bool = True
     policy_path: Path | None = None
     state_retention_days: float = DEFAULT_RETENTION_DAYS
+    runtime_ledger: bool = False
 
     @classmethod
     def from_node_config(cls, node_config: Mapping[str, Any], data_root: str,
@@ -104,7 +120,8 @@ class SiteConfig:
                        policy_path=_policy_path(node_config.get("policy-path", ""),
                                                 "node_config policy-path"),
                        state_retention_days=_days(node_config.get("state-retention-days",
-                                                                  DEFAULT_RETENTION_DAYS)))
+                                                                  DEFAULT_RETENTION_DAYS)),
+                       runtime_ledger=_runtime_ledger(node_config.get(RUNTIME_LEDGER[0], "")))
         if "partition-id" in node_config:
             if not data_root:
                 raise SiteConfigError(

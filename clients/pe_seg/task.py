@@ -104,6 +104,11 @@ class PESegTask(SiteTask):
                  train.num_positive_slices if train else 0, len(val) if val else 0,
                  len(test) if test else 0, len(self.report.skipped))
 
+    def split_studies(self, split: str) -> int:
+        """Studies (not slabs) in ``split``."""
+        data = self.train_set if split == "train" else self.eval_set(split)
+        return 0 if data is None else len(data.study_ids)
+
     @classmethod
     def manifest_items(cls, site_dir: Path, split: str | None,
                        settings: TaskSettings) -> list[PredictionItem]:

@@ -17,6 +17,7 @@ File format (every key optional; a missing key takes the permissive value of
     evaluate-trains = true       # an evaluate message may adapt (train) under the train rules
     share-finetuned-model = true # the cross-site exchange's fine-tune may run and leave
     share-control-variates = true # SCAFFOLD's Delta c_i may leave with the update (twice the bytes)
+    share-pruning-gradients = true # PruneFL's per-weight squared gradients may leave (re-pruning)
     min-batch-size = 8
     min-local-steps = 1
     max-local-steps = inf        # a request above it is refused, not clamped
@@ -203,6 +204,7 @@ class SitePolicy:
     evaluate_trains: bool = True
     share_finetuned_model: bool = True
     share_control_variates: bool = True
+    share_pruning_gradients: bool = True
     min_batch_size: int = 1
     min_local_steps: int = 1
     max_local_steps: float = math.inf

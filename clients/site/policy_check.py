@@ -45,7 +45,8 @@ class Request:
     ``slab_slices`` are 0 for a task that decodes no volume or slab;
     ``study_bytes`` is the bytes of one decoded float32 study at the run's sizes.
     ``shares_finetuned`` marks the cross-site exchange's fine-tune (a train
-    message after the run's last round). A SecAgg+ stage (``secagg_stage``: ``setup``,
+    message after the run's last round). ``pruning_report`` is the codec of the per-weight
+    squared gradients a PruneFL re-pruning round asks back ("" = none). A SecAgg+ stage (``secagg_stage``: ``setup``,
     ``share-keys``, ``collect`` or ``unmask``; "" = a plain train) carries the round
     plan's participants n, neighbours k and threshold t, and the unmask stage the
     number of inputs the server says it sums (``secagg_summed``; 0 = not announced).
@@ -72,6 +73,7 @@ class Request:
     secagg_threshold: int = 0
     secagg_summed: int = 0
     control_variates: str = ""
+    pruning_report: str = ""
 
 
 def _refuse_if(broken: bool, rule: str, detail: str) -> None:
@@ -177,8 +179,8 @@ def check_train(policy: SitePolicy, request: Request) -> None:
     PolicyRefusal
         Naming the first broken rule: the cross-site fine-tune where the site keeps
         its fine-tuned model (``share-finetuned-model``), the codec, the time
-        budget, SCAFFOLD's control variates (``share-control-variates``), the
-        secure-aggregation rules, then :func:`check_training`'s rules.
+        budget, SCAFFOLD's control variates (``share-control-variates``), PruneFL's
+        squared-gradient report (``share-pruning-gradients``), the secure-aggregation rules, then :func:`check_training`'s rules.
     """
     _refuse_if(request.shares_finetuned and not policy.share_finetuned_model,
                "share-finetuned-model", "the site's fine-tuned model does not leave it "
@@ -192,6 +194,9 @@ def check_train(policy: SitePolicy, request: Request) -> None:
     _refuse_if(bool(request.control_variates) and not policy.share_control_variates,
                "share-control-variates", f"{request.control_variates}'s control variate "
                "(Delta c_i) does not leave the site with its update")
+    _refuse_if(bool(request.pruning_report) and not policy.share_pruning_gradients,
+               "share-pruning-gradients", "PruneFL's per-weight squared gradients of the "
+               "site's training data do not leave the site")
     check_secure_aggregation(policy, request)
     check_training(policy, request)
 

@@ -11,6 +11,12 @@ that computations starting together cannot overspend it together). After trainin
 counted and returns the reply's ``epsilon`` (the dataset's
 total), ``epsilon-round`` (this computation's increase) and ``epsilon-left`` (what is
 left of a finite budget).
+
+In a deployment the hospital's site runtime (:mod:`app.site_runtime.runtime_ledger`)
+charges the ledger itself before the app sees the message, and the app's process sees
+no ledger (:attr:`~clients.site.site.Site.runtime_ledger`): :meth:`PrivacyCharge.before`
+then returns a :class:`ChargedByRuntime`, which records nothing and adds no metrics
+(the runtime adds the reply's epsilon from its own ledger).
 """
 
 from __future__ import annotations
@@ -25,7 +31,18 @@ from clients.site.site_reply import Metrics
 from clients.training.private_training import DpSettings, poisson_sample_rate
 from strategies import message_keys as keys
 
-__all__ = ["PrivacyCharge"]
+__all__ = ["ChargedByRuntime", "PrivacyCharge"]
+
+
+class ChargedByRuntime:
+    """A computation the site runtime already charged (its ledger is not this process's)."""
+
+    def record(self, steps: Sequence[Step]) -> Metrics:  # noqa: ARG002 - the runtime counts
+        """No metrics: the runtime adds ``epsilon``, ``epsilon-round`` and ``epsilon-left``."""
+        return {}
+
+    def cancel(self) -> None:
+        """Nothing to release here (the runtime settles its own reservation)."""
 
 
 @dataclass(frozen=True)
@@ -46,8 +63,11 @@ class PrivacyCharge:
 
     @classmethod
     def before(cls, site: Site, privacy: DpSettings, examples: int, batch_size: int,
-               steps: int, federation: str, kind: str) -> PrivacyCharge:
+               steps: int, federation: str, kind: str) -> PrivacyCharge | ChargedByRuntime:
         """Check ``steps`` DP-SGD steps on ``examples`` training examples against the budget.
+
+        At a site whose runtime owns the ledger (:attr:`Site.runtime_ledger`): a
+        :class:`ChargedByRuntime`, nothing read or written.
 
         Raises
         ------
@@ -56,6 +76,8 @@ class PrivacyCharge:
         LedgerError
             When the ledger's files are malformed.
         """
+        if site.runtime_ledger:
+            return ChargedByRuntime()
         ledger = PrivacyLedger.of_site(site.state_dir, site.data_path, privacy.accountant)
         planned: Step = (privacy.noise_multiplier, poisson_sample_rate(examples, batch_size),
                          steps)

@@ -32,3 +32,7 @@ class Site:
     #: node_config ``max-local-steps``: a cap on tau (0 = none); unlike the policy's rule
     #: of the same name, a request above it is trained to the cap, not refused.
     max_local_steps: int = 0
+    #: The hospital's site runtime charged the privacy ledger before this process saw the
+    #: message (node_config ``privacy-ledger = "site-runtime"``, set by the runtime only):
+    #: the round neither reads nor writes a ledger, and the runtime adds the reply's epsilon.
+    runtime_ledger: bool = False

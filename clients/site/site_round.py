@@ -148,7 +148,8 @@ def request_of(instruction: Instruction, run: SiteRunSettings) -> Request:
         secagg_neighbours=plan.neighbours if plan else 0,
         secagg_threshold=plan.threshold if plan else 0,
         secagg_summed=summed if isinstance(summed, int) else 0,
-        control_variates=instruction.control_variates if instruction.kind == "train" else "")
+        control_variates=instruction.control_variates if instruction.kind == "train" else "",
+        pruning_report=instruction.pruning_report if instruction.kind == "train" else "")
 
 
 def _global_model(task: SiteTask, arrays: Mapping[str, np.ndarray], instruction: Instruction,

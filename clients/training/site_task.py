@@ -172,6 +172,12 @@ class SiteTask(ABC):
             raise ValueError(f"evaluation split must be one of {EVAL_SPLITS}, got {split!r}")
         return self.val_set if split == "val" else self.test_set
 
+    def split_studies(self, split: str) -> int:
+        """Studies in ``split`` (``train``, ``val`` or ``test``): what an evaluate reply's
+        ``<split>-studies`` counts (a task whose examples are parts of studies overrides it)."""
+        data = self.train_set if split == "train" else self.eval_set(split)
+        return 0 if data is None else len(data)
+
     @classmethod
     @abstractmethod
     def model_for(cls, settings: TaskSettings) -> nn.Module:

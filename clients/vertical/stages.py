@@ -43,6 +43,7 @@ from strategies.registry import Registry
 from strategies.vertical.options import VerticalOptions
 
 __all__ = ["SITE_FILE", "VERTICAL_STAGES", "StageHandler", "VerticalReply", "VerticalRequest",
+           "declared_site",
            "VerticalSite", "answer_vertical", "describe", "vertical_site"]
 
 
@@ -125,7 +126,7 @@ def describe(request: VerticalRequest) -> VerticalReply:
                                "task": request.site.task_name})
 
 
-def _site_file(data_path: Path) -> dict[str, str]:
+def declared_site(data_path: Path) -> dict[str, str]:
     """``vertical-site.toml`` of the site folder (empty without one).
 
     Raises
@@ -152,7 +153,7 @@ def _site_file(data_path: Path) -> dict[str, str]:
 def vertical_site(site: Site, run: SiteRunSettings, federation: str,
                   tasks: SiteTasks) -> VerticalSite:
     """The :class:`VerticalSite` of ``site`` in ``federation`` (its state folder created)."""
-    declared = _site_file(Path(site.data_path))
+    declared = declared_site(Path(site.data_path))
     digest = hashlib.sha256(federation.encode()).hexdigest()[:16]
     state = SiteStateStore(site.state_dir).folder(federation) / f"vertical-{digest}"
     state.mkdir(parents=True, exist_ok=True)
