@@ -42,7 +42,7 @@ from pathlib import Path
 
 from app.tooling.errors import FlowerProcessError
 
-__all__ = ["PASSED_ENV", "SANDBOX_SCRIPT", "SandboxLimits", "SandboxUnavailable",
+__all__ = ["DEFAULT_WORKER_UID", "PASSED_ENV", "SANDBOX_SCRIPT", "SandboxLimits", "SandboxUnavailable",
            "WorkerMounts", "bubblewrap", "sandboxed_command", "worker_owner"]
 
 #: Where the worker script appears inside the sandbox (the runtime's folder does not).
@@ -161,6 +161,10 @@ class _Args:
                 self._dirs.add(text)
                 self.argv += ["--perms", "0755", "--dir", text]
 
+    def tmpfs(self, target: str, perms: str = "0755") -> None:
+        self._dirs.add(target)
+        self.argv += ["--perms", perms, "--tmpfs", target]
+
     def bind(self, option: str, source: Path, target: Path | None = None) -> None:
         target = Path(target or source)
         self.parents(target)
@@ -218,12 +222,14 @@ def sandboxed_command(python_argv: list[str], mounts: WorkerMounts, limits: Sand
         args.argv.append("--unshare-user")
     _system(args)
     _python(args)
-    args.argv += ["--dev", "/dev", "--proc", "/proc", "--perms", "1777", "--tmpfs", "/tmp"]
+    args.argv += ["--dev", "/dev", "--proc", "/proc"]
+    args.tmpfs("/dev/shm", "1777")
+    args.tmpfs("/tmp", "1777")
     gpu = _devices(args)
     args.bind("--ro-bind", mounts.data_path)
     state = mounts.state_dir
     if mounts.data_path in state.parents:  # the default state dir lies in the data folder
-        args.argv += ["--tmpfs", str(state)]
+        args.tmpfs(str(state))
     args.bind("--bind", mounts.worker_state)
     args.bind("--ro-bind", mounts.policy_copy)
     args.bind("--ro-bind", mounts.app_dir)
