@@ -15,7 +15,7 @@
 #                   screenshot of each page into docs/console/ (the README's pictures)
 #   make predict MODEL=<MLflow URI | /abs/model-folder> DATA=/abs/folder OUT=/abs/out   apply a logged model (below)
 #   make tracking-flush [RUN_DIR=...]   send MLflow what an outage at a federation's end left on disk
-#   make audit-verify STATE=/abs/state [ARCHIVE=/abs/folder]   check the site's audit log (below)
+#   make audit-verify STATE=/abs/state POLICY=/abs/policy.toml   check the site's audit log and its anchors (below)
 #   make console SITE=<name> STATE=/abs/state POLICY=/abs/policy.toml   the hospital's console (below)
 # Overrides: make simulate ROUNDS=2 SITES=2 STEPS=10 RUN_CONFIG="lr=0.02 batch-size=4"
 #            make simulate PRESET=configs/pe-seg-quick.toml
@@ -367,17 +367,28 @@ privacy-budget: install
 		$(if $(REASON),--reason "$(REASON)")
 
 # --- The site's audit log (hospital IT / data-protection officer; app/site_runtime/audit_chain.py) ---
-#   make audit-verify STATE=/abs/state [ARCHIVE=/abs/folder]
-# Checks the hash chain of STATE/audit/ (and of the rotated segments moved to ARCHIVE):
-# prints "audit log OK: N records, head <hash>" (exit 0), or names the first edited,
-# removed, reordered or truncated record by file:line and seq (exit 1). Keep the head
-# hash somewhere else: python -m app.site_runtime.audit_chain ... --expect-head SEQ:HASH
-# later proves the whole chain was not rewritten. docs/DEPLOYMENT.md.
+#   make audit-verify STATE=/abs/state POLICY=/abs/policy.toml [ARCHIVE=/abs/folder]
+#                     [ANCHOR=syslog|/abs/anchor-file|none] [JOURNAL=/abs/exported.txt]
+# Checks the hash chain of STATE/audit/ (and of the rotated segments moved to ARCHIVE) and
+# every anchor of its head kept off the machine: where POLICY's [audit] anchor sends them
+# (ANCHOR= instead: another place, or none for the chain alone). An anchor file is read as
+# it is; syslog anchors from `journalctl -t fedmed-audit -o cat`, or from JOURNAL=, that
+# output exported on the host that keeps the log (the line says which). Prints
+# "audit log OK: N records, head <hash>; intact and matches anchor seq S ..." or
+# "...; chain intact but NOT ANCHORED: <why>" (exit 0), or names the first edited, removed,
+# reordered or truncated record by file:line and seq, and the first anchor that does not
+# match (a chain rewritten whole), exit 1; 2: a missing folder, an unreadable policy or
+# anchors. POLICY defaults to configs/site-policy.toml, as for make supernode.
+# docs/DEPLOYMENT.md.
 .PHONY: audit-verify
 
 audit-verify: install
-	@test -n "$(STATE)" || { echo "usage: make audit-verify STATE=/abs/state [ARCHIVE=/abs/folder]" >&2; exit 2; }
-	$(PY) -m app.site_runtime.audit_chain --state $(abspath $(STATE)) $(if $(ARCHIVE),--archive $(abspath $(ARCHIVE)))
+	@test -n "$(STATE)" || { echo "usage: make audit-verify STATE=/abs/state POLICY=/abs/policy.toml [ARCHIVE=/abs/folder] [ANCHOR=syslog|/abs/anchor-file|none] [JOURNAL=/abs/exported.txt]" >&2; exit 2; }
+	$(PY) -m app.site_runtime.audit_chain --state $(abspath $(STATE)) \
+		--policy $(if $(POLICY),$(abspath $(POLICY)),$(CURDIR)/configs/site-policy.toml) \
+		$(if $(ANCHOR),--anchor $(if $(filter syslog none,$(ANCHOR)),$(ANCHOR),$(abspath $(ANCHOR)))) \
+		$(if $(JOURNAL),--journal $(abspath $(JOURNAL))) \
+		$(if $(ARCHIVE),--archive $(abspath $(ARCHIVE)))
 
 # --- The hospital's console (app/site_runtime/console.py; docs/DEPLOYMENT.md) ---
 #   make console SITE=hospital-a STATE=/abs/state POLICY=/abs/policy.toml

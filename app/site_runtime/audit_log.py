@@ -43,7 +43,7 @@ from strategies.errors import SiteError
 
 __all__ = [  # the names of the format the log's users need come with it
     "AUDIT_DIR", "CURRENT_NAME", "HEAD_NAME", "GENESIS", "DEFAULT_MAX_BYTES",
-    "AuditLogError", "AuditLog", "LogSnapshot", "audit_dir",
+    "AuditLogError", "AuditLog", "LogSnapshot", "audit_dir", "fsync_folder",
 ]
 
 log = logging.getLogger("app.site_runtime.audit_log")
@@ -93,7 +93,8 @@ def _checked(record: Mapping[str, Any]) -> dict[str, Any]:
             for key, value in record.items()}
 
 
-def _fsync_folder(folder: Path) -> None:
+def fsync_folder(folder: Path) -> None:
+    """``os.fsync`` a folder, so that a file just created or renamed in it stays."""
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
@@ -212,6 +213,17 @@ class AuditLog:
                 current = b""
         return LogSnapshot(head, rotated, current)
 
+    def newest(self) -> tuple[int, str] | None:
+        """``(seq, hash)`` of the last record written, the one the next append links to
+        (``head.json``'s, or the newest line's when the head lags behind it); None before
+        the first record."""
+        if not self.folder.is_dir():
+            return None
+        with self._flock(fcntl.LOCK_SH):
+            tail, _ = last_line(self.current)
+            seq, digest = self._previous(tail)
+        return None if seq < 0 else (seq, digest)
+
     def head(self) -> dict[str, Any] | None:
         """Return ``{"seq", "hash"}`` of the last record written, or None before the first."""
         try:
@@ -293,7 +305,7 @@ class AuditLog:
             raise AuditLogError(f"audit log {target}: exists, {self.current} not rotated")
         os.replace(self.current, target)
         if self.sync:
-            _fsync_folder(self.folder)
+            fsync_folder(self.folder)
         log.info("audit log rotated: %s -> %s", self.current.name, target.name)
         return True
 
@@ -314,7 +326,7 @@ class AuditLog:
         finally:
             os.close(fd)
         if created and self.sync:
-            _fsync_folder(self.folder)
+            fsync_folder(self.folder)
 
     def _write_head(self, seq: int, digest: str) -> None:
         fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=HEAD_NAME, suffix=".tmp")

@@ -9,13 +9,18 @@ of the site's state dir (:mod:`app.site_runtime.audit_log`):
 - ``message``, one per message received, after its reply is pushed
   (:mod:`app.site_runtime.audit_record`).
 
+It anchors the log's head (:mod:`app.site_runtime.audit_anchor`) where the site
+policy's ``[audit] anchor`` names: when the node starts, every ``anchor-every``
+records and when the node stops (:meth:`SiteAudit.anchor_now`); records the
+admin commands append in between count towards the next anchor.
+
 It also keeps ``<state-dir>/audit/node-status.json`` (when it last reached its
 SuperNode, the run of the last message) for the console's Overview. Admin
 commands (the console, ``make approve-app``, ``make privacy-budget``) audit their
 acts with :func:`audit_event`.
 
-A record that cannot be written is a loud error in the site's log but never
-stops the reply: the federation must not hang on a full disk, and
+A record or an anchor that cannot be written is a loud error in the site's log but
+never stops the reply: the federation must not hang on a full disk, and
 ``make audit-verify`` then reports the gap (the log's hash chain has no hole,
 the missing message simply has no record; the site's log says which).
 """
@@ -31,8 +36,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from app.site_runtime.audit_anchor import Anchor, anchor_writer
 from app.site_runtime.audit_log import AuditLog, AuditLogError, audit_dir
 from clients.site.atomic_file import write_atomic
+from clients.site.policy import AuditRules
 
 __all__ = ["STATUS_NAME", "POLICY_SEEN_NAME", "SiteAudit", "audit_event", "audit_policy"]
 
@@ -92,32 +99,71 @@ class SiteAudit:
         The site's state dir (the node config's); the log is under ``audit/``.
     site : str
         The site's name.
+    anchoring : AuditRules
+        The site policy's ``[audit]`` section: where the log's head is anchored and how
+        often (default: nowhere); the policy in force replaces it
+        (:meth:`policy_in_force`).
     """
 
-    def __init__(self, state_dir: str | Path, site: str) -> None:
+    def __init__(self, state_dir: str | Path, site: str,
+                 anchoring: AuditRules = AuditRules()) -> None:
         self.state_dir = Path(state_dir)
         self.site = site
+        self.anchoring = anchoring
         self.started = _now()
         self.run: int | None = None
         self._written = 0.0
+        self._anchored: int | None = None  # the seq this node anchored last
 
-    def node_started(self, fingerprint: str) -> None:
-        """Audit the start (and the policy, if it changed since the last record)."""
+    def node_started(self, fingerprint: str, anchoring: AuditRules | None = None) -> None:
+        """Audit the start (and the policy, if it changed since the last record), then
+        anchor the head (what the admin commands appended while the node was down too)."""
         self._guarded(lambda: audit_event(self.state_dir, {
             "kind": "node-start", "site": self.site, "policy": fingerprint}))
-        self.policy_in_force(fingerprint)
+        self.policy_in_force(fingerprint, anchoring)
+        self.anchor_now()
         self.status(reached=False)
 
-    def policy_in_force(self, fingerprint: str) -> None:
-        """Audit a ``policy-change`` if the policy's fingerprint is new."""
+    def policy_in_force(self, fingerprint: str, anchoring: AuditRules | None = None) -> None:
+        """Audit a ``policy-change`` if the policy's fingerprint is new; ``anchoring``: its
+        ``[audit]`` section, in force from the next record on."""
+        if anchoring is not None:
+            self.anchoring = anchoring
         self._guarded(lambda: audit_policy(self.state_dir, fingerprint, "site-node"))
 
     def message(self, record: dict[str, Any]) -> dict[str, Any] | None:
-        """Append the ``message`` record of one message; the record as written (None: not)."""
+        """Append the ``message`` record of one message (and an anchor when one is due:
+        ``anchor-every`` records since the last); the record as written (None: not)."""
         self.run = record.get("run", self.run)
         written = self._guarded(lambda: audit_event(self.state_dir, record))
+        if written is not None and (self._anchored is None or written["seq"] - self._anchored
+                                    >= self.anchoring.anchor_every):
+            self._anchor(written["seq"], written["hash"])
         self.status(reached=True, force=True)
         return written
+
+    def anchor_now(self) -> Anchor | None:
+        """Anchor the log's newest record unless this node anchored it already: at the
+        node's start and stop. The anchor written (None: none due, no anchor in the
+        policy, or it failed, said loudly in the site's log)."""
+        newest = self._guarded(lambda: AuditLog(self.state_dir).newest())
+        if newest is None or newest[0] == self._anchored:
+            return None
+        return self._anchor(*newest)
+
+    def _anchor(self, seq: int, digest: str) -> Anchor | None:
+        writer = anchor_writer(self.anchoring.anchor)
+        if writer is None:
+            return None
+        anchor = Anchor(str(audit_dir(self.state_dir).resolve()), self.site, seq, digest,
+                        _now())
+        try:
+            writer.write(anchor)
+        except AuditLogError as exc:
+            log.error("AUDIT LOG NOT ANCHORED for site %s at seq %d: %s", self.site, seq, exc)
+            return None
+        self._anchored = seq
+        return anchor
 
     def status(self, reached: bool, force: bool = False) -> None:
         """Write ``node-status.json`` (at most every few seconds unless ``force``)."""
