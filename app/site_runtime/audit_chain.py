@@ -48,7 +48,7 @@ import argparse
 import json
 import re
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -182,11 +182,11 @@ def segment_lines(path: Path, data: bytes | None, seq: int, first: int = 1
     return lines
 
 
-def _parse(line: SegmentLine) -> dict[str, Any]:
+def _parse(line: SegmentLine, loads: Callable[[bytes], Any]) -> dict[str, Any]:
     if line.torn:
         raise ChainBroken("truncated", None, line, "the last line is torn (no newline)")
     try:
-        record = json.loads(line.raw)
+        record = loads(line.raw)
     except ValueError as exc:
         raise ChainBroken("unreadable", None, line, f"not JSON: {exc}") from exc
     if not (isinstance(record, dict) and type(record.get("seq")) is int
@@ -230,11 +230,15 @@ class ChainWalk:
         ``(seq or None, hash)`` of a head archived by hand (``--expect-head``).
     anchors
         The log's anchors (:func:`~app.site_runtime.audit_anchor.read_anchors`).
+    loads
+        What parses a line's JSON (the console's keeps repeated strings once).
     """
 
     def __init__(self, head: dict[str, Any] | None = None,
                  expect: tuple[int | None, str] | None = None,
-                 anchors: AnchorSource | None = None) -> None:
+                 anchors: AnchorSource | None = None,
+                 loads: Callable[[bytes], Any] = json.loads) -> None:
+        self.loads = loads
         self.seq, self.hash, self.count = 0, GENESIS, 0
         self.previous: tuple[SegmentLine, dict[str, Any]] | None = None
         self.head, self.expect, self.expect_seen = head, expect, False
@@ -250,7 +254,7 @@ class ChainWalk:
         parsed: list[tuple[SegmentLine, dict[str, Any] | ChainBroken]] = []
         for line in lines:
             try:
-                parsed.append((line, _parse(line)))
+                parsed.append((line, _parse(line, self.loads)))
             except ChainBroken as broken:
                 parsed.append((line, broken))
         for index, (line, record) in enumerate(parsed):

@@ -213,6 +213,11 @@ class AuditLog:
                 current = b""
         return LogSnapshot(head, rotated, current)
 
+    def reading(self) -> _FileLock:
+        """The log's shared lock, for a reader that takes several files at one moment: no
+        append or rotation happens while it is held (``with log.reading(): ...``)."""
+        return self._flock(fcntl.LOCK_SH)
+
     def newest(self) -> tuple[int, str] | None:
         """``(seq, hash)`` of the last record written, the one the next append links to
         (``head.json``'s, or the newest line's when the head lags behind it); None before

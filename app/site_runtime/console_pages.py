@@ -5,9 +5,11 @@ Each function returns plain data (dicts, lists, strings) for one page of
 writes: the console reads what the site runtime wrote (SHARED DESIGN 3-5 of
 issue #33):
 
-* the audit log (:mod:`app.site_runtime.audit_log`) and its chain check
-  (:mod:`app.site_runtime.audit_chain`), read through :class:`AuditView`, which
-  re-reads and re-verifies only when a segment's size or mtime changed;
+* the audit log (:mod:`app.site_runtime.audit_log`) and its chain check, read
+  through :class:`AuditView`: it reads and verifies only the records appended since
+  the last page (:mod:`app.site_runtime.audit_follow`), and keeps them in
+  :class:`AuditRecords`, indexed for the Overview's counts and the Activity filters,
+  so a page costs the same at 100 or 100,000 records;
 * ``<state-dir>/audit/node-status.json``: the node counts as connected while the
   file is younger than :data:`CONNECTED_SECONDS` and its process is alive;
 * ``<state-dir>/data-report/<dataset-id>.json``: items per split, skipped items
@@ -19,25 +21,31 @@ from __future__ import annotations
 import csv
 import io
 import json
+import logging
 import math
 import os
 import threading
+from array import array
 from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import fields
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from app.site_runtime.audit_chain import ChainReport, verify_chain
+from app.site_runtime.audit_chain import ChainReport
+from app.site_runtime.audit_follow import AuditFollower
 from app.site_runtime.audit_log import HEAD_NAME, AuditLog, audit_dir
 from app.site_runtime.site_audit import STATUS_NAME
 from clients.site.data_report import DATA_REPORT_DIR
 from clients.site.policy import SitePolicy
 from strategies.errors import FedMedError
 
-__all__ = ["ACTIVITY_COLUMNS", "AuditView", "CONNECTED_SECONDS", "DECISIONS", "activity_csv",
-           "activity_rows", "chain_banner", "data_reports", "node_status", "overview",
-           "policy_sections"]
+__all__ = ["ACTIVITY_COLUMNS", "ActivityRows", "AuditRecords", "AuditView", "CONNECTED_SECONDS",
+           "DECISIONS", "FILTER_KEYS", "activity_csv", "activity_rows", "chain_banner",
+           "data_reports", "node_status", "overview", "policy_sections"]
+
+log = logging.getLogger("fedmed.console")
 
 #: A node-status file older than this (seconds) means the node is not connected.
 CONNECTED_SECONDS = 30.0
@@ -49,6 +57,8 @@ ACTIVITY_COLUMNS = (("seq", "seq"), ("time", "time"), ("kind", "kind"), ("run", 
                     ("rule", "rule"), ("bytes", "bytes_sent"), ("epsilon", "epsilon"),
                     ("seconds", "seconds"), ("error code", "error_code"), ("app", "app"),
                     ("detail", "detail"))
+#: The record keys the Activity page filters on (compared as text).
+FILTER_KEYS = ("run", "type", "decision", "kind")
 
 
 def _read_json(path: Path) -> tuple[Any, str]:
@@ -104,8 +114,70 @@ def node_status(state_dir: Path, now: datetime | None = None) -> dict[str, Any]:
             "age": None if math.isinf(age) else round(age, 1)}
 
 
+class AuditRecords(Sequence[dict[str, Any]]):
+    """The audit records in seq order, indexed as they are added: the positions of each
+    value of :data:`FILTER_KEYS`, the message decisions per day, the last message."""
+
+    def __init__(self, records: Iterable[dict[str, Any]] = ()) -> None:
+        self._items: list[dict[str, Any]] = []
+        self._positions: dict[tuple[str, str], array] = {}
+        self._days: dict[str, Counter[str]] = {}
+        self._last_message: int | None = None
+        self.extend(records)
+
+    def extend(self, records: Iterable[dict[str, Any]]) -> None:
+        """Add ``records`` (the next ones in seq order) and index them."""
+        for record in records:
+            position = len(self._items)
+            self._items.append(record)
+            for key in FILTER_KEYS:
+                self._positions.setdefault((key, str(record.get(key, ""))),
+                                           array("q")).append(position)
+            if record.get("kind") == "message":
+                self._last_message = position
+                day = str(record.get("time", ""))[:10]
+                self._days.setdefault(day, Counter())[str(record.get("decision"))] += 1
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __getitem__(self, index: Any) -> Any:  # a record, or a list of them for a slice
+        return self._items[index]
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return iter(self._items)
+
+    def __reversed__(self) -> Iterator[dict[str, Any]]:
+        return reversed(self._items)
+
+    def matching(self, wanted: dict[str, str]) -> Sequence[int]:
+        """The positions, ascending, of the records whose every key in ``wanted`` with a
+        non-empty value has that value as text; read from the index of the rarest value."""
+        active = [(key, value) for key, value in wanted.items() if value]
+        if not active:
+            return range(len(self._items))
+        lists = [self._positions.get(pair, array("q")) for pair in active]
+        rarest = min(lists, key=len)
+        if len(active) == 1:
+            return rarest
+        return [position for position in rarest
+                if all(str(self._items[position].get(key, "")) == value for key, value in active)]
+
+    def decisions_on(self, day: str) -> Counter[str]:
+        """The message records' decisions on ``day`` (``YYYY-MM-DD``, UTC)."""
+        return self._days.get(day, Counter())
+
+    def last_message(self) -> dict[str, Any] | None:
+        """The newest ``message`` record."""
+        return None if self._last_message is None else self._items[self._last_message]
+
+
+def _indexed(records: Sequence[dict[str, Any]]) -> AuditRecords:
+    return records if isinstance(records, AuditRecords) else AuditRecords(records)
+
+
 class AuditView:
-    """The audit log as the console reads it: records and chain status, cached.
+    """The audit log as the console reads it: records and chain status, kept up to date.
 
     Parameters
     ----------
@@ -117,9 +189,12 @@ class AuditView:
 
     Notes
     -----
-    The cache key is the name, size and mtime of every segment and of ``head.json``
-    (and of the archive's segments), so a page refresh with no new record neither
-    re-reads nor re-verifies the log.
+    The name, size and mtime of every segment and of ``head.json`` (and of the
+    archive's segments) tell whether anything changed: a page refresh with no new record
+    reads nothing. After a change only the appended records are read and verified
+    (:class:`~app.site_runtime.audit_follow.AuditFollower`); the whole log is verified
+    again when a verified segment changed, and the chain banner and the console's log
+    say so. A broken chain lists every record that still reads, as the log holds them.
     """
 
     def __init__(self, state_dir: Path, archive: Path | None = None) -> None:
@@ -127,9 +202,15 @@ class AuditView:
         self.archive = archive
         self._lock = threading.Lock()
         self._key: tuple[Any, ...] | None = None
-        self._records: list[dict[str, Any]] = []
+        self._follower = AuditFollower(self.state_dir, archive)
+        self._records = AuditRecords()
         self._error = ""
         self._chain: ChainReport | None = None
+
+    @property
+    def parsed(self) -> int:
+        """Records parsed since the view was made (each new record once)."""
+        return self._follower.parsed
 
     def _signature(self) -> tuple[Any, ...]:
         entries = []
@@ -145,17 +226,28 @@ class AuditView:
         key = self._signature()
         if key == self._key:
             return
-        records: list[dict[str, Any]] = []
-        error = ""
-        if key:
-            try:
-                records.extend(AuditLog(self.state_dir).records())
-            except (FedMedError, OSError, ValueError) as exc:
-                error = str(exc)
-        self._records, self._error, self._key = records, error, key
-        self._chain = verify_chain(self.state_dir, self.archive) if key else None
+        self._key = key
+        if not key:
+            self._records, self._error, self._chain = AuditRecords(), "", None
+            return
+        result = self._follower.refresh()
+        self._chain = result.report
+        if result.reason:
+            log.warning("console: the audit log of %s was verified in full again: %s",
+                        self.state_dir, result.reason)
+        if result.report.ok:
+            if result.full:
+                self._records = AuditRecords()
+            self._records.extend(result.records)
+            self._error = ""
+            return
+        self._records, self._error = AuditRecords(), ""
+        try:
+            self._records.extend(AuditLog(self.state_dir).records())
+        except (FedMedError, OSError, ValueError) as exc:
+            self._error = str(exc)
 
-    def snapshot(self) -> tuple[list[dict[str, Any]], str, ChainReport | None]:
+    def snapshot(self) -> tuple[AuditRecords, str, ChainReport | None]:
         """``(records in seq order, read error or "", ChainReport or None when no log)``."""
         with self._lock:
             self._refresh()
@@ -163,27 +255,28 @@ class AuditView:
 
 
 def chain_banner(chain: ChainReport | None) -> dict[str, Any]:
-    """The Overview's chain line: ``ok`` and its text."""
+    """The Overview's chain line: ``ok`` and its text (how it was verified, when in full
+    again after a change)."""
     if chain is None:
         return {"ok": True, "text": "no audit log yet (no message received)"}
     if chain.ok:
-        return {"ok": True, "text": f"audit log verified, {chain.records} records"}
+        note = f" ({chain.note})" if chain.note else ""
+        return {"ok": True, "text": f"audit log verified, {chain.records} records{note}"}
     return {"ok": False, "text": chain.message()}
 
 
-def overview(records: list[dict[str, Any]], today: str | None = None) -> dict[str, Any]:
+def overview(records: Sequence[dict[str, Any]], today: str | None = None) -> dict[str, Any]:
     """The last message record and today's (UTC) message counts by decision.
 
     The three decisions are always counted (0 when none); any other value a record
     carries is counted after them.
     """
     today = today or datetime.now(timezone.utc).date().isoformat()
-    messages = [r for r in records if r.get("kind") == "message"]
+    indexed = _indexed(records)
     counts = Counter({decision: 0 for decision in DECISIONS})
-    counts.update(str(r.get("decision")) for r in messages
-                  if str(r.get("time", "")).startswith(today))
-    return {"last": messages[-1] if messages else None, "today": today,
-            "counts": dict(counts), "total": len(records)}
+    counts.update(indexed.decisions_on(today))
+    return {"last": indexed.last_message(), "today": today, "counts": dict(counts),
+            "total": len(indexed)}
 
 
 def _shown(value: Any) -> str:
@@ -229,19 +322,35 @@ def _detail(record: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def activity_rows(records: list[dict[str, Any]], run: str = "", type_: str = "",
-                  decision: str = "", kind: str = "") -> list[dict[str, Any]]:
+class ActivityRows(Sequence[dict[str, Any]]):
+    """Records shown as Activity rows, newest first, each with its ``detail`` text; a row
+    is made when it is read (a page reads its 200, not the whole log)."""
+
+    def __init__(self, records: AuditRecords, positions: Sequence[int]) -> None:
+        self._records, self._positions = records, positions
+
+    def __len__(self) -> int:
+        return len(self._positions)
+
+    def __getitem__(self, index: Any) -> Any:  # a row, or a list of them for a slice
+        if isinstance(index, slice):
+            return [self[number] for number in range(*index.indices(len(self)))]
+        if not -len(self) <= index < len(self):
+            raise IndexError(f"activity row {index} of {len(self)}")
+        record = self._records[self._positions[-1 - index % len(self)]]
+        return {**record, "detail": _detail(record)}
+
+
+def activity_rows(records: Sequence[dict[str, Any]], run: str = "", type_: str = "",
+                  decision: str = "", kind: str = "") -> ActivityRows:
     """The records that match every filter given, newest first, with a ``detail`` text.
 
     An empty filter matches everything; ``run`` compares as text (``"3"`` matches run 3).
     """
     wanted = {"run": run.strip(), "type": type_.strip(), "decision": decision.strip(),
               "kind": kind.strip()}
-    rows = []
-    for record in reversed(records):
-        if all(not value or str(record.get(key, "")) == value for key, value in wanted.items()):
-            rows.append({**record, "detail": _detail(record)})
-    return rows
+    indexed = _indexed(records)
+    return ActivityRows(indexed, indexed.matching(wanted))
 
 
 def _csv_cell(value: Any) -> Any:
@@ -253,7 +362,7 @@ def _csv_cell(value: Any) -> Any:
     return value
 
 
-def activity_csv(rows: list[dict[str, Any]]) -> str:
+def activity_csv(rows: Sequence[dict[str, Any]]) -> str:
     """The rows as CSV, one line per record, columns :data:`ACTIVITY_COLUMNS`."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
