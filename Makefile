@@ -258,7 +258,10 @@ predict: install
 #                  [RETAIN_DAYS=30]  (a federation's state folder is removed after RETAIN_DAYS
 #                                     days untouched; 0 keeps all)
 #                  [CONSOLE=1 [CONSOLE_PORT=8470]]  (also serve the hospital's console on
-#                                     127.0.0.1:CONSOLE_PORT in the node process)
+#                                     127.0.0.1:CONSOLE_PORT in the node process; log in
+#                                     with the admin token in STATE/console/admin-token
+#                                     (STATE default DEPLOY_DIR/supernodes/SITE/state),
+#                                     made at its first start, mode 0600)
 #   make supernodes                                (which sites are online)
 #   make federate ROSTER=/abs/roster.toml [ROUNDS=2] [RUN_CONFIG="local-steps=20 min-nodes=2"]
 #                 (the site roster, docs/DEPLOYMENT.md section 3, is required:
@@ -396,7 +399,10 @@ audit-verify: install
 #                [TLS_CERT=/abs/cert.pem TLS_KEY=/abs/key.pem] [ADMIN_TOKEN_FILE=/abs/token]
 #                [ARCHIVE=/abs/folder]  (archived audit segments, as for make audit-verify)
 # Serves the console's pages (overview, policy, apps, privacy, activity, data) on loopback
-# by default; any other CONSOLE_HOST requires TLS_CERT, TLS_KEY and ADMIN_TOKEN_FILE.
+# by default; any other CONSOLE_HOST requires TLS_CERT and TLS_KEY. Every page and action
+# needs a login with the admin token, on loopback too: ADMIN_TOKEN_FILE (mode 0600), else
+# STATE/console/admin-token, made at the first start (mode 0600) and kept; the console's
+# log names the file, never the token.
 CONSOLE_HOST     ?=
 CONSOLE_PORT     ?=
 TLS_CERT         ?=

@@ -1,8 +1,10 @@
 """The hospital's console: a web page, served by the site, that shows what left the site.
 
 Server-rendered pages (FastAPI + Jinja2 templates in ``console_templates/``, one
-stylesheet, no script). Access rules (loopback by default, TLS and an admin token
-otherwise, CSRF on every POST, security headers): :mod:`app.site_runtime.console_access`;
+stylesheet, no script). Access rules (an admin token always, made at the first start
+in ``<state>/console/admin-token`` unless ``--admin-token-file`` names one; loopback by
+default, TLS otherwise; CSRF on every POST; security headers):
+:mod:`app.site_runtime.console_access`;
 the guard, rendering and forms every page shares: :mod:`app.site_runtime.console_http`.
 What each page shows: :mod:`app.site_runtime.console_pages`, ``console_apps``,
 ``console_privacy``; approve / revoke: :mod:`app.site_runtime.policy_edit`.
@@ -38,7 +40,10 @@ Routes and the element ids the browser tests rely on (every page: ``nav`` with l
                         data-<dataset> sections,
                         split table splits-<dataset>, skipped-<dataset>
     GET  /login, POST /login (login-form, input token, button login-button),
-    POST /logout
+    POST /logout (logout-button)
+
+Every route but ``/login`` needs a session logged in with the admin token: a GET
+without one is sent to ``/login?next=<path>``, any other method is refused (403).
 
 Command line (``make console``)::
 
@@ -66,8 +71,8 @@ from fastapi.templating import Jinja2Templates
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.site_runtime.console_access import (ConsoleSettings, SessionSigner, is_loopback,
-                                             token_ok)
+from app.site_runtime.console_access import (CONSOLE_DIR, TOKEN_NAME, ConsoleSettings,
+                                             SessionSigner, is_loopback, token_ok)
 from app.site_runtime.console_http import (TEMPLATES, current_policy, error_page, guard,
                                            local_path, read_form, render, set_session)
 from app.site_runtime.console_apps import apps_view
@@ -138,7 +143,7 @@ def create_console(settings: ConsoleSettings) -> FastAPI:
     @app.post("/logout")
     async def logout(request: Request) -> Response:
         await read_form(request)
-        response = RedirectResponse("/login" if settings.admin_token else "/", status_code=303)
+        response = RedirectResponse("/login", status_code=303)
         set_session(response, request, app.state.signer.new(admin=False))
         return response
 
@@ -253,8 +258,9 @@ def serve_console(settings: ConsoleSettings, stop: threading.Event | None = None
             stop.wait()
             server.should_exit = True
         threading.Thread(target=watch, name="console-stop", daemon=True).start()
-    log.warning("console of site %s on %s://%s:%d", settings.site,
-                "https" if settings.tls else "http", settings.host, settings.port)
+    log.warning("console of site %s on %s://%s:%d; log in with the admin token in %s (%s)",
+                settings.site, "https" if settings.tls else "http", settings.host,
+                settings.port, settings.admin_token_file, settings.admin_token_note)
     server.run()
 
 
@@ -286,8 +292,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, default=8470)
     parser.add_argument("--tls-cert", help="PEM certificate (required off loopback)")
     parser.add_argument("--tls-key", help="PEM key (required off loopback)")
-    parser.add_argument("--admin-token-file", help="file holding the admin token "
-                                                   "(required off loopback)")
+    parser.add_argument("--admin-token-file",
+                        help="file (mode 0600) holding the admin token; default "
+                             f"<state>/{CONSOLE_DIR}/{TOKEN_NAME}, made at the first start")
     parser.add_argument("--origin", action="append", default=[],
                         help="https://name:port browsers use (required for 0.0.0.0 / ::)")
     parser.add_argument("--audit-archive", help="folder of archived audit segments (the "

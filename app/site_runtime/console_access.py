@@ -4,14 +4,21 @@ The console (:mod:`app.site_runtime.console`) shows what left the site and lets 
 hospital approve or revoke app bundles, so it guards itself as follows:
 
 * **Bind rule.** It listens on loopback (``127.0.0.1``, ``::1``, ``localhost``) by
-  default. Any other address requires TLS (``--tls-cert``, ``--tls-key``) and an admin
-  token (``--admin-token-file``); :class:`ConsoleSettings` refuses to start without
-  them, with a :class:`~strategies.errors.ConfigError` naming the missing option. A
-  wildcard address (``0.0.0.0``, ``::``) also needs ``--origin``, the address browsers
-  use, for the origin check below.
-* **Admin token.** When a token file is given (optional on loopback), every page but
-  the login form needs a session that logged in with it (compared with
-  :func:`hmac.compare_digest`).
+  default. Any other address requires TLS (``--tls-cert``, ``--tls-key``);
+  :class:`ConsoleSettings` refuses to start without it, with a
+  :class:`~strategies.errors.ConfigError` naming the missing option. A wildcard
+  address (``0.0.0.0``, ``::``) also needs ``--origin``, the address browsers use, for
+  the origin check below.
+* **Admin token, always.** Every page but the login form (and its stylesheet), every
+  POST included, needs a session that logged in with the admin token (compared with
+  :func:`hmac.compare_digest`), on loopback too: the CSRF check stops browsers, not
+  another program on the host. The token is ``--admin-token-file`` when given, else
+  ``<state-dir>/console/admin-token`` (:func:`admin_token_path`): drawn with
+  :func:`secrets.token_urlsafe` at the console's first start, the node's own console
+  (``make supernode CONSOLE=1``) included, and written atomically with mode 0600 in a
+  folder of mode 0700 that the site's sandboxed worker never sees
+  (:func:`ensure_admin_token`); later starts reuse it. A token file that group or
+  others may read or write is refused, naming the file.
 * **Sessions.** An ``HttpOnly``, ``SameSite=Strict`` cookie (``Secure`` under TLS)
   holding ``<id>.<issued>.<admin flag>.<HMAC-SHA256>``, signed with a key drawn when
   the console starts (a restart logs everyone out); valid :data:`SESSION_SECONDS`.
@@ -31,7 +38,10 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
+import os
 import secrets
+import stat
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,9 +49,14 @@ from urllib.parse import urlsplit
 
 from strategies.errors import ConfigError
 
-__all__ = ["CSRF_FIELD", "ConsoleSettings", "SESSION_COOKIE", "SESSION_SECONDS", "Session",
-           "SessionSigner", "is_loopback", "origin_of", "read_admin_token", "request_origin_ok",
-           "token_ok"]
+__all__ = ["CONSOLE_DIR", "CSRF_FIELD", "ConsoleSettings", "SESSION_COOKIE", "SESSION_SECONDS",
+           "Session", "SessionSigner", "TOKEN_NAME", "admin_token_path", "ensure_admin_token",
+           "is_loopback", "origin_of", "read_admin_token", "request_origin_ok", "token_ok"]
+
+#: The console's runtime-private folder in the state dir (hidden from the sandboxed worker).
+CONSOLE_DIR = "console"
+#: The admin token's file in :data:`CONSOLE_DIR`, made at the console's first start.
+TOKEN_NAME = "admin-token"
 
 #: The session cookie's name, before ``_<port>`` (browsers share cookies across the ports
 #: of one host: two sites' consoles on one machine would log each other out).
@@ -75,21 +90,75 @@ def origin_of(url: str) -> str:
     return f"{parts.scheme}://{parts.netloc}".lower()
 
 
-def read_admin_token(path: Path) -> str:
-    """The admin token in ``path`` (surrounding whitespace dropped).
+def admin_token_path(state_dir: Path) -> Path:
+    """The admin token file of a console given none: ``<state>/console/admin-token``."""
+    return Path(state_dir) / CONSOLE_DIR / TOKEN_NAME
+
+
+def ensure_admin_token(state_dir: Path) -> tuple[Path, bool]:
+    """``(the state dir's admin token file, whether it was made now)``.
+
+    An existing file is kept as it is. Else a token from :func:`secrets.token_urlsafe`
+    goes to a temporary file of mode 0600 in :data:`CONSOLE_DIR` (made with mode
+    0700), is fsynced and hard-linked to :data:`TOKEN_NAME`: the name appears whole or
+    not at all, and a token another console made meanwhile is never replaced.
 
     Raises
     ------
     ConfigError
-        The file is unreadable or holds fewer than :data:`MIN_TOKEN_CHARS` characters;
-        the message names ``--admin-token-file`` and the file.
+        The folder or file cannot be written; the message names it.
+    """
+    path = admin_token_path(state_dir)
+    if os.path.lexists(path):
+        return path, False
+    try:
+        path.parent.mkdir(mode=0o700, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{TOKEN_NAME}.", suffix=".tmp")
+    except OSError as exc:
+        raise ConfigError(f"console admin token {path}: cannot be made ({exc})") from exc
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(secrets.token_urlsafe(32) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.link(tmp, path)
+    except FileExistsError:
+        return path, False
+    except OSError as exc:
+        raise ConfigError(f"console admin token {path}: cannot be made ({exc})") from exc
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    return path, True
+
+
+def read_admin_token(path: Path, source: str = "--admin-token-file") -> str:
+    """The admin token in ``path`` (surrounding whitespace dropped).
+
+    Parameters
+    ----------
+    path : Path
+        The token file.
+    source : str
+        How the file was chosen, for the messages (the option, or "admin token").
+
+    Raises
+    ------
+    ConfigError
+        The file is unreadable, group or others have any access to it (mode & 0o077),
+        or it holds fewer than :data:`MIN_TOKEN_CHARS` characters; the message names
+        ``source`` and the file.
     """
     try:
+        mode = stat.S_IMODE(Path(path).stat().st_mode)
+        if mode & 0o077:
+            raise ConfigError(f"console {source} {path}: mode {mode:04o} gives group or "
+                              f"others access to the admin token; make it the owner's alone "
+                              f"(chmod 600 {path})")
         token = Path(path).read_text(encoding="utf-8").strip()
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"console --admin-token-file {path}: unreadable ({exc})") from exc
+        raise ConfigError(f"console {source} {path}: unreadable ({exc})") from exc
     if len(token) < MIN_TOKEN_CHARS:
-        raise ConfigError(f"console --admin-token-file {path}: the token must have at least "
+        raise ConfigError(f"console {source} {path}: the token must have at least "
                           f"{MIN_TOKEN_CHARS} characters, it has {len(token)}")
     return token
 
@@ -120,7 +189,8 @@ class ConsoleSettings:
     tls_cert, tls_key : Path, optional
         PEM certificate and key: required together, and for any non-loopback host.
     admin_token_file : Path, optional
-        A file holding the admin token; required for any non-loopback host.
+        A file holding the admin token (``make console ADMIN_TOKEN_FILE=``); by
+        default the state dir's own, made at the first start (:func:`ensure_admin_token`).
     origins : tuple of str
         Further origins (``https://name:port``) browsers reach the console by;
         required for a wildcard host.
@@ -128,11 +198,18 @@ class ConsoleSettings:
         The folder the hospital moves rotated audit segments to (``make audit-verify
         ARCHIVE=``): the Overview's chain check reads them as if in place.
 
+    Attributes
+    ----------
+    admin_token : str
+        The token a login must give (never in ``repr``).
+    admin_token_made : bool
+        Whether this start made ``admin_token_file`` (the state dir's first start).
+
     Raises
     ------
     ConfigError
-        A missing folder or file, a missing option the bind rule requires, a bad port;
-        the message names the option.
+        A missing folder or file, a missing option the bind rule requires, a bad port,
+        a token file others may read; the message names the option or file.
     """
 
     site: str
@@ -145,7 +222,8 @@ class ConsoleSettings:
     admin_token_file: Path | None = None
     origins: tuple[str, ...] = ()
     audit_archive: Path | None = None
-    admin_token: str = field(default="", repr=False, compare=False)
+    admin_token: str = field(default="", init=False, repr=False, compare=False)
+    admin_token_made: bool = field(default=False, init=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.site:
@@ -169,11 +247,10 @@ class ConsoleSettings:
             raise ConfigError(f"console {missing} is required with "
                               f"{'--tls-cert' if missing == '--tls-key' else '--tls-key'}")
         if not is_loopback(self.host):
-            for option, value in (("--tls-cert", self.tls_cert), ("--tls-key", self.tls_key),
-                                  ("--admin-token-file", self.admin_token_file)):
+            for option, value in (("--tls-cert", self.tls_cert), ("--tls-key", self.tls_key)):
                 if value is None:
                     raise ConfigError(f"console --host {self.host} is not loopback: "
-                                      f"{option} is required (TLS and an admin token)")
+                                      f"{option} is required (TLS)")
         origins = tuple(origin_of(o) for o in self.origins)
         if "" in origins:
             raise ConfigError(f"console --origin must be scheme://host[:port], got "
@@ -183,8 +260,20 @@ class ConsoleSettings:
                               "--origin https://<name>:<port> (the address browsers use) is "
                               "required for the origin check")
         object.__setattr__(self, "origins", origins)
-        if self.admin_token_file is not None:
-            object.__setattr__(self, "admin_token", read_admin_token(self.admin_token_file))
+        source = "--admin-token-file"
+        if self.admin_token_file is None:
+            source = "admin token"
+            path, made = ensure_admin_token(self.state_dir)
+            object.__setattr__(self, "admin_token_file", path)
+            object.__setattr__(self, "admin_token_made", made)
+        object.__setattr__(self, "admin_token", read_admin_token(self.admin_token_file, source))
+
+    @property
+    def admin_token_note(self) -> str:
+        """Where the admin token comes from, for the console's log (never the token itself)."""
+        if self.admin_token_file != admin_token_path(self.state_dir):
+            return "given with --admin-token-file"
+        return "made now, mode 0600" if self.admin_token_made else "kept from an earlier start"
 
     @property
     def cookie_name(self) -> str:
@@ -280,7 +369,7 @@ class SessionSigner:
 
 
 def token_ok(settings: ConsoleSettings, given: str) -> bool:
-    """Whether ``given`` is the admin token (constant-time); False when none is set."""
+    """Whether ``given`` is the admin token (constant-time); never for an empty token."""
     return bool(settings.admin_token) and hmac.compare_digest(
         settings.admin_token.encode(), given.strip().encode())
 

@@ -2,8 +2,9 @@
 
 :func:`guard` is the console's one middleware: it rejects a ``Host`` that is not the
 console's own (DNS rebinding), gives every browser a signed session, refuses a POST
-whose ``Origin`` / ``Referer`` is another site's, sends to the login form when an
-admin token is set and the session has not logged in, and adds the security headers
+whose ``Origin`` / ``Referer`` is another site's, sends a session that has not logged
+in with the admin token to the login form (a GET) or refuses it (any other method:
+nothing changes without the token, on loopback too), and adds the security headers
 (:mod:`app.site_runtime.console_access`). :func:`page` renders a template with what
 the layout needs (site, nav, CSRF token, the audit chain's alert, a signed result
 message); :func:`read_form` parses a urlencoded POST (no multipart library) and
@@ -64,7 +65,7 @@ def render(request: Request, name: str, status: int = 200, **context: Any) -> Re
     return state.templates.TemplateResponse(request, name, {
         "site": state.settings.site, "chain_alert": chain_banner(chain),
         "csrf": state.signer.csrf_token(session) if session else "",
-        "logged_in": bool(session and session.admin and state.settings.admin_token),
+        "logged_in": bool(session and session.admin),
         "flash": _flash(request), **context}, status_code=status)
 
 
@@ -105,7 +106,7 @@ def set_session(response: Response, request: Request, session: Session) -> None:
 
 
 async def guard(request: Request, call_next: Any) -> Response:
-    """Host check, session, origin check of every POST, login, security headers."""
+    """Host check, session, origin check of every POST, the admin login, security headers."""
     state = request.app.state
     settings: ConsoleSettings = state.settings
     session = state.signer.load(request.cookies.get(settings.cookie_name))
@@ -118,7 +119,7 @@ async def guard(request: Request, call_next: Any) -> Response:
             settings, request.headers.get("origin"), request.headers.get("referer")):
         response = error_page(request, 403, "this form was not sent from the console's own "
                                             "pages (Origin/Referer check); nothing was changed")
-    elif settings.admin_token and not session.admin and request.url.path not in _OPEN_PATHS:
+    elif not session.admin and request.url.path not in _OPEN_PATHS:
         response = (RedirectResponse(f"/login?next={quote(request.url.path)}", status_code=303)
                     if request.method in ("GET", "HEAD") else
                     error_page(request, 403, "log in with the admin token first"))

@@ -7,8 +7,9 @@ a policy refusal and a failure recorded with the runtime's own record builder; t
 tests have the real site runner refuse apps), two datasets' privacy ledgers (one
 budget extended by the admin command) and a data report with a skipped item. Its console is served
 by :func:`app.site_runtime.console.start_console_thread` on a free loopback port,
-once per test module, and one headless Chromium (Debian's package, driven by
-Playwright; never a downloaded browser) serves every test of the module.
+once per test module, with the admin token it makes at its first start; one headless
+Chromium (Debian's package, driven by Playwright; never a downloaded browser) serves
+every test of the module, and each test's tab logs in through the login page.
 
 Without chromium the tests skip, except under CI (the ``CI`` variable set), where
 they fail: ``.ci/run`` installs Debian's chromium with apt.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import shutil
 import socket
 import threading
@@ -37,7 +39,7 @@ from PIL import Image
 
 from app.site_errors import error_reply
 from app.site_runtime.app_approval import approve, fab_sha256
-from app.site_runtime.audit_record import LedgerSnapshot, message_record
+from app.site_runtime.audit_record import message_record
 from app.site_runtime.console import start_console_thread
 from app.site_runtime.console_access import ConsoleSettings
 from app.site_runtime.privacy_budget import main as privacy_budget
@@ -89,6 +91,8 @@ class ConsoleSite:
     #: The node's audit (its start, its status), as the site node keeps it.
     node: SiteAudit
     url: str = ""
+    #: The console's admin token file (``<state>/console/admin-token``, made at its start).
+    token_file: Path | None = None
 
     @property
     def node_config(self) -> dict[str, str]:
@@ -105,10 +109,9 @@ class ConsoleSite:
         """Have the real site runner answer ``message`` for ``fab`` and audit it, as its
         ``handle`` does (only refusals and the policy-path check run here: an approved
         bundle's answer would start a worker); returns the audit record written."""
-        context = self.context(**run_config)
-        ledgers = LedgerSnapshot(context)
-        reply, context, _, _ = self.runner._answer(message, context, SimpleNamespace(), fab)
-        return self.runner.audit(message, reply, context, fab.hash_str, 0.02, ledgers)
+        answer = self.runner._answer(message, self.context(**run_config), SimpleNamespace(), fab)
+        return self.runner.audit(message, answer.reply, answer.context, fab.hash_str, 0.02,
+                                 answer.epsilon)
 
     def record(self, message: Message, reply: Message, fab: SimpleNamespace,
                seconds: float, epsilon: float) -> None:
@@ -213,6 +216,7 @@ def console(console_site: ConsoleSite) -> Iterator[ConsoleSite]:
                                        policy_path=console_site.policy, port=_free_port())
             thread = start_console_thread(settings, stop)
             console_site.url = f"http://127.0.0.1:{settings.port}"
+            console_site.token_file = settings.admin_token_file
             if _served(console_site.url, thread):
                 break
         else:
@@ -237,14 +241,27 @@ def browser() -> Iterator[Any]:
             launched.close()
 
 
+def log_in(page: Any, token_file: Path, target: str = "/") -> None:
+    """Log ``page`` in as a hospital admin does: open a console page, land on the login
+    form, type the token read from ``token_file``, and arrive back at ``target``."""
+    page.goto(target)
+    page.wait_for_url(re.compile(r"/login\?next="))
+    page.fill("#token", token_file.read_text(encoding="utf-8").strip())
+    page.click("#login-button")
+    page.wait_for_url(re.compile(rf"{re.escape(target)}$"))
+
+
 @pytest.fixture
 def page(browser: Any, console: ConsoleSite) -> Iterator[Any]:
-    """A fresh browser tab (its own cookies) at the console's size, downloads accepted."""
+    """A fresh browser tab (its own cookies) at the console's size, downloads accepted,
+    logged in with the console's admin token."""
     context = browser.new_context(viewport=VIEWPORT, accept_downloads=True,
                                   base_url=console.url)
     context.set_default_timeout(15_000)
     try:
-        yield context.new_page()
+        tab = context.new_page()
+        log_in(tab, console.token_file)
+        yield tab
     finally:
         context.close()
 

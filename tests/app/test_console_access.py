@@ -1,8 +1,11 @@
-"""Who may reach the console: the bind rule, the admin token, sessions, CSRF, headers."""
+"""Who may reach the console: the bind rule, the admin token login, sessions, CSRF, headers.
+
+The admin token's file itself (made at the first start, mode 0600, reused, refused when
+others may read it) and the found item's script: tests/app/test_console_admin_token.py.
+"""
 
 from __future__ import annotations
 
-import re
 import socket
 import threading
 from collections.abc import Callable, Iterator
@@ -19,7 +22,7 @@ from app.site_runtime.console_access import (SESSION_COOKIE, SESSION_SECONDS, Co
 from app.tooling.certs import cert_paths, ensure_server_certificate
 from clients.site.policy import load_policy
 from strategies.errors import ConfigError
-from tests.app.console_site import site_folder
+from tests.app.console_site import csrf_of, log_in, site_folder
 
 BASE = "http://127.0.0.1:8470"
 TOKEN = "correct-horse-battery-staple"
@@ -31,6 +34,7 @@ def paths(tmp_path: Path) -> dict[str, Path]:
     state, policy = site_folder(tmp_path)
     token = tmp_path / "token"
     token.write_text(TOKEN + "\n")
+    token.chmod(0o600)
     for name in ("cert.pem", "key.pem"):
         (tmp_path / name).write_text("placeholder: only its existence is checked here\n")
     return {"state": state, "policy": policy, "token": token, "cert": tmp_path / "cert.pem",
@@ -38,11 +42,13 @@ def paths(tmp_path: Path) -> dict[str, Path]:
 
 
 def client_of(settings: ConsoleSettings, host: str = "127.0.0.1") -> TestClient:
+    """A client of the console that has not logged in."""
     return TestClient(create_console(settings), base_url=BASE, client=(host, 40000))
 
 
-def csrf_of(html: str) -> str:
-    return re.search(r'name="csrf" value="([0-9a-f]+)"', html).group(1)
+def admin_of(settings: ConsoleSettings, host: str = "127.0.0.1") -> TestClient:
+    """A client of the console logged in with its admin token."""
+    return log_in(client_of(settings, host), settings.admin_token_file, BASE)
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "::1", "localhost", "127.0.0.5", "[::1]"])
@@ -62,18 +68,10 @@ def test_a_missing_state_dir_or_policy_names_the_option(paths, tmp_path):
         ConsoleSettings("a", paths["state"], tmp_path / "none.toml")
 
 
-@pytest.mark.parametrize("missing", ["--tls-cert", "--tls-key", "--admin-token-file"])
-def test_off_loopback_tls_and_a_token_are_required(paths, missing):
-    given = {"--tls-cert": paths["cert"], "--tls-key": paths["key"],
-             "--admin-token-file": paths["token"]}
-    given[missing] = None
-    if missing != "--admin-token-file":  # a lone cert or key is refused first, naming the other
-        given = {**given, "--tls-cert": None, "--tls-key": None}
-    with pytest.raises(ConfigError, match=re.escape(missing if missing == "--admin-token-file"
-                                                    else "--tls-cert")):
+def test_off_loopback_tls_is_required(paths):
+    with pytest.raises(ConfigError, match="--host 10.0.0.5 is not loopback: --tls-cert"):
         ConsoleSettings("a", paths["state"], paths["policy"], host="10.0.0.5",
-                        tls_cert=given["--tls-cert"], tls_key=given["--tls-key"],
-                        admin_token_file=given["--admin-token-file"])
+                        admin_token_file=paths["token"])
 
 
 def test_a_cert_without_its_key_is_refused(paths):
@@ -87,6 +85,13 @@ def test_off_loopback_with_tls_and_token_is_accepted(paths):
                                admin_token_file=paths["token"])
     assert settings.own_origins() == {"https://10.0.0.5:8443"}
     assert settings.admin_token == TOKEN
+
+
+def test_off_loopback_without_a_token_file_the_state_dirs_own_is_made(paths):
+    settings = ConsoleSettings("a", paths["state"], paths["policy"], host="10.0.0.5",
+                               tls_cert=paths["cert"], tls_key=paths["key"])
+    assert settings.admin_token_made and len(settings.admin_token) >= 16
+    assert settings.admin_token_file == paths["state"] / "console" / "admin-token"
 
 
 def test_a_wildcard_address_needs_the_origin_browsers_use(paths):
@@ -117,7 +122,7 @@ def test_sessions_are_signed_and_expire():
 
 
 def test_security_headers_and_cookie_flags(paths):
-    response = client_of(ConsoleSettings("a", paths["state"], paths["policy"])).get("/")
+    response = client_of(ConsoleSettings("a", paths["state"], paths["policy"])).get("/login")
     assert response.headers["content-security-policy"].startswith("default-src 'self'")
     assert response.headers["x-frame-options"] == "DENY"
     assert response.headers["referrer-policy"] == "same-origin"
@@ -133,7 +138,7 @@ def _revoke_form(client: TestClient, **overrides: str) -> dict[str, str]:
 
 
 def test_a_post_without_the_csrf_token_changes_nothing(paths):
-    client = client_of(ConsoleSettings("a", paths["state"], paths["policy"]))
+    client = admin_of(ConsoleSettings("a", paths["state"], paths["policy"]))
     before = paths["policy"].read_text()
     form = _revoke_form(client, csrf="0" * 64)
     response = client.post("/apps/apply", data=form, headers={"Origin": BASE})
@@ -144,7 +149,7 @@ def test_a_post_without_the_csrf_token_changes_nothing(paths):
 
 
 def test_a_post_from_another_origin_changes_nothing(paths):
-    client = client_of(ConsoleSettings("a", paths["state"], paths["policy"]))
+    client = admin_of(ConsoleSettings("a", paths["state"], paths["policy"]))
     before = paths["policy"].read_text()
     form = _revoke_form(client)
     for headers in ({"Origin": "http://evil.example"}, {"Origin": "null"}, {},
@@ -159,12 +164,12 @@ def test_a_post_from_another_origin_changes_nothing(paths):
 
 
 def test_an_unknown_host_header_is_refused(paths):
-    client = client_of(ConsoleSettings("a", paths["state"], paths["policy"]))
+    client = admin_of(ConsoleSettings("a", paths["state"], paths["policy"]))
     assert client.get("/", headers={"Host": "rebound.example:8470"}).status_code == 400
     assert client.get("/", headers={"Host": "localhost:8470"}).status_code == 200
 
 
-def test_with_a_token_pages_need_a_login(paths):
+def test_with_a_given_token_pages_need_a_login(paths):
     settings = ConsoleSettings("a", paths["state"], paths["policy"],
                                admin_token_file=paths["token"])
     client = client_of(settings)
@@ -187,7 +192,7 @@ def test_with_a_token_pages_need_a_login(paths):
     assert client.get("/activity", follow_redirects=False).status_code == 303
 
 
-def test_with_a_token_a_post_before_login_is_refused(paths):
+def test_with_a_given_token_a_post_before_login_is_refused(paths):
     settings = ConsoleSettings("a", paths["state"], paths["policy"],
                                admin_token_file=paths["token"])
     client = client_of(settings)
@@ -200,11 +205,12 @@ def test_with_a_token_a_post_before_login_is_refused(paths):
 
 def test_the_data_page_is_served_to_loopback_clients_only(paths):
     settings = ConsoleSettings("a", paths["state"], paths["policy"])
-    assert client_of(settings, host="127.0.0.1").get("/data").status_code == 200
-    response = client_of(settings, host="10.1.2.3").get("/data")
+    assert admin_of(settings, host="127.0.0.1").get("/data").status_code == 200
+    remote = admin_of(settings, host="10.1.2.3")
+    response = remote.get("/data")
     assert response.status_code == 403 and "may name the site" in response.text
-    assert client_of(settings, host="10.1.2.3").get("/activity").status_code == 200
-    proxied = client_of(settings).get("/data", headers={"X-Forwarded-For": "10.1.2.3"})
+    assert remote.get("/activity").status_code == 200
+    proxied = admin_of(settings).get("/data", headers={"X-Forwarded-For": "10.1.2.3"})
     assert proxied.status_code == 403
 
 
@@ -214,8 +220,9 @@ def test_an_internal_error_shows_no_stack_trace(paths, monkeypatch):
 
     monkeypatch.setattr("app.site_runtime.console.data_reports", broken)
     settings = ConsoleSettings("a", paths["state"], paths["policy"])
-    client = TestClient(create_console(settings), base_url=BASE, raise_server_exceptions=False,
-                        client=("127.0.0.1", 40000))
+    client = log_in(TestClient(create_console(settings), base_url=BASE,
+                               raise_server_exceptions=False, client=("127.0.0.1", 40000)),
+                    settings.admin_token_file, BASE)
     response = client.get("/data")
     assert response.status_code == 500 and "RuntimeError" in response.text
     assert "Traceback" not in response.text and "/secret/site/path" not in response.text
@@ -225,7 +232,7 @@ def test_under_tls_the_session_cookie_is_secure(paths):
     settings = ConsoleSettings("a", paths["state"], paths["policy"], tls_cert=paths["cert"],
                                tls_key=paths["key"])
     client = TestClient(create_console(settings), base_url="https://127.0.0.1:8470")
-    assert "Secure" in client.get("/").headers["set-cookie"]
+    assert "Secure" in client.get("/login").headers["set-cookie"]
 
 
 @pytest.mark.parametrize("target", ["//evil.example/x", "/\\evil.example", "https://evil.example",
@@ -241,7 +248,7 @@ def test_the_login_goes_back_to_console_pages_only(paths, target):
 
 
 def test_a_bad_query_value_is_an_error_page_not_json(paths):
-    client = client_of(ConsoleSettings("a", paths["state"], paths["policy"]))
+    client = admin_of(ConsoleSettings("a", paths["state"], paths["policy"]))
     response = client.get("/activity", params={"page": "many"})
     assert response.status_code == 400 and 'id="error-message"' in response.text
 
@@ -283,9 +290,12 @@ def _serving(settings: ConsoleSettings, probe: Callable[[], httpx.Response]) -> 
 
 def test_serve_console_answers_over_http_until_stopped(paths):
     settings = ConsoleSettings("a", paths["state"], paths["policy"], port=_free_port())
-    url = f"http://127.0.0.1:{settings.port}/policy"
-    with _serving(settings, lambda: httpx.get(url, timeout=5)):
-        response = httpx.get(url, timeout=5)
+    origin = f"http://127.0.0.1:{settings.port}"
+    with httpx.Client(base_url=origin, timeout=5) as client, \
+            _serving(settings, lambda: httpx.get(origin + "/login", timeout=5)):
+        first = client.get("/policy")
+        assert first.status_code == 303 and first.headers["location"] == "/login?next=/policy"
+        response = log_in(client, settings.admin_token_file, origin).get("/policy")
     assert response.status_code == 200 and 'id="policy-fingerprint"' in response.text
 
 

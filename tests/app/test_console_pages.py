@@ -22,7 +22,7 @@ from app.site_runtime.console_privacy import PrivacyView, policy_delta
 from app.site_runtime.policy_edit import apply_edit
 from clients.site.policy import load_policy
 from clients.site.privacy_ledger import PrivacyLedger
-from tests.app.console_site import site_folder
+from tests.app.console_site import log_in, site_folder
 
 BASE = "http://127.0.0.1:8470"
 APP_A, APP_B = "a" * 64, "b" * 64
@@ -50,9 +50,11 @@ def site(tmp_path: Path) -> dict:
     return {"state": state, "policy": policy, "log": log}
 
 
-def client_of(site: dict) -> TestClient:
-    settings = ConsoleSettings("hospital-a", site["state"], site["policy"])
-    return TestClient(create_console(settings), base_url=BASE, client=("127.0.0.1", 40000))
+def client_of(site: dict, **options) -> TestClient:
+    """A client of the site's console, logged in with its admin token."""
+    settings = ConsoleSettings("hospital-a", site["state"], site["policy"], **options)
+    client = TestClient(create_console(settings), base_url=BASE, client=("127.0.0.1", 40000))
+    return log_in(client, settings.admin_token_file, BASE)
 
 
 def cell(html: str, element_id: str) -> str:
@@ -282,6 +284,5 @@ def test_segments_moved_to_the_archive_verify_with_the_archive_option(site, tmp_
     archive.mkdir()
     shutil.move(rotated[0], archive / rotated[0].name)
     assert "removed" in cell(client_of(site).get("/").text, "chain-status")
-    settings = ConsoleSettings("hospital-a", site["state"], site["policy"], audit_archive=archive)
-    client = TestClient(create_console(settings), base_url=BASE, client=("127.0.0.1", 40000))
+    client = client_of(site, audit_archive=archive)
     assert cell(client.get("/").text, "chain-status") == "audit log verified, 11 records"
