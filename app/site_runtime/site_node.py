@@ -1,14 +1,18 @@
 """A hospital's node process: Flower's SuperNode and the hospital's site runner, together.
 
 ``python -m app.site_runtime.site_node --policy /abs/policy.toml [--poll-interval S]
-[--max-workers N] [--transfer-lanes N] [--console-port PORT] -- <flower-supernode
-arguments>`` runs, in one process the hospital starts:
+[--max-workers N] [--transfer-lanes N] [--console-port PORT] [--worker-uid UID]
+[--worker-memory-gb G] [--worker-processes N] [--worker-timeout-hours H] --
+<flower-supernode arguments>`` runs, in one process the hospital starts:
 
 * ``flower-supernode`` with ``--isolation process`` (it serves its Runtime API on
   loopback and starts nothing itself), and
 * the :class:`~app.site_runtime.site_runner.SiteRunner` in a thread: it acquires
-  each ClientApp task, checks the app bundle against the site policy and runs
-  approved ones in warm workers, and
+  each ClientApp task, checks the app bundle against the site policy, checks every
+  message against the policy's data rules and charges the privacy ledger itself, and runs
+  approved apps in warm workers inside the sandbox (:mod:`app.site_runtime.sandbox`:
+  ``--worker-uid`` when the node runs as root, ``--worker-memory-gb``,
+  ``--worker-processes``, ``--worker-timeout-hours``), filtering every reply, and
 * with ``--console-port PORT`` (``make supernode CONSOLE=1``), the hospital's console
   (:mod:`app.site_runtime.console`) on ``127.0.0.1:PORT`` in another thread.
 
@@ -35,6 +39,7 @@ from __future__ import annotations
 import argparse
 import functools
 import logging
+import os
 import sys
 import threading
 import time
@@ -49,6 +54,7 @@ from app.config.site_config import SiteConfig
 from app.tooling.errors import FlowerProcessError
 from app.site_runtime.node_signals import NodeSignals
 from app.site_runtime.one_policy import node_config_of, policy_mismatch
+from app.site_runtime.sandbox import DEFAULT_WORKER_UID, SandboxLimits
 from app.site_runtime.site_runner import SiteRunner, expire_state
 from clients.site.policy import load_policy
 
@@ -170,6 +176,15 @@ def _runtime_address(supernode_args: list[str]) -> str:
     return f"127.0.0.1:{supernode_args[supernode_args.index('--port') + 1]}"
 
 
+def _memory_limit(gib: float | None) -> int:
+    """Bytes of one worker's address space: ``gib`` GiB, default 3/4 of physical memory."""
+    if gib is None:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 3 // 4)
+    if not gib > 0:
+        raise FlowerProcessError(f"--worker-memory-gb must be > 0, got {gib}")
+    return int(gib * 2**30)
+
+
 def _start_console(node: SiteConfig, policy: Path, port: int, stop: threading.Event) -> None:
     """The hospital's console on loopback in this process (fastapi is imported only then)."""
     from app.site_runtime.console import start_console_thread  # pylint: disable=C0415
@@ -197,6 +212,16 @@ def main(argv: list[str] | None = None) -> None:
                              "CPU cores, the fewer)")
     parser.add_argument("--console-port", type=int, default=None,
                         help="also serve the hospital's console on 127.0.0.1:PORT")
+    parser.add_argument("--worker-uid", type=int, default=DEFAULT_WORKER_UID,
+                        help="the uid (and gid) of the sandboxed workers when the node runs "
+                             f"as root (default {DEFAULT_WORKER_UID}; give a dedicated one)")
+    parser.add_argument("--worker-memory-gb", type=float, default=None,
+                        help="address space of one worker, GiB (default: 3/4 of the "
+                             "machine's memory; not applied on a host with NVIDIA devices)")
+    parser.add_argument("--worker-processes", type=int, default=512,
+                        help="processes and threads of the worker uid")
+    parser.add_argument("--worker-timeout-hours", type=float, default=24.0,
+                        help="the longest one message may run in a worker before it is killed")
     args = parser.parse_args(ours)
     if args.policy is None:
         print("site_node: --policy /abs/policy.toml is required (the one site policy file, "
@@ -217,8 +242,12 @@ def main(argv: list[str] | None = None) -> None:
     widen_transfers(args.transfer_lanes)
     signals = NodeSignals()
     node = SiteConfig.from_node_config(node_config, data_root="")
+    limits = SandboxLimits(max_processes=args.worker_processes,
+                           max_memory=_memory_limit(args.worker_memory_gb),
+                           worker_uid=args.worker_uid)
     runner = SiteRunner(_runtime_address(supernode_args), args.policy, poll_interval=1.0,
-                        max_workers=args.max_workers, signals=signals, node=node)
+                        max_workers=args.max_workers, signals=signals, node=node,
+                        limits=limits, job_timeout=args.worker_timeout_hours * 3600)
     stop = threading.Event()
     threading.Thread(target=runner.serve, args=(stop,), name="site-runner", daemon=True).start()
     if args.console_port:
@@ -232,7 +261,7 @@ def main(argv: list[str] | None = None) -> None:
         flower_supernode()
     finally:
         stop.set()
-        runner.pool.close()
+        runner.close()
 
 
 if __name__ == "__main__":

@@ -56,12 +56,15 @@ from flwr.supercore.task_identity import TaskIdentity
 from flwr.supernode.runtime.run_clientapp import push_message, push_task_output
 
 from app.site_runtime.app_approval import SIGNATURE_KEY, AppNotApproved, check_app
-from app.site_runtime.audit_record import LedgerSnapshot, message_record
-from app.site_runtime.installed_app import WORKER_ENV, verified_install
+from app.site_runtime.audit_record import message_record
+from app.site_runtime.installed_app import verified_install
 from app.site_runtime.node_signals import NodeSignals
 from app.site_runtime.one_policy import policy_mismatch
 from app.site_runtime.site_audit import SiteAudit
+from app.site_runtime.runtime_round import RuntimeAnswer, RuntimeRound
+from app.site_runtime.sandbox import SandboxLimits
 from app.site_runtime.worker_pool import WorkerPool
+from app.site_runtime.worker_view import runtime_dir, worker_state_dir
 from app.site_runtime.runtime_channel import (
     pull_task_input,
     runtime_retry_invoker,
@@ -69,7 +72,7 @@ from app.site_runtime.runtime_channel import (
     withdrawn,
 )
 from app.config.site_config import SiteConfig
-from clients.site.policy import SitePolicy, load_policy
+from clients.site.policy import AuditRules, SitePolicy, load_policy
 from clients.site.state_retention import expire_federation_states
 from app.tooling.errors import FlowerProcessError
 from strategies import message_keys as keys
@@ -92,7 +95,9 @@ def expire_state(node_config: Any) -> list[Path]:
         The node config has no data-path or a bad ``state-retention-days``.
     """
     node = SiteConfig.from_node_config(node_config, data_root="")
-    removed = expire_federation_states(node.state_dir, node.state_retention_days)
+    removed = [path for folder in (worker_state_dir(node.state_dir), runtime_dir(node.state_dir),
+                                   node.state_dir)
+               for path in expire_federation_states(folder, node.state_retention_days)]
     if removed:
         log.info("site %s: removed the state of %d federation(s) untouched for more than %g days "
                  "(state-retention-days): %s", node.name, len(removed), node.state_retention_days,
@@ -101,11 +106,11 @@ def expire_state(node_config: Any) -> list[Path]:
 
 
 def _refusal(message: Message, context: Context, site: str, rule: str, why: str
-             ) -> tuple[Message, Context, str, str]:
+             ) -> RuntimeAnswer:
     """The error reply, context and failed status of a message refused under ``rule``."""
     reason = f"site {site}: {keys.POLICY_RULE_PREFIX}{rule} (refused): {why}"
-    return (Message(Error(code=keys.APP_REFUSAL_CODE, reason=reason), reply_to=message),
-            context, SubStatus.FAILED, why)
+    return RuntimeAnswer(Message(Error(code=keys.APP_REFUSAL_CODE, reason=reason),
+                                 reply_to=message), context, SubStatus.FAILED, why)
 
 
 class SiteRunner:
@@ -135,7 +140,9 @@ class SiteRunner:
 
     def __init__(self, runtime_api_address: str, policy_path: Path | None,
                  poll_interval: float = 0.05, max_workers: int = 2,
-                 signals: NodeSignals | None = None, node: SiteConfig | None = None) -> None:
+                 signals: NodeSignals | None = None, node: SiteConfig | None = None,
+                 limits: SandboxLimits | None = None, job_timeout: float | None = None
+                 ) -> None:
         if poll_interval <= 0:
             raise ValueError(f"poll_interval must be > 0, got {poll_interval}")
         if policy_path is None:
@@ -144,7 +151,8 @@ class SiteRunner:
         self.address = runtime_api_address
         self.policy_path = Path(policy_path)
         self.poll_interval = poll_interval
-        self.pool = WorkerPool(max_workers, WORKER_ENV)
+        self.pool = WorkerPool(max_workers, job_timeout)
+        self.runtime = RuntimeRound(limits)
         self.signals = signals
         self._installed: set[str] = set()
         self._runs: set[int] = set()
@@ -152,12 +160,17 @@ class SiteRunner:
         self._approvals: dict[str, str] = {}  # message id -> how its bundle was approved
         self.node_audit = None if node is None else self._audit_at(node.state_dir, node.name)
         if self.node_audit is not None:
-            self.node_audit.node_started(self._policy().fingerprint)
+            policy = self._policy()
+            self.node_audit.node_started(policy.fingerprint, policy.audit)
 
     def _audit_at(self, state_dir: Path, site: str) -> SiteAudit:
         key = Path(state_dir).resolve()
         if key not in self._audits:
-            self._audits[key] = SiteAudit(key, site)
+            try:
+                anchoring = self._policy().audit
+            except ConfigError:  # an unreadable policy: the message is refused, still audited
+                anchoring = AuditRules()
+            self._audits[key] = SiteAudit(key, site, anchoring)
         return self._audits[key]
 
     def _audit_of(self, context: Context) -> SiteAudit | None:
@@ -207,7 +220,13 @@ class SiteRunner:
                         self.poll_interval)
         finally:
             client.close()
-            self.pool.close()
+            self.close()
+
+    def close(self) -> None:
+        """Stop the workers and anchor every audit log's head (the node stops)."""
+        self.pool.close()
+        for audit in self._audits.values():
+            audit.anchor_now()
 
     def handle(self, token: str) -> None:
         """Pull one task, answer it (or refuse its app) and push the reply and status.
@@ -225,15 +244,16 @@ class SiteRunner:
             started = time.monotonic()
             message, context, run, fab = pull_task_input(client, self.signals)
             pulled = time.monotonic()
-            ledgers = LedgerSnapshot(context)
-            reply, context, status, details = self._answer(message, context, run, fab)
+            answer = self._answer(message, context, run, fab)
             answered = time.monotonic()
             fab_hash = fab.hash_str if fab is not None else ""  # a run without a bundle
-            audited = (message, reply, context, fab_hash, answered - pulled, ledgers)
-            push_message(client, reply, context)
+            context = answer.context
+            audited = (message, answer.reply, context, fab_hash, answered - pulled,
+                       answer.epsilon)
+            push_message(client, answer.reply, context)
             if self.signals is not None:
                 self.signals.reply_stored.set()
-            push_task_output(client, context, status, details)
+            push_task_output(client, context, answer.status, answer.details)
             log.info("site %s: %s message: pull %.2f s%s, answer %.2f s, push %.2f s",
                      _site(context), message.metadata.message_type, pulled - started,
                      self._receipt(message.metadata.message_id, started), answered - pulled,
@@ -256,7 +276,7 @@ class SiteRunner:
                 self.audit(*audited)
 
     def audit(self, message: Message, reply: Message, context: Context, fab_hash: str,
-              seconds: float, ledgers: LedgerSnapshot) -> dict[str, Any] | None:
+              seconds: float, epsilon: float) -> dict[str, Any] | None:
         """Append the audit record of ``message`` and the ``reply`` that left (or did not).
 
         Written after the reply is pushed, so that its fsync never delays a round;
@@ -268,7 +288,7 @@ class SiteRunner:
         if audit is None:
             return None
         return audit.message(message_record(message, reply, context, fab_hash, seconds,
-                                            ledgers.charged(), approval))
+                                            epsilon, approval))
 
     def _receipt(self, message_id: str, started: float) -> str:
         """`` (receipt X s)``: when, after the pull started, the SuperNode had every object."""
@@ -276,7 +296,7 @@ class SiteRunner:
         return "" if received is None else f" (receipt {max(0.0, received - started):.2f} s)"
 
     def _answer(self, message: Message, context: Context, run: Any, fab: Any
-                ) -> tuple[Message, Context, str, str]:
+                ) -> RuntimeAnswer:
         site = _site(context)
         mismatch = policy_mismatch(self.policy_path, context.node_config)
         if mismatch is not None:
@@ -289,7 +309,7 @@ class SiteRunner:
             policy = self._policy()
             audit = self._audit_of(context)
             if audit is not None:
-                audit.policy_in_force(policy.fingerprint)
+                audit.policy_in_force(policy.fingerprint, policy.audit)
             how = check_app(policy.apps, fab.hash_str, fab.content, signature)
             self._approvals[message.metadata.message_id] = how
         except (AppNotApproved, ConfigError) as refusal:
@@ -298,7 +318,7 @@ class SiteRunner:
                    f"the site policy cannot be read ({type(refusal).__name__}, details in "
                    "the site's log)")  # its text names the file: it stays here
             return _refusal(message, context, site, "apps", str(why))
-        _, changed = verified_install(fab.content)
+        app_dir, changed = verified_install(fab.content)
         if changed:
             self.pool.discard(fab.hash_str)
             log.warning("site %s: the install of app %s differed from the approved bundle (%s); "
@@ -311,15 +331,9 @@ class SiteRunner:
             self._runs.add(run.run_id)
             try:
                 expire_state(context.node_config)
-            except ConfigError as exc:  # the ClientApp answers a bad node config itself
+            except ConfigError as exc:  # the runtime answers a bad node config itself
                 log.warning("site %s: federation state not expired: %s", site, exc)
         job = {"task_id": TaskIdentity.task_id, "run_id": run.run_id, "node_id": context.node_id,
-               "fab_id": run.fab_id, "fab_version": run.fab_version, "fab_hash": fab.hash_str,
-               "message": message, "context": context}
-        outcome = self.pool.run((fab.hash_str, str(context.run_config.get("task", ""))), job)
-        if outcome[0] == "done":
-            return outcome[1], outcome[2], SubStatus.COMPLETED, ""
-        kind = outcome[1] if outcome[0] == "failed" else "WorkerCrashed"
-        reason = f"site {site}: {kind} (details in the site's log)"
-        return (Message(Error(code=keys.WORKER_FAILURE_CODE, reason=reason), reply_to=message),
-                context, SubStatus.FAILED, kind)
+               "fab_id": run.fab_id, "fab_version": run.fab_version, "fab_hash": fab.hash_str}
+        return self.runtime.answer(message, context, policy, site, Path(app_dir), job,
+                                   self.pool)

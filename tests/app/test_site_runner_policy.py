@@ -43,7 +43,7 @@ def no_supernode(monkeypatch):
     monkeypatch.setattr(site_node, "cap_supernode_waits", lambda *a, **k: None)
     monkeypatch.setattr(site_node, "widen_transfers", lambda *a, **k: None)
     monkeypatch.setattr(site_node, "SiteRunner", lambda *a, **k: SimpleNamespace(
-        serve=lambda stop: None, pool=SimpleNamespace(close=lambda: None)))
+        serve=lambda stop: None, close=lambda: None))
 
 
 def _policy_copy(tmp_path: Path, name: str) -> Path:
@@ -87,7 +87,8 @@ def test_the_runner_needs_a_policy_and_refuses_a_message_whose_node_names_anothe
         context = Context(run_id=1, node_id=7, node_config=node_config, state=RecordDict(),
                           run_config={})
         with caplog.at_level(logging.WARNING, logger="fedmed.site_runner"):
-            reply, _, status, _ = runner._answer(message, context, SimpleNamespace(), fab)
+            answer = runner._answer(message, context, SimpleNamespace(), fab)
+            reply, status = answer.reply, answer.status
         assert status == SubStatus.FAILED and reply.error.code == keys.APP_REFUSAL_CODE
         assert f"{keys.POLICY_RULE_PREFIX}policy-path (refused)" in reply.error.reason
         assert "/" not in reply.error.reason.split(":", 1)[1]  # paths stay at the site
