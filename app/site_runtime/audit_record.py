@@ -5,8 +5,8 @@ pushes every reply itself, so it can say what the federation asked and what the
 site sent without trusting the uploaded app: the record is built from the
 message's ``config`` record and the run config (what was asked), the reply (the
 decision, the refused rule, the serialised bytes that left), the runner's clock
-and the site's privacy ledgers (the epsilon the message charged, read from the
-ledger files before and after, not from the app's metrics). It holds only
+and the epsilon the runtime itself charged to the site's privacy ledger
+(:mod:`app.site_runtime.runtime_ledger`, never the app's metrics). It holds only
 settings and numbers, never an image, a file path, an item or patient id, and
 never an exception's text (a refusal's rule is a policy key):
 
@@ -21,26 +21,20 @@ hash chain.
 from __future__ import annotations
 
 import hashlib
-import json
-import logging
 import math
 import re
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from flwr.app import Context, Message
 
-from app.config.site_config import SiteConfig
 from app.site_runtime.app_approval import SIGNATURE_KEY
 from strategies import message_keys as keys
-from strategies.errors import FedMedError
 from strategies.replies import wire_size
 
 __all__ = ["ASKED_INSTRUCTION_KEYS", "ASKED_RUN_KEYS", "asked_of", "decision_of",
-           "federation_label", "LedgerSnapshot", "message_record", "signature_expiry"]
+           "federation_label", "message_record", "signature_expiry"]
 
-log = logging.getLogger("fedmed.site_runner")
 
 #: Keys of a message's ``config`` record that say what was asked (scalars only).
 ASKED_INSTRUCTION_KEYS = (keys.SERVER_ROUND, keys.LOCAL_STEPS, keys.TIME_BUDGET, keys.CODEC,
@@ -145,8 +139,8 @@ def message_record(message: Message, reply: Message, context: Context, fab_hash:
     seconds : float
         From the pull's end to the reply.
     epsilon : float or None
-        The epsilon the message charged to the site's ledgers (:class:`LedgerSnapshot`;
-        None when a changed ledger could not be read).
+        The epsilon the runtime charged to the site's ledger for the message
+        (:class:`~app.site_runtime.runtime_ledger.Reservation`; 0 when none).
     approval : str, optional
         How the site policy approved the bundle (``any``, ``sha256`` or ``key <12 hex>``,
         :func:`~app.site_runtime.app_approval.check_app`); None when it was not checked
@@ -162,60 +156,3 @@ def message_record(message: Message, reply: Message, context: Context, fab_hash:
             else 0, "epsilon": None if epsilon is None else round(float(epsilon), 9),
             "seconds": round(float(seconds), 4), "approval": approval,
             "signature_expires": signature_expiry(context.run_config)}
-
-
-class LedgerSnapshot:
-    """The site's privacy ledgers as they were before a message, to count what it charged.
-
-    Each dataset's ledger (:mod:`clients.site.privacy_ledger`) is read again after
-    the message; a ledger whose ``history.json`` changed is charged the increase
-    of its epsilon (the accountant of its newest entry, at the run's
-    ``privacy.delta``), recomputed from both histories.
-
-    Parameters
-    ----------
-    context : Context
-        The task's context; its node config names the state dir.
-    """
-
-    def __init__(self, context: Context) -> None:
-        self.delta = float(context.run_config.get("privacy.delta", 1e-5))
-        self.folder: Path | None = None
-        self.before: dict[Path, bytes] = {}
-        try:
-            node = SiteConfig.from_node_config(context.node_config, data_root="")
-        except FedMedError:
-            return  # the ClientApp refuses a bad node config itself; nothing was charged
-        from clients.site.privacy_ledger import HISTORY_NAME, PRIVACY_DIR
-        self.folder = Path(node.state_dir) / PRIVACY_DIR
-        self.before = {path: path.read_bytes()
-                       for path in self.folder.glob(f"*/{HISTORY_NAME}")}
-
-    def charged(self) -> float | None:
-        """The epsilon the site's ledgers gained since the snapshot (0: none changed;
-        None: a changed ledger cannot be read, said in the site's log)."""
-        if self.folder is None:
-            return 0.0
-        from clients.site.privacy_ledger import HISTORY_NAME
-        total: float | None = 0.0
-        for path in self.folder.glob(f"*/{HISTORY_NAME}"):
-            if self.before.get(path) != path.read_bytes():
-                increase = self._increase(path)
-                total = None if total is None or increase is None else total + increase
-        return total
-
-    def _increase(self, path: Path) -> float | None:
-        from clients.site.privacy_ledger import LedgerEntry, LedgerError, PrivacyLedger
-        try:
-            ledger = PrivacyLedger(path.parent, "rdp")
-            if not ledger.entries:
-                return 0.0
-            ledger.accountant = ledger.entries[-1].accountant
-            after = ledger.epsilon(self.delta)
-            old = json.loads(self.before[path]) if path in self.before else {"entries": []}
-            ledger.entries = [LedgerEntry.from_json(row) for row in old["entries"]]
-            return max(after - ledger.epsilon(self.delta), 0.0)
-        except (LedgerError, ValueError, KeyError, TypeError) as exc:
-            log.warning("audit: the epsilon charged to ledger %s is unknown (%s)", path.parent,
-                        type(exc).__name__)
-            return None

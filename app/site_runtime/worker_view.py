@@ -36,6 +36,7 @@ from flwr.app import Context
 
 from app.config.site_config import RUNTIME_LEDGER
 from app.site_runtime.audit_format import AUDIT_DIR
+from app.site_runtime.console_access import CONSOLE_DIR
 from clients.site.atomic_file import write_atomic
 from clients.site.data_report import DATA_REPORT_DIR
 from clients.site.policy import SitePolicy
@@ -53,7 +54,7 @@ RUNTIME_DIR = "runtime"
 #: ``<state-dir>/worker/``: the worker's state dir.
 WORKER_DIR = "worker"
 #: What of the state dir is the runtime's: never mounted in the sandbox, never migrated.
-RUNTIME_NAMES = frozenset({AUDIT_DIR, PRIVACY_DIR, "console", RUNTIME_DIR, WORKER_DIR,
+RUNTIME_NAMES = frozenset({AUDIT_DIR, PRIVACY_DIR, CONSOLE_DIR, RUNTIME_DIR, WORKER_DIR,
                            DATA_REPORT_DIR})
 #: The data rules the worker reads, in :func:`runtime_dir`.
 WORKER_POLICY_NAME = "worker-policy.toml"

@@ -37,6 +37,7 @@ from flwr.supernode.nodestate import NodeStateFactory
 
 from app.site_runtime import runtime_channel, site_node, site_runner
 from app.site_runtime.node_signals import NodeSignals
+from app.site_runtime.runtime_round import RuntimeAnswer
 from app.site_runtime.site_runner import SiteRunner
 
 #: The development policy (any app), the site runner's --policy in these tests.
@@ -174,7 +175,8 @@ def test_the_runner_wakes_for_a_new_task_and_wakes_the_supernode_for_its_reply(m
     message = _message()
     monkeypatch.setattr(site_runner, "pull_task_input",
                         lambda client, sig: (message, context, None, None))
-    monkeypatch.setattr(runner, "_answer", lambda *a: (message, context, "completed", ""))
+    monkeypatch.setattr(runner, "_answer", lambda *a: RuntimeAnswer(message, context,
+                                                                     "completed", ""))
     monkeypatch.setattr(site_runner, "push_message", lambda *a: events.append(
         ("reply pushed", signals.reply_stored.is_set())))
     monkeypatch.setattr(site_runner, "push_task_output", lambda *a: events.append(

@@ -18,12 +18,11 @@ from app.site_runtime import site_runner
 from app.site_runtime.app_approval import SIGNATURE_KEY, fab_sha256, keygen, sign_app
 from app.site_runtime.audit_log import AuditLog
 from app.site_runtime.console_apps import apps_view
-from app.site_runtime.audit_record import LedgerSnapshot, decision_of, message_record
+from app.site_runtime.audit_record import decision_of, message_record
 from app.site_runtime.site_audit import STATUS_NAME, SiteAudit
 from app.site_runtime.site_runner import SiteRunner
 from clients.site.app_rules import key_fingerprint, load_public_key
 from clients.site.policy import PolicyRefusal, load_policy
-from clients.site.privacy_ledger import PrivacyLedger
 from strategies import message_keys as keys
 from tests.app.site_messages import instruction
 
@@ -58,9 +57,9 @@ def _context(node_config: dict, **run_config) -> Context:
 def _refused(site, message: Message) -> dict:
     context = _context(site.node_config, **{"privacy.noise-multiplier": 1.1})
     fab = SimpleNamespace(hash_str=fab_sha256(FAB), content=FAB)
-    reply, context, _, _ = site.runner._answer(message, context, SimpleNamespace(), fab)
-    return site.runner.audit(message, reply, context, fab.hash_str, 0.25,
-                             LedgerSnapshot(context))
+    answer = site.runner._answer(message, context, SimpleNamespace(), fab)
+    return site.runner.audit(message, answer.reply, answer.context, fab.hash_str, 0.25,
+                             answer.epsilon)
 
 
 def test_a_refused_app_is_audited_with_its_rule_and_what_was_asked(site):
@@ -109,17 +108,6 @@ def test_decisions_and_rules_of_replies():
     assert record["bytes_sent"] > 0 and record["epsilon"] == 0.5
 
 
-def test_the_epsilon_charged_is_read_from_the_ledger(site):
-    context = _context(site.node_config, **{"privacy.delta": 1e-5})
-    ledger = PrivacyLedger.of_site(site.state, site.data, "rdp")
-    ledger.record([(1.0, 0.01, 100)], "fed-0", "train")
-    snapshot = LedgerSnapshot(context)
-    before = ledger.epsilon(1e-5)
-    ledger.record([(1.0, 0.01, 50)], "fed-1", "train")
-    assert snapshot.charged() == pytest.approx(ledger.epsilon(1e-5) - before, rel=1e-9)
-    assert LedgerSnapshot(context).charged() == 0.0  # nothing changed since
-
-
 def test_the_node_audits_its_start_and_keeps_its_status(tmp_path):
     audit = SiteAudit(tmp_path, "hospital-a")
     audit.node_started("abcd")
@@ -137,17 +125,23 @@ def test_a_signed_bundle_is_audited_with_its_key_and_expiry(site, tmp_path, monk
     digest = fab_sha256(FAB)
     signature = sign_app(digest, tmp_path / "keys" / "app-signing.key", date(2099, 1, 31))
     site.policy.write_text(f'[apps]\nany = false\ntrusted-keys = ["{public}"]\n')
-    monkeypatch.setattr(site_runner, "verified_install", lambda content: (None, []))
+    monkeypatch.setattr(site_runner, "verified_install", lambda content: (tmp_path, []))
     message = instruction("evaluate")
-    answer = Message(RecordDict({keys.METRICS: MetricRecord({keys.NUM_EXAMPLES: 3})}),
-                     reply_to=message)
-    monkeypatch.setattr(site.runner.pool, "run", lambda key, job: ("done", answer,
-                                                                   job["context"]))
+
+    def worker(key, job, launch):  # the genuine app's evaluate reply (its copy of the rules)
+        fingerprint = load_policy(job["context"].node_config["policy-path"]).fingerprint
+        return ("done", Message(RecordDict({
+            keys.METRICS: MetricRecord({keys.NUM_EXAMPLES: 3}),
+            keys.SITE: ConfigRecord({keys.SITE_NAME: "hospital-a", keys.SITE_POLICY: fingerprint})}),
+            reply_to=message), job["context"])
+
+    monkeypatch.setattr(site.runner.pool, "run", worker)
     context = _context(site.node_config, **{SIGNATURE_KEY: signature})
     fab = SimpleNamespace(hash_str=digest, content=FAB)
-    reply, context, _, _ = site.runner._answer(message, context, SimpleNamespace(
+    answer = site.runner._answer(message, context, SimpleNamespace(
         run_id=1, fab_id="fedmed", fab_version="0.1.0"), fab)
-    record = site.runner.audit(message, reply, context, digest, 0.1, LedgerSnapshot(context))
+    record = site.runner.audit(message, answer.reply, answer.context, digest, 0.1,
+                               answer.epsilon)
     fingerprint = key_fingerprint(load_public_key(public))
     assert (record["decision"], record["approval"], record["signature_expires"]) == (
         "answered", f"key {fingerprint}", "2099-01-31")
