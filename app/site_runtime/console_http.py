@@ -57,13 +57,16 @@ def error_page(request: Request, status: int, text: str) -> Response:
 
 
 def render(request: Request, name: str, status: int = 200, **context: Any) -> Response:
-    """Template ``name`` with the layout's context (site, CSRF token, chain alert, message)."""
+    """Template ``name`` with the layout's context (site, CSRF token, chain alert, message,
+    and whether the policy runs the app outside the sandbox: a red banner on every page)."""
     state = request.app.state
     session = getattr(request.state, "session", None)
     _, _, chain = state.audit.snapshot()
     context.setdefault("page", name.removesuffix(".html"))
+    policy, _ = current_policy(state.settings)
     return state.templates.TemplateResponse(request, name, {
         "site": state.settings.site, "chain_alert": chain_banner(chain),
+        "unsandboxed": policy is not None and policy.sandbox == "off",
         "csrf": state.signer.csrf_token(session) if session else "",
         "logged_in": bool(session and session.admin),
         "flash": _flash(request), **context}, status_code=status)

@@ -286,3 +286,13 @@ def test_segments_moved_to_the_archive_verify_with_the_archive_option(site, tmp_
     assert "removed" in cell(client_of(site).get("/").text, "chain-status")
     client = client_of(site, audit_archive=archive)
     assert cell(client.get("/").text, "chain-status") == "audit log verified, 11 records"
+
+
+def test_a_site_without_the_sandbox_is_shown_in_red_on_every_page(site):
+    """Issue #44: ``sandbox = "off"`` must be visible to the hospital, not just a log line."""
+    for page in ("/", "/policy", "/activity", "/privacy"):
+        assert 'id="sandbox-off"' not in client_of(site).get(page).text
+    site["policy"].write_text('sandbox = "off"\n' + site["policy"].read_text())
+    for page in ("/", "/policy", "/activity", "/privacy"):
+        html = client_of(site).get(page).text
+        assert 'id="sandbox-off" class="banner broken"' in html, page
