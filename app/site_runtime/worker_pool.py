@@ -63,7 +63,7 @@ class _Worker:
             launch.command(theirs.fileno()), pass_fds=[theirs.fileno()], env=launch.env)
         theirs.close()
         self.connection = Connection(ours.detach())
-        log.info("started %s warm worker %d for %s", launch.label, self.process.pid, key)
+        log.info("started warm worker %d (%s) for %s", self.process.pid, launch.label, key)
 
     def run(self, job: dict[str, Any], timeout: float | None) -> tuple:
         """Send ``job``; ``("done", ...)``, ``("failed", ...)``, ``("crashed", exit code)`` or

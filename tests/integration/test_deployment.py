@@ -171,9 +171,10 @@ def test_two_authenticated_sites_federate_over_tls(deployment, tmp_path, small_h
     for site in SITES:
         assert (tmp_path / "state" / site).is_dir()
         assert not list((tmp_path / "state" / site).rglob("secagg-round.json"))
-    # The approved bundle ran in one warm worker per site, for every message.
+    # The approved bundle ran in one warm worker per site, for every message, sandboxed.
     for node in nodes:
-        assert node.log_text().count(f"started warm worker") == 1, _tail(node)
+        assert node.log_text().count("started warm worker") == 1, _tail(node)
+        assert "(sandboxed)" in node.log_text(), _tail(node)
         assert f"installed app {digest[:12]}" in node.log_text()
 
     vertical_run = client.search_runs(
