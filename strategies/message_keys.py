@@ -81,6 +81,10 @@ POLICY_RULE_PREFIX = "policy rule "
 # approve with this code, and answers with this one when its warm worker failed.
 APP_REFUSAL_CODE = 4005
 WORKER_FAILURE_CODE = 4006
+# The site runtime's egress filter (app.site_runtime.egress_filter) replaces a reply that breaks
+# one of its rules (``egress.*``) with an error reply of this code, whose reason names the rule
+# as a policy refusal does (POLICY_RULE_PREFIX + rule + " (refused)").
+EGRESS_REFUSAL_CODE = 4007
 
 # Secure aggregation (SecAgg+, strategies.secure_aggregation): every stage is a train message
 # whose config names the stage; a stage reply's protocol entries travel in the ConfigRecord

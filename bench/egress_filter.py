@@ -1,0 +1,156 @@
+"""Cost of the site runtime's egress filter per reply, on the product's own task models.
+
+A configuration of the product: two synthetic hospitals of the task
+(``python -m clients.datagen synthetic``, 64 px) and one round of one local step through
+the in-process engine (the real ServerApp and ClientApp), whose sites answer through a
+handler that hands every genuine reply to
+:class:`app.site_runtime.egress_filter.EgressFilter`, as the site runtime does before a
+reply leaves. Each reply is judged ``--repeat`` times, each time on a fresh copy read
+back from its wire form (:func:`app.engine.grid.over_the_wire`), as the runtime receives
+it from its worker: Flower's object hashes are not cached yet, so the serialised-size
+check pays them, as the first check of a reply in the runtime does.
+
+Models (the run config's defaults, ``image-size`` 64): the pe-seg 2.5D U-Net, the cxr
+DenseNet (``model-size = "small"``, the default) and DenseNet121 (``"full"``, the size a
+hospital deploys). Codecs: ``none``, ``fp16``, ``topk:0.01``, ``qsgd:16:b512``; the
+evaluate replies of the ``none`` round. Per row: the model's entries, the reply's
+serialised bytes, the check's median and 95th percentile milliseconds, and the median
+milliseconds of the serialised-size computation alone (:func:`strategies.replies.wire_size`
+on a fresh copy: the part the audit record computes too). Wall clock on whatever machine
+runs it. Results: ``bench/results/egress_filter.json``. Usage::
+
+    python bench/egress_filter.py [--repeat 20] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from single_thread import ROOT  # noqa: I001 - first: one BLAS thread
+
+from engine_runs import run_product, synthetic_sites  # noqa: E402
+from report import Column, environment, print_table, write_report  # noqa: E402
+
+from app.config.site_config import SiteConfig  # noqa: E402
+from app.engine import VirtualSite  # noqa: E402
+from app.engine.grid import over_the_wire  # noqa: E402
+from app.engine.virtual_site import default_handler  # noqa: E402
+from app.site_runtime.egress_filter import EgressFilter  # noqa: E402
+from strategies import message_keys as keys  # noqa: E402
+from strategies.model_packing import unpack_arrays  # noqa: E402
+from strategies.replies import wire_size  # noqa: E402
+
+#: (name, run-config overrides) of each model measured.
+MODELS = (("pe-seg U-Net", {"task": "pe-seg"}),
+          ("cxr DenseNet small", {"task": "cxr-cls", "model-size": "small"}),
+          ("cxr DenseNet121", {"task": "cxr-cls", "model-size": "full"}))
+CODECS = ("none", "fp16", "topk:0.01", "qsgd:16:b512")
+
+
+def _entries(message) -> int:
+    """The number of entries of the instruction's packed model."""
+    return sum(int(array.numpy().size) for array in
+               unpack_arrays(message.content[keys.ARRAYS]).values())
+
+
+class TimedSites:
+    """The product's ClientApp at each site, every reply judged ``repeat`` times and timed."""
+
+    def __init__(self, repeat: int) -> None:
+        self.repeat = repeat
+        self.egress = EgressFilter()
+        self.rows: list[dict[str, Any]] = []
+
+    def handler(self, message, context):
+        reply = default_handler()(message, context)
+        node = SiteConfig.from_node_config(context.node_config, "")
+        policy = node.policy().fingerprint
+        checks, sizes, passed = [], [], True
+        for _ in range(self.repeat):
+            fresh = over_the_wire(reply)
+            started = time.perf_counter()
+            passed &= self.egress.check(message, fresh, context, policy).passed
+            checks.append(time.perf_counter() - started)
+            fresh = over_the_wire(reply)
+            started = time.perf_counter()
+            wire_size(fresh.content)
+            sizes.append(time.perf_counter() - started)
+        config = message.content.config_records[keys.CONFIG]
+        self.rows.append({
+            "kind": message.metadata.message_type, "codec": str(config.get(keys.CODEC, "")),
+            "entries": _entries(message), "reply_bytes": wire_size(reply.content),
+            "passed": bool(passed), "check_ms_median": 1e3 * statistics.median(checks),
+            "check_ms_p95": 1e3 * sorted(checks)[int(0.95 * (len(checks) - 1))],
+            "wire_size_ms_median": 1e3 * statistics.median(sizes)})
+        return reply
+
+
+def measure(models: Sequence[tuple[str, dict]], codecs: Sequence[str], repeat: int,
+            workdir: Path, folders_of: Mapping[str, Sequence[Path]] | None = None
+            ) -> list[dict[str, Any]]:
+    """One round per (model, codec); a row per (model, codec, message kind): the medians.
+
+    ``folders_of`` maps a task to its site folders (default: two synthetic hospitals).
+    """
+    rows = []
+    for name, overrides in models:
+        task = overrides["task"]
+        folders = (folders_of or {}).get(task) or synthetic_sites(task, 2, seed=0, image_size=64)
+        for codec in codecs:
+            timed = TimedSites(repeat)
+            sites = [VirtualSite.folder(folder, handler=timed.handler) for folder in folders]
+            run_product({**overrides, "num-server-rounds": 1, "local-steps": 1,
+                         "strategy.codec": codec, "image-size": 64, "node-wait-timeout": 30,
+                         "experiment": "egress-filter", "checkpoint-dir": str(workdir / "ckpt"),
+                         "cross-site.finetune-steps": 0}, sites, workdir / name / codec)
+            kinds = ("train", "evaluate") if codec == codecs[0] else ("train",)
+            for kind in kinds:
+                mine = [r for r in timed.rows if r["kind"] == kind]
+                rows.append({"model": name, "codec": codec, "kind": kind,
+                             "entries": mine[0]["entries"], "replies": len(mine),
+                             "passed": all(r["passed"] for r in mine),
+                             **{key: statistics.median(r[key] for r in mine) for key in
+                                ("reply_bytes", "check_ms_median", "check_ms_p95",
+                                 "wire_size_ms_median")}})
+    return rows
+
+
+#: The printed table's columns.
+COLUMNS = (Column("model", "<19", lambda r: r["model"]),
+           Column("entries", "10,d", lambda r: r["entries"]),
+           Column("codec", "<13", lambda r: r["codec"]), Column("reply", "<9", lambda r: r["kind"]),
+           Column("bytes", "11,.0f", lambda r: r["reply_bytes"]),
+           Column("check ms", "9.2f", lambda r: r["check_ms_median"]),
+           Column("p95 ms", "7.2f", lambda r: r["check_ms_p95"]),
+           Column("wire size ms", "13.2f", lambda r: r["wire_size_ms_median"]),
+           Column("passed", ">7", lambda r: "yes" if r["passed"] else "NO"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run every configuration, write the JSON and print the table."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=20, help="checks of each reply")
+    parser.add_argument("--quick", action="store_true", help="the U-Net and two codecs only")
+    parser.add_argument("--out", type=Path,
+                        default=ROOT / "bench" / "results" / "egress_filter.json")
+    args = parser.parse_args(argv)
+    models, codecs = (MODELS[:1], CODECS[:2]) if args.quick else (MODELS, CODECS)
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = measure(models, codecs, args.repeat, Path(tmp))
+    write_report(args.out, {"rows": rows, "repeat": args.repeat, **environment(),
+                            "platform": platform.platform(), "cpus": os.cpu_count(),
+                            "note": "shared machine (2 cores, other engineers' tests running)"})
+    print_table("egress filter: milliseconds per reply (median of fresh copies)", COLUMNS, rows)
+    return 0 if all(r["passed"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
