@@ -221,10 +221,10 @@ def sandboxed_command(python_argv: list[str], mounts: WorkerMounts, limits: Sand
     if not root:
         args.argv.append("--unshare-user")
     _system(args)
-    _python(args)
     args.argv += ["--dev", "/dev", "--proc", "/proc"]
     args.tmpfs("/dev/shm", "1777")
-    args.tmpfs("/tmp", "1777")
+    args.tmpfs("/tmp", "1777")  # before every bind: a venv or data folder under /tmp stays
+    _python(args)
     gpu = _devices(args)
     args.bind("--ro-bind", mounts.data_path)
     state = mounts.state_dir
