@@ -1,4 +1,5 @@
-"""No source file is over 400 lines (issue #27's limit): split a longer one by concept."""
+"""No source file is over 600 lines (the developers' guide: a file near 400 lines is a signal
+to look, not a reason to split a concept; keep each under 600)."""
 
 from __future__ import annotations
 
@@ -6,10 +7,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = ("app", "strategies", "clients", "models", "bench", "tests")
-MAX_LINES = 400
+MAX_LINES = 600
 
 
-def test_no_source_file_is_over_400_lines():
+def test_no_source_file_is_over_600_lines():
     long_files = sorted(
         f"{path.relative_to(ROOT)}: {count} lines"
         for folder in FOLDERS for path in (ROOT / folder).rglob("*.py") if "__pycache__" not in path.parts

@@ -61,3 +61,20 @@ def test_a_bundle_that_skips_the_noise_still_pays_what_it_asked_for(rows):
     assert row.decision == "answered" and row.charged > 0 and row.ledger_intact
     assert all(rows[name].charged == 0 for name in rows if name != "skip-noise")
 
+
+
+def test_without_bubblewrap_the_runner_fails_closed(tmp_path, monkeypatch):
+    """No sandbox, no worker: the message fails with the reason's type, nothing of the
+    bundle runs (unless the policy says sandbox = "off")."""
+    from app.site_runtime import sandbox  # noqa: PLC0415
+    from bench.malicious_app import ATTEMPTS as ALL, Suite  # noqa: PLC0415
+    from app.site_runtime.sandbox import SandboxLimits  # noqa: PLC0415
+
+    suite = Suite(tmp_path, SandboxLimits())
+    try:
+        monkeypatch.setattr(sandbox.shutil, "which", lambda name: None)
+        row = suite.attempt(ALL[0])
+        assert (row.decision, row.found) == ("failed", None)
+        assert suite.runner.pool.started == 0
+    finally:
+        suite.close()
