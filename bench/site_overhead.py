@@ -24,16 +24,23 @@ with the Flower version, the time and the machine's load average, and under
 ``earlier`` the summaries of the runs the file held before (newest first), so a
 re-measurement (e.g. after a Flower upgrade) stands beside the figures it replaces.
 
-and, per mode, the median of each phase of a message (``phases_median_s``: the
-SuperNode's receipt from the SuperLink, the time at the site, its send of the
-reply and the rest, read from the SuperNodes' logs by
-``bench/site_overhead_phases.py``).
+and, per mode, the median of each phase of a message (``phases_median_s``, read
+from the SuperNodes' logs by ``bench/site_overhead_phases.py``): the SuperNode's
+receipt from the SuperLink (``receive_s``); with the warm worker the site runner's
+phases as its line logs them: its pull (``pull_s``), its own answer (``answer_s``:
+policy, app and install checks, less what lies inside it), the worker's round trip
+(``worker_s``), its push (``push_s``), the audit append (``audit_s``), and any
+part it logs later (a sandbox, an egress filter) under its own name; the time at
+the site, the send of the reply and the rest (``at_site_s``, ``send_s``,
+``rest_s``). An earlier run's summary under ``earlier`` keeps its phases, so a
+change's cost reads off the two.
 
 Run: ``.venv/bin/python bench/site_overhead.py [--rounds 6] [--logs DIR]`` (about 5
 minutes on two cores). ``--logs DIR`` keeps the SuperLink's and the SuperNodes' logs
-and each run's ``flwr run`` output there (the site runner logs ``pull X s, answer Y s,
-push Z s`` per message; with ``FLWR_LOG_LEVEL=DEBUG`` every Flower process logs its
-requests with timestamps). ``--runners warm`` measures one kind only (no JSON written).
+and each run's ``flwr run`` output there (the site runner logs its parts per message,
+``pull X s (receipt R s), answer Y s (worker W s), push Z s, audit A s``; with
+``FLWR_LOG_LEVEL=DEBUG`` every Flower process logs its requests with timestamps).
+``--runners warm`` measures one kind only (no JSON written).
 """
 
 from __future__ import annotations
@@ -70,7 +77,7 @@ SITES = ("hospital-a", "hospital-b")
 OUT = ROOT / "bench" / "results" / "site_overhead.json"
 #: What an earlier run's summary keeps (``earlier`` in the JSON).
 SUMMARY_KEYS = ("before_s", "after_s", "ratio", "messages", "rounds", "first_round_median_s",
-                "flwr", "measured_at", "load_average")
+                "phases_median_s", "flwr", "measured_at", "load_average")
 
 
 def earlier_runs(path: Path) -> list[dict]:
@@ -213,10 +220,11 @@ def main(argv: list[str] | None = None) -> int:
     later = {runner: [s for r, values in by_round.items() if r > 1 for s in values]
              for runner, by_round in seconds.items()}
     first = {runner: by_round.get(1, []) for runner, by_round in seconds.items()}
+    load = f"{load_before:.1f} at start, {os.getloadavg()[0]:.1f} at end"
     if sorted(runners) != ["flower", "warm"]:
         print(json.dumps({r: {"median_s": statistics.median(later[r]), "per_message_s": later[r],
                               "first_round_median_s": statistics.median(first[r]),
-                              "phases_median_s": phases[r]}
+                              "phases_median_s": phases[r], "load_average": load}
                           for r in runners}, indent=2))
         return 0
     result = {
@@ -230,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         "phases_median_s": {"before": phases["flower"], "after": phases["warm"]},
         "rounds": args.rounds, "sites": len(SITES),
         "flwr": flwr.__version__, "measured_at": measured_at,
-        "load_average": f"{load_before:.1f} at start, {os.getloadavg()[0]:.1f} at end",
+        "load_average": load,
         "note": "rounds 2.. of each run; round 1 includes the warm worker's start",
         "earlier": earlier_runs(OUT),
     }

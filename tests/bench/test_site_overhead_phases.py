@@ -7,7 +7,7 @@ import importlib
 import pytest
 
 # Lines as a hospital's node process logs them (trace of 2026-11-24 11:28, round 2 and 3
-# train messages of hospital-a; Flower's request lines left out).
+# train messages of hospital-a; Flower's request lines left out): the runner's older line.
 LOG = """\
 \x1b[92mINFO 2026-11-24 11:27:57,638:      Receiving: train message (ID: 78f1)
 INFO 2026-11-24 11:27:58,900:      Received successfully
@@ -21,6 +21,17 @@ INFO 2026-11-24 11:28:05,650:      Received successfully
 answer 0.18 s, push 0.13 s
 INFO 2026-11-24 11:28:06,405:      Sending: train message (ID: f6ce)
 INFO 2026-11-24 11:28:07,050:      Sent successfully
+"""
+
+# The runner's line with the worker's round trip inside the answer and the audit append
+# after the push, logged once the audit is written (after Flower's Sending line).
+LOG_PARTS = """\
+INFO 2026-12-01 10:00:00,000:      Receiving: evaluate message (ID: 0a0a)
+INFO 2026-12-01 10:00:00,300:      Received successfully
+INFO 2026-12-01 10:00:00,700:      Sending: evaluate message (ID: 0b0b)
+2026-12-01 10:00:00,760 fedmed.site_runner site hospital-b: evaluate message: pull 0.30 s \
+(receipt 0.20 s), answer 0.35 s (worker 0.31 s, egress 0.01 s), push 0.05 s, audit 0.01 s
+INFO 2026-12-01 10:00:01,000:      Sent successfully
 """
 
 
@@ -37,10 +48,33 @@ def test_each_message_gets_its_spans_and_the_runners_parts():
     assert first["at_site_s"] == pytest.approx(59.400 - 58.850)
     assert first["send_s"] == pytest.approx(0.6)
     assert first["runner_pull_after_receipt_s"] == pytest.approx(0.2)
-    assert (first["answer_s"], first["runner_push_s"]) == (0.15, 0.10)
+    assert (first["pull_s"], first["answer_s"], first["push_s"]) == (1.40, 0.15, 0.10)
     assert "runner_pull_after_receipt_s" not in second  # a runner line without a receipt
     assert second["receive_s"] == pytest.approx(1.186)  # then Flower's lines
     assert second["send_s"] == pytest.approx(0.645)
+
+
+def test_the_answer_is_the_runners_own_and_every_part_is_a_phase():
+    (message,) = _phases().message_phases(LOG_PARTS)
+    assert message["answer_s"] == pytest.approx(0.35 - 0.31 - 0.01)  # less what lies inside
+    assert (message["worker_s"], message["egress_s"]) == (0.31, 0.01)
+    assert (message["push_s"], message["audit_s"]) == (0.05, 0.01)
+    assert message["runner_pull_after_receipt_s"] == pytest.approx(0.10)
+    # receipt: the line's time less all four parts, plus the receipt (0.760 - 0.71 + 0.20)
+    assert message["receive_s"] == pytest.approx(0.25)
+    assert message["at_site_s"] == pytest.approx(0.70 - 0.25)
+    medians = _phases().median_phases([message], [1.5])
+    named = [p for p in _phases().PHASES if p in medians]
+    assert list(medians) == [*named, "egress_s"]  # a new part comes after the known ones
+    assert "audit_s" in named and "worker_s" in named
+    assert medians["rest_s"] == pytest.approx(1.5 - 0.25 - 0.45 - 0.30)
+
+
+def test_runner_parts_reads_parts_and_sub_parts():
+    parts = _phases().runner_parts("pull 0.30 s (receipt 0.20 s), answer 0.35 s "
+                                   "(worker 0.31 s), push 0.05 s")
+    assert parts == {"pull": (0.30, {"receipt": 0.20}), "answer": (0.35, {"worker": 0.31}),
+                     "push": (0.05, {})}
 
 
 def test_medians_and_the_rest_of_the_reply_seconds():
