@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,15 @@ class RuntimeAnswer:
     status: str
     details: str
     epsilon: float = 0.0
+    #: Seconds of the worker's round trip and of the egress filter (None: not run).
+    worker_s: float | None = None
+    egress_s: float | None = None
+
+    def parts(self) -> str:
+        """`` (worker W s, egress E s)`` for the site's log line ("" when neither ran)."""
+        parts = [f"{name} {seconds:.3f} s" for name, seconds in
+                 (("worker", self.worker_s), ("egress", self.egress_s)) if seconds is not None]
+        return f" ({', '.join(parts)})" if parts else ""
 
 
 def _failed(message: Message, context: Context, site: str, kind: str) -> RuntimeAnswer:
@@ -182,26 +192,34 @@ class RuntimeRound:
         worker = worker_context(context, node.state_dir, policy_copy)
         key = (job["fab_hash"], str(context.run_config.get("task", "")), str(node.data_path),
                policy.sandbox)
+        started = time.monotonic()
         outcome = pool.run(key, {**job, "message": message, "context": worker}, launch)
+        worker_s = time.monotonic() - started
         if outcome[0] != "done":
             kind = {"failed": outcome[1], "crashed": "WorkerCrashed",
                     "timeout": "WorkerTimeout"}[outcome[0]]
-            return _failed(message, context, site, kind)
+            failed = _failed(message, context, site, kind)
+            failed.worker_s = worker_s
+            return failed
         reply = outcome[1]
         context = returned_context(context, outcome[2])
+        started = time.monotonic()
         verdict = self.egress.check(message, reply, context, self._copies[policy.fingerprint])
+        egress_s = time.monotonic() - started
         if not verdict.passed:
             log.warning("site %s: a %s reply was stopped at the egress filter: %s (%s)", site,
                         message.metadata.message_type, verdict.rule, verdict.detail)
             return RuntimeAnswer(refusal_reply(message, site, verdict), context,
-                                 SubStatus.FAILED, verdict.rule)
+                                 SubStatus.FAILED, verdict.rule, worker_s=worker_s,
+                                 egress_s=egress_s)
         if reply.has_content():
             _withhold(reply, admission.withheld)
             record = reply.content[keys.SITE] if keys.SITE in reply.content else ConfigRecord()
             record[keys.SITE_NAME] = site
             record[keys.SITE_POLICY] = policy.fingerprint
             reply.content[keys.SITE] = record
-        return RuntimeAnswer(reply, context, SubStatus.COMPLETED, "")
+        return RuntimeAnswer(reply, context, SubStatus.COMPLETED, "", worker_s=worker_s,
+                             egress_s=egress_s)
 
     @staticmethod
     def _settle(answer: RuntimeAnswer, admission: Admission,

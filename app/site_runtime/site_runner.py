@@ -240,6 +240,7 @@ class SiteRunner:
         heartbeat.start()
         context = None
         audited: tuple | None = None
+        line: tuple | None = None  # the message's log line, written after its audit
         try:
             started = time.monotonic()
             message, context, run, fab = pull_task_input(client, self.signals)
@@ -254,10 +255,10 @@ class SiteRunner:
             if self.signals is not None:
                 self.signals.reply_stored.set()
             push_task_output(client, context, answer.status, answer.details)
-            log.info("site %s: %s message: pull %.2f s%s, answer %.2f s, push %.2f s",
-                     _site(context), message.metadata.message_type, pulled - started,
-                     self._receipt(message.metadata.message_id, started), answered - pulled,
-                     time.monotonic() - answered)
+            line = ("site %s: %s message: pull %.3f s%s, answer %.3f s%s, push %.3f s",
+                    _site(context), message.metadata.message_type, pulled - started,
+                    self._receipt(message.metadata.message_id, started), answered - pulled,
+                    answer.parts(), time.monotonic() - answered)
         except Exception as exc:  # pylint: disable=broad-exception-caught
             if withdrawn(exc) or gone.is_set():
                 log.warning("site runner: a task was dropped: %s",
@@ -273,7 +274,11 @@ class SiteRunner:
             heartbeat.stop()
             client.close()
             if audited is not None:
+                audit_started = time.monotonic()
                 self.audit(*audited)
+                if line is not None:
+                    log.info(line[0] + ", audit %.3f s", *line[1:],
+                             time.monotonic() - audit_started)
 
     def audit(self, message: Message, reply: Message, context: Context, fab_hash: str,
               seconds: float, epsilon: float) -> dict[str, Any] | None:
