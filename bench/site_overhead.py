@@ -41,6 +41,11 @@ and each run's ``flwr run`` output there (the site runner logs its parts per mes
 ``pull X s (receipt R s), answer Y s (worker W s), push Z s, audit A s``; with
 ``FLWR_LOG_LEVEL=DEBUG`` every Flower process logs its requests with timestamps).
 ``--runners warm`` measures one kind only (no JSON written).
+
+``--runners flower,warm,unsandboxed`` also runs the warm worker with the policy's
+``sandbox = "off"`` (a plain process; the runtime's gate, ledger and egress filter still
+run) and adds ``sandbox``: the warm message's median with the sandbox over without, and
+both runs' phases (the egress filter's own cost is the ``egress_s`` phase).
 """
 
 from __future__ import annotations
@@ -138,6 +143,11 @@ def federate(root: Path, link: SuperLinkProcess, layout: DeployLayout, flwr_home
     With ``logs``, the run's ``flwr run`` output is written to ``logs/<runner>-run.log``.
     """
     tracking = f"sqlite:///{root / f'mlflow-{runner}.db'}"
+    policy = ROOT / "configs" / "site-policy-permissive.toml"
+    if runner == "unsandboxed":  # the warm worker as a plain process
+        policy = root / "policy-unsandboxed.toml"
+        policy.write_text('sandbox = "off"\n' + (ROOT / "configs" /
+                                                  "site-policy-permissive.toml").read_text())
     run_config = (f"num-server-rounds={rounds} local-steps=1 image-size=32 batch-size=4 "
                   "final-evaluation=false "  # the rounds' messages only
                   f'min-nodes=2 node-wait-timeout=90 tracking-uri="{tracking}" '
@@ -148,8 +158,8 @@ def federate(root: Path, link: SuperLinkProcess, layout: DeployLayout, flwr_home
         for site, site_dir in zip(SITES, data):
             nodes.append(SuperNodeProcess.start(
                 layout, site, link.address, site_dir, state_dir=root / runner / site,
-                port=free_port(), torch_threads=1, runner=runner,
-                policy=ROOT / "configs" / "site-policy-permissive.toml"))
+                port=free_port(), torch_threads=1,
+                runner="warm" if runner == "unsandboxed" else runner, policy=policy))
         wait_online(flwr_home, node_ids, timeout=120, watch=nodes)
         lines: list[str] = []
 
@@ -192,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--logs", type=Path, default=None,
                         help="keep the daemons' logs and the runs' output in this folder")
     parser.add_argument("--runners", default="flower,warm",
-                        help="comma-separated: flower (before), warm (after); JSON needs both")
+                        help="comma-separated: flower (before), warm (after), unsandboxed "
+                             "(after, sandbox = off); JSON needs flower and warm")
     args = parser.parse_args(argv)
     runners = args.runners.split(",")
     measured_at = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
@@ -221,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
              for runner, by_round in seconds.items()}
     first = {runner: by_round.get(1, []) for runner, by_round in seconds.items()}
     load = f"{load_before:.1f} at start, {os.getloadavg()[0]:.1f} at end"
-    if sorted(runners) != ["flower", "warm"]:
+    if not {"flower", "warm"} <= set(runners):
         print(json.dumps({r: {"median_s": statistics.median(later[r]), "per_message_s": later[r],
                               "first_round_median_s": statistics.median(first[r]),
                               "phases_median_s": phases[r], "load_average": load}
@@ -240,6 +251,13 @@ def main(argv: list[str] | None = None) -> int:
         "flwr": flwr.__version__, "measured_at": measured_at,
         "load_average": load,
         "note": "rounds 2.. of each run; round 1 includes the warm worker's start",
+        **({"sandbox": {
+            "sandboxed_s": statistics.median(later["warm"]),
+            "unsandboxed_s": statistics.median(later["unsandboxed"]),
+            "ratio": statistics.median(later["warm"]) / statistics.median(later["unsandboxed"]),
+            "phases_median_s": {"sandboxed": phases["warm"],
+                                "unsandboxed": phases["unsandboxed"]}}}
+           if "unsandboxed" in runners else {}),
         "earlier": earlier_runs(OUT),
     }
     OUT.parent.mkdir(parents=True, exist_ok=True)
