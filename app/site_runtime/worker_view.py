@@ -75,18 +75,18 @@ def runtime_dir(state_dir: Path) -> Path:
 def prepare_worker_state(state_dir: Path, owner: tuple[int, int] | None = None) -> Path:
     """The worker's state folder, created (and owned by ``owner`` = (uid, gid) when given).
 
-    Entries of ``state_dir`` that are not the runtime's (:data:`RUNTIME_NAMES`), i.e.
+    Folders of ``state_dir`` that are not the runtime's (:data:`RUNTIME_NAMES`), i.e. the
     federation folders and the decoded cache an earlier version kept there, are moved
-    into it once, logged; the runtime's files stay where the console and the admin
-    commands read them.
+    into it once, logged; the runtime's folders, files and links stay where they are.
     """
     state_dir = Path(state_dir)
     worker = worker_state_dir(state_dir)
     worker.mkdir(parents=True, exist_ok=True)
     moved = []
     for entry in sorted(state_dir.iterdir()):
-        if entry.name in RUNTIME_NAMES or (worker / entry.name).exists():
-            continue
+        if (entry.name in RUNTIME_NAMES or entry.is_symlink() or not entry.is_dir()
+                or (worker / entry.name).exists()):
+            continue  # only the folders an earlier version kept there move
         entry.rename(worker / entry.name)
         moved.append(entry.name)
     if moved:
