@@ -59,11 +59,13 @@ from strategies.errors import ConfigError
 from strategies.plugins.personalisation.gain import PERSONALISED
 from strategies.vertical.options import split_vertical
 
-__all__ = ["Admission", "SiteFacts", "admit", "KINDS"]
+__all__ = ["Admission", "SiteFacts", "admit", "KINDS", "QUERIES_DIR"]
 
 #: Message type -> the kind the runtime checks it as.
 KINDS = {"train": "train", "evaluate": "evaluate", "query": "query",
          keys.VERTICAL_MESSAGE_TYPE: "vertical"}
+#: The runtime's loss-query counts, per federation, in its own folder.
+QUERIES_DIR = "queries"
 #: The vertical stage that trains the site's part on batches of its data.
 _SPLIT_TRAIN = "split-train"
 
@@ -129,7 +131,8 @@ def _horizontal(kind: str, message: Message, context: Context, policy: SitePolic
     request = request_of(instruction, run)
     check_request(policy, kind, request)
     if kind == "query":
-        take_query(runtime_dir(site.state_dir), instruction.federation, policy.max_queries)
+        take_query(runtime_dir(site.state_dir) / QUERIES_DIR, instruction.federation,
+                   policy.max_queries)
         return Admission(kind, instruction.federation, instruction)
     withheld: dict[str, str] = {}
     steps, kind_of_spend = 0, ""

@@ -61,6 +61,7 @@ from app.site_runtime.installed_app import verified_install
 from app.site_runtime.node_signals import NodeSignals
 from app.site_runtime.one_policy import policy_mismatch
 from app.site_runtime.site_audit import SiteAudit
+from app.site_runtime.runtime_gate import QUERIES_DIR
 from app.site_runtime.runtime_round import RuntimeAnswer, RuntimeRound
 from app.site_runtime.sandbox import SandboxLimits
 from app.site_runtime.worker_pool import WorkerPool
@@ -95,8 +96,8 @@ def expire_state(node_config: Any) -> list[Path]:
         The node config has no data-path or a bad ``state-retention-days``.
     """
     node = SiteConfig.from_node_config(node_config, data_root="")
-    removed = [path for folder in (worker_state_dir(node.state_dir), runtime_dir(node.state_dir),
-                                   node.state_dir)
+    removed = [path for folder in (worker_state_dir(node.state_dir),
+                                   runtime_dir(node.state_dir) / QUERIES_DIR, node.state_dir)
                for path in expire_federation_states(folder, node.state_retention_days)]
     if removed:
         log.info("site %s: removed the state of %d federation(s) untouched for more than %g days "
