@@ -36,7 +36,7 @@ What a signature cannot see is a writer that sets the clock back or writes the
 disk beneath the file system, i.e. root on the host.
 
 The warm workers run with ``PYTHONDONTWRITEBYTECODE=1``
-(:data:`WORKER_ENV`), so nothing but the bundle's own files belongs in the
+(:func:`worker_env`), so nothing but the bundle's own files belongs in the
 folder: a byte-code file there is a difference like any other.
 """
 
@@ -56,12 +56,13 @@ from flwr.supercore.utils import get_flwr_home
 
 from app.tooling.errors import FlowerProcessError
 
-__all__ = ["WORKER_ENV", "RACY_NS", "install_signature", "install_differences",
+__all__ = ["worker_env", "RACY_NS", "install_signature", "install_differences",
            "verified_install"]
 
-#: The environment of the warm workers: the runner's, without byte-code files written into
-#: the install folder.
-WORKER_ENV = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+def worker_env() -> dict[str, str]:
+    """The runner's environment as it is now, without byte-code files written into the
+    install folder (read at each worker's start: ``FLWR_HOME`` may be set after import)."""
+    return {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
 #: The bundle's own metadata folder, which Flower removes when it installs.
 _INFO = ".info/"
 #: A signature with an entry changed less than this long before it was taken is not kept.

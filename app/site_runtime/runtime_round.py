@@ -36,7 +36,7 @@ from app.config.site_config import SiteConfig
 from app.site_errors import error_reply
 from app.site_runtime.dataset_census import DatasetCensus
 from app.site_runtime.egress_filter import EgressFilter, refusal_reply
-from app.site_runtime.installed_app import WORKER_ENV
+from app.site_runtime.installed_app import worker_env
 from app.site_runtime.runtime_gate import Admission, SiteFacts, admit
 from app.site_runtime.runtime_ledger import Reservation, reserve
 from app.site_runtime.sandbox import (SandboxLimits, WorkerMounts, bubblewrap,
@@ -134,14 +134,14 @@ class RuntimeRound:
     def _launch(self, node: SiteConfig, policy: SitePolicy, app_dir: Path,
                 policy_copy: Path) -> WorkerLaunch:
         if policy.sandbox == "off":
-            return plain_launch(WORKER_ENV)
+            return plain_launch(worker_env())
         bubblewrap()  # fail closed: SandboxUnavailable when it is missing
         mounts = WorkerMounts(node.data_path, node.state_dir, worker_state_dir(node.state_dir),
                               app_dir, app_dir.parent.parent, policy_copy, WORKER_SCRIPT)
 
         def command(fd: int) -> list[str]:
             return sandboxed_command([sys.executable, SANDBOX_SCRIPT, "--fd", str(fd)],
-                                     mounts, self.limits, WORKER_ENV)
+                                     mounts, self.limits, worker_env())
 
         return WorkerLaunch(command, None, "sandboxed")
 

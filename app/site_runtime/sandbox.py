@@ -51,6 +51,7 @@ SANDBOX_SCRIPT = "/fedmed/site_worker.py"
 #: everything else is scrubbed.
 PASSED_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
               "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "FEDMED_LOADER_WORKERS",
+              "FEDMED_TORCH_THREADS",
               "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "LANG", "TZ")
 #: The product's own top-level packages: the hospital's copy, never shown to the worker.
 _PRODUCT_PACKAGES = ("app", "clients", "strategies", "models")
