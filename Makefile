@@ -262,6 +262,9 @@ predict: install
 #                                     with the admin token in STATE/console/admin-token
 #                                     (STATE default DEPLOY_DIR/supernodes/SITE/state),
 #                                     made at its first start, mode 0600)
+#                  [WORKER_UID=uid]  (a node started as root runs the approved app in its
+#                                     bubblewrap sandbox as this uid, default 65534; the
+#                                     data must be readable by it; docs/DEPLOYMENT.md)
 #   make supernodes                                (which sites are online)
 #   make federate ROSTER=/abs/roster.toml [ROUNDS=2] [RUN_CONFIG="local-steps=20 min-nodes=2"]
 #                 (the site roster, docs/DEPLOYMENT.md section 3, is required:
@@ -315,13 +318,14 @@ register: install
 		--site $(SITE) $(if $(PUBKEY),--public-key $(abspath $(PUBKEY)))
 
 supernode: install
-	@test -n "$(SITE)" -a -n "$(DATA)" || { echo "usage: make supernode SITE=<name> DATA=/abs/site/folder [STATE=/abs/dir] [SUPERNODE_PORT=port] [POLICY=/abs/policy.toml] [RETAIN_DAYS=30] [CONSOLE=1 [CONSOLE_PORT=8470]]" >&2; exit 2; }
+	@test -n "$(SITE)" -a -n "$(DATA)" || { echo "usage: make supernode SITE=<name> DATA=/abs/site/folder [STATE=/abs/dir] [SUPERNODE_PORT=port] [POLICY=/abs/policy.toml] [RETAIN_DAYS=30] [CONSOLE=1 [CONSOLE_PORT=8470]] [WORKER_UID=uid]" >&2; exit 2; }
 	$(PY) -m app.tooling.deployment supernode $(DEPLOY_ARGS) --site $(SITE) --data $(abspath $(DATA)) \
 		$(if $(STATE),--state $(abspath $(STATE))) \
 		$(if $(SUPERNODE_PORT),--runtime-port $(SUPERNODE_PORT)) \
 		--policy $(if $(POLICY),$(abspath $(POLICY)),$(CURDIR)/configs/site-policy.toml) \
 		$(if $(RETAIN_DAYS),--state-retention-days $(RETAIN_DAYS)) \
-		$(if $(filter 1 true yes,$(CONSOLE)),--console-port $(or $(CONSOLE_PORT),8470))
+		$(if $(filter 1 true yes,$(CONSOLE)),--console-port $(or $(CONSOLE_PORT),8470)) \
+		$(if $(WORKER_UID),--worker-uid $(WORKER_UID))
 
 supernodes: install
 	@$(PY) -m app.tooling.deployment nodes $(DEPLOY_ARGS) --flwr-home $(DEPLOY_FLWR_HOME)

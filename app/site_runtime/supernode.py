@@ -64,7 +64,8 @@ class SuperNodeProcess(DaemonProcess):
               max_wait_time: float | None = None, policy: Path | None = None,
               runner: str = "warm", poll_interval: float = 0.25,
               state_retention_days: float | None = None,
-              console_port: int | None = None) -> SuperNodeProcess:
+              console_port: int | None = None,
+              worker_uid: int | None = None) -> SuperNodeProcess:
         """Start the SuperNode of ``site`` (returns at once; it connects in the background).
 
         Parameters
@@ -104,6 +105,9 @@ class SuperNodeProcess(DaemonProcess):
             With the site runner: serve the hospital's console
             (:mod:`app.site_runtime.console`) on ``127.0.0.1:<console_port>`` in the
             node process (``make supernode CONSOLE=1``).
+        worker_uid : int, optional
+            With the site runner started as root: the uid of its sandboxed workers
+            (``make supernode WORKER_UID=``; default the site node's, 65534).
         """
         if runner not in ("warm", "flower"):
             raise FlowerProcessError(f"runner must be 'warm' or 'flower', got {runner!r}")
@@ -146,6 +150,7 @@ class SuperNodeProcess(DaemonProcess):
                        *(["--policy", str(policy)] if policy else []),
                        "--poll-interval", str(poll_interval),
                        *(["--console-port", str(console_port)] if console_port else []),
+                       *(["--worker-uid", str(worker_uid)] if worker_uid else []),
                        "--", *command]
         extra = {"FEDMED_TORCH_THREADS": str(torch_threads)} if torch_threads else {}
         daemon = spawn_daemon(command, flower_env(folder / "flwr-home", extra),

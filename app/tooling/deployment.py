@@ -141,7 +141,8 @@ def _cmd_supernode(args: argparse.Namespace) -> int:
                                   torch_threads=args.torch_threads,
                                   policy=args.policy.resolve(),
                                   state_retention_days=args.state_retention_days,
-                                  console_port=args.console_port)
+                                  console_port=args.console_port,
+                                  worker_uid=args.worker_uid)
     return _foreground(node, f"SuperNode {args.site} -> {_superlink_address(args)} (pid "
                        f"{node.pid}, runtime API 127.0.0.1:{node.port})\n  data     "
                        f"{args.data.resolve()}\n  policy   {args.policy.resolve()}",
@@ -238,6 +239,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--console-port", type=int, default=None,
                    help="also serve the hospital's console on 127.0.0.1:PORT (make supernode "
                         "CONSOLE=1; off loopback: make console)")
+    p.add_argument("--worker-uid", type=int, default=None,
+                   help="a node started as root runs its sandboxed app workers as this uid "
+                        "(default 65534; give a dedicated one)")
     p.set_defaults(func=_cmd_supernode)
 
     p = sub.add_parser("nodes", help="list SuperNodes with their site names")
