@@ -292,7 +292,9 @@ def test_a_site_without_the_sandbox_is_shown_in_red_on_every_page(site):
     """Issue #44: ``sandbox = "off"`` must be visible to the hospital, not just a log line."""
     for page in ("/", "/policy", "/activity", "/privacy"):
         assert 'id="sandbox-off"' not in client_of(site).get(page).text
-    site["policy"].write_text('sandbox = "off"\n' + site["policy"].read_text())
+    text = site["policy"].read_text()
+    assert 'sandbox = "on"' in text
+    site["policy"].write_text(text.replace('sandbox = "on"', 'sandbox = "off"'))
     for page in ("/", "/policy", "/activity", "/privacy"):
         html = client_of(site).get(page).text
         assert 'id="sandbox-off" class="banner broken"' in html, page

@@ -67,7 +67,7 @@ def test_bogus_a_norm_from_a_site_is_ignored(bogus):
 
 
 @pytest.mark.parametrize(("steps", "reason"), [(0, "positive integer"), (9, "<= 8"),
-                                               (2.5, "positive integer")])
+                                               (2.5, "whole numbers")])
 def test_steps_outside_one_to_tau_drop_the_reply(steps, reason):
     strategy, _ = _round(LocalSolver(), [_train_metrics(10, steps=steps),
                                          _train_metrics(10, steps=8)])
