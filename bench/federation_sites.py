@@ -76,7 +76,7 @@ def folder_sites(folders: Iterable[Path], evaluate_only: Iterable[Path] = (),
                  state_root: Path | None = None) -> list[VirtualSite]:
     """One virtual site per folder (its name: the folder's); those in ``evaluate_only``
     refuse training by their site policy. ``node_config`` adds node_config keys per
-    site name (``max-local-steps``). ``state_root``: each site's ``state-dir`` is
+    site name (``local-steps-cap``). ``state_root``: each site's ``state-dir`` is
     ``state_root/<name>`` (a fresh privacy ledger per run) instead of the folder's own."""
     measuring = {Path(p).resolve() for p in evaluate_only}
     sites = []

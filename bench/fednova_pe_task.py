@@ -20,7 +20,7 @@ so the reply intake, the default norm-bound defence, the size caps and the
 site policy apply. The run config picks the rule (``strategy.aggregator`` =
 ``fedavg`` | ``fednova``), local SGD (``optimizer = "sgd"``, ``lr``,
 ``momentum``; with momentum m the lr is ``lr * (1 - m)``) and
-``local-steps`` = max tau; each site's node_config ``max-local-steps`` caps
+``local-steps`` = max tau; each site's node_config ``local-steps-cap`` caps
 its own tau (heterogeneous work, default 10 / 40 / 40), and the site reports
 the steps it ran and its ``a-norm``, which FedNova weighs (``fednova.min-steps-fraction``
 = min tau / max tau, so FedNova's floor on a reply's a-norm, 0.5 by default,
@@ -109,7 +109,7 @@ def run_spec(spec: RunSpec, folders: Sequence[Path], args: argparse.Namespace,
     sites = []
     for folder, tau in zip(folders, spec.taus):
         site = VirtualSite.folder(folder, site_name=folder.name)
-        site.node_config = {**site.node_config, "max-local-steps": tau}
+        site.node_config = {**site.node_config, "local-steps-cap": tau}
         sites.append(site)
     overrides = {
         "task": "pe-seg", "image-size": args.image_size, "batch-size": args.batch_size,
@@ -232,7 +232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "benchmark": "fednova_pe_task", "engine": "in-process",
         "description": "FedAvg vs FedNova on the 2.5D U-Net PE segmentation task, 3 synthetic "
                        "sites, local SGD, heterogeneous local steps (node_config "
-                       "max-local-steps); the product's federation through the in-process "
+                       "local-steps-cap); the product's federation through the in-process "
                        "engine.",
         "measured": "F_i = the product's pow-d query loss (DiceCE) of the model each round "
                     "receives on site i's training slabs (cpow-d on --eval-slabs random slabs "

@@ -5,7 +5,10 @@ A hospital's SuperNode is started with ``--node-config`` giving
 site state persists across restarts), ``site-name`` and optionally
 ``cache-decoded`` (``false``: no decoded copy of the data in ``state-dir``),
 ``state-retention-days`` (days a federation's state folder is kept after its
-last change, default 30, 0 = keep: :mod:`clients.site.state_retention`) and
+last change, default 30, 0 = keep: :mod:`clients.site.state_retention`),
+``local-steps-cap`` (the most local steps this site trains a round, whatever tau the
+server asks: a compute budget, trained to the cap and reported as the steps done; 0 =
+none; not a privacy rule: the policy's ``max-local-steps`` refuses instead) and
 ``policy-path`` (the absolute path of the hospital's site policy TOML,
 :mod:`clients.site.policy`; ``make supernode`` passes ``configs/site-policy.toml``
 unless ``POLICY=`` names another; the hospital's site runner refuses to start or
@@ -69,6 +72,19 @@ def _days(value: Any) -> float:
     return days
 
 
+def _steps_cap(node_config: Mapping[str, Any]) -> int:
+    """node_config ``local-steps-cap`` (0: none); the old name is refused, naming the new one."""
+    if "max-local-steps" in node_config:
+        raise SiteConfigError("node_config max-local-steps was renamed local-steps-cap (the "
+                              "site's compute budget, trained to the cap); the policy's "
+                              "max-local-steps refuses a longer request instead")
+    value = node_config.get("local-steps-cap", 0)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise SiteConfigError(f"node_config local-steps-cap must be a whole number >= 0 "
+                              f"(0: none), got {value!r}")
+    return value
+
+
 def _runtime_ledger(value: Any) -> bool:
     if value not in ("", RUNTIME_LEDGER[1]):
         raise SiteConfigError(f"node_config {RUNTIME_LEDGER[0]} must be {RUNTIME_LEDGER[1]!r} "
@@ -96,6 +112,7 @@ class SiteConfig:
     policy_path: Path | None = None
     state_retention_days: float = DEFAULT_RETENTION_DAYS
     runtime_ledger: bool = False
+    local_steps_cap: int = 0
 
     @classmethod
     def from_node_config(cls, node_config: Mapping[str, Any], data_root: str,
@@ -121,7 +138,8 @@ class SiteConfig:
                                                 "node_config policy-path"),
                        state_retention_days=_days(node_config.get("state-retention-days",
                                                                   DEFAULT_RETENTION_DAYS)),
-                       runtime_ledger=_runtime_ledger(node_config.get(RUNTIME_LEDGER[0], "")))
+                       runtime_ledger=_runtime_ledger(node_config.get(RUNTIME_LEDGER[0], "")),
+                       local_steps_cap=_steps_cap(node_config))
         if "partition-id" in node_config:
             if not data_root:
                 raise SiteConfigError(

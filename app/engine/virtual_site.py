@@ -44,7 +44,7 @@ class VirtualSite:
         The SuperNode's node_config: ``partition-id`` / ``num-partitions`` (the
         run config's ``data-root`` decides the folder), or ``data-path`` with
         optionally ``state-dir``, ``site-name``, ``policy-path``, ``cache-decoded``,
-        ``max-local-steps``.
+        ``local-steps-cap``.
     handler : Handler or None
         What answers each instruction; ``None``: the product's ClientApp.
     faults : SiteFaults

@@ -77,8 +77,8 @@ class SiteFacts:
     name: str
     data_path: Path
     state_dir: Path
-    #: node_config ``max-local-steps`` (0: none), the worker's cap on tau.
-    max_local_steps: int = 0
+    #: node_config ``local-steps-cap`` (0: none), the worker's cap on tau.
+    local_steps_cap: int = 0
 
 
 @dataclass(frozen=True)
@@ -138,8 +138,8 @@ def _horizontal(kind: str, message: Message, context: Context, policy: SitePolic
     steps, kind_of_spend = 0, ""
     if kind == "train" and instruction.secagg_stage in ("", keys.SECAGG_COLLECT):
         steps = instruction.local_steps
-        if site.max_local_steps > 0:
-            steps = min(steps, site.max_local_steps)
+        if site.local_steps_cap > 0:
+            steps = min(steps, site.local_steps_cap)
         kind_of_spend = ("cross-site" if instruction.server_round > run.num_server_rounds
                          else "train")
     elif kind == "evaluate":

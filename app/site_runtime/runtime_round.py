@@ -163,8 +163,7 @@ class RuntimeRound:
         ids (without the message and context), ``pool`` the warm workers."""
         try:
             node = SiteConfig.from_node_config(context.node_config, data_root="")
-            facts = SiteFacts(node.name, node.data_path, node.state_dir,
-                              int(context.node_config.get("max-local-steps", 0)))
+            facts = SiteFacts(node.name, node.data_path, node.state_dir, node.local_steps_cap)
             admission = admit(message, context, policy, facts, self.census(node.state_dir))
             reservation = (reserve(node.state_dir, node.data_path, policy, admission.spend,
                                    admission.examples, admission.federation)

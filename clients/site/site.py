@@ -29,9 +29,9 @@ class Site:
     policy: SitePolicy
     #: Whether decoded data is cached under ``state_dir``.
     cache_decoded: bool = True
-    #: node_config ``max-local-steps``: a cap on tau (0 = none); unlike the policy's rule
-    #: of the same name, a request above it is trained to the cap, not refused.
-    max_local_steps: int = 0
+    #: node_config ``local-steps-cap``: the site's compute budget on tau (0 = none); a
+    #: longer request is trained to the cap (the policy's ``max-local-steps`` refuses it).
+    local_steps_cap: int = 0
     #: The hospital's site runtime charged the privacy ledger before this process saw the
     #: message (node_config ``privacy-ledger = "site-runtime"``, set by the runtime only):
     #: the round neither reads nor writes a ledger, and the runtime adds the reply's epsilon.

@@ -199,8 +199,8 @@ def local_update(task: SiteTask, arrays: Mapping[str, np.ndarray], instruction: 
     """
     train_set = task.require_training()
     steps = instruction.local_steps
-    if site.max_local_steps > 0:
-        steps = min(steps, site.max_local_steps)
+    if site.local_steps_cap > 0:
+        steps = min(steps, site.local_steps_cap)
     budget = instruction.time_budget
     deadline = time.monotonic() + budget if budget > 0 else None
     arrays, control_payload = split_control(arrays)

@@ -49,3 +49,16 @@ def test_the_supernode_passes_only_the_policy_path(tmp_path):
     assert "policy-path" not in node_config_string(tmp_path, tmp_path, "hospital-a")
     with pytest.raises(FlowerProcessError, match="policy path must be absolute"):
         node_config_string(tmp_path, tmp_path, "hospital-a", Path("policy.toml"))
+
+
+def test_the_node_configs_step_cap_has_its_own_name(tmp_path):
+    """Issue #45: node_config ``max-local-steps`` clamped silently while the policy rule of
+    the same name refused; the clamp is ``local-steps-cap``, the old name refused by name."""
+    from app.config.site_config import SiteConfig, SiteConfigError  # noqa: PLC0415
+
+    node = {"data-path": str(tmp_path), "local-steps-cap": 5}
+    assert SiteConfig.from_node_config(node, data_root="").local_steps_cap == 5
+    with pytest.raises(SiteConfigError, match="renamed local-steps-cap"):
+        SiteConfig.from_node_config({"data-path": str(tmp_path), "max-local-steps": 5}, "")
+    with pytest.raises(SiteConfigError, match="local-steps-cap"):
+        SiteConfig.from_node_config({**node, "local-steps-cap": -1}, "")

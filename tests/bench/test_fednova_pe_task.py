@@ -1,6 +1,6 @@
 """``bench/fednova_pe_task.py`` through the in-process engine on three tiny PE hospitals.
 
-tau (1, 3, 3) by each site's node_config ``max-local-steps``, plain SGD, two
+tau (1, 3, 3) by each site's node_config ``local-steps-cap``, plain SGD, two
 rounds: every site runs the steps its cap allows and reports ``a-norm`` =
 tau (plain SGD); both rules start from the same model (the same first
 objective values); FedNova's weights on the deltas are

@@ -65,7 +65,7 @@ def test_train_replies_the_update_x_global_minus_x_local(tmp_path, tasks):
 
 
 def test_the_site_caps_the_steps_and_the_task_loads_once(tmp_path, tasks, loads):
-    capped = site(tmp_path, max_local_steps=2)
+    capped = site(tmp_path, local_steps_cap=2)
     for _ in range(2):
         reply = answer(_instruction("train"), packed_global(), capped, run_settings(), tasks)
         assert reply.metrics[keys.STEPS] == 2

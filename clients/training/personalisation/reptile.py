@@ -77,7 +77,7 @@ def reptile_train(model: nn.Module, inner: InnerTraining, tau_out: int, tau_in: 
         ``time.monotonic()`` after which no new task starts; a task stopped early by
         its own deadline still takes its meta step, and ends the loop.
     max_steps : int, optional
-        At most this many SGD steps in all (a site's ``max-local-steps`` cap, or an
+        At most this many SGD steps in all (a site's ``local-steps-cap``, or an
         instruction asking fewer steps than ``tau_out * tau_in``): the last task is
         shortened, the later ones dropped.
 
