@@ -17,9 +17,9 @@ mask (checkpointed with the strategy). A round then
 * sends the evaluate instructions the same way (:meth:`PruningRound.evaluate_messages`);
 * validates and aggregates the sites' compacted updates against the compacted model (so the
   uplink codec and the sites' error feedback act on the kept weights only), expands the new
-  model back to full shapes, lets the plug-in observe the round with the sites' summed squared
-  gradients (PruneFL's re-pruning) and zeroes what the new mask prunes
-  (:meth:`PruningRound.conclude`).
+  model back to full shapes, lets the plug-in observe the round with the sites' squared
+  gradients, each clipped and then robustly combined (:func:`squared_gradients`; PruneFL's
+  re-pruning), and zeroes what the new mask prunes (:meth:`PruningRound.conclude`).
 
 Example::
 
@@ -43,9 +43,16 @@ from strategies.model_packing import named_arrays, pack_arrays, record_of
 from strategies.plugins.protocols import Info, Pruning
 from strategies.plugins.pruning.mask import apply_mask, compact, expand, mask_record
 from strategies.replies import TrainReply
+from strategies.robust import (NormBound, clip_factors, coordinate_median, coordinatewise, scaled,
+                               update_norm)
 from strategies.rounds.instructions import site_messages
 
-__all__ = ["PruningRound", "squared_gradients"]
+__all__ = ["REPORT_BOUND", "PruningRound", "squared_gradients"]
+
+
+#: The per-site bound of the squared-gradient reports: the norm-bound defence's rule with its
+#: default ``kappa`` (``norm-bound.kappa`` = 1.5) over the round's report norms.
+REPORT_BOUND = NormBound(kappa=1.5)
 
 
 def _float_arrays(named: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -53,17 +60,49 @@ def _float_arrays(named: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 def squared_gradients(replies: Sequence[TrainReply], named: Mapping[str, np.ndarray],
-                      codec: str) -> dict[str, np.ndarray] | None:
-    """The sum over ``replies`` of the squared gradients they sent, in ``named``'s full shapes.
+                      codec: str) -> tuple[dict[str, np.ndarray] | None, Info]:
+    """The sites' squared gradients combined robustly, in ``named``'s full shapes; what to track.
 
-    Each site sends one vector over the model's floating-point arrays in model order, encoded
-    with ``codec`` (run config ``pruning.report-codec``). A payload that does not decode, or
-    decodes to a negative or non-finite value, is left out with a logged reason (its update
-    still counts). None when no reply sent one.
+    Each site sends one vector ``s_i`` over the model's floating-point arrays in model order,
+    encoded with ``codec`` (run config ``pruning.report-codec``). A payload that does not
+    decode, or decodes to a negative or non-finite value, is left out with a logged reason (its
+    update still counts). None when no reply sent one.
+
+    PruneFL's criterion reads the sites' sum ``sum_i s_i`` (Jiang et al., TNNLS 2022:
+    ``Delta(M) = sum_{j in M} g_j^2``, :mod:`strategies.plugins.pruning.prunefl`), which one
+    site alone can make as large as it likes on the units it wants kept. The ``n`` reports are
+    instead
+
+    1. clipped per site as the update's norm-bound defence clips an update (Sun et al.,
+       *Can You Really Backdoor Federated Learning?*, 2019, eq. 1): ``s_i min(1, M / ||s_i||_2)``
+       with ``M`` = :data:`REPORT_BOUND` (1.5 x the lower median of the round's report norms,
+       :func:`strategies.robust.clip_factors`);
+    2. combined by ``n`` x their coordinate-wise median (Yin et al., *Byzantine-Robust
+       Distributed Learning*, ICML 2018, Def. 1, :func:`strategies.robust.coordinate_median`),
+       the sum's robust estimate: ``n`` keeps the paper's scale (``pruning-objective``), and the
+       mask does not depend on it (the greedy's order and its test ``v_u / c_u > N / D`` are
+       invariant to one factor on every ``g^2``).
+
+    Bound: with ``f < n / 2`` lying reports, each coordinate of the median lies between the
+    smallest and the largest honest clipped value of that coordinate, so a unit that no honest
+    site finds important is not made so; from 3 sites up one liar cannot choose the mask. With
+    2 sites the median is their mean: the clip alone bounds the liar, to 1.5 x the honest
+    report's norm. The cost: a unit only one honest site finds important counts as little as
+    a liar's, and with 3 or more honest sites the median is not the mean, so a unit at the
+    greedy's margin may be chosen otherwise than by the plain sum. With 2 sites and no clip the
+    combination is the sum bit for bit (their median is ``(a + b) / 2``, and twice that is
+    ``a + b`` exactly in binary floating point).
+
+    Memory: the ``n`` decoded reports are held as float64 (``8 n d`` bytes, ``d`` the model's
+    floating-point coordinates), stacked one array at a time for the median.
+
+    Tracked: ``pruning-reports`` (``n``), ``pruning-report-bound`` (``M``) and
+    ``pruning-clip-factor/<site>`` (``min(1, M / ||s_i||)``, 1 = not clipped).
     """
     floats = _float_arrays(named)
     size = sum(a.size for a in floats.values())
-    total, used = np.zeros(size, np.float64), 0
+    ends = np.cumsum([a.size for a in floats.values()])[:-1]
+    sites, reports = [], []
     for reply in replies:
         if reply.sqgrad is None:
             continue
@@ -76,15 +115,18 @@ def squared_gradients(replies: Sequence[TrainReply], named: Mapping[str, np.ndar
             log(WARNING, "pruning: %s's squared gradients left out: negative or not finite",
                 reply.site)
             continue
-        total += vector
-        used += 1
-    if not used:
-        return None
-    out, start = {}, 0
-    for name, array in floats.items():
-        out[name] = total[start:start + array.size].reshape(array.shape)
-        start += array.size
-    return out
+        sites.append(reply.site)
+        reports.append(np.split(vector.astype(np.float64), ends))
+    if not reports:
+        return None, {}
+    factors, bound = clip_factors(np.array([update_norm(r) for r in reports]), REPORT_BOUND)
+    clipped = [r if f >= 1.0 else scaled(r, f) for r, f in zip(reports, factors)]
+    median = coordinatewise(clipped, coordinate_median)
+    out = {name: len(reports) * m.reshape(a.shape)
+           for (name, a), m in zip(floats.items(), median)}
+    info = {"pruning-reports": float(len(reports)), "pruning-report-bound": bound,
+            **{f"pruning-clip-factor/{site}": float(f) for site, f in zip(sites, factors)}}
+    return out, info
 
 
 class PruningRound:
@@ -162,13 +204,14 @@ class PruningRound:
         """The round's new model in full shapes, after the plug-in observed the round.
 
         ``updated`` is the new compacted model (``names`` in order), ``replies`` the updates
-        it aggregated: their squared gradients (a re-pruning round) and train seconds go to
-        :meth:`Pruning.observe`; what its new mask prunes is set to 0.
+        it aggregated: their squared gradients (a re-pruning round: clipped and combined,
+        :func:`squared_gradients`) and train seconds go to :meth:`Pruning.observe`; what its
+        new mask prunes is set to 0. The info adds the reports' bound and clip factors.
         """
         named = expand(dict(zip(names, updated)), self.pruning.masks)
-        sqgrad = (squared_gradients(replies, named, self.pruning.report_codec)
-                  if self.pruning.report_due(server_round) else None)
+        sqgrad, reported = (squared_gradients(replies, named, self.pruning.report_codec)
+                            if self.pruning.report_due(server_round) else (None, {}))
         seconds = [float(r.metrics.get(keys.TRAIN_SECONDS, 0.0)) for r in replies]
         info = self.pruning.observe(server_round, named, sqgrad,
                                     float(np.mean(seconds)) if seconds else 0.0)
-        return list(apply_mask(named, self.pruning.masks).values()), info
+        return list(apply_mask(named, self.pruning.masks).values()), {**reported, **info}

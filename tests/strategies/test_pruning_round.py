@@ -58,10 +58,11 @@ def test_the_squared_gradients_of_the_replies_are_summed_in_full_shapes():
     vector = np.arange(8, dtype=np.float32)  # w (6) then b (2), model order
     replies = [_reply(1, 1, encode(vector, "none")), _reply(2, 1, encode(vector, "none")),
                _reply(3, 1), _reply(4, 1, encode(-vector - 1, "none"))]  # 4: negative, left out
-    summed = squared_gradients(replies, NAMED, "none")
+    summed, info = squared_gradients(replies, NAMED, "none")
     np.testing.assert_array_equal(summed["w"], 2 * vector[:6].reshape(2, 3))
     np.testing.assert_array_equal(summed["b"], 2 * vector[6:])
-    assert squared_gradients([_reply(3, 1)], NAMED, "none") is None
+    assert info["pruning-reports"] == 2 and "pruning-clip-factor/s4" not in info
+    assert squared_gradients([_reply(3, 1)], NAMED, "none") == (None, {})
 
 
 def test_a_re_pruning_round_expands_the_new_model_and_zeroes_what_the_new_mask_prunes():
