@@ -15,8 +15,23 @@ reply's arrays, so the codecs apply to it as to the model:
 * back (:meth:`ControlVariateRound.observe`): each accepted reply's ``scaffold-dc`` (its
   site's ``Delta c_i``, encoded with the round's uplink codec, the node's codec seed and the
   site's own error feedback, :mod:`clients.site.site_scaffold`) is decoded and the plug-in
-  adds them up. A reply without one, or with one that does not decode, counts nothing
-  (``scaffold-dc-missing``) and its update still counts.
+  adds them up. A reply without one, or with one that does not decode to a finite vector of
+  ``c``'s size, counts nothing (``scaffold-dc-missing``) and its update still counts.
+
+The defence (issue #45): ``Delta c_i`` is a second channel of the reply, chosen by the site
+like its update, so it is defended and combined like the update
+(:meth:`ControlVariateRound.defended`). The decoded ``Delta c_i`` go through the plug-in's
+:attr:`~strategies.plugins.control_variates.scaffold.Scaffold.defence`, a copy of the run's
+``strategy.defence`` (:func:`~strategies.plugins.defences.defended.split_defence`) with its
+own state: with ``norm-bound`` each is clipped to ``M``, the smallest of ``absolute``,
+``kappa`` x the lower median of the round's ``Delta c_i`` norms and ``history-kappa`` x the
+median of the ``Delta c_i`` norms accepted in the last rounds (Sun et al. 2019, eq. 1;
+:mod:`strategies.plugins.defences.norm_bound`); ``multi-krum`` keeps the ``Delta c_i`` of
+lowest Krum score. Behind a robust aggregator (``needs_all_updates``: median, trimmed mean)
+the kept ``Delta c_i`` are then combined by its rule and each kept site counts that
+combination; behind a linear one (FedAvg, FedNova) they are summed, SCAFFOLD's own rule. The
+defence's records are tracked with the prefix ``scaffold-`` (``scaffold-clip-factor/<site>``,
+``scaffold-norm-bound``). Where the bound does not bind, ``c`` is SCAFFOLD's bit for bit.
 
 ``N``, the federation's sites that train: the roster's size when the coordinator has one,
 else the most sites seen (connected, or known by name: :func:`federation_size`), less the
@@ -26,7 +41,9 @@ observe` tells the plug-in, :meth:`~strategies.plugins.protocols.ControlVariates
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from logging import WARNING
 
 import numpy as np
@@ -35,8 +52,10 @@ from flwr.supercore import log
 
 from strategies import message_keys as keys
 from strategies.compression import ErrorFeedback, decode, parse_spec
-from strategies.plugins.protocols import ControlVariates, Info
+from strategies.plugins.defences.defended import split_defence
+from strategies.plugins.protocols import Aggregator, ControlVariates, Info
 from strategies.replies import TrainReply
+from strategies.robust import update_norm
 from strategies.rounds.instructions import TrainPlan
 from strategies.rounds.site_book import SiteBook
 from strategies.rounds.withheld import refused_rule
@@ -66,11 +85,21 @@ class ControlVariateRound:
         The run's active plug-in (``strategy.control-variates``); its state is ``c``.
     downlink_codec : str
         ``strategy.downlink-codec``, canonical: the codec ``c`` is sent with.
+    aggregator : Aggregator, optional
+        The run's aggregator behind its defence (:func:`~strategies.plugins.defences.
+        defended.with_defence`): the plug-in's ``defence`` becomes a copy of that defence and
+        the ``Delta c_i`` are combined by that aggregator's rule when it is robust; ``None``:
+        no defence, SCAFFOLD's sum.
     """
 
-    def __init__(self, control: ControlVariates, downlink_codec: str = "none") -> None:
+    def __init__(self, control: ControlVariates, downlink_codec: str = "none",
+                 aggregator: Aggregator | None = None) -> None:
         self.control = control
         self.codec = str(parse_spec(downlink_codec))
+        self.rule: Aggregator | None = None
+        if aggregator is not None:
+            defence, self.rule = split_defence(aggregator)
+            control.defence = copy.deepcopy(defence)
 
     def payload(self, reference: Sequence[np.ndarray], sites: int) -> np.ndarray:
         """``c`` encoded with the downlink codec, through the server's error feedback (kept
@@ -122,6 +151,21 @@ class ControlVariateRound:
                 log(WARNING, "scaffold: %s's Delta c_i left out: %s", reply.site, exc)
                 missing += 1
                 continue
-            deltas.append(vector)
-        info = self.control.observe(deltas, sites)
+            deltas.append(replace(reply, delta=[vector]))
+        kept, defended = self.defended(deltas)
+        info = {**defended, **self.control.observe(kept, sites)}
         return {**info, "scaffold-dc-missing": float(missing)} if missing else info
+
+    def defended(self, replies: list[TrainReply]) -> tuple[list[np.ndarray], Info]:
+        """What ``total`` adds for ``replies`` (each ``delta`` one decoded ``Delta c_i``): the
+        kept ``Delta c_i`` after the plug-in's defence, each replaced by the robust rule's
+        combination of them behind a robust aggregator (module docstring); the defence's
+        records prefixed ``scaffold-``. The defence learns the kept norms."""
+        defence = self.control.defence
+        kept, info = defence.filter(replies)
+        vectors = [reply.delta[0] for reply in kept]
+        if kept and self.rule is not None and self.rule.needs_all_updates:
+            combined, _ = self.rule.aggregate(kept)
+            vectors = [combined[0]] * len(kept)
+        learnt = defence.observe([update_norm(reply.delta) for reply in kept])
+        return vectors, {f"scaffold-{key}": value for key, value in {**info, **learnt}.items()}

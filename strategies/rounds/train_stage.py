@@ -112,8 +112,8 @@ class TrainStage:
         the mask to the sites, re-pruning); none or ``none``: dense rounds.
     control_variates : ControlVariates, optional
         ``strategy.control-variates``: an active one (``scaffold``) sends ``c`` with every
-        train instruction and adds the replies' ``Delta c_i``
-        (:class:`~strategies.rounds.control_variate_round.ControlVariateRound`).
+        train instruction and adds the replies' ``Delta c_i``, defended and combined as the
+        updates are (:class:`~strategies.rounds.control_variate_round.ControlVariateRound`).
     server_opt : ServerOptimizer, optional
         ``strategy.server-opt``: the step the aggregator's ``Delta`` makes (default
         ``sgd``, ``x - Delta``).
@@ -142,7 +142,7 @@ class TrainStage:
         self.empty_rounds = 0
         self.pruning = (PruningRound(pruning) if pruning is not None and pruning.active
                         else None)
-        self.control = (ControlVariateRound(control_variates, downlink.spec)
+        self.control = (ControlVariateRound(control_variates, downlink.spec, aggregator)
                         if control_variates is not None and control_variates.active else None)
         self.intake: ReplyIntake[TrainReply] = self._intake({})
 

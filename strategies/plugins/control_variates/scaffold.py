@@ -30,6 +30,18 @@ would not do. A reply that is dropped (late, invalid) after its site saved ``c_i
 leaves that site's ``c_i`` ahead of ``total``; every reply the server accepted counts,
 whether or not its update survives the defence.
 
+**A malicious site** chooses its ``Delta c_i``, and ``c`` keeps every one it was given: one
+finite ``Delta c_i`` 3e3 times an honest one (1 site of 3, round 1) took ``c``'s norm from
+1.6 to 2.5e3 for good and the model 7.8e3 away from the clean run's after 3 rounds (model
+norm 64). So the rounds defend the ``Delta c_i`` like the updates
+(:mod:`strategies.rounds.control_variate_round`): :attr:`Scaffold.defence` is a copy of the
+run's ``strategy.defence`` (same options, state of its own: norm-bound's history of the
+accepted ``Delta c_i`` norms, checkpointed with ``c``), and under a robust aggregator
+(median, trimmed mean) the round's ``Delta c_i`` are combined by its rule: ``c`` moves by
+``|S| / N`` times the rule over the round's ``Delta c_i``, the paper's mean replaced by a
+robust one. A site whose ``Delta c_i`` is clipped keeps its own ``c_i`` ahead of ``total``,
+as a dropped reply does.
+
 The vector of ``c`` runs over the model's floating-point arrays in model order (the
 sites' normalisation buffers hold 0). With a downlink codec ``c`` is sent compressed
 with the server's own error feedback ``residual`` (:class:`ErrorFeedback` on the full
@@ -51,7 +63,9 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from strategies.plugins.defences.none import NoDefence
 from strategies.plugins.options import Plugin, PluginError
+from strategies.plugins.protocols import Defence
 from strategies.plugins.registries import CONTROL_VARIATES
 from strategies.plugins.run_settings import RunSettings
 
@@ -78,6 +92,10 @@ class Scaffold(Plugin):
         self.declined: set[str] = set()
         #: The downlink codec's error-feedback residual of ``c`` (empty: none yet).
         self.residual = np.zeros(0, np.float32)
+        #: The ``Delta c_i`` channel's defence: a copy of the run's ``strategy.defence``
+        #: that the rounds set (:class:`~strategies.rounds.control_variate_round.
+        #: ControlVariateRound`), with its own state (norm-bound's history of accepted norms).
+        self.defence: Defence = NoDefence()
 
     @staticmethod
     def requires(options: object, settings: RunSettings) -> None:
@@ -116,7 +134,8 @@ class Scaffold(Plugin):
         return (self.total / self.sites).astype(np.float32)
 
     def observe(self, deltas: list[np.ndarray], sites: int) -> dict[str, float]:
-        """Add the round's accepted ``Delta c_i`` to ``total``; ``sites`` as for
+        """Add the round's ``deltas`` to ``total``: each kept site's ``Delta c_i`` after the
+        defence (or the robust rule's combination in its place); ``sites`` as for
         :meth:`control`."""
         self._count(sites)
         for delta in deltas:

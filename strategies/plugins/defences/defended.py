@@ -10,7 +10,7 @@ from strategies.plugins.protocols import Aggregator, Defence
 from strategies.replies import TrainReply
 from strategies.robust import update_norm
 
-__all__ = ["DefendedAggregator", "with_defence"]
+__all__ = ["DefendedAggregator", "split_defence", "with_defence"]
 
 
 class DefendedAggregator:
@@ -89,3 +89,12 @@ def with_defence(defence: Defence, aggregator: Aggregator) -> Aggregator:
     if isinstance(defence, NoDefence):
         return aggregator
     return DefendedAggregator(defence, aggregator)
+
+
+def split_defence(aggregator: Aggregator) -> tuple[Defence, Aggregator]:
+    """The defence in front of ``aggregator`` (:func:`with_defence`) and the aggregator behind
+    it: ``none`` and ``aggregator`` itself when it has no defence. A second channel of the
+    replies (SCAFFOLD's ``Delta c_i``) is defended and combined by these two as the update is."""
+    if isinstance(aggregator, DefendedAggregator):
+        return aggregator.defence, aggregator.aggregator
+    return NoDefence(), aggregator
