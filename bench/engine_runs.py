@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from single_thread import ROOT
+from clients.datagen.federation import hospital_name
 
 __all__ = ["DATA", "SHARED", "RoundSeries", "shared_sites", "synthetic_sites",
            "run_product", "series"]
@@ -38,7 +39,7 @@ SHARED = ROOT.parent / "shared" / "data"
 
 def _datagen(args: Sequence[str], out: Path, sites: int) -> list[Path]:
     """Run ``python -m clients.datagen ARGS --out OUT`` once; the site folders."""
-    folders = [out / f"hospital-{i:02d}" for i in range(sites)]
+    folders = [out / hospital_name(i) for i in range(sites)]
     stamp = out / f".sites-{sites}"
     if not stamp.is_file():
         subprocess.run([sys.executable, "-m", "clients.datagen", *args, "--out", str(out),

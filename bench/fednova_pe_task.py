@@ -69,6 +69,7 @@ import numpy as np  # noqa: E402
 
 from engine_runs import run_product, series, synthetic_sites  # noqa: E402
 from report import write_report  # noqa: E402
+from clients.datagen.federation import hospital_name  # noqa: E402
 
 __all__ = ["METHODS", "RunSpec", "build_specs", "run_spec", "summarise", "main"]
 
@@ -219,7 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.rounds < 2 or not 1 <= args.tail <= args.rounds:
         parser.error("need rounds >= 2 and 1 <= tail <= rounds")
     started = time.perf_counter()
-    folders = ([args.data_root / f"hospital-{i:02d}" for i in range(NUM_SITES)]
+    folders = ([args.data_root / hospital_name(i) for i in range(NUM_SITES)]
                if args.data_root else synthetic_sites("pe-seg", NUM_SITES, 0, 96))
     specs = build_specs(args.taus, args.homogeneous_tau, args.lr, args.momenta)
     curves: dict[str, dict] = {}

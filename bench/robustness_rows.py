@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine_runs import shared_sites
+from clients.datagen.federation import hospital_name
 
 __all__ = ["ATTACKS", "DATA_SETS", "ROWS", "Attack", "DataSet", "Row", "federation_sites",
            "row_overrides", "rows_of"]
@@ -172,8 +173,8 @@ def federation_sites(data: DataSet, sites: int, seed: int, attack: Attack,
         keywords["report_metrics"] = {f"val-{data.metric}": 1e6}
     built = []
     for i, folder in enumerate(folders):
-        site = VirtualSite.folder(folder, site_name=f"hospital-{i:02d}")
+        site = VirtualSite.folder(folder, site_name=hospital_name(i))
         built.append(attacking_site(site, SiteAttack(**keywords)) if i == bad and keywords
                      else site)
-    names = [f"hospital-{i:02d}" for i in range(len(folders))]
+    names = [hospital_name(i) for i in range(len(folders))]
     return built, names[bad], [n for i, n in enumerate(names) if i != bad]

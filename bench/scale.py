@@ -53,6 +53,7 @@ from pathlib import Path
 
 from app.tooling.process_tree import descendants
 from clients.cxr_cls.synthetic import generate_site, site_profiles
+from clients.datagen.federation import hospital_name
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "scale.json"
@@ -76,9 +77,9 @@ def site_folders(cache: Path, sites: int, distinct: int) -> Path:
     root = cache / "sites"
     root.mkdir(parents=True, exist_ok=True)
     for i in range(sites):
-        link = root / f"hospital-{i:02d}"
+        link = root / hospital_name(i)
         if not link.is_symlink():
-            link.symlink_to(base / f"hospital-{i % distinct:02d}", target_is_directory=True)
+            link.symlink_to(base / hospital_name(i % distinct), target_is_directory=True)
     return root
 
 

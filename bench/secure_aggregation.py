@@ -49,6 +49,7 @@ import numpy as np  # noqa: E402
 
 from engine_runs import DATA, run_product, shared_sites  # noqa: E402
 from report import Column, environment, print_table, write_report  # noqa: E402
+from clients.datagen.federation import hospital_name  # noqa: E402
 
 __all__ = ["main", "run_arm", "sum_witness"]
 
@@ -105,7 +106,7 @@ def _sites(count: int, dropout: float, seed: int) -> list:
                            scheme="dirichlet" if count <= DIRICHLET_SITES else "iid",
                            alpha=0.5, root=DATA / f"secagg-sites-{count}")
     silent = set(range(round(dropout * count)))
-    return [VirtualSite.folder(folder, site_name=f"hospital-{i:02d}",
+    return [VirtualSite.folder(folder, site_name=hospital_name(i),
                                faults=SiteFaults(silent_stages=("unmask",)) if i in silent
                                else SiteFaults())
             for i, folder in enumerate(folders)]

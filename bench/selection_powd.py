@@ -49,6 +49,7 @@ from curves import rounds_to_target  # noqa: E402
 from engine_runs import DATA, run_product, shared_sites  # noqa: E402
 from report import environment, write_report  # noqa: E402
 from site_labels import train_labels  # noqa: E402
+from clients.datagen.federation import hospital_name  # noqa: E402
 
 __all__ = ["CONFIG", "METHODS", "main", "run_method", "summarise"]
 
@@ -92,7 +93,7 @@ def run_method(method: str, folders: list[Path], cfg: dict, seed: int, workdir: 
     """One federation of the product with the method's selector; its curve and selections."""
     from app.engine import VirtualSite
 
-    names = [f"hospital-{i:02d}" for i in range(len(folders))]
+    names = [hospital_name(i) for i in range(len(folders))]
     sites = [VirtualSite.folder(f, site_name=n) for f, n in zip(folders, names)]
     overrides = {"task": "cxr-cls", "image-size": cfg["image_size"],
                  "batch-size": cfg["batch_size"], "local-steps": cfg["tau"],

@@ -39,6 +39,8 @@ from typing import Any
 from clients.site.policy import SitePolicy, load_policy
 from clients.site.state_retention import DEFAULT_RETENTION_DAYS
 from strategies.errors import ConfigError
+from strategies.rounds.site_book import site_name_problem
+from clients.datagen.federation import hospital_name
 
 __all__ = ["RUNTIME_LEDGER", "SiteConfig", "SiteConfigError"]
 
@@ -128,9 +130,9 @@ class SiteConfig:
                 raise SiteConfigError(
                     f"node_config data-path must be absolute, got {str(data_path)!r}")
             name = str(node_config.get("site-name", data_path.name))
-            if not name.strip(".") or any(c in name for c in "/\\\0"):
-                raise SiteConfigError(f"node_config site-name {name!r} must not be dot-only "
-                                      "or hold a path separator")
+            problem = site_name_problem(name)
+            if problem is not None:  # the product's one rule (the server applies it too)
+                raise SiteConfigError(f"node_config site-name: {problem}")
             state = Path(str(node_config.get("state-dir", data_path / ".fedmed-state")))
             return cls(name=name, data_path=data_path, state_dir=state,
                        cache_decoded=_flag(node_config.get("cache-decoded", True)),
@@ -145,7 +147,7 @@ class SiteConfig:
                 raise SiteConfigError(
                     "simulation needs run-config 'data-root' (absolute path of the "
                     "synthetic hospitals); `make simulate` sets it")
-            name = f"hospital-{int(node_config['partition-id']):02d}"
+            name = hospital_name(int(node_config['partition-id']))
             data_path = Path(data_root) / name
             policy = _policy_path(simulation_policy, "run-config site-policy")
             if policy is not None and policy.is_dir():

@@ -44,6 +44,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from strategies.errors import ConfigError
+from strategies.rounds.site_book import site_name_problem
 
 __all__ = [
     "CertError",
@@ -55,13 +56,11 @@ __all__ = [
     "ensure_server_certificate",
     "ensure_site_keys",
     "parse_hosts",
-    "SITE_NAME_PATTERN",
 ]
 
 CA_DAYS = 3650
 SERVER_DAYS = 825
 _CURVE = ec.SECP384R1
-SITE_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 
 
 class CertError(ConfigError):
@@ -101,10 +100,11 @@ def site_key_paths(out: Path, site: str) -> SiteKeyPaths:
 
 
 def check_site_name(site: str) -> str:
-    """Return ``site`` if it is a usable site name (letters, digits, ``._-``)."""
-    if not SITE_NAME_PATTERN.fullmatch(site):
-        raise CertError(f"invalid site name {site!r}: use letters, digits, '.', '_' "
-                        "or '-' (at most 63 characters, starting with a letter or digit)")
+    """Return ``site`` if it passes the product's one site-name rule
+    (:func:`strategies.rounds.site_book.site_name_problem`)."""
+    problem = site_name_problem(site)
+    if problem is not None:
+        raise CertError(f"invalid site name: {problem}")
     return site
 
 

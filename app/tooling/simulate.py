@@ -45,6 +45,7 @@ from app.tooling.run_config_string import build_run_config, checked_run_config
 from app.tooling.run_submission import PROJECT_ROOT, submit_run
 from app.tooling.superlink import SuperLinkProcess
 from strategies.errors import ConfigError, FedMedError
+from clients.datagen.federation import hospital_name
 
 __all__ = ["CONNECTION", "main"]
 
@@ -97,8 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    missing = [f"hospital-{i:02d}" for i in range(args.sites)
-               if not (args.data_root / f"hospital-{i:02d}").is_dir()]
+    missing = [hospital_name(i) for i in range(args.sites)
+               if not (args.data_root / hospital_name(i)).is_dir()]
     if missing:
         print(f"missing synthetic hospitals under {args.data_root}: {missing}; "
               "run `make data` (or `make simulate`, which generates them)", file=sys.stderr)

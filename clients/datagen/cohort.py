@@ -56,6 +56,7 @@ from pathlib import Path
 import numpy as np
 
 from clients.datagen.cohort_sites import SITE_WRITERS
+from clients.datagen.federation import hospital_name
 
 __all__ = ["SITES", "LABEL_THRESHOLDS", "VIEW_NOISE", "LABEL_NOISE", "MIN_PATIENTS", "Cohort",
            "draw_cohort", "write_cohort"]
@@ -223,6 +224,6 @@ def write_cohort(shared: Path | None, out: Path, seed: int, coverage: float = 0.
     cohort = draw_cohort(patients, seed, coverage)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    return [SITE_WRITERS[site].write(out / f"hospital-{k:02d}", cohort, site,
+    return [SITE_WRITERS[site].write(out / hospital_name(k), cohort, site,
                                      image_size=image_size, volume_depth=volume_depth)
             for k, site in enumerate(SITES)]

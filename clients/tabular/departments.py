@@ -43,6 +43,7 @@ from clients.tabular.shared import HEART_DISEASE, read_heart_disease
 from clients.datagen.vertical_sets import write_site_file
 from clients.tabular.table import TableRow, format_value, write_table
 from strategies.errors import ConfigError
+from clients.datagen.federation import hospital_name
 
 __all__ = ["Department", "DEPARTMENTS", "patient_splits", "write_departments"]
 
@@ -155,7 +156,7 @@ def write_departments(shared: Path, out: Path, seed: int, coverage: float = 1.0)
             keep = np.sort(rng.choice(y.size, size=max(1, int(round(coverage * y.size))), replace=False))
         columns = [HEART_FEATURES.index(name) for name in department.features]
         labels = department.labels(x, y)
-        site_dir = out / f"hospital-{k:02d}"  # simulation's partition k; its name: the site file
+        site_dir = out / hospital_name(k)  # simulation's partition k; its name: the site file
         _claim(site_dir)
         write_table(site_dir, department.features, (
             TableRow(ids[i], str(splits[i]), str(labels[i]),

@@ -24,6 +24,7 @@ import numpy as np
 from clients.datagen.shared_set import SharedSet, SiteItems, source_path
 from clients.tabular.heart_variables import HEART_FEATURES
 from clients.tabular.table import TableRow, format_value, write_table
+from clients.datagen.federation import hospital_name
 
 __all__ = ["HEART_DISEASE", "SETS", "read_heart_disease"]
 
@@ -64,7 +65,7 @@ def _items(source: SharedSet, shared: Path, block_slices: int) -> SiteItems:
             TableRow(ids[i], str(split), str(int(y[i])), tuple(format_value(v) for v in x[i]))
             for i, split in zip(idx, splits)))
 
-    names = ", ".join(f"hospital-{k:02d} = {name}" for k, name in enumerate(data["site_names"]))
+    names = ", ".join(f"{hospital_name(k)} = {name}" for k, name in enumerate(data["site_names"]))
     return SiteItems(y, ids, write, hospitals=data["site"].astype(np.int64),
                      note=f"Sites: the set's own hospitals ({names}).\n")
 

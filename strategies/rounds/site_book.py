@@ -69,23 +69,26 @@ DEFAULT_MAX_SIZE_RATIO = 3.0
 
 #: The longest site name a reply may declare.
 SITE_NAME_MAX_LENGTH = 64
-_SITE_NAME = re.compile(r"[A-Za-z0-9_.\-]+")
+_SITE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
 
 
 def site_name_problem(site: str) -> str | None:
     """Why ``site`` is not a valid declared site name (``None``: it is).
 
     Rule: 1 to :data:`SITE_NAME_MAX_LENGTH` characters, each an ASCII letter,
-    digit, ``_``, ``-`` or ``.``, and not dot-only. The name is quoted cut to
-    the limit.
+    digit, ``_``, ``-`` or ``.``, the first a letter or digit. The product's one
+    site-name rule: the server's reply intake, the site's node config
+    (:class:`app.config.site_config.SiteConfig`) and the deployment's keys and
+    folders (:func:`app.tooling.certs.check_site_name`) all apply it. The name is
+    quoted cut to the limit.
     """
     shown = repr(site[:SITE_NAME_MAX_LENGTH]) + ("..." if len(site) > SITE_NAME_MAX_LENGTH else "")
     if len(site) > SITE_NAME_MAX_LENGTH:
         return (f"site name rule: the declared name {shown} has {len(site)} characters, "
                 f"at most {SITE_NAME_MAX_LENGTH} are allowed")
-    if not _SITE_NAME.fullmatch(site) or not site.strip("."):
+    if not _SITE_NAME.fullmatch(site):
         return (f"site name rule: the declared name {shown} may hold only letters, digits, "
-                "'_', '-' and '.' (not dot-only)")
+                "'_', '-' and '.', and starts with a letter or digit")
     return None
 
 
