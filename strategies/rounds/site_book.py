@@ -28,12 +28,23 @@ server's trust boundary for both:
   would keep that weight, so each declaration is also at most
   ``max_size_ratio`` (run config ``federation.max-size-ratio``, default
   :data:`DEFAULT_MAX_SIZE_RATIO`; 0 = off) x the median of the *other* nodes'
-  first declarations (:meth:`SiteBook.relative_cap`; zero declarations, of a
-  site without validation items, are not counted). With no other declaration
-  (a single site) there is nothing to compare: no cap. The median is a robust
-  reference (a minority of liars cannot move it above an honest size), and an
-  honest site more than ``max_size_ratio`` times the median is weighted as
-  ``max_size_ratio`` x median: set a roster, or a larger ratio, for such a
+  first declarations and, when there are two others or more, at most their
+  sum (:meth:`SiteBook.relative_cap`; zero declarations, of a site without
+  validation items, are not counted). With no other declaration (a single
+  site) there is nothing to compare: no cap. The median is a robust reference
+  (a minority of liars cannot move it above an honest size); the sum is the
+  majority rule: from 3 sites up no site outweighs all the others together.
+  **Bound**, for one liar among ``N`` sites whose others declare sizes of
+  median ``m`` and sum ``S``: its FedAvg weight is at most
+  ``min(r m, S) / (min(r m, S) + S) <= 1/2`` for ``N >= 3`` (``r`` the ratio;
+  equal honest sizes: ``min(r, N - 1) / (min(r, N - 1) + N - 1)``, 1/2 at 3
+  sites, 3/7 at 5 with ``r = 3``; before the sum bound 3 sites gave 3/5), and
+  ``r / (r + 1)`` at 2 sites, where one of two cannot be told from the other
+  (the sum bound would weigh every honest pair of unequal sizes equally). ``f``
+  liars together take at most ``f r m / (f r m + S_honest)``: a majority only
+  when more than ``N / (r + 1)`` sites lie. An honest site more than
+  ``max_size_ratio`` times the median, or more than all the others together,
+  is weighted at that cap: set a roster, or a larger ratio, for such a
   federation. The cap is exact only once every site of the round has declared
   (:meth:`SiteBook.sizes_pending`): the update stream holds such a round and
   caps when it closes (:mod:`strategies.rounds.update_stream`); evaluate
@@ -221,7 +232,8 @@ class SiteBook:
         return _counted(reply, self.capped(reply.node_id, reply.num_examples, evaluate))
 
     def relative_cap(self, node_id: int, evaluate: bool = False) -> int | None:
-        """``max_size_ratio`` x the median of the other nodes' first declarations.
+        """``max_size_ratio`` x the median of the other nodes' first declarations, and
+        at most their sum when there are two or more (module docstring: the bound).
 
         ``None`` when there is a roster (it caps instead), the ratio is 0, or no
         other node declared a positive size (train or query; ``evaluate=True``:
@@ -233,7 +245,8 @@ class SiteBook:
         others = [size for node, size in declared.items() if node != node_id and size > 0]
         if not others:
             return None
-        return max(1, int(self.max_size_ratio * statistics.median(others)))
+        cap = max(1, int(self.max_size_ratio * statistics.median(others)))
+        return cap if len(others) < 2 else min(cap, sum(others))
 
     def sizes_pending(self, node_ids: Iterable[int]) -> bool:
         """Whether the relative cap of a round of ``node_ids`` waits for a first declaration.
@@ -251,7 +264,7 @@ class SiteBook:
         if cap is None or reply.num_examples <= cap:
             return reply
         log(WARNING, "site %s reports %d %s examples, capped at %d (%s = %g x the median "
-            "of the other sites' first declarations): weighted as %d",
+            "of the other sites' first declarations, at most their sum): weighted as %d",
             self.label(reply.node_id), reply.num_examples,
             "validation" if evaluate else "training", cap, MAX_SIZE_RATIO_KEY,
             self.max_size_ratio, cap)

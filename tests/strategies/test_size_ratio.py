@@ -3,7 +3,8 @@
 Without a roster a site claiming ``num-examples = 1e15`` in its first reply was
 the aggregate (its own delta, to 5e-6). Now each declaration is at most
 ``federation.max-size-ratio`` (default 3) x the median of the other sites'
-first declarations; a round whose sites have not all declared yet holds its
+first declarations (and, from two others up, at most their sum:
+tests/strategies/test_size_majority.py); a round whose sites have not all declared yet holds its
 updates (FedAvg streams otherwise) and caps them when it closes.
 """
 
@@ -50,9 +51,10 @@ def test_the_cap_holds_in_later_streamed_rounds_and_at_three_sites():
     assert not strategy.train.stream.streaming  # b's size was unknown when round 1 began
     arrays, _ = _round(strategy, 2, [8, 3, 2], answers)
     assert strategy.train.stream.streaming  # every size known: folded as they arrive
-    # b: 3 x median(10, 30) = 60; Delta = (10 + 30 - 60) / 100
-    np.testing.assert_allclose(arrays.to_numpy_ndarrays()[0], GLOBAL[0] + 20 / 100,
-                               rtol=1e-6)
+    # b: min(3 x median(10, 30) = 60, 10 + 30) = 40 (issue #45: no majority of the weight);
+    # Delta = (10 + 30 - 40) / 80
+    np.testing.assert_allclose(arrays.to_numpy_ndarrays()[0], GLOBAL[0], rtol=1e-6)
+    assert strategy.reports[2].train["b"][keys.NUM_EXAMPLES] == 40.0
     # the honest sites' caps (3 x the median with b's 1e15 in it) do not bind
     assert strategy.reports[2].train["a"][keys.NUM_EXAMPLES] == 10.0
     assert strategy.reports[2].train["c"][keys.NUM_EXAMPLES] == 30.0
