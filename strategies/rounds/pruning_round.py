@@ -75,8 +75,9 @@ def squared_gradients(replies: Sequence[TrainReply], named: Mapping[str, np.ndar
 
     1. clipped per site as the update's norm-bound defence clips an update (Sun et al.,
        *Can You Really Backdoor Federated Learning?*, 2019, eq. 1): ``s_i min(1, M / ||s_i||_2)``
-       with ``M`` = :data:`REPORT_BOUND` (1.5 x the lower median of the round's report norms,
-       :func:`strategies.robust.clip_factors`);
+       with ``M`` = :data:`REPORT_BOUND` (1.5 x the lower median of the round's non-zero
+       report norms, :func:`strategies.robust.clip_factors`: a report of zeros sets no bound,
+       or one site of 2 reporting zeros would clip the other to zeros and empty the mask);
     2. combined by ``n`` x their coordinate-wise median (Yin et al., *Byzantine-Robust
        Distributed Learning*, ICML 2018, Def. 1, :func:`strategies.robust.coordinate_median`),
        the sum's robust estimate: ``n`` keeps the paper's scale (``pruning-objective``), and the
@@ -89,7 +90,12 @@ def squared_gradients(replies: Sequence[TrainReply], named: Mapping[str, np.ndar
     2 sites the median is their mean: the clip alone bounds the liar, to 1.5 x the honest
     report's norm. The cost: a unit only one honest site finds important counts as little as
     a liar's, and with 3 or more honest sites the median is not the mean, so a unit at the
-    greedy's margin may be chosen otherwise than by the plain sum. With 2 sites and no clip the
+    greedy's margin may be chosen otherwise than by the plain sum. With a sparse report codec
+    (``topk``) a coordinate a site did not send is 0 in its report: a unit then counts only
+    where a majority of the sites sent it, and PruneFL adds fewer units back at a re-pruning
+    (``bench/pruning.py``, seed 0, 3 sites, ``topk:0.05``: synthetic-pe keeps 0.114 of the
+    parameters instead of 0.172, final Dice 0.158 instead of 0.162, dense 0.138;
+    pneumoniamnist 0.159 instead of 0.178, AUC 0.979 both). With 2 sites and no clip the
     combination is the sum bit for bit (their median is ``(a + b) / 2``, and twice that is
     ``a + b`` exactly in binary floating point).
 
@@ -119,7 +125,10 @@ def squared_gradients(replies: Sequence[TrainReply], named: Mapping[str, np.ndar
         reports.append(np.split(vector.astype(np.float64), ends))
     if not reports:
         return None, {}
-    factors, bound = clip_factors(np.array([update_norm(r) for r in reports]), REPORT_BOUND)
+    norms = np.array([update_norm(r) for r in reports])
+    factors, bound, sent = np.ones_like(norms), 0.0, norms > 0.0
+    if sent.any():  # a report of zeros is no norm: it would make M = 0 and zero the others
+        factors[sent], bound = clip_factors(norms[sent], REPORT_BOUND)
     clipped = [r if f >= 1.0 else scaled(r, f) for r, f in zip(reports, factors)]
     median = coordinatewise(clipped, coordinate_median)
     out = {name: len(reports) * m.reshape(a.shape)

@@ -27,7 +27,8 @@ from strategies.compression import encode
 from strategies.model_buffer import unpack_model
 from strategies.plugins.pruning.prunefl import PruneFL
 from strategies.replies import TrainReply
-from strategies.rounds.pruning_round import squared_gradients
+from strategies.robust import clip_factors, update_norm
+from strategies.rounds.pruning_round import REPORT_BOUND, squared_gradients
 from strategies.update_codec import pack_update
 
 pytestmark = pytest.mark.usefixtures("server_identity")
@@ -165,6 +166,26 @@ def test_a_liar_cannot_raise_a_coordinate_above_the_honest_values(sites: int):
     assert int(kept[LIAR_UNITS].sum()) <= ROOM - TOP  # 54 (3 sites), 40 (5), of the margin's 66
 
 
+def test_the_clip_alone_would_not_hold_a_liar_spread_over_many_units():
+    """Heavy-tailed honest reports (as real squared gradients are): a liar that spreads its
+    clipped norm over 700 units just past the honest top beats the clipped sum, not the
+    median of the clipped reports."""
+    base = np.exp(2.0 * np.random.default_rng(3).standard_normal(UNITS + 4))
+    reports = [(base * np.exp(0.3 * np.random.default_rng(200 + i).standard_normal(base.size))
+                ).astype(np.float32) for i in range(1, 5)]
+    ranked = [u for u in np.argsort(-plain_sum(reports)[:UNITS]) if u != UNITS - 1]
+    top, spread = np.array(ranked[:TOP]), np.array(ranked[TOP:TOP + 700])
+    lie = np.zeros(UNITS + 4, np.float32)
+    lie[spread] = 1e4
+    reports.insert(0, lie)
+    factors, _ = clip_factors(np.array([update_norm([r.astype(np.float64)]) for r in reports]),
+                              REPORT_BOUND)
+    clipped_sum = summed_choice([(r * f).astype(np.float32) for r, f in zip(reports, factors)])
+    assert int(clipped_sum[top].sum()) < 100  # 78 of 200
+    kept, _ = chosen(combined(reports)[0])
+    assert int(kept[top].sum()) == TOP
+
+
 def test_two_honest_sites_re_prune_bit_for_bit_as_by_the_plain_sum():
     """With 2 sites the median is the mean: where the clip does not bind, the round re-prunes
     from exactly the paper's sum (the mask and the objective equal to the last bit)."""
@@ -177,6 +198,17 @@ def test_two_honest_sites_re_prune_bit_for_bit_as_by_the_plain_sum():
     assert info["pruning-objective"] == by_sum_info["pruning-objective"]
     squared, _ = combined(reports)
     np.testing.assert_array_equal(np.concatenate([squared["w"], squared["b"]]), total)
+
+
+def test_a_report_of_zeros_sets_no_bound():
+    """1 site of 2 reporting zeros: the lower median norm would be 0 and clip the other report to
+    zeros (no unit re-added); it sets no bound, and the median of the two is half the honest
+    report, so the round re-prunes from the honest report alone, bit for bit."""
+    report = honest(1)
+    squared, info = combined([np.zeros(UNITS + 4, np.float32), report])
+    assert info["pruning-clip-factor/site-0"] == info["pruning-clip-factor/site-1"] == 1.0
+    np.testing.assert_array_equal(np.concatenate([squared["w"], squared["b"]]), report)
+    np.testing.assert_array_equal(chosen(squared)[0], summed_choice([report]))
 
 
 @pytest.mark.parametrize("sites", [3, 5, 10])
