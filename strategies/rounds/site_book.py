@@ -51,7 +51,8 @@ server's trust boundary for both:
   replies are capped when their exchange closes
   (:meth:`strategies.rounds.reply_intake.ReplyIntake.close`).
 
-The book also keeps what selectors use (sizes, last train losses) and is part
+The book also keeps what selectors use (sizes held to the relative cap,
+:meth:`SiteBook.capped_sizes`, and last train losses) and is part
 of the strategy's checkpoint (:meth:`snapshot` / :meth:`restore`).
 """
 
@@ -257,6 +258,16 @@ class SiteBook:
         node_ids = list(node_ids)
         return (self.roster is None and self.max_size_ratio > 0 and len(node_ids) > 1
                 and any(node not in self.sizes for node in node_ids))
+
+    def capped_sizes(self) -> dict[int, int]:
+        """Each node's first train (or query) declaration held to its :meth:`relative_cap`:
+        the sizes a selector weighs (Power-of-Choice draws its candidates in proportion),
+        so a size buys a site no more in the selection than in the aggregate."""
+        capped = {}
+        for node, size in self.sizes.items():
+            cap = self.relative_cap(node)
+            capped[node] = size if cap is None else min(size, cap)
+        return capped
 
     def relatively_capped(self, reply: Reply, evaluate: bool = False) -> Reply:
         """``reply`` with its ``num-examples`` at most :meth:`relative_cap` (logged)."""

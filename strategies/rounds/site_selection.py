@@ -1,8 +1,11 @@
 """Selecting a round's sites: what a selector may use, the query fan-out, the record.
 
 A selector (:mod:`strategies.plugins`) picks the sites of a round from the
-connected ones. It may use known data sizes and last train losses, and it may
-ask candidates for the current global model's loss with Flower ``query``
+connected ones. It may use known data sizes (each site's first declaration, of
+a train or a query reply, held to the site book's relative cap:
+:meth:`~strategies.rounds.site_book.SiteBook.capped_sizes`, so a lying query
+size buys a site no more candidacy than weight in the aggregate) and last train
+losses, and it may ask candidates for the current global model's loss with Flower ``query``
 messages (Power-of-Choice, Cho, Wang, Joshi, AISTATS 2022): the fan-out is one
 exchange under the round policy; it keeps the valid answers and counts their bytes.
 """
@@ -31,7 +34,8 @@ __all__ = ["SelectionContext", "query_losses", "record_selection"]
 
 @dataclass
 class SelectionContext:
-    """What a client selector may use: known data sizes, last train losses, a query.
+    """What a client selector may use: known data sizes (held to the relative cap), last
+    train losses, a query.
 
     ``query_losses(candidates, subset)`` sends Flower ``query`` messages and
     returns ``{node_id: loss of the current global model}`` for the sites that

@@ -182,7 +182,7 @@ class TrainStage:
         sent = arrays if self.pruning is None else self.pruning.outgoing(arrays)
         self.reference = sent.to_numpy_ndarrays()
         context = SelectionContext(
-            sizes=dict(self.sites.sizes), last_losses=dict(self.sites.last_losses),
+            sizes=self.sites.capped_sizes(), last_losses=dict(self.sites.last_losses),
             query_losses=lambda candidates, subset: query_losses(
                 grid, self.policy, server_round, arrays, candidates, subset, self.sites,
                 report))

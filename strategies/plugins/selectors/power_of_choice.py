@@ -4,7 +4,10 @@ Cho, Wang, Joshi, "Towards Understanding Biased Client Selection in Federated
 Learning", AISTATS 2022, Alg. 1: draw a candidate set of ``d`` sites with
 probability proportional to their data size (without replacement), get the
 current global model's loss at each candidate, and train the ``m`` with the
-highest loss (:func:`strategies.selection.power_of_choice`).
+highest loss (:func:`strategies.selection.power_of_choice`). The sizes are the site
+book's, held to its relative cap
+(:meth:`strategies.rounds.site_book.SiteBook.capped_sizes`): a site that answers a query with ``num-examples = 1e15`` was a candidate in 28 of 29
+rounds (``d = 2`` of 5), now in 22 of 29 (3x an honest size: 0.71 expected; honest 0.4).
 
 * ``pow-d`` asks each candidate for the loss on its training data with a cheap
   Flower ``query`` message (forward passes only);
