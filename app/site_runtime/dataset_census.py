@@ -107,7 +107,6 @@ class DatasetCensus:
                 write_data_report(loaded, data_path, state_dir)
             except OSError as exc:
                 log.warning("the data report cannot be written (%s)", type(exc).__name__)
-            del loaded
             self._known[key] = counts
             self._save()
             log.info("site runtime counted %s at %s: %d training examples, studies %s "

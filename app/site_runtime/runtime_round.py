@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flwr.app import ConfigRecord, Context, Error, Message, MetricRecord
+from flwr.app import ConfigRecord, Context, Error, Message
 from flwr.common.constant import SubStatus
 
 from app.config.site_config import SiteConfig
@@ -43,11 +43,12 @@ from app.site_runtime.sandbox import (SandboxLimits, WorkerMounts, bubblewrap,
                                       sandboxed_command, SANDBOX_SCRIPT, worker_owner)
 from app.site_runtime.worker_pool import WORKER_SCRIPT, WorkerLaunch, WorkerPool, plain_launch
 from app.site_runtime.worker_view import (prepare_worker_state, returned_context, runtime_dir,
-                                          worker_context, worker_state_dir,
-                                          write_worker_policy)
+                                          worker_context, worker_policy_path,
+                                          worker_state_dir, write_worker_policy)
 from clients.site.policy import SitePolicy, load_policy
 from strategies import message_keys as keys
 from strategies.errors import FedMedError
+from strategies.plugins.personalisation.gain import PERSONALISED
 
 __all__ = ["RuntimeAnswer", "RuntimeRound"]
 
@@ -122,7 +123,8 @@ class RuntimeRound:
         self.egress = EgressFilter()
         self._census: dict[Path, DatasetCensus] = {}
         self._prepared: set[tuple[Path, str]] = set()
-        self._copies: dict[str, str] = {}  # runtime policy fingerprint -> its copy's
+        #: (state dir, the policy's fingerprint) -> the fingerprint of the worker's copy.
+        self._copies: dict[tuple[Path, str], str] = {}
 
     def census(self, state_dir: Path) -> DatasetCensus:
         """The dataset counts kept in ``state_dir``'s runtime folder."""
@@ -152,9 +154,11 @@ class RuntimeRound:
             owner = worker_owner(self.limits) if policy.sandbox == "on" else None
             prepare_worker_state(node.state_dir, owner)
             self._prepared.add(key)
-        copy = write_worker_policy(node.state_dir, policy)
-        if policy.fingerprint not in self._copies:  # what a genuine worker's replies name
-            self._copies[policy.fingerprint] = load_policy(copy).fingerprint
+        copy = worker_policy_path(node.state_dir)
+        written = (key[0], policy.fingerprint)
+        if written not in self._copies:  # once per policy in force, not per message
+            write_worker_policy(node.state_dir, policy)
+            self._copies[written] = load_policy(copy).fingerprint  # what its replies name
         return copy
 
     def answer(self, message: Message, context: Context, policy: SitePolicy, site: str,
@@ -203,7 +207,8 @@ class RuntimeRound:
         reply = outcome[1]
         context = returned_context(context, outcome[2])
         started = time.monotonic()
-        verdict = self.egress.check(message, reply, context, self._copies[policy.fingerprint])
+        copied = self._copies[(Path(node.state_dir).resolve(), policy.fingerprint)]
+        verdict = self.egress.check(message, reply, context, copied)
         egress_s = time.monotonic() - started
         if not verdict.passed:
             log.warning("site %s: a %s reply was stopped at the egress filter: %s (%s)", site,
@@ -229,15 +234,13 @@ class RuntimeRound:
         metrics = (reply.content[keys.METRICS]
                    if reply.has_content() and keys.METRICS in reply.content else None)
         released = metrics is not None and (admission.spend.kind != "evaluate-adapt" or any(
-            name.startswith("personalised-") for name in metrics))
+            name.startswith(PERSONALISED) for name in metrics))
         if not released:
             reservation.cancel()
             return answer
         examples = metrics.get(keys.NUM_EXAMPLES)  # a train reply's count may raise q
         trained = admission.spend.kind != "evaluate-adapt" and isinstance(examples, (int, float))
         charged = reservation.settle(int(examples) if trained else None)
-        if not isinstance(metrics, MetricRecord):
-            return answer
         for name, value in charged.items():
             metrics[name] = float(value)
         answer.epsilon = float(reservation.charged or 0.0)

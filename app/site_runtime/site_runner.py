@@ -19,8 +19,10 @@ runner replaces it at a hospital, in a process the hospital starts
 4. install an approved FAB, or check its install against the FAB
    (:mod:`app.site_runtime.installed_app`: an install that differs is logged,
    its workers are stopped and it is installed afresh), and hand the message to
-   the warm worker of (FAB, imaging task) (:mod:`app.site_runtime.site_worker`),
-   started on first use;
+   the runtime's round (:mod:`app.site_runtime.runtime_round`): every data rule
+   checked by the runtime, the privacy ledger charged, the warm worker of (FAB,
+   imaging task, site) run in its sandbox (:mod:`app.site_runtime.site_worker`,
+   :mod:`app.site_runtime.sandbox`), the reply filtered before it leaves;
 5. push the reply and the task's final status.
 
 Before the first message of each run (and when the site node starts,

@@ -44,7 +44,7 @@ from clients.site.privacy_ledger import PRIVACY_DIR
 
 __all__ = ["RUNTIME_DIR", "WORKER_DIR", "RUNTIME_NAMES", "WORKER_POLICY_NAME",
            "worker_state_dir", "runtime_dir", "prepare_worker_state", "data_rules_toml",
-           "write_worker_policy", "worker_context"]
+           "worker_policy_path", "write_worker_policy", "worker_context", "returned_context"]
 
 log = logging.getLogger("fedmed.site_runner")
 
@@ -138,9 +138,14 @@ def data_rules_toml(policy: SitePolicy) -> str:
             + "\n".join(top) + "\n\n" + "\n\n".join(tables) + "\n")
 
 
+def worker_policy_path(state_dir: Path) -> Path:
+    """``<state-dir>/runtime/worker-policy.toml``: the worker's copy of the data rules."""
+    return runtime_dir(state_dir) / WORKER_POLICY_NAME
+
+
 def write_worker_policy(state_dir: Path, policy: SitePolicy) -> Path:
     """Write (when changed) the worker's copy of ``policy``'s data rules; its path."""
-    path = runtime_dir(state_dir) / WORKER_POLICY_NAME
+    path = worker_policy_path(state_dir)
     text = data_rules_toml(policy)
     if not path.is_file() or path.read_text(encoding="utf-8") != text:
         write_atomic(path, lambda handle: handle.write(text.encode()))

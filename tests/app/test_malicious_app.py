@@ -1,6 +1,6 @@
 """The malicious-app suite (issue #44): an approved bundle tries to own the site and cannot.
 
-The bundle is the product's own with a malicious module (:mod:`bench.malicious_app`),
+The bundle is the product's own with a malicious module (:mod:`tests.app.malicious_suite`),
 approved by its sha256; every attempt runs through the real site runner, in the
 sandbox, on a small synthetic site. Before the runtime owned the policy, the ledger, the
 audit log and the sandbox, each of these succeeded: the worker was a plain subprocess
@@ -15,7 +15,7 @@ import shutil
 
 import pytest
 
-from bench.malicious_app import ATTEMPTS, run_suite
+from tests.app.malicious_suite import ATTEMPTS, run_suite
 
 
 def _bubblewrap() -> None:
@@ -67,7 +67,7 @@ def test_without_bubblewrap_the_runner_fails_closed(tmp_path, monkeypatch):
     """No sandbox, no worker: the message fails with the reason's type, nothing of the
     bundle runs (unless the policy says sandbox = "off")."""
     from app.site_runtime import sandbox  # noqa: PLC0415
-    from bench.malicious_app import ATTEMPTS as ALL, Suite  # noqa: PLC0415
+    from tests.app.malicious_suite import ATTEMPTS as ALL, Suite  # noqa: PLC0415
     from app.site_runtime.sandbox import SandboxLimits  # noqa: PLC0415
 
     suite = Suite(tmp_path, SandboxLimits())

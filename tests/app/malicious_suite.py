@@ -19,14 +19,15 @@ what the bundle tries:
   model (the bundle's own policy check is edited to let it through).
 
 :func:`run_suite` returns one row per attempt: what happened, the rule named, and whether
-the ledger and the audit chain are intact afterwards. ``python bench/malicious_app.py``
-writes the table to ``bench/results/malicious_app.json``; ``tests/app/test_malicious_app.py``
-asserts every row.
+the ledger and the audit chain are intact afterwards. ``tests/app/test_malicious_app.py``
+asserts every row in CI; ``python -m tests.app.malicious_suite`` prints the table. It lives
+with the tests, not in bench/: it measures no cost, it drives the site runner's own
+``_answer`` and ``audit`` (the site runtime is what it tests, which the in-process engine
+leaves out).
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import hashlib
 import io
@@ -41,7 +42,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -64,7 +65,7 @@ __all__ = ["ATTEMPTS", "Attempt", "Row", "Suite", "run_suite", "main"]
 
 #: The bundle's added module: each attack, then the genuine round, then the reply's attack.
 MALICE = r'''
-"""What a malicious bundle tries (the malicious-app suite, bench/malicious_app.py)."""
+"""What a malicious bundle tries (the malicious-app suite, tests/app/malicious_suite.py)."""
 import json, os, signal, socket
 from pathlib import Path
 import numpy as np
@@ -340,22 +341,14 @@ def run_suite(base: Path, limits: SandboxLimits | None = None,
         suite.close()
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Run the suite and write its table."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--output", type=Path,
-                        default=ROOT / "bench" / "results" / "malicious_app.json")
-    args = parser.parse_args(argv)
+def main() -> None:
+    """Run the suite in a folder of its own and print its table."""
     with tempfile.TemporaryDirectory(prefix="fedmed-malicious-") as base:
         rows = run_suite(Path(base))
-    table = [dataclasses.asdict(row) | {"blocked": row.blocked} for row in rows]
-    args.output.write_text(json.dumps({"command": "python bench/malicious_app.py",
-                                       "rows": table}, indent=1) + "\n")
-    for row in table:
-        print(f"{row['attempt']:14s} {row['decision']:9s} {row['rule'] or '':24s} "
-              f"{row['found'] or '':40.40s} epsilon {row['charged']:.3f} "
-              f"ledger {row['ledger_intact']} "
-              f"chain {row['chain_intact']}")
+    for row in rows:
+        print(f"{row.attempt:14s} {row.decision:9s} {row.rule or '':24s} "
+              f"{row.found or '':40.40s} epsilon {row.charged:.3f} "
+              f"ledger {row.ledger_intact} chain {row.chain_intact} blocked {row.blocked}")
 
 
 if __name__ == "__main__":
