@@ -34,7 +34,7 @@ class TaskEntry:
     task: str
     #: Module of its synthetic generator (``generate_federation``, ``main``).
     synthetic: str
-    #: Module of its shared-set conversion (a ``SETS`` mapping name -> SharedSet).
+    #: Module of its shared-set conversion (``SETS``, a Registry of its SharedSets by name).
     shared: str
     #: Names of its shared sets; the first is the default.
     shared_sets: tuple[str, ...]
@@ -103,4 +103,4 @@ def shared_set(task: str, name: str | None = None) -> SharedSet:
     name = name or entry.default_set(task)
     if name not in entry.shared_sets:
         raise ConfigError(f"unknown set {name!r} for task {task!r}; expected one of {', '.join(entry.shared_sets)}")
-    return importlib.import_module(entry.shared).SETS[name]
+    return importlib.import_module(entry.shared).SETS.get(name)

@@ -41,24 +41,32 @@ import numpy as np
 from flwr.app import Array, ArrayRecord
 
 from strategies import message_keys as keys
+from strategies.codecs.registry import UpdateCodec
 from strategies.compression import ErrorFeedback, decode, parse_spec
 from strategies.downlink_header import PAYLOAD_KEY, RAW_KEY, DownlinkHeader
 from strategies.downlink_reference import Reference, raw_bytes
 from strategies.errors import ConfigError
 from strategies.model_buffer import pack_model
 from strategies.model_packing import named_arrays, record_of
+from strategies.registry import Registry
 from strategies.seeds import derive_seed
 from strategies.update_codec import dense_bytes
 
 __all__ = ["DOWNLINK_CODECS", "DownlinkCodecError", "DownlinkRound", "ServerDownlink",
            "check_downlink_codec"]
 
-#: Codec names the downlink takes (see the module docstring for why not the others).
-DOWNLINK_CODECS = ("none", "fp16", "topk")
-
 
 class DownlinkCodecError(ConfigError):
     """Run config ``strategy.downlink-codec`` names a codec the downlink does not take."""
+
+
+#: The codecs the downlink takes (see the module docstring for why not the others), by
+#: dotted path to their :data:`~strategies.codecs.registry.CODECS` entry.
+DOWNLINK_CODECS: Registry[UpdateCodec] = Registry("downlink codec", "strategy.downlink-codec",
+                                                  error=DownlinkCodecError)
+DOWNLINK_CODECS.add_path("none", "strategies.codecs.identity:CODEC")
+DOWNLINK_CODECS.add_path("fp16", "strategies.codecs.fp16:CODEC")
+DOWNLINK_CODECS.add_path("topk", "strategies.codecs.topk:CODEC")
 
 
 def check_downlink_codec(spec: str) -> str:

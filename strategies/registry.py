@@ -9,7 +9,15 @@ Every way to extend the product is an instance of :class:`Registry`:
   ``strategies/codecs/``;
 * the imaging tasks (:data:`clients.registry.TASKS`);
 * the privacy accountants (:data:`clients.training.dp_accountants.ACCOUNTANTS`),
-  registered by dotted path so that listing them imports no Opacus.
+  registered by dotted path so that listing them imports no Opacus;
+* the sites' training options: local optimisers
+  (:data:`clients.training.task_settings.OPTIMIZERS`, by dotted path so that listing
+  them imports no torch), learning-rate schedules
+  (:data:`clients.training.lr_schedule.LR_SCHEDULES`) and augmentation levels
+  (:data:`clients.training.augmentation_levels.AUGMENTATIONS`);
+* each task's shared real sets (its ``shared`` module's ``SETS``);
+* the codecs a consumer takes, by dotted path to their ``CODECS`` entry
+  (:data:`strategies.downlink.DOWNLINK_CODECS`, PruneFL's ``REPORT_CODECS``).
 
 An entry joins a registry in one of three ways:
 

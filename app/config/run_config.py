@@ -206,7 +206,7 @@ class RunConfig:
         if self.federation_kind not in FEDERATION_KINDS:
             self._fail("federation_kind", f"must be one of {list(FEDERATION_KINDS)}")
         if self.optimizer not in OPTIMIZERS:
-            self._fail("optimizer", f"must be one of {OPTIMIZERS}")
+            self._fail("optimizer", f"must be one of {list(OPTIMIZERS)}")
         if self.task_sizes.model_size not in ("small", "full"):
             self._fail("model_size", "must be 'small' or 'full'")
         if self.task_sizes.augmentation not in AUGMENTATIONS:

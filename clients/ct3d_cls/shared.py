@@ -13,7 +13,9 @@ from pathlib import Path
 import numpy as np
 
 from clients.ct3d_cls.manifest import ManifestRow, write_manifest
-from clients.datagen.shared_set import MEDMNIST_LICENSE, SharedSet, SiteItems, medmnist_items
+from clients.datagen.shared_set import (MEDMNIST_LICENSE, SharedSet, SiteItems,
+                                        medmnist_items, set_registry)
+from strategies.registry import Registry
 
 __all__ = ["ADRENALMNIST3D", "SETS"]
 
@@ -38,4 +40,4 @@ ADRENALMNIST3D = SharedSet(
 )
 
 #: The task's shared sets by name (listed, default first, in :data:`clients.registry.TASKS`).
-SETS: dict[str, SharedSet] = {ADRENALMNIST3D.name: ADRENALMNIST3D}
+SETS: Registry[SharedSet] = set_registry(ADRENALMNIST3D)

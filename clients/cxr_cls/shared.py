@@ -12,7 +12,9 @@ from pathlib import Path
 import numpy as np
 
 from clients.cxr_cls.manifest import ManifestRow, format_labels, write_manifest
-from clients.datagen.shared_set import MEDMNIST_LICENSE, SharedSet, SiteItems, medmnist_items
+from clients.datagen.shared_set import (MEDMNIST_LICENSE, SharedSet, SiteItems,
+                                        medmnist_items, set_registry)
+from strategies.registry import Registry
 
 __all__ = ["PNEUMONIAMNIST", "SETS"]
 
@@ -41,4 +43,4 @@ PNEUMONIAMNIST = SharedSet(
 )
 
 #: The task's shared sets by name (listed, default first, in :data:`clients.registry.TASKS`).
-SETS: dict[str, SharedSet] = {PNEUMONIAMNIST.name: PNEUMONIAMNIST}
+SETS: Registry[SharedSet] = set_registry(PNEUMONIAMNIST)

@@ -18,8 +18,9 @@ from typing import TypeVar
 import numpy as np
 
 from strategies.errors import ConfigError
+from strategies.registry import Registry
 
-__all__ = ["SharedSet", "SiteItems", "own_hospitals", "MEDMNIST_LICENSE", "source_path", "read_medmnist", "medmnist_items"]
+__all__ = ["SharedSet", "SiteItems", "set_registry", "own_hospitals", "MEDMNIST_LICENSE", "source_path", "read_medmnist", "medmnist_items"]
 
 R = TypeVar("R")
 
@@ -84,6 +85,15 @@ class SharedSet:
     description: str
     license: str
     load_items: Callable[[SharedSet, Path, int], SiteItems]
+
+
+def set_registry(*sets: SharedSet) -> Registry[SharedSet]:
+    """One task's shared ``sets`` as a :class:`~strategies.registry.Registry` by set name
+    (``make ... SET=``, ``--set``): a task's ``shared`` module's ``SETS``."""
+    registry: Registry[SharedSet] = Registry(f"shared set of task {sets[0].task!r}", "set")
+    for shared in sets:
+        registry.add(shared.name, shared)
+    return registry
 
 
 def own_hospitals(hospitals: np.ndarray, sites: int, name: str) -> list[np.ndarray]:

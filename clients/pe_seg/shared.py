@@ -33,12 +33,13 @@ from pathlib import Path
 
 import numpy as np
 
-from clients.datagen.shared_set import SharedSet, SiteItems, source_path
+from clients.datagen.shared_set import SharedSet, SiteItems, set_registry, source_path
 from clients.io.dicom_series import CTVolume
 from clients.io.dicom_writer import write_dicom_series
 from clients.io.nifti import nifti_ct_volume, read_nifti_mask, write_nifti_mask
 from clients.io.windowing import CTPA_LEVEL, CTPA_WIDTH
 from clients.pe_seg.manifest import ManifestRow, write_manifest
+from strategies.registry import Registry
 
 __all__ = ["MSD_LOW_HU", "MSD_WIDTH_HU", "CTPA", "MSD_LUNG", "SETS"]
 
@@ -199,4 +200,4 @@ MSD_LUNG = SharedSet(
 )
 
 #: The task's shared sets by name (listed, default first, in :data:`clients.registry.TASKS`).
-SETS: dict[str, SharedSet] = {s.name: s for s in (CTPA, MSD_LUNG)}
+SETS: Registry[SharedSet] = set_registry(CTPA, MSD_LUNG)

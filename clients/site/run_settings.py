@@ -129,7 +129,7 @@ class SiteRunSettings:
         _require(0.0 <= scalars["momentum"] < 1.0, "momentum", "must be in [0, 1)",
                  scalars["momentum"])
         _require(scalars["optimizer"] in OPTIMIZERS, "optimizer",
-                 f"must be one of {OPTIMIZERS}", scalars["optimizer"])
+                 f"must be one of {list(OPTIMIZERS)}", scalars["optimizer"])
         _require(scalars["lr_schedule"] in LR_SCHEDULES, "lr-schedule",
                  f"must be one of {list(LR_SCHEDULES)}", scalars["lr_schedule"])
         _require(0.0 <= scalars["lr_floor"] <= 1.0, "lr-floor", "must be in [0, 1]",

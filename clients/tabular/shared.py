@@ -21,10 +21,11 @@ from pathlib import Path
 
 import numpy as np
 
-from clients.datagen.shared_set import SharedSet, SiteItems, source_path
+from clients.datagen.shared_set import SharedSet, SiteItems, set_registry, source_path
 from clients.tabular.heart_variables import HEART_FEATURES
 from clients.tabular.table import TableRow, format_value, write_table
 from clients.datagen.federation import hospital_name
+from strategies.registry import Registry
 
 __all__ = ["HEART_DISEASE", "SETS", "read_heart_disease"]
 
@@ -83,4 +84,4 @@ HEART_DISEASE = SharedSet(
 )
 
 #: The task's shared sets by name (listed, default first, in :data:`clients.registry.TASKS`).
-SETS: dict[str, SharedSet] = {HEART_DISEASE.name: HEART_DISEASE}
+SETS: Registry[SharedSet] = set_registry(HEART_DISEASE)

@@ -87,8 +87,5 @@ def augmented(base: Dataset, name: str) -> Dataset:
         For a name not in :data:`~clients.training.augmentation_levels.AUGMENTATIONS`,
         naming the key.
     """
-    if name not in AUGMENTATIONS:
-        raise ConfigError(f"run-config 'augmentation' must be one of {list(AUGMENTATIONS)}, "
-                          f"got {name!r}")
-    level = AUGMENTATIONS[name]
-    return base if level is None else AugmentedImages(base, level)
+    level = AUGMENTATIONS.get(name)
+    return AugmentedImages(base, level) if level.applies else base

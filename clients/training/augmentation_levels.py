@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from strategies.registry import Registry
+
 __all__ = ["AugmentationLevel", "AUGMENTATIONS"]
 
 
@@ -45,12 +47,18 @@ class AugmentationLevel:
     noise_std: float
     gamma: tuple[float, float]
 
+    @property
+    def applies(self) -> bool:
+        """Whether any transform can fire (``none``'s probability is 0: the images as loaded)."""
+        return self.probability > 0.0
 
-#: Run-config ``augmentation`` -> its strength; ``none`` trains on the images as loaded.
-AUGMENTATIONS: dict[str, AugmentationLevel | None] = {
-    "none": None,
-    "light": AugmentationLevel(probability=0.5, rotate_degrees=5.0, zoom=0.05, shift=0.05,
-                               noise_std=0.01, gamma=(0.9, 1.1)),
-    "strong": AugmentationLevel(probability=0.8, rotate_degrees=10.0, zoom=0.1, shift=0.1,
-                                noise_std=0.03, gamma=(0.7, 1.4)),
-}
+
+#: Run-config ``augmentation`` -> its strength; ``none`` (no transform fires) trains on the
+#: images as loaded.
+AUGMENTATIONS: Registry[AugmentationLevel] = Registry("augmentation level", "augmentation")
+AUGMENTATIONS.add("none", AugmentationLevel(probability=0.0, rotate_degrees=0.0, zoom=0.0,
+                                            shift=0.0, noise_std=0.0, gamma=(1.0, 1.0)))
+AUGMENTATIONS.add("light", AugmentationLevel(probability=0.5, rotate_degrees=5.0, zoom=0.05,
+                                             shift=0.05, noise_std=0.01, gamma=(0.9, 1.1)))
+AUGMENTATIONS.add("strong", AugmentationLevel(probability=0.8, rotate_degrees=10.0, zoom=0.1,
+                                              shift=0.1, noise_std=0.03, gamma=(0.7, 1.4)))

@@ -21,24 +21,25 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from strategies.registry import Registry
+
 __all__ = ["LR_SCHEDULES", "round_lr"]
 
+#: Run-config ``lr-schedule`` -> ``rate(lr, server_round, num_rounds, floor)``.
+LR_SCHEDULES: Registry[Callable[[float, int, int, float], float]] = Registry(
+    "learning-rate schedule", "lr-schedule")
 
+
+@LR_SCHEDULES.register("constant")
 def _constant(lr: float, server_round: int, num_rounds: int, floor: float) -> float:
     return lr
 
 
+@LR_SCHEDULES.register("cosine")
 def _cosine(lr: float, server_round: int, num_rounds: int, floor: float) -> float:
     progress = (min(max(server_round, 1), num_rounds) - 1) / num_rounds
     low = floor * lr
     return low + (lr - low) * (1.0 + math.cos(math.pi * progress)) / 2.0
-
-
-#: Run-config ``lr-schedule`` -> ``rate(lr, server_round, num_rounds, floor)``.
-LR_SCHEDULES: dict[str, Callable[[float, int, int, float], float]] = {
-    "constant": _constant,
-    "cosine": _cosine,
-}
 
 
 def round_lr(lr: float, schedule: str, server_round: int, num_rounds: int,
@@ -50,7 +51,7 @@ def round_lr(lr: float, schedule: str, server_round: int, num_rounds: int,
     lr : float
         Run-config ``lr``: the rate of round 1.
     schedule : str
-        Run-config ``lr-schedule``, a key of :data:`LR_SCHEDULES`.
+        Run-config ``lr-schedule``, a name in :data:`LR_SCHEDULES`.
     server_round, num_rounds : int
         The instruction's round and run-config ``num-server-rounds``.
     floor : float
@@ -58,7 +59,8 @@ def round_lr(lr: float, schedule: str, server_round: int, num_rounds: int,
 
     Raises
     ------
-    KeyError
-        For a schedule not in :data:`LR_SCHEDULES` (the run config refuses it first).
+    ConfigError
+        For a schedule not in :data:`LR_SCHEDULES`, naming the key (the run config
+        refuses it first).
     """
-    return LR_SCHEDULES[schedule](lr, server_round, num_rounds, floor)
+    return LR_SCHEDULES.get(schedule)(lr, server_round, num_rounds, floor)

@@ -17,7 +17,7 @@ import logging
 import math
 import secrets
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from clients.prediction.predictor import Predictor
 
 __all__ = ["SiteDataError", "TaskSettings", "EvalResult", "SiteTask", "make_optimizer",
-           "merged_report", "OPTIMIZERS", "EVAL_SPLITS"]
+           "sgd_optimizer", "adam_optimizer", "merged_report", "OPTIMIZERS", "EVAL_SPLITS"]
 
 log = logging.getLogger(__name__)
 
@@ -75,13 +75,28 @@ def merged_report(*reports: LoadReport) -> LoadReport:
     return merged
 
 
-def make_optimizer(name: str, params, lr: float, momentum: float) -> torch.optim.Optimizer:
-    """Local optimiser by name: ``sgd`` (heavy-ball momentum) or ``adam`` (beta1 = momentum)."""
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=momentum)
-    if name == "adam":
-        return torch.optim.Adam(params, lr=lr, betas=(momentum, 0.999))
-    raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {name!r}")
+def sgd_optimizer(params: Iterable[nn.Parameter], lr: float,
+                  momentum: float) -> torch.optim.Optimizer:
+    """``optimizer = "sgd"``: SGD with heavy-ball ``momentum``."""
+    return torch.optim.SGD(params, lr=lr, momentum=momentum)
+
+
+def adam_optimizer(params: Iterable[nn.Parameter], lr: float,
+                   momentum: float) -> torch.optim.Optimizer:
+    """``optimizer = "adam"``: Adam with beta1 = ``momentum``."""
+    return torch.optim.Adam(params, lr=lr, betas=(momentum, 0.999))
+
+
+def make_optimizer(name: str, params: Iterable[nn.Parameter], lr: float,
+                   momentum: float) -> torch.optim.Optimizer:
+    """Local optimiser by name, from :data:`OPTIMIZERS`.
+
+    Raises
+    ------
+    ConfigError
+        For a name not in :data:`OPTIMIZERS`, naming the key ``optimizer``.
+    """
+    return OPTIMIZERS.get(name)(params, lr, momentum)
 
 
 class SiteTask(ABC):

@@ -6,12 +6,20 @@ without loading torch; :mod:`clients.training.site_task` uses them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
+
+from strategies.registry import Registry
 
 __all__ = ["OPTIMIZERS", "TaskSettings"]
 
-#: The local optimisers a run config may name (``optimizer``).
-OPTIMIZERS = ("sgd", "adam")
+#: The local optimisers a run config may name (``optimizer``): ``factory(params, lr,
+#: momentum)`` by dotted path into :mod:`clients.training.site_task`, imported (with torch)
+#: on the first lookup, so that listing the names loads no torch.
+OPTIMIZERS: Registry[Callable[..., Any]] = Registry("local optimiser", "optimizer")
+OPTIMIZERS.add_path("sgd", "clients.training.site_task:sgd_optimizer")
+OPTIMIZERS.add_path("adam", "clients.training.site_task:adam_optimizer")
 
 
 @dataclass(frozen=True)

@@ -57,7 +57,7 @@ def test_a_volume_augments_in_3d_and_a_table_row_is_refused_naming_the_key() -> 
     torch.manual_seed(0)
     assert volume[0][0].shape == (1, 6, 8, 8)
     with pytest.raises(ConfigError, match="'augmentation' needs 2D or 3D images"):
-        AugmentedImages(_images((5,)), AUGMENTATIONS["light"])
+        AugmentedImages(_images((5,)), AUGMENTATIONS.get("light"))
     with pytest.raises(ConfigError, match="'augmentation' must be one of"):
         augmented(_images((8, 8)), "heavy")
 

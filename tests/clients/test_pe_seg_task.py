@@ -72,5 +72,5 @@ def test_site_without_any_usable_study_is_an_error(tmp_path: Path):
 
 
 def test_unknown_optimizer():
-    with pytest.raises(ValueError, match="optimizer must be one of"):
+    with pytest.raises(ValueError, match="'optimizer' must be one of"):
         make_optimizer("rmsprop", [torch.zeros(1, requires_grad=True)], 0.1, 0.9)
