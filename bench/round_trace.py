@@ -1,26 +1,39 @@
 """Which of the repository's files one default round goes through, and the hops between them.
 
-Runs :meth:`FederatedStrategy.start` of the default strategy (``build_strategy``
-of pyproject.toml's run config: FedAvg behind norm-bound with ``kappa``, fixed
-tau, uniform selection, codec ``none``) on the in-process engine
-(:class:`app.engine.InProcessGrid`) against three small synthetic pe-seg
-hospitals answered by the product's real ClientApp. Round 1 runs untraced (it
-imports torch and MONAI and loads each site's studies); round 2, one train and
-one evaluate exchange, runs under :func:`sys.setprofile`. Every Python call whose
-code lies in this repository (not in ``.venv``, not this script) is attributed
-to its file; a *hop* is a call from one repository file into another (the caller
-is the nearest repository frame up the stack). It reports, for the whole round,
-for the server (the ServerApp's strategy and the engine) and for the sites (what
-runs under the ClientApp):
+Runs the product's whole federation on the in-process engine
+(:func:`app.engine.run_federation`: the real ServerApp's :func:`~app.server_app.federate`,
+which builds the default strategy from pyproject.toml's run config (FedAvg behind
+norm-bound with ``kappa``, fixed tau, uniform selection, codec ``none``), the MLflow
+tracker and its outbox, and the per-round checkpoint, against three small synthetic
+pe-seg hospitals answered by the product's real ClientApp). Round 1 runs untraced
+(it imports torch, MONAI and MLflow, opens the store and loads each site's
+studies); round 2, from the end of round 1's round observer
+(:class:`app.server_app.RoundRecorder`) to the end of round 2's (train and
+evaluate exchanges, the round's MLflow record queued in the outbox, the server
+checkpoint written, the outbox flushed), runs under :func:`sys.setprofile`. The
+run then stops (the end of the federation, the cross-site evaluation and the
+models' logging are not part of a round). Every Python call whose code lies in
+this repository (not in ``.venv``, not this script) is attributed to its file; a
+*hop* is a call from one repository file into another (the caller is the nearest
+repository frame up the stack). It reports, for the whole round, for the server
+(the ServerApp, its strategy, tracking, checkpoint and the engine's grid) and
+for the sites (what runs under the ClientApp):
 
 * ``files``: the distinct repository files entered;
 * ``hops``: the distinct (caller file, callee file) pairs;
-* ``calls``: the calls that crossed a file boundary, counted each time.
+* ``calls``: the calls that crossed a file boundary, counted each time (it varies
+  from run to run: the exchanges poll the grid; not compared by the staleness test);
+* ``off_feature_files``: the round's files that belong to a feature the run has off
+  (:data:`FEATURES`, each with the run-config test that says it is off);
+* ``goal_files`` / ``goal_met``: issue 45's goal, at most that many files in a round.
 
-Run: ``.venv/bin/python bench/round_trace.py [--json bench/results/round_trace.json]``
-(about three minutes on two cores). ``bench/results/round_trace_94d096a.json`` is
-the same trace of the tree at commit 94d096a, before issue 27's round loop (this
-script and ``app/engine`` copied into it, run with ``PYTHONPATH`` = that tree).
+Run: ``.venv/bin/python bench/round_trace.py --json bench/results/round_trace.json``
+(about 30 s on two cores). ``tests/bench/test_round_trace.py`` runs the same
+trace and fails when the committed JSON no longer matches the tree.
+``bench/results/round_trace_94d096a.json`` is the strategy-only trace (the
+previous version of this script: ``FederatedStrategy.start`` on the engine, no
+ServerApp, tracking or checkpoint) of the tree at commit 94d096a, before issue
+27's round loop.
 """
 
 from __future__ import annotations
@@ -30,22 +43,93 @@ import json
 import sys
 import tempfile
 from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from fnmatch import fnmatch
 from pathlib import Path
+from typing import Any
 
-from flwr.app import ArrayRecord
-
-from app.config.run_config import RunConfig
-from app.engine import InProcessGrid, full_run_config, partition_sites, server_identity
-from app.server_app import build_strategy
+import app.server_app as server_app
+from app.engine import full_run_config, partition_sites, run_federation
 from clients.pe_seg.manifest import read_manifest, write_manifest
 from clients.pe_seg.synthetic import generate_federation
 from clients.registry import task_class
+from app.config.run_config import RunConfig
 
 #: The tree traced: the one this script lies in (the project is installed editable;
 #: ``PYTHONPATH=<tree>`` traces another checkout, the script copied into it).
 ROOT = Path(__file__).resolve().parents[1]
 
 SITES = 3
+#: The round traced (round 1 before it imports and loads; no later round runs).
+TRACED_ROUND = 2
+#: Issue 45's goal: one default round through at most this many files.
+GOAL_FILES = 35
+#: Overrides of pyproject.toml's run config: small and short, every feature as by default.
+RUN_OVERRIDES: dict[str, Any] = {
+    "num-server-rounds": TRACED_ROUND + 1,  # round 2 is not the last round
+    "min-nodes": SITES, "local-steps": 2, "batch-size": 2, "image-size": 32,
+    "node-wait-timeout": 30.0, "experiment": "round-trace",
+}
+
+
+@dataclass(frozen=True)
+class Feature:
+    """A feature of the product, its files (``fnmatch`` patterns of repository paths) and
+    the test that says it is off in a run (``off(run_config, global_model_keys)``)."""
+
+    name: str
+    patterns: tuple[str, ...]
+    off: Callable[[Mapping[str, Any], list[str]], bool]
+
+    def owns(self, path: str) -> bool:
+        return any(fnmatch(path, pattern) for pattern in self.patterns)
+
+
+def _statistics(keys: list[str]) -> bool:
+    return any(k.rsplit(".", 1)[-1] in ("running_mean", "running_var", "num_batches_tracked")
+               for k in keys)
+
+
+#: The features a default round should not touch when they are off (issue 45: "no file of
+#: a feature that is off"). A feature's ``none`` plug-in is one of its files: the round
+#: still crosses into it.
+FEATURES: tuple[Feature, ...] = (
+    Feature("control variates (SCAFFOLD)",
+            ("*scaffold*", "*control_variate*"),
+            lambda run, _: run["strategy.control-variates"] == "none"),
+    Feature("personalisation",
+            ("*personalis*", "*fedbn*", "*per_fedavg*", "*reptile*", "*site_adaptation*"),
+            lambda run, _: run["personalisation.method"] == "none"),
+    Feature("differential privacy",
+            ("*privacy*", "*private*", "*dp_*", "*opacus*", "*grad_sampler*"),
+            lambda run, _: float(run["privacy.noise-multiplier"]) == 0),
+    Feature("lr schedule",
+            ("*lr_schedule*",),
+            lambda run, _: run["lr-schedule"] == "constant"),
+    Feature("codec rate",
+            ("*codec_rate*",),
+            lambda run, _: run["strategy.codec-rate"] == "fixed"),
+    Feature("uplink codec",
+            ("strategies/codecs/*", "strategies/compression.py", "strategies/update_codec.py"),
+            lambda run, _: run["strategy.codec"] == "none"),
+    Feature("server optimizer",
+            ("*server_opt*",),
+            lambda run, _: (run["strategy.server-opt"] == "sgd"
+                            and float(run["server-opt.eta"]) in (0.0, 1.0))),
+    Feature("normalisation statistics",
+            ("*normalisation_statistics*",),
+            lambda _, keys: not _statistics(keys)),
+    Feature("pruning",
+            ("*prun*", "*model_sparsity*"),
+            lambda run, _: run["strategy.pruning"] == "none"),
+    Feature("downlink codec",
+            ("strategies/downlink*", "clients/site/last_global.py"),
+            lambda run, _: run["strategy.downlink-codec"] == "none"),
+    Feature("secure aggregation",
+            ("*secure*", "*secagg*"),
+            lambda run, _: run["strategy.secure-aggregation"] == "none"),
+)
 
 
 class FileTrace:
@@ -107,43 +191,107 @@ def small_hospitals(root: Path) -> None:
                        + [e for e in entries if e.split == "test"][:1])
 
 
-def trace_round(data_root: Path) -> FileTrace:
-    """Round 1 untraced, round 2 traced, of the default strategy on the in-process engine."""
-    config = full_run_config({"data-root": str(data_root), "min-nodes": SITES,
-                              "local-steps": 2, "batch-size": 2, "image-size": 32})
-    settings = RunConfig.from_mapping(config)
-    strategy = build_strategy(settings, federation="trace")
-    grid = InProcessGrid(partition_sites(SITES), config, run_id=1)
-    model = task_class(settings.task).model_for_run(settings.task_settings(), private=False)
-    arrays = ArrayRecord(model.state_dict())
+class _TracedRoundDone(Exception):
+    """Raised by the traced round observer after round 2: the federation stops there."""
+
+
+def trace_round(data_root: Path, work: Path, tracking_uri: str = "") -> tuple[FileTrace, dict]:
+    """Round 1 untraced, round 2 traced, of the default federation through the real apps.
+
+    ``work`` holds the checkpoints, the artefacts and (without ``tracking_uri``) a fresh
+    sqlite MLflow store. Returns the trace and the run config the federation ran with.
+    """
+    uri = tracking_uri or f"sqlite:///{work / 'mlflow.db'}"
+    overrides = {**RUN_OVERRIDES, "data-root": str(data_root), "tracking-uri": uri,
+                 "artifact-root": str(work / "artifacts"),
+                 "checkpoint-dir": str(work / "checkpoints")}
     trace = FileTrace(ROOT, Path(__file__).resolve())
-    with server_identity(1):
-        arrays = strategy.start(grid, arrays, num_rounds=1).arrays
-        sys.setprofile(trace)
-        try:
-            strategy.start(grid, arrays, num_rounds=2, first_round=2)
-        finally:
-            sys.setprofile(None)
-    report = strategy.reports[2]
-    assert len(report.train) == SITES and len(report.evaluate) == SITES, (
-        report.train_dropped, report.evaluate_dropped)
-    return trace
+    reports: dict[int, Any] = {}
+    recorder = server_app.RoundRecorder
+
+    class TracedRecorder(recorder):
+        """The ServerApp's round observer, tracing from the end of round 1 to the end of 2."""
+
+        def __call__(self, report, arrays) -> bool:
+            stop = super().__call__(report, arrays)
+            reports[report.server_round] = report
+            if report.server_round == TRACED_ROUND - 1:
+                sys.setprofile(trace)
+            elif report.server_round == TRACED_ROUND:
+                sys.setprofile(None)
+                raise _TracedRoundDone
+            return stop
+
+    server_app.RoundRecorder = TracedRecorder
+    try:
+        run_federation(overrides, partition_sites(SITES), run_id=1)
+    except _TracedRoundDone:
+        pass
+    finally:
+        sys.setprofile(None)
+        server_app.RoundRecorder = recorder
+    report = reports.get(TRACED_ROUND)
+    assert report is not None and len(report.train) == SITES and len(report.evaluate) == SITES, (
+        report and (report.train_dropped, report.evaluate_dropped))
+    assert (work / "checkpoints").is_dir(), "the traced round wrote no checkpoint"
+    return trace, full_run_config(overrides)
+
+
+def off_features(run_config: Mapping[str, Any]) -> list[Feature]:
+    """The features of :data:`FEATURES` that ``run_config`` has off."""
+    settings = RunConfig.from_mapping(run_config)
+    model = task_class(settings.task).model_for_run(settings.task_settings(), private=False)
+    keys = list(model.state_dict())
+    return [feature for feature in FEATURES if feature.off(run_config, keys)]
+
+
+def measure(tracking_uri: str = "") -> dict:
+    """The trace of one default round (:func:`trace_round` on fresh synthetic hospitals)."""
+    with tempfile.TemporaryDirectory() as folder:
+        data, work = Path(folder) / "data", Path(folder) / "work"
+        small_hospitals(data)
+        work.mkdir()
+        trace, run_config = trace_round(data, work, tracking_uri)
+    result: dict[str, Any] = {"round": trace.summary("server", "site"),
+                              "server": trace.summary("server"), "site": trace.summary("site")}
+    files = result["round"]["file_list"]
+    result["off_feature_files"] = {
+        feature.name: owned for feature in off_features(run_config)
+        if (owned := [path for path in files if feature.owns(path)])}
+    result["goal_files"] = GOAL_FILES
+    result["goal_met"] = (result["round"]["files"] <= GOAL_FILES
+                          and not result["off_feature_files"])
+    return result
+
+
+#: What the staleness test compares (``calls`` varies from run to run).
+COMPARED = ("files", "hops", "file_list", "hop_list")
+
+
+def comparable(result: Mapping[str, Any]) -> dict:
+    """The deterministic part of a result: per side, :data:`COMPARED`; the off-feature files."""
+    return {**{side: {key: result[side][key] for key in COMPARED}
+               for side in ("round", "server", "site")},
+            "off_feature_files": result["off_feature_files"]}
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, default=None, help="write the result here")
     args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory() as folder:
-        small_hospitals(Path(folder))
-        trace = trace_round(Path(folder))
-    result = {"round": trace.summary("server", "site"), "server": trace.summary("server"),
-              "site": trace.summary("site")}
-    for name, part in result.items():
+    result = measure()
+    for name in ("round", "server", "site"):
+        part = result[name]
         print(f"{name}: {part['files']} files, {part['hops']} hops "
               f"({part['calls']} calls across files)")
     for name in result["round"]["file_list"]:
         print(f"  {name}")
+    off = sum(len(paths) for paths in result["off_feature_files"].values())
+    print(f"files of features that are off: {off}")
+    for feature, paths in result["off_feature_files"].items():
+        print(f"  {feature}: {', '.join(paths)}")
+    print(f"goal: at most {GOAL_FILES} files, none of a feature that is off: "
+          f"{'met' if result['goal_met'] else 'not met'}")
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")
 
