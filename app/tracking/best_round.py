@@ -103,7 +103,7 @@ class BestRound:
             return evaluated.get(self.metric)
         values = [float(m[self.metric]) for m in sites.values()
                   if self.metric in m and math.isfinite(m[self.metric])]
-        return ROBUST_RULES[self.aggregate](values) if values else None
+        return ROBUST_RULES.get(self.aggregate)(values) if values else None
 
     def observe(self, server_round: int, evaluated: Mapping[str, float],
                 sites: Mapping[str, Mapping[str, float]], keys: list[str],

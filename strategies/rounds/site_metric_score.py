@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from strategies.registry import Registry
 from strategies.robust import coordinate_median
 
 __all__ = ["ROBUST_RULES", "SCORE_RULES", "TRIM_FRACTION", "site_median", "site_trimmed_mean"]
@@ -39,21 +40,24 @@ __all__ = ["ROBUST_RULES", "SCORE_RULES", "TRIM_FRACTION", "site_median", "site_
 TRIM_FRACTION = 0.2
 
 
+#: The robust rules by their run-config name (``best-round.aggregate``).
+ROBUST_RULES: Registry[Callable[[Sequence[float]], float]] = Registry(
+    "robust score rule", "best-round.aggregate")
+
+
+@ROBUST_RULES.register("median")
 def site_median(values: Sequence[float]) -> float:
     """The median of the sites' ``values`` (finite, at least one)."""
     return float(coordinate_median(np.asarray(values, np.float64)[:, None])[0])
 
 
+@ROBUST_RULES.register("trimmed-mean")
 def site_trimmed_mean(values: Sequence[float]) -> float:
     """The trimmed mean of the sites' ``values`` (finite, at least one), see the module."""
     n = len(values)
     cut = max(1, math.floor(TRIM_FRACTION * n)) if n >= 3 else 0
     return float(np.mean(np.sort(np.asarray(values, np.float64))[cut:n - cut]))
 
-
-#: The robust rules by their run-config name (``best-round.aggregate``).
-ROBUST_RULES: dict[str, Callable[[Sequence[float]], float]] = {
-    "median": site_median, "trimmed-mean": site_trimmed_mean}
 
 #: The choices of run config ``best-round.aggregate``: ``auto`` (robust behind a defence),
 #: ``mean`` (example-weighted) or a robust rule.
