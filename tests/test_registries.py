@@ -21,6 +21,7 @@ from strategies.errors import ConfigError, FedMedError
 from strategies.plugins.options import PluginError
 from strategies.plugins.pruning.prunefl import REPORT_CODECS
 from strategies.registry import Registry
+from strategies.rounds.site_metric_score import ROBUST_RULES
 
 #: (registry, its names, the key an unknown name is refused with, the error branch).
 TABLES = [
@@ -29,6 +30,7 @@ TABLES = [
     (AUGMENTATIONS, ["light", "none", "strong"], "augmentation", ConfigError),
     (DOWNLINK_CODECS, ["fp16", "none", "topk"], "strategy.downlink-codec", DownlinkCodecError),
     (REPORT_CODECS, ["fp16", "none", "topk"], "pruning.report-codec", PluginError),
+    (ROBUST_RULES, ["median", "trimmed-mean"], "best-round.aggregate", ConfigError),
 ]
 
 
