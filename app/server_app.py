@@ -57,8 +57,10 @@ from strategies.rounds.checkpoint import (
     run_folder,
     save_checkpoint,
 )
+from strategies.rounds.active_features import active_features
 from strategies.rounds.federated_strategy import FederatedStrategy
 from strategies.local_solver import LocalSolver
+from strategies.plugins.pruning.pruning_round import PruningRound
 from strategies.plugins.defences.defended import with_defence
 from strategies.plugins.registries import (
     AGGREGATORS,
@@ -92,9 +94,10 @@ def build_strategy(config: RunConfig, federation: str = "",
     if roster is None and config.federation_roster:
         roster = load_roster(config.federation_roster)
     sections, settings = config.plugin_options, config.run_settings()
+    aggregator = with_defence(build(DEFENCES, config.strategy_defence, sections, settings),
+                              build(AGGREGATORS, config.strategy_aggregator, sections, settings))
     return FederatedStrategy(
-        aggregator=with_defence(build(DEFENCES, config.strategy_defence, sections, settings),
-                                build(AGGREGATORS, config.strategy_aggregator, sections, settings)),
+        aggregator=aggregator,
         schedule=build(SCHEDULES, config.strategy_schedule, sections, settings),
         selector=build(SELECTORS, config.strategy_selector, sections, settings),
         policy=RoundPolicy(deadline=config.round_deadline, quorum=config.round_quorum,
@@ -106,7 +109,6 @@ def build_strategy(config: RunConfig, federation: str = "",
         codec=config.strategy_codec,
         codec_warmup_rounds=config.strategy_codec_warmup_rounds,
         codec_rate=build(CODEC_RATES, config.strategy_codec_rate, sections, settings),
-        downlink_codec=config.strategy_downlink_codec,
         error_feedback=config.strategy_error_feedback,
         federation=federation,
         seed=config.seed,
@@ -117,10 +119,13 @@ def build_strategy(config: RunConfig, federation: str = "",
         max_size_ratio=config.federation_max_size_ratio,
         secure_aggregation=build(SECURE_AGGREGATION, config.strategy_secure_aggregation,
                                  sections, settings),
-        pruning=build(PRUNINGS, config.strategy_pruning, sections, settings),
+        features=active_features(
+            aggregator=aggregator, seed=config.seed,
+            downlink_codec=config.strategy_downlink_codec,
+            pruning=build(PRUNINGS, config.strategy_pruning, sections, settings),
+            control_variates=build(CONTROL_VARIATES, config.strategy_control_variates,
+                                   sections, settings)),
         server_opt=build(SERVER_OPTIMIZERS, config.strategy_server_opt, sections, settings),
-        control_variates=build(CONTROL_VARIATES, config.strategy_control_variates, sections,
-                               settings),
     )
 
 
@@ -140,7 +145,7 @@ def prune_initial(strategy: FederatedStrategy, arrays: ArrayRecord, model: nn.Mo
     pruning over the model's prunable structure (:func:`clients.training.pruning.model_structure`,
     torch-pruning's dependency groups in structured mode), pruned weights zeroed; a resumed run
     keeps its checkpointed mask. ``arrays`` unchanged without pruning."""
-    pruning = strategy.train.pruning
+    pruning = strategy.train.feature(PruningRound)
     if pruning is None:
         return arrays
     example = torch.as_tensor(task.example_input(config.task_settings()))

@@ -67,10 +67,11 @@ class TrainReply:
     #: ``||a||_1`` of the tau the site was sent (a full round; 0 when unknown), by the server.
     tau_a_norm: float = 0.0
     #: The encoded squared gradients a re-pruning round asked for (``pruning-sqgrad`` of
-    #: ``delta``, decoded by :mod:`strategies.rounds.pruning_round`); None when not sent.
+    #: ``delta``, decoded by :mod:`strategies.plugins.pruning.pruning_round`); None when
+    #: not sent.
     sqgrad: np.ndarray | None = None
     #: SCAFFOLD's encoded ``Delta c_i`` (``scaffold-dc`` of ``delta``, decoded by
-    #: :mod:`strategies.rounds.control_variate_round`); None when not sent.
+    #: :mod:`strategies.plugins.control_variates.control_variate_round`); None when not sent.
     control_delta: np.ndarray | None = None
 
 

@@ -6,18 +6,19 @@ Built on :class:`flwr.serverapp.strategy.Strategy` (Message API) and composed of
 * a **local-steps schedule** (``fixed`` | ``adacomm``) that sets tau per round,
 * a **compression-rate schedule** (``fixed`` | ``adaptive``): the uplink codec's kept fraction,
 * a **client selector** (``uniform``), a **round policy** (deadline and quorum),
-* **control variates** (``none`` | ``scaffold``: SCAFFOLD's ``c`` next to the model),
 * a **server optimizer** (``sgd`` | ``avgm`` | ``adagrad`` | ``adam`` | ``yogi``),
 * **secure aggregation** (``none`` | ``secagg+``): with SecAgg+ the train half of a round is
   :class:`~strategies.rounds.secure_train.SecureTrain`'s four exchanges and the coordinator learns
   only the sum of the sites' updates,
 
-each chosen by name from the run config (:mod:`strategies.registry`). Unlike FedAvg it
+each chosen by name from the run config (:mod:`strategies.registry`), and the run's active
+**round features** (:mod:`strategies.rounds.round_feature`: what a run adds to each round's
+instructions, replies, new model and checkpoint), which the loop calls without naming one.
+Unlike FedAvg it
 
 * waits a bounded time for sites to connect (:func:`wait_for_nodes`), not forever;
 * sends every site its own fresh ``RecordDict`` and ``ConfigRecord`` (Flower's FedAvg shares one
-  content object between all train messages), the model optionally compressed with the server's
-  error feedback (:mod:`strategies.downlink`);
+  content object between all train messages);
 * receives *updates* ``delta_i = x_global - x_local_i``, applies ``x <- x - Delta``;
 * validates every reply on its own and drops a malformed one or a straggler, with a logged reason;
 * folds each reply's update into the aggregate as it arrives (linear aggregators), or holds the
@@ -37,26 +38,26 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from logging import INFO, WARNING
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 from flwr.supercore import log
 
 from strategies.compression import check_warmup
-from strategies.downlink import ServerDownlink
 from strategies.errors import FederationError
 from strategies.local_solver import LocalSolver
-from strategies.plugins.protocols import (Aggregator, CodecRate, ControlVariates, Pruning,
-                                          Schedule, SecureAggregation, Selector, ServerOptimizer)
+from strategies.plugins.protocols import (Aggregator, CodecRate, Schedule, SecureAggregation,
+                                          Selector, ServerOptimizer)
 from strategies.plugins.schedules.codec_rate import FixedCodecRate
 from strategies.replies import MetricsReply, parse_metrics_reply
 from strategies.rounds.exchange import Exchanged, exchange, wait_for_nodes
-from strategies.rounds.instructions import Uplink, site_messages
+from strategies.rounds.instructions import Uplink, evaluate_messages
 from strategies.rounds.reply_intake import Cap, ReplyIntake, Taken
+from strategies.rounds.round_feature import RoundFeature
 from strategies.rounds.round_metrics import example_weighted_metrics
 from strategies.rounds.round_policy import RoundPolicy
 from strategies.rounds.round_report import RoundReport
@@ -96,9 +97,8 @@ class FederatedStrategy(Strategy):
         Seconds to wait for ``min_nodes`` sites before failing.
     time_budget : float
         Per-round wall-clock budget sent to sites (0 = none); they report the steps done.
-    codec, downlink_codec : str
-        Update codec spec for the uplink (:mod:`strategies.compression`); for the downlink
-        (:mod:`strategies.downlink`; ``none``: dense, as sent before).
+    codec : str
+        Update codec spec for the uplink (:mod:`strategies.compression`).
     codec_warmup_rounds : int
         Rounds over which the uplink codec's kept fraction warms up
         (:mod:`strategies.codecs.warmup`; 0: none).
@@ -128,13 +128,9 @@ class FederatedStrategy(Strategy):
     secure_aggregation : SecureAggregation, optional
         ``strategy.secure-aggregation``: with settings (``secagg+``) each train half of a round is
         a SecAgg+ round (:class:`SecureTrain`); default none (the plain round).
-    pruning : Pruning, optional
-        ``strategy.pruning``: an active one (``prunefl``) prunes the model the sites train and
-        receive (:mod:`strategies.rounds.pruning_round`; the first model goes through its
-        ``start``); its mask is checkpointed with the strategy.
-    control_variates : ControlVariates, optional
-        ``strategy.control-variates``: an active one (``scaffold``) sends its ``c`` with every
-        train instruction (:mod:`strategies.rounds.control_variate_round`); checkpointed.
+    features : Sequence[RoundFeature]
+        The run's active round features (:func:`strategies.rounds.active_features.
+        active_features`), each checkpointed under its own keys; none by default.
     server_opt : ServerOptimizer, optional
         ``strategy.server-opt`` (:class:`TrainStage`; default ``sgd``); checkpointed.
     """
@@ -153,7 +149,6 @@ class FederatedStrategy(Strategy):
         codec: str = "none",
         codec_warmup_rounds: int = 0,
         codec_rate: CodecRate | None = None,
-        downlink_codec: str = "none",
         error_feedback: bool = True,
         federation: str = "",
         seed: int = 0,
@@ -163,8 +158,7 @@ class FederatedStrategy(Strategy):
         max_held_mb: float = DEFAULT_MAX_HELD_MB,
         max_size_ratio: float = DEFAULT_MAX_SIZE_RATIO,
         secure_aggregation: SecureAggregation | None = None,
-        pruning: Pruning | None = None,
-        control_variates: ControlVariates | None = None,
+        features: Sequence[RoundFeature] = (),
         server_opt: ServerOptimizer | None = None,
     ) -> None:
         if min_nodes < 1:
@@ -188,9 +182,9 @@ class FederatedStrategy(Strategy):
         self.train = TrainStage(
             aggregator=aggregator, schedule=schedule, selector=selector,
             codec_rate=codec_rate or FixedCodecRate(), sites=self.sites, policy=self.policy,
-            uplink=self.uplink, downlink=ServerDownlink(downlink_codec, seed),
-            local_solver=self.local_solver, max_empty_rounds=max_empty_rounds, pruning=pruning,
-            max_held_mb=max_held_mb, control_variates=control_variates, server_opt=server_opt)
+            uplink=self.uplink, local_solver=self.local_solver,
+            max_empty_rounds=max_empty_rounds, max_held_mb=max_held_mb, features=features,
+            server_opt=server_opt)
         settings = secure_aggregation.settings if secure_aggregation is not None else None
         self.secure = None if settings is None else SecureTrain(settings, self.train)
         self._evaluate_intake: ReplyIntake[MetricsReply] = self._intake_of({})
@@ -266,11 +260,8 @@ class FederatedStrategy(Strategy):
             rng = np.random.default_rng([self.seed, server_round])
             nodes = sorted(int(n) for n in rng.choice(sorted(nodes), size=count, replace=False))
         self._evaluate_intake = self._intake_of({n: self.sites.label(n) for n in nodes})
-        if self.train.pruning is not None:  # the compacted model, the mask to who lacks it
-            return self.train.pruning.evaluate_messages(nodes, arrays, config, server_round,
-                                                        self.uplink.evaluate_settings)
-        return site_messages(nodes, arrays, config, server_round, MessageType.EVALUATE,
-                             self.uplink.evaluate_settings)
+        return evaluate_messages(nodes, self.train.outgoing(arrays), config, server_round,
+                                 self.uplink.evaluate_settings, self.train.features)
 
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]
@@ -296,15 +287,16 @@ class FederatedStrategy(Strategy):
     def snapshot(self) -> dict:
         """The strategy's state to checkpoint (plug-ins and what it learnt of the sites);
         an adaptive compression rate's state under ``codec-rate`` (a fixed one has none,
-        so checkpoints without it keep their layout), the pruning mask under ``pruning``,
-        SCAFFOLD's ``c`` under ``control-variates``, the server optimizer under ``server-opt``."""
+        so checkpoints without it keep their layout), the server optimizer under
+        ``server-opt``, each active feature's state under its own keys
+        (:meth:`~strategies.rounds.round_feature.RoundFeature.snapshot`)."""
         train = self.train
-        optional = {"codec-rate": None if isinstance(train.codec_rate, FixedCodecRate)
-                    else train.codec_rate, "pruning": train.pruning and train.pruning.pruning,
-                    "control-variates": train.control and train.control.control}
+        rate = {} if isinstance(train.codec_rate, FixedCodecRate) else {
+            "codec-rate": train.codec_rate}
         return {"aggregator": train.aggregator, "schedule": train.schedule,
-                "selector": train.selector, "server-opt": train.server_opt,
-                **{key: value for key, value in optional.items() if value is not None},
+                "selector": train.selector, "server-opt": train.server_opt, **rate,
+                **{key: value for feature in train.features
+                   for key, value in feature.snapshot().items()},
                 **self.sites.snapshot()}
 
     def restore(self, state: dict) -> None:
@@ -314,10 +306,8 @@ class FederatedStrategy(Strategy):
         train.selector = state["selector"]
         train.server_opt = state.get("server-opt", train.server_opt)  # older checkpoints: sgd
         train.codec_rate = state.get("codec-rate", train.codec_rate)
-        if train.pruning is not None:
-            train.pruning.pruning = state["pruning"]
-        if train.control is not None:
-            train.control.control = state["control-variates"]
+        for feature in train.features:
+            feature.restore(state)
         self.sites = train.sites = SiteBook.restore(state, self.sites.roster,
                                                       self.sites.max_size_ratio)
 

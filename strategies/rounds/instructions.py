@@ -9,13 +9,15 @@ A train instruction also carries the round's local steps tau, the uplink codec
 and its per-round, per-site seed (:func:`strategies.compression.derive_seed`),
 which the server needs again to validate and decode the site's reply
 (:class:`TrainPlan`). The global model goes down as one packed buffer
-(:mod:`strategies.model_packing`), or, with a downlink codec, as a compressed
-step or a dense snapshot per node (:func:`train_messages`, :mod:`strategies.downlink`).
+(:mod:`strategies.model_packing`); the round's active features
+(:mod:`strategies.rounds.round_feature`) add to a train or evaluate exchange's
+:class:`Instructions` before they become messages (with a downlink codec, a compressed
+step or a dense snapshot per node, :mod:`strategies.downlink`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -24,15 +26,16 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 
 from strategies import message_keys as keys
 from strategies.compression import derive_seed, parse_spec, warmup_spec
-from strategies.downlink import ServerDownlink
 from strategies.local_solver import LocalSolver
 from strategies.model_packing import pack_arrays
 from strategies.replies import TrainReply, parse_train_reply
+from strategies.rounds.site_book import SiteBook
 
 if TYPE_CHECKING:
-    from strategies.rounds.pruning_round import PruningRound
+    from strategies.rounds.round_feature import RoundFeature
 
-__all__ = ["Uplink", "TrainPlan", "site_messages", "train_messages", "query_messages"]
+__all__ = ["Uplink", "TrainPlan", "Instructions", "site_messages", "train_messages",
+           "evaluate_messages", "query_messages"]
 
 
 @dataclass(frozen=True)
@@ -160,33 +163,84 @@ def site_messages(
     return messages
 
 
+@dataclass
+class Instructions:
+    """One exchange's instructions while the round's features add to them.
+
+    Attributes
+    ----------
+    message_type : str
+        ``MessageType.TRAIN`` or ``MessageType.EVALUATE``.
+    server_round : int
+        The round.
+    node_ids : list[int]
+        The nodes addressed, in order.
+    model : ArrayRecord
+        The model as the instructions carry it (every feature's ``outgoing`` applied).
+    settings : dict[int, dict]
+        Per node, its config entries (beyond the run's config and the round).
+    reference : Sequence[np.ndarray]
+        ``model``'s arrays (what a payload next to the model is sized by; empty when the
+        exchange's features need none).
+    sites : SiteBook or None
+        The federation's site book (None when the exchange's features need none).
+    records : dict[int, ArrayRecord] or None
+        Per node, the record its model travels in; None until a feature needs them
+        (:meth:`packed`): ``model`` packed once for every node.
+    """
+
+    message_type: str
+    server_round: int
+    node_ids: list[int]
+    model: ArrayRecord
+    settings: dict[int, dict]
+    reference: Sequence[np.ndarray] = ()
+    sites: SiteBook | None = None
+    records: dict[int, ArrayRecord] | None = None
+
+    def packed(self) -> dict[int, ArrayRecord]:
+        """Each node's model record, ``model`` packed once when no feature set them."""
+        if self.records is None:
+            packed = pack_arrays(self.model)
+            self.records = {node: packed for node in self.node_ids}
+        return self.records
+
+    def messages(self, config: ConfigRecord,
+                 features: Sequence[RoundFeature] = ()) -> list[Message]:
+        """The messages, after each of ``features`` attached its entries, in order."""
+        for feature in features:
+            feature.attach(self)
+        return site_messages(self.node_ids, self.model, config, self.server_round,
+                             self.message_type, self.settings.__getitem__, self.records)
+
+
+# pylint: disable=too-many-arguments
 def train_messages(node_ids: list[int], arrays: ArrayRecord, config: ConfigRecord,
                    server_round: int, plan: TrainPlan, uplink: Uplink,
-                   downlink: ServerDownlink, pruning: PruningRound | None = None
+                   features: Sequence[RoundFeature] = (), *,
+                   reference: Sequence[np.ndarray] = (), sites: SiteBook | None = None
                    ) -> list[Message]:
     """The round's train instructions: each node's settings from ``plan``, and the model.
 
-    With an active ``downlink`` the model goes through
-    :meth:`ServerDownlink.prepare` (a compressed step to the nodes in sync, a
-    dense snapshot to the others, the header in each config); otherwise packed
-    as it is, the same bytes as without a downlink codec. With ``pruning``,
-    ``arrays`` is the compacted model (:meth:`PruningRound.outgoing`), every config
-    names the mask version and a node that does not hold that mask gets it too
-    (:meth:`PruningRound.with_mask`).
+    ``arrays`` is the model as sent (the ``outgoing`` of the round's active ``features``,
+    ``reference`` its arrays); each feature then attaches its entries
+    (:meth:`Instructions.messages`). Without features the model goes packed as it is.
     """
-    settings = (lambda node: plan.settings(node, uplink)) if pruning is None else (
-        lambda node: {**plan.settings(node, uplink), **pruning.settings(server_round)})
-    if not downlink.active:
-        if pruning is None:
-            return site_messages(node_ids, arrays, config, server_round, MessageType.TRAIN,
-                                 settings)
-        return site_messages(node_ids, arrays, config, server_round, MessageType.TRAIN,
-                             settings, pruning.packed_for(node_ids, arrays))
-    down = downlink.prepare(server_round, arrays, node_ids)
-    records = down.arrays if pruning is None else pruning.with_mask(node_ids, down.arrays)
-    return site_messages(node_ids, arrays, config, server_round, MessageType.TRAIN,
-                         lambda node: {**settings(node), **down.headers[node].settings()},
-                         records)
+    draft = Instructions(MessageType.TRAIN, server_round, list(node_ids), arrays,
+                         {node: plan.settings(node, uplink) for node in node_ids},
+                         reference=reference, sites=sites)
+    return draft.messages(config, features)
+
+
+# pylint: disable=too-many-arguments
+def evaluate_messages(node_ids: list[int], arrays: ArrayRecord, config: ConfigRecord,
+                      server_round: int, settings: Callable[[int], dict],
+                      features: Sequence[RoundFeature] = ()) -> list[Message]:
+    """The round's evaluate instructions: ``settings(node)`` in each config, the model
+    ``arrays`` as the active ``features`` send it, each feature's entries attached."""
+    draft = Instructions(MessageType.EVALUATE, server_round, list(node_ids), arrays,
+                         {node: settings(node) for node in node_ids})
+    return draft.messages(config, features)
 
 
 def query_messages(node_ids: list[int], arrays: ArrayRecord, server_round: int,

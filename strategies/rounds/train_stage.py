@@ -13,14 +13,21 @@ optimizer turn the update into the model's step, records the round's traffic and
 lets both schedules observe it. It owns the train plug-ins (aggregator, schedules,
 selector, server optimizer) and the round's train state (plan, bytes sent, the model
 the updates apply to).
+
+What a run switches on beyond them reaches the round through the stage's active
+round features (:mod:`strategies.rounds.round_feature`, built by
+:func:`strategies.rounds.active_features.active_features`): the stage calls each
+feature's hooks in order and names none of them (``tests/strategies/
+test_round_feature_seam.py``).
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from functools import partial
 from logging import INFO, WARNING
+from typing import TypeVar
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
@@ -30,20 +37,18 @@ from flwr.supercore import log
 from strategies import message_keys as keys
 from strategies.aggregation import apply_update
 from strategies.compression import parse_spec
-from strategies.downlink import ServerDownlink
 from strategies.errors import FederationError
 from strategies.local_solver import LocalSolver
 from strategies.plugins.defences.defended import DefendedAggregator
-from strategies.plugins.protocols import (Aggregator, CodecRate, ControlVariates, Pruning,
-                                          Schedule, Selector, ServerOptimizer)
+from strategies.plugins.protocols import (Aggregator, CodecRate, Schedule, Selector,
+                                          ServerOptimizer)
 from strategies.plugins.server_opt.sgd import ServerSGD
 from strategies.plugins.schedules.codec_rate import SiteRound
 from strategies.replies import TrainReply
-from strategies.rounds.control_variate_round import ControlVariateRound, federation_size
 from strategies.rounds.instructions import TrainPlan, Uplink, train_messages
 from strategies.rounds.normalisation_statistics import RoundStatistics, StatisticPositions
-from strategies.rounds.pruning_round import PruningRound
 from strategies.rounds.reply_intake import Cap, ReplyIntake, Taken
+from strategies.rounds.round_feature import RoundFeature, RoundReplies
 from strategies.rounds.round_metrics import aggregated_replies, example_weighted_metrics
 from strategies.rounds.round_policy import RoundPolicy
 from strategies.rounds.round_report import RoundReport
@@ -55,6 +60,8 @@ from strategies.rounds.update_stream import DEFAULT_MAX_HELD_MB, AggregateOutcom
 __all__ = ["OFFLINE", "NoValidRepliesError", "TrainStage", "site_rounds", "trained_arrays"]
 
 OFFLINE = "site offline: not connected to the SuperLink"
+
+F = TypeVar("F", bound=RoundFeature)
 
 
 class NoValidRepliesError(FederationError):
@@ -98,22 +105,15 @@ class TrainStage:
         Deadline, quorum and timeout of the selector's query exchange.
     uplink : Uplink
         The sites' codec, error feedback, federation id, time budget and seeds.
-    downlink : ServerDownlink
-        The downlink codec and its per-node acknowledged versions.
     local_solver : LocalSolver
         The sites' optimiser settings (the server's FedNova a-norm of a reply).
     max_empty_rounds : int
         Abort after this many consecutive rounds without one usable reply.
     max_held_mb : float
         Run config ``round.max-held-mb`` (:mod:`strategies.rounds.update_stream`).
-    pruning : Pruning, optional
-        ``strategy.pruning``: an active one (``prunefl``) makes every round a pruned round
-        (:class:`~strategies.rounds.pruning_round.PruningRound`: compacted model and updates,
-        the mask to the sites, re-pruning); none or ``none``: dense rounds.
-    control_variates : ControlVariates, optional
-        ``strategy.control-variates``: an active one (``scaffold``) sends ``c`` with every
-        train instruction and adds the replies' ``Delta c_i``, defended and combined as the
-        updates are (:class:`~strategies.rounds.control_variate_round.ControlVariateRound`).
+    features : Sequence[RoundFeature]
+        The run's active round features, in the order their hooks are called
+        (:func:`~strategies.rounds.active_features.active_features`); none by default.
     server_opt : ServerOptimizer, optional
         ``strategy.server-opt``: the step the aggregator's ``Delta`` makes (default
         ``sgd``, ``x - Delta``).
@@ -122,16 +122,15 @@ class TrainStage:
     # pylint: disable=too-many-arguments,too-many-instance-attributes
     def __init__(self, *, aggregator: Aggregator, schedule: Schedule, selector: Selector,
                  codec_rate: CodecRate, sites: SiteBook,
-                 policy: RoundPolicy, uplink: Uplink, downlink: ServerDownlink,
-                 local_solver: LocalSolver, max_empty_rounds: int = 3,
-                 max_held_mb: float = DEFAULT_MAX_HELD_MB,
-                 pruning: Pruning | None = None,
-                 control_variates: ControlVariates | None = None,
+                 policy: RoundPolicy, uplink: Uplink, local_solver: LocalSolver,
+                 max_empty_rounds: int = 3, max_held_mb: float = DEFAULT_MAX_HELD_MB,
+                 features: Sequence[RoundFeature] = (),
                  server_opt: ServerOptimizer | None = None) -> None:
         self.aggregator, self.schedule, self.selector = aggregator, schedule, selector
         self.server_opt = server_opt or ServerSGD()
         self.codec_rate, self.sites, self.policy = codec_rate, sites, policy
-        self.uplink, self.downlink, self.local_solver = uplink, downlink, local_solver
+        self.uplink, self.local_solver = uplink, local_solver
+        self.features: list[RoundFeature] = list(features)
         self.max_empty_rounds = max_empty_rounds
         self.stream = UpdateStream(max_held_mb)
         self.statistics = RoundStatistics(self.stream)
@@ -140,11 +139,25 @@ class TrainStage:
         self.keys: list[str] = []
         self.reference: list[np.ndarray] = []
         self.empty_rounds = 0
-        self.pruning = (PruningRound(pruning) if pruning is not None and pruning.active
-                        else None)
-        self.control = (ControlVariateRound(control_variates, downlink.spec, aggregator)
-                        if control_variates is not None and control_variates.active else None)
         self.intake: ReplyIntake[TrainReply] = self._intake({})
+
+    #: The stage's active features, by the name ``secure_train.py`` passes them to
+    #: :func:`train_messages` with (#45: to go when it passes ``stage.features``).
+    downlink = property(lambda self: self.features)
+
+    def feature(self, kind: type[F]) -> F | None:
+        """The active feature of class ``kind``, or None when that feature is off."""
+        for feature in self.features:
+            if isinstance(feature, kind):
+                return feature
+        return None
+
+    def outgoing(self, arrays: ArrayRecord) -> ArrayRecord:
+        """The global model ``arrays`` as this round's instructions carry it (each feature's
+        :meth:`~strategies.rounds.round_feature.RoundFeature.outgoing`, in order)."""
+        for feature in self.features:
+            arrays = feature.outgoing(arrays)
+        return arrays
 
     def _intake(self, expected: dict[int, str]) -> ReplyIntake[TrainReply]:
         """The round's intake: replies parsed against this round's plan and model, then
@@ -164,23 +177,20 @@ class TrainStage:
                               robust=isinstance(self.aggregator, DefendedAggregator))
         self.plan = TrainPlan.for_round(node_ids, self.schedule.tau, self.uplink, server_round,
                                         self.codec_rate.rate_for(parse_spec(self.uplink.codec)))
-        sent = arrays if self.pruning is None else self.pruning.outgoing(arrays)
-        messages = train_messages(node_ids, sent, config, server_round, self.plan,
-                                  self.uplink, self.downlink, self.pruning)
+        messages = train_messages(node_ids, self.outgoing(arrays), config, server_round,
+                                  self.plan, self.uplink, self.features,
+                                  reference=self.reference, sites=self.sites)
         self.intake = self._intake({n: self.sites.label(n) for n in node_ids})
-        if self.control is not None:  # c next to the model (SCAFFOLD)
-            messages = self.control.attach(messages, self.reference,
-                                           federation_size(self.sites))
         self.down_bytes = bytes_down(messages)
         return messages
 
     def select(self, server_round: int, arrays: ArrayRecord, grid: Grid, nodes: list[int],
                report: RoundReport) -> list[int]:
-        """The round's model (``keys``, ``reference``: compacted when pruned) and the sites the
-        selector picks among the connected ``nodes`` (offline ones recorded as dropped)."""
+        """The round's model (``keys``, ``reference``: as :meth:`outgoing` sends it) and the
+        sites the selector picks among the connected ``nodes`` (offline ones recorded as
+        dropped)."""
         self.keys = list(arrays.keys())
-        sent = arrays if self.pruning is None else self.pruning.outgoing(arrays)
-        self.reference = sent.to_numpy_ndarrays()
+        self.reference = self.outgoing(arrays).to_numpy_ndarrays()
         context = SelectionContext(
             sizes=self.sites.capped_sizes(), last_losses=dict(self.sites.last_losses),
             query_losses=lambda candidates, subset: query_losses(
@@ -223,10 +233,12 @@ class TrainStage:
                  ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """The round's ``outcome`` over its ``accepted`` replies into ``report`` and the model.
 
-        Per-site metrics, the sites learnt, traffic and what the schedules observe; the new
-        model (statistics and counters settled, :meth:`RoundStatistics.settle`, then the
-        server optimizer's step), or the old one with the aggregator as it was ``before``
-        the round, and the server optimizer as it was, when there is none.
+        Per-site metrics, the sites learnt, traffic, what each feature and the schedules
+        observe; the new model (statistics and counters settled,
+        :meth:`RoundStatistics.settle`, then the server optimizer's step, then each
+        feature's :meth:`~strategies.rounds.round_feature.RoundFeature.conclude`), or the
+        old one with the aggregator as it was ``before`` the round, and the server optimizer
+        as it was, when there is none.
         """
         for reply in outcome.used:
             if report.train_dropped.get(reply.site) == OFFLINE:  # it came back on a new node
@@ -234,15 +246,10 @@ class TrainStage:
             report.train[reply.site] = dict(reply.metrics)
             self.sites.learn(reply.node_id, reply.site, reply.num_examples, reply.train_loss)
         record_selection(report, self.selector, self.sites.label)
-        if self.pruning is not None:
-            self.pruning.acknowledge(accepted, self.plan.tau)
         record_traffic(report, self.down_bytes, accepted, self.reference, self.sites.label)
-        if self.control is not None:  # every accepted reply's site has saved its c_i
-            report.strategy.update(self.control.observe(
-                accepted, self.plan, self.reference, federation_size(self.sites),
-                report.train_dropped))
-        if self.downlink.active:  # a dense downlink records nothing
-            report.strategy.update(self.downlink.observe(accepted, self.down_bytes))
+        replies = RoundReplies(accepted, self.plan, self.reference, self.sites, self.down_bytes)
+        for feature in self.features:
+            report.strategy.update(feature.observe(report, replies))
         report.strategy.update(self.schedule.observe(outcome.used))
         report.strategy.update(self.codec_rate.observe(parse_spec(self.plan.codec).fraction,
                                                        site_rounds(report, outcome.used)))
@@ -268,10 +275,10 @@ class TrainStage:
             step = self.server_opt.step(delta, trained_arrays(self.reference,
                                                               self.statistics.positions))
             updated, report.aggregation_failed = apply_update(self.reference, step, self.keys)
-        if updated is not None and self.pruning is not None:
-            updated, info = self.pruning.conclude(report.server_round, self.keys, updated,
-                                                  outcome.used)
-            report.strategy.update(info)
+        if updated is not None:
+            for feature in self.features:
+                updated, info = feature.conclude(report, self.keys, updated, outcome.used)
+                report.strategy.update(info)
         if updated is None:
             self.aggregator, self.server_opt = before, optimizer
             log(WARNING, "aggregate_train: round %d: %s", report.server_round,

@@ -11,6 +11,7 @@ import pytest
 
 from app.engine import partition_sites, run_federation
 from strategies.plugins.pruning.mask import kept_count
+from strategies.plugins.pruning.pruning_round import PruningRound
 from strategies.update_codec import dense_bytes
 from tests.app.restored_strategy import restored_strategy
 from tests.integration.conftest import write_small_hospitals
@@ -24,7 +25,7 @@ PRUNED = {"num-server-rounds": 2, "local-steps": 2, "image-size": 32, "batch-siz
 def _checkpoint(folder: Path, overrides: dict):
     """The federation's last checkpoint and the pruning plug-in restored from it."""
     checkpoint, strategy = restored_strategy(folder, overrides)
-    return checkpoint, strategy.train.pruning.pruning
+    return checkpoint, strategy.train.feature(PruningRound).pruning
 
 
 @pytest.fixture(scope="module")

@@ -25,6 +25,7 @@ from clients.cxr_cls.synthetic import generate_site, site_profiles
 from strategies import message_keys as keys
 from strategies.compression import decode, encode
 from strategies.model_packing import named_arrays, record_of
+from strategies.plugins.control_variates.control_variate_round import ControlVariateRound
 from tests.app.restored_strategy import restored_strategy
 
 #: The factor on the attacker's round-1 Delta c_i.
@@ -71,7 +72,7 @@ def _federation(root: Path, mlflow_store, attacked: bool) -> dict:
         sites[-1] = dataclasses.replace(sites[-1], handler=_boosted_control)
     outcome = run_federation(overrides, sites, run_id=RUN_ID)
     _, strategy = restored_strategy(root / "ckpt", overrides)
-    scaffold = strategy.train.control.control
+    scaffold = strategy.train.feature(ControlVariateRound).control
     model = np.concatenate([a.ravel() for a in outcome.arrays.to_numpy_ndarrays()
                             if a.dtype.kind == "f"]).astype(np.float64)
     return {"model": model, "c": scaffold.total / scaffold.sites, "reports": outcome.reports}

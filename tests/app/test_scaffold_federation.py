@@ -17,6 +17,7 @@ import pytest
 from app.engine import VirtualSite, partition_sites, run_federation
 from clients.cxr_cls.synthetic import generate_site, site_profiles
 from clients.site.site_scaffold import CONTROL_NAME
+from strategies.plugins.control_variates.control_variate_round import ControlVariateRound
 from tests.app.restored_strategy import restored_strategy
 
 EVALUATE_ONLY = Path(__file__).resolve().parents[2] / "configs" / "site-policy-evaluate-only.toml"
@@ -36,7 +37,7 @@ def _tiny_hospitals(root: Path, count: int) -> None:
 def _server_c(folder: Path, overrides: dict) -> tuple[np.ndarray, int, str]:
     """The server's c restored from the federation's checkpoint, its N and the federation."""
     _, strategy = restored_strategy(folder, overrides)
-    scaffold = strategy.train.control.control
+    scaffold = strategy.train.feature(ControlVariateRound).control
     return scaffold.total / scaffold.sites, scaffold.sites, strategy.uplink.federation
 
 

@@ -9,7 +9,9 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from strategies import message_keys as keys
 from strategies.downlink_header import PAYLOAD_KEY, RAW_KEY, DownlinkHeader
 from strategies.model_packing import pack_arrays
+from strategies.downlink_feature import DownlinkFeature
 from strategies.plugins.registries import AGGREGATORS, SCHEDULES, SELECTORS
+from strategies.rounds.active_features import active_features
 from strategies.rounds.federated_strategy import FederatedStrategy
 from strategies.update_codec import pack_update
 from tests.strategies.scripted_grid import flower_round, scripted_grid
@@ -37,7 +39,8 @@ def _strategy(downlink: str) -> FederatedStrategy:
     return FederatedStrategy(aggregator=AGGREGATORS.create("fedavg"),
                              schedule=SCHEDULES.create("fixed", tau0=4),
                              selector=SELECTORS.create("uniform"), min_nodes=2,
-                             node_wait_timeout=1, downlink_codec=downlink)
+                             node_wait_timeout=1,
+                             features=active_features(downlink_codec=downlink))
 
 
 def _model(weights: np.ndarray) -> ArrayRecord:
@@ -94,4 +97,4 @@ def test_acknowledged_site_gets_the_step_the_other_a_snapshot():
     assert DownlinkHeader.from_config(second[12].content[keys.CONFIG]).dense
     traffic = strategy.reports[2].traffic
     assert traffic["a"]["bytes-down"] * 10 < traffic["b"]["bytes-down"]
-    assert strategy.train.downlink.held == {11: 2, 12: 2}
+    assert strategy.train.feature(DownlinkFeature).downlink.held == {11: 2, 12: 2}

@@ -28,7 +28,8 @@ from strategies.model_buffer import unpack_model
 from strategies.plugins.pruning.prunefl import PruneFL
 from strategies.replies import TrainReply
 from strategies.robust import clip_factors, update_norm
-from strategies.rounds.pruning_round import REPORT_BOUND, squared_gradients
+from strategies.plugins.pruning.pruning_round import (REPORT_BOUND, PruningRound,
+                                                      squared_gradients)
 from strategies.update_codec import pack_update
 
 pytestmark = pytest.mark.usefixtures("server_identity")
@@ -93,12 +94,13 @@ def pruned_site(site: int, report: Report) -> Callable[[Message, Context], Messa
 def repruned(reports: list[Report]) -> tuple[np.ndarray, dict[str, float]]:
     """Round 1 of the federation of ``reports``' sites: the units kept and the round's info."""
     strategy = build_strategy(RunConfig.from_mapping({**RUN, "min-nodes": len(reports)}))
-    start, _ = strategy.train.pruning.start(ArrayRecord(
+    pruning = strategy.train.feature(PruningRound)
+    start, _ = pruning.start(ArrayRecord(
         {k: Array(v) for k, v in MODEL.items()}), STRUCTURE)
     sites = [VirtualSite({"site-name": f"site-{i}"}, pruned_site(i, report))
              for i, report in enumerate(reports)]
     strategy.start(grid=InProcessGrid(sites, run_id=42), initial_arrays=start, num_rounds=1)
-    return strategy.train.pruning.pruning.masks["w"], strategy.reports[1].strategy
+    return pruning.pruning.masks["w"], strategy.reports[1].strategy
 
 
 def chosen(squared: dict[str, np.ndarray]) -> tuple[np.ndarray, dict[str, float]]:

@@ -1,17 +1,20 @@
-"""The train stage's side of pruning (strategies/rounds/pruning_round.py): what travels compacted,
+"""Pruning's round feature (strategies/plugins/pruning/pruning_round.py): what travels compacted,
 who gets the mask, the squared gradients summed, the new model expanded and masked."""
 
 from __future__ import annotations
 
 import numpy as np
-from flwr.app import Array, ArrayRecord
+from flwr.app import Array, ArrayRecord, ConfigRecord, MessageType
 
 from strategies import message_keys as keys
 from strategies.compression import encode
+from strategies.model_buffer import unpack_model
 from strategies.plugins.pruning.mask import MASK_BITS_KEY
 from strategies.plugins.pruning.prunefl import PruneFL
+from strategies.plugins.pruning.pruning_round import PruningRound, squared_gradients
 from strategies.replies import TrainReply
-from strategies.rounds.pruning_round import PruningRound, squared_gradients
+from strategies.rounds.instructions import Instructions
+from strategies.rounds.round_report import RoundReport
 
 NAMED = {"w": np.arange(1.0, 7.0, dtype=np.float32).reshape(2, 3),
          "b": np.array([0.5, -0.5], np.float32)}
@@ -72,7 +75,8 @@ def test_a_re_pruning_round_expands_the_new_model_and_zeroes_what_the_new_mask_p
     # every weight's squared gradient large at (0, 0): PruneFL adds it back, at 0
     sq = np.zeros(8, np.float32)
     sq[0] = 100.0
-    new, info = rounds.conclude(1, ["w", "b"], updated, [_reply(1, 1, encode(sq, "none"))])
+    new, info = rounds.conclude(RoundReport(1), ["w", "b"], updated,
+                                [_reply(1, 1, encode(sq, "none"))])
     assert rounds.pruning.masks["w"][0, 0] and info["pruning-version"] == 2
     np.testing.assert_array_equal(new[0][0], [0, 0, 0])  # added back at 0, others pruned
     np.testing.assert_array_equal(new[0][1] != 0, rounds.pruning.masks["w"][1])
@@ -80,14 +84,11 @@ def test_a_re_pruning_round_expands_the_new_model_and_zeroes_what_the_new_mask_p
 
 def test_evaluate_instructions_carry_the_compacted_model_and_the_mask_to_who_lacks_it(
         server_identity):
-    from flwr.app import ConfigRecord
-
-    from strategies.model_buffer import unpack_model
-
     rounds, start = _round()
     rounds.acknowledge([_reply(1, 1)], asked=[1])
-    messages = rounds.evaluate_messages([1, 2], start, ConfigRecord({"x": 1}), 3,
-                                        lambda node: {keys.FEDERATION: "fed"})
+    draft = Instructions(MessageType.EVALUATE, 3, [1, 2], rounds.outgoing(start),
+                         {node: {keys.FEDERATION: "fed"} for node in (1, 2)})
+    messages = draft.messages(ConfigRecord({"x": 1}), [rounds])
     by_node = dict(zip([1, 2], messages))  # one message per node, in order
     for node, message in by_node.items():
         config = message.content[keys.CONFIG]

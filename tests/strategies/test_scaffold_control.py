@@ -1,5 +1,5 @@
-"""SCAFFOLD's server side (strategies/plugins/control_variates/scaffold.py,
-strategies/rounds/control_variate_round.py): c = (1/N) sum of the Delta c_i received, c down
+"""SCAFFOLD's server side (strategies/plugins/control_variates/scaffold.py and
+control_variate_round.py): c = (1/N) sum of the Delta c_i received, c down
 with the downlink codec and the server's error feedback, Delta c_i decoded with each node's
 codec and seed, and the run configs it refuses, naming the keys."""
 
@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from flwr.app import Array, ArrayRecord, MessageType
 
 from strategies import message_keys as keys
 from strategies.compression import decode, encode
@@ -17,8 +17,9 @@ from strategies.plugins.control_variates.scaffold import Scaffold
 from strategies.plugins.options import PluginError
 from strategies.plugins.run_settings import RunSettings
 from strategies.replies import TrainReply
-from strategies.rounds.control_variate_round import ControlVariateRound, federation_size
-from strategies.rounds.instructions import TrainPlan
+from strategies.plugins.control_variates.control_variate_round import (ControlVariateRound,
+                                                                      federation_size)
+from strategies.rounds.instructions import Instructions, TrainPlan
 from strategies.rounds.site_book import SiteBook
 
 SGD = RunSettings(local_steps=3, num_rounds=2, fraction_train=1.0, min_nodes=2, seed=0,
@@ -33,10 +34,13 @@ def _reply(node: int, control_delta: np.ndarray | None) -> TrainReply:
                       train_loss=1.0, control_delta=control_delta)
 
 
-def _messages(nodes: list[int]) -> list[Message]:
+def _instructions(nodes: list[int], sites: int) -> Instructions:
+    """Train instructions whose nodes share one model record, among ``sites`` named sites."""
     shared = ArrayRecord({"model": Array(np.zeros(2, np.uint8))})
-    return [Message(RecordDict({keys.ARRAYS: shared, keys.CONFIG: ConfigRecord({})}),
-                    dst_node_id=node, message_type=MessageType.TRAIN) for node in nodes]
+    return Instructions(MessageType.TRAIN, 1, nodes, shared, {node: {} for node in nodes},
+                        reference=REFERENCE,
+                        sites=SiteBook(names={n: f"s{n}" for n in range(1, sites + 1)}),
+                        records={node: shared for node in nodes})
 
 
 @pytest.mark.parametrize(("change", "key"), [
@@ -68,7 +72,7 @@ def test_a_site_that_refuses_to_train_under_its_policy_leaves_n_until_it_trains(
     scaffold.control(2, sites=3)
     refusal = "site reported an error: site s3: policy rule min-local-steps (refused)"
     dropped = {"s3": refusal, "s4": "no reply before the round closed"}
-    info = ControlVariateRound(scaffold).observe(
+    info = ControlVariateRound(scaffold).add(
         [_reply(1, encode(np.array([2.0, 4.0]), "none")), _reply(2, encode(np.zeros(2), "none"))],
         TrainPlan(tau={1: 3, 2: 3}, codec_seeds={1: 1, 2: 2}, codec="none"),
         [np.zeros(2, np.float32)], 4, dropped)
@@ -90,14 +94,15 @@ def test_n_is_the_roster_else_the_most_sites_seen():
 def test_c_goes_down_with_every_instruction_and_the_method_in_its_config():
     scaffold = Scaffold()
     scaffold.observe([np.array([2.0, 4.0, -2.0, 8.0])], sites=2)
-    messages = ControlVariateRound(scaffold).attach(_messages([1, 2]), REFERENCE, sites=2)
-    first, second = (m.content[keys.ARRAYS] for m in messages)
+    instructions = _instructions([1, 2], sites=2)
+    ControlVariateRound(scaffold).attach(instructions)
+    first, second = instructions.packed().values()
     assert first is second and sorted(first) == ["model", keys.CONTROL_C]  # still shared
     sent = decode(first[keys.CONTROL_C].numpy(), "none", 4)
     np.testing.assert_allclose(sent, [1.0, 2.0, -1.0, 4.0])  # over the float arrays only
-    for message in messages:
-        assert message.content[keys.CONFIG][keys.CONTROL_VARIATES] == "scaffold"
-        assert message.content[keys.CONFIG][keys.CONTROL_CODEC] == "none"
+    for settings in instructions.settings.values():
+        assert settings[keys.CONTROL_VARIATES] == "scaffold"
+        assert settings[keys.CONTROL_CODEC] == "none"
 
 
 def test_a_compressed_downlink_sends_c_through_the_servers_error_feedback():
@@ -121,7 +126,7 @@ def test_the_replies_delta_c_i_are_decoded_with_each_nodes_codec_and_seed():
     replies = [_reply(1, encode(one, "randk:0.5", seed=11)),
                _reply(2, encode(two, "randk:0.5", seed=22)),
                _reply(3, None)]  # a reply without Delta c_i: its update counts, nothing else
-    info = ControlVariateRound(scaffold).observe(replies, plan, REFERENCE, sites=3)
+    info = ControlVariateRound(scaffold).add(replies, plan, REFERENCE, sites=3)
     expected = (decode(encode(one, "randk:0.5", seed=11), "randk:0.5", 4, seed=11)
                 + decode(encode(two, "randk:0.5", seed=22), "randk:0.5", 4, seed=22))
     np.testing.assert_allclose(scaffold.total, expected)

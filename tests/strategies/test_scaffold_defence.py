@@ -1,7 +1,7 @@
 """SCAFFOLD's ``Delta c_i`` behind the update's defence and rule (issue #45, found 7).
 
-strategies/rounds/control_variate_round.py: the decoded ``Delta c_i`` go through a copy of
-the run's defence (norm-bound: clipped to kappa x the lower median of the round's
+strategies/plugins/control_variates/control_variate_round.py: the decoded ``Delta c_i`` go
+through a copy of the run's defence (norm-bound: clipped to kappa x the lower median of the round's
 ``Delta c_i`` norms, and from round 2 on to history-kappa x the earlier rounds' accepted
 norms; its history checkpointed with ``c``) and, behind a robust aggregator, are combined by
 its rule. Where the bound does not bind, ``c`` is plain SCAFFOLD's bit for bit.
@@ -21,7 +21,7 @@ from strategies.plugins.control_variates.scaffold import Scaffold
 from strategies.plugins.defences.defended import with_defence
 from strategies.plugins.registries import AGGREGATORS, DEFENCES
 from strategies.replies import TrainReply
-from strategies.rounds.control_variate_round import ControlVariateRound
+from strategies.plugins.control_variates.control_variate_round import ControlVariateRound
 from strategies.rounds.instructions import TrainPlan
 from strategies.rounds.state_tree import decode_tree, encode_tree
 from tests.strategies.test_federated_strategy import GLOBAL, _train_metrics
@@ -43,7 +43,7 @@ def _replies(vectors: list[np.ndarray]) -> list[TrainReply]:
 def _observe(rounds: ControlVariateRound, vectors: list[np.ndarray]) -> dict:
     plan = TrainPlan(tau={i + 1: 3 for i in range(len(vectors))},
                      codec_seeds={i + 1: 0 for i in range(len(vectors))}, codec="none")
-    return rounds.observe(_replies(vectors), plan, REFERENCE, sites=len(vectors))
+    return rounds.add(_replies(vectors), plan, REFERENCE, sites=len(vectors))
 
 
 def _scaffold(aggregator: str = "fedavg",
@@ -132,7 +132,7 @@ def test_the_products_default_strategy_defends_delta_c_i_and_checkpoints_its_his
     _scaffold_round(strategy, 1, boost=1000.0)
     report = strategy.reports[1].strategy
     assert report["scaffold-clip-factor/c"] < 0.01 < report["scaffold-clip-factor/a"] == 1.0
-    scaffold = strategy.train.control.control
+    scaffold = strategy.train.feature(ControlVariateRound).control
     c = scaffold.total / scaffold.sites
     assert report["scaffold-c-norm"] == pytest.approx(np.linalg.norm(c))
     honest = np.linalg.norm(np.mean([np.resize(v, 3) for v in HONEST], axis=0))
@@ -140,7 +140,8 @@ def test_the_products_default_strategy_defends_delta_c_i_and_checkpoints_its_his
     tree, arrays = encode_tree(strategy.snapshot())
     restored = build_strategy(config)
     restored.restore(decode_tree(tree, arrays, restored.snapshot()))
-    assert restored.train.control.control.defence.history == scaffold.defence.history
+    restored_scaffold = restored.train.feature(ControlVariateRound).control
+    assert restored_scaffold.defence.history == scaffold.defence.history
     assert len(scaffold.defence.history) == 1
     arrays_out, _ = _scaffold_round(restored, 2, boost=1.0)
     np.testing.assert_allclose(arrays_out.to_numpy_ndarrays()[0], GLOBAL[0] - 1.0, rtol=1e-6)

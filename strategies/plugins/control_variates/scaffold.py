@@ -34,9 +34,9 @@ whether or not its update survives the defence.
 finite ``Delta c_i`` 3e3 times an honest one (1 site of 3, round 1) took ``c``'s norm from
 1.6 to 2.5e3 for good and the model 7.8e3 away from the clean run's after 3 rounds (model
 norm 64). So the rounds defend the ``Delta c_i`` like the updates
-(:mod:`strategies.rounds.control_variate_round`): :attr:`Scaffold.defence` is a copy of the
-run's ``strategy.defence`` (same options, state of its own: norm-bound's history of the
-accepted ``Delta c_i`` norms, checkpointed with ``c``), and under a robust aggregator
+(:mod:`strategies.plugins.control_variates.control_variate_round`): :attr:`Scaffold.defence`
+is a copy of the run's ``strategy.defence`` (same options, state of its own: norm-bound's
+history of the accepted ``Delta c_i`` norms, checkpointed with ``c``), and under a robust aggregator
 (median, trimmed mean) the round's ``Delta c_i`` are combined by its rule: ``c`` moves by
 ``|S| / N`` times the rule over the round's ``Delta c_i``, the paper's mean replaced by a
 robust one. A site whose ``Delta c_i`` is clipped keeps its own ``c_i`` ahead of ``total``,
@@ -93,8 +93,9 @@ class Scaffold(Plugin):
         #: The downlink codec's error-feedback residual of ``c`` (empty: none yet).
         self.residual = np.zeros(0, np.float32)
         #: The ``Delta c_i`` channel's defence: a copy of the run's ``strategy.defence``
-        #: that the rounds set (:class:`~strategies.rounds.control_variate_round.
-        #: ControlVariateRound`), with its own state (norm-bound's history of accepted norms).
+        #: that the rounds set (:class:`~strategies.plugins.control_variates.
+        #: control_variate_round.ControlVariateRound`), with its own state (norm-bound's
+        #: history of accepted norms).
         self.defence: Defence = NoDefence()
 
     @staticmethod

@@ -14,7 +14,8 @@ to ``pruning.stop-round``): the paper maximises the first-order empirical-risk
 reduction of one SGD step per unit of round time, ``Delta(M) / T(M)`` with
 ``Delta(M) = sum_{j in M} g_j^2`` (``g_j^2``: the sites' squared gradients of coordinate
 ``j``, summed in the paper; here ``n`` x the median of the ``n`` sites' clipped reports, so
-that one site cannot choose the mask: :func:`strategies.rounds.pruning_round.squared_gradients`)
+that one site cannot choose the mask:
+:func:`strategies.plugins.pruning.pruning_round.squared_gradients`)
 and ``T(M) = c + sum_{j in M} t_j``. A unit ``u`` has value
 ``v_u = sum of g^2 over its coordinates`` and cost ``c_u = t x (its coordinates)``.
 As the reference implementation (control/algorithm.py) does it:

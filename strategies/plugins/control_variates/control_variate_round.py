@@ -1,4 +1,4 @@
-"""The train stage's side of control variates (SCAFFOLD): ``c`` down, ``Delta c_i`` back.
+"""Control variates' round feature (SCAFFOLD): ``c`` down, ``Delta c_i`` back.
 
 The seam: ``strategy.control-variates`` is a plug-in kind of its own
 (:mod:`strategies.plugins.control_variates`), not an aggregator, so SCAFFOLD composes with
@@ -12,11 +12,12 @@ reply's arrays, so the codecs apply to it as to the model:
   ``scaffold-c`` of its arrays, encoded with the downlink codec (``strategy.downlink-codec``;
   ``none``: float32) through the server's own error feedback, and its config names the
   method and that codec (``control-variates``, ``control-variates-codec``);
-* back (:meth:`ControlVariateRound.observe`): each accepted reply's ``scaffold-dc`` (its
-  site's ``Delta c_i``, encoded with the round's uplink codec, the node's codec seed and the
-  site's own error feedback, :mod:`clients.site.site_scaffold`) is decoded and the plug-in
-  adds them up. A reply without one, or with one that does not decode to a finite vector of
-  ``c``'s size, counts nothing (``scaffold-dc-missing``) and its update still counts.
+* back (:meth:`ControlVariateRound.observe`, :meth:`ControlVariateRound.add`): each accepted
+  reply's ``scaffold-dc`` (its site's ``Delta c_i``, encoded with the round's uplink codec,
+  the node's codec seed and the site's own error feedback,
+  :mod:`clients.site.site_scaffold`) is decoded and the plug-in adds them up. A reply
+  without one, or with one that does not decode to a finite vector of ``c``'s size, counts
+  nothing (``scaffold-dc-missing``) and its update still counts.
 
 The defence (issue #45): ``Delta c_i`` is a second channel of the reply, chosen by the site
 like its update, so it is defended and combined like the update
@@ -36,7 +37,11 @@ defence's records are tracked with the prefix ``scaffold-`` (``scaffold-clip-fac
 ``N``, the federation's sites that train: the roster's size when the coordinator has one,
 else the most sites seen (connected, or known by name: :func:`federation_size`), less the
 sites that refused a train instruction under their site policy (:meth:`ControlVariateRound.
-observe` tells the plug-in, :meth:`~strategies.plugins.protocols.ControlVariates.decline`).
+add` tells the plug-in, :meth:`~strategies.plugins.protocols.ControlVariates.decline`).
+
+It is a :class:`~strategies.rounds.round_feature.RoundFeature` of the train stage, built
+only when ``strategy.control-variates`` is active (:mod:`strategies.rounds.active_features`);
+its checkpoint key is ``control-variates`` (the plug-in: ``c``, its residual, its defence).
 """
 
 from __future__ import annotations
@@ -45,9 +50,10 @@ import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from logging import WARNING
+from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, Message
+from flwr.app import Array, ArrayRecord, MessageType
 from flwr.supercore import log
 
 from strategies import message_keys as keys
@@ -55,8 +61,11 @@ from strategies.compression import ErrorFeedback, decode, parse_spec
 from strategies.plugins.defences.defended import split_defence
 from strategies.plugins.protocols import Aggregator, ControlVariates, Info
 from strategies.replies import TrainReply
+from strategies.errors import FederationError
 from strategies.robust import update_norm
-from strategies.rounds.instructions import TrainPlan
+from strategies.rounds.instructions import Instructions, TrainPlan
+from strategies.rounds.round_feature import RoundFeature, RoundReplies
+from strategies.rounds.round_report import RoundReport
 from strategies.rounds.site_book import SiteBook
 from strategies.rounds.withheld import refused_rule
 from strategies.update_codec import float_positions
@@ -76,7 +85,7 @@ def federation_size(sites: SiteBook) -> int:
     return max(len(sites.connected), len(set(sites.names.values())), 1)
 
 
-class ControlVariateRound:
+class ControlVariateRound(RoundFeature):
     """An active control-variates plug-in's part in each train round (module docstring).
 
     Parameters
@@ -113,25 +122,41 @@ class ControlVariateRound:
         self.control.residual = feedback.state()
         return payload
 
-    def attach(self, messages: list[Message], reference: Sequence[np.ndarray],
-               sites: int) -> list[Message]:
-        """``messages`` (the round's train instructions) with ``c`` in their arrays and the
-        method and codec in their configs; a record shared by several messages stays shared."""
-        entry = Array(self.payload(reference, sites))
+    def attach(self, instructions: Instructions) -> None:
+        """A train exchange's ``instructions`` with ``c`` in their arrays (sized by the
+        instructions' ``reference``, ``N`` from their ``sites``) and the method and codec in
+        their configs; a record shared by several nodes stays shared. Evaluate: nothing.
+
+        Raises
+        ------
+        FederationError
+            For train instructions without the model's arrays or the site book.
+        """
+        if instructions.message_type != MessageType.TRAIN:
+            return
+        if instructions.sites is None or not instructions.reference:
+            raise FederationError("SCAFFOLD's c is sized by the round's model and N by the "
+                                  "site book: the train instructions carry neither")
+        entry = Array(self.payload(instructions.reference, federation_size(instructions.sites)))
         records: dict[int, ArrayRecord] = {}
-        for message in messages:
-            record = message.content[keys.ARRAYS]
+        packed = instructions.packed()
+        for node in instructions.node_ids:
+            record = packed[node]
             if id(record) not in records:
                 records[id(record)] = ArrayRecord({**dict(record.items()), keys.CONTROL_C: entry})
-            message.content[keys.ARRAYS] = records[id(record)]
-            config = message.content[keys.CONFIG]
-            config[keys.CONTROL_VARIATES] = "scaffold"
-            config[keys.CONTROL_CODEC] = self.codec
-        return messages
+            packed[node] = records[id(record)]
+            instructions.settings[node].update({keys.CONTROL_VARIATES: "scaffold",
+                                                keys.CONTROL_CODEC: self.codec})
 
-    def observe(self, replies: Sequence[TrainReply], plan: TrainPlan,
-                reference: Sequence[np.ndarray], sites: int,
-                dropped: Mapping[str, str] | None = None) -> Info:
+    def observe(self, report: RoundReport, replies: RoundReplies) -> Info:
+        """Every accepted reply's site has saved its ``c_i``: :meth:`add` their ``Delta c_i``
+        (``N`` from the site book, the refusals from ``report``'s drops)."""
+        return self.add(replies.accepted, replies.plan, replies.reference,
+                        federation_size(replies.sites), report.train_dropped)
+
+    def add(self, replies: Sequence[TrainReply], plan: TrainPlan,
+            reference: Sequence[np.ndarray], sites: int,
+            dropped: Mapping[str, str] | None = None) -> Info:
         """Decode each accepted reply's ``Delta c_i`` (the round's codec and the node's seed)
         and let the plug-in add them, after telling it which sites ``dropped`` (site ->
         reason) refused to train under their policy; what to track."""
@@ -169,3 +194,12 @@ class ControlVariateRound:
             vectors = [combined[0]] * len(kept)
         learnt = defence.observe([update_norm(reply.delta) for reply in kept])
         return vectors, {f"scaffold-{key}": value for key, value in {**info, **learnt}.items()}
+
+    def snapshot(self) -> dict[str, Any]:
+        """The plug-in (``c``, its residual and its defence's state) under
+        ``control-variates``."""
+        return {"control-variates": self.control}
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """The checkpoint's plug-in."""
+        self.control = state["control-variates"]

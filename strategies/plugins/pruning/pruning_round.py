@@ -1,4 +1,4 @@
-"""The train stage's side of adaptive pruning: what travels down, what comes back, re-pruning.
+"""Pruning's round feature: what travels down, what comes back, re-pruning.
 
 With ``strategy.pruning = "prunefl"`` (:mod:`strategies.plugins.pruning`) the global model
 the strategy holds keeps its full shapes, pruned coordinates at 0, and the plug-in holds the
@@ -13,13 +13,17 @@ mask (checkpointed with the strategy). A round then
   :func:`~strategies.plugins.pruning.mask.mask_record`) to the instruction of a node that has
   not acknowledged its version (``pruning-version`` of its last accepted train reply), and
   names the version, the mode and, in a re-pruning round, the codec of the squared gradients
-  in every config (:meth:`PruningRound.settings`);
-* sends the evaluate instructions the same way (:meth:`PruningRound.evaluate_messages`);
+  in every config (:meth:`PruningRound.settings`, :meth:`PruningRound.attach`);
+* sends the evaluate instructions the same way, no report asked;
 * validates and aggregates the sites' compacted updates against the compacted model (so the
   uplink codec and the sites' error feedback act on the kept weights only), expands the new
   model back to full shapes, lets the plug-in observe the round with the sites' squared
   gradients, each clipped and then robustly combined (:func:`squared_gradients`; PruneFL's
   re-pruning), and zeroes what the new mask prunes (:meth:`PruningRound.conclude`).
+
+It is a :class:`~strategies.rounds.round_feature.RoundFeature` of the train stage, built
+only when ``strategy.pruning`` is active (:mod:`strategies.rounds.active_features`); its
+checkpoint key is ``pruning`` (the plug-in, whose state is the mask).
 
 Example::
 
@@ -30,22 +34,25 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from logging import WARNING
+from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType
+from flwr.app import Array, ArrayRecord, MessageType
 from flwr.supercore import log
 
 from strategies import message_keys as keys
 from strategies.compression import decode
-from strategies.model_packing import named_arrays, pack_arrays, record_of
+from strategies.model_packing import named_arrays, record_of
 from strategies.plugins.protocols import Info, Pruning
 from strategies.plugins.pruning.mask import apply_mask, compact, expand, mask_record
 from strategies.replies import TrainReply
 from strategies.robust import (NormBound, clip_factors, coordinate_median, coordinatewise, scaled,
                                update_norm)
-from strategies.rounds.instructions import site_messages
+from strategies.rounds.instructions import Instructions
+from strategies.rounds.round_feature import RoundFeature, RoundReplies
+from strategies.rounds.round_report import RoundReport
 
 __all__ = ["REPORT_BOUND", "PruningRound", "squared_gradients"]
 
@@ -138,8 +145,8 @@ def squared_gradients(replies: Sequence[TrainReply], named: Mapping[str, np.ndar
     return out, info
 
 
-class PruningRound:
-    """The pruning plug-in's part in each train round (see the module docstring).
+class PruningRound(RoundFeature):
+    """The pruning plug-in's part in each round (see the module docstring).
 
     Parameters
     ----------
@@ -183,20 +190,15 @@ class PruningRound:
             out[node] = record
         return out
 
-    def evaluate_messages(self, node_ids: list[int], arrays: ArrayRecord, config: ConfigRecord,
-                          server_round: int, extra: Callable[[int], dict]) -> list[Message]:
-        """The round's evaluate instructions: the compacted model, the mask to a node that does
-        not hold its version, the version and mode in every config (no report asked)."""
-        sent = self.outgoing(arrays)
-        settings = {**self.settings(server_round), keys.PRUNING_REPORT: ""}
-        return site_messages(node_ids, sent, config, server_round, MessageType.EVALUATE,
-                             lambda node: {**extra(node), **settings},
-                             self.packed_for(node_ids, sent))
-
-    def packed_for(self, node_ids: Sequence[int], sent: ArrayRecord) -> dict[int, ArrayRecord]:
-        """The compacted model ``sent`` packed once, with the mask for the nodes that lack it."""
-        packed = pack_arrays(sent)
-        return self.with_mask(node_ids, {node: packed for node in node_ids})
+    def attach(self, instructions: Instructions) -> None:
+        """The version and mode in every config (in a train exchange's re-pruning round, the
+        report codec too), the mask to each node that does not hold its version."""
+        settings = self.settings(instructions.server_round)
+        if instructions.message_type != MessageType.TRAIN:
+            settings[keys.PRUNING_REPORT] = ""
+        for node in instructions.node_ids:
+            instructions.settings[node].update(settings)
+        instructions.records = self.with_mask(instructions.node_ids, instructions.packed())
 
     def acknowledge(self, replies: Sequence[TrainReply], asked: Iterable[int]) -> None:
         """Record the mask version each accepted reply trained (``pruning-version``); a node
@@ -208,19 +210,34 @@ class PruningRound:
             if reply.metrics.get(keys.PRUNING_VERSION) == version:
                 self.acknowledged[reply.node_id] = version
 
-    def conclude(self, server_round: int, names: Sequence[str], updated: Sequence[np.ndarray],
-                 replies: Sequence[TrainReply]) -> tuple[list[np.ndarray], Info]:
+    def observe(self, report: RoundReport, replies: RoundReplies) -> Info:
+        """The mask version each accepted reply trained (:meth:`acknowledge`); nothing to
+        track (the squared gradients are read when the round has a new model)."""
+        self.acknowledge(replies.accepted, replies.plan.tau)
+        return {}
+
+    def conclude(self, report: RoundReport, names: Sequence[str], updated: list[np.ndarray],
+                 used: Sequence[TrainReply]) -> tuple[list[np.ndarray], Info]:
         """The round's new model in full shapes, after the plug-in observed the round.
 
-        ``updated`` is the new compacted model (``names`` in order), ``replies`` the updates
+        ``updated`` is the new compacted model (``names`` in order), ``used`` the updates
         it aggregated: their squared gradients (a re-pruning round: clipped and combined,
         :func:`squared_gradients`) and train seconds go to :meth:`Pruning.observe`; what its
         new mask prunes is set to 0. The info adds the reports' bound and clip factors.
         """
+        server_round = report.server_round
         named = expand(dict(zip(names, updated)), self.pruning.masks)
-        sqgrad, reported = (squared_gradients(replies, named, self.pruning.report_codec)
+        sqgrad, reported = (squared_gradients(used, named, self.pruning.report_codec)
                             if self.pruning.report_due(server_round) else (None, {}))
-        seconds = [float(r.metrics.get(keys.TRAIN_SECONDS, 0.0)) for r in replies]
+        seconds = [float(r.metrics.get(keys.TRAIN_SECONDS, 0.0)) for r in used]
         info = self.pruning.observe(server_round, named, sqgrad,
                                     float(np.mean(seconds)) if seconds else 0.0)
         return list(apply_mask(named, self.pruning.masks).values()), {**reported, **info}
+
+    def snapshot(self) -> dict[str, Any]:
+        """The plug-in (its mask) under ``pruning``."""
+        return {"pruning": self.pruning}
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """The checkpoint's plug-in (its mask)."""
+        self.pruning = state["pruning"]
