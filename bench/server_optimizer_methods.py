@@ -63,7 +63,10 @@ METHODS: dict[str, Method] = {
     "fedadam": Method({"strategy.server-opt": "adam"}, {"server-opt.eta": (0.01, 0.1)}),
     "fedyogi": Method({"strategy.server-opt": "yogi"}, {"server-opt.eta": (0.01, 0.1)}),
     "fedprox": Method({}, {"proximal-mu": (0.1, 1.0)}),
-    "fednova": Method({"strategy.aggregator": "fednova"}, {"fednova.server-momentum": (0.0, 0.5)}),
+    # FedNova's server momentum (Wang et al. 2020, Sec. 5) is FedAvgM's step with eta 1
+    # (#45); momentum 0 is plain FedNova, x - Delta.
+    "fednova": Method({"strategy.aggregator": "fednova", "strategy.server-opt": "avgm"},
+                      {"server-opt.momentum": (0.0, 0.5)}),
     "scaffold": Method({"strategy.control-variates": "scaffold"}),
     "pooled": Method(regime="pooled"),
     "local-only": Method(regime="local"),

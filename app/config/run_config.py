@@ -7,7 +7,7 @@ Keys are spelled as in pyproject.toml: dashes (``local-steps``) and, for the
 strategy plug-ins and the round policy, dotted groups (``strategy.aggregator``,
 ``round.deadline``).
 
-The plug-ins' own options live in their sections (``fednova.server-momentum``,
+The plug-ins' own options live in their sections (``fednova.min-steps-fraction``,
 ``adacomm.tau-min``, ``selection.m``, ...): each plug-in declares and validates
 them (:mod:`strategies.plugins.options`), so this module names no plug-in; it
 hands the sections and the :class:`~strategies.plugins.options.RunSettings`

@@ -11,6 +11,9 @@ dataclass validates it, and every error names the full key::
     run config key 'adacomm.tau-min' must be an int >= 1, got 'x'
 
 Rules that relate two keys of the section go in :meth:`PluginOptions.check`.
+A key a section no longer has is declared in its ``retired`` (:class:`Retired`): set
+in a run config, it is refused naming what replaced it; in an older checkpoint's run
+config its neutral value is no difference (:func:`strategies.rounds.checkpoint.config_difference`).
 What a plug-in reads from the rest of the run config (the local steps, the
 number of rounds, the seed, ...) is :class:`strategies.plugins.run_settings.RunSettings`.
 """
@@ -23,7 +26,8 @@ from typing import Any, ClassVar
 
 from strategies.errors import ConfigError
 
-__all__ = ["NoOptions", "Plugin", "PluginError", "PluginOptions", "option", "typed_value"]
+__all__ = ["NoOptions", "Plugin", "PluginError", "PluginOptions", "Retired", "option",
+           "typed_value"]
 
 _KINDS = {bool: "a bool", int: "an int", float: "a float", str: "a string"}
 
@@ -64,10 +68,22 @@ def _rule(kind: type, at_least: float | None, below: float | None) -> str:
 
 
 @dataclass(frozen=True)
+class Retired:
+    """A key a section once had: the value that changed nothing, and what replaced it."""
+
+    #: Its value that was the behaviour without it (a checkpoint with it resumes).
+    neutral: Any
+    #: What a run config sets instead (the refusal's advice).
+    instead: str
+
+
+@dataclass(frozen=True)
 class PluginOptions:
     """Base of a plug-in's options; subclasses are frozen dataclasses of :func:`option` fields."""
 
     section: ClassVar[str] = ""
+    #: Keys the section no longer has (dashed name -> :class:`Retired`).
+    retired: ClassVar[Mapping[str, Retired]] = {}
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -103,9 +119,14 @@ class PluginOptions:
         Raises
         ------
         PluginError
-            For a key the section does not have (named in full, with the known ones)
-            or a value of the wrong type or out of range.
+            For a retired key (named in full, with what replaced it), a key the section
+            does not have (named in full, with the known ones) or a value of the wrong
+            type or out of range.
         """
+        retired = sorted(set(values) & set(cls.retired))
+        if retired:
+            raise PluginError(f"run config key '{cls.section}.{retired[0]}' was retired: "
+                              f"{cls.retired[retired[0]].instead}")
         known = {f.name.replace("_", "-"): f.name for f in fields(cls)}
         unknown = sorted(set(values) - set(known))
         if unknown:
@@ -143,7 +164,7 @@ class Plugin:
 
     Meets :class:`strategies.plugins.protocols.PluginClass`. The default
     :meth:`from_options` passes each option field as the keyword of the same
-    name (``server_momentum`` -> ``__init__(server_momentum=...)``); a plug-in
+    name (``min_steps_fraction`` -> ``__init__(min_steps_fraction=...)``); a plug-in
     that also reads the rest of the run config overrides it. The default
     :meth:`requires` accepts any run config.
     """

@@ -48,13 +48,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from strategies.plugins.options import NoOptions, PluginError, PluginOptions
+from strategies.plugins.options import NoOptions, PluginError, PluginOptions, Retired
 from strategies.plugins.run_settings import RunSettings
 from strategies.registry import Registry
 
 __all__ = ["AGGREGATORS", "CODEC_RATES", "CONTROL_VARIATES", "DEFENCES", "PLUGIN_REGISTRIES",
            "PRUNINGS", "SCHEDULES", "SECURE_AGGREGATION", "SELECTORS", "SERVER_OPTIMIZERS",
-           "build", "check", "default_sections", "option_types", "parse_sections"]
+           "build", "check", "default_sections", "option_types", "parse_sections",
+           "retired_keys"]
 
 _FOLDER = "strategies.plugins"
 
@@ -131,6 +132,12 @@ def _section_types() -> dict[str, type[PluginOptions]]:
 def default_sections() -> dict[str, PluginOptions]:
     """Every plug-in section with its defaults, by section name."""
     return {name: options_type() for name, options_type in _section_types().items()}
+
+
+def retired_keys() -> dict[str, Retired]:
+    """Every plug-in section's retired keys, by full key (``fednova.server-momentum``)."""
+    return {f"{name}.{key}": retired for name, options_type in _section_types().items()
+            for key, retired in options_type.retired.items()}
 
 
 def parse_sections(values: Mapping[str, Any]) -> tuple[dict[str, PluginOptions], list[str]]:

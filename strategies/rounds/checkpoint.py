@@ -1,7 +1,7 @@
 """Server checkpoint after every round, so a crashed ServerApp or SuperLink can resume.
 
 Holds the global model, the last finished round, the composed strategy's state
-(AdaComm's smoothed loss and tau, FedNova's server momentum, the selector's
+(AdaComm's smoothed loss and tau, the server optimizer's moments, the selector's
 counts and random state, known site sizes and losses), the ServerApp's best round
 so far (``best``: plain values and its arrays, for best-model selection), how many
 rounds so far aggregated an update (``aggregated_rounds``: a resumed federation
@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from strategies.errors import FederationError
+from strategies.plugins.registries import retired_keys
 from strategies.rounds.state_tree import StateTreeError, decode_tree, encode_tree
 
 __all__ = ["CHECKPOINT_FILE", "RESUME_KEYS", "CheckpointError", "ServerCheckpoint",
@@ -119,12 +120,18 @@ def config_difference(saved: dict[str, Any], current: dict[str, Any],
     A key the saved config lacks (one a later version of the app added) counts
     as its value in ``defaults``: a federation checkpointed before the key
     existed resumes as long as the key keeps its default, i.e. the behaviour
-    the federation was started with.
+    the federation was started with. A key a later version retired
+    (:func:`strategies.plugins.registries.retired_keys`) that the saved config holds at
+    its neutral value is no difference; at another value it is one, with what replaced it.
     """
     current = json.loads(json.dumps(current))
     saved = {**json.loads(json.dumps(defaults or {})), **saved}
+    retired = retired_keys()
+    saved = {k: v for k, v in saved.items()
+             if k not in retired or k in current or v != retired[k].neutral}
     keys = sorted((set(saved) | set(current)) - RESUME_KEYS)
     return [f"{k}: {saved.get(k, '<unset>')!r} -> {current.get(k, '<unset>')!r}"
+            + (f" (retired: {retired[k].instead})" if k in retired else "")
             for k in keys if saved.get(k, "<unset>") != current.get(k, "<unset>")]
 
 

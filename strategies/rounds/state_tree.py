@@ -17,6 +17,10 @@ file names (unlike pickle, where a file can run code). A node's kind:
 ===========  ===============================================
 
 None, bool, int, float and str are themselves.
+
+A class whose objects lost an attribute declares it in ``retired_state`` (attribute ->
+its neutral value): an older checkpoint's attribute is skipped while it holds that value
+(a feature it did not use), refused as unknown otherwise.
 """
 
 from __future__ import annotations
@@ -127,6 +131,12 @@ def decode_tree(node: Any, arrays: dict[str, np.ndarray], template: Any = None,
     raise StateTreeError(f"{where}: unknown state kind {kind!r}")
 
 
+def _neutral(value: Any, neutral: Any) -> bool:
+    """``value`` is the plain value ``neutral`` (None, a number, a string)."""
+    return value is None if neutral is None else (isinstance(value, _PLAIN)
+                                                  and value == neutral)
+
+
 def _restore_object(node: dict, arrays: dict[str, np.ndarray], template: Any,
                     where: str) -> Any:
     attrs = node["v"]
@@ -136,6 +146,9 @@ def _restore_object(node: dict, arrays: dict[str, np.ndarray], template: Any,
         raise StateTreeError(f"{where}: saved {node.get('type')}, the run config builds "
                              f"{_type_name(template)}")
     current = vars(template)
+    retired = getattr(template, "retired_state", {})
+    attrs = {k: x for k, x in attrs.items() if k in current or k not in retired
+             or not _neutral(decode_tree(x, arrays, None, f"{where}.{k}"), retired[k])}
     unknown = sorted(set(attrs) - set(current))
     if unknown:
         raise StateTreeError(f"{where}: attributes {unknown} unknown to {_type_name(template)}")

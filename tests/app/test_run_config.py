@@ -69,7 +69,10 @@ def test_bad_values_name_the_key(values, message):
         ({"adacomm.tau-min": "x"}, "key 'adacomm.tau-min' must be an int >= 1, got 'x'"),
         ({"adacomm.tau-min": 4, "adacomm.tau-max": 2}, "'adacomm.tau-max' must be 0 .no cap."),
         ({"adacomm.tau": 4}, "unknown run config key 'adacomm.tau'"),
-        ({"fednova.server-momentum": 1}, "'fednova.server-momentum' must be a float in .0, 1."),
+        ({"fednova.server-momentum": 0.5}, "'fednova.server-momentum' was retired: .*"
+                                           "strategy.server-opt = \"avgm\" and "
+                                           "server-opt.momentum"),
+        ({"fednova.min-steps-fraction": 0}, "'fednova.min-steps-fraction' must be in"),
         ({"selection.m": 3, "selection.d": 2}, "'selection.d' must be 0 .adaptive. or >="),
         ({"selection.fairness-rounds": -1}, "'selection.fairness-rounds' must be an int >= 0"),
         ({"strategy.aggregator": "fednova"}, "'strategy.aggregator' = 'fednova' needs optimizer"),
@@ -83,20 +86,22 @@ def test_plugin_sections_are_validated_by_their_plugin(values, message):
 
 
 def test_plugin_sections_are_typed_and_tracked():
-    config = RunConfig.from_mapping({"adacomm.tau-min": 2, "fednova.server-momentum": 0,
+    config = RunConfig.from_mapping({"adacomm.tau-min": 2, "fednova.min-steps-fraction": 1,
                                      "selection.m": 3})
     assert config.plugin_options["adacomm"] == AdaCommOptions(tau_min=2)
-    assert config.plugin_options["fednova"].server_momentum == 0.0
-    assert isinstance(config.plugin_options["fednova"].server_momentum, float)
+    assert config.plugin_options["fednova"].min_steps_fraction == 1.0
+    assert isinstance(config.plugin_options["fednova"].min_steps_fraction, float)
     assert config.plugin_options["selection"] == SelectionOptions(m=3)
     params = config.as_params()
     assert (params["adacomm.tau-min"], params["selection.m"]) == (2, 3)
-    assert params["fednova.server-momentum"] == FedNovaOptions().server_momentum
+    assert params["fednova.min-steps-fraction"] == 1.0
+    assert "fednova.server-momentum" not in params  # retired (#45): strategy.server-opt
+    assert FedNovaOptions().min_steps_fraction == 0.5
 
 
 def test_build_strategy_hands_each_plugin_its_section_and_the_run_settings():
     config = RunConfig.from_mapping({
-        "strategy.aggregator": "fednova", "optimizer": "sgd", "fednova.server-momentum": 0.5,
+        "strategy.aggregator": "fednova", "optimizer": "sgd", "fednova.min-steps-fraction": 0.25,
         "strategy.schedule": "adacomm", "local-steps": 12, "adacomm.tau-min": 3,
         "adacomm.tau-max": 9, "adacomm.loss-smoothing": 0.25,
         "strategy.selector": "cpow-d", "selection.m": 2, "selection.d": 4,
@@ -105,7 +110,7 @@ def test_build_strategy_hands_each_plugin_its_section_and_the_run_settings():
     strategy = build_strategy(config)
     # The default defence (norm-bound) stands in front of the aggregator.
     assert strategy.aggregator.defence.bound.kappa == 2.0
-    assert strategy.aggregator.aggregator.server_momentum == 0.5
+    assert strategy.aggregator.aggregator.min_steps_fraction == 0.25
     schedule = strategy.schedule
     assert (schedule.tau0, schedule.tau_min, schedule.tau_max) == (12, 3, 9)
     assert schedule._smoother.beta == 0.25

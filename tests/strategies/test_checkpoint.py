@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from strategies.plugins.registries import AGGREGATORS, SCHEDULES, SELECTORS
+from strategies.plugins.registries import AGGREGATORS, SCHEDULES, SELECTORS, SERVER_OPTIMIZERS
 from strategies.rounds.checkpoint import CHECKPOINT_FILE, CheckpointError, ServerCheckpoint
 from strategies.rounds.checkpoint import find_checkpoint, load_checkpoint, run_folder
 from strategies.rounds.checkpoint import safe_name, save_checkpoint
@@ -20,7 +20,8 @@ CONFIG = {"task": "pe-seg", "strategy.aggregator": "fednova", "lr": 0.01, "resum
 
 def _plugins() -> dict:
     """Fresh plug-ins, as the run config builds them before a resume."""
-    return {"aggregator": AGGREGATORS.create("fednova", server_momentum=0.5),
+    return {"aggregator": AGGREGATORS.create("fednova"),
+            "server-opt": SERVER_OPTIMIZERS.create("avgm", momentum=0.5),
             "schedule": SCHEDULES.create("adacomm", tau0=8, smoothing=0.5),
             "selector": SELECTORS.create("pow-d", m=1, d=2, seed=0),
             "sizes": {}, "site_of": {}}
@@ -28,7 +29,7 @@ def _plugins() -> dict:
 
 def _checkpoint(run_id: str = "abc", config: dict = CONFIG) -> ServerCheckpoint:
     state = _plugins()
-    state["aggregator"]._velocity = [np.full(3, 0.25), np.arange(2)]
+    state["server-opt"].velocity = [np.full(3, 0.25), np.arange(2.0)]
     state["schedule"].tau = 3
     state["schedule"]._smoother.update(0.7)
     state["schedule"]._initial = 0.7
@@ -55,8 +56,8 @@ def test_round_trip_restores_plugin_state_onto_the_run_plugins(tmp_path: Path):
     assert loaded.keys == ["w", "b"]
     np.testing.assert_array_equal(loaded.arrays[0], np.arange(3.0))
     state = loaded.strategy
-    assert state["aggregator"] is fresh["aggregator"]  # restored onto the run's object
-    np.testing.assert_array_equal(state["aggregator"]._velocity[0], np.full(3, 0.25))
+    assert state["server-opt"] is fresh["server-opt"]  # restored onto the run's object
+    np.testing.assert_array_equal(state["server-opt"].velocity[0], np.full(3, 0.25))
     assert state["schedule"].tau == 3 and state["schedule"]._smoother.value == 0.7
     assert state["selector"].times_selected == {5: 2, 7: 1}
     assert state["sizes"] == {5: 120, 7: 30} and state["site_of"] == {5: "hospital-00"}

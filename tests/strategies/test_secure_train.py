@@ -22,7 +22,7 @@ from strategies import message_keys as keys
 from strategies.aggregation import fednova_delta
 from strategies.errors import FederationError
 from strategies.plugins.registries import (AGGREGATORS, SCHEDULES, SECURE_AGGREGATION,
-                                           SELECTORS)
+                                           SELECTORS, SERVER_OPTIMIZERS)
 from strategies.rounds.federated_strategy import FederatedStrategy
 from strategies.rounds.reply_intake import NO_REPLY
 from strategies.rounds.round_policy import RoundPolicy
@@ -50,12 +50,13 @@ def _sites(count: int, steps: tuple[int, ...] = (TAU,), **fail_at: str) -> dict[
 
 
 def _strategy(count: int, aggregator: str = "fedavg", policy: RoundPolicy | None = None,
-              **options) -> FederatedStrategy:
+              server_opt: str = "sgd", **options) -> FederatedStrategy:
     return FederatedStrategy(
-        aggregator=AGGREGATORS.create(aggregator, **options),
+        aggregator=AGGREGATORS.create(aggregator),
         schedule=SCHEDULES.create("fixed", tau0=TAU), selector=SELECTORS.create("uniform"),
         min_nodes=count, node_wait_timeout=1, fraction_evaluate=0.0, policy=policy,
-        secure_aggregation=SECURE_AGGREGATION.create("secagg+"))
+        secure_aggregation=SECURE_AGGREGATION.create("secagg+"),
+        server_opt=SERVER_OPTIMIZERS.create(server_opt, **options))
 
 
 def _run(sites: dict[int, SecureSite], aggregator: str = "fedavg", *, rounds: int = 1,
@@ -107,13 +108,14 @@ def test_fednova_weights_applied_at_the_sites():
     assert report.strategy["tau-eff"] == pytest.approx(np.dot(n / n.sum(), a_norms))
 
 
-def test_fednova_server_momentum_applies_to_the_secure_update():
+def test_server_momentum_applies_to_the_secure_fednova_update():
     sites = _sites(4)
-    _, _, new = _run(sites, "fednova", rounds=2, server_momentum=0.5)
+    _, _, new = _run(sites, "fednova", rounds=2, server_opt="avgm", momentum=0.5)
     once = _fedavg(list(sites.values()))  # all steps = tau: FedNova's update is FedAvg's
     reference = list(MODEL.values())
-    for j in (0, 1):  # x - D, then x - D - (0.5 D + D)
-        np.testing.assert_allclose(new[j], reference[j] - 2.5 * once[j], atol=5e-5)
+    # the weight: x - D, then x - D - (0.5 D + D); the running variance takes D (a statistic)
+    np.testing.assert_allclose(new[0], reference[0] - 2.5 * once[0], atol=5e-5)
+    np.testing.assert_allclose(new[1], reference[1] - 2.0 * once[1], atol=5e-5)
     assert int(new[2]) == 5 + 2 * TAU
 
 

@@ -42,7 +42,7 @@ def test_a_combination_secagg_cannot_serve_is_refused_naming_the_key(values, key
 
 @pytest.mark.parametrize("values", [
     {}, {"strategy.codec": "fp16"}, {"strategy.codec": "randk:0.1"},
-    {"strategy.aggregator": "fednova", "optimizer": "sgd", "fednova.server-momentum": 0.9},
+    {"strategy.aggregator": "fednova", "optimizer": "sgd", "strategy.server-opt": "avgm"},
     {"secagg.bits": 16, "secagg.neighbours": 4, "secagg.threshold": 0.75,
      "secagg.min-participants": 3, "secagg.clip": 0.5},
 ])

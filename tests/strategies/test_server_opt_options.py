@@ -51,13 +51,15 @@ def test_bad_options_are_refused_naming_the_key(values, message):
         RunConfig.from_mapping(values)
 
 
-def test_two_server_momenta_are_refused_naming_both_keys():
-    with pytest.raises(PluginError, match="'fednova.server-momentum' = 0.5 and "
-                                          "'strategy.server-opt' = 'avgm'"):
+def test_fednovas_former_server_momentum_is_refused_for_avgm():
+    """One server momentum (#45): FedNova's is ``avgm``'s, with any aggregator."""
+    with pytest.raises(PluginError, match="'fednova.server-momentum' was retired"):
         RunConfig.from_mapping({"strategy.aggregator": "fednova", "optimizer": "sgd",
                                 "fednova.server-momentum": 0.5, "strategy.server-opt": "avgm"})
-    RunConfig.from_mapping({"strategy.aggregator": "fednova", "optimizer": "sgd",
-                            "fednova.server-momentum": 0.5})  # FedNova's own, as before
+    optimizer = build_strategy(RunConfig.from_mapping({
+        "strategy.aggregator": "fednova", "optimizer": "sgd", "strategy.server-opt": "avgm",
+        "server-opt.momentum": 0.5})).train.server_opt
+    assert (optimizer.eta, optimizer.momentum) == (1.0, 0.5)
 
 
 def test_pruning_is_refused_with_an_adaptive_optimizer():

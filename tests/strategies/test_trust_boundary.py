@@ -19,7 +19,8 @@ from strategies.aggregation import AggregationError, fedavg_delta
 from strategies.errors import ReplyError
 from strategies.plugins.run_settings import RunSettings
 from strategies.plugins.selectors.options import SelectionOptions
-from strategies.plugins.registries import AGGREGATORS, SCHEDULES, SELECTORS, build
+from strategies.plugins.registries import (AGGREGATORS, SCHEDULES, SELECTORS,
+                                           SERVER_OPTIMIZERS, build)
 from strategies.rounds.federated_strategy import FederatedStrategy
 from strategies.rounds.site_book import SiteBook
 from tests.strategies.scripted_grid import connected, flower_round, scripted_grid
@@ -167,11 +168,12 @@ def test_fedavg_names_the_update_at_fault():
 def test_a_non_finite_new_model_is_never_kept(momentum):
     """FedNova scales a 1-step site's finite float32 update by tau_eff / 1: it overflows.
 
-    The aggregator's state (server momentum) is rolled back with the model.
+    The server optimizer's state (FedAvgM's velocity) is rolled back with the model.
     """
     strategy = make_strategy(min_nodes=2, aggregator="fednova")
     strategy.train.aggregator = AGGREGATORS.create(  # a 1-step site counts as 1 step of 8
-        "fednova", server_momentum=momentum, min_steps_fraction=0.125)
+        "fednova", min_steps_fraction=0.125)
+    strategy.train.server_opt = SERVER_OPTIMIZERS.create("avgm", momentum=momentum)
     huge = _delta(-2e38)
     arrays, metrics = _round(strategy, 1, [8, 2], {
         8: (huge, _train_metrics(10, steps=1), "a"),

@@ -73,10 +73,12 @@ def test_streamed_fednova_is_the_held_normalised_mean(server_identity):
         np.testing.assert_allclose(streamed, expected, rtol=1e-6)
 
 
-def test_streamed_fednova_momentum_matches_the_held_aggregator(server_identity):
-    streamed, held = (AGGREGATORS.create("fednova", server_momentum=0.5) for _ in range(2))
+def test_streamed_fednova_matches_the_held_aggregator_round_after_round(server_identity):
+    """FedNova keeps no state (its former server momentum is strategy.server-opt's, #45):
+    every round's streamed update is the held one."""
+    streamed, held = (AGGREGATORS.create("fednova") for _ in range(2))
     replies = [_train_reply(1, D1, 1, a_norm=1.0), _train_reply(2, D2, 3, a_norm=4.0)]
-    for _ in range(2):  # the second round adds beta x the first round's velocity
+    for _ in range(2):
         _, outcome = _streamed(streamed, replies)
         delta, _ = held.aggregate(replies)
         for a, b in zip(outcome.delta, delta):

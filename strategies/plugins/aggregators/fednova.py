@@ -23,8 +23,11 @@ in front (:mod:`strategies.plugins.defences.defended`) measures the update as it
 enters the aggregate, ``(tau / ||a_i||_1) delta_i`` (:meth:`FedNovaAggregator.update_scale`),
 not ``delta_i``.
 
-Optional server momentum (the paper's FedNova with server-side momentum, Sec. 5):
-``v <- beta v + Delta``, ``x <- x - v`` (run config ``fednova.server-momentum``).
+Server momentum (the paper's FedNova with server-side momentum, Sec. 5:
+``v <- beta v + Delta``, ``x <- x - v``) is the server optimizer's
+(``strategy.server-opt = "avgm"``, ``server-opt.momentum = beta``, eta 1:
+:mod:`strategies.plugins.server_opt.avgm`), the same step for every aggregator; the
+former ``fednova.server-momentum`` is refused naming it (:data:`RETIRED_MOMENTUM`).
 Needs ``optimizer = "sgd"`` (:meth:`FedNovaAggregator.requires`).
 
 Linear, so it streams (:mod:`strategies.rounds.update_stream`): each reply is
@@ -42,10 +45,18 @@ import numpy as np
 from flwr.supercore import log
 
 from strategies.aggregation import RunningSum, fednova_delta, positive_weight
-from strategies.plugins.options import Plugin, PluginError, PluginOptions, option
+from strategies.plugins.options import Plugin, PluginError, PluginOptions, Retired, option
 from strategies.plugins.run_settings import RunSettings
 from strategies.plugins.registries import AGGREGATORS
 from strategies.replies import TrainReply
+
+
+#: ``fednova.server-momentum`` (#45): the heavy-ball step ``strategy.server-opt = "avgm"``
+#: takes for every aggregator; 0 was none.
+RETIRED_MOMENTUM = Retired(
+    0.0, "FedNova's server momentum is the server optimizer's: set strategy.server-opt = "
+         "\"avgm\" and server-opt.momentum = <beta> (server-opt.eta 1, its default, is the "
+         "same step v <- beta v + Delta, x <- x - v); with 0, drop the key")
 
 
 @dataclass(frozen=True)
@@ -54,15 +65,13 @@ class FedNovaOptions(PluginOptions):
 
     Attributes
     ----------
-    server_momentum : float
-        ``fednova.server-momentum``: server momentum beta in [0, 1); 0 = none.
     min_steps_fraction : float
         ``fednova.min-steps-fraction``: a reply's a-norm counts at least this
         fraction (in (0, 1]) of the a-norm of the tau it was sent.
     """
 
     section = "fednova"
-    server_momentum: float = option(0.0, at_least=0.0, below=1.0)
+    retired = {"server-momentum": RETIRED_MOMENTUM}
     min_steps_fraction: float = option(0.5, at_least=0.0)
 
     def check(self) -> None:
@@ -74,29 +83,22 @@ class FedNovaOptions(PluginOptions):
 
 @AGGREGATORS.register("fednova")
 class FedNovaAggregator(Plugin):
-    """Normalised averaging with optional server momentum ``beta``."""
+    """Normalised averaging (Wang et al. 2020, eq. (6)-(7)); momentum is the server optimizer's."""
 
     Options = FedNovaOptions
     #: Linear: the round's replies are folded into a running sum as they arrive.
     needs_all_updates = False
+    #: Attributes an older checkpoint holds: skipped at restore while neutral (the
+    #: momentum of ``fednova.server-momentum`` 0; :mod:`strategies.rounds.state_tree`).
+    retired_state = {"server_momentum": 0.0, "_velocity": None}
 
-    def __init__(self, server_momentum: float = 0.0, min_steps_fraction: float = 0.5) -> None:
-        options = FedNovaOptions(server_momentum=server_momentum,
-                                 min_steps_fraction=min_steps_fraction)
-        self.server_momentum = options.server_momentum
-        self.min_steps_fraction = options.min_steps_fraction
-        self._velocity: list[np.ndarray] | None = None
+    def __init__(self, min_steps_fraction: float = 0.5) -> None:
+        self.min_steps_fraction = FedNovaOptions(
+            min_steps_fraction=min_steps_fraction).min_steps_fraction
 
     @staticmethod
     def requires(options: FedNovaOptions, settings: RunSettings) -> None:
-        """FedNova's solver norm ``||a_i||_1`` is defined for SGD-type local solvers only;
-        its server momentum is not stacked on a server optimizer's."""
-        if options.server_momentum > 0.0 and settings.server_opt != "sgd":
-            raise PluginError(
-                f"run config keys 'fednova.server-momentum' = {options.server_momentum:g} and "
-                f"'strategy.server-opt' = {settings.server_opt!r} would apply two server "
-                "momenta; set fednova.server-momentum = 0 (strategy.server-opt = 'avgm' is "
-                "the same momentum for every aggregator)")
+        """FedNova's solver norm ``||a_i||_1`` is defined for SGD-type local solvers only."""
         if settings.optimizer != "sgd":
             raise PluginError(
                 "run config key 'strategy.aggregator' = 'fednova' needs optimizer = \"sgd\": "
@@ -134,7 +136,7 @@ class FedNovaAggregator(Plugin):
         tau_eff = float(np.dot(n / n.sum(), a_norms))
         delta = fednova_delta([r.delta for r in replies], [r.num_examples for r in replies],
                               a_norms)
-        return self._with_momentum(delta), {"tau-eff": tau_eff, **self._floored(replies)}
+        return delta, {"tau-eff": tau_eff, **self._floored(replies)}
 
     def fold(self, total: RunningSum, reply: TrainReply, index: int) -> dict[str, float]:
         """``S += (n_i / ||a_i||_1) delta_i`` on float arrays, ``n_i delta_i`` on integer ones
@@ -150,17 +152,4 @@ class FedNovaAggregator(Plugin):
         count = float(sum(r.num_examples for r in replies))
         tau_eff = sum(r.num_examples * self.counted_a_norm(r) for r in replies) / count
         delta = total.result(tau_eff / count, 1.0 / count)
-        return self._with_momentum(delta), {"tau-eff": tau_eff}
-
-    def _with_momentum(self, delta: list[np.ndarray]) -> list[np.ndarray]:
-        """``v <- beta v + Delta`` and ``v`` as the update (``Delta`` itself when beta = 0)."""
-        if self.server_momentum == 0.0:
-            return delta
-        if self._velocity is None:
-            self._velocity = [np.zeros_like(d, dtype=np.float64) for d in delta]
-        for v, d in zip(self._velocity, delta):
-            if np.issubdtype(d.dtype, np.floating):
-                v *= self.server_momentum
-                v += d
-        return [v.astype(d.dtype) if np.issubdtype(d.dtype, np.floating) else d
-                for v, d in zip(self._velocity, delta)]
+        return delta, {"tau-eff": tau_eff}

@@ -9,8 +9,9 @@ Visual Classification", 2019, Algorithm 1 (server momentum): with the pseudo-gra
 ``v`` starts at 0, so round 1's step is ``eta Delta`` (Flower's ``FedAvgM`` starts its
 momentum vector at round 1's ``Delta``: the same). ``beta`` is ``server-opt.momentum``,
 default 0.9 (the value Hsu et al. use); Flower's default 0 would make ``avgm`` plain FedAvg.
-``eta`` defaults to 1, as Flower's ``server_learning_rate``. FedNova's own
-``fednova.server-momentum`` is this with ``eta = 1``; the two are refused together.
+``eta`` defaults to 1, as Flower's ``server_learning_rate``. With FedNova's ``Delta`` and
+``eta = 1`` it is FedNova's server momentum (Wang et al. 2020, Sec. 5), the former
+``fednova.server-momentum`` (retired, #45).
 """
 
 from __future__ import annotations
