@@ -17,21 +17,34 @@ charges the ledger itself before the app sees the message, and the app's process
 no ledger (:attr:`~clients.site.site.Site.runtime_ledger`): :meth:`PrivacyCharge.before`
 then returns a :class:`ChargedByRuntime`, which records nothing and adds no metrics
 (the runtime adds the reply's epsilon from its own ledger).
+
+In the site's train round DP-SGD is the :class:`PrivateTraining` feature
+(:class:`~clients.site.site_feature.SiteFeature`) of a run with ``privacy.*`` enabled: an
+Opacus-compatible network, DP-SGD steps, the charge opened before them (the cross-site
+exchange's fine-tune after the last round is charged like any round), released when they
+fail, recorded after.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from clients.site.privacy_ledger import PrivacyLedger, Step
 from clients.site.site import Site
+from clients.site.site_feature import LocalTraining, SiteFeature
 from clients.site.site_reply import Metrics
 from clients.training.private_training import DpSettings, poisson_sample_rate
 from strategies import message_keys as keys
 
-__all__ = ["ChargedByRuntime", "PrivacyCharge"]
+if TYPE_CHECKING:
+    from clients.site.instruction import Instruction
+    from clients.site.run_settings import SiteRunSettings
+
+__all__ = ["ChargedByRuntime", "PrivacyCharge", "PrivateTraining"]
 
 
 class ChargedByRuntime:
@@ -102,3 +115,58 @@ class PrivacyCharge:
     def cancel(self) -> None:
         """Release the reservation of a computation that failed (nothing of it left the site)."""
         self.ledger.settle(self.reservation, (), self.federation, self.kind)
+
+
+class PrivateTraining(SiteFeature):
+    """DP-SGD for one train message, charged to the site's ledger.
+
+    Parameters
+    ----------
+    privacy : DpSettings
+        The run's ``privacy.*`` (enabled).
+    federation : str
+        The federation the ledger entry names.
+    """
+
+    def __init__(self, privacy: DpSettings, federation: str) -> None:
+        self.privacy, self.federation = privacy, federation
+        self.charged: Metrics = {}
+
+    @classmethod
+    def of(cls, instruction: Instruction, site: Site,
+           run: SiteRunSettings) -> PrivateTraining | None:
+        """The feature of a train message in a run with DP-SGD."""
+        if instruction.kind != "train" or not run.privacy.enabled:
+            return None
+        return cls(run.privacy, instruction.federation)
+
+    def model_args(self) -> dict[str, Any]:
+        """A DP-SGD-compatible network."""
+        return {"private": True}
+
+    @contextmanager
+    def training(self, local: LocalTraining) -> Iterator[None]:
+        """DP-SGD steps, checked against the budget before (:meth:`PrivacyCharge.before`),
+        released when they fail, recorded after.
+
+        Raises
+        ------
+        PolicyRefusal
+            ``dp.max-epsilon``: the round would overspend the DP budget of the site's data.
+        """
+        local.train_args["privacy"] = self.privacy
+        charge = PrivacyCharge.before(local.site, self.privacy,
+                                      len(local.task.require_training()),
+                                      local.task.settings.batch_size, local.steps,
+                                      self.federation, "cross-site" if local.final else "train")
+        try:
+            yield
+        except BaseException:  # nothing of it leaves the site: release the reservation
+            charge.cancel()
+            raise
+        assert local.result is not None  # the steps ran
+        self.charged = charge.record(local.result.privacy_steps)
+
+    def metrics(self) -> Metrics:
+        """``epsilon``, ``epsilon-round`` and ``epsilon-left`` (none when the runtime charged)."""
+        return self.charged

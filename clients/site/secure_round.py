@@ -13,10 +13,11 @@ in the site's state dir (:class:`~clients.site.secure_state.SecureRoundState`):
    neighbour, each encrypted for it; reply: the ciphertexts and the seed's commitment;
 3. ``collect``: the shares addressed to the site are decrypted first (an altered or
    misaddressed one refuses the round before anything trains); then the site trains as
-   in a plain round (:func:`~clients.site.site_training.local_update`: DP-SGD, the
-   ledger, FedBN), weights and clips its update (:mod:`clients.site.secure_update`) and
-   masks it; reply: the packed masked vector (``delta`` / ``secagg-masked``) and the
-   metrics that do not reveal the update (no ``residual-norm``);
+   in a plain round (:func:`~clients.site.site_training.train_round` with the round's
+   features: DP-SGD, the ledger, FedBN), and its update is weighted, clipped and masked by
+   the :class:`~clients.site.secure_update.SecureMasking` feature, which seals it; reply:
+   the packed masked vector (``delta`` / ``secagg-masked``) and the metrics that do not
+   reveal the update (no ``residual-norm``);
 4. ``unmask``: for each neighbour, the share of its self-mask seed when its input
    arrived, of its mask key when it did not, never both; the saved round is deleted.
 
@@ -34,10 +35,11 @@ import numpy as np
 from clients.site.instruction import Instruction
 from clients.site.run_settings import SiteRunSettings
 from clients.site.secure_state import SecureRoundState
-from clients.site.secure_update import secure_values
+from clients.site.round_features import round_features
+from clients.site.secure_update import SecureMasking
 from clients.site.site import Site
 from clients.site.site_reply import SiteReply
-from clients.site.site_training import local_update
+from clients.site.site_training import train_round
 from strategies import message_keys as keys
 from strategies.secure_aggregation.errors import SecAggError
 from strategies.secure_aggregation.participant import Participant
@@ -89,10 +91,12 @@ def answer_stage(instruction: Instruction, arrays: Mapping[str, np.ndarray], sit
     if stage == keys.SECAGG_COLLECT:
         participant.receive_shares(instruction.secagg)  # before anything trains
         task = tasks.task(site, run.task, run.sizes)
-        local = local_update(task, arrays, instruction, site, run, tasks.compute())
-        masked = participant.mask(secure_values(local, instruction, run, site.state_dir))
+        features = [*round_features(instruction, site, run),
+                    SecureMasking(participant, instruction, run, site.state_dir)]
+        masked, metrics = train_round(task, arrays, instruction, site, run, tasks.compute(),
+                                      features)
         state.save(participant)
-        return SiteReply(local.metrics, record, {keys.SECAGG_MASKED: masked})
+        return SiteReply(metrics, record, masked)
     entries = participant.unmask(instruction.secagg,
                                  site.policy.secure_aggregation.min_participants)
     state.delete()

@@ -4,7 +4,7 @@ Under SecAgg+ (Bell et al., CCS 2020) the coordinator sees only the sum of the s
 vectors, so each site applies its own aggregation weight before masking
 (:mod:`strategies.secure_aggregation.weights`) and only codecs that sum across sites
 apply (:mod:`strategies.secure_aggregation.vector`). From the round's
-:class:`~clients.site.site_training.LocalUpdate`:
+:class:`~clients.site.site_feature.LocalUpdate`:
 
 1. ``v``: the update's float arrays as one vector (FedBN's own layers already zero;
    integer buffers are not sent, the coordinator advances them);
@@ -22,25 +22,82 @@ apply (:mod:`strategies.secure_aggregation.vector`). From the round's
    add to the sum, at most), and the residual keeps what was not sent:
    ``e <- z - scatter(clip(c_i z_kept) / c_i)``, in the site's state store as in a plain
    round (``ef-residual``).
+
+A train instruction of a securely aggregated round names its stage (``secagg-stage``) and
+carries the round's plan (:class:`~strategies.secure_aggregation.settings.RoundPlan`) and
+the stage's protocol entries (``secagg-*``): its :class:`SecureInstruction`. In the collect
+stage's round the update is sealed by the :class:`SecureMasking` feature
+(:class:`~clients.site.site_feature.SiteFeature`): these values, masked by the site's
+:class:`~strategies.secure_aggregation.participant.Participant`
+(:mod:`clients.site.secure_round`, which holds it between stages).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from clients.site.instruction import Instruction
-from clients.site.run_settings import SiteRunSettings
-from clients.site.site_training import RESIDUAL_NAME, LocalUpdate
+from clients.site.site_feature import RESIDUAL_NAME, LocalUpdate, SiteFeature, config_value
 from clients.site.state_store import SiteStateStore
 from strategies import message_keys as keys
+from strategies.errors import ConfigError
 from strategies.local_solver import LocalSolver
 from strategies.secure_aggregation.errors import SecAggError
+from strategies.secure_aggregation.settings import RoundPlan
 from strategies.secure_aggregation.vector import flatten_float, kept_indices, shared_codec_seed
 from strategies.secure_aggregation.weights import site_coefficient
 
-__all__ = ["coefficient_of", "secure_values"]
+if TYPE_CHECKING:  # the participant (and Flower's primitives) load only in a SecAgg+ round
+    from clients.site.instruction import Instruction
+    from clients.site.run_settings import SiteRunSettings
+    from strategies.secure_aggregation.participant import Participant
+
+__all__ = ["SecureInstruction", "SecureMasking", "coefficient_of", "secure_values"]
+
+
+@dataclass(frozen=True)
+class SecureInstruction:
+    """The SecAgg+ entries of a train instruction.
+
+    Attributes
+    ----------
+    secagg_stage : str
+        The SecAgg+ stage (``secagg-stage``: one of
+        :data:`~strategies.message_keys.SECAGG_STAGES`); "" for a plain train.
+    plan : RoundPlan or None
+        The stage's round plan (``None`` without a stage).
+    secagg : dict of str to Any
+        The stage's config entries as sent (``server-round`` and every ``secagg-*``).
+    """
+
+    secagg_stage: str = ""
+    plan: RoundPlan | None = None
+    secagg: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_config(cls, kind: str, config: Mapping[str, Any]) -> SecureInstruction | None:
+        """The stage of a train message; ``None`` for a plain train and the other kinds.
+
+        Raises
+        ------
+        ConfigError
+            For an unknown stage.
+        SecAggError
+            For a stage whose round plan is missing or malformed (naming the entry).
+        """
+        stage = config_value(config, keys.SECAGG_STAGE, str, "") if kind == "train" else ""
+        if not stage:
+            return None
+        if stage not in keys.SECAGG_STAGES:
+            raise ConfigError(f"train instruction key {keys.SECAGG_STAGE!r} = {stage!r}: "
+                              f"expected one of {', '.join(keys.SECAGG_STAGES)}; request refused")
+        return cls(stage, RoundPlan.parse(config),
+                   {key: value for key, value in config.items()
+                    if key == keys.SERVER_ROUND or key.startswith("secagg-")})
 
 
 def _number(entries: dict, key: str, default: float | None) -> float:
@@ -112,3 +169,35 @@ def secure_values(local: LocalUpdate, instruction: Instruction, run: SiteRunSett
         residual[kept] -= sent / coefficient
         store.save(instruction.federation, RESIDUAL_NAME, residual)
     return sent
+
+
+class SecureMasking(SiteFeature):
+    """The collect stage's seal: the update's :func:`secure_values`, masked.
+
+    Parameters
+    ----------
+    participant : Participant
+        The site's side of the round, its neighbours' shares received.
+    instruction : Instruction
+        The collect stage.
+    run : SiteRunSettings
+        The run's seed and local solver.
+    state_dir : Path
+        The site's state dir (the error-feedback residual).
+    """
+
+    def __init__(self, participant: Participant, instruction: Instruction, run: SiteRunSettings,
+                 state_dir: Path) -> None:
+        self.participant, self.instruction = participant, instruction
+        self.run, self.state_dir = run, state_dir
+
+    def seal(self, update: LocalUpdate) -> dict[str, np.ndarray]:
+        """The packed masked vector (``secagg-masked``).
+
+        Raises
+        ------
+        SecAggError, SecAggConfigError
+            As :func:`secure_values`.
+        """
+        values = secure_values(update, self.instruction, self.run, self.state_dir)
+        return {keys.SECAGG_MASKED: self.participant.mask(values)}

@@ -16,25 +16,47 @@ hold that mask version yet, the mask itself. The site
 * sums the squared gradients of every step since its last report (PruneFL's first-order
   estimate of each weight's risk reduction) in its state store and, in a re-pruning round,
   sends them encoded with the round's report codec (:func:`squared_gradient_report`).
+
+In the site's round this is the :class:`SitePruning` feature
+(:class:`~clients.site.site_feature.SiteFeature`) of a pruned instruction
+(:class:`PruningInstruction`): it expands the received model with the mask, trains the pruned
+network, sends the compacted update with its own error-feedback residual per mask version
+(``ef-residual-mask-<version>``) and acknowledges the version (``pruning-version``); an
+evaluate or query message runs :func:`evaluated_network`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch import nn
 
+from clients.site.site_feature import LocalTraining, SiteFeature, config_value
+from clients.site.site_reply import Metrics
 from clients.site.state_store import SiteStateStore
+from clients.training.personalisation.site_personalisation import SITE_PERSONALISATION
 from clients.training.pruning import MaskedTraining, Shrunk, model_structure, shrink
+from clients.training.site_task import SiteTask
+from strategies import message_keys as keys
 from strategies.compression import encode
 from strategies.errors import SiteError
-from strategies.plugins.pruning.mask import MASK_BITS_KEY, MASK_LAYOUT_KEY, masks_from_record
+from strategies.plugins.pruning.mask import (MASK_BITS_KEY, MASK_LAYOUT_KEY, compact, expand,
+                                             masks_from_record)
 
-__all__ = ["MASK_ENTRIES", "MaskVersionError", "PrunedTraining", "StructuralChangeRefused",
-           "evaluated_network", "received_mask", "refuse_structural_change", "squared_gradient_report"]
+if TYPE_CHECKING:
+    from clients.site.instruction import Instruction
+    from clients.site.run_settings import SiteRunSettings
+    from clients.site.site import Site
+
+__all__ = ["MASK_ENTRIES", "MaskVersionError", "PrunedTraining", "PruningInstruction",
+           "SitePruning", "StructuralChangeRefused", "evaluated_network", "received_mask",
+           "refuse_structural_change", "squared_gradient_report"]
 
 #: The instruction's array entries that carry the mask (not the model).
 MASK_ENTRIES = (MASK_BITS_KEY, MASK_LAYOUT_KEY)
@@ -205,3 +227,135 @@ def squared_gradient_report(squared: Mapping[str, np.ndarray], order: Mapping[st
         return None
     store.save(federation, _SQGRAD, np.zeros(0, np.float32))
     return encode(vector, report)
+
+
+@dataclass(frozen=True)
+class PruningInstruction:
+    """The pruning entries of an instruction (:mod:`strategies.rounds.pruning_round`).
+
+    Attributes
+    ----------
+    pruning_version : int
+        The mask version of the instruction's model (``pruning-version``); 0: not pruned.
+    pruning_mode : str
+        ``unstructured`` or ``structured`` (``pruning-mode``); "" when not pruned.
+    pruning_report : str
+        The codec of the squared gradients to send back this round (``pruning-report``);
+        "" when none are asked.
+    """
+
+    pruning_version: int = 0
+    pruning_mode: str = ""
+    pruning_report: str = ""
+
+    @classmethod
+    def from_config(cls, kind: str, config: Mapping[str, Any]) -> PruningInstruction | None:
+        """The pruning entries of any kind of message; ``None`` without any.
+
+        Raises
+        ------
+        ConfigError
+            For a value of the wrong type.
+        """
+        if not any(key in config for key in (keys.PRUNING_VERSION, keys.PRUNING_MODE,
+                                             keys.PRUNING_REPORT)):
+            return None
+        return cls(pruning_version=config_value(config, keys.PRUNING_VERSION, int, 0),
+                   pruning_mode=config_value(config, keys.PRUNING_MODE, str, ""),
+                   pruning_report=config_value(config, keys.PRUNING_REPORT, str, ""))
+
+
+class SitePruning(SiteFeature):
+    """A pruned message at the site: the mask in, the pruned training, the compacted update out.
+
+    Parameters
+    ----------
+    part : PruningInstruction
+        The instruction's pruning entries (a version > 0).
+    federation : str
+        The federation the site's mask and squared gradients are kept for.
+    state_dir : Path
+        The site's state dir.
+    keeps_layers : bool
+        Whether the run's personalisation keeps the site's own layers (FedBN), which a
+        structured round would cut (:func:`refuse_structural_change`).
+    """
+
+    def __init__(self, part: PruningInstruction, federation: str, state_dir: Path,
+                 keeps_layers: bool) -> None:
+        self.part, self.federation, self.state_dir = part, federation, state_dir
+        self.keeps_layers = keeps_layers
+        self.masks: dict[str, np.ndarray] = {}
+        self.pruned: PrunedTraining | None = None
+        self.sqgrad: np.ndarray | None = None
+
+    @classmethod
+    def of(cls, instruction: Instruction, site: Site, run: SiteRunSettings) -> SitePruning | None:
+        """The feature of a message whose model is pruned (``pruning-version`` > 0)."""
+        part = instruction.part(PruningInstruction)
+        if part is None or not part.pruning_version:
+            return None
+        method = SITE_PERSONALISATION.get(run.personalisation.method)
+        return cls(part, instruction.federation, site.state_dir, method.keeps_layers)
+
+    def receive(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The arrays without the mask's entries; the round's mask (:func:`received_mask`).
+
+        Raises
+        ------
+        MaskVersionError
+            When the site does not hold the mask version the instruction names.
+        """
+        entries = {k: np.asarray(v) for k, v in arrays.items() if k in MASK_ENTRIES}
+        self.masks = received_mask(entries, self.part.pruning_version, self.federation,
+                                   self.state_dir)
+        return {k: v for k, v in arrays.items() if k not in MASK_ENTRIES}
+
+    def received(self, model: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The compacted model in full shapes, pruned coordinates 0."""
+        return expand(model, self.masks)
+
+    def evaluated(self, network: nn.Module, task: SiteTask) -> nn.Module:
+        """:func:`evaluated_network`: structured, the network without its pruned channels."""
+        return evaluated_network(network, self.masks, self.part.pruning_mode,
+                                 torch.as_tensor(task.example_input(task.settings)))
+
+    @contextmanager
+    def training(self, local: LocalTraining) -> Iterator[None]:
+        """Train the pruned network (:class:`PrunedTraining`), its weights put back after.
+
+        Raises
+        ------
+        StructuralChangeRefused
+            A structured round at a site that keeps its own layers.
+        """
+        refuse_structural_change(self.part.pruning_mode, self.keeps_layers)
+        pruned = PrunedTraining(local.model, self.masks, self.part.pruning_mode,
+                                torch.as_tensor(local.task.example_input(local.task.settings)))
+        local.network = pruned.model
+        local.step_hooks.append(pruned.hooks)
+        yield
+        pruned.finish()
+        self.pruned = pruned
+
+    def outgoing(self, delta: dict[str, np.ndarray], local: LocalTraining
+                 ) -> dict[str, np.ndarray]:
+        """The kept coordinates only; the squared gradients added to the site's sum (and
+        reported when the round asks, :func:`squared_gradient_report`)."""
+        assert self.pruned is not None  # the training context closed normally
+        self.sqgrad = squared_gradient_report(self.pruned.squared_gradients(),
+                                              local.global_arrays, self.part.pruning_report,
+                                              self.federation, self.state_dir)
+        return compact(delta, self.masks)
+
+    def residual_name(self, name: str) -> str:
+        """The residual of the kept weights of one mask: a new mask starts a new one."""
+        return f"{name}-mask-{self.part.pruning_version}"
+
+    def reply(self) -> dict[str, np.ndarray]:
+        """A re-pruning round's encoded squared gradients (``pruning-sqgrad``)."""
+        return {} if self.sqgrad is None else {keys.PRUNING_SQGRAD: self.sqgrad}
+
+    def metrics(self) -> Metrics:
+        """The mask version the site trained under (``pruning-version``)."""
+        return {keys.PRUNING_VERSION: self.part.pruning_version}

@@ -46,12 +46,12 @@ from clients.site.decoded_cache import CACHE_DIR_NAME, load_task
 from clients.site.instruction import Instruction
 from clients.site.policy_check import Request, check_request, releases_val_metrics
 from clients.site.query_budget import take_query
+from clients.site.round_features import round_features
 from clients.site.run_settings import SiteRunSettings
 from clients.site.site import Site
 from clients.site.site_adaptation import personalised_evaluation
 from clients.site.site_reply import Metrics, SiteReply
-from clients.site.site_pruning import evaluated_network
-from clients.site.site_training import received_pruned_model, train_round
+from clients.site.site_training import received_model, train_round
 from clients.training.device import ComputeDevice, select_device
 from clients.training.site_task import SiteTask, TaskSettings
 from strategies import message_keys as keys
@@ -154,16 +154,17 @@ def request_of(instruction: Instruction, run: SiteRunSettings) -> Request:
 
 def _global_model(task: SiteTask, arrays: Mapping[str, np.ndarray], instruction: Instruction,
                   site: Site, run: SiteRunSettings) -> nn.Module:
-    """The task's model holding the packed global model in ``arrays`` (a pruned one expanded
-    with the mask the site holds or is sent, :func:`received_pruned_model`; structured, the
-    network without its pruned channels, :func:`evaluated_network`)."""
+    """The network an evaluate or query message runs: the task's model holding the global
+    model of ``arrays`` (:func:`received_model`, through the message's features), as the
+    features make it (:meth:`~clients.site.site_feature.SiteFeature.evaluated`: a pruned
+    model's structured network without its pruned channels)."""
     model = task.build_model(private=run.privacy.enabled)
-    named, _, masks = received_pruned_model(arrays, instruction, site.state_dir)
+    features = round_features(instruction, site, run)
+    named = received_model(arrays, features)
     model.load_state_dict({name: torch.as_tensor(a) for name, a in named.items()})
-    if not masks:
-        return model
-    return evaluated_network(model, masks, instruction.pruning_mode,
-                             torch.as_tensor(task.example_input(task.settings)))
+    for feature in features:
+        model = feature.evaluated(model, task)
+    return model
 
 
 def _evaluate(task: SiteTask, arrays: Mapping[str, np.ndarray], instruction: Instruction,

@@ -18,26 +18,38 @@ The vectors run over the model's floating-point arrays in model order; the norma
 buffers among them (running statistics, not parameters) hold 0. SCAFFOLD doubles what leaves
 the site per round: the site policy's ``share-control-variates`` may refuse it
 (:mod:`clients.site.policy_check`).
+
+In the site's round this is the :class:`SiteScaffold` feature
+(:class:`~clients.site.site_feature.SiteFeature`) of a train instruction whose
+:class:`ControlInstruction` names ``scaffold``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from clients.site.instruction import Instruction
+from clients.site.site_feature import LocalTraining, SiteFeature, config_value
 from clients.site.state_store import SiteStateStore
 from clients.training.scaffold import ScaffoldCorrection, option_two
 from strategies import message_keys as keys
 from strategies.compression import ErrorFeedback, decode, encode, flatten, parse_spec
-from strategies.errors import SiteError
+from strategies.errors import ConfigError, SiteError
+from strategies.local_solver import LocalSolver
 from strategies.update_codec import float_positions
 
-__all__ = ["CONTROL_NAME", "RESIDUAL_NAME", "ControlVariateError", "SiteControl", "control_reply", "received_control",
-           "split_control"]
+if TYPE_CHECKING:
+    from clients.site.instruction import Instruction
+    from clients.site.run_settings import SiteRunSettings
+    from clients.site.site import Site
+
+__all__ = ["CONTROL_NAME", "RESIDUAL_NAME", "ControlInstruction", "ControlVariateError",
+           "SiteControl", "SiteScaffold", "control_reply", "received_control", "split_control"]
 
 #: The site's control variate ``c_i`` in its state store.
 CONTROL_NAME = "scaffold-ci"
@@ -47,6 +59,41 @@ RESIDUAL_NAME = "scaffold-ef-residual"
 
 class ControlVariateError(SiteError):
     """A SCAFFOLD instruction without a usable ``c``, or one the site's training cannot serve."""
+
+
+@dataclass(frozen=True)
+class ControlInstruction:
+    """The control-variate entries of an instruction.
+
+    Attributes
+    ----------
+    control_variates : str
+        ``scaffold`` when the instruction carries SCAFFOLD's ``c`` (``control-variates``);
+        "" otherwise.
+    control_codec : str
+        The codec ``c`` was sent with (``control-variates-codec``).
+    """
+
+    control_variates: str = ""
+    control_codec: str = "none"
+
+    @classmethod
+    def from_config(cls, kind: str, config: Mapping[str, Any]) -> ControlInstruction | None:
+        """The control-variate entries of any kind of message; ``None`` without any.
+
+        Raises
+        ------
+        ConfigError
+            For a value of the wrong type, or a method other than ``scaffold``.
+        """
+        if keys.CONTROL_VARIATES not in config and keys.CONTROL_CODEC not in config:
+            return None
+        control = config_value(config, keys.CONTROL_VARIATES, str, "")
+        if control not in ("", "scaffold"):
+            raise ConfigError(f"instruction key {keys.CONTROL_VARIATES!r} = {control!r}: "
+                              "expected 'scaffold' or none; request refused")
+        return cls(control_variates=control,
+                   control_codec=config_value(config, keys.CONTROL_CODEC, str, "none"))
 
 
 def split_control(arrays: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray],
@@ -153,3 +200,67 @@ def control_reply(control: SiteControl, c_i_plus: np.ndarray, instruction: Instr
         payload = encode(delta, spec, seed=seed, segments=sizes)
     store.save(instruction.federation, CONTROL_NAME, np.asarray(c_i_plus, np.float32))
     return payload
+
+
+class SiteScaffold(SiteFeature):
+    """SCAFFOLD at the site for one train message: ``c`` in, corrected steps, ``Delta c_i`` out.
+
+    Parameters
+    ----------
+    instruction : Instruction
+        The train instruction (its ``c`` codec, uplink codec and seed, federation).
+    state_dir : Path
+        The site's state dir (``c_i`` and the residual of ``Delta c_i``).
+    """
+
+    def __init__(self, instruction: Instruction, state_dir: Path) -> None:
+        self.instruction, self.state_dir = instruction, state_dir
+        self.payload: np.ndarray | None = None
+        self.control: SiteControl | None = None
+        self.c_i_plus: np.ndarray | None = None
+
+    @classmethod
+    def of(cls, instruction: Instruction, site: Site, run: SiteRunSettings) -> SiteScaffold | None:
+        """The feature of a train message naming ``control-variates = "scaffold"``."""
+        part = instruction.part(ControlInstruction)
+        if instruction.kind != "train" or part is None or not part.control_variates:
+            return None
+        return cls(instruction, site.state_dir)
+
+    def receive(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The arrays without ``scaffold-c`` (:func:`split_control`), kept for training."""
+        model, self.payload = split_control(arrays)
+        return model
+
+    @contextmanager
+    def training(self, local: LocalTraining) -> Iterator[None]:
+        """Steps corrected by ``c - c_i`` (:func:`received_control`, :meth:`SiteControl.hooks`).
+
+        Raises
+        ------
+        ControlVariateError
+            As :func:`received_control`.
+        """
+        self.control = received_control(self.payload, self.instruction, local.global_arrays,
+                                        self.state_dir, local.run.optimizer,
+                                        local.run.privacy.enabled)
+        local.step_hooks.append(self.control.hooks(local.parameters))
+        yield
+
+    def outgoing(self, delta: dict[str, np.ndarray], local: LocalTraining
+                 ) -> dict[str, np.ndarray]:
+        """``delta`` unchanged; option II's ``c_i^+`` from ``x - y`` and the steps actually run
+        (read before any other feature changes the update)."""
+        assert self.control is not None and local.result is not None  # the steps ran
+        run = local.run
+        solver = LocalSolver(optimizer=run.optimizer, momentum=run.momentum, lr=local.lr,
+                             proximal_mu=run.proximal_mu)
+        self.c_i_plus = self.control.updated(delta, local.parameters,
+                                             solver.a_norm(local.result.steps_done), local.lr)
+        return delta
+
+    def reply(self) -> dict[str, np.ndarray]:
+        """``Delta c_i`` encoded (``scaffold-dc``, :func:`control_reply`), ``c_i^+`` saved."""
+        assert self.control is not None and self.c_i_plus is not None
+        return {keys.CONTROL_DELTA: control_reply(self.control, self.c_i_plus, self.instruction,
+                                                  self.state_dir)}

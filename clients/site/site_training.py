@@ -1,127 +1,84 @@
 """A site's train round: the global model in, tau local steps, the update out.
 
-In (:func:`received_model`): without downlink entries the instruction's arrays
-are the packed model (:mod:`strategies.model_buffer`); with them
-(:mod:`strategies.downlink_receive`) the site's last global model
-(:class:`~clients.site.last_global.LastGlobal`) is advanced by the compressed
-step, or replaced by the dense snapshot, verified by its checksum and saved for
-the next round; the reply acknowledges its version (``downlink-version``).
+What every round does is here; what a run adds to it (the instruction's optional parts and
+the run's options) is a feature behind one seam (:class:`~clients.site.site_feature.SiteFeature`):
+the round iterates over its active features (:func:`~clients.site.round_features.round_features`,
+in hook order) and names none of them.
 
-With pruning (``pruning-version``, :mod:`clients.site.site_pruning`) the covered arrays arrive
-compacted and are expanded with the mask the site holds (:func:`received_pruned_model`); the
-site trains with the pruned weights held at 0 (structured: the smaller network), sends the
-compacted update and, in a re-pruning round, its squared gradients (``pruning-sqgrad``).
+In (:func:`received_model`): the features take their entries off the instruction's arrays
+(or turn them into the packed model they stand for), the packed model is read
+(:mod:`strategies.model_buffer`), and the features pass the global model on by name.
 
-Train (:func:`local_update`): puts the site's own layers on the model (FedBN),
-checks the DP budget before training and records the steps after (the site's one
-privacy ledger per dataset, all federations together, :mod:`clients.site.privacy_charge`;
-the cross-site exchange's fine-tune after the last round is charged like any round),
-trains (through the run's personalisation),
-computes ``delta = x_global - x_local`` (DESIGN.md's sign convention) and zeroes
-what the site keeps.
+Train (:func:`local_update`): the network is built (with the features' build arguments),
+loaded and trained tau steps (capped by the site, within the round's time budget, at the
+round's learning rate) inside each feature's training context; then
+``delta = x_global - x_local`` (DESIGN.md's sign convention), which the features pass on
+(:meth:`~clients.site.site_feature.SiteFeature.outgoing`).
 
 Out (:func:`encode_update`): the round's codec with EF-SGD's error feedback
 (Karimireddy et al. 2019, "Error feedback fixes SignSGD and other gradient
 compression schemes", Algorithm 2): ``z = e + delta``, send ``C(z)``,
 ``e <- z - decode(C(z))``. The residual ``e`` is kept in the site's state store
-(``state-dir``/<federation>/``ef-residual``), so it survives a restart of the
-SuperNode or of the site's worker. :func:`train_round` is both steps; a securely
-aggregated round masks the update instead (:mod:`clients.site.secure_update`).
-
-With SCAFFOLD (``control-variates``, :mod:`clients.site.site_scaffold`) the steps are corrected
-by ``c - c_i`` and the reply carries ``Delta c_i`` (``scaffold-dc``) next to the update.
+(``state-dir``/<federation>/``ef-residual``, a name the features may key), so it survives a
+restart of the SuperNode or of the site's worker. :func:`train_round` is both steps, the
+features' reply arrays and metrics added; a feature that seals the update sends it instead.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from clients.site.instruction import Instruction
-from clients.site.last_global import LastGlobal
-from clients.site.privacy_charge import PrivacyCharge
+from clients.site.round_features import round_features
 from clients.site.run_settings import SiteRunSettings
 from clients.site.site import Site
-from clients.site.site_pruning import (MASK_ENTRIES, PrunedTraining, received_mask,
-                                       refuse_structural_change, squared_gradient_report)
+from clients.site.site_feature import (RESIDUAL_NAME, LocalTraining, LocalUpdate, SiteFeature,
+                                       StepHookChain)
 from clients.site.site_reply import Metrics
-from clients.site.site_scaffold import SiteControl, control_reply, received_control, split_control
 from clients.site.state_store import SiteStateStore
 from clients.training.device import ComputeDevice
-from clients.training.personalisation.site_personalisation import site_personalisation
 from clients.training.site_task import SiteTask
+from clients.training.trainer import StepHooks, TrainResult
 from strategies import message_keys as keys
 from strategies.compression import ErrorFeedback, parse_spec
-from strategies.downlink_receive import receive
-from strategies.downlink_reference import Reference
-from strategies.local_solver import LocalSolver
-from strategies.model_buffer import PackedModelError, unpack_model
-from strategies.plugins.pruning.mask import compact, expand
+from strategies.model_buffer import unpack_model
 from strategies.seeds import site_seed
 from strategies.update_codec import pack_update
 
 __all__ = ["RESIDUAL_NAME", "LocalUpdate", "encode_update", "local_update", "received_model",
-           "received_pruned_model", "train_round"]
-
-#: The error-feedback residual's name in the site's state store.
-RESIDUAL_NAME = "ef-residual"
+           "train_round"]
 
 
-def received_model(arrays: Mapping[str, np.ndarray], instruction: Instruction,
-                   state_dir: Path) -> tuple[dict[str, np.ndarray], dict[str, int]]:
-    """The global model (arrays by name, in the model's order) and the reply's downlink metric.
+def received_model(arrays: Mapping[str, np.ndarray],
+                   features: Sequence[SiteFeature]) -> dict[str, np.ndarray]:
+    """The global model (arrays by name, in the model's order, full shapes) of the
+    instruction's ``arrays``, through the round's ``features``.
 
     Raises
     ------
     strategies.model_buffer.PackedModelError
-        When a packed model is malformed.
-    strategies.downlink_receive.DownlinkSyncError
-        When a compressed step does not apply to what the site holds.
+        When the packed model is malformed.
+    SiteError, FedMedError
+        A feature's refusal of its entries (:meth:`SiteFeature.receive`).
     """
-    header = instruction.downlink
-    if header is None:
-        return unpack_model(arrays), {}
-    store = LastGlobal(state_dir, instruction.federation)
-    saved = store.load()
-    try:
-        held = None if saved is None else Reference.from_packed(saved)
-    except PackedModelError:  # an unreadable model: the step is refused, a snapshot follows
-        held = None
-    reference = receive(arrays, header, held)
-    store.save(reference.packed())
-    return reference.named(), {keys.DOWNLINK_VERSION: reference.version}
-
-
-def received_pruned_model(arrays: Mapping[str, np.ndarray], instruction: Instruction,
-                          state_dir: Path) -> tuple[dict[str, np.ndarray], Metrics,
-                                                    dict[str, np.ndarray]]:
-    """:func:`received_model` of a possibly pruned instruction: the global model in full shapes
-    (pruned coordinates 0), the reply's metrics of it and the round's mask ({} unpruned).
-
-    Raises
-    ------
-    clients.site.site_pruning.MaskVersionError
-        When the site does not hold the mask version the instruction names.
-    """
-    if not instruction.pruning_version:
-        named, metrics = received_model(arrays, instruction, state_dir)
-        return named, metrics, {}
-    entries = {k: np.asarray(v) for k, v in arrays.items() if k in MASK_ENTRIES}
-    model = {k: v for k, v in arrays.items() if k not in MASK_ENTRIES}
-    masks = received_mask(entries, instruction.pruning_version, instruction.federation,
-                          state_dir)
-    compacted, metrics = received_model(model, instruction, state_dir)
-    metrics = {**metrics, keys.PRUNING_VERSION: instruction.pruning_version}
-    return expand(compacted, masks), metrics, masks
+    passed = dict(arrays)
+    for feature in features:
+        passed = feature.receive(passed)
+    model = unpack_model(passed)
+    for feature in features:
+        model = feature.received(model)
+    return model
 
 
 def encode_update(delta: Sequence[np.ndarray], instruction: Instruction, state_dir: Path,
-                  raw: Collection[int] = frozenset()) -> tuple[dict[str, np.ndarray], float]:
+                  raw: Collection[int] = frozenset(), residual: str = RESIDUAL_NAME
+                  ) -> tuple[dict[str, np.ndarray], float]:
     """Pack ``delta`` with the instruction's codec; keep the error-feedback residual.
 
     Parameters
@@ -134,6 +91,8 @@ def encode_update(delta: Sequence[np.ndarray], instruction: Instruction, state_d
         The site's state dir (the residual's home).
     raw : collection of int
         Positions of the model's buffers (normalisation statistics), sent uncompressed.
+    residual : str
+        The residual's name in the site's state store.
 
     Returns
     -------
@@ -147,122 +106,81 @@ def encode_update(delta: Sequence[np.ndarray], instruction: Instruction, state_d
         return pack_update(delta, spec, instruction.codec_seed, raw=raw), 0.0
     store = SiteStateStore(state_dir)
     feedback = ErrorFeedback(spec)
-    # the residual of the kept weights of one pruning mask: a new mask starts a new one
-    name = RESIDUAL_NAME + (f"-mask-{instruction.pruning_version}"
-                            if instruction.pruning_version else "")
-    saved = store.load(instruction.federation, name)
+    saved = store.load(instruction.federation, residual)
     if saved is not None:
         feedback.load_state(saved)
     arrays = pack_update(delta, spec, instruction.codec_seed, feedback, raw=raw)
-    residual = feedback.state()
-    store.save(instruction.federation, name, residual)
-    return arrays, float(np.linalg.norm(residual))
+    state = feedback.state()
+    store.save(instruction.federation, residual, state)
+    return arrays, float(np.linalg.norm(state))
 
 
-@dataclass(frozen=True)
-class LocalUpdate:
-    """One round's local training at a site, before its update is encoded or masked.
+def _task_steps(task: SiteTask, model: torch.nn.Module, steps: int, seed: int,
+                deadline: float | None, **train_args) -> TrainResult:
+    """The round's steps when no feature brings its own trainer: :meth:`SiteTask.train`."""
+    return task.train(model, steps=steps, seed=seed, deadline=deadline, **train_args)
 
-    Attributes
-    ----------
-    delta : list of numpy.ndarray
-        ``x_global - x_local`` in the global model's order and dtypes, zero where the
-        site keeps its own layers (FedBN).
-    buffers : frozenset of int
-        Positions of the model's buffers (normalisation statistics, counters).
-    metrics : dict
-        The train reply's metrics but the codec's (``residual-norm``).
-    sqgrad : numpy.ndarray or None
-        A pruned re-pruning round's encoded squared gradients (``pruning-sqgrad``); the delta
-        of a pruned round holds the kept coordinates only (:mod:`clients.site.site_pruning`).
-    control : tuple of SiteControl and numpy.ndarray, or None
-        SCAFFOLD: the round's control variates and option II's ``c_i^+``.
-    """
 
-    delta: list[np.ndarray]
-    buffers: frozenset[int]
-    metrics: Metrics
-    sqgrad: np.ndarray | None = None
-    control: tuple[SiteControl, np.ndarray] | None = None
+def _step_hooks(hooks: Sequence[StepHooks]) -> StepHooks | None:
+    """The features' step hooks as the trainer takes them (``None``: none)."""
+    if not hooks:
+        return None
+    return hooks[0] if len(hooks) == 1 else StepHookChain(hooks)
 
 
 def local_update(task: SiteTask, arrays: Mapping[str, np.ndarray], instruction: Instruction,
-                 site: Site, run: SiteRunSettings, compute: ComputeDevice) -> LocalUpdate:
+                 site: Site, run: SiteRunSettings, compute: ComputeDevice,
+                 features: Sequence[SiteFeature] | None = None) -> LocalUpdate:
     """Train tau local steps on the received model and return the update and its metrics.
+
+    ``features`` are the round's (default: :func:`round_features`); their metrics follow
+    the round's own.
 
     Raises
     ------
     SiteDataError
         At a site without training data (a test-only site).
-    PolicyRefusal
-        ``dp.max-epsilon``: the round would overspend the DP budget of the site's data.
+    PolicyRefusal, SiteError
+        A feature's refusal of the round (:meth:`SiteFeature.receive`,
+        :meth:`SiteFeature.training`).
     """
+    if features is None:
+        features = round_features(instruction, site, run)
     train_set = task.require_training()
     steps = instruction.local_steps
     if site.local_steps_cap > 0:
         steps = min(steps, site.local_steps_cap)
     budget = instruction.time_budget
     deadline = time.monotonic() + budget if budget > 0 else None
-    arrays, control_payload = split_control(arrays)
-    global_arrays, downlink_metrics, masks = received_pruned_model(arrays, instruction,
-                                                                   site.state_dir)
-    control = (received_control(control_payload, instruction, global_arrays, site.state_dir,
-                                run.optimizer, run.privacy.enabled)
-               if instruction.control_variates else None)
-    privacy = run.privacy
-    model = task.build_model(private=privacy.enabled)
+    global_arrays = received_model(arrays, features)
+    model = task.build_model(**{k: v for f in features for k, v in f.model_args().items()})
     model.load_state_dict({name: torch.as_tensor(a) for name, a in global_arrays.items()})
-    personal = site_personalisation(run.personalisation, site.state_dir, instruction.federation)
-    personal.receive(model)  # FedBN: the site's own normalisation layers
-    if masks:
-        refuse_structural_change(instruction.pruning_mode, personal.keeps_layers)
-    pruned = (PrunedTraining(model, masks, instruction.pruning_mode,
-                             torch.as_tensor(task.example_input(task.settings)))
-              if masks else None)
-    final = instruction.server_round > run.num_server_rounds  # the cross-site fine-tune
-    charge = (PrivacyCharge.before(site, privacy, len(train_set), task.settings.batch_size,
-                                   steps, instruction.federation,
-                                   "cross-site" if final else "train")
-              if privacy.enabled else None)  # refused here if it would overspend the budget
+    local = LocalTraining(
+        task=task, instruction=instruction, site=site, run=run, steps=steps,
+        lr=run.round_lr(instruction.server_round),  # lr-schedule: the round's rate
+        final=instruction.server_round > run.num_server_rounds,  # the cross-site fine-tune
+        global_arrays=global_arrays, model=model,
+        parameters=frozenset(name for name, _ in model.named_parameters()), network=model)
     seed = site_seed(run.seed, instruction.server_round, site.name)
-    lr = run.round_lr(instruction.server_round)  # lr-schedule: the round's rate
-    parameters = {name for name, _ in model.named_parameters()}
-    hooks = (pruned.hooks if pruned is not None
-             else control.hooks(parameters) if control is not None else None)
-    started = time.monotonic()
-    try:
-        result = personal.train(task, model if pruned is None else pruned.model, steps, seed,
-                                deadline, lr=lr, momentum=run.momentum, compute=compute,
-                                optimizer=run.optimizer, proximal_mu=run.proximal_mu,
-                                label=f"{site.name} round {instruction.server_round}",
-                                privacy=privacy,
-                                step_hooks=hooks)
-    except BaseException:
-        if charge is not None:  # nothing of it leaves the site: release the reservation
-            charge.cancel()
-        raise
-    dp_metrics = charge.record(result.privacy_steps) if charge is not None else {}
-    if pruned is not None:
-        pruned.finish()
+    with ExitStack() as contexts:
+        for feature in features:
+            contexts.enter_context(feature.training(local))
+        started = time.monotonic()
+        local.result = (local.trainer or _task_steps)(
+            task, local.network, steps, seed, deadline, lr=local.lr, momentum=run.momentum,
+            compute=compute, optimizer=run.optimizer, proximal_mu=run.proximal_mu,
+            label=f"{site.name} round {instruction.server_round}", **local.train_args,
+            step_hooks=_step_hooks(local.step_hooks))
+    result = local.result
     local_state = model.state_dict()
     # delta = x_global - x_local, in the global model's order and dtypes (0-d kept 0-d).
-    delta = [np.asarray(value - local_state[name].detach().cpu().numpy(), dtype=value.dtype)
-             for name, value in global_arrays.items()]
-    controlled = None
-    if control is not None:  # option II from x - y and the steps actually run
-        solver = LocalSolver(optimizer=run.optimizer, momentum=run.momentum, lr=lr,
-                             proximal_mu=run.proximal_mu)
-        controlled = (control, control.updated(dict(zip(global_arrays, delta)), parameters,
-                                               solver.a_norm(result.steps_done), lr))
-    delta = personal.keep_local(model, delta, list(global_arrays),  # FedBN: 0, kept at the site
-                                save=not final)
-    sqgrad = None
-    if pruned is not None:  # the kept coordinates only; the squared gradients when asked
-        sqgrad = squared_gradient_report(pruned.squared_gradients(), global_arrays,
-                                         instruction.pruning_report, instruction.federation,
-                                         site.state_dir)
-        delta = list(compact(dict(zip(global_arrays, delta)), masks).values())
-    buffers = frozenset(i for i, name in enumerate(global_arrays) if name not in parameters)
+    delta = {name: np.asarray(value - local_state[name].detach().cpu().numpy(),
+                              dtype=value.dtype)
+             for name, value in global_arrays.items()}
+    for feature in features:
+        delta = feature.outgoing(delta, local)
+    buffers = frozenset(i for i, name in enumerate(global_arrays)
+                        if name not in local.parameters)
     metrics: Metrics = {
         keys.NUM_EXAMPLES: len(train_set),
         keys.STEPS: result.steps_done,
@@ -270,21 +188,30 @@ def local_update(task: SiteTask, arrays: Mapping[str, np.ndarray], instruction: 
         keys.INITIAL_LOSS: result.initial_loss,
         keys.TRAIN_SECONDS: time.monotonic() - started,
         keys.STUDIES_SKIPPED: len(task.report.skipped),
-        **dp_metrics, **downlink_metrics,
     }
-    return LocalUpdate(delta, buffers, metrics, sqgrad, controlled)
+    for feature in features:
+        metrics.update(feature.metrics())
+    return LocalUpdate(list(delta.values()), buffers, metrics)
 
 
 def train_round(task: SiteTask, arrays: Mapping[str, np.ndarray], instruction: Instruction,
-                site: Site, run: SiteRunSettings, compute: ComputeDevice
+                site: Site, run: SiteRunSettings, compute: ComputeDevice,
+                features: Sequence[SiteFeature] | None = None
                 ) -> tuple[dict[str, np.ndarray], Metrics]:
     """Train (:func:`local_update`, whose errors it raises) and return the packed update
-    (:func:`encode_update`) and the train reply's metrics."""
-    local = local_update(task, arrays, instruction, site, run, compute)
+    (:func:`encode_update`, or a feature's seal) and the train reply's metrics."""
+    if features is None:
+        features = round_features(instruction, site, run)
+    local = local_update(task, arrays, instruction, site, run, compute, features)
+    for feature in features:
+        sealed = feature.seal(local)
+        if sealed is not None:
+            return sealed, local.metrics
+    residual = RESIDUAL_NAME
+    for feature in features:
+        residual = feature.residual_name(residual)
     update, residual_norm = encode_update(local.delta, instruction, site.state_dir,
-                                          raw=local.buffers)
-    if local.sqgrad is not None:
-        update[keys.PRUNING_SQGRAD] = local.sqgrad
-    if local.control is not None:
-        update[keys.CONTROL_DELTA] = control_reply(*local.control, instruction, site.state_dir)
+                                          raw=local.buffers, residual=residual)
+    for feature in features:
+        update.update(feature.reply())
     return update, {keys.RESIDUAL_NORM: residual_norm, **local.metrics}

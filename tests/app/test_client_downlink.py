@@ -10,6 +10,9 @@ from flwr.app import Array, ArrayRecord
 
 from app.config.run_config import RunConfig, RunConfigError
 from clients.site.instruction import Instruction
+from clients.site.policy import SitePolicy
+from clients.site.round_features import round_features
+from clients.site.site import Site
 from clients.site.site_training import received_model
 from strategies import message_keys as keys
 from strategies.downlink import ServerDownlink
@@ -29,7 +32,12 @@ def _receive(arrays: ArrayRecord, config: dict, state_dir: Path):
     """What the site's train round receives: the message's arrays as numpy, its instruction."""
     instruction = Instruction.parse("train", {keys.SERVER_ROUND: 1, keys.FEDERATION: "fed-1",
                                               **config}, run_settings(), "run-1")
-    return received_model(named_arrays(arrays), instruction, state_dir)
+    site = Site("hospital-a", state_dir.parent / "data", state_dir, SitePolicy.permissive(),
+                cache_decoded=False)
+    features = round_features(instruction, site, run_settings())
+    received = received_model(named_arrays(arrays), features)
+    return received, {key: value for feature in features
+                      for key, value in feature.metrics().items()}
 
 
 def _send(server: ServerDownlink, server_round: int, model: ArrayRecord, state_dir: Path):

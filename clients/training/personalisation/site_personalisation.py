@@ -28,19 +28,25 @@ in the site's round (:mod:`clients.site.site_adaptation`) it passes the policy's
 training rules, runs DP-SGD when the run asks for it (:meth:`SitePersonalisation.adapt`
 with ``privacy``) and is charged to the site's privacy ledger; the site's round picks
 the method with :func:`site_personalisation`.
+
+In the site's train round a method other than ``none`` is the :class:`PersonalisedTraining`
+feature (:class:`~clients.site.site_feature.SiteFeature`): it prepares the received model,
+runs the method's local steps and zeroes what the site keeps in the update.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 from torch import nn
 
 from clients.site.run_settings import SiteRunSettings
+from clients.site.site_feature import LocalTraining, SiteFeature
 from clients.training.device import ComputeDevice
 from clients.training.private_training import DpSettings
 from clients.training.site_task import SiteTask
@@ -50,8 +56,16 @@ from strategies.plugins.options import PluginError
 from strategies.plugins.personalisation.options import CHOICE_KEY, PersonalisationOptions
 from strategies.registry import Registry
 
-__all__ = ["SITE_PERSONALISATION", "Adaptation", "SitePersonalisation", "personalised_metrics",
-           "require_local_layers", "site_personalisation"]
+if TYPE_CHECKING:
+    from clients.site.instruction import Instruction
+    from clients.site.site import Site
+
+__all__ = ["NO_PERSONALISATION", "SITE_PERSONALISATION", "Adaptation", "PersonalisedTraining",
+           "SitePersonalisation", "personalised_metrics", "require_local_layers",
+           "site_personalisation"]
+
+#: The method that trains the global model and keeps nothing (:meth:`SiteTask.train`).
+NO_PERSONALISATION = "none"
 
 
 @dataclass(frozen=True)
@@ -142,3 +156,42 @@ def personalised_metrics(task: SiteTask, personal: nn.Module, compute: ComputeDe
         return {}
     values = {"loss": result.loss, **result.metrics}
     return {f"{PERSONALISED}{split}-{name}": value for name, value in values.items()}
+
+
+class PersonalisedTraining(SiteFeature):
+    """The run's personalisation in a site's train round.
+
+    Parameters
+    ----------
+    personal : SitePersonalisation
+        The run's method at the site, for the message's federation.
+    """
+
+    def __init__(self, personal: SitePersonalisation) -> None:
+        self.personal = personal
+
+    @classmethod
+    def of(cls, instruction: Instruction, site: Site,
+           run: SiteRunSettings) -> PersonalisedTraining | None:
+        """The feature of a train message in a run with a method other than ``none``."""
+        if instruction.kind != "train" or run.personalisation.method == NO_PERSONALISATION:
+            return None
+        return cls(site_personalisation(run.personalisation, site.state_dir,
+                                        instruction.federation))
+
+    @contextmanager
+    def training(self, local: LocalTraining) -> Iterator[None]:
+        """The received model prepared (:meth:`SitePersonalisation.receive`: FedBN's own
+        normalisation layers), the method's local steps (:meth:`SitePersonalisation.train`)."""
+        self.personal.receive(local.model)
+        local.trainer = self.personal.train
+        yield
+
+    def outgoing(self, delta: dict[str, np.ndarray], local: LocalTraining
+                 ) -> dict[str, np.ndarray]:
+        """``delta`` with what the site keeps zeroed (:meth:`SitePersonalisation.keep_local`;
+        kept at the site but after the cross-site fine-tune)."""
+        names = list(delta)
+        kept = self.personal.keep_local(local.model, list(delta.values()), names,
+                                        save=not local.final)
+        return dict(zip(names, kept))

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from clients.site.secure_state import STATE_FILE
-from clients.site.secure_update import coefficient_of, secure_values
+from clients.site.secure_update import SecureInstruction, coefficient_of, secure_values
 from clients.site.site_training import LocalUpdate
 from clients.site.site_round import answer
 from clients.site.state_retention import expire_federation_states
@@ -94,7 +94,7 @@ def test_a_tampered_share_is_refused_before_anything_trains(tmp_path, tasks, mon
     def no_training(*args, **kwargs):
         raise AssertionError("the site trained on a round whose shares were altered")
 
-    monkeypatch.setattr(secure_round, "local_update", no_training)
+    monkeypatch.setattr(secure_round, "train_round", no_training)
 
     def tamper(name, entries):
         if name == "hospital-1" and entries[keys.SECAGG_STAGE] == keys.SECAGG_COLLECT:
@@ -131,7 +131,9 @@ def test_the_vector_is_weighted_then_clipped_and_skips_integer_buffers(tmp_path)
     np.testing.assert_allclose(values, [0.1, -0.2, 0.5, -0.5, 0.4], rtol=1e-6)
     assert not (tmp_path / FEDERATION).exists()  # no codec, no residual
     with pytest.raises(SecAggError, match="secagg-weight-reference"):
-        coefficient_of(local, replace(_collect(run, 12.0), secagg={}), run)
+        collect = _collect(run, 12.0)
+        entries = replace(collect.part(SecureInstruction), secagg={})
+        coefficient_of(local, replace(collect, parts=(entries,)), run)
 
 
 def test_a_round_left_behind_expires_with_its_federation(tmp_path, tasks):

@@ -1,0 +1,88 @@
+"""The site's round names no feature, and a feature that is off is not entered (#45).
+
+Found: pruning, SCAFFOLD, the downlink codec, personalisation, the DP charge and SecAgg+
+each reached into the site's round loop (``site_training.py`` named pruning 29 times,
+control variates 15, the downlink 10, DP 10; ``instruction.py`` parsed SecAgg+'s and
+pruning's entries itself). Each is now a :class:`~clients.site.site_feature.SiteFeature`
+in its own file, and the loop files iterate over the active ones.
+
+The ban reads every name, string (docstrings included) and comment token of the two loop
+files, case-insensitively, for the features' vocabulary: ``prun`` (pruning, pruned),
+``scaffold``, ``control`` (control variates), ``downlink``, ``personali``, ``fedbn``,
+``privacy``, ``private``, ``dp`` as a word of its own (``dp_metrics``, ``DP-SGD``; not inside
+a word such as ``adapt``), ``epsilon``, ``ledger``, ``secure``, ``secagg``, ``mask``,
+``sqgrad``. Tokens rather than the raw text, so that the scan is over what a reader of the
+file sees as code and prose, and words, not exact identifiers, so that a renamed
+variable (``pruned``, ``masks``) or a docstring that explains a feature's branch still
+counts: a feature named in the loop, even in prose, is a feature the loop knows about.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import tokenize
+from pathlib import Path
+
+import pytest
+
+from clients.site.instruction import Instruction
+from clients.site.policy import SitePolicy
+from clients.site.round_features import FEATURES, round_features
+from clients.site.site_round import answer
+from clients.site.site_pruning import SitePruning
+from strategies import message_keys as keys
+from tests.clients.site_round_fixtures import packed_global, run_settings, site
+
+ROOT = Path(__file__).resolve().parents[3]
+LOOP_FILES = ("clients/site/site_training.py", "clients/site/instruction.py")
+FEATURE_WORDS = re.compile(
+    r"prun|scaffold|control|downlink|personali|fedbn|privacy|private|(?<![a-z])dp(?![a-z])"
+    r"|epsilon|ledger|secure|secagg|mask|sqgrad", re.IGNORECASE)
+_READ = (tokenize.NAME, tokenize.STRING, tokenize.COMMENT)
+
+
+def _feature_words(path: Path) -> list[tuple[int, str]]:
+    """(line, token) of every name, string or comment token of ``path`` naming a feature."""
+    tokens = tokenize.generate_tokens(io.StringIO(path.read_text()).readline)
+    return [(token.start[0], token.string) for token in tokens
+            if token.type in _READ and FEATURE_WORDS.search(token.string)]
+
+
+@pytest.mark.parametrize("name", LOOP_FILES)
+def test_the_round_loop_names_no_feature(name):
+    assert _feature_words(ROOT / name) == []
+
+
+def test_the_ban_sees_a_feature_in_code_and_in_prose(tmp_path):
+    source = tmp_path / "loop.py"
+    source.write_text('"""Trains, then DP-SGD."""\npruned = masks  # the adapted update\n')
+    assert [line for line, _ in _feature_words(source)] == [1, 2, 2]
+
+
+def _train(**config) -> Instruction:
+    return Instruction.parse("train", {keys.SERVER_ROUND: 1, **config}, run_settings(), "run-1")
+
+
+def test_an_off_feature_is_not_built_nor_entered(tmp_path, tasks, monkeypatch):
+    def entered(*args, **kwargs):
+        raise AssertionError("a feature that is off was built")
+
+    for factory in FEATURES:  # every feature class: building one fails the round
+        monkeypatch.setattr(factory.__self__, "__init__", entered)
+    plain = _train(**{keys.LOCAL_STEPS: 2})
+    assert plain.parts == () and round_features(plain, site(tmp_path), run_settings()) == []
+    reply = answer(plain, packed_global(), site(tmp_path), run_settings(), tasks)
+    assert reply.metrics[keys.STEPS] == 2
+    pruned = _train(**{keys.PRUNING_VERSION: 1, keys.PRUNING_MODE: "unstructured"})
+    with pytest.raises(AssertionError, match="was built"):  # on, it is built
+        round_features(pruned, site(tmp_path), run_settings())
+
+
+def test_a_part_without_its_feature_is_read_but_not_built(tmp_path):
+    asked = _train(**{keys.PRUNING_REPORT: "none"})  # entries, version 0: not pruned
+    assert asked.pruning_report == "none" and asked.pruning_version == 0
+    assert round_features(asked, site(tmp_path), run_settings()) == []
+    pruned = _train(**{keys.PRUNING_VERSION: 2})
+    [feature] = round_features(pruned, site(tmp_path, SitePolicy.permissive()), run_settings())
+    assert isinstance(feature, SitePruning) and feature.residual_name("r") == "r-mask-2"
