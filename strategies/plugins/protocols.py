@@ -38,7 +38,8 @@ if TYPE_CHECKING:
     from strategies.secure_aggregation.settings import SecAggSettings
 
 __all__ = ["Aggregator", "CodecRate", "ControlVariates", "Defence", "PluginClass", "Pruning",
-           "Schedule", "SecureAggregation", "Selector", "ServerOptimizer", "StreamingAggregator"]
+           "Schedule", "SecureAggregation", "SecureSumAggregator", "Selector", "ServerOptimizer",
+           "StreamingAggregator"]
 
 #: What a plug-in returns to track for the round (MLflow metrics): name -> value.
 Info = dict[str, float]
@@ -89,6 +90,25 @@ class StreamingAggregator(Aggregator, Protocol):
 
     def finish(self, total: RunningSum, replies: list[TrainReply]) -> tuple[list[np.ndarray], Info]:
         """``Delta`` from ``total`` over the folded ``replies``, and what to track."""
+
+
+@runtime_checkable
+class SecureSumAggregator(StreamingAggregator, Protocol):
+    """A linear aggregator that finishes from a secure sum: SecAgg+ serves only these.
+
+    Under SecAgg+ (Bell et al., CCS 2020; :mod:`strategies.rounds.secure_train`) the
+    coordinator sees only ``S = sum_i c_i delta_i``: each site weighs its own update before
+    masking, ``c_i = site_coefficient(n_i, r, a_i, a_f)``
+    (:mod:`strategies.secure_aggregation.weights`), with the round's weight reference ``r``
+    and the aggregator's a-norm floor ``a_f`` (:meth:`secure_a_floor`). ``c_i`` is
+    ``kappa = sum_scale(r, a_f)`` times the weight :meth:`fold` gives a site of
+    ``min(n_i, r)`` examples, so ``S / kappa`` is the round's running sum and
+    :meth:`finish` makes ``Delta`` of it: the rule is written once, for both paths.
+    """
+
+    def secure_a_floor(self, tau_a_norm: float) -> float:
+        """``a_f`` of the sites' coefficients in a round whose tau has the a-norm
+        ``tau_a_norm`` (0: each site weighs its update by its size alone)."""
 
 
 @runtime_checkable

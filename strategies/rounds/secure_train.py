@@ -11,18 +11,21 @@ under the round policy's deadline, quorum and timeout) whose replies a
    and their size; the largest size (capped) is the round's weight reference;
 2. ``share-keys``: the neighbours' public keys; U2 send their encrypted shares;
 3. ``collect``: the train instruction as in a plain round (model, tau, codec, downlink),
-   the shares addressed to the site, the weight reference and FedNova's a-norm floor; each
+   the shares addressed to the site, the weight reference and the aggregator's a-norm
+   floor (FedNova's; 0 for FedAvg); each
    masked vector is added into the round's ONE running sum mod m as it arrives and
    released (U3; :data:`~strategies.rounds.secure_replies.REVEALING` metrics left out);
 4. ``unmask``: who of its neighbours survived; the shares rebuild the masks to remove
    (:meth:`SecAggRound.finish`).
 
-The unmasked sum ``S = sum_i c_i delta_i`` over U3 becomes the update with the
-coefficients of the sizes and steps reported in the clear
-(:mod:`strategies.secure_aggregation.weights`: FedAvg ``S / sum w_i``, FedNova
-``tau_eff S / (a_f sum w_i)``), which enters the aggregator as ONE combined reply (so
-FedNova's server momentum applies); integer buffers are not sent: step counters advance
-by the example-weighted mean of the reported steps (bounded by the counter rule of
+The aggregator is a :class:`~strategies.plugins.protocols.SecureSumAggregator` (a robust
+rule is refused): each site's coefficient ``c_i`` is ``kappa`` times the weight the
+aggregator's fold gives it (:mod:`strategies.secure_aggregation.weights`), so with
+``S = sum_i c_i delta_i`` the unmasked sum over U3, ``S / kappa`` is the round's running
+sum and the aggregator's own ``finish`` makes the update of it (:func:`secure_delta`),
+with the sizes and steps reported in the clear: no second FedAvg or FedNova.
+Integer buffers are not sent: step counters advance by the example-weighted mean of the
+reported steps (bounded by the counter rule of
 :mod:`strategies.rounds.normalisation_statistics`). The round is then concluded as a
 plain one (:meth:`TrainStage.conclude`): per-site metrics, drops (``secagg <stage>:``
 and the reason), traffic (bytes of all four stages), ``secagg-summed``,
@@ -38,7 +41,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from functools import partial
 from logging import WARNING
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
@@ -46,8 +49,10 @@ from flwr.serverapp import Grid
 from flwr.supercore import log
 
 from strategies import message_keys as keys
+from strategies.aggregation import RunningSum
 from strategies.compression import parse_spec
-from strategies.plugins.aggregators.fednova import FedNovaAggregator
+from strategies.plugins.options import PluginError
+from strategies.plugins.protocols import Info, SecureSumAggregator
 from strategies.replies import TrainReply
 from strategies.rounds.exchange import Exchanged, exchange
 from strategies.rounds.instructions import TrainPlan, site_messages, train_messages
@@ -57,23 +62,19 @@ from strategies.rounds.round_report import RoundReport
 from strategies.rounds.secure_replies import StageReply, parse_masked_reply, parse_stage_reply
 from strategies.rounds.traffic import bytes_down
 from strategies.rounds.train_stage import TrainStage
-from strategies.rounds.update_stream import AggregateOutcome, aggregate_safely
+from strategies.rounds.update_stream import AggregateOutcome
 from strategies.secure_aggregation.coordinator import SecAggRound, SecureSum
 from strategies.secure_aggregation.errors import SecAggError
 from strategies.secure_aggregation.settings import SecAggSettings
 from strategies.secure_aggregation.vector import (float_positions, kept_indices,
                                                   shared_codec_seed, unflatten_float)
-from strategies.secure_aggregation.weights import (fedavg_from_sum, fednova_from_sum,
-                                                   fednova_tau_eff, site_coefficient,
-                                                   size_weight)
+from strategies.secure_aggregation.weights import sum_scale
 
-__all__ = ["SecureTrain"]
+__all__ = ["SecureTrain", "secure_delta"]
 
 #: ``record(report, stage, exchanged) -> taken``: an exchange's late, missing and seconds
 #: into the report (:meth:`FederatedStrategy._record`).
 Recorder = Callable[[RoundReport, str, Exchanged], Taken]
-#: The site name of the one combined reply the aggregator sees.
-SUM_SITE = "secure-sum"
 
 
 def _float_size(model: list[np.ndarray]) -> int:
@@ -131,9 +132,19 @@ class SecureTrain:
     stage : TrainStage
         The strategy's train stage: selector, schedule, aggregator, policy, site book,
         uplink and downlink, and the conclusion of a round (:meth:`TrainStage.conclude`).
+
+    Raises
+    ------
+    PluginError
+        When the stage's aggregator cannot finish from a secure sum (a robust rule).
     """
 
     def __init__(self, settings: SecAggSettings, stage: TrainStage) -> None:
+        if not isinstance(stage.aggregator, SecureSumAggregator):
+            raise PluginError(
+                f"run config key 'strategy.aggregator' ({type(stage.aggregator).__name__}) "
+                "cannot be used with 'strategy.secure-aggregation' = 'secagg+': it cannot "
+                "finish from the sum of the sites' updates (a robust rule needs each one)")
         self.settings, self.stage = settings, stage
         self.bytes_up: dict[int, int] = {}
 
@@ -177,8 +188,8 @@ class SecureTrain:
         summed = [replace(r, wire_bytes=self.bytes_up.get(r.node_id, r.wire_bytes))
                   for r in used if r.node_id in set(secure_sum.summed)]
         self._record_sum(secure_sum, report)
-        outcome = self._outcome(secure_sum, summed, kept, reference, report)
-        return stage.conclude(report, summed, replace(outcome, used=summed), before)
+        return stage.conclude(report, summed, self._outcome(secure_sum, summed, kept, reference),
+                              before)
 
     def _record_sum(self, secure_sum: SecureSum, report: RoundReport) -> None:
         """``secagg-summed``, ``secagg-dropped`` and each ``secagg-bad-shares/<site>``."""
@@ -245,50 +256,71 @@ class SecureTrain:
             report.train_dropped.setdefault(site, f"secagg {name}: {why}")
         report.policies.update(taken.policies)
 
-    def _a_floor(self, tau: int) -> float:
-        """FedNova's a-norm floor ``fednova.min-steps-fraction x ||a(tau)||_1``; 0 for FedAvg."""
-        aggregator = self.stage.aggregator
-        if not isinstance(aggregator, FedNovaAggregator):
-            return 0.0
-        return aggregator.min_steps_fraction * self.stage.local_solver.a_norm(tau)
+    @property
+    def aggregator(self) -> SecureSumAggregator:
+        """The stage's aggregator (one that finishes from a secure sum, checked at the start)."""
+        return cast(SecureSumAggregator, self.stage.aggregator)
 
-    # pylint: disable=too-many-arguments
+    def _a_floor(self, tau: int) -> float:
+        """The aggregator's a-norm floor ``a_f`` for the a-norm of ``tau`` (0: FedAvg)."""
+        return self.aggregator.secure_a_floor(self.stage.local_solver.a_norm(tau))
+
     def _outcome(self, secure_sum: SecureSum, summed: list[TrainReply],
-                 kept: np.ndarray | None, reference: float,
-                 report: RoundReport) -> AggregateOutcome:
-        """The round's update from the unmasked sum, through the aggregator as one reply
-        (``aggregation failed`` when the summed sites' weights cannot normalise it)."""
+                 kept: np.ndarray | None, reference: float) -> AggregateOutcome:
+        """The round's update from the unmasked sum by the aggregator's finish, the step
+        counters advanced by the example-weighted mean of the reported steps
+        (``aggregation failed`` when the summed sites cannot normalise it)."""
         stage = self.stage
         total = np.asarray(secure_sum.total, dtype=np.float64)
         if kept is not None:  # rand-k: the sum of the shared coordinates, the others 0
             total = np.zeros(_float_size(stage.reference))
             total[kept] = secure_sum.total
         try:
-            combined = _combined_reply(total, summed, stage.keys, stage.reference, reference,
-                                       self._a_floor(stage.plan.default_tau))
+            delta, info = secure_delta(self.aggregator, total, summed, stage.reference,
+                                       reference, self._a_floor(stage.plan.default_tau))
         except SecAggError as exc:
             return AggregateOutcome(None, failure=f"aggregation failed: {exc}")
-        return aggregate_safely(stage.aggregator, [combined], report.train_dropped)
+        sizes = [float(r.num_examples) for r in summed]
+        steps = float(np.dot(sizes, [r.steps for r in summed]) / np.sum(sizes))
+        for j in StatisticPositions.of(stage.keys, stage.reference).counters:
+            delta[j] = np.full_like(stage.reference[j], -round(steps))
+        return AggregateOutcome(delta, info, summed)
 
 
 # pylint: disable=too-many-arguments
-def _combined_reply(total: np.ndarray, summed: list[TrainReply], names: list[str],
-                    model: list[np.ndarray], reference: float, a_floor: float) -> TrainReply:
-    """The one reply whose update is the unmasked sum normalised (weights.py: FedAvg
-    ``S / sum w_i``, FedNova with ``a_floor > 0`` ``tau_eff S / (a_f sum w_i)``; its a-norm
-    ``tau_eff``), the step counters advanced by the example-weighted mean of the steps."""
-    sizes = [float(r.num_examples) for r in summed]
-    tau_eff = 1.0
-    if a_floor > 0:
-        a_norms = [r.a_norm for r in summed]
-        weights = [size_weight(n, reference) for n in sizes]
-        vector = fednova_from_sum(total, weights, a_norms, a_floor)
-        tau_eff = fednova_tau_eff(weights, a_norms, a_floor)
-    else:
-        vector = fedavg_from_sum(total, [site_coefficient(n, reference) for n in sizes])
-    delta = unflatten_float(vector, model)
-    steps = float(np.dot(sizes, [r.steps for r in summed]) / np.sum(sizes))
-    for j in StatisticPositions.of(names, model).counters:
-        delta[j] = np.full_like(model[j], -round(steps))
-    return TrainReply(node_id=0, site=SUM_SITE, delta=delta, num_examples=int(sum(sizes)),
-                      steps=max(1, round(steps)), train_loss=0.0, a_norm=tau_eff)
+def secure_delta(aggregator: SecureSumAggregator, total: np.ndarray, summed: list[TrainReply],
+                 model: list[np.ndarray], reference: float,
+                 a_floor: float) -> tuple[list[np.ndarray], Info]:
+    """``Delta`` and the aggregator's info from the unmasked sum ``S = sum_i c_i delta_i``.
+
+    ``S / kappa`` (``kappa = sum_scale(r, a_f)``,
+    :mod:`strategies.secure_aggregation.weights`) is the running sum the aggregator's fold
+    would have made of the ``summed`` replies counted at ``min(n_i, r)`` examples, so its
+    ``finish`` over them is the plain round's update.
+
+    Parameters
+    ----------
+    aggregator : SecureSumAggregator
+        The round's aggregator, whose ``secure_a_floor`` gave ``a_floor``.
+    total : numpy.ndarray
+        ``S`` over the float arrays of ``model`` in model order (float64).
+    summed : list of TrainReply
+        The replies whose inputs are in ``S``: sizes, steps and a-norms in the clear.
+    model : list of numpy.ndarray
+        The global model (shapes and dtypes of ``Delta``; integer arrays come out 0).
+    reference, a_floor : float
+        The round's weight reference ``r`` and a-norm floor ``a_f`` the sites were sent.
+
+    Raises
+    ------
+    SecAggError
+        When no reply is summed or the reference is not > 0 (nothing normalises ``S``).
+    """
+    if not summed:
+        raise SecAggError("no summed site to normalise the sum")
+    running = RunningSum(model)
+    like = [np.zeros(array.shape, np.float64) if array.dtype.kind == "f" else array
+            for array in model]
+    running.add(unflatten_float(total, like), 1.0 / sum_scale(reference, a_floor), 0.0)
+    counted = [replace(r, num_examples=min(r.num_examples, int(reference))) for r in summed]
+    return aggregator.finish(running, counted)

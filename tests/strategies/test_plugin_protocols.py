@@ -19,6 +19,7 @@ from strategies.plugins.protocols import (
     Pruning,
     Schedule,
     SecureAggregation,
+    SecureSumAggregator,
     Selector,
     ServerOptimizer,
     StreamingAggregator,
@@ -77,8 +78,8 @@ def test_linear_aggregators_stream_and_the_others_say_they_do_not():
     streaming = [name for name, plugin in AGGREGATORS.entries().items()
                  if not build(AGGREGATORS, name, default_sections(), SETTINGS).needs_all_updates]
     assert streaming == ["fedavg", "fednova"]
-    for name in streaming:
-        assert_meets(AGGREGATORS.create(name), StreamingAggregator)
+    for name in streaming:  # and finish from a secure sum (SecAgg+)
+        assert_meets(AGGREGATORS.create(name), SecureSumAggregator)
 
 
 @pytest.mark.parametrize(("defence", "streams"),

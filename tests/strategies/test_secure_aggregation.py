@@ -7,14 +7,12 @@ import numpy as np
 import pytest
 
 from strategies import message_keys as keys
-from strategies.aggregation import fedavg_delta, fednova_delta
 from strategies.secure_aggregation.coordinator import SecAggRound
 from strategies.secure_aggregation.encoding import dequantised_sum, pack, quantise, unpack
 from strategies.secure_aggregation.errors import SecAggConfigError, SecAggError
 from strategies.secure_aggregation.participant import Participant
 from strategies.secure_aggregation.settings import RoundPlan, SecAggSettings, neighbour_count
-from strategies.secure_aggregation.weights import (
-    fedavg_from_sum, fednova_from_sum, site_coefficient)
+from strategies.secure_aggregation.weights import site_coefficient, sum_scale
 from tests.strategies.secagg_sites import agreed_sites, keyed_sites, random_levels, run_round
 
 NODES = [11, 22, 33, 44, 55]
@@ -224,21 +222,18 @@ def test_quantisation_is_unbiased_and_the_sum_dequantises():
         quantise(np.array([np.nan]), clip=1.0, bits=12)
 
 
-def test_site_weights_give_fedavg_and_fednova():
-    rng = np.random.default_rng(1)
-    deltas = [rng.normal(size=6) for _ in range(3)]
-    sizes, steps = [100, 40, 250], [8.0, 3.0, 8.0]
-    reference = max(sizes)
-    weights = [site_coefficient(n, reference) for n in sizes]
-    total = sum(w * d for w, d in zip(weights, deltas))
-    expected = fedavg_delta([[d] for d in deltas], sizes)[0]
-    assert np.allclose(fedavg_from_sum(total, weights), expected)
-    floor = 2.0
-    coefficients = [site_coefficient(n, reference, a, floor) for n, a in zip(sizes, steps)]
-    assert max(coefficients) <= 1.0
-    total = sum(c * d for c, d in zip(coefficients, deltas))
-    expected = fednova_delta([[d] for d in deltas], sizes, steps)[0]
-    assert np.allclose(fednova_from_sum(total, weights, steps, floor), expected)
+def test_a_sites_coefficient_is_the_sums_scale_times_its_fold_weight():
+    # c_i = kappa m_i / a_i with m_i = min(n_i, r): S / kappa is the plain round's running sum
+    sizes, steps = [100, 40, 250, 400], [8.0, 3.0, 8.0, 6.0]
+    reference, floor = 250, 4.0
+    for n, a in zip(sizes, steps):
+        counted = min(n, reference)
+        assert site_coefficient(n, reference) == pytest.approx(sum_scale(reference) * counted)
+        fednova = site_coefficient(n, reference, a, floor)
+        assert fednova <= 1.0
+        assert fednova == pytest.approx(sum_scale(reference, floor) * counted / max(a, floor))
+    with pytest.raises(SecAggError, match="weight reference"):
+        sum_scale(0.0)
 
 
 def test_rand_k_keeps_the_statistics_whole_and_draws_among_the_weights():

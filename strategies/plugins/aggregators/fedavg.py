@@ -8,7 +8,9 @@ replies, always computed by one fold (:func:`strategies.aggregation.fedavg_fold`
 (:meth:`FedAvgAggregator.fold`, :meth:`FedAvgAggregator.finish`), so the server
 holds one float64 sum, not every update; a set held behind a defence that needs
 all of them is folded the same way (:meth:`FedAvgAggregator.aggregate`,
-:func:`strategies.aggregation.fedavg_delta`).
+:func:`strategies.aggregation.fedavg_delta`); the same :meth:`FedAvgAggregator.finish`
+makes a SecAgg+ round's update of its unmasked sum ``S`` (of ``r S``,
+:class:`~strategies.plugins.protocols.SecureSumAggregator`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,10 @@ class FedAvgAggregator(Plugin):
     def update_scale(self, reply: TrainReply) -> float:
         """Each update enters the aggregate as it is."""
         return 1.0
+
+    def secure_a_floor(self, tau_a_norm: float) -> float:
+        """0: under SecAgg+ each site weighs its update by its size alone, ``min(1, n_i / r)``."""
+        return 0.0
 
     def aggregate(self, replies: list[TrainReply]) -> tuple[list[np.ndarray], dict[str, float]]:
         """Return the aggregated update and info to track."""

@@ -117,6 +117,11 @@ class FedNovaAggregator(Plugin):
         counted = self.counted_a_norm(reply)
         return reply.tau_a_norm / counted if reply.tau_a_norm > 0.0 and counted > 0.0 else 1.0
 
+    def secure_a_floor(self, tau_a_norm: float) -> float:
+        """``a_f = f ||a(tau)||_1``, the floor of :meth:`counted_a_norm`: under SecAgg+ each site
+        weighs its update by ``min(1, n_i / r) a_f / max(a_i, a_f)`` before masking."""
+        return self.min_steps_fraction * tau_a_norm
+
     def _floored(self, replies: list[TrainReply]) -> dict[str, float]:
         """``a-norm-floored/<site>`` for each reply whose a-norm was raised, with a warning."""
         info = {}

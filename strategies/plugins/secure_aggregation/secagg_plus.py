@@ -22,8 +22,9 @@ Run-config section ``secagg`` (:class:`SecAggOptions`):
 
 Refused with it (:meth:`SecAggPlus.requires`, naming the key): a defence
 (``strategy.defence`` other than ``none``: norm-bound, Multi-Krum need each
-update), an aggregator other than ``fedavg`` / ``fednova`` (``strategy.aggregator``:
-median and trimmed mean need each update), a codec that is not linear across sites
+update), an aggregator that cannot finish from the sum (``strategy.aggregator``: one that
+is no :class:`~strategies.plugins.protocols.SecureSumAggregator`; median and trimmed mean
+need each update), a codec that is not linear across sites
 (``strategy.codec`` other than ``none``, ``fp16`` or ``randk:<f>``: top-k's indices
 differ per site, QSGD's and sign's scales too) and the adaptive compression rate
 (``strategy.codec-rate``: it measures each site's reply).
@@ -35,7 +36,8 @@ from dataclasses import dataclass
 
 from strategies.compression import parse_spec
 from strategies.plugins.options import Plugin, PluginError, PluginOptions, option
-from strategies.plugins.registries import SECURE_AGGREGATION
+from strategies.plugins.protocols import SecureSumAggregator
+from strategies.plugins.registries import AGGREGATORS, SECURE_AGGREGATION
 from strategies.plugins.run_settings import RunSettings
 from strategies.secure_aggregation.errors import SecAggConfigError
 from strategies.secure_aggregation.settings import MAX_BITS, SecAggSettings
@@ -43,7 +45,6 @@ from strategies.secure_aggregation.vector import SUMMABLE_CODECS
 
 __all__ = ["SecAggOptions", "SecAggPlus"]
 
-_AGGREGATORS = ("fedavg", "fednova")
 _WHY = "the coordinator sees only the sum of the sites' updates"
 
 
@@ -72,6 +73,12 @@ class SecAggOptions(PluginOptions):
                               min_participants=self.min_participants).check()
 
 
+def _finishes_secure_sums(plugin: type) -> bool:
+    """Whether the aggregator class ``plugin`` is a :class:`SecureSumAggregator` (the class
+    carries every member of the Protocol its instances meet: the capability, not a name)."""
+    return isinstance(plugin, SecureSumAggregator)
+
+
 def _refuse(key: str, value: str, why: str) -> PluginError:
     return PluginError(f"run config key '{key}' = {value!r} cannot be used with "
                        f"'strategy.secure-aggregation' = 'secagg+': {why}")
@@ -98,10 +105,12 @@ class SecAggPlus(Plugin):
             raise _refuse("strategy.defence", settings.defence,
                           f"a defence judges each site's update and {_WHY}; set "
                           "strategy.defence = \"none\" (secagg.clip bounds what one site adds)")
-        if settings.aggregator not in _AGGREGATORS:
+        if not _finishes_secure_sums(AGGREGATORS.get(settings.aggregator)):
+            summing = [name for name, plugin in AGGREGATORS.entries().items()
+                       if _finishes_secure_sums(plugin)]
             raise _refuse("strategy.aggregator", settings.aggregator,
                           f"a robust rule needs each site's update and {_WHY}; use one of "
-                          f"{list(_AGGREGATORS)}")
+                          f"{summing}")
         codec = parse_spec(settings.codec)
         if codec.name not in SUMMABLE_CODECS or codec.per_tensor:
             raise _refuse("strategy.codec", settings.codec,
