@@ -236,8 +236,9 @@ def train_messages(node_ids: list[int], arrays: ArrayRecord, config: ConfigRecor
 def evaluate_messages(node_ids: list[int], arrays: ArrayRecord, config: ConfigRecord,
                       server_round: int, settings: Callable[[int], dict],
                       features: Sequence[RoundFeature] = ()) -> list[Message]:
-    """The round's evaluate instructions: ``settings(node)`` in each config, the model
-    ``arrays`` as the active ``features`` send it, each feature's entries attached."""
+    """The round's evaluate instructions: ``settings(node)`` in each config, ``arrays`` (the
+    model as sent: the active ``features``' ``outgoing`` applied) and each feature's entries
+    attached (:meth:`Instructions.messages`)."""
     draft = Instructions(MessageType.EVALUATE, server_round, list(node_ids), arrays,
                          {node: settings(node) for node in node_ids})
     return draft.messages(config, features)
