@@ -227,7 +227,7 @@ class SecureTrain:
         node_ids = secagg.stage_nodes(keys.SECAGG_COLLECT)
         a_floor = self._a_floor(stage.plan.default_tau)
         messages = train_messages(node_ids, arrays, io.config, io.server_round, stage.plan,
-                                  stage.uplink, stage.downlink)
+                                  stage.uplink, stage.features)
         for message in messages:
             node = message.metadata.dst_node_id
             message.content[keys.CONFIG].update({

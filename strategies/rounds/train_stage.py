@@ -141,10 +141,6 @@ class TrainStage:
         self.empty_rounds = 0
         self.intake: ReplyIntake[TrainReply] = self._intake({})
 
-    #: The stage's active features, by the name ``secure_train.py`` passes them to
-    #: :func:`train_messages` with (#45: to go when it passes ``stage.features``).
-    downlink = property(lambda self: self.features)
-
     def feature(self, kind: type[F]) -> F | None:
         """The active feature of class ``kind``, or None when that feature is off."""
         for feature in self.features:

@@ -48,20 +48,14 @@ FEATURE_NAMES = re.compile(
     r"prun|control[\s_-]*variate|scaffold|down[\s_-]*link|personali[sz]|\bdp[\s_-]*sgd"
     r"|differential[\s_-]*privacy", re.IGNORECASE)
 
-#: The one line allowed: secure_train.py (another room of #45) reads the stage's active
-#: features as ``stage.downlink``; it goes when that file passes ``stage.features``.
-ALLOWED = {"strategies/rounds/train_stage.py": {
-    "    downlink = property(lambda self: self.features)"}}
-
 WEIGHTS = np.linspace(-1.0, 1.0, 8, dtype=np.float32)
 
 
 @pytest.mark.parametrize("path", LOOP_FILES)
 def test_the_round_loop_names_no_feature(path):
-    allowed = ALLOWED.get(path, set())
     named = [f"{path}:{number}: {line.strip()}"
              for number, line in enumerate((ROOT / path).read_text().splitlines(), start=1)
-             if line not in allowed and FEATURE_NAMES.search(line)]
+             if FEATURE_NAMES.search(line)]
     assert not named, "the round loop names a feature; call it through RoundFeature:\n" + (
         "\n".join(named))
 
