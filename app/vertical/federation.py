@@ -13,8 +13,11 @@ The same apps, policy and tracking as a horizontal federation, other messages
 4. log every round to one MLflow run (per site ``site/<department>/<metric>``, the mean over
    sites under ``vertical/<metric>``), the traffic, and the sites' final metrics.
 
-A vertical stage needs every site: a site that refuses (its policy's ``[vertical]`` rules)
-or fails stops the federation with a :class:`~app.vertical.messages.VerticalError` naming it.
+Every stage's replies are taken once by the reply intake (:mod:`app.vertical.messages`): a
+stage that needs every site (``describe``, the PSI, split learning's training) stops the
+federation with a :class:`~app.vertical.messages.VerticalError` naming a site that refuses
+(its policy's ``[vertical]`` rules), fails or replies malformed; pvFed's rounds and split
+learning's evaluation go on without it, its reply dropped with the reason logged.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from app.tracking.tracker import metric_key
 from app.vertical.messages import StageAnswer, StageRequest, Traffic, send_stage
 from strategies.registry import Registry
 from strategies.rounds.exchange import wait_for_nodes
+from strategies.rounds.site_book import SiteBook
 from strategies.vertical.options import VerticalOptions
 
 __all__ = ["VERTICAL_RUNNERS", "VerticalContext", "VerticalOutcome", "VerticalResult",
@@ -71,18 +75,23 @@ class VerticalContext:
     #: Node id -> its department (the sites' ``describe`` answers).
     departments: dict[int, str] = field(default_factory=dict)
     traffic: Traffic = field(default_factory=Traffic)
+    #: The names the sites' replies declared, bound to their nodes (the intake's check).
+    book: SiteBook = field(default_factory=SiteBook)
 
     @property
     def seed(self) -> int:
         """The run seed (``seed``)."""
         return self.config.seed
 
-    def send(self, stage: str, requests: Mapping[int, StageRequest],
-             server_round: int) -> dict[int, StageAnswer]:
-        """One stage to the nodes of ``requests`` (:func:`app.vertical.messages.send_stage`)."""
+    def send(self, stage: str, requests: Mapping[int, StageRequest], server_round: int,
+             required: bool = True) -> dict[int, StageAnswer]:
+        """One stage to the nodes of ``requests``: each usable answer, by node
+        (:func:`app.vertical.messages.send_stage`; ``required``: raise unless every site's
+        came)."""
         return send_stage(self.grid, stage, requests, federation=self.federation,
                           server_round=server_round, timeout=self.config.round_timeout,
-                          traffic=self.traffic, names=self.departments)
+                          traffic=self.traffic, names=self.departments, book=self.book,
+                          required=required)
 
     def department(self, node: int) -> str:
         """The department of site ``node`` (its ``describe`` answer; ``node-<id>`` before it)."""

@@ -1,18 +1,23 @@
-"""One stage of a vertical federation over Flower's grid: a message per site, every reply back.
+"""One stage of a vertical federation over Flower's grid: a message per site, replies taken once.
 
 A stage's messages are of type ``train.vertical`` (:data:`strategies.message_keys.VERTICAL_MESSAGE_TYPE`):
 each site gets its own fresh ConfigRecord (the stage, the federation, the round and the
-stage's entries) and its own ArrayRecord; the reply's ``vertical`` ArrayRecord, ``metrics``
-and ``site`` records come back as a :class:`StageAnswer`. Unlike a horizontal round, a
-vertical stage cannot go on without a site (the next stage needs every site's part), so a
-missing or error reply stops the federation with a :class:`VerticalError` naming the site
-and its reply's reason (a policy refusal names the rule). :class:`Traffic` counts the
-arrays' bytes each way, the figure the split-learning benchmark compares with FedAvg's.
+stage's entries) and its own ArrayRecord. They go through THE exchange of the rounds
+(:func:`strategies.rounds.exchange.exchange`) with a
+:class:`~strategies.rounds.reply_intake.ReplyIntake` whose parse is
+:func:`strategies.vertical.stage_answer.parse_stage_answer`: each reply is parsed and
+identity-checked once, and an unusable one (an error reply, a record of the wrong kind, an
+array or metric that is no finite number) is dropped with its reason logged, as in a
+horizontal round. A stage the protocol cannot finish without every site (``required``:
+the PSI, ``describe``, split learning's training) then stops the federation with a
+:class:`VerticalError` naming the site and the reason (a policy refusal names the rule);
+one it can (pvFed's rounds, split learning's evaluation) goes on with the answers it got.
+:class:`Traffic` counts the arrays' bytes each way, the figure the split-learning
+benchmark compares with FedAvg's.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -22,6 +27,11 @@ from flwr.serverapp import Grid
 
 from strategies import message_keys as keys
 from strategies.errors import FederationError
+from strategies.rounds.exchange import exchange
+from strategies.rounds.reply_intake import ReplyIntake
+from strategies.rounds.round_policy import RoundPolicy
+from strategies.rounds.site_book import SiteBook
+from strategies.vertical.stage_answer import StageAnswer, parse_stage_answer
 
 __all__ = ["Scalar", "StageAnswer", "StageRequest", "Traffic", "VerticalError", "send_stage"]
 
@@ -34,17 +44,7 @@ StageRequest = tuple[Mapping[str, Scalar], Mapping[str, np.ndarray]]
 
 
 class VerticalError(FederationError):
-    """A site did not answer a vertical stage, or answered with an error (named)."""
-
-
-@dataclass(frozen=True)
-class StageAnswer:
-    """One site's reply to a stage."""
-
-    node_id: int
-    arrays: dict[str, np.ndarray]
-    metrics: dict[str, float | int]
-    info: dict[str, str]
+    """A stage that needs every site lacks one's usable answer (the site and reason named)."""
 
 
 @dataclass
@@ -72,44 +72,34 @@ def _record(arrays: Mapping[str, np.ndarray]) -> ArrayRecord:
     return ArrayRecord({name: Array(np.ascontiguousarray(a)) for name, a in arrays.items()})
 
 
-def _exchange(grid: Grid, messages: list[Message], timeout: float) -> dict[int, Message]:
-    """Push ``messages``, pull their replies for at most ``timeout`` s: node -> reply.
-
-    A reply is matched by the instruction it answers (the SuperLink answers for a site
-    that is gone, from its own node id).
-    """
-    pending = {mid: m.metadata.dst_node_id
-               for mid, m in zip(grid.push_messages(messages), messages)}
-    end, replies = time.monotonic() + timeout, {}
-    while pending and time.monotonic() < end:
-        for reply in grid.pull_messages(list(pending)):
-            node = pending.pop(reply.metadata.reply_to_message_id, None)
-            if node is not None:
-                replies[node] = reply
-        if pending:
-            time.sleep(_POLL_SECONDS)
-    return replies
-
-
 def send_stage(grid: Grid, stage: str, requests: Mapping[int, StageRequest], *,
                federation: str, server_round: int, timeout: float, traffic: Traffic,
-               names: Mapping[int, str] | None = None) -> dict[int, StageAnswer]:
-    """Send ``stage`` to every node of ``requests`` and return each node's answer.
+               names: Mapping[int, str] | None = None, book: SiteBook | None = None,
+               required: bool = True) -> dict[int, StageAnswer]:
+    """Send ``stage`` to every node of ``requests``; each usable answer, by node.
 
     Parameters
     ----------
     requests : mapping
         Node id -> (the stage's scalar entries, its named arrays) for that node.
     names : mapping, optional
-        Node id -> the site's department, for errors.
+        Node id -> the site's department, for the log and errors.
+    book : SiteBook, optional
+        The federation's site names (a name is bound to the node that first declared it);
+        a fresh one when ``None``.
+    required : bool
+        The protocol cannot go on without any site's answer: a dropped or missing one
+        raises; otherwise the answers that came are returned (the others logged).
 
     Raises
     ------
     VerticalError
-        A site's reply is an error (its reason: the rule of a refusal, else the
-        exception's type) or no reply came within ``timeout`` seconds.
+        With ``required``: naming each site whose reply was unusable (the intake's reason:
+        the rule of a refusal, the exception's type, the malformed record) or did not come
+        within ``timeout`` seconds.
     """
-    names = names or {}
+    names = dict(names or {})
+    book = book or SiteBook()
     messages, sizes = [], {}
     for node, (entries, arrays) in requests.items():
         config = ConfigRecord({**entries, keys.VERTICAL_STAGE: stage,
@@ -118,22 +108,18 @@ def send_stage(grid: Grid, stage: str, requests: Mapping[int, StageRequest], *,
         messages.append(Message(content, dst_node_id=node,
                                 message_type=keys.VERTICAL_MESSAGE_TYPE))
         sizes[node] = sum(int(np.asarray(a).nbytes) for a in arrays.values())
-    replies = _exchange(grid, messages, timeout)
-    answers: dict[int, StageAnswer] = {}
+    intake = ReplyIntake(f"vertical stage {stage!r}", book, parse_stage_answer,
+                         expected={node: names.get(node, book.label(node)) for node in requests})
+    taken = exchange(grid, messages, RoundPolicy(timeout=timeout, poll_interval=_POLL_SECONDS),
+                     intake).taken
+    answers = {answer.node_id: answer for answer in taken.accepted}
     for node in requests:
-        site = names.get(node, f"node {node}")
-        reply = replies.get(node)
-        if reply is None:
-            raise VerticalError(f"vertical stage {stage!r}: {site} did not answer within "
-                                f"{timeout:g} s")
-        if reply.has_error():
-            raise VerticalError(f"vertical stage {stage!r}: {site} answered with error "
-                                f"{reply.error.code}: {reply.error.reason}")
-        content = reply.content
-        arrays = ({name: array.numpy() for name, array in content[keys.VERTICAL].items()}
-                  if keys.VERTICAL in content else {})
-        metrics = dict(content[keys.METRICS]) if keys.METRICS in content else {}
-        info = {k: str(v) for k, v in content[keys.SITE].items()} if keys.SITE in content else {}
-        traffic.count(stage, sizes[node], sum(int(a.nbytes) for a in arrays.values()))
-        answers[node] = StageAnswer(node, arrays, metrics, info)
+        up = answers[node].arrays.values() if node in answers else ()
+        traffic.count(stage, sizes[node], sum(int(a.nbytes) for a in up))
+    if required and taken.dropped:
+        labels = {label: node for node, label in taken.labels.items()}
+        raise VerticalError("; ".join(
+            f"vertical stage {stage!r}: {names.get(labels.get(label, -1), label)} gave no "
+            f"usable reply and the stage needs every site: {reason}"
+            for label, reason in taken.dropped.items()))
     return answers

@@ -14,6 +14,10 @@ After the patient alignment (every site holds the same N patients in the same or
    redefined output layer on ``[g, own features]`` and replies its metrics, and
    (every round but the last) its local encoder trained again.
 
+A site whose reply to either stage is unusable (an error, a policy refusal, a malformed
+record: :mod:`app.vertical.messages`) is left out of that step, its reason logged: the
+next global encoder is distilled from the local encoders that came back, and the site is
+sent it like every other (a round in which no site's encoder came back stops the run).
 Each round is logged per site (``<department>/pvfed-test-auc``, ...) and as the mean
 over sites. The global encoder, like the local ones, is one vector per patient: it
 goes to every site of the federation, which learns from it a summary of the other
@@ -28,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from app.vertical.federation import VerticalContext, VerticalResult
-from app.vertical.messages import StageAnswer
+from app.vertical.messages import StageAnswer, VerticalError
 from clients.vertical.pvfed_site import ENCODE
 from models.pvfed import IdEncoder, encoder_arrays, encoder_from_arrays, fit_id_encoder
 from strategies.errors import ReplyError
@@ -116,21 +120,25 @@ def run_pvfed(ctx: VerticalContext) -> VerticalResult:
     Raises
     ------
     VerticalError
-        A site that refuses or fails a stage (from :meth:`VerticalContext.send`).
+        A round in which no site's local encoder came back.
     ReplyError, ConfigError
         From :func:`global_step`.
     """
     rounds = ctx.config.num_server_rounds
-    answers = ctx.send("pvfed-local", {node: ({}, {}) for node in ctx.nodes}, 0)
+    answers = ctx.send("pvfed-local", {node: ({}, {}) for node in ctx.nodes}, 0, required=False)
     site_metrics = _site_metrics(ctx, answers)
     ctx.log_sites(0, site_metrics)
     encoder = None
     for server_round in range(1, rounds + 1):
+        if not answers:
+            raise VerticalError(f"pvFed round {server_round}: no site's local encoder came "
+                                "back (every reply of the previous stage was dropped)")
         step = global_step({ctx.department(node): answers[node].arrays
-                            for node in ctx.nodes}, ctx.options, ctx.seed, server_round, encoder)
+                            for node in ctx.nodes if node in answers},
+                           ctx.options, ctx.seed, server_round, encoder)
         encoder, arrays = step.encoder, encoder_arrays(step.encoder)
         answers = ctx.send("pvfed-round", {node: ({ENCODE: server_round < rounds}, arrays)
-                                           for node in ctx.nodes}, server_round)
+                                           for node in ctx.nodes}, server_round, required=False)
         site_metrics = _site_metrics(ctx, answers)
         ctx.log_sites(server_round, site_metrics, {"global-encoder-loss": step.loss})
     kept = {} if encoder is None else {f"{GLOBAL_PREFIX}{name}": value

@@ -35,7 +35,9 @@ coordinator's outputs back to the site, which computes its own AUC (labels never
 here). Per round ``ctx.log`` gets ``<department>/val-auc``, ``test-auc``, ``train-loss``
 ... and ``seconds`` since the first round began; the bytes are the context's traffic
 counter (``Traffic.by_stage`` tells training from evaluation). Activations and gradients
-are float32.
+are float32. Training needs every site's answer (a dropped one stops the run, naming the
+site: :mod:`app.vertical.messages`); a site whose evaluation reply is unusable is left out
+of that round's metrics, its reason logged.
 """
 
 from __future__ import annotations
@@ -161,7 +163,7 @@ class _Coordinator:
                 out.backward(back.to(self.device))
                 self.optimiser.step()
                 gradients[batch_key("gradient", j)] = leaf.grad.cpu().numpy()
-        self.losses.setdefault(node, []).append(float(head.metrics["train-loss"]))
+        self.losses.setdefault(node, []).append(_metric(head, "train-loss", self.site(head)))
         return gradients
 
     def turn(self, nodes: list[int], part: Arrays, server_round: int) -> dict[int, StageAnswer]:
@@ -185,7 +187,8 @@ class _Coordinator:
     def evaluate(self, part: Arrays, server_round: int) -> dict[int, dict[str, float]]:
         """Every site's val and test splits through the split network; each site's metrics."""
         nodes = self.ctx.nodes
-        forward = self.ctx.send("split-eval-forward", {n: ({}, part) for n in nodes}, server_round)
+        forward = self.ctx.send("split-eval-forward", {n: ({}, part) for n in nodes}, server_round,
+                                required=False)
         self.middle.eval()
         outputs: dict[int, Arrays] = {}
         for node, answer in forward.items():
@@ -195,9 +198,23 @@ class _Coordinator:
                 chunks = self.activation(answer, split).split(64)
                 outputs[node][batch_key("output", split)] = torch.cat(
                     [self.middle(chunk).float().cpu() for chunk in chunks]).numpy()
-        finish = self.ctx.send("split-eval-finish", {n: ({}, outputs[n]) for n in nodes},
-                               server_round)
-        return {node: {k: float(v) for k, v in finish[node].metrics.items()} for node in nodes}
+        finish = self.ctx.send("split-eval-finish", {n: ({}, outputs[n]) for n in outputs},
+                               server_round, required=False)
+        return {node: {k: float(v) for k, v in answer.metrics.items()}
+                for node, answer in finish.items()}
+
+
+def _metric(answer: StageAnswer, name: str, site: str) -> float:
+    """Metric ``name`` of a site's answer.
+
+    Raises
+    ------
+    ReplyError
+        If the answer lacks it (naming the site).
+    """
+    if name not in answer.metrics:
+        raise ReplyError(f"split learning: {site}'s reply has no metric {name!r}")
+    return float(answer.metrics[name])
 
 
 def _averaged(answers: Mapping[int, StageAnswer]) -> Arrays:
@@ -208,7 +225,7 @@ def _averaged(answers: Mapping[int, StageAnswer]) -> Arrays:
         if sorted(k for k in answers[node].arrays if k.startswith(PART)) != names:
             raise ReplyError(f"split learning: node {node}'s site part has other tensors")
     mean = fedavg_delta([[answers[n].arrays[k] for k in names] for n in nodes],
-                        [int(answers[n].metrics["num-examples"]) for n in nodes])
+                        [int(_metric(answers[n], "num-examples", f"node {n}")) for n in nodes])
     return dict(zip(names, mean))
 
 

@@ -1,8 +1,9 @@
 """THE exchange of a round: instructions out, replies in under the round policy, each taken once.
 
 One function serves every message the server sends: train and evaluate in each
-round, Power-of-Choice's ``query`` (:mod:`.site_selection`) and the end-of-run
-test and cross-site evaluations (:mod:`.cross_site`). :func:`exchange` pushes
+round, Power-of-Choice's ``query`` (:mod:`.site_selection`), the end-of-run
+test and cross-site evaluations (:mod:`.cross_site`) and a vertical federation's
+stages (:mod:`app.vertical.messages`). :func:`exchange` pushes
 the instructions and pulls the replies every ``poll_interval`` until the
 :class:`~strategies.rounds.round_policy.RoundPolicy` closes it; each reply is
 handed to the :class:`~strategies.rounds.reply_intake.ReplyIntake` the moment it

@@ -43,6 +43,7 @@ from strategies import message_keys as keys
 from strategies.replies import InvalidReplyError, MetricsReply, TrainReply, site_name
 from strategies.rounds.site_book import SiteBook
 from strategies.rounds.withheld import NO_METRICS
+from strategies.vertical.stage_answer import StageAnswer
 
 __all__ = ["NO_REPLY", "Cap", "ReplyIntake", "ReplySink", "Taken", "policy_fingerprint",
            "reply_label", "withheld_rules"]
@@ -50,7 +51,7 @@ __all__ = ["NO_REPLY", "Cap", "ReplyIntake", "ReplySink", "Taken", "policy_finge
 NO_REPLY = "no reply before the round closed (deadline or timeout)"
 _ERROR_SITE = re.compile(r"site ([^\s:]+): ")
 
-Reply = TypeVar("Reply", TrainReply, MetricsReply)
+Reply = TypeVar("Reply", TrainReply, MetricsReply, StageAnswer)
 
 
 class Cap(Enum):
@@ -135,7 +136,8 @@ class Taken(Generic[Reply]):
 
 
 class ReplyIntake(Generic[Reply]):
-    """Takes one exchange's replies (train, evaluate, query or cross-site), once each.
+    """Takes one exchange's replies (train, evaluate, query, cross-site or a vertical stage),
+    once each.
 
     Parameters
     ----------

@@ -64,7 +64,7 @@ class RoutedContext:
         self.logged: list[tuple[int, dict[str, float]]] = []
         self.stages: list[str] = []
 
-    def send(self, stage, requests, server_round):
+    def send(self, stage, requests, server_round, required=True):
         self.stages.append(stage)
         answers = {}
         for node, (config, arrays) in requests.items():

@@ -101,7 +101,8 @@ class InProcessContext(VerticalContext):
     #: A malicious site: (stage, node) -> what it does to its reply's arrays.
     tamper: dict[tuple[str, int], Callable[[dict], None]] = field(default_factory=dict)
 
-    def send(self, stage: str, requests: Mapping, server_round: int) -> dict[int, StageAnswer]:
+    def send(self, stage: str, requests: Mapping, server_round: int,
+             required: bool = True) -> dict[int, StageAnswer]:
         answers = {}
         for node, (entries, arrays) in requests.items():
             request = VerticalRequest(stage, self.federation, server_round, dict(entries),
