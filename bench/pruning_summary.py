@@ -34,6 +34,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from bytes_to_target import compare
+from stats import at_least, group, markdown_table as table, over_seeds, pm, ratio
 
 __all__ = ["DENSE", "GOALS", "compare_seeds", "summarise", "goals", "markdown_table"]
 
@@ -42,10 +43,6 @@ DENSE = "dense"
 #: The issue's goals: parameters kept, final metric vs dense, wall-time and bytes speed-ups.
 GOALS = {"params_kept_at_most": 0.2, "relative_to_dense_at_least": 0.99,
          "structured_seconds_ratio_at_least": 1.5, "bytes_ratio_at_least": 5.0}
-
-
-def _ratio(dense: float | None, ours: float | None) -> float | None:
-    return dense / ours if dense and ours else None
 
 
 def _seconds_to(row: dict, rounds: int | None, key: str = "seconds_per_round"
@@ -73,7 +70,7 @@ def compare_seeds(rows: Sequence[dict], tail: int = 2, fraction: float = 0.95) -
                           ("train_seconds", "train_seconds_per_round")):
             ours = _seconds_to(row, done["rounds_to_target"], key)
             dense_time = None if ref is None else _seconds_to(ref, ref["rounds_to_target"], key)
-            times.update({f"{name}_to_target": ours, f"{name}_ratio": _ratio(dense_time, ours)})
+            times.update({f"{name}_to_target": ours, f"{name}_ratio": ratio(dense_time, ours)})
         out.append({**row, "final_metric": done["final_metric"],
                     "relative_to_dense": done["relative_to_dense"], "target": done["target"],
                     "rounds_to_target": done["rounds_to_target"],
@@ -83,14 +80,6 @@ def compare_seeds(rows: Sequence[dict], tail: int = 2, fraction: float = 0.95) -
     return out
 
 
-def _mean_sd(values: Sequence[float | None]) -> tuple[float | None, float | None]:
-    """Mean and sample standard deviation of the values that are not ``None``."""
-    got = [float(v) for v in values if v is not None]
-    if not got:
-        return None, None
-    return float(np.mean(got)), float(np.std(got, ddof=1)) if len(got) > 1 else None
-
-
 def summarise(rows: Sequence[dict]) -> list[dict]:
     """Per (set, variant) of compared rows, in first-seen order: the issue's ``runs`` entries.
 
@@ -98,29 +87,22 @@ def summarise(rows: Sequence[dict]) -> list[dict]:
     ``seconds_to_target`` / ``bytes_to_target`` and their ratios are means over
     those seeds (``None`` if none did).
     """
-    groups: dict[tuple[str, str], list[dict]] = {}
-    for row in rows:
-        groups.setdefault((row["set"], row["variant"]), []).append(row)
     out = []
-    for (name, variant), group in groups.items():
-        entry = {"set": name, "method": group[0]["method"], "codec": group[0]["codec"],
-                 "variant": variant, "seeds": sorted(r["seed"] for r in group),
-                 "rounds": sorted({r["rounds"] for r in group}),
-                 "reached": sum(r["rounds_to_target"] is not None for r in group)}
-        for key in ("params_kept", "flops_kept", "final_metric", "relative_to_dense", "seconds_to_target",
-                    "bytes_to_target", "seconds_ratio", "bytes_ratio", "train_seconds_to_target",
-                    "train_seconds_ratio", "up_ratio", "down_ratio"):
-            entry[key], entry[f"{key}_sd"] = _mean_sd([r[key] for r in group])
-        out.append(entry)
+    for (name, variant), seeds in group(rows, lambda r: (r["set"], r["variant"])).items():
+        out.append({"set": name, "method": seeds[0]["method"], "codec": seeds[0]["codec"],
+                    "variant": variant, "seeds": sorted(r["seed"] for r in seeds),
+                    "rounds": sorted({r["rounds"] for r in seeds}),
+                    "reached": sum(r["rounds_to_target"] is not None for r in seeds),
+                    **over_seeds(seeds, (
+                        "params_kept", "flops_kept", "final_metric", "relative_to_dense",
+                        "seconds_to_target", "bytes_to_target", "seconds_ratio", "bytes_ratio",
+                        "train_seconds_to_target", "train_seconds_ratio", "up_ratio",
+                        "down_ratio"))})
     return out
 
 
 def _all_reached(entry: dict) -> bool:
     return entry["reached"] == len(entry["seeds"])
-
-
-def _at_least(value: float | None, bound: float) -> bool:
-    return value is not None and value >= bound
 
 
 def goals(summary: Sequence[dict]) -> dict:
@@ -142,20 +124,20 @@ def goals(summary: Sequence[dict]) -> dict:
         out = per_set.setdefault(e["set"], {"small_and_accurate": [], "structured_speed": None,
                                             "bytes": [], "bytes_with_codec": []})
         kept = e["params_kept"] is not None and e["params_kept"] <= GOALS["params_kept_at_most"]
-        if kept and _at_least(e["relative_to_dense"], GOALS["relative_to_dense_at_least"]):
+        if kept and at_least(e["relative_to_dense"], GOALS["relative_to_dense_at_least"]):
             out["small_and_accurate"].append(e["variant"])
         if e["method"] == "prunefl-structured" and e["codec"] == "none":
             out["structured_speed"] = e["seconds_ratio"] if _all_reached(e) else None
-        fewer = _all_reached(e) and _at_least(e["bytes_ratio"], GOALS["bytes_ratio_at_least"])
+        fewer = _all_reached(e) and at_least(e["bytes_ratio"], GOALS["bytes_ratio_at_least"])
         if fewer and e["codec"] == "none":
             out["bytes"].append(e["variant"])
         same = alone.get((e["set"], e["method"]))
-        if fewer and e["codec"] != "none" and same is not None and _at_least(
+        if fewer and e["codec"] != "none" and same is not None and at_least(
                 e["bytes_ratio"], same["bytes_ratio"] or 0.0):
             out["bytes_with_codec"].append(e["variant"])
     met = {
         "small_and_accurate": [bool(s["small_and_accurate"]) for s in per_set.values()],
-        "structured_speed": [_at_least(s["structured_speed"],
+        "structured_speed": [at_least(s["structured_speed"],
                                        GOALS["structured_seconds_ratio_at_least"])
                              for s in per_set.values()],
         "bytes": [bool(s["bytes"]) for s in per_set.values()],
@@ -164,31 +146,24 @@ def goals(summary: Sequence[dict]) -> dict:
             "met": {goal: bool(flags) and all(flags) for goal, flags in met.items()}}
 
 
-def _cell(mean: float | None, sd: float | None, fmt: str) -> str:
-    if mean is None:
-        return "never"
-    return format(mean, fmt) + ("" if sd is None else f" ± {format(sd, fmt)}")
-
-
 def _megabytes(value: float | None) -> str:
     return "never" if value is None else f"{value / 1e6:.2f} MB"
 
 
 def markdown_table(summary: Sequence[dict]) -> str:
     """One line per (set, variant) for docs/BENCHMARKS.md: means ± sd over seeds."""
-    lines = ["| set | method | codec | seeds | params kept | FLOPs kept | final metric | "
-             "rel. to dense | "
-             "seconds to target | x faster | x faster (training) | bytes to target | "
-             "x fewer bytes |", "|" + "---|" * 13]
-    for e in summary:
+    def cells(e: dict) -> list[str]:
         reached = "" if _all_reached(e) else f" (reached {e['reached']}/{len(e['seeds'])})"
-        lines.append(" | ".join([
-            f"| {e['set']}", e["method"], f"`{e['codec']}`", str(len(e["seeds"])),
-            _cell(e["params_kept"], None, ".3f"), _cell(e["flops_kept"], None, ".3f"),
-            _cell(e["final_metric"], e["final_metric_sd"], ".3f"),
-            _cell(e["relative_to_dense"], None, ".3f"),
-            _cell(e["seconds_to_target"], e["seconds_to_target_sd"], ".0f") + reached,
-            _cell(e["seconds_ratio"], None, ".2f"), _cell(e["train_seconds_ratio"], None, ".2f"),
-            _megabytes(e["bytes_to_target"]),
-            _cell(e["bytes_ratio"], None, ".1f")]) + " |")
-    return "\n".join(lines)
+        return [e["set"], e["method"], f"`{e['codec']}`", str(len(e["seeds"])),
+                pm(e["params_kept"], None, ".3f", "never"),
+                pm(e["flops_kept"], None, ".3f", "never"),
+                pm(e["final_metric"], e["final_metric_sd"], ".3f", "never"),
+                pm(e["relative_to_dense"], None, ".3f", "never"),
+                pm(e["seconds_to_target"], e["seconds_to_target_sd"], ".0f", "never") + reached,
+                pm(e["seconds_ratio"], None, ".2f", "never"),
+                pm(e["train_seconds_ratio"], None, ".2f", "never"),
+                _megabytes(e["bytes_to_target"]), pm(e["bytes_ratio"], None, ".1f", "never")]
+
+    return table(["set", "method", "codec", "seeds", "params kept", "FLOPs kept", "final metric",
+                  "rel. to dense", "seconds to target", "x faster", "x faster (training)",
+                  "bytes to target", "x fewer bytes"], map(cells, summary))
