@@ -32,6 +32,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from stats import at_least, defined, group, markdown_table as table, mean, ratio, tail_mean
+
 __all__ = ["add_target_arguments", "traffic_fields", "compare", "summarise", "goals",
            "markdown_table"]
 
@@ -67,15 +69,6 @@ def _bytes_to(row: dict, target: float, initial: bool = True
     return r, float(np.sum(total[:r])) - (0 if initial else row["bytes_down_per_round"][0])
 
 
-def _tail_mean(curve: Sequence[float | None], tail: int) -> float:
-    """Mean of the last ``tail`` rounds that have a value (``None``: no evaluation)."""
-    return float(np.nanmean(np.asarray(curve[-tail:], dtype=float)))
-
-
-def _ratio(dense: float | None, ours: float | None) -> float | None:
-    return dense / ours if dense and ours else None
-
-
 def compare(rows: Sequence[dict], tail: int = 3, fraction: float = 0.95) -> list[dict]:
     """``rows`` with the ratios vs the dense row (``config == "none"``) of their set and seed.
 
@@ -86,7 +79,7 @@ def compare(rows: Sequence[dict], tail: int = 3, fraction: float = 0.95) -> list
     for row in rows:
         row = dict(row)
         ref = dense.get((row["set"], row["seed"]))
-        row["final_metric"] = _tail_mean(row["curve"], tail)
+        row["final_metric"] = tail_mean(row["curve"], tail)
         row["up_ratio_vs_fp32"] = row["dense_fp32_bytes"] / row["up_bytes_per_site_round"]
         row["down_ratio_vs_fp32"] = row["dense_fp32_bytes"] / row["down_bytes_per_site_round"]
         keys = ("up_ratio", "down_ratio", "relative_to_dense", "rel_diff", "target",
@@ -94,7 +87,7 @@ def compare(rows: Sequence[dict], tail: int = 3, fraction: float = 0.95) -> list
                 "bytes_to_target_ratio_updates")
         row.update(dict.fromkeys(keys))
         if ref is not None:
-            final = _tail_mean(ref["curve"], tail)
+            final = tail_mean(ref["curve"], tail)
             target = fraction * final
             dense_rounds, dense_bytes = _bytes_to(ref, target)
             rounds, spent = _bytes_to(row, target)
@@ -104,18 +97,18 @@ def compare(rows: Sequence[dict], tail: int = 3, fraction: float = 0.95) -> list
                 relative_to_dense=row["final_metric"] / final,
                 rel_diff=row["final_metric"] / final - 1.0, target=target,
                 rounds_to_target=rounds, bytes_to_target=spent,
-                bytes_to_target_ratio=_ratio(dense_bytes, spent),
-                bytes_to_target_ratio_updates=_ratio(_bytes_to(ref, target, False)[1],
+                bytes_to_target_ratio=ratio(dense_bytes, spent),
+                bytes_to_target_ratio_updates=ratio(_bytes_to(ref, target, False)[1],
                                                      _bytes_to(row, target, False)[1]))
         out.append(row)
     return out
 
 
 def _stats(values: list) -> dict:
-    got = [v for v in values if v is not None]
-    return {"mean": float(np.mean(got)) if got else None,
-            "min": float(np.min(got)) if got else None,
-            "max": float(np.max(got)) if got else None, "n": len(got)}
+    """Mean, minimum and maximum of the defined values and their count."""
+    got = defined(values)
+    return {"mean": mean(got), "min": min(got, default=None), "max": max(got, default=None),
+            "n": len(got)}
 
 
 def summarise(rows: Sequence[dict]) -> list[dict]:
@@ -124,17 +117,14 @@ def summarise(rows: Sequence[dict]) -> list[dict]:
     ``bytes_to_target_ratio`` is over the seeds that reached the target
     (``reached`` of ``seeds``).
     """
-    groups: dict[tuple[str, str], list[dict]] = {}
-    for row in rows:
-        groups.setdefault((row["set"], row["config"]), []).append(row)
     out = []
-    for (name, config), group in groups.items():
-        entry = {"set": name, "config": config, "seeds": sorted(r["seed"] for r in group),
-                 "rounds": sorted({r["rounds"] for r in group}),
-                 "reached": sum(r["bytes_to_target_ratio"] is not None for r in group)}
+    for (name, config), seeds in group(rows, lambda r: (r["set"], r["config"])).items():
+        entry = {"set": name, "config": config, "seeds": sorted(r["seed"] for r in seeds),
+                 "rounds": sorted({r["rounds"] for r in seeds}),
+                 "reached": sum(r["bytes_to_target_ratio"] is not None for r in seeds)}
         for key in ("up_ratio", "down_ratio", "final_metric", "relative_to_dense",
                     "bytes_to_target_ratio", "bytes_to_target_ratio_updates"):
-            entry[key] = _stats([r[key] for r in group])
+            entry[key] = _stats([r[key] for r in seeds])
         out.append(entry)
     return out
 
@@ -160,8 +150,8 @@ def goals(summary: Sequence[dict]) -> dict:
             per_set["ratios_and_metric"].append(entry["config"])
         for key, field in (("bytes_to_target", "bytes_to_target_ratio"),
                            ("bytes_to_target_updates", "bytes_to_target_ratio_updates")):
-            low = entry[field]["min"]
-            if entry["reached"] == len(entry["seeds"]) and low is not None and low >= GOAL_TARGET:
+            if entry["reached"] == len(entry["seeds"]) and at_least(entry[field]["min"],
+                                                                    GOAL_TARGET):
                 per_set[key].append(entry["config"])
     for per_set in out.values():
         for key in ("ratios_and_metric", "bytes_to_target", "bytes_to_target_updates"):
@@ -179,16 +169,16 @@ def _cell(stats: dict, fmt: str) -> str:
 
 def markdown_table(summary: Sequence[dict]) -> str:
     """One line per (set, config): means over seeds, the range in brackets."""
-    lines = ["| set | config | seeds | rounds | up ratio | down ratio | final metric | "
-             "rel. to dense | bytes-to-target ratio | same, updates only |", "|" + "---|" * 10]
-    for e in summary:
+    def cells(e: dict) -> list[str]:
         target = _cell(e["bytes_to_target_ratio"], ".1f")
         if e["reached"] < len(e["seeds"]):
             target += f", reached {e['reached']}/{len(e['seeds'])}"
-        lines.append(" | ".join([
-            f"| {e['set']}", f"`{e['config']}`", str(len(e["seeds"])),
-            "/".join(map(str, e["rounds"])), _cell(e["up_ratio"], ".1f"),
-            _cell(e["down_ratio"], ".1f"), _cell(e["final_metric"], ".3f"),
-            _cell(e["relative_to_dense"], ".3f"), target,
-            _cell(e["bytes_to_target_ratio_updates"], ".1f")]) + " |")
-    return "\n".join(lines)
+        return [e["set"], f"`{e['config']}`", str(len(e["seeds"])),
+                "/".join(map(str, e["rounds"])), _cell(e["up_ratio"], ".1f"),
+                _cell(e["down_ratio"], ".1f"), _cell(e["final_metric"], ".3f"),
+                _cell(e["relative_to_dense"], ".3f"), target,
+                _cell(e["bytes_to_target_ratio_updates"], ".1f")]
+
+    return table(["set", "config", "seeds", "rounds", "up ratio", "down ratio", "final metric",
+                  "rel. to dense", "bytes-to-target ratio", "same, updates only"],
+                 map(cells, summary))
