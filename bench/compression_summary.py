@@ -14,12 +14,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["tail_mean", "summarise", "markdown_table", "targets_text"]
+from stats import markdown_table as table, tail_mean
 
-
-def tail_mean(values: Sequence[float], tail: int) -> float:
-    """Mean of the last ``tail`` values that exist (``None``: a round without evaluation)."""
-    return float(np.nanmean(np.asarray(values[-tail:], dtype=float)))
+__all__ = ["summarise", "markdown_table", "targets_text"]
 
 
 def summarise(task_name: str, metric_names: Sequence[str], rows: Sequence[dict],
@@ -96,16 +93,17 @@ def markdown_table(summary: dict) -> str:
     head = ["config", "up B/site/round", "down B/site/round", "up ratio"]
     for m in metrics:
         head += [f"final {m}", f"rel. diff {m}"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for row in summary["configs"].values():
-        cells = [row["label"], f"{row['uplink_bytes_per_site_round']:,.0f}",
-                 f"{row['downlink_bytes_per_site_round']:,.0f}",
-                 f"{row['uplink_ratio_vs_dense']:.1f}x" if row["uplink_ratio_vs_dense"] else "-"]
+
+    def cells(row: dict) -> list[str]:
+        out = [row["label"], f"{row['uplink_bytes_per_site_round']:,.0f}",
+               f"{row['downlink_bytes_per_site_round']:,.0f}",
+               f"{row['uplink_ratio_vs_dense']:.1f}x" if row["uplink_ratio_vs_dense"] else "-"]
         for m in metrics:
             rel = row.get(f"rel_diff_{m}")
-            cells += [f"{row[f'final_{m}']:.3f}", f"{rel:+.1%}" if rel is not None else "-"]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+            out += [f"{row[f'final_{m}']:.3f}", f"{rel:+.1%}" if rel is not None else "-"]
+        return out
+
+    return table(head, map(cells, summary["configs"].values()))
 
 
 def targets_text(summary: dict) -> str:
