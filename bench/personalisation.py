@@ -96,6 +96,7 @@ from personalisation_sets import (QUICK, SEED_ALPHA, SETS, BenchSet, Protocol,  
 from personalisation_summary import (METHODS, REPTILE, kept_sets, seed_record,  # noqa: E402
                                      split_variant, summarise, variant, variants)
 from report import Column, environment, print_table, write_report  # noqa: E402
+from stats import pm  # noqa: E402
 from strategies.errors import ConfigError  # noqa: E402
 
 __all__ = ["protocol_record", "set_record", "run_seed", "main"]
@@ -167,7 +168,7 @@ def _print(rows: list[dict]) -> None:
         Column("set", "<15", lambda r: r["set"]), Column("method", "<19", lambda r: r["method"]),
         Column("alpha", "<6", lambda r: f"{r['alpha']:g}" if "alpha" in r else ""),
         Column("metric", "<8", lambda r: r["metric"]), Column("mean", "7.3f", lambda r: r["mean"]),
-        Column("sd", "6.3f", lambda r: r["sd"]),
+        Column("sd", ">6", lambda r: pm(r["sd"], None, ".3f")),
         Column("gain", "+7.3f", lambda r: r["gain_vs_fedavg_global"]),
         Column("seeds", "5d", lambda r: r["seeds"])], rows)
 

@@ -1,9 +1,9 @@
 """The JSON of ``bench/personalisation.py``: per-seed records, summary rows, kept results.
 
 Per run and method the per-site metric is averaged over the sites
-(unweighted); a row's ``mean`` / ``sd`` are over seeds of that average and
-``gain_vs_fedavg_global`` is the paired per-seed difference to
-``fedavg-global``. Reptile is recorded per meta step size: the variant
+(unweighted); a row's ``mean`` / ``sd`` are over seeds of that average (one seed: sd
+``None``, :mod:`stats`) and ``gain_vs_fedavg_global`` is the paired per-seed difference
+to ``fedavg-global``. Reptile is recorded per meta step size: the variant
 ``per-fedavg-reptile@<alpha>`` of the per-seed records is the row
 ``{"method": "per-fedavg-reptile", "alpha": <alpha>}``.
 
@@ -15,10 +15,10 @@ of a kept seed are measured and added).
 
 from __future__ import annotations
 
-import statistics
 from pathlib import Path
 
 from personalisation_rounds import SiteOutcome
+from stats import defined, mean, mean_sd
 
 __all__ = ["METHODS", "REPTILE", "variant", "variants", "split_variant", "site_mean",
            "summarise", "seed_record", "kept_sets"]
@@ -52,12 +52,7 @@ def site_mean(outcomes: list[SiteOutcome], metric: str, personal: bool) -> float
     """Unweighted mean over the sites where ``metric`` is defined; ``None`` where it is nowhere."""
     values = [(o.personal_metrics if personal else o.global_metrics).get(metric)
               for o in outcomes]
-    defined = [v for v in values if v is not None]
-    return statistics.fmean(defined) if defined else None
-
-
-def _stats(values: list[float]) -> tuple[float, float]:
-    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+    return mean(defined(values))
 
 
 def _row_order(key: str) -> tuple[int, float]:
@@ -82,8 +77,8 @@ def summarise(name: str, metrics: tuple[str, ...], per_seed: list[dict]) -> list
             values = [v for v, _ in pairs if v is not None]
             gains = [v - g for v, g in pairs if v is not None and g is not None]
             if values and gains:
-                (mean, sd), (gain, gain_sd) = _stats(values), _stats(gains)
-                found[metric] = {"mean": mean, "sd": sd, "per_seed": values,
+                (average, sd), (gain, gain_sd) = mean_sd(values), mean_sd(gains)
+                found[metric] = {"mean": average, "sd": sd, "per_seed": values,
                                  "gain_vs_fedavg_global": gain, "gain_sd": gain_sd}
         if main_metric not in found:
             continue
