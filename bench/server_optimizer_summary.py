@@ -8,10 +8,10 @@ The chosen setting then runs with every seed.
 
 **Rows** (:func:`summarise`, one per set and method): ``final_metric`` is the
 site-averaged (unweighted) ``test`` metric after the last round, mean over the
-seeds, ``sd`` its sample standard deviation; ``rounds_to_target`` the first
-round whose test metric reaches ``target`` (``fraction`` x pooled's
-``final_metric`` on the set), mean over the seeds that reach it (``None`` if
-none does; ``seeds_at_target`` counts them).
+seeds, ``sd`` its sample standard deviation (``None`` for one seed, :mod:`stats`);
+``rounds_to_target`` the first round whose test metric reaches ``target``
+(``fraction`` x pooled's ``final_metric`` on the set), mean over the seeds that
+reach it (``None`` if none does; ``seeds_at_target`` counts them).
 
 **Goal** (:func:`goals`, issue 34): the best federated method closes at least
 half of the gap between FedAvg and pooled training,
@@ -20,22 +20,17 @@ half of the gap between FedAvg and pooled training,
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Sequence
 
 from server_optimizer_methods import FEDERATED, METHODS
+from stats import defined, mean, mean_sd
 
 __all__ = ["val_score", "choose", "rounds_to", "summarise", "goals"]
 
 
-def _defined(values: Sequence[float | None]) -> list[float]:
-    return [v for v in values if v is not None]
-
-
 def val_score(val_curve: Sequence[float | None], tail: int) -> float | None:
     """Mean of the last ``tail`` rounds' defined values of ``val_curve`` (``None``: none)."""
-    values = _defined(val_curve[-tail:])
-    return statistics.fmean(values) if values else None
+    return mean(defined(val_curve[-tail:]))
 
 
 def choose(trials: list[dict], tail: int) -> dict:
@@ -58,29 +53,25 @@ def rounds_to(curve: Sequence[float | None], target: float) -> int | None:
     return next((r for r, v in enumerate(curve, start=1) if v is not None and v >= target), None)
 
 
-def _stats(values: list[float]) -> tuple[float, float]:
-    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
-
-
 def summarise(name: str, metric: str, per_seed: list[dict], fraction: float) -> list[dict]:
     """One row per method of set ``name`` (:data:`METHODS` order) from its per-seed records
     (``{"set", "method", "seed", "setting", "test", ...}``); see the module docstring."""
     runs = [r for r in per_seed if r["set"] == name]
     finals: dict[str, list[float]] = {}
     for method in METHODS:
-        finals[method] = _defined([r["test"][-1] for r in runs if r["method"] == method])
-    pooled = finals.get("pooled")
-    target = fraction * statistics.fmean(pooled) if pooled else None
+        finals[method] = defined([r["test"][-1] for r in runs if r["method"] == method])
+    pooled = mean(finals.get("pooled", []))
+    target = None if pooled is None else fraction * pooled
     rows = []
     for method, values in finals.items():
         if not values:
             continue
         mine = [r for r in runs if r["method"] == method]
-        reached = [] if target is None else _defined([rounds_to(r["test"], target) for r in mine])
-        mean, sd = _stats(values)
-        rows.append({"set": name, "method": method, "metric": metric, "final_metric": mean,
+        reached = [] if target is None else defined([rounds_to(r["test"], target) for r in mine])
+        final, sd = mean_sd(values)
+        rows.append({"set": name, "method": method, "metric": metric, "final_metric": final,
                      "sd": sd, "seeds": len(values), "seed_values": [r["seed"] for r in mine],
-                     "rounds_to_target": statistics.fmean(reached) if reached else None,
+                     "rounds_to_target": mean(reached),
                      "seeds_at_target": len(reached), "target": target,
                      "setting": mine[0]["setting"], "regime": METHODS[method].regime})
     return rows

@@ -49,6 +49,7 @@ from report import Column, environment, print_table, write_report  # noqa: E402
 from server_optimizer_methods import METHODS, run_method, settings_grid, unavailable  # noqa: E402
 from server_optimizer_sets import SETS, BenchSet, build_folders, shortened  # noqa: E402
 from server_optimizer_summary import choose, goals, summarise, val_score  # noqa: E402
+from stats import pm  # noqa: E402
 
 __all__ = ["available_methods", "merge", "main"]
 
@@ -272,10 +273,9 @@ def main(argv: list[str] | None = None) -> int:
     print_table("final test metric (mean +- sd over seeds), rounds to target", [
         Column("set", "<15", lambda r: r["set"]), Column("method", "<11", lambda r: r["method"]),
         Column("metric", "<9", lambda r: r["metric"]),
-        Column("final", "7.4f", lambda r: r["final_metric"]), Column("sd", "6.4f",
-                                                                     lambda r: r["sd"]),
-        Column("to target", ">9", lambda r: f"{r['rounds_to_target']:.1f}"
-               if r["rounds_to_target"] is not None else "never"),
+        Column("final", "7.4f", lambda r: r["final_metric"]),
+        Column("sd", ">6", lambda r: pm(r["sd"], None, ".4f")),
+        Column("to target", ">9", lambda r: pm(r["rounds_to_target"], None, ".1f", "never")),
         Column("seeds", "5d", lambda r: r["seeds"])], payload["runs"])
     for name, goal in payload["goals"].items():
         print(f"{name}: best federated {goal['best_federated']}, gap closed {goal['gap_closed']}")

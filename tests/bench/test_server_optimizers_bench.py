@@ -131,7 +131,7 @@ def _check_format(result: dict, measured: set[str]) -> None:
     assert set(rows) == measured
     for row in rows.values():
         assert {"set", "method", "final_metric", "rounds_to_target", "seeds", "sd"} <= set(row)
-        assert 0.0 <= row["final_metric"] <= 1.0 and row["seeds"] == 1 and row["sd"] == 0.0
+        assert 0.0 <= row["final_metric"] <= 1.0 and row["seeds"] == 1 and row["sd"] is None
         assert row["metric"] == "accuracy" and row["setting"]["lr"] == sets.SETS["heart-disease"].lrs[0]
     goal = result["goals"]["heart-disease"]
     assert goal["methods_measured"] == sorted(measured)
