@@ -36,7 +36,6 @@ from single_thread import BENCH  # noqa: I001
 import argparse  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
-import statistics  # noqa: E402
 from collections.abc import Collection, Mapping  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -44,6 +43,7 @@ from engine_runs import DATA, run_product  # noqa: E402
 from report import Column, environment, print_table, write_report  # noqa: E402
 from robustness_rows import (ATTACKS, DATA_SETS, ROWS, Row, federation_sites,  # noqa: E402
                              row_overrides, rows_of)
+from stats import at_least, mean, sd  # noqa: E402
 
 __all__ = ["QUICK", "SETS", "honest_metric", "main", "merge_report"]
 
@@ -135,14 +135,6 @@ def run_sets(names: list[str], table: dict, seeds: tuple[int, ...], checkpoint: 
     return done
 
 
-def _mean(values: list) -> float | None:
-    return None if not values or None in values else float(statistics.fmean(values))
-
-
-def _sd(values: list) -> float | None:
-    return float(statistics.stdev(values)) if len(values) > 1 and None not in values else None
-
-
 def report_set(name: str, setup: dict, seeds: tuple[int, ...], done: dict) -> dict:
     """The set's rows (mean over the seeds finished) and its ``sets`` entry."""
     data = DATA_SETS[setup["data"]]
@@ -156,23 +148,22 @@ def report_set(name: str, setup: dict, seeds: tuple[int, ...], done: dict) -> di
         metrics = [r["metric"] for r in per_seed.values()]
         base = results.get(row.baseline, {}) if row.baseline else per_seed  # itself: 1.0
         common = [s for s in per_seed if s in base]
-        mine = _mean([per_seed[s]["metric"] for s in common])
-        theirs = _mean([base[s]["metric"] for s in common])
+        mine = mean([per_seed[s]["metric"] for s in common])
+        theirs = mean([base[s]["metric"] for s in common])
         relative = mine / theirs if mine is not None and theirs else None
-        best_mine = _mean([per_seed[s]["best_metric"] for s in common])
-        best_theirs = _mean([base[s]["best_metric"] for s in common])
+        best_mine = mean([per_seed[s]["best_metric"] for s in common])
+        best_theirs = mean([base[s]["best_metric"] for s in common])
         runs.append({
             "set": name, "sites": setup["sites"], "attack": row.attack, "defence": row.defence,
             "aggregator": row.aggregator, "row": row_name, "baseline": row.baseline,
-            "seeds": sorted(per_seed), "metric": _mean(metrics), "sd": _sd(metrics),
+            "seeds": sorted(per_seed), "metric": mean(metrics), "sd": sd(metrics),
             "metric_per_seed": metrics, "relative_to_clean": relative,
-            "target": row.target, "within_target": (None if row.target is None else
-                                                    relative is not None
-                                                    and relative >= row.target),
-            "best_metric": _mean([r["best_metric"] for r in per_seed.values()]),
+            "target": row.target, "within_target": (None if row.target is None
+                                                    else at_least(relative, row.target)),
+            "best_metric": mean([r["best_metric"] for r in per_seed.values()]),
             "best_relative_to_clean": (best_mine / best_theirs if best_mine is not None
                                        and best_theirs else None),
-            "wall_s": _mean([r["wall_s"] for r in per_seed.values()]),
+            "wall_s": mean([r["wall_s"] for r in per_seed.values()]),
             **{k: [r[k] for r in per_seed.values()]
                for k in ("best_round", "attacker", "attacker_dropped_rounds",
                          "attacker_evaluate_dropped_rounds", "drop_reasons",
