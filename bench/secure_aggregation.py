@@ -49,6 +49,7 @@ import numpy as np  # noqa: E402
 
 from engine_runs import DATA, run_product, shared_sites  # noqa: E402
 from report import Column, environment, print_table, write_report  # noqa: E402
+from stats import defined, mean_sd  # noqa: E402
 from clients.datagen.federation import hospital_name  # noqa: E402
 
 __all__ = ["main", "run_arm", "sum_witness"]
@@ -182,9 +183,9 @@ def timing(sites: int, pairs: int, rounds: int, local_steps: int, workdir: Path)
 
 
 def _mean_sd(values: list) -> dict:
-    values = [v for v in values if v is not None]
-    return {"mean": statistics.fmean(values) if values else None,
-            "sd": statistics.stdev(values) if len(values) > 1 else 0.0, "values": values}
+    """Mean and sd (:mod:`stats`) of the defined values, and those values."""
+    values = defined(values)
+    return dict(zip(("mean", "sd"), mean_sd(values), strict=True), values=values)
 
 
 def main(argv: list[str] | None = None) -> int:
