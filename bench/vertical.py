@@ -40,6 +40,7 @@ from pathlib import Path  # noqa: E402
 
 from engine_runs import DATA, SHARED, run_product, shared_sites  # noqa: E402
 from report import Column, environment, print_table, write_report  # noqa: E402
+from stats import mean_sd, pm  # noqa: E402
 
 __all__ = ["GRID", "QUICK", "main", "pvfed_rows", "split_rows"]
 
@@ -69,11 +70,6 @@ SPLIT_CUT = {"vertical.cut": 4}
 #: Batches per message: 1, exactly SplitNN. At 8 (a gradient up to 7 steps stale, 8x fewer
 #: messages) vanilla lost 1.6 points of AUC on this set, 5 seeds (docs/BENCHMARKS.md).
 SPLIT_BATCHES = {"splitnn": 1, "splitnn-u": 1}
-
-
-def _mean_sd(values: Sequence[float]) -> tuple[float, float]:
-    return (statistics.fmean(values),
-            statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
 def _vertical_folders(set_name: str, seed: int, root: Path) -> list[Path]:
@@ -127,7 +123,7 @@ def pvfed_rows(grid: dict, workdir: Path, quick: bool) -> list[dict]:
                          "metric": "test-auc", "mean": None, "sd": None, "seeds": 0,
                          "values": [], "note": note} for department in departments if note)
         for (department, method), seeds in sorted(values.items()):
-            mean, sd = _mean_sd(seeds)
+            mean, sd = mean_sd(seeds)
             rows.append({"set": set_name, "department": department, "method": method,
                          "metric": "test-auc", "mean": mean, "sd": sd, "seeds": len(seeds),
                          "values": seeds})
@@ -174,7 +170,7 @@ def split_rows(grid: dict, workdir: Path) -> list[dict]:
         runs = [(_fedavg(seed, grid, workdir) if method == "fedavg"
                  else _split(method, seed, grid, workdir)) for seed in range(grid["seeds"])]
         aucs = [r[0] for r in runs]
-        mean, sd = _mean_sd(aucs)
+        mean, sd = mean_sd(aucs)
         rows.append({"set": "pneumoniamnist", "method": method, "metric": mean, "sd": sd,
                      "bytes": int(statistics.fmean(r[1] for r in runs)),
                      "bytes_with_evaluation": int(statistics.fmean(r[3] for r in runs)),
@@ -217,11 +213,10 @@ def main(argv: list[str] | None = None) -> int:
         Column("set", "<14", lambda r: r["set"]),
         Column("department", "<12", lambda r: r["department"]),
         Column("method", "<11", lambda r: r["method"]),
-        Column("test AUC", ">15", lambda r: "n/a" if r["mean"] is None
-               else f"{r['mean']:.4f} ± {r['sd']:.4f}")], report["pvfed"])
+        Column("test AUC", ">15", lambda r: pm(r["mean"], r["sd"], ".4f"))], report["pvfed"])
     print_table("Split learning vs FedAvg (PneumoniaMNIST, 3 sites)", [
         Column("method", "<10", lambda r: r["method"]),
-        Column("test AUC", ">15", lambda r: f"{r['metric']:.4f} ± {r['sd']:.4f}"),
+        Column("test AUC", ">15", lambda r: pm(r["metric"], r["sd"], ".4f")),
         Column("MB", ">8", lambda r: f"{r['bytes'] / 1e6:.2f}"),
         Column("seconds", ">8", lambda r: f"{r['seconds']:.1f}")], report["split"])
     return 0
