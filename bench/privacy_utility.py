@@ -53,7 +53,6 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import platform  # noqa: E402
-import statistics  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -67,6 +66,7 @@ from dp_throughput import TASK_SETTINGS, dp_throughput  # noqa: E402
 from engine_runs import run_product  # noqa: E402
 from federation_sites import (convert_shared, folder_sites, site_evaluations,  # noqa: E402
                               site_mean, train_totals)
+from stats import mean_sd  # noqa: E402
 
 __all__ = ["SETS", "PrivacySet", "noise_for", "run_epsilon", "main"]
 
@@ -133,12 +133,10 @@ def _summary(runs: list[dict]) -> list[dict]:
                   key=lambda k: (k[0], math.inf if k[1] is None else k[1]))
     for name, eps in keys:
         group = [r for r in runs if (r["set"], r["epsilon"]) == (name, eps)]
-        metric = [r["metric"] for r in group]
-        ratio = [r["relative_to_nonprivate"] for r in group]
-        rows.append({"set": name, "epsilon": eps, "metric": statistics.fmean(metric),
-                     "metric_sd": statistics.stdev(metric) if len(metric) > 1 else 0.0,
-                     "relative_to_nonprivate": statistics.fmean(ratio),
-                     "relative_sd": statistics.stdev(ratio) if len(ratio) > 1 else 0.0,
+        metric, metric_sd = mean_sd(r["metric"] for r in group)
+        ratio, ratio_sd = mean_sd(r["relative_to_nonprivate"] for r in group)
+        rows.append({"set": name, "epsilon": eps, "metric": metric, "metric_sd": metric_sd,
+                     "relative_to_nonprivate": ratio, "relative_sd": ratio_sd,
                      "seeds": [r["seed"] for r in group]})
     return rows
 
