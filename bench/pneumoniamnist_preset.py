@@ -40,7 +40,6 @@ from single_thread import ROOT  # noqa: I001
 import argparse  # noqa: E402
 import csv  # noqa: E402
 import json  # noqa: E402
-import statistics  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -53,6 +52,7 @@ from engine_runs import SHARED, run_product  # noqa: E402
 from federation_sites import convert_shared, folder_sites, pooled_folder  # noqa: E402
 from report import Column, environment, print_table, write_report  # noqa: E402
 from server_optimizer_sets import test_view  # noqa: E402
+from stats import at_least, mean_sd  # noqa: E402
 
 __all__ = ["PRESET", "TARGET", "build_nodes", "run_regime", "reused", "main"]
 
@@ -173,18 +173,14 @@ def main(argv: Sequence[str] | None = None) -> dict:
                                        Path(tmp) / "runs"))
                 print(f"[{regime} seed {seed}] val {runs[-1]['val_auc']:.4f} test "
                       f"{runs[-1]['test_auc']:.4f} ({runs[-1]['wall_seconds']} s)", flush=True)
-    federated = [r["test_auc"] for r in runs if r["regime"] == "federated"]
-    pooled_runs = [r["test_auc"] for r in runs if r["regime"] == "pooled"]
-    mean = statistics.fmean(federated) if federated else None
+    mean, sd = mean_sd(r["test_auc"] for r in runs if r["regime"] == "federated")
+    pooled_mean, pooled_sd = mean_sd(r["test_auc"] for r in runs if r["regime"] == "pooled")
     report = {
         "description": "PneumoniaMNIST, 3 Dirichlet(0.5) sites: the preset's federation vs "
                        "pooled training under the same total local steps; held-out test AUC "
                        "on the whole MedMNIST test split after the last round",
-        "runs": runs, "mean": mean,
-        "sd": statistics.stdev(federated) if len(federated) > 1 else 0.0,
-        "target": TARGET, "reached": mean is not None and mean >= TARGET,
-        "pooled_mean": statistics.fmean(pooled_runs) if pooled_runs else None,
-        "pooled_sd": statistics.stdev(pooled_runs) if len(pooled_runs) > 1 else 0.0,
+        "runs": runs, "mean": mean, "sd": sd, "target": TARGET,
+        "reached": at_least(mean, TARGET), "pooled_mean": pooled_mean, "pooled_sd": pooled_sd,
         "test_items": test_items, "settings": config,
         "preset": str(args.preset.resolve().relative_to(ROOT)) if args.preset.resolve()
         .is_relative_to(ROOT) else str(args.preset),
