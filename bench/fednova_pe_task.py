@@ -69,6 +69,7 @@ import numpy as np  # noqa: E402
 
 from engine_runs import run_product, series, synthetic_sites  # noqa: E402
 from report import write_report  # noqa: E402
+from stats import mean, mean_sd, pm  # noqa: E402
 from clients.datagen.federation import hospital_name  # noqa: E402
 
 __all__ = ["METHODS", "RunSpec", "build_specs", "run_spec", "summarise", "main"]
@@ -136,11 +137,6 @@ def run_spec(spec: RunSpec, folders: Sequence[Path], args: argparse.Namespace,
         "seconds": seconds, "mlflow_run_id": outcome.mlflow_run_id, "run_config": overrides}
 
 
-def _tail(values: Sequence[float], tail: int) -> tuple[float, float]:
-    arr = np.asarray(values[-tail:], dtype=np.float64)
-    return float(arr.mean()), float(arr.std(ddof=1)) if arr.size > 1 else 0.0
-
-
 def summarise(specs: Sequence[RunSpec], curves: dict[str, dict], tail: int) -> dict:
     """Final F, F~ and per-site F_i per run; FedNova / FedAvg ratios; the het - hom gaps."""
     runs = {}
@@ -150,15 +146,15 @@ def summarise(specs: Sequence[RunSpec], curves: dict[str, dict], tail: int) -> d
         w = p * a / float(p @ a)  # FedAvg's surrogate weights (Thm. 1)
         sites = np.asarray(c["F_sites"])
         F, F_surrogate = sites @ p, sites @ w
-        f, f_sd = _tail(F, tail)
-        d, d_sd = _tail(c["val_dice"], tail)
+        f, f_sd = mean_sd(F[-tail:].tolist())
+        d, d_sd = mean_sd(c["val_dice"][-tail:])
         runs[spec.name] = {
             "method": spec.method, "taus": list(spec.taus), "lr": spec.lr,
             "momentum": spec.momentum, "a_norms": a.tolist(),
             "delta_weights": (p if spec.method == "fedavg" else float(p @ a) * p / a).tolist(),
             "surrogate_weights_fedavg": w.tolist(), "F": F.tolist(),
             "final_F": f, "final_F_sd_over_tail": f_sd,
-            "final_F_surrogate": _tail(F_surrogate, tail)[0],
+            "final_F_surrogate": mean(F_surrogate[-tail:].tolist()),
             "final_F_sites": sites[-tail:].mean(axis=0).tolist(),
             "final_val_dice": d, "final_val_dice_sd_over_tail": d_sd,
             "initial_F": float(F[0]), "best_F": float(F.min())}
@@ -187,8 +183,9 @@ def print_table(summary: dict) -> None:
           f"{'F_i per site':<22} {'Dice':>6}")
     for name, r in summary["runs"].items():
         sites = " ".join(f"{v:.3f}" for v in r["final_F_sites"])
+        spread = pm(r["final_F_sd_over_tail"], None, ".4f")
         print(f"{name:<22} {str(tuple(r['taus'])):<12} {r['lr']:>6.3g} {r['final_F']:>8.4f} "
-              f"{r['final_F_sd_over_tail']:>6.4f} {r['final_F_surrogate']:>8.4f} {sites:<22} "
+              f"{spread:>6} {r['final_F_surrogate']:>8.4f} {sites:<22} "
               f"{r['final_val_dice']:>6.3f}")
     for tag, c in summary["comparisons"].items():
         print(f"{tag}: " + "; ".join(f"{k} {v:+.4f}" for k, v in c.items()
