@@ -58,6 +58,7 @@ from pathlib import Path  # noqa: E402
 from engine_runs import run_product  # noqa: E402
 from federation_sites import (convert_shared, folder_sites, pooled_folder,  # noqa: E402
                               site_evaluations, site_mean, train_totals)
+from stats import markdown_table as table, pm, sd  # noqa: E402
 
 __all__ = ["ENTRIES", "REGIMES", "Entry", "Budget", "compare", "combine_repeats", "markdown",
            "main"]
@@ -205,8 +206,7 @@ def combine_repeats(runs: list[dict]) -> dict:
         keys = list(get(runs[0]))
         values = {k: [get(r)[k] for r in runs] for k in keys}
         return ({k: _nanmean(v) for k, v in values.items()},
-                {k: statistics.stdev([x for x in v if math.isfinite(x)])
-                 for k, v in values.items()})
+                {k: sd(x for x in v if math.isfinite(x)) for k, v in values.items()})
 
     summary, summary_sd = {}, {}
     for name in REGIMES:
@@ -223,24 +223,21 @@ _TITLES = {"auc": "mean val AUC", "accuracy": "mean val accuracy", "dice": "mean
 
 def markdown(name: str, result: dict) -> str:
     """The result as the markdown table of docs/BENCHMARKS.md."""
-    s, sd, cfg = result["summary"], result.get("summary_sd"), result["config"]
+    s, spread, cfg = result["summary"], result.get("summary_sd"), result["config"]
     regimes = result["runs"][0]["regimes"] if "runs" in result else result["regimes"]
     keys = [k for k in s["fedavg"] if k != "loss"]
     seeds = f"; mean +- sd over training seeds {cfg['seeds']}" if "seeds" in cfg else ""
     label = ENTRIES[name].label if name in ENTRIES else name
-    lines = [f"**{name}** — {label}; S_total = {cfg['steps_total']} steps, FedAvg R = "
-             f"{cfg['rounds']} x tau = {regimes['fedavg']['local_steps']}{seeds}", "",
-             "| regime | " + " | ".join(_TITLES.get(k, k) for k in keys) + " |",
-             "|---|" + "---|" * len(keys)]
-    rows = [(label, s[key], sd[key] if sd else None)
-            for key, label in (("local", "local (site-alone models, all sites)"),
+    rows = [(title, s[key], spread[key] if spread else None)
+            for key, title in (("local", "local (site-alone models, all sites)"),
                                ("fedavg", "FedAvg"), ("pooled", "pooled (centralised)"))]
     rows.append(("local, own site only", result["local_own_site"],
                  result.get("local_own_site_sd")))
-    for label, values, spread in rows:
-        cells = [f"{values[k]:.3f}" + (f" +- {spread[k]:.3f}" if spread else "") for k in keys]
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return (f"**{name}** — {label}; S_total = {cfg['steps_total']} steps, FedAvg R = "
+            f"{cfg['rounds']} x tau = {regimes['fedavg']['local_steps']}{seeds}\n\n"
+            + table(["regime", *(_TITLES.get(k, k) for k in keys)],
+                    ([title, *(pm(values[k], sds[k] if sds else None, ".3f", sign="+-")
+                               for k in keys)] for title, values, sds in rows)))
 
 
 def measure(name: str, args: argparse.Namespace, tmp: Path) -> dict:
