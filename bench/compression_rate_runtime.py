@@ -56,6 +56,7 @@ from sim_local_sgd import (  # noqa: E402
     sample_step_times,
 )
 from sim_quadratic import aggregate  # noqa: E402
+from stats import defined, mean_sd  # noqa: E402
 from strategies.compression import ErrorFeedback, decode, parse_spec  # noqa: E402
 from strategies.plugins.schedules.codec_rate import (  # noqa: E402
     AdaptiveCodecRate,
@@ -133,11 +134,11 @@ def run(fed, rate: float | str, link_mbps: float, target: float, seed: int) -> d
 
 
 def _summary(runs: list[dict]) -> dict:
-    times = [r["time"] for r in runs if r["time"] is not None]
-    complete = len(times) == len(runs)
-    return {"time_mean": float(np.mean(times)) if complete else None,
-            "time_sd": float(np.std(times, ddof=1)) if complete and len(times) > 1 else None,
-            "time_per_seed": [r["time"] for r in runs], "reached": len(times),
+    """Time to the target over the seeds (``None`` unless every seed reached it), rounds, rate."""
+    times = [r["time"] for r in runs]
+    time_mean, time_sd = mean_sd(times)
+    return {"time_mean": time_mean, "time_sd": time_sd,
+            "time_per_seed": times, "reached": len(defined(times)),
             "rounds_mean": float(np.mean([r["rounds"] for r in runs])),
             "final_rate_mean": float(np.exp(np.mean(np.log([r["final_rate"] for r in runs]))))}
 
