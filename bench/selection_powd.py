@@ -49,6 +49,7 @@ from curves import rounds_to_target  # noqa: E402
 from engine_runs import DATA, run_product, shared_sites  # noqa: E402
 from report import environment, write_report  # noqa: E402
 from site_labels import train_labels  # noqa: E402
+from stats import pm, sd  # noqa: E402
 from clients.datagen.federation import hospital_name  # noqa: E402
 
 __all__ = ["CONFIG", "METHODS", "main", "run_method", "summarise"]
@@ -165,7 +166,7 @@ def summarise(runs: dict[str, list[dict]], cfg: dict, splits: dict | None = None
             "rounds_to_target_is_lower_bound": any(h is None for h in hit),
             "final_accuracy_per_seed": finals,
             "final_accuracy_mean": float(np.mean(finals)),
-            "final_accuracy_std": float(np.std(finals)),
+            "final_accuracy_std": sd(finals),
             "query_forward_passes_mean": float(np.mean([r["query_forward_passes"]
                                                         for r in per_seed])),
             "wall_s_mean": float(np.mean([r["wall_s"] for r in per_seed])),
@@ -211,7 +212,7 @@ def _print(summary: dict, cfg: dict) -> None:
         lb = ">=" if s["rounds_to_target_is_lower_bound"] else ""
         print(f"| {method} | {lb}{s['rounds_to_target_mean']:.1f} ({per}) | "
               f"{s['reached']}/{cfg['seeds']} | {s['speedup_vs_uniform']:.2f} | "
-              f"{s['final_accuracy_mean']:.3f} +- {s['final_accuracy_std']:.3f} | "
+              f"{pm(s['final_accuracy_mean'], s['final_accuracy_std'], '.3f', sign='+-')} | "
               f"{s['query_forward_passes_mean']:.0f} | "
               f"{s['selected_pneumonia_mix_lag1_autocorr_mean']:+.2f} |")
 
