@@ -30,6 +30,7 @@ import time
 from collections.abc import Collection, Mapping, Sequence
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -116,7 +117,7 @@ def encode_update(delta: Sequence[np.ndarray], instruction: Instruction, state_d
 
 
 def _task_steps(task: SiteTask, model: torch.nn.Module, steps: int, seed: int,
-                deadline: float | None, **train_args) -> TrainResult:
+                deadline: float | None, **train_args: Any) -> TrainResult:
     """The round's steps when no feature brings its own trainer: :meth:`SiteTask.train`."""
     return task.train(model, steps=steps, seed=seed, deadline=deadline, **train_args)
 
