@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import FrozenInstanceError, dataclass
 
 import pytest
@@ -88,9 +89,10 @@ def test_sections_keep_the_rest_of_the_run_config_apart():
 
 
 def test_unknown_plugin_names_the_choice_key_and_the_known_names():
-    with pytest.raises(PluginError, match="'strategy.aggregator' must be one of "
-                                          "\\['fedavg', 'fednova', 'median', "
-                                          "'trimmed-mean'\\]"):
+    # the registry's names, not a copy of them: a new aggregator is its file and its test
+    names = re.escape(str(AGGREGATORS.names()))
+    assert AGGREGATORS.names()[:2] == ["fedavg", "fednova"]
+    with pytest.raises(PluginError, match=f"'strategy.aggregator' must be one of {names}"):
         build(AGGREGATORS, "krum", default_sections(), _settings())
 
 
