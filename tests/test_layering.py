@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: The modules of strategies/ the site side may import: pure numpy or stdlib, no Flower.
 CLIENT_SIDE_STRATEGIES = frozenset({
     "strategies.errors",                     # the exception root
+    "strategies.run_keys",                   # the run config's flat keys: types, defaults, ranges
     "strategies.registry",                   # the one Registry type
     "strategies.seeds",                      # every seed the product derives
     "strategies.message_keys",               # the wire contract's record and metric names

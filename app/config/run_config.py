@@ -1,11 +1,13 @@
 """Typed, validated run configuration (``[tool.flwr.app.config]`` + overrides).
 
-Every run setting the ServerApp and ClientApp use comes through
-:meth:`RunConfig.from_mapping`, which checks types and ranges and fails with a
-:class:`RunConfigError` naming the key, instead of a KeyError deep in a round.
-Keys are spelled as in pyproject.toml: dashes (``local-steps``) and, for the
-strategy plug-ins and the round policy, dotted groups (``strategy.aggregator``,
-``round.deadline``).
+Every run setting the ServerApp uses comes through :meth:`RunConfig.from_mapping`,
+which checks types and ranges and fails with a :class:`RunConfigError` naming the key,
+instead of a KeyError deep in a round. Keys are spelled as in pyproject.toml: dashes
+(``local-steps``) and, for the strategy plug-ins and the round policy, dotted groups
+(``strategy.aggregator``, ``round.deadline``). The flat keys' types, defaults and
+ranges are the one table :data:`strategies.run_keys.RUN_KEYS`, which the site's view
+(:class:`clients.site.run_settings.SiteRunSettings`) reads too; this module adds the
+rules between keys.
 
 The plug-ins' own options live in their sections (``fednova.min-steps-fraction``,
 ``adacomm.tau-min``, ``selection.m``, ...): each plug-in declares and validates
@@ -16,20 +18,17 @@ plug-ins read to :mod:`strategies.plugins.registries`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import Field, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from clients.training.augmentation_levels import AUGMENTATIONS
-from clients.training.dp_accountants import ACCOUNTANTS, DEFAULT_ACCOUNTANT
-from clients.training.lr_schedule import LR_SCHEDULES
-from clients.training.task_settings import OPTIMIZERS, TaskSettings
+from clients.training.task_settings import SITE_CHOICES, TaskSettings
 from clients.registry import TASKS
 from strategies.compression import check_warmup, parse_spec
 from strategies.downlink import check_downlink_codec
 from strategies.errors import ConfigError
-from strategies.plugins.options import PluginOptions, typed_value
+from strategies.plugins.options import PluginOptions
 from strategies.plugins.personalisation.options import (PersonalisationOptions,
                                                         split_personalisation)
 from strategies.plugins.personalisation.rules import PersonalisationRun, check_personalisation
@@ -41,7 +40,9 @@ from strategies.plugins.registries import (
     parse_sections,
 )
 from strategies.rounds.site_metric_score import SCORE_RULES
-from strategies.vertical.options import FEDERATION_KINDS, VerticalOptions, split_vertical
+from strategies.run_keys import check as check_key
+from strategies.run_keys import run_key, typed
+from strategies.vertical.options import VerticalOptions, split_vertical
 
 __all__ = ["CARRIED_KEYS", "RunConfig", "RunConfigError"]
 
@@ -58,11 +59,7 @@ CARRIED_KEYS = ("app-signature",)
 
 
 def _key(f: Field) -> str:
-    return f.metadata.get("key", f.name.replace("_", "-"))
-
-
-def _dotted(key: str, default: Any) -> Any:
-    return field(default=default, metadata={"key": key})
+    return f.metadata["key"]
 
 
 def _scalar_fields(config: Any) -> list[Field]:
@@ -70,23 +67,16 @@ def _scalar_fields(config: Any) -> list[Field]:
     return [f for f in fields(config) if not f.metadata.get("group")]
 
 
-# TaskSettings fields that are run-config keys (positive_fraction stays the task's).
-_TASK_KEYS = ("image_size", "slab_slices", "batch_size", "num_labels", "model_size",
-              "volume_depth", "augmentation")
-
-
 def _task_fields() -> dict[str, Field]:
     """Run-config key -> the :class:`TaskSettings` field it sets (``image-size``, ...)."""
-    return {f.name.replace("_", "-"): f for f in fields(TaskSettings) if f.name in _TASK_KEYS}
+    return {_key(f): f for f in fields(TaskSettings) if "key" in f.metadata}
 
 
-def _typed(key: str, value: Any, f: Field) -> Any:
-    """``value`` checked against the type of ``f``'s default (an int widens to a float)."""
-    try:
-        return typed_value(value, type(f.default))
-    except TypeError:
-        raise RunConfigError(f"run-config '{key}' must be {type(f.default).__name__}, "
-                             f"got {value!r}") from None
+#: The names of the keys whose choices are a registry (``RunKey.registry``): the site
+#: side's, the task's and the best-round score's (the plug-ins' are checked by their
+#: registries, :func:`strategies.plugins.registries.check`).
+_CHOICES: dict[str, Collection[str]] = {**SITE_CHOICES, "task": TASKS,
+                                        "best-round.aggregate": SCORE_RULES}
 
 
 @dataclass(frozen=True)
@@ -98,59 +88,61 @@ class RunConfig:
     ``task_sizes``; the plug-ins' sections are in ``plugin_options``.
     """
 
-    task: str = "pe-seg"
-    num_server_rounds: int = 6
-    local_steps: int = 200
-    optimizer: str = "adam"
-    lr: float = 0.003
-    lr_schedule: str = "constant"
-    lr_floor: float = 0.0
-    momentum: float = 0.9
-    proximal_mu: float = 0.0
-    time_budget: float = 0.0
-    data_root: str = ""
-    tracking_uri: str = ""
-    artifact_root: str = ""
-    experiment: str = ""
-    checkpoint_dir: str = ""
-    resume: bool = False
-    tracking_end_wait_s: float = _dotted("tracking.end-wait-s", 60.0)
-    site_policy: str = ""  # simulation only (app.config.site_config): the sites' policy file
-    min_nodes: int = 2
-    fraction_train: float = 1.0
-    fraction_evaluate: float = 1.0
-    node_wait_timeout: float = 120.0
-    round_timeout: float = 600.0
-    seed: int = 0
-    strategy_aggregator: str = _dotted("strategy.aggregator", "fedavg")
-    strategy_schedule: str = _dotted("strategy.schedule", "fixed")
-    strategy_selector: str = _dotted("strategy.selector", "uniform")
-    strategy_defence: str = _dotted("strategy.defence", "norm-bound")
-    strategy_codec: str = _dotted("strategy.codec", "none")
-    strategy_codec_warmup_rounds: int = _dotted("strategy.codec-warmup-rounds", 0)
-    strategy_codec_rate: str = _dotted("strategy.codec-rate", "fixed")
-    strategy_downlink_codec: str = _dotted("strategy.downlink-codec", "none")
-    strategy_error_feedback: bool = _dotted("strategy.error-feedback", True)
-    strategy_secure_aggregation: str = _dotted("strategy.secure-aggregation", "none")
-    strategy_pruning: str = _dotted("strategy.pruning", "none")
-    strategy_server_opt: str = _dotted("strategy.server-opt", "sgd")
-    strategy_control_variates: str = _dotted("strategy.control-variates", "none")
-    round_deadline: float = _dotted("round.deadline", 0.0)
-    round_quorum: int = _dotted("round.quorum", 0)
-    round_max_held_mb: float = _dotted("round.max-held-mb", 4096.0)
-    federation_roster: str = _dotted("federation.roster", "")
-    federation_max_size_ratio: float = _dotted("federation.max-size-ratio", 3.0)
-    federation_kind: str = _dotted("federation.kind", "horizontal")
-    dp_noise_multiplier: float = _dotted("privacy.noise-multiplier", 0.0)
-    dp_max_grad_norm: float = _dotted("privacy.max-grad-norm", 1.0)
-    dp_delta: float = _dotted("privacy.delta", 1e-5)
-    dp_accountant: str = _dotted("privacy.accountant", DEFAULT_ACCOUNTANT)
-    early_stopping_patience: int = _dotted("early-stopping.patience", 0)
-    early_stopping_min_delta: float = _dotted("early-stopping.min-delta", 0.0)
-    best_round_aggregate: str = _dotted("best-round.aggregate", "auto")
-    initial_model: str = ""
-    final_evaluation: bool = True  # the selected model on every site's test split at the end
-    cross_site_finetune_steps: int = _dotted("cross-site.finetune-steps", 2)
+    task: str = run_key("task")
+    num_server_rounds: int = run_key("num-server-rounds")
+    local_steps: int = run_key("local-steps")
+    optimizer: str = run_key("optimizer")
+    lr: float = run_key("lr")
+    lr_schedule: str = run_key("lr-schedule")
+    lr_floor: float = run_key("lr-floor")
+    momentum: float = run_key("momentum")
+    proximal_mu: float = run_key("proximal-mu")
+    time_budget: float = run_key("time-budget")
+    data_root: str = run_key("data-root")
+    tracking_uri: str = run_key("tracking-uri")
+    artifact_root: str = run_key("artifact-root")
+    experiment: str = run_key("experiment")
+    checkpoint_dir: str = run_key("checkpoint-dir")
+    resume: bool = run_key("resume")
+    tracking_end_wait_s: float = run_key("tracking.end-wait-s")
+    #: Simulation only (:mod:`app.config.site_config`): the sites' policy file.
+    site_policy: str = run_key("site-policy")
+    min_nodes: int = run_key("min-nodes")
+    fraction_train: float = run_key("fraction-train")
+    fraction_evaluate: float = run_key("fraction-evaluate")
+    node_wait_timeout: float = run_key("node-wait-timeout")
+    round_timeout: float = run_key("round-timeout")
+    seed: int = run_key("seed")
+    strategy_aggregator: str = run_key("strategy.aggregator")
+    strategy_schedule: str = run_key("strategy.schedule")
+    strategy_selector: str = run_key("strategy.selector")
+    strategy_defence: str = run_key("strategy.defence")
+    strategy_codec: str = run_key("strategy.codec")
+    strategy_codec_warmup_rounds: int = run_key("strategy.codec-warmup-rounds")
+    strategy_codec_rate: str = run_key("strategy.codec-rate")
+    strategy_downlink_codec: str = run_key("strategy.downlink-codec")
+    strategy_error_feedback: bool = run_key("strategy.error-feedback")
+    strategy_secure_aggregation: str = run_key("strategy.secure-aggregation")
+    strategy_pruning: str = run_key("strategy.pruning")
+    strategy_server_opt: str = run_key("strategy.server-opt")
+    strategy_control_variates: str = run_key("strategy.control-variates")
+    round_deadline: float = run_key("round.deadline")
+    round_quorum: int = run_key("round.quorum")
+    round_max_held_mb: float = run_key("round.max-held-mb")
+    federation_roster: str = run_key("federation.roster")
+    federation_max_size_ratio: float = run_key("federation.max-size-ratio")
+    federation_kind: str = run_key("federation.kind")
+    dp_noise_multiplier: float = run_key("privacy.noise-multiplier")
+    dp_max_grad_norm: float = run_key("privacy.max-grad-norm")
+    dp_delta: float = run_key("privacy.delta")
+    dp_accountant: str = run_key("privacy.accountant")
+    early_stopping_patience: int = run_key("early-stopping.patience")
+    early_stopping_min_delta: float = run_key("early-stopping.min-delta")
+    best_round_aggregate: str = run_key("best-round.aggregate")
+    initial_model: str = run_key("initial-model")
+    #: The selected model on every site's test split at the end.
+    final_evaluation: bool = run_key("final-evaluation")
+    cross_site_finetune_steps: int = run_key("cross-site.finetune-steps")
     task_sizes: TaskSettings = field(default_factory=TaskSettings, metadata={"group": "task"})
     plugin_options: dict[str, PluginOptions] = field(default_factory=default_sections,
                                                      metadata={"group": "plug-ins"})
@@ -168,8 +160,7 @@ class RunConfig:
         (:func:`strategies.plugins.registries.parse_sections`).
         """
         for key in CARRIED_KEYS:
-            if not isinstance(values.get(key, ""), str):
-                raise RunConfigError(f"run-config '{key}' must be str, got {values[key]!r}")
+            typed(key, values.get(key, ""), RunConfigError)
         personal, values = split_personalisation(values)
         vertical, values = split_vertical(values)
         sections, rest = parse_sections({k: v for k, v in values.items()
@@ -186,79 +177,34 @@ class RunConfig:
         sizes: dict[str, Any] = {}
         for key in rest:
             f = known.get(key) or task[key]
-            (kwargs if key in known else sizes)[f.name] = _typed(key, values[key], f)
+            (kwargs if key in known else sizes)[f.name] = typed(key, values[key], RunConfigError)
         config = cls(task_sizes=TaskSettings(**sizes), **kwargs)
         config.validate()
         return config
 
-    def _value(self, name: str) -> Any:
-        return getattr(self.task_sizes if name in _TASK_KEYS else self, name)
-
     def _fail(self, name: str, rule: str) -> None:
-        key = name.replace("_", "-") if name in _TASK_KEYS else _key(
-            self.__dataclass_fields__[name])
-        raise RunConfigError(f"run-config '{key}' {rule}, got {self._value(name)!r}")
+        key = _key(self.__dataclass_fields__[name])
+        raise RunConfigError(f"run-config '{key}' {rule}, got {getattr(self, name)!r}")
 
     def validate(self) -> None:
-        """Check ranges and cross-field rules."""
-        if self.task not in TASKS:
-            self._fail("task", f"must be one of {sorted(TASKS)}")
-        if self.federation_kind not in FEDERATION_KINDS:
-            self._fail("federation_kind", f"must be one of {list(FEDERATION_KINDS)}")
-        if self.optimizer not in OPTIMIZERS:
-            self._fail("optimizer", f"must be one of {list(OPTIMIZERS)}")
-        if self.task_sizes.model_size not in ("small", "full"):
-            self._fail("model_size", "must be 'small' or 'full'")
-        if self.task_sizes.augmentation not in AUGMENTATIONS:
-            self._fail("augmentation", f"must be one of {list(AUGMENTATIONS)}")
+        """Check each key's range or choices (:data:`strategies.run_keys.RUN_KEYS`), then the
+        rules between keys."""
+        for f in _scalar_fields(self):
+            check_key(_key(f), getattr(self, f.name), _CHOICES.get(_key(f), ()), RunConfigError)
+        for key, f in _task_fields().items():
+            check_key(key, getattr(self.task_sizes, f.name), _CHOICES.get(key, ()),
+                      RunConfigError)
         if self.task_sizes.augmentation != "none" and not TASKS.get(self.task).augmentable:
-            self._fail("augmentation", f"must be 'none' for task {self.task!r} (only the image "
-                       f"classifiers {[t for t in TASKS if TASKS.get(t).augmentable]} augment)")
-        if self.lr_schedule not in LR_SCHEDULES:
-            self._fail("lr_schedule", f"must be one of {list(LR_SCHEDULES)}")
-        if not 0.0 <= self.lr_floor <= 1.0:
-            self._fail("lr_floor", "must be in [0, 1] (a fraction of lr)")
+            raise RunConfigError(
+                f"run-config 'augmentation' must be 'none' for task {self.task!r} (only the "
+                f"image classifiers {[t for t in TASKS if TASKS.get(t).augmentable]} augment), "
+                f"got {self.task_sizes.augmentation!r}")
         if self.lr_schedule != "constant" and self.proximal_mu:
             self._fail("lr_schedule", "must be 'constant' with proximal-mu > 0 (the server's "
                        "a-norm of FedProx's steps assumes one lr)")
-        for name in ("num_server_rounds", "local_steps", "batch_size", "image_size",
-                     "num_labels", "volume_depth", "round_max_held_mb",
-                     "min_nodes", "node_wait_timeout", "round_timeout", "lr"):
-            if self._value(name) <= 0:
-                self._fail(name, "must be > 0")
-        for name in ("proximal_mu", "time_budget", "round_deadline", "round_quorum"):
-            if getattr(self, name) < 0:
-                self._fail(name, "must be >= 0")
-        if self.tracking_end_wait_s < 0:
-            self._fail("tracking_end_wait_s", "must be >= 0 (0 = one try, no wait)")
-        if self.federation_max_size_ratio and self.federation_max_size_ratio < 1:
-            self._fail("federation_max_size_ratio", "must be 0 (off) or >= 1")
-        if self.dp_noise_multiplier < 0:
-            self._fail("dp_noise_multiplier", "must be >= 0 (0 = no DP-SGD)")
-        if self.dp_max_grad_norm <= 0:
-            self._fail("dp_max_grad_norm", "must be > 0")
-        if not 0.0 < self.dp_delta < 1.0:
-            self._fail("dp_delta", "must be in (0, 1)")
-        if self.dp_accountant not in ACCOUNTANTS:
-            self._fail("dp_accountant", f"must be one of {list(ACCOUNTANTS)}")
-        if not 0.0 <= self.momentum < 1.0:
-            self._fail("momentum", "must be in [0, 1)")
-        if not 0.0 < self.fraction_train <= 1.0:
-            self._fail("fraction_train", "must be in (0, 1]")
-        if not 0.0 <= self.fraction_evaluate <= 1.0:
-            self._fail("fraction_evaluate", "must be in [0, 1]")
-        if self.early_stopping_patience < 0 or self.early_stopping_min_delta < 0:
-            self._fail("early_stopping_patience" if self.early_stopping_patience < 0
-                       else "early_stopping_min_delta", "must be >= 0")
-        if self.best_round_aggregate not in SCORE_RULES:
-            self._fail("best_round_aggregate", f"must be one of {list(SCORE_RULES)}")
         if self.early_stopping_patience and not self.fraction_evaluate:
             self._fail("early_stopping_patience", "needs fraction-evaluate > 0 (it watches "
                        "the validation metric)")
-        if self.task_sizes.slab_slices < 1 or self.task_sizes.slab_slices % 2 == 0:
-            self._fail("slab_slices", "must be odd and >= 1")
-        if self.task_sizes.image_size % 8:
-            self._fail("image_size", "must be a multiple of 8")
         try:
             parse_spec(self.strategy_codec)
         except ValueError as exc:
@@ -280,8 +226,6 @@ class RunConfig:
             self._fail("proximal_mu", "with DP-SGD (privacy.noise-multiplier > 0) is not supported")
         if self.proximal_mu and self.momentum:
             self._fail("proximal_mu", "with momentum > 0 is not supported; set momentum = 0")
-        if self.cross_site_finetune_steps < 0:
-            self._fail("cross_site_finetune_steps", "must be >= 0 (0 = only the global model)")
         check_personalisation(self.personalisation_options,
                               PersonalisationRun(self.local_steps, self.optimizer, self.momentum,
                                                  self.proximal_mu, self.strategy_aggregator,

@@ -22,6 +22,7 @@ on first use, keeping the root logger).
 from __future__ import annotations
 
 from strategies.registry import Registry
+from strategies.run_keys import RUN_KEYS
 
 __all__ = ["ACCOUNTANTS", "DEFAULT_ACCOUNTANT"]
 
@@ -30,5 +31,5 @@ ACCOUNTANTS: Registry[type] = Registry("privacy accountant", "privacy.accountant
 ACCOUNTANTS.add_path("rdp", "opacus.accountants:RDPAccountant")
 ACCOUNTANTS.add_path("prv", "opacus.accountants:PRVAccountant")
 
-#: The accountant of a run config without ``privacy.accountant``.
-DEFAULT_ACCOUNTANT = "rdp"
+#: The accountant of a run config without ``privacy.accountant`` (the run-config table's).
+DEFAULT_ACCOUNTANT: str = str(RUN_KEYS["privacy.accountant"].default)

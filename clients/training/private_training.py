@@ -36,10 +36,11 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.data import DataLoader
 
 from clients.training import grad_samplers
-from clients.training.dp_accountants import ACCOUNTANTS, DEFAULT_ACCOUNTANT
+from clients.training.dp_accountants import ACCOUNTANTS
 from clients.training.opacus_loader import opacus
 from models.slice_layers import slice_wise
 from strategies.errors import ConfigError
+from strategies.run_keys import run_key
 
 if TYPE_CHECKING:
     from opacus.accountants import IAccountant
@@ -68,14 +69,14 @@ class DpSettings:
     """The DP-SGD parameters of a run (run config ``privacy.*``)."""
 
     #: sigma: noise standard deviation over the clipping norm (0 = no DP-SGD).
-    noise_multiplier: float = 0.0
+    noise_multiplier: float = run_key("privacy.noise-multiplier")
     #: C: per-example gradient clipping norm (L2).
-    max_grad_norm: float = 1.0
+    max_grad_norm: float = run_key("privacy.max-grad-norm")
     #: delta of the (epsilon, delta) guarantee the accountant reports.
-    delta: float = 1e-5
+    delta: float = run_key("privacy.delta")
     #: Opacus accountant (run config ``privacy.accountant``), one of
     #: :data:`~clients.training.dp_accountants.ACCOUNTANTS`.
-    accountant: str = DEFAULT_ACCOUNTANT
+    accountant: str = run_key("privacy.accountant")
     #: How Opacus computes per-example gradients, one of :data:`GRAD_SAMPLE_MODES`. Not a
     #: privacy parameter: every mode clips and noises the same per-example gradients, only
     #: the cost differs.

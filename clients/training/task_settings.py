@@ -1,18 +1,24 @@
-"""A task's sizes and sampling from the run config, and the local optimisers' names.
+"""A task's sizes and sampling from the run config, the local optimisers' names, and the
+site side's registries of run-config names (:data:`SITE_CHOICES`).
 
 Torch-free, so that the run config can be checked (``make simulate``, ``make federate``)
-without loading torch; :mod:`clients.training.site_task` uses them.
+without loading torch; :mod:`clients.training.site_task` uses them. The run-config
+fields' defaults are the table's (:mod:`strategies.run_keys`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from clients.training.augmentation_levels import AUGMENTATIONS
+from clients.training.dp_accountants import ACCOUNTANTS
+from clients.training.lr_schedule import LR_SCHEDULES
 from strategies.registry import Registry
+from strategies.run_keys import run_key
 
-__all__ = ["OPTIMIZERS", "TaskSettings"]
+__all__ = ["OPTIMIZERS", "SITE_CHOICES", "TaskSettings"]
 
 #: The local optimisers a run config may name (``optimizer``): ``factory(params, lr,
 #: momentum)`` by dotted path into :mod:`clients.training.site_task`, imported (with torch)
@@ -20,6 +26,13 @@ __all__ = ["OPTIMIZERS", "TaskSettings"]
 OPTIMIZERS: Registry[Callable[..., Any]] = Registry("local optimiser", "optimizer")
 OPTIMIZERS.add_path("sgd", "clients.training.site_task:sgd_optimizer")
 OPTIMIZERS.add_path("adam", "clients.training.site_task:adam_optimizer")
+
+#: The run-config keys whose names are a registry of the site side (the ``registry`` of
+#: their :data:`strategies.run_keys.RUN_KEYS` entry): both the server's run config and the
+#: site's settings check them against these names.
+SITE_CHOICES: Mapping[str, Collection[str]] = {
+    "optimizer": OPTIMIZERS, "lr-schedule": LR_SCHEDULES, "augmentation": AUGMENTATIONS,
+    "privacy.accountant": ACCOUNTANTS}
 
 
 @dataclass(frozen=True)
@@ -37,11 +50,11 @@ class TaskSettings:
     training images (tasks whose registry entry is ``augmentable``).
     """
 
-    image_size: int = 64
-    slab_slices: int = 9
-    batch_size: int = 8
+    image_size: int = run_key("image-size")
+    slab_slices: int = run_key("slab-slices")
+    batch_size: int = run_key("batch-size")
     positive_fraction: float = 0.5
-    num_labels: int = 1
-    model_size: str = "small"
-    volume_depth: int = 32
-    augmentation: str = "none"
+    num_labels: int = run_key("num-labels")
+    model_size: str = run_key("model-size")
+    volume_depth: int = run_key("volume-depth")
+    augmentation: str = run_key("augmentation")

@@ -1,4 +1,7 @@
-"""The site's own parse of the run config: its defaults, its keys only, errors naming the key."""
+"""The site's own parse of the run config: the server's values, its keys, errors naming the key.
+
+The defaults are the run-config table's, as the server's (tests/app/test_run_keys.py).
+"""
 
 from __future__ import annotations
 
@@ -24,10 +27,6 @@ def _as_site_reads(config: RunConfig) -> SiteRunSettings:
         personalisation=config.personalisation_options)
 
 
-def test_defaults_are_the_run_configs() -> None:
-    assert SiteRunSettings.from_run_config({}) == _as_site_reads(RunConfig())
-
-
 def test_reads_the_same_values_as_the_run_config() -> None:
     values = full_run_config({"local-steps": 7, "lr": 1, "optimizer": "sgd", "momentum": 0.0,
                               "image-size": 32, "privacy.noise-multiplier": 1.1,
@@ -39,7 +38,8 @@ def test_reads_the_same_values_as_the_run_config() -> None:
 @pytest.mark.parametrize(("key", "value"), [
     ("local-steps", 0), ("local-steps", "9"), ("lr", -1.0), ("momentum", 1.0),
     ("optimizer", "adagrad"), ("batch-size", 0), ("privacy.delta", 1.0),
-    ("privacy.accountant", "gdp"), ("time-budget", -1.0),
+    ("privacy.accountant", "gdp"), ("time-budget", -1.0), ("slab-slices", 4),
+    ("lr-floor", 2.0), ("model-size", "huge"),
 ])
 def test_a_bad_site_key_fails_naming_it(key: str, value: object) -> None:
     with pytest.raises(ConfigError, match=f"'{key}'"):
