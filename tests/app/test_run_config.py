@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 
 import pytest
@@ -14,25 +13,13 @@ from strategies.errors import ConfigError
 from strategies.plugins.aggregators.fednova import FedNovaOptions
 from strategies.plugins.schedules.adacomm import AdaCommOptions
 from strategies.plugins.selectors.options import SelectionOptions
-
-PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
-
-
-def _flatten(table: dict, prefix: str = "") -> dict:
-    flat = {}
-    for key, value in table.items():
-        if isinstance(value, dict):
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
+from tests.app.test_run_keys import PYPROJECT_KEYS
 
 
 def test_pyproject_defaults_are_valid_and_complete():
-    defaults = _flatten(tomllib.loads(PYPROJECT.read_text())["tool"]["flwr"]["app"]["config"])
-    config = RunConfig.from_mapping(defaults)
-    assert config == RunConfig()  # the dataclass defaults mirror pyproject.toml
-    assert set(config.as_params()) == set(defaults) - set(CARRIED_KEYS)
+    config = RunConfig.from_mapping(PYPROJECT_KEYS)
+    assert config == RunConfig()  # the defaults, the plug-in sections' too, are pyproject's
+    assert set(config.as_params()) == set(PYPROJECT_KEYS) - set(CARRIED_KEYS)
 
 
 def test_int_widens_to_float_and_values_are_kept():
