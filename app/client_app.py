@@ -51,8 +51,7 @@ def _site(context: Context) -> tuple[Site, SiteRunSettings]:
     """The site (node_config, its policy read) and the run settings it reads."""
     run = SiteRunSettings.from_run_config(context.run_config)
     node = SiteConfig.from_node_config(context.node_config, run.data_root, run.site_policy)
-    return Site(node.name, node.data_path, node.state_dir, node.policy(), node.cache_decoded,
-                node.local_steps_cap, runtime_ledger=node.runtime_ledger), run
+    return node.site(), run
 
 
 def _round(kind: str, msg: Message, context: Context) -> Message:

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from clients.site.policy import SitePolicy, load_policy
+from clients.site.site import Site
 from clients.site.state_retention import DEFAULT_RETENTION_DAYS
 from strategies.errors import ConfigError
 from strategies.rounds.site_book import site_name_problem
@@ -105,7 +106,10 @@ def _policy_path(value: Any, source: str) -> Path | None:
 
 @dataclass(frozen=True)
 class SiteConfig:
-    """Site-specific paths, name and the path of the site policy (None: permissive)."""
+    """Site-specific paths, name and the path of the site policy (None: permissive).
+
+    :meth:`site` builds the round's :class:`~clients.site.site.Site` from it.
+    """
 
     name: str
     data_path: Path
@@ -167,3 +171,14 @@ class SiteConfig:
             The policy file is unreadable or invalid (the site then answers no request).
         """
         return SitePolicy.permissive() if self.policy_path is None else load_policy(self.policy_path)
+
+    def site(self) -> Site:
+        """The :class:`~clients.site.site.Site` a round runs at: these values, the policy read.
+
+        Raises
+        ------
+        clients.site.policy.SitePolicyError
+            The policy file is unreadable or invalid (the site then answers no request).
+        """
+        return Site(self.name, self.data_path, self.state_dir, self.policy(),
+                    self.cache_decoded, self.local_steps_cap, self.runtime_ledger)

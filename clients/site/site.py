@@ -1,7 +1,7 @@
 """The site a round runs at: its name, data, state dir, policy and step cap (no Flower).
 
 The ClientApp adapter builds it from the SuperNode's node_config
-(:class:`app.config.site_config.SiteConfig`, which reads the policy file);
+(:meth:`app.config.site_config.SiteConfig.site`, which reads the policy file);
 a test or a benchmark builds it directly.
 """
 

@@ -9,6 +9,8 @@ import pytest
 from app.config.run_config import CARRIED_KEYS, RunConfig, RunConfigError
 from app.config.site_config import SiteConfig, SiteConfigError
 from app.server_app import build_strategy
+from clients.site.policy import SitePolicy
+from clients.site.site import Site
 from strategies.errors import ConfigError
 from strategies.plugins.aggregators.fednova import FedNovaOptions
 from strategies.plugins.schedules.adacomm import AdaCommOptions
@@ -129,6 +131,15 @@ def test_deployment_node_config_wins():
     assert site.cache_decoded
     off = SiteConfig.from_node_config({"data-path": "/srv/pe", "cache-decoded": "false"}, "")
     assert not off.cache_decoded
+
+
+def test_the_site_config_builds_the_rounds_site():
+    node = SiteConfig.from_node_config({"data-path": "/srv/pe", "site-name": "st-olav",
+                                        "cache-decoded": "false", "local-steps-cap": 5,
+                                        "privacy-ledger": "site-runtime"}, "")
+    assert node.site() == Site("st-olav", Path("/srv/pe"), Path("/srv/pe/.fedmed-state"),
+                               SitePolicy.permissive(), cache_decoded=False, local_steps_cap=5,
+                               runtime_ledger=True)
 
 
 @pytest.mark.parametrize(
