@@ -81,7 +81,10 @@ _CHOICES: dict[str, Collection[str]] = {**SITE_CHOICES, "task": TASKS,
 
 @dataclass(frozen=True)
 class RunConfig:
-    """Settings of one federation (see pyproject.toml for the defaults).
+    """Settings of one federation: the server's view of the run-config table.
+
+    Every flat key of :data:`strategies.run_keys.RUN_KEYS` is a field (its default the
+    table's, pyproject.toml's) but the carried ones (:data:`CARRIED_KEYS`).
 
     The task's sizes (``image-size``, ``slab-slices``, ``batch-size``, ``num-labels``,
     ``model-size``, ``volume-depth``) and ``augmentation`` are :class:`TaskSettings` fields, held in
