@@ -145,6 +145,9 @@ class Schedule(Protocol):
 class CodecRate(Protocol):
     """``strategy.codec-rate``: the uplink codec's kept fraction of each round."""
 
+    #: False for ``fixed`` (the codec's own fraction): the round neither asks nor tells it.
+    active: bool
+
     def rate_for(self, spec: CodecSpec) -> float | None:
         """This round's kept fraction for the codec ``spec``; None keeps the spec's own."""
 
@@ -249,6 +252,9 @@ class ServerOptimizer(Protocol):
 
     #: Rounds applied so far.
     rounds: int
+    #: False where the step is the plain ``x - Delta`` (``sgd`` at ``eta`` 1): the round
+    #: takes ``Delta`` itself and never enters the optimizer (its state stays as it is).
+    active: bool
 
     def step(self, delta: list[np.ndarray], trained: Sequence[bool]) -> list[np.ndarray]:
         """The step for ``delta`` (model order and dtypes); ``trained[j]``: array ``j`` is a

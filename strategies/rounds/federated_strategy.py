@@ -291,8 +291,7 @@ class FederatedStrategy(Strategy):
         ``server-opt``, each active feature's state under its own keys
         (:meth:`~strategies.rounds.round_feature.RoundFeature.snapshot`)."""
         train = self.train
-        rate = {} if isinstance(train.codec_rate, FixedCodecRate) else {
-            "codec-rate": train.codec_rate}
+        rate = {"codec-rate": train.codec_rate} if train.codec_rate.active else {}
         return {"aggregator": train.aggregator, "schedule": train.schedule,
                 "selector": train.selector, "server-opt": train.server_opt, **rate,
                 **{key: value for feature in train.features

@@ -50,12 +50,11 @@ from flwr.supercore import log
 
 from strategies import message_keys as keys
 from strategies.aggregation import RunningSum
-from strategies.compression import parse_spec
 from strategies.plugins.options import PluginError
 from strategies.plugins.protocols import Info, SecureSumAggregator
 from strategies.replies import TrainReply
 from strategies.rounds.exchange import Exchanged, exchange
-from strategies.rounds.instructions import TrainPlan, site_messages, train_messages
+from strategies.rounds.instructions import site_messages, train_messages
 from strategies.rounds.normalisation_statistics import StatisticPositions
 from strategies.rounds.reply_intake import Cap, ReplyIntake, Taken
 from strategies.rounds.round_report import RoundReport
@@ -156,10 +155,8 @@ class SecureTrain:
         metrics, or ``(None, None)`` when the model is kept."""
         stage, io = self.stage, _Round(grid, server_round, config, report, late_ids, record)
         node_ids = stage.select(server_round, arrays, grid, nodes, report)
-        stage.statistics.start(stage.keys, stage.reference, robust=False)
-        stage.plan = TrainPlan.for_round(node_ids, stage.schedule.tau, stage.uplink,
-                                         server_round,
-                                         stage.codec_rate.rate_for(parse_spec(stage.uplink.codec)))
+        stage.start_statistics(robust=False)
+        stage.plan = stage.plan_round(server_round, node_ids)
         stage.down_bytes, self.bytes_up = {}, {}
         report.schedule_tau = int(stage.schedule.tau)
         before = copy.deepcopy(stage.aggregator)

@@ -14,6 +14,13 @@ lets both schedules observe it. It owns the train plug-ins (aggregator, schedule
 selector, server optimizer) and the round's train state (plan, bytes sent, the model
 the updates apply to).
 
+What is off is not entered: a compression-rate schedule that is not ``active``
+(``fixed``) is neither asked for a rate nor told the round; a server optimizer that is
+not ``active`` (``sgd`` at ``eta`` 1) is the plain step ``x - Delta``, which the stage
+takes itself; a model without normalisation statistics (found once per model, its
+array names and dtypes) has no :class:`RoundStatistics`: the replies go straight to
+the update stream and the update is not settled.
+
 What a run switches on beyond them reaches the round through the stage's active
 round features (:mod:`strategies.rounds.round_feature`, built by
 :func:`strategies.rounds.active_features.active_features`): the stage calls each
@@ -24,7 +31,7 @@ test_round_feature_seam.py``).
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from functools import partial
 from logging import INFO, WARNING
 from typing import TypeVar
@@ -84,10 +91,9 @@ def site_rounds(report: RoundReport, used: Iterable[TrainReply]) -> list[SiteRou
     return rounds
 
 
-def trained_arrays(reference: list[np.ndarray], positions: StatisticPositions) -> list[bool]:
+def trained_arrays(reference: list[np.ndarray], statistics: Collection[int]) -> list[bool]:
     """Which arrays of the model ``reference`` a server optimizer acts on: the float ones
-    that are not normalisation statistics (``positions``)."""
-    statistics = set(positions.estimates)
+    that are not normalisation statistics (the positions ``statistics``)."""
     return [a.dtype.kind == "f" and j not in statistics for j, a in enumerate(reference)]
 
 
@@ -117,6 +123,11 @@ class TrainStage:
     server_opt : ServerOptimizer, optional
         ``strategy.server-opt``: the step the aggregator's ``Delta`` makes (default
         ``sgd``, ``x - Delta``).
+
+    Attributes
+    ----------
+    statistics : RoundStatistics or None
+        The round's normalisation statistics; None for a model without any.
     """
 
     # pylint: disable=too-many-arguments,too-many-instance-attributes
@@ -127,19 +138,33 @@ class TrainStage:
                  features: Sequence[RoundFeature] = (),
                  server_opt: ServerOptimizer | None = None) -> None:
         self.aggregator, self.schedule, self.selector = aggregator, schedule, selector
-        self.server_opt = server_opt or ServerSGD()
+        self._server_opt: ServerOptimizer = ServerSGD()
+        self.optimizes = False
+        self.server_opt = server_opt or self._server_opt
         self.codec_rate, self.sites, self.policy = codec_rate, sites, policy
         self.uplink, self.local_solver = uplink, local_solver
         self.features: list[RoundFeature] = list(features)
         self.max_empty_rounds = max_empty_rounds
         self.stream = UpdateStream(max_held_mb)
-        self.statistics = RoundStatistics(self.stream)
+        self.statistics: RoundStatistics | None = None
+        self.signature: list[tuple[str, np.dtype]] = []  # the model statistics were found in
         self.plan = TrainPlan({}, {}, codec=uplink.codec)
         self.down_bytes: dict[int, int] = {}
         self.keys: list[str] = []
         self.reference: list[np.ndarray] = []
         self.empty_rounds = 0
         self.intake: ReplyIntake[TrainReply] = self._intake({})
+
+    @property
+    def server_opt(self) -> ServerOptimizer:
+        """The server optimizer (checkpointed with the strategy)."""
+        return self._server_opt
+
+    @server_opt.setter
+    def server_opt(self, optimizer: ServerOptimizer) -> None:
+        """Set the server optimizer; whether it is ``active`` is read here, once, so a
+        round with the plain step never enters it (:attr:`optimizes`)."""
+        self._server_opt, self.optimizes = optimizer, optimizer.active
 
     def feature(self, kind: type[F]) -> F | None:
         """The active feature of class ``kind``, or None when that feature is off."""
@@ -161,18 +186,38 @@ class TrainStage:
         normalisation statistics kept when the round needs them)."""
         parse = partial(self.plan.parse_reply, reference=self.reference,
                         solver=self.local_solver)
-        return ReplyIntake("aggregate_train", self.sites, parse, expected, Cap.TRAIN,
-                           sink=self.statistics)
+        sink = self.stream if self.statistics is None else self.statistics
+        return ReplyIntake("aggregate_train", self.sites, parse, expected, Cap.TRAIN, sink=sink)
+
+    def start_statistics(self, robust: bool) -> None:
+        """Start the round's :attr:`statistics` on its model (``keys``, ``reference``);
+        ``robust``: a defence is on (the median rule).
+
+        Whether the model has normalisation statistics is found once for each model (its
+        array names and dtypes): a model without any has none (None), never entered.
+        """
+        model = [(key, array.dtype) for key, array in zip(self.keys, self.reference)]
+        if model != self.signature:
+            self.signature = model
+            found = bool(StatisticPositions.of(self.keys, self.reference))
+            self.statistics = RoundStatistics(self.stream) if found else None
+        if self.statistics is not None:
+            self.statistics.start(self.keys, self.reference, robust)
+
+    def plan_round(self, server_round: int, node_ids: list[int]) -> TrainPlan:
+        """The round's settings for ``node_ids``: tau and the codec, with the kept fraction
+        of the compression-rate schedule when it is ``active`` (else it is not asked)."""
+        rate = (self.codec_rate.rate_for(parse_spec(self.uplink.codec))
+                if self.codec_rate.active else None)
+        return TrainPlan.for_round(node_ids, self.schedule.tau, self.uplink, server_round, rate)
 
     def configure(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                   grid: Grid, nodes: list[int], report: RoundReport) -> list[Message]:
         """Select among the connected ``nodes`` and send each its instruction (tau, codec)."""
         node_ids = self.select(server_round, arrays, grid, nodes, report)
         self.stream.start(self.aggregator, self.reference, node_ids, self.sites)
-        self.statistics.start(self.keys, self.reference,
-                              robust=isinstance(self.aggregator, DefendedAggregator))
-        self.plan = TrainPlan.for_round(node_ids, self.schedule.tau, self.uplink, server_round,
-                                        self.codec_rate.rate_for(parse_spec(self.uplink.codec)))
+        self.start_statistics(robust=isinstance(self.aggregator, DefendedAggregator))
+        self.plan = self.plan_round(server_round, node_ids)
         messages = train_messages(node_ids, self.outgoing(arrays), config, server_round,
                                   self.plan, self.uplink, self.features,
                                   reference=self.reference, sites=self.sites)
@@ -247,8 +292,9 @@ class TrainStage:
         for feature in self.features:
             report.strategy.update(feature.observe(report, replies))
         report.strategy.update(self.schedule.observe(outcome.used))
-        report.strategy.update(self.codec_rate.observe(parse_spec(self.plan.codec).fraction,
-                                                       site_rounds(report, outcome.used)))
+        if self.codec_rate.active:
+            report.strategy.update(self.codec_rate.observe(
+                parse_spec(self.plan.codec).fraction, site_rounds(report, outcome.used)))
         if not accepted:
             self.empty_rounds += 1
             log(WARNING, "aggregate_train: no usable reply in round %d; model unchanged",
@@ -264,19 +310,14 @@ class TrainStage:
         updated, report.aggregation_failed = None, outcome.failure
         optimizer = copy.deepcopy(self.server_opt)
         if outcome.delta is not None:
-            delta, repairs = self.statistics.settle(
-                self.reference, outcome.delta, aggregated_replies(outcome.used, outcome.info),
-                max(self.plan.tau.values(), default=self.plan.default_tau))
-            report.strategy.update(repairs)
-            step = self.server_opt.step(delta, trained_arrays(self.reference,
-                                                              self.statistics.positions))
+            step = self.model_step(report, outcome.delta, outcome)
             updated, report.aggregation_failed = apply_update(self.reference, step, self.keys)
         if updated is not None:
             for feature in self.features:
                 updated, info = feature.conclude(report, self.keys, updated, outcome.used)
                 report.strategy.update(info)
         if updated is None:
-            self.aggregator, self.server_opt = before, optimizer
+            self.aggregator, self._server_opt = before, optimizer
             log(WARNING, "aggregate_train: round %d: %s", report.server_round,
                 report.aggregation_failed)
             return None, None
@@ -286,3 +327,20 @@ class TrainStage:
             len(report.train_dropped))
         record = ArrayRecord({k: Array(v) for k, v in zip(self.keys, updated)})
         return record, MetricRecord({k: float(v) for k, v in report.train_aggregate.items()})
+
+    def model_step(self, report: RoundReport, delta: list[np.ndarray],
+                   outcome: AggregateOutcome) -> list[np.ndarray]:
+        """The model's step from the round's update ``delta`` (of ``outcome``): its
+        statistics and counters settled (:meth:`RoundStatistics.settle`, what it repaired
+        into ``report``) when the model has them, then the server optimizer's step when it
+        is ``active`` (else ``Delta`` itself: ``x - Delta``)."""
+        delta = list(delta)
+        if self.statistics is not None:
+            delta, repairs = self.statistics.settle(
+                self.reference, delta, aggregated_replies(outcome.used, outcome.info),
+                max(self.plan.tau.values(), default=self.plan.default_tau))
+            report.strategy.update(repairs)
+        if not self.optimizes:
+            return delta
+        statistics = () if self.statistics is None else self.statistics.positions.estimates
+        return self.server_opt.step(delta, trained_arrays(self.reference, set(statistics)))

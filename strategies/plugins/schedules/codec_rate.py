@@ -170,7 +170,12 @@ class CodecRateOptions(PluginOptions):
 
 @CODEC_RATES.register("fixed")
 class FixedCodecRate(Plugin):
-    """The codec's own fraction every round (its warm-up included); tracks nothing."""
+    """The codec's own fraction every round (its warm-up included); tracks nothing.
+
+    Not ``active``: the round neither asks it for a rate nor tells it the round.
+    """
+
+    active = False
 
     def rate_for(self, spec: CodecSpec) -> float | None:
         """None: the round's spec is the codec's."""
@@ -186,6 +191,7 @@ class AdaptiveCodecRate(Plugin):
     """Sign-based online gradient descent on the log kept fraction (module docstring)."""
 
     Options = CodecRateOptions
+    active = True
 
     def __init__(self, min: float = 0.001, max: float = 1.0,  # pylint: disable=redefined-builtin
                  step: float = 0.5, link_mbps: float = 0.0, interval: int = 1) -> None:

@@ -114,6 +114,11 @@ class ServerOptPlugin(Plugin, ABC):
                 "coordinate of the pruned model, whose kept coordinates change at each "
                 "re-pruning; use strategy.server-opt = 'sgd'")
 
+    @property
+    def active(self) -> bool:
+        """Whether its step is other than the plain ``x - Delta`` (every optimizer's is)."""
+        return True
+
     @classmethod
     def from_options(cls, options: ServerOptOptions,
                      settings: RunSettings | None) -> ServerOptPlugin:

@@ -2,7 +2,8 @@
 
 With ``eta = 1`` (the default) the step is the aggregator's ``Delta`` itself, the very
 arrays: the new model is ``x - Delta`` bit for bit as without a server optimizer (FedAvg,
-McMahan et al. 2017). Another ``eta`` is Reddi et al.'s FedAvg with a server learning rate
+McMahan et al. 2017); it is then not ``active``, and the train stage takes that step
+itself without entering it (its round count stays 0). Another ``eta`` is Reddi et al.'s FedAvg with a server learning rate
 (ICLR 2021, Algorithm 2 with ``x_{t+1} = x_t + eta Delta_t``).
 """
 
@@ -23,6 +24,11 @@ class ServerSGD(ServerOptPlugin):
     name = "sgd"
     reads = ("eta",)
     default_eta = 1.0
+
+    @property
+    def active(self) -> bool:
+        """False at ``eta = 1``: the step is ``Delta`` itself."""
+        return self.eta != 1.0
 
     def step(self, delta: list[np.ndarray], trained: Sequence[bool]) -> list[np.ndarray]:
         """``Delta`` itself when ``eta = 1``; else ``eta Delta`` on the trained arrays."""
