@@ -26,7 +26,9 @@ from flwr.supercore.inflatable.inflatable_object import InflatableObject
 from strategies import message_keys as keys
 from strategies.local_solver import LocalSolver
 from strategies.metric_ranges import range_problem
-from strategies.update_codec import UpdateFormatError, unpack_update
+from strategies.codecs.identity import SPEC as DENSE
+from strategies.update_codec import unpack_update
+from strategies.update_layout import UpdateFormatError, dense_update
 from strategies.errors import ReplyError
 
 __all__ = [
@@ -133,7 +135,11 @@ def _metrics(message: Message, required: tuple[str, ...],
 def _delta(message: Message, reference: list[np.ndarray], codec: str,
            seed: int) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
     """The decoded update and, by key, the encoded side payloads the reply carries (the
-    squared gradients, SCAFFOLD's ``Delta c_i``)."""
+    squared gradients, SCAFFOLD's ``Delta c_i``).
+
+    A dense update (``codec`` ``none``) is read straight from its payload
+    (:func:`~strategies.update_layout.dense_update`); any other, or one it cannot read, is
+    decoded by its codec, whose checks give the reason."""
     record = message.content.get(keys.DELTA)
     if not isinstance(record, ArrayRecord):
         raise InvalidReplyError(f"missing ArrayRecord '{keys.DELTA}'")
@@ -147,7 +153,9 @@ def _delta(message: Message, reference: list[np.ndarray], codec: str,
         if payload.dtype != np.uint8:
             raise InvalidReplyError(f"'{key}' must be a uint8 payload, got {payload.dtype}")
     try:
-        delta = unpack_update(arrays, reference, codec, seed)
+        delta = dense_update(arrays, reference) if codec == DENSE else None
+        if delta is None:
+            delta = unpack_update(arrays, reference, codec, seed)
     except UpdateFormatError as exc:
         raise InvalidReplyError(str(exc)) from exc
     for i, array in enumerate(delta):

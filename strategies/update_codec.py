@@ -14,7 +14,9 @@ and accounted: their bytes are in the bytes up and, as float32, in the dense
 baseline (:func:`dense_bytes`), so the uplink ratio shows what they cost (about
 4.5 kB a round on the BatchNorm X-ray CNN, which holds top-k 1% at ~34x; the
 GroupNorm variant reaches ~99x). Per-tensor codecs (``topk:<f>:layer``) get the
-sizes of the compressed tensors only.
+sizes of the compressed tensors only. The layout (the keys, the raw set, the arrays put
+back in the model's shapes) is :mod:`strategies.update_layout`'s, re-exported here; a
+dense update (``none``) is read there without the codecs.
 
 Pure numpy: the ClientApp packs, the strategy unpacks.
 """
@@ -25,28 +27,12 @@ from collections.abc import Collection, Mapping, Sequence
 
 import numpy as np
 
-from strategies.compression import ErrorFeedback, decode, encode, flatten, unflatten
-from strategies.errors import ReplyError
+from strategies.compression import ErrorFeedback, decode, encode, flatten
+from strategies.update_layout import (PAYLOAD_KEY, RAW_PREFIX, UpdateFormatError, assemble,
+                                      dense_bytes, float_positions, raw_positions)
 
-__all__ = ["PAYLOAD_KEY", "UpdateFormatError", "float_positions", "pack_update",
+__all__ = ["PAYLOAD_KEY", "RAW_PREFIX", "UpdateFormatError", "float_positions", "pack_update",
            "unpack_update", "dense_bytes"]
-
-PAYLOAD_KEY = "payload"
-RAW_PREFIX = "raw-"
-
-
-class UpdateFormatError(ReplyError):
-    """The arrays of a reply do not form a valid update for the global model (a ``ValueError``)."""
-
-
-def float_positions(arrays: Sequence[np.ndarray]) -> list[int]:
-    """Indices of the floating-point arrays (the compressed part)."""
-    return [i for i, a in enumerate(arrays) if np.issubdtype(a.dtype, np.floating)]
-
-
-def dense_bytes(arrays: Sequence[np.ndarray]) -> int:
-    """Size of the update as dense float32 (integers at their own size): the baseline."""
-    return sum(a.size * 4 if np.issubdtype(a.dtype, np.floating) else a.nbytes for a in arrays)
 
 
 def pack_update(delta: Sequence[np.ndarray], spec: str, seed: int = 0,
@@ -81,36 +67,12 @@ def unpack_update(arrays: Mapping[str, np.ndarray], reference: Sequence[np.ndarr
         Unexpected or missing keys, wrong raw arrays, or (wrapping
         :class:`strategies.compression.PayloadError`) a malformed payload.
     """
-    raw = set()
-    for key in arrays:
-        if key == PAYLOAD_KEY:
-            continue
-        index = key[len(RAW_PREFIX):]
-        if not key.startswith(RAW_PREFIX) or not index.isdigit() or int(index) >= len(reference):
-            raise UpdateFormatError(f"unexpected array '{key}' in the update")
-        raw.add(int(index))
-    required = set(range(len(reference))) - set(float_positions(reference))
-    if PAYLOAD_KEY not in arrays or not required <= raw:
-        raise UpdateFormatError(
-            f"update keys {sorted(arrays)} do not match the global model (need "
-            f"'{PAYLOAD_KEY}' and raw integer arrays {sorted(required)})")
-    floats = [i for i in float_positions(reference) if i not in raw]
-    float_like = [reference[i] for i in floats]
+    raw = raw_positions(arrays, reference)
+    float_like = [reference[i] for i in float_positions(reference) if i not in raw]
     size = sum(a.size for a in float_like)
     try:
         vector = decode(np.asarray(arrays[PAYLOAD_KEY]), spec, size, seed=seed,
                         segments=[a.size for a in float_like])
     except ValueError as exc:
         raise UpdateFormatError(f"payload rejected: {exc}") from exc
-    out: list[np.ndarray] = [np.empty(0)] * len(reference)
-    for i, array in zip(floats, unflatten(vector, float_like)):
-        out[i] = array
-    for i, ref in enumerate(reference):
-        if i not in raw:
-            continue
-        sent = np.asarray(arrays[f"{RAW_PREFIX}{i}"])
-        if sent.shape != ref.shape or sent.dtype != ref.dtype:
-            raise UpdateFormatError(
-                f"array {i}: {sent.dtype}{sent.shape}, expected {ref.dtype}{ref.shape}")
-        out[i] = sent
-    return out
+    return assemble(vector, arrays, reference, raw)

@@ -8,7 +8,10 @@ from strategies.codecs.registry import CODECS, Codec
 from strategies.codecs.spec import CodecSpec, no_argument
 from strategies.codecs.wire import F32, Reader, check_finite, read_dense
 
-__all__ = ["CODEC", "decode", "encode"]
+__all__ = ["CODEC", "SPEC", "decode", "encode"]
+
+#: The codec's spec (canonical: a round's plan carries it so; a dense update).
+SPEC = "none"
 
 
 def encode(v: np.ndarray, spec: CodecSpec, seed: int) -> tuple[np.ndarray, ...]:
@@ -23,5 +26,5 @@ def decode(reader: Reader, spec: CodecSpec, d: int, seed: int) -> np.ndarray:
 
 
 CODEC = CODECS.add(
-    "none", Codec(0, "'none'", no_argument, encode, decode, "The lossless reference codec.")
+    SPEC, Codec(0, f"'{SPEC}'", no_argument, encode, decode, "The lossless reference codec.")
 )

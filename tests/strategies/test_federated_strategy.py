@@ -271,6 +271,7 @@ def test_each_reply_is_validated_and_decoded_once_per_round(monkeypatch):
             return function(*args, **kwargs)
         return wrapper
 
+    monkeypatch.setattr(replies, "dense_update", counting("decode", replies.dense_update))
     monkeypatch.setattr(replies, "unpack_update", counting("decode", replies.unpack_update))
     monkeypatch.setattr(replies, "_metrics", counting("metrics", replies._metrics))
     strategy = make_strategy(min_nodes=1, policy=RoundPolicy(deadline=5.0, quorum=2,
