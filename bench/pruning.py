@@ -32,6 +32,8 @@ rounds) on the same seed; seconds (the round reports' wall seconds) and bytes
 and variant, means (and sample sd) over ``--seeds``; ``goals``: the issue's
 goals on those means (:func:`pruning_summary.goals`), met or not.
 
+A study of :mod:`runner` (its shared options: ``--sets``, ``--seeds``,
+``--tail``, ``--fraction``, ``--budget-seconds``, ``--resume``, ``--table``...).
 Usage::
 
     .venv/bin/python bench/pruning.py --seeds 0 1 2
@@ -39,7 +41,8 @@ Usage::
     .venv/bin/python bench/pruning.py --table   # the markdown table of --output
 
 Results: ``bench/results/pruning.json`` (written after every run;
-``--resume`` keeps the runs already there and adds the missing ones).
+``--resume`` keeps the runs already there with the same run config and adds
+the missing ones).
 """
 
 from __future__ import annotations
@@ -48,55 +51,17 @@ from __future__ import annotations
 from single_thread import BENCH  # noqa: I001
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import sys  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
-from pathlib import Path  # noqa: E402
 
-from bytes_to_target import add_target_arguments  # noqa: E402
+import runner  # noqa: E402
 from codec_configs import parse_config  # noqa: E402
 from pruning_sets import (METHODS, SETS, PruningSettings, Variant,  # noqa: E402
-                          add_set_arguments, pruning_run, pruning_set)
+                          pruning_fields, pruning_set)
 from pruning_summary import DENSE, compare_seeds, goals, markdown_table, summarise  # noqa: E402
-from report import environment, write_report  # noqa: E402
+from runner import Arm, Option  # noqa: E402
 
-__all__ = ["variants", "main"]
-
-DEFAULT_OUTPUT = BENCH / "results" / "pruning.json"
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sets", nargs="+", default=list(SETS), choices=list(SETS))
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
-    parser.add_argument("--codec", default="topk:0.1+ef",
-                        help="update codec of the --codec-methods variants")
-    parser.add_argument("--codec-methods", nargs="*", default=["prunefl-unstructured"],
-                        choices=list(METHODS))
-    parser.add_argument("--density", type=float, default=0.15,
-                        help="pruning.initial-density of the unstructured methods")
-    parser.add_argument("--max-density", type=float, default=0.2,
-                        help="pruning.max-density of the unstructured methods")
-    parser.add_argument("--structured-density", type=float, default=0.4,
-                        help="pruning.initial-density of prunefl-structured (channels)")
-    parser.add_argument("--structured-max-density", type=float, default=0.45,
-                        help="pruning.max-density of prunefl-structured")
-    parser.add_argument("--interval", type=int, default=3,
-                        help="pruning.interval of the prunefl methods")
-    parser.add_argument("--report-codec", default="topk:0.05",
-                        help="pruning.report-codec: codec of the sites' squared gradients")
-    parser.add_argument("--rounds", type=int, default=10)
-    add_target_arguments(parser)
-    parser.set_defaults(tail=3)  # a Dice of 0.1-0.5 moves by a tenth from round to round
-    add_set_arguments(parser)
-    parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
-    parser.add_argument("--resume", action="store_true", help="keep the runs already in --output")
-    parser.add_argument("--table", action="store_true",
-                        help="print the markdown table of --output and run nothing")
-    return parser
+__all__ = ["STUDY", "variants", "arms", "main"]
 
 
 def variants(methods: Sequence[str], codec: str, codec_methods: Sequence[str]) -> list[Variant]:
@@ -106,80 +71,60 @@ def variants(methods: Sequence[str], codec: str, codec_methods: Sequence[str]) -
     return alone + [Variant(m, config) for m in dict.fromkeys(codec_methods)]
 
 
-def _write(path: Path, meta: dict, rows: list[dict], missing: list[str], tail: int,
-           fraction: float) -> list[dict]:
-    per_seed = compare_seeds(rows, tail, fraction)
-    summary = summarise(per_seed)
-    write_report(path, {"meta": meta, "runs": summary, "goals": goals(summary),
-                        "per_seed": per_seed, "missing": missing}, indent=1)
-    return summary
-
-
-def _report(row: dict) -> None:
-    speed = row["seconds_ratio"]
-    print(f"[{row['set']} seed {row['seed']}] {row['variant']:<36} {row['rounds']:3d} rounds "
-          f"{row['seconds']:6.1f} s  kept {row['params_kept']:.3f}  final "
-          f"{row['final_metric']:.3f} ({row['relative_to_dense']:.3f} of dense)  to target "
-          + (f"x{speed:.2f} sooner, x{row['bytes_ratio']:.1f} fewer bytes" if speed
-             else "never"), flush=True)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    if args.table:
-        print(markdown_table(json.loads(args.output.read_text())["runs"]))
-        return 0
+def arms(args: argparse.Namespace, index: int = 0) -> list[Arm]:
+    """The variants of the command line as arms (every seed runs them all)."""
     settings = PruningSettings({"unstructured": (args.density, args.max_density),
                                 "structured": (args.structured_density,
                                                args.structured_max_density)},
                                args.interval, args.report_codec)
-    wanted = variants(args.methods, args.codec, args.codec_methods)
-    for variant in wanted:  # the product refuses a bad setting before any run
-        variant.check(settings)
-    started = time.perf_counter()
-    previous = json.loads(args.output.read_text()) if args.resume and \
-        args.output.is_file() else {}
-    meta = {"benchmark": "pruning", "description": __doc__.split("\n\n")[0],
-            "engine": "in-process", "setup": {k: (str(v) if isinstance(v, Path) else v)
-                                              for k, v in vars(args).items()},
-            "skipped": {}, "versions": environment(),
-            "commands": previous.get("meta", {}).get("commands", []) + [
-                list(sys.argv[1:] if argv is None else argv)]}
-    rows = list(previous.get("per_seed", []))  # compare_seeds recomputes what it adds
-    done = {(r["set"], r["seed"], r["variant"]) for r in rows}
-    missing: list[str] = []
-    warm: set[str] = set()
-    with tempfile.TemporaryDirectory(prefix="pruning-bench-") as tmp:
-        workdir = args.workdir or Path(tmp)
-        for seed in args.seeds:
-            for name in args.sets:
-                federation = pruning_set(name, args)
-                if federation is None:
-                    meta["skipped"][name] = f"{args.shared_data}: {SETS[name].shared_file} " \
-                                            "not found"
-                    print(f"[{name}] skipped: {meta['skipped'][name]}", flush=True)
-                    continue
-                for variant in wanted:
-                    if (name, seed, variant.name) in done:
-                        continue
-                    dense = (name, seed, DENSE) in done
-                    if (args.budget_seconds is not None and time.perf_counter() - started
-                            > args.budget_seconds) or (not dense and variant.method != DENSE):
-                        missing.append(f"{name} seed {seed} {variant.name}")
-                        continue
-                    if name not in warm:  # the process's first federation of the set: untimed
-                        pruning_run(federation, Variant(DENSE), settings, seed, 1, workdir)
-                        warm.add(name)
-                    rows.append(pruning_run(federation, variant, settings, seed, args.rounds,
-                                            workdir))
-                    done.add((name, seed, variant.name))
-                    _report(compare_seeds(rows, args.tail, args.fraction)[-1])
-                    _write(args.output, meta, rows, missing, args.tail, args.fraction)
-    meta["wall_seconds"] = time.perf_counter() - started
-    summary = _write(args.output, meta, rows, missing, args.tail, args.fraction)
-    print(f"\n{markdown_table(summary)}\n\nresults in {args.output}"
-          + (f" (not run: {'; '.join(missing)})" if missing else ""))
-    return 0
+    return [Arm(v.name, v.overrides(settings), {"method": v.method, "codec": v.codec.name})
+            for v in variants(args.methods, args.codec, args.codec_methods)]
+
+
+def _summary(meta: dict, rows: list[dict], missing: list[str], args: argparse.Namespace) -> dict:
+    per_seed = compare_seeds(rows, args.tail, args.fraction)
+    runs = summarise(per_seed)
+    return {"meta": meta, "runs": runs, "goals": goals(runs), "per_seed": per_seed,
+            "missing": missing}
+
+
+def _option(flag: str, default: object, text: str, **kwargs: object) -> Option:
+    return Option(flag, {"default": default, "help": text, **kwargs})
+
+
+STUDY = runner.Study(
+    name="pruning", doc=__doc__, output=BENCH / "results" / "pruning.json", sets=list(SETS),
+    federation=pruning_set, arms=arms,
+    schedule=lambda args, dense: {"num-server-rounds": args.rounds},
+    fields=pruning_fields, summary=_summary,
+    table=lambda payload: markdown_table(payload["runs"]), rows_key="per_seed",
+    arm_key="variant", experiment="bench-pruning", baseline=DENSE, warm_up=True,
+    defaults={"seeds": [0, 1, 2], "tail": 3},  # a Dice of 0.1-0.5 moves by a tenth a round
+    options=(
+        _option("--methods", list(METHODS), "pruning methods", nargs="+",
+                choices=list(METHODS)),
+        _option("--codec", "topk:0.1+ef", "update codec of the --codec-methods variants"),
+        _option("--codec-methods", ["prunefl-unstructured"], "methods run with --codec too",
+                nargs="*", choices=list(METHODS)),
+        _option("--density", 0.15, "pruning.initial-density of the unstructured methods",
+                type=float),
+        _option("--max-density", 0.2, "pruning.max-density of the unstructured methods",
+                type=float),
+        _option("--structured-density", 0.4, "pruning.initial-density of prunefl-structured "
+                "(channels)", type=float),
+        _option("--structured-max-density", 0.45, "pruning.max-density of prunefl-structured",
+                type=float),
+        _option("--interval", 3, "pruning.interval of the prunefl methods", type=int),
+        _option("--report-codec", "topk:0.05", "pruning.report-codec: codec of the sites' "
+                "squared gradients"),
+        _option("--rounds", 10, "rounds of every run", type=int),
+        _option("--sites", 3, "sites of a set", type=int),
+        _option("--steps", 0, "local steps a round (0: the set's)", type=int),
+        _option("--batch-size", 0, "0: the set's", type=int)))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return runner.main(STUDY, argv)
 
 
 if __name__ == "__main__":

@@ -30,12 +30,12 @@ from pathlib import Path
 
 import numpy as np
 
-from bytes_to_target import traffic_fields
 from codec_configs import CodecConfig
-from engine_runs import SHARED, run_product, series, shared_sites, synthetic_sites
+from engine_runs import RoundSeries, shared_sites, synthetic_sites
+from runner import Federation, SetMissing
 
-__all__ = ["METHODS", "SETS", "SetSpec", "PruningSet", "PruningSettings", "Variant",
-           "add_set_arguments", "pruning_set", "pruning_run"]
+__all__ = ["METHODS", "SETS", "SetSpec", "PruningSettings", "Variant", "pruning_set",
+           "pruning_fields"]
 
 #: Run-config keys of each method (on top of :meth:`PruningSettings.overrides`).
 METHODS: dict[str, dict] = {
@@ -73,16 +73,6 @@ SETS: dict[str, SetSpec] = {
     "synthetic-pe": SetSpec("pe-seg", "dice", {"image-size": 32, "batch-size": 8, "lr": 3e-3,
                                                "local-steps": 20}),
 }
-
-
-@dataclass(frozen=True)
-class PruningSet:
-    """A federation to prune: its name, metric, site folders and run-config overrides."""
-
-    name: str
-    metric: str
-    folders: tuple[Path, ...]
-    overrides: dict
 
 
 @dataclass(frozen=True)
@@ -124,38 +114,19 @@ class Variant:
         pruning = settings.overrides(keys["pruning.mode"]) if "pruning.mode" in keys else {}
         return {**pruning, **keys, **self.codec.overrides()}
 
-    def check(self, settings: PruningSettings) -> None:
-        """Validate the keys as the product does, before anything runs.
 
-        Raises
-        ------
-        strategies.errors.ConfigError
-            A key or value the product refuses (the message names it).
-        """
-        from app.engine import full_run_config  # noqa: PLC0415 - the engine loads Flower
+def pruning_set(name: str, args: argparse.Namespace) -> Federation:
+    """The set ``name`` (its folders generated once).
 
-        full_run_config(self.overrides(settings))
-
-
-def add_set_arguments(parser: argparse.ArgumentParser) -> None:
-    """The sets' sizes and local training (0: the set's own, :data:`SETS`)."""
-    parser.add_argument("--shared-data", type=Path, default=SHARED)
-    parser.add_argument("--sites", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=0, help="local steps a round")
-    parser.add_argument("--batch-size", type=int, default=0)
-    parser.add_argument("--pe-data", type=Path, default=None,
-                        help="synthetic-pe: a folder of site folders hospital-NN (default: "
-                             "generated once under data/bench/)")
-    parser.add_argument("--workdir", type=Path, default=None,
-                        help="MLflow store of the runs (default: a temporary folder)")
-
-
-def pruning_set(name: str, args: argparse.Namespace) -> PruningSet | None:
-    """The set ``name`` (its folders generated once); ``None`` if its shared data is absent."""
+    Raises
+    ------
+    runner.SetMissing
+        If its shared data file is absent.
+    """
     spec = SETS[name]
     if spec.shared_file:
         if not (Path(args.shared_data) / spec.shared_file).is_file():
-            return None
+            raise SetMissing(f"{spec.shared_file} not found")
         folders = shared_sites(spec.task, spec.shared_set, args.sites, 0,
                                shared=args.shared_data)
     elif args.pe_data:
@@ -163,7 +134,7 @@ def pruning_set(name: str, args: argparse.Namespace) -> PruningSet | None:
     else:
         folders = synthetic_sites(spec.task, args.sites, 0, 96)
     sizes = {k: v for k, v in (("local-steps", args.steps), ("batch-size", args.batch_size)) if v}
-    return PruningSet(name, spec.metric, tuple(folders), {
+    return Federation(name, spec.metric, tuple(folders), {
         "task": spec.task, "optimizer": "adam", **spec.overrides, **sizes})
 
 
@@ -183,33 +154,18 @@ def _logged_model(workdir: Path, run_id: str) -> dict[str, float]:
     return {k[len("model/"):]: v for k, v in metrics.items() if k.startswith("model/")}
 
 
-def pruning_run(federation: PruningSet, variant: Variant, settings: PruningSettings, seed: int,
-                rounds: int, workdir: Path) -> dict:
-    """One federation of ``variant`` on ``federation``; its JSON row (one seed)."""
-    from app.engine import VirtualSite  # noqa: PLC0415 - the engine loads Flower
-
-    sites = [VirtualSite.folder(folder, site_name=folder.name) for folder in federation.folders]
-    overrides = {**federation.overrides, **variant.overrides(settings), "seed": seed,
-                 "num-server-rounds": rounds, "experiment": f"bench-pruning-{federation.name}"}
-    outcome, seconds = run_product(overrides, sites, workdir)
-    run = series(outcome)
+def pruning_fields(outcome, run: RoundSeries, workdir: Path) -> dict:
+    """A pruning run's own row fields (:attr:`runner.Study.fields`): seconds per round, the
+    sites' training seconds, the kept parameters and FLOPs, the pruning info per round."""
     reports = [outcome.reports[r] for r in sorted(outcome.reports)]
     logged = _logged_model(workdir, outcome.mlflow_run_id)
     return {
-        "set": federation.name, "seed": seed, "method": variant.method,
-        "codec": variant.codec.name, "variant": variant.name, "engine": "in-process",
-        "sites": len(sites), "rounds": run.rounds, "metric": federation.metric,
-        "curve": run.metrics[federation.metric], "curves": run.metrics,
         "seconds_per_round": [float(r.seconds) for r in reports],
         "train_seconds_per_round": [float(sum(m.get("train-seconds", 0.0) for m in r.values()))
                                     for r in run.train],
-        **traffic_fields(run),
         "params_kept": _kept(reports[-1].strategy, sum(np.size(a) for a in
                                                outcome.arrays.to_numpy_ndarrays())),
         "flops_kept": logged["flops"] / logged["flops-dense"] if logged else 1.0,
         "logged_model": logged,
         "pruning": [{k: v for k, v in r.strategy.items() if k.startswith("pruning-")}
-                    for r in reports],
-        "dropped": run.dropped, "seconds": seconds, "mlflow_run_id": outcome.mlflow_run_id,
-        "run_config": overrides,
-    }
+                    for r in reports]}

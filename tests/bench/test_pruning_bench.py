@@ -5,11 +5,15 @@ in-process engine with the issue's JSON format (issue 32, item 4)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 import pruning as bench
-from pruning_sets import PruningSettings, Variant
+import pruning_sets
+import runner
+from app.engine import full_run_config
+from pruning_sets import SETS, PruningSettings, Variant
 from pruning_summary import compare_seeds, goals, markdown_table, summarise
 from strategies.errors import ConfigError
 
@@ -125,10 +129,34 @@ def test_variants_are_run_configs_of_the_product():
     assert Variant("dense").overrides(SETTINGS)["strategy.pruning"] == "none"
     assert "pruning.initial-density" not in Variant("dense").overrides(SETTINGS)
     for variant in wanted:
-        variant.check(SETTINGS)
+        full_run_config(variant.overrides(SETTINGS))
     too_dense = PruningSettings({"unstructured": (0.3, 0.2)}, interval=2)
     with pytest.raises(ConfigError, match="max-density"):
-        Variant("magnitude").check(too_dense)
+        full_run_config(Variant("magnitude").overrides(too_dense))
+    args = runner.parser(bench.STUDY).parse_args(["--density", "0.3", "--max-density", "0.2"])
+    with pytest.raises(ConfigError, match="max-density"):  # before any run
+        runner.run_study(bench.STUDY, args, [])
+
+
+def test_the_runner_builds_the_stored_run_configs(tmp_path, monkeypatch):
+    """Every run of bench/results/pruning.json: the runner, given the stored command, hands
+    the engine the run config the old script did (site folders aside)."""
+    stored = json.loads((Path(bench.BENCH) / "results" / "pruning.json").read_text())
+    for spec in SETS.values():
+        if spec.shared_file:
+            (tmp_path / spec.shared_file).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / spec.shared_file).touch()
+    monkeypatch.setattr(pruning_sets, "shared_sites", lambda *a, **k: [])
+    monkeypatch.setattr(pruning_sets, "synthetic_sites", lambda *a, **k: [])
+    (command,) = stored["meta"]["commands"]
+    args = runner.parser(bench.STUDY).parse_args([*command, "--shared-data", str(tmp_path)])
+    arms = {arm.name: arm for arm in bench.arms(args)}
+    assert len(stored["per_seed"]) == len(args.sets) * len(args.seeds) * len(arms)
+    for row in stored["per_seed"]:
+        federation = pruning_sets.pruning_set(row["set"], args)
+        built = runner.run_config(bench.STUDY, federation, arms[row["variant"]], row["seed"],
+                                  bench.STUDY.schedule(args, row))
+        assert built == row["run_config"]
 
 
 @pytest.fixture(scope="module")
@@ -185,8 +213,9 @@ def test_a_tiny_federation_writes_the_issue_format(tiny):
 
 def test_resume_keeps_the_runs_and_the_table_reads_the_output(tiny, capsys):
     assert bench.main(["--sets", "synthetic-pe", "--seeds", "5", "--methods", "magnitude",
-                       "--codec-methods", "--pe-data", str(tiny.parent / "pe"),
-                       "--output", str(tiny), "--resume"]) == 0
+                       "--codec-methods", "--rounds", "2", "--steps", "2", "--batch-size", "4",
+                       "--pe-data", str(tiny.parent / "pe"), "--output", str(tiny),
+                       "--workdir", str(tiny.parent / "work"), "--resume"]) == 0
     result = json.loads(tiny.read_text())
     assert len(result["per_seed"]) == 2 and len(result["meta"]["commands"]) == 2
     capsys.readouterr()
