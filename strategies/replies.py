@@ -17,6 +17,7 @@ a message's content is the sum over that tree. The byte accounting of a round
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -68,13 +69,10 @@ class TrainReply:
     a_norm: float = 0.0
     #: ``||a||_1`` of the tau the site was sent (a full round; 0 when unknown), by the server.
     tau_a_norm: float = 0.0
-    #: The encoded squared gradients a re-pruning round asked for (``pruning-sqgrad`` of
-    #: ``delta``, decoded by :mod:`strategies.plugins.pruning.pruning_round`); None when
-    #: not sent.
-    sqgrad: np.ndarray | None = None
-    #: SCAFFOLD's encoded ``Delta c_i`` (``scaffold-dc`` of ``delta``, decoded by
-    #: :mod:`strategies.plugins.control_variates.control_variate_round`); None when not sent.
-    control_delta: np.ndarray | None = None
+    #: The encoded side payloads of ``delta`` by key, each a channel the round's features
+    #: declared (:attr:`strategies.rounds.round_feature.RoundFeature.channels`, which decode
+    #: them); a channel not sent is absent.
+    channels: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -132,10 +130,10 @@ def _metrics(message: Message, required: tuple[str, ...],
     return values
 
 
-def _delta(message: Message, reference: list[np.ndarray], codec: str,
-           seed: int) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
-    """The decoded update and, by key, the encoded side payloads the reply carries (the
-    squared gradients, SCAFFOLD's ``Delta c_i``).
+def _delta(message: Message, reference: list[np.ndarray], codec: str, seed: int,
+           channels: Collection[str]) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
+    """The decoded update and, by key, the encoded side payloads the reply carries of the
+    ``channels`` asked for (any other is refused, naming it).
 
     A dense update (``codec`` ``none``) is read straight from its payload
     (:func:`~strategies.update_layout.dense_update`); any other, or one it cannot read, is
@@ -147,8 +145,7 @@ def _delta(message: Message, reference: list[np.ndarray], codec: str,
         arrays = {name: array.numpy() for name, array in record.items()}
     except Exception as exc:  # noqa: BLE001 - any decoding failure makes the reply unusable
         raise InvalidReplyError(f"'{keys.DELTA}' cannot be decoded: {exc}") from exc
-    side = {key: arrays.pop(key) for key in (keys.PRUNING_SQGRAD, keys.CONTROL_DELTA)
-            if key in arrays}
+    side = {key: arrays.pop(key) for key in channels if key in arrays}
     for key, payload in side.items():
         if payload.dtype != np.uint8:
             raise InvalidReplyError(f"'{key}' must be a uint8 payload, got {payload.dtype}")
@@ -177,7 +174,7 @@ def checked_steps(steps: float, max_steps: int | None) -> int:
 def parse_train_reply(message: Message, reference: list[np.ndarray], codec: str = "none",
                       seed: int = 0, max_steps: int | None = None,
                       solver: LocalSolver | None = None, *,
-                      node_id: int | None = None) -> TrainReply:
+                      node_id: int | None = None, channels: Collection[str] = ()) -> TrainReply:
     """Validate a train reply against the global model ``reference`` and decode its update.
 
     ``codec`` and ``seed`` are the update codec spec and the codec seed this
@@ -186,7 +183,9 @@ def parse_train_reply(message: Message, reference: list[np.ndarray], codec: str 
     reported ``steps`` must be an integer in ``1 .. max_steps`` (the tau the
     site was sent; no upper bound when ``None``). FedNova's a-norm is computed
     here from those steps with ``solver`` (default :class:`LocalSolver`, plain
-    steps); an ``a-norm`` the site sends is replaced by the server's value.
+    steps); an ``a-norm`` the site sends is replaced by the server's value. ``channels``
+    are the keys of the side payloads the round's features take
+    (:attr:`TrainReply.channels`); a reply with another side payload is refused.
 
     Raises
     ------
@@ -198,13 +197,12 @@ def parse_train_reply(message: Message, reference: list[np.ndarray], codec: str 
     a_norm = (solver or LocalSolver()).a_norm(steps)
     metrics[keys.A_NORM] = a_norm
     node_id = message.metadata.src_node_id if node_id is None else node_id
-    delta, side = _delta(message, reference, codec, seed)
+    delta, side = _delta(message, reference, codec, seed, channels)
     return TrainReply(
         node_id=node_id,
         site=site_name(message, node_id),
         delta=delta,
-        sqgrad=side.get(keys.PRUNING_SQGRAD),
-        control_delta=side.get(keys.CONTROL_DELTA),
+        channels=side,
         wire_bytes=wire_size(message.content),
         num_examples=int(metrics[keys.NUM_EXAMPLES]),
         steps=int(steps),

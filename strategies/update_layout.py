@@ -90,7 +90,8 @@ def assemble(vector: np.ndarray, arrays: Mapping[str, np.ndarray],
         if i in raw:
             continue
         size = reference[i].size
-        out[i] = vector[offset:offset + size].reshape(reference[i].shape).astype(reference[i].dtype)
+        chunk = vector[offset:offset + size].reshape(reference[i].shape)
+        out[i] = chunk.astype(reference[i].dtype)
         offset += size
     for i in sorted(raw):
         sent = np.asarray(arrays[f"{RAW_PREFIX}{i}"])

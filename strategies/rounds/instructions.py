@@ -17,7 +17,7 @@ step or a dense snapshot per node, :mod:`strategies.downlink`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -115,14 +115,15 @@ class TrainPlan:
         return self.tau.get(node_id, self.default_tau)
 
     def parse_reply(self, message: Message, *, node_id: int, reference: list[np.ndarray],
-                    solver: LocalSolver) -> TrainReply:
+                    solver: LocalSolver, channels: Collection[str] = ()) -> TrainReply:
         """``node_id``'s train reply validated against ``reference`` with the codec, seed and
-        tau it was sent (:func:`strategies.replies.parse_train_reply`, a-norm by ``solver``),
-        with the a-norm of that tau (``TrainReply.tau_a_norm``: FedNova's reference, which
-        bounds the weight a site gains by reporting few steps)."""
+        tau it was sent (:func:`strategies.replies.parse_train_reply`, a-norm by ``solver``,
+        the side payloads of ``channels`` taken), with the a-norm of that tau
+        (``TrainReply.tau_a_norm``: FedNova's reference, which bounds the weight a site
+        gains by reporting few steps)."""
         tau = self.tau_of(node_id)
         reply = parse_train_reply(message, reference, self.codec, self.seed_of(node_id), tau,
-                                  solver, node_id=node_id)
+                                  solver, node_id=node_id, channels=channels)
         return replace(reply, tau_a_norm=solver.a_norm(tau))
 
     def settings(self, node_id: int, uplink: Uplink) -> dict:

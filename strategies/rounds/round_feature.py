@@ -23,9 +23,12 @@ on every one of them, naming none:
 5. :meth:`RoundFeature.snapshot` / :meth:`RoundFeature.restore`: its state in the
    strategy's checkpoint, under its own key(s) (``pruning``, ``control-variates``).
 
-Replies carry a feature's channel as an encoded side payload of their ``delta`` record
-(:func:`strategies.replies.parse_train_reply` checks it is a ``uint8`` payload); what it
-means is the feature's to decode and check, in :meth:`RoundFeature.observe`.
+A feature declares its **reply channels** (:attr:`RoundFeature.channels`): the keys of
+the encoded side payloads a site's train reply may carry for it in its ``delta`` record.
+:func:`strategies.replies.parse_train_reply` takes those of the active features (a
+``uint8`` payload each, into :attr:`~strategies.replies.TrainReply.channels`) and refuses a
+reply with any other side payload, naming it; what a channel means is the feature's to
+decode and check, in :meth:`RoundFeature.observe`.
 
 A feature class subclasses :class:`RoundFeature` and overrides the hooks it needs; the
 others keep the defaults below (the model as it is, nothing attached, observed or
@@ -81,6 +84,9 @@ class RoundFeature(Protocol):
     Hooks are called in the order of the stage's features; each returns what it adds,
     and the defaults add nothing.
     """
+
+    #: The keys of the side payloads its replies carry (module docstring); none by default.
+    channels: tuple[str, ...] = ()
 
     def outgoing(self, arrays: ArrayRecord) -> ArrayRecord:
         """The global model ``arrays`` as this round's instructions carry it."""

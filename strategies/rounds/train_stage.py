@@ -183,9 +183,11 @@ class TrainStage:
     def _intake(self, expected: dict[int, str]) -> ReplyIntake[TrainReply]:
         """The round's intake: replies parsed against this round's plan and model, then
         identity-checked, capped at the train cap and folded into the stream (their
-        normalisation statistics kept when the round needs them)."""
+        normalisation statistics kept when the round needs them); the side payloads they
+        may carry are the channels of the active features."""
         parse = partial(self.plan.parse_reply, reference=self.reference,
-                        solver=self.local_solver)
+                        solver=self.local_solver,
+                        channels={key for feature in self.features for key in feature.channels})
         sink = self.stream if self.statistics is None else self.statistics
         return ReplyIntake("aggregate_train", self.sites, parse, expected, Cap.TRAIN, sink=sink)
 

@@ -126,7 +126,8 @@ def summed_choice(reports: list[np.ndarray]) -> np.ndarray:
 def combined(reports: list[np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, float]]:
     """The round's combination of ``reports`` (one reply each, codec ``none``)."""
     replies = [TrainReply(node_id=i, site=f"site-{i}", delta=[], num_examples=10, steps=1,
-                          train_loss=0.5, sqgrad=encode(r, "none")) for i, r in enumerate(reports)]
+                          train_loss=0.5, channels={keys.PRUNING_SQGRAD: encode(r, "none")})
+               for i, r in enumerate(reports)]
     squared, info = squared_gradients(replies, MODEL, "none")
     assert squared is not None
     return squared, info

@@ -32,7 +32,7 @@ def _round(density: float = 0.5, interval: int = 2) -> tuple[PruningRound, Array
 def _reply(node: int, version: int, sqgrad: np.ndarray | None = None) -> TrainReply:
     return TrainReply(node_id=node, site=f"s{node}", delta=[], num_examples=1, steps=1,
                       train_loss=0.0, metrics={keys.PRUNING_VERSION: float(version)},
-                      sqgrad=sqgrad)
+                      channels={} if sqgrad is None else {keys.PRUNING_SQGRAD: sqgrad})
 
 
 def test_the_initial_model_is_pruned_and_travels_compacted():

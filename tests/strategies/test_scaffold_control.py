@@ -31,7 +31,9 @@ REFERENCE = [np.zeros(3, np.float32), np.zeros((), np.int64), np.zeros(1, np.flo
 
 def _reply(node: int, control_delta: np.ndarray | None) -> TrainReply:
     return TrainReply(node_id=node, site=f"s{node}", delta=[], num_examples=1, steps=1,
-                      train_loss=1.0, control_delta=control_delta)
+                      train_loss=1.0,
+                      channels={} if control_delta is None
+                      else {keys.CONTROL_DELTA: control_delta})
 
 
 def _instructions(nodes: list[int], sites: int) -> Instructions:

@@ -36,7 +36,8 @@ HONEST = [np.array([1.0, 2.0, 0.5, -1.0]), np.array([1.5, 1.0, 0.0, -0.5]),
 
 def _replies(vectors: list[np.ndarray]) -> list[TrainReply]:
     return [TrainReply(node_id=i + 1, site=f"s{i + 1}", delta=[], num_examples=10, steps=3,
-                       train_loss=1.0, control_delta=encode(v.astype(np.float32), "none"))
+                       train_loss=1.0,
+                       channels={keys.CONTROL_DELTA: encode(v.astype(np.float32), "none")})
             for i, v in enumerate(vectors)]
 
 

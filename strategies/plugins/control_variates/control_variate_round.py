@@ -101,6 +101,9 @@ class ControlVariateRound(RoundFeature):
         no defence, SCAFFOLD's sum.
     """
 
+    #: Each site's ``Delta c_i``, encoded with the round's codec.
+    channels = (keys.CONTROL_DELTA,)
+
     def __init__(self, control: ControlVariates, downlink_codec: str = "none",
                  aggregator: Aggregator | None = None) -> None:
         self.control = control
@@ -166,9 +169,10 @@ class ControlVariateRound(RoundFeature):
         deltas, missing = [], 0
         for reply in replies:
             try:
-                if reply.control_delta is None:
+                control_delta = reply.channels.get(keys.CONTROL_DELTA)
+                if control_delta is None:
                     raise ValueError("the reply carries none")
-                vector = decode(np.asarray(reply.control_delta), plan.codec, sum(sizes),
+                vector = decode(np.asarray(control_delta), plan.codec, sum(sizes),
                                 seed=plan.seed_of(reply.node_id), segments=sizes)
                 if not np.isfinite(vector).all():
                     raise ValueError("not finite")

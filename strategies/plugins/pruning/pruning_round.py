@@ -117,10 +117,11 @@ def squared_gradients(replies: Sequence[TrainReply], named: Mapping[str, np.ndar
     ends = np.cumsum([a.size for a in floats.values()])[:-1]
     sites, reports = [], []
     for reply in replies:
-        if reply.sqgrad is None:
+        sqgrad = reply.channels.get(keys.PRUNING_SQGRAD)
+        if sqgrad is None:
             continue
         try:
-            vector = decode(np.asarray(reply.sqgrad), codec, size)
+            vector = decode(np.asarray(sqgrad), codec, size)
         except ValueError as exc:
             log(WARNING, "pruning: %s's squared gradients left out: %s", reply.site, exc)
             continue
@@ -153,6 +154,9 @@ class PruningRound(RoundFeature):
     pruning : Pruning
         The run's active pruning plug-in (``strategy.pruning``); its state is the mask.
     """
+
+    #: A re-pruning round's squared gradients, from the sites it asked.
+    channels = (keys.PRUNING_SQGRAD,)
 
     def __init__(self, pruning: Pruning) -> None:
         self.pruning = pruning
