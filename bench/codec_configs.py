@@ -48,18 +48,6 @@ class CodecConfig:
                 "strategy.downlink-codec": self.downlink,
                 "strategy.codec-warmup-rounds": self.warmup_rounds}
 
-    def check(self) -> None:
-        """Validate the setting as the product does, before anything runs.
-
-        Raises
-        ------
-        strategies.errors.ConfigError
-            A key the product refuses (the message names it).
-        """
-        from app.engine import full_run_config  # noqa: PLC0415 - the engine loads Flower
-
-        full_run_config(self.overrides())
-
 
 #: The error-feedback study of ``bench/compression_fedavg.py``.
 CONFIGS: tuple[CodecConfig, ...] = (

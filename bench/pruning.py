@@ -97,7 +97,8 @@ STUDY = runner.Study(
     federation=pruning_set, arms=arms,
     schedule=lambda args, dense: {"num-server-rounds": args.rounds},
     fields=pruning_fields, summary=_summary,
-    table=lambda payload: markdown_table(payload["runs"]), rows_key="per_seed",
+    table=lambda payload: markdown_table(payload["runs"]),
+    rows_of=lambda payload: payload.get("per_seed", []),
     arm_key="variant", experiment="bench-pruning", baseline=DENSE, warm_up=True,
     defaults={"seeds": [0, 1, 2], "tail": 3},  # a Dice of 0.1-0.5 moves by a tenth a round
     options=(

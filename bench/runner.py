@@ -11,9 +11,9 @@ order, writes the study's JSON after every run and, with ``--resume``, keeps the
 runs the JSON already holds *with the same run config* (a stored run of the
 same set, seed and arm under another config is run again and replaced).
 
-The baseline arm (:attr:`Study.baseline`, e.g. dense) runs first for a set and
-seed; an arm whose baseline did not run (the ``--budget-seconds`` ran out) is
-listed in the JSON's ``missing``. One command line serves every study
+The baseline arm (:attr:`Study.baseline`, e.g. dense), if the study has one,
+runs first for a set and seed; an arm whose baseline did not run (the
+``--budget-seconds`` ran out) is listed in the JSON's ``missing``. One command line serves every study
 (:func:`parser`: the shared options plus the study's :attr:`Study.options`)::
 
     .venv/bin/python bench/runner.py pruning --seeds 0 --rounds 6 --resume
@@ -102,8 +102,8 @@ class Study:
         The JSON from ``meta``, the rows, the runs left out and the options.
     table : Callable[[dict], str]
         The markdown table of a JSON the study wrote.
-    rows_key : str
-        Where the JSON holds the rows (``--resume`` reads them there).
+    rows_of : Callable[[dict], list[dict]]
+        The rows a JSON the study wrote holds (``--resume`` keeps them).
     arm_key : str
         The row field holding the arm's name.
     experiment : str
@@ -112,8 +112,8 @@ class Study:
         The study's own options beside :func:`parser`'s shared ones.
     defaults : Mapping[str, Any]
         Defaults of shared options the study changes (``seeds``, ``tail``...).
-    baseline : str
-        The arm every other arm of a set and seed needs first.
+    baseline : str | None
+        The arm every other arm of a set and seed needs first (``None``: none).
     warm_up : bool
         Run the baseline one untimed round before a set's first run (torch's start-up).
     """
@@ -128,12 +128,12 @@ class Study:
     fields: Callable[[Any, RoundSeries, Path], dict]
     summary: Callable[[dict, list[dict], list[str], argparse.Namespace], dict]
     table: Callable[[dict], str]
-    rows_key: str
+    rows_of: Callable[[dict], list[dict]]
     arm_key: str
     experiment: str
     options: tuple[Option, ...] = ()
     defaults: Mapping[str, Any] = field(default_factory=dict)
-    baseline: str = "none"
+    baseline: str | None = None
     warm_up: bool = False
 
 
@@ -203,6 +203,11 @@ def run_arm(study: Study, federation: Federation, arm: Arm, seed: int,
             "run_config": overrides}
 
 
+def _runs(rows: list[dict], study: Study, name: str, seed: int, arm: str | None) -> list[dict]:
+    """The rows of set ``name``, ``seed`` and arm ``arm``."""
+    return [r for r in rows if (r["set"], r["seed"], r[study.arm_key]) == (name, seed, arm)]
+
+
 def _same(row: dict, config: dict) -> bool:
     """Whether a stored row ran ``config`` (compared as the JSON holds it)."""
     return row.get("run_config") == json.loads(json.dumps(config))
@@ -217,9 +222,9 @@ def run_study(study: Study, args: argparse.Namespace, command: Sequence[str]) ->
     meta = {"benchmark": study.name, "description": study.doc.split("\n\n")[0],
             "engine": "in-process", "setup": {k: (str(v) if isinstance(v, Path) else v)
                                               for k, v in vars(args).items()},
-            "skipped": {}, "versions": environment(),
+            "sets": {}, "skipped": {}, "versions": environment(),
             "commands": previous.get("meta", previous).get("commands", []) + [list(command)]}
-    rows: list[dict] = list(previous.get(study.rows_key, []))
+    rows: list[dict] = list(study.rows_of(previous)) if previous else []
     missing: list[str] = []
     warm: set[str] = set()
     with tempfile.TemporaryDirectory(prefix=f"{study.name}-") as tmp:
@@ -232,19 +237,18 @@ def run_study(study: Study, args: argparse.Namespace, command: Sequence[str]) ->
                     meta["skipped"][name] = f"{args.shared_data}: {exc}"
                     print(f"[{name}] skipped: {meta['skipped'][name]}", flush=True)
                     continue
+                meta["sets"][name] = federation.overrides
                 for arm in study.arms(args, index):
-                    baseline = next((r for r in rows if (r["set"], r["seed"], r[study.arm_key])
-                                     == (name, seed, study.baseline)), None)
+                    baseline = next(iter(_runs(rows, study, name, seed, study.baseline)), None)
                     schedule = study.schedule(args, None if arm.name == study.baseline
                                               else baseline)
                     config = run_config(study, federation, arm, seed, schedule)
-                    mine = [r for r in rows
-                            if (r["set"], r["seed"], r[study.arm_key]) == (name, seed, arm.name)]
+                    mine = _runs(rows, study, name, seed, arm.name)
                     if any(_same(r, config) for r in mine):
                         continue
                     if (args.budget_seconds is not None and time.perf_counter() - started
-                            > args.budget_seconds) or (baseline is None
-                                                       and arm.name != study.baseline):
+                            > args.budget_seconds) or (baseline is None and study.baseline
+                                                       not in (None, arm.name)):
                         missing.append(f"{name} seed {seed} {arm.name}")
                         continue
                     if study.warm_up and name not in warm:  # untimed: torch's start-up

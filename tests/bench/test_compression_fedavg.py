@@ -9,10 +9,13 @@ and error feedback changes the model the federation reaches from round 2 on.
 from __future__ import annotations
 
 import json
+import shlex
+from pathlib import Path
 
 import pytest
 
 import compression_fedavg
+from tests.bench.conftest import stored_and_rebuilt
 from tests.integration.conftest import write_small_hospitals
 
 CONFIGS = ["none", "topk:0.01+ef", "topk:0.01"]
@@ -64,3 +67,15 @@ def test_main_skips_the_xray_set_without_the_data(tmp_path):
     assert compression_fedavg.main(["--sets", "cxr", "--shared-data", str(tmp_path / "none"),
                                     "--output", str(out)]) == 0
     assert "skipped" in json.loads(out.read_text())["tasks"]["cxr"]
+
+
+def test_the_runner_builds_the_stored_run_configs(fake_shared):
+    """Every run of bench/results/compression_fedavg.json: the runner, given the stored
+    commands, hands the engine the run config the old script did (site folders aside)."""
+    stored = json.loads((Path(compression_fedavg.BENCH) / "results" / "compression_fedavg.json")
+                        .read_text())
+    rows = [r for task in stored["tasks"].values() for r in task["curves"].values()]
+    commands = [shlex.split(c)[1:] for c in stored["commands"]]
+    stored_configs, built = stored_and_rebuilt(compression_fedavg.STUDY, commands, rows,
+                                               fake_shared)
+    assert len(built) == 13 and built == stored_configs

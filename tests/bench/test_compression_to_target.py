@@ -12,13 +12,17 @@ bytes-to-target rules.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 import compression_to_target as bench
+import runner
+from app.engine import full_run_config
 from bytes_to_target import compare, goals, summarise
 from codec_configs import parse_config
 from strategies.errors import ConfigError
+from tests.bench.conftest import stored_and_rebuilt
 from tests.integration.conftest import write_small_hospitals
 
 CONFIGS = ["none", "topk:0.01+ef", "topk:0.01+ef down=topk:0.01 warmup=1"]
@@ -107,4 +111,17 @@ def test_config_options_round_trip_and_are_checked_by_the_product():
     with pytest.raises(ValueError, match="option"):
         parse_config("topk:0.01+ef speed=2")
     with pytest.raises(ConfigError, match="downlink"):
-        parse_config("topk:0.01+ef down=sign").check()
+        full_run_config(parse_config("topk:0.01+ef down=sign").overrides())
+    args = runner.parser(bench.STUDY).parse_args(["--configs", "topk:0.01+ef down=sign"])
+    with pytest.raises(ConfigError, match="downlink"):  # before any run
+        runner.run_study(bench.STUDY, args, [])
+
+
+def test_the_runner_builds_the_stored_run_configs(fake_shared):
+    """Every run of bench/results/compression_to_target.json: the runner, given the stored
+    commands, hands the engine the run config the old script did (site folders aside)."""
+    stored = json.loads((Path(bench.BENCH) / "results" / "compression_to_target.json")
+                        .read_text())
+    stored_configs, built = stored_and_rebuilt(bench.STUDY, stored["commands"], stored["runs"],
+                                               fake_shared)
+    assert built == stored_configs

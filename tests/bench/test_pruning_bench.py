@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 import pruning as bench
-import pruning_sets
 import runner
 from app.engine import full_run_config
-from pruning_sets import SETS, PruningSettings, Variant
+from pruning_sets import PruningSettings, Variant
 from pruning_summary import compare_seeds, goals, markdown_table, summarise
 from strategies.errors import ConfigError
+from tests.bench.conftest import stored_and_rebuilt
 
 SETTINGS = PruningSettings({"unstructured": (0.15, 0.2), "structured": (0.4, 0.45)}, interval=2,
                            report_codec="topk:0.05")
@@ -138,25 +138,13 @@ def test_variants_are_run_configs_of_the_product():
         runner.run_study(bench.STUDY, args, [])
 
 
-def test_the_runner_builds_the_stored_run_configs(tmp_path, monkeypatch):
+def test_the_runner_builds_the_stored_run_configs(fake_shared):
     """Every run of bench/results/pruning.json: the runner, given the stored command, hands
     the engine the run config the old script did (site folders aside)."""
     stored = json.loads((Path(bench.BENCH) / "results" / "pruning.json").read_text())
-    for spec in SETS.values():
-        if spec.shared_file:
-            (tmp_path / spec.shared_file).parent.mkdir(parents=True, exist_ok=True)
-            (tmp_path / spec.shared_file).touch()
-    monkeypatch.setattr(pruning_sets, "shared_sites", lambda *a, **k: [])
-    monkeypatch.setattr(pruning_sets, "synthetic_sites", lambda *a, **k: [])
-    (command,) = stored["meta"]["commands"]
-    args = runner.parser(bench.STUDY).parse_args([*command, "--shared-data", str(tmp_path)])
-    arms = {arm.name: arm for arm in bench.arms(args)}
-    assert len(stored["per_seed"]) == len(args.sets) * len(args.seeds) * len(arms)
-    for row in stored["per_seed"]:
-        federation = pruning_sets.pruning_set(row["set"], args)
-        built = runner.run_config(bench.STUDY, federation, arms[row["variant"]], row["seed"],
-                                  bench.STUDY.schedule(args, row))
-        assert built == row["run_config"]
+    stored_configs, built = stored_and_rebuilt(bench.STUDY, stored["meta"]["commands"],
+                                               stored["per_seed"], fake_shared)
+    assert len(built) == 45 and built == stored_configs  # 3 sets x 3 seeds x 5 variants
 
 
 @pytest.fixture(scope="module")
