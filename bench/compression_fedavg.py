@@ -104,8 +104,7 @@ STUDY = runner.Study(
     arm_key="config", experiment="bench-compression",
     options=(Option("--configs", {"nargs": "+", "default": None, "help": "subset, e.g. none "
                                   "topk:0.01+ef topk:0.01 (default: all nine)"}),
-             Option("--seed", {"type": lambda v: [int(v)], "dest": "seeds",
-                               "help": "the seed of every run (default 0)"}),
+             runner.SINGLE_SEED,
              Option("--rounds", {"type": int, "default": 4}), *SET_OPTIONS))
 
 

@@ -45,11 +45,13 @@ There is no known optimum of ``F`` for a neural network: this measures the
 objective reached after equal rounds, not a distance to ``x*``. The per-site
 split is the inconsistency-specific signal (FedAvg favours long-tau sites).
 
-Usage::
+A study of :mod:`runner`: each run below is an arm (its run-config keys and
+each site's ``local-steps-cap``). Usage::
 
     .venv/bin/python bench/fednova_pe_task.py --rounds 8 --momenta 0
 
-Results: ``bench/results/fednova_pe_task.json``.
+Results: ``bench/results/fednova_pe_task.json`` (``--resume`` keeps its runs with
+the same run config).
 """
 
 from __future__ import annotations
@@ -58,74 +60,75 @@ from __future__ import annotations
 from single_thread import BENCH  # noqa: I001
 
 import argparse  # noqa: E402
-import platform  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
+import sys  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
-from dataclasses import asdict, dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from engine_runs import run_product, series, synthetic_sites  # noqa: E402
-from report import write_report  # noqa: E402
+import runner  # noqa: E402
+from engine_runs import RoundSeries, synthetic_sites  # noqa: E402
+from runner import Arm, Federation, Option  # noqa: E402
 from stats import mean, mean_sd, pm  # noqa: E402
 from clients.datagen.federation import hospital_name  # noqa: E402
 
-__all__ = ["METHODS", "RunSpec", "build_specs", "run_spec", "summarise", "main"]
+__all__ = ["STUDY", "METHODS", "build_arms", "summarise", "main"]
 
-DEFAULT_OUTPUT = BENCH / "results" / "fednova_pe_task.json"
 METHODS = ("fedavg", "fednova")
 NUM_SITES = 3
+DESCRIPTION = ("FedAvg vs FedNova on the 2.5D U-Net PE segmentation task, 3 synthetic sites, "
+               "local SGD, heterogeneous local steps (node_config local-steps-cap); the "
+               "product's federation through the in-process engine.")
+MEASURED = ("F_i = the product's pow-d query loss (DiceCE) of the model each round receives on "
+            "site i's training slabs (cpow-d on --eval-slabs random slabs when > 0); index 0 = "
+            "the initial model; F = sum_i p_i F_i; F~ with w_i = p_i a_i / sum_j p_j a_j.")
 
 
-@dataclass(frozen=True)
-class RunSpec:
-    """One federation: the rule, each site's tau, the local SGD."""
+def _arm(name: str, method: str, taus: tuple[int, ...], lr: float, momentum: float,
+         eval_slabs: int) -> Arm:
+    """One federation: the rule, each site's tau (its ``local-steps-cap``), the local SGD."""
+    return Arm(name, {
+        "lr": lr, "momentum": momentum, "local-steps": max(taus), "strategy.aggregator": method,
+        "fednova.min-steps-fraction": min(taus) / max(taus),
+        "strategy.selector": "cpow-d" if eval_slabs else "pow-d", "selection.m": len(taus),
+        "selection.d": len(taus), "selection.subset": eval_slabs},
+        {"method": method, "taus": list(taus), "lr": lr, "momentum": momentum},
+        tuple({"local-steps-cap": tau} for tau in taus))
 
-    name: str
-    method: str
-    taus: tuple[int, ...]
-    lr: float
-    momentum: float
 
+def build_arms(args: argparse.Namespace, index: int = 0) -> list[Arm]:
+    """FedAvg and FedNova with heterogeneous tau per momentum; the homogeneous FedAvg control.
 
-def build_specs(taus: Sequence[int], homogeneous_tau: int, lr: float,
-                momenta: Sequence[float]) -> list[RunSpec]:
-    """FedAvg and FedNova with heterogeneous tau per momentum; the homogeneous FedAvg control."""
-    specs = []
-    for momentum in momenta:
-        tag, scaled = f"sgd-m{momentum:g}", lr * (1.0 - momentum)
-        specs += [RunSpec(f"{m}/het/{tag}", m, tuple(taus), scaled, momentum) for m in METHODS]
+    Raises
+    ------
+    ValueError
+        Unless ``rounds >= 2`` and ``1 <= tail <= rounds``.
+    """
+    if args.rounds < 2 or not 1 <= args.tail <= args.rounds:
+        raise ValueError("need rounds >= 2 and 1 <= tail <= rounds")
+    arms = []
+    for momentum in args.momenta:
+        tag, scaled = f"sgd-m{momentum:g}", args.lr * (1.0 - momentum)
+        arms += [_arm(f"{m}/het/{tag}", m, tuple(args.taus), scaled, momentum, args.eval_slabs)
+                 for m in METHODS]
         if momentum == 0.0:
-            specs.append(RunSpec(f"fedavg/hom/{tag}", "fedavg",
-                                 (homogeneous_tau,) * len(taus), scaled, momentum))
-    return specs
+            arms.append(_arm(f"fedavg/hom/{tag}", "fedavg", (args.homogeneous_tau,) * NUM_SITES,
+                             scaled, momentum, args.eval_slabs))
+    return arms
 
 
-def run_spec(spec: RunSpec, folders: Sequence[Path], args: argparse.Namespace,
-             workdir: Path) -> dict:
-    """Run ``spec`` through the product; its curves (index 0 = the initial model)."""
-    from app.engine import VirtualSite  # noqa: PLC0415 - the engine loads Flower
-
-    sites = []
-    for folder, tau in zip(folders, spec.taus):
-        site = VirtualSite.folder(folder, site_name=folder.name)
-        site.node_config = {**site.node_config, "local-steps-cap": tau}
-        sites.append(site)
-    overrides = {
+def _federation(name: str, args: argparse.Namespace) -> Federation:
+    folders = ([args.data_root / hospital_name(i) for i in range(NUM_SITES)]
+               if args.data_root else synthetic_sites("pe-seg", NUM_SITES, 0, 96))
+    return Federation(name, "dice", tuple(folders), {
         "task": "pe-seg", "image-size": args.image_size, "batch-size": args.batch_size,
-        "optimizer": "sgd", "lr": spec.lr, "momentum": spec.momentum,
-        "local-steps": max(spec.taus), "strategy.aggregator": spec.method,
-        "fednova.min-steps-fraction": min(spec.taus) / max(spec.taus),
-        "strategy.selector": "cpow-d" if args.eval_slabs else "pow-d",
-        "selection.m": len(sites), "selection.d": len(sites),
-        "selection.subset": args.eval_slabs, "num-server-rounds": args.rounds,
-        "seed": args.seed, "experiment": "bench-fednova-pe"}
-    outcome, seconds = run_product(overrides, sites, workdir)
-    run = series(outcome)
-    names = [folder.name for folder in folders]
+        "optimizer": "sgd"})
+
+
+def _fields(outcome, run: RoundSeries, workdir: Path) -> dict:
+    """Per round the sites' F_i, val Dice, steps and a-norms; the sites' example shares."""
     reports = [outcome.reports[r] for r in sorted(outcome.reports)]
+    names = sorted(reports[0].train)
     examples = np.array([reports[0].train[n]["num-examples"] for n in names], dtype=float)
     return {
         "F_sites": [[losses[n] for n in names] for losses in run.selection_losses],
@@ -133,25 +136,23 @@ def run_spec(spec: RunSpec, folders: Sequence[Path], args: argparse.Namespace,
         "val_dice_sites": [[r.evaluate[n]["val-dice"] for n in names] for r in reports],
         "steps": [[r.train[n]["steps"] for n in names] for r in reports],
         "a_norms": [[r.train[n]["a-norm"] for n in names] for r in reports],
-        "p": (examples / examples.sum()).tolist(), "dropped": run.dropped,
-        "seconds": seconds, "mlflow_run_id": outcome.mlflow_run_id, "run_config": overrides}
+        "p": (examples / examples.sum()).tolist()}
 
 
-def summarise(specs: Sequence[RunSpec], curves: dict[str, dict], tail: int) -> dict:
+def summarise(rows: Sequence[dict], tail: int) -> dict:
     """Final F, F~ and per-site F_i per run; FedNova / FedAvg ratios; the het - hom gaps."""
     runs = {}
-    for spec in specs:
-        c = curves[spec.name]
+    for c in rows:
         p, a = np.asarray(c["p"]), np.mean(c["a_norms"], axis=0)
         w = p * a / float(p @ a)  # FedAvg's surrogate weights (Thm. 1)
         sites = np.asarray(c["F_sites"])
         F, F_surrogate = sites @ p, sites @ w
         f, f_sd = mean_sd(F[-tail:].tolist())
         d, d_sd = mean_sd(c["val_dice"][-tail:])
-        runs[spec.name] = {
-            "method": spec.method, "taus": list(spec.taus), "lr": spec.lr,
-            "momentum": spec.momentum, "a_norms": a.tolist(),
-            "delta_weights": (p if spec.method == "fedavg" else float(p @ a) * p / a).tolist(),
+        runs[c["name"]] = {
+            "method": c["method"], "taus": c["taus"], "lr": c["lr"],
+            "momentum": c["momentum"], "a_norms": a.tolist(),
+            "delta_weights": (p if c["method"] == "fedavg" else float(p @ a) * p / a).tolist(),
             "surrogate_weights_fedavg": w.tolist(), "F": F.tolist(),
             "final_F": f, "final_F_sd_over_tail": f_sd,
             "final_F_surrogate": mean(F_surrogate[-tail:].tolist()),
@@ -159,7 +160,7 @@ def summarise(specs: Sequence[RunSpec], curves: dict[str, dict], tail: int) -> d
             "final_val_dice": d, "final_val_dice_sd_over_tail": d_sd,
             "initial_F": float(F[0]), "best_F": float(F.min())}
     comparisons = {}
-    for momentum in sorted({s.momentum for s in specs}):
+    for momentum in sorted({r["momentum"] for r in rows}):
         tag = f"sgd-m{momentum:g}"
         avg, nova = runs.get(f"fedavg/het/{tag}"), runs.get(f"fednova/het/{tag}")
         hom, entry = runs.get(f"fedavg/hom/{tag}"), {}
@@ -176,74 +177,58 @@ def summarise(specs: Sequence[RunSpec], curves: dict[str, dict], tail: int) -> d
     return {"tail_rounds": tail, "runs": runs, "comparisons": comparisons}
 
 
-def print_table(summary: dict) -> None:
+def _summary(meta: dict, rows: list[dict], missing: list[str], args: argparse.Namespace) -> dict:
+    return {"benchmark": meta["benchmark"], "engine": meta["engine"], "description": DESCRIPTION,
+            "measured": MEASURED, "config": {**meta["setup"], "runs": [
+                {k: r[k] for k in ("name", "method", "taus", "lr", "momentum")} for r in rows]},
+            "curves": {r["name"]: r for r in rows}, "summary": summarise(rows, args.tail),
+            "wall_seconds": meta.get("wall_seconds"), "versions": meta["versions"],
+            "commands": meta["commands"]}
+
+
+def table(payload: dict) -> str:
     """A short table of the final numbers."""
-    print(f"\nfinal = mean of the last {summary['tail_rounds']} values")
-    print(f"{'run':<22} {'tau':<12} {'lr':>6} {'F':>8} {'+-':>6} {'F~':>8} "
-          f"{'F_i per site':<22} {'Dice':>6}")
+    summary = payload["summary"]
+    lines = [f"final = mean of the last {summary['tail_rounds']} values",
+             f"{'run':<22} {'tau':<12} {'lr':>6} {'F':>8} {'+-':>6} {'F~':>8} "
+             f"{'F_i per site':<22} {'Dice':>6}"]
     for name, r in summary["runs"].items():
         sites = " ".join(f"{v:.3f}" for v in r["final_F_sites"])
         spread = pm(r["final_F_sd_over_tail"], None, ".4f")
-        print(f"{name:<22} {str(tuple(r['taus'])):<12} {r['lr']:>6.3g} {r['final_F']:>8.4f} "
-              f"{spread:>6} {r['final_F_surrogate']:>8.4f} {sites:<22} "
-              f"{r['final_val_dice']:>6.3f}")
-    for tag, c in summary["comparisons"].items():
-        print(f"{tag}: " + "; ".join(f"{k} {v:+.4f}" for k, v in c.items()
-                                     if isinstance(v, float)))
+        lines.append(f"{name:<22} {str(tuple(r['taus'])):<12} {r['lr']:>6.3g} "
+                     f"{r['final_F']:>8.4f} {spread:>6} {r['final_F_surrogate']:>8.4f} "
+                     f"{sites:<22} {r['final_val_dice']:>6.3f}")
+    lines += [f"{tag}: " + "; ".join(f"{k} {v:+.4f}" for k, v in c.items()
+                                     if isinstance(v, float))
+              for tag, c in summary["comparisons"].items()]
+    return "\n".join(lines)
+
+
+def _option(flag: str, kind: type, default: object, **kwargs: object) -> Option:
+    return Option(flag, {"type": kind, "default": default, **kwargs})
+
+
+STUDY = runner.Study(
+    name="fednova_pe_task", doc=__doc__, output=BENCH / "results" / "fednova_pe_task.json",
+    sets=("pe",), federation=_federation, arms=build_arms,
+    schedule=lambda args, baseline: {"num-server-rounds": args.rounds}, fields=_fields,
+    summary=_summary, table=table,  # runs stored before the runner lack "set": run again
+    rows_of=lambda payload: [r for r in payload.get("curves", {}).values() if "set" in r],
+    arm_key="name", experiment="bench-fednova", defaults={"tail": 3},
+    options=(_option("--rounds", int, 8), _option("--taus", int, [10, 40, 40], nargs=NUM_SITES),
+             _option("--homogeneous-tau", int, 25),
+             _option("--lr", float, 0.1, help="plain-SGD lr; with momentum m the lr is lr*(1-m)"),
+             _option("--momenta", float, [0.0], nargs="+"), _option("--image-size", int, 32),
+             _option("--batch-size", int, 8),
+             _option("--eval-slabs", int, 0, help="0: F_i on the whole training split (pow-d); "
+                     "k: cpow-d on k random slabs a query"),
+             _option("--data-root", Path, None, help="folder with hospital-00..02 (default: "
+                     "generated once under data/bench/)"), runner.SINGLE_SEED))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=8)
-    parser.add_argument("--taus", type=int, nargs=NUM_SITES, default=[10, 40, 40])
-    parser.add_argument("--homogeneous-tau", type=int, default=25)
-    parser.add_argument("--lr", type=float, default=0.1,
-                        help="plain-SGD lr; with momentum m the lr is lr*(1-m)")
-    parser.add_argument("--momenta", type=float, nargs="+", default=[0.0])
-    parser.add_argument("--image-size", type=int, default=32)
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--eval-slabs", type=int, default=0,
-                        help="0: F_i on the whole training split (pow-d); k: cpow-d on k "
-                             "random slabs a query")
-    parser.add_argument("--tail", type=int, default=3)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--data-root", type=Path, default=None,
-                        help="folder with hospital-00..02 (default: generated once under "
-                             "data/bench/)")
-    parser.add_argument("--workdir", type=Path, default=None,
-                        help="MLflow store of the runs (default: a temporary folder)")
-    parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
-    args = parser.parse_args(argv)
-    if args.rounds < 2 or not 1 <= args.tail <= args.rounds:
-        parser.error("need rounds >= 2 and 1 <= tail <= rounds")
-    started = time.perf_counter()
-    folders = ([args.data_root / hospital_name(i) for i in range(NUM_SITES)]
-               if args.data_root else synthetic_sites("pe-seg", NUM_SITES, 0, 96))
-    specs = build_specs(args.taus, args.homogeneous_tau, args.lr, args.momenta)
-    curves: dict[str, dict] = {}
-    with tempfile.TemporaryDirectory(prefix="fednova-pe-") as tmp:
-        for spec in specs:
-            curves[spec.name] = run_spec(spec, folders, args, args.workdir or Path(tmp))
-            print(f"{spec.name:<22} done in {curves[spec.name]['seconds']:.1f} s", flush=True)
-    summary = summarise(specs, curves, args.tail)
-    write_report(args.output, {
-        "benchmark": "fednova_pe_task", "engine": "in-process",
-        "description": "FedAvg vs FedNova on the 2.5D U-Net PE segmentation task, 3 synthetic "
-                       "sites, local SGD, heterogeneous local steps (node_config "
-                       "local-steps-cap); the product's federation through the in-process "
-                       "engine.",
-        "measured": "F_i = the product's pow-d query loss (DiceCE) of the model each round "
-                    "receives on site i's training slabs (cpow-d on --eval-slabs random slabs "
-                    "when > 0); index 0 = the "
-                    "initial model; F = sum_i p_i F_i; F~ with w_i = p_i a_i / sum_j p_j a_j.",
-        "config": {**{k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-                   "sites": [str(f) for f in folders], "runs": [asdict(s) for s in specs]},
-        "curves": curves, "summary": summary, "wall_seconds": time.perf_counter() - started,
-        "python": platform.python_version()}, indent=1)
-    print_table(summary)
-    print(f"\nresults in {args.output}")
-    return 0
+    return runner.main(STUDY, argv)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(main())

@@ -7,7 +7,7 @@ run gets (:attr:`Study.schedule`), the row fields it reads from a run and how
 its JSON summarises (through :mod:`stats` and the study's summary module).
 :func:`run_study` runs every (set, seed, arm) through the product's in-process
 engine (:func:`engine_runs.run_product`, no federation loop here) in that
-order, writes the study's JSON after every run and, with ``--resume``, keeps the
+order, once the product has accepted every run's config (:func:`check_arms`), writes the study's JSON after every run and, with ``--resume``, keeps the
 runs the JSON already holds *with the same run config* (a stored run of the
 same set, seed and arm under another config is run again and replaced).
 
@@ -40,7 +40,7 @@ from bytes_to_target import traffic_fields  # noqa: E402
 from engine_runs import SHARED, RoundSeries, run_product, series  # noqa: E402
 from report import environment, write_report  # noqa: E402
 
-__all__ = ["Federation", "Arm", "Option", "SetMissing", "Study", "parser", "check_arms",
+__all__ = ["Federation", "Arm", "Option", "SINGLE_SEED", "SetMissing", "Study", "parser", "check_arms",
            "run_config", "run_arm", "run_study", "main"]
 
 
@@ -56,11 +56,13 @@ class Federation:
 
 @dataclass(frozen=True)
 class Arm:
-    """One arm of a study: its name, the run-config keys it adds, the row fields naming it."""
+    """One arm of a study: its name, the run-config keys it adds, the row fields naming it
+    and, per site (in the federation's folder order), node-config keys it adds there."""
 
     name: str
     overrides: Mapping[str, Any]
     fields: Mapping[str, Any] = field(default_factory=dict)
+    site_config: tuple[Mapping[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,11 @@ class Option:
 
     flag: str
     kwargs: Mapping[str, Any]
+
+
+#: ``--seed N``: the one seed of a study whose command line always had one (``--seeds [N]``).
+SINGLE_SEED = Option("--seed", {"type": lambda v: [int(v)], "dest": "seeds",
+                                "help": "the seed of every run (default 0)"})
 
 
 class SetMissing(Exception):
@@ -164,8 +171,9 @@ def parser(study: Study) -> argparse.ArgumentParser:
     return p
 
 
-def check_arms(study: Study, args: argparse.Namespace) -> None:
-    """Validate every arm's keys as the product does, before anything runs.
+def check_arms(study: Study, args: argparse.Namespace,
+               federations: Mapping[str, Federation]) -> None:
+    """Validate the run config of every (set, seed, arm) as the product does, before any run.
 
     Raises
     ------
@@ -174,9 +182,11 @@ def check_arms(study: Study, args: argparse.Namespace) -> None:
     """
     from app.engine import full_run_config  # noqa: PLC0415 - the engine loads Flower
 
-    for index in range(len(args.seeds)):
-        for arm in study.arms(args, index):
-            full_run_config(dict(arm.overrides))
+    for index, seed in enumerate(args.seeds):
+        for federation in federations.values():
+            for arm in study.arms(args, index):
+                full_run_config(run_config(study, federation, arm, seed,
+                                           study.schedule(args, None)))
 
 
 def run_config(study: Study, federation: Federation, arm: Arm, seed: int,
@@ -192,6 +202,8 @@ def run_arm(study: Study, federation: Federation, arm: Arm, seed: int,
     from app.engine import VirtualSite  # noqa: PLC0415 - the engine loads Flower
 
     sites = [VirtualSite.folder(folder, site_name=folder.name) for folder in federation.folders]
+    for site, keys in zip(sites, arm.site_config):
+        site.node_config = {**site.node_config, **keys}
     overrides = run_config(study, federation, arm, seed, schedule)
     outcome, seconds = run_product(overrides, sites, workdir)
     run = series(outcome)
@@ -215,7 +227,6 @@ def _same(row: dict, config: dict) -> bool:
 
 def run_study(study: Study, args: argparse.Namespace, command: Sequence[str]) -> dict:
     """Run ``study`` under ``args`` (see the module docstring); the JSON it wrote last."""
-    check_arms(study, args)
     started = time.perf_counter()
     previous = json.loads(args.output.read_text()) if args.resume and \
         args.output.is_file() else {}
@@ -224,20 +235,23 @@ def run_study(study: Study, args: argparse.Namespace, command: Sequence[str]) ->
                                               for k, v in vars(args).items()},
             "sets": {}, "skipped": {}, "versions": environment(),
             "commands": previous.get("meta", previous).get("commands", []) + [list(command)]}
+    federations = {}
+    for name in args.sets:
+        try:
+            federations[name] = study.federation(name, args)
+        except SetMissing as exc:
+            meta["skipped"][name] = f"{args.shared_data}: {exc}"
+            print(f"[{name}] skipped: {meta['skipped'][name]}", flush=True)
+            continue
+        meta["sets"][name] = federations[name].overrides
+    check_arms(study, args, federations)
     rows: list[dict] = list(study.rows_of(previous)) if previous else []
     missing: list[str] = []
     warm: set[str] = set()
     with tempfile.TemporaryDirectory(prefix=f"{study.name}-") as tmp:
         workdir = args.workdir or Path(tmp)
         for index, seed in enumerate(args.seeds):
-            for name in args.sets:
-                try:
-                    federation = study.federation(name, args)
-                except SetMissing as exc:
-                    meta["skipped"][name] = f"{args.shared_data}: {exc}"
-                    print(f"[{name}] skipped: {meta['skipped'][name]}", flush=True)
-                    continue
-                meta["sets"][name] = federation.overrides
+            for name, federation in federations.items():
                 for arm in study.arms(args, index):
                     baseline = next(iter(_runs(rows, study, name, seed, study.baseline)), None)
                     schedule = study.schedule(args, None if arm.name == study.baseline

@@ -21,7 +21,7 @@ import runner
 from app.engine import full_run_config
 from bytes_to_target import compare, goals, summarise
 from codec_configs import parse_config
-from strategies.errors import ConfigError
+from strategies.wire.errors import ConfigError
 from tests.bench.conftest import stored_and_rebuilt
 from tests.integration.conftest import write_small_hospitals
 
@@ -102,7 +102,7 @@ def test_bytes_to_target_counts_up_and_down_until_the_first_round_at_95_percent(
     assert met["bytes_to_target_updates"] == ["topk"]
 
 
-def test_config_options_round_trip_and_are_checked_by_the_product():
+def test_config_options_round_trip_and_are_checked_by_the_product(fake_shared):
     config = parse_config("topk:0.01+ef down=topk:0.01 warmup=4")
     assert (config.downlink, config.warmup_rounds, config.error_feedback) == ("topk:0.01", 4, True)
     assert config.overrides() == {"strategy.codec": "topk:0.01", "strategy.error-feedback": True,
@@ -112,7 +112,8 @@ def test_config_options_round_trip_and_are_checked_by_the_product():
         parse_config("topk:0.01+ef speed=2")
     with pytest.raises(ConfigError, match="downlink"):
         full_run_config(parse_config("topk:0.01+ef down=sign").overrides())
-    args = runner.parser(bench.STUDY).parse_args(["--configs", "topk:0.01+ef down=sign"])
+    args = runner.parser(bench.STUDY).parse_args(["--configs", "topk:0.01+ef down=sign",
+                                                  "--shared-data", str(fake_shared)])
     with pytest.raises(ConfigError, match="downlink"):  # before any run
         runner.run_study(bench.STUDY, args, [])
 

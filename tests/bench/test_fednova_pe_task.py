@@ -10,11 +10,13 @@ objective values); FedNova's weights on the deltas are
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import fednova_pe_task as bench
+import runner
 from tests.integration.conftest import write_small_hospitals
 
 TAUS = (1, 3, 3)
@@ -56,3 +58,25 @@ def test_fednova_weights_and_a_different_model(result):
     avg, nova = curves["fedavg/het/sgd-m0"]["F_sites"], curves["fednova/het/sgd-m0"]["F_sites"]
     assert avg[0] == nova[0] and avg[1] != nova[1]
     assert "ratio_F_fednova_over_fedavg" in result["summary"]["comparisons"]["sgd-m0"]
+
+
+def test_the_runner_builds_the_stored_run_configs(tmp_path):
+    """Every run of bench/results/fednova_pe_task.json: the runner, given the stored setup,
+    hands the engine the stored run config (site folders aside), and ``fednova.min-steps-
+    fraction``, which the script has added to every run since those runs."""
+    stored = json.loads((Path(bench.BENCH) / "results" / "fednova_pe_task.json").read_text())
+    setup = stored["config"]
+    args = runner.parser(bench.STUDY).parse_args([
+        "--rounds", str(setup["rounds"]), "--taus", *map(str, setup["taus"]),
+        "--momenta", *map(str, setup["momenta"]), "--eval-slabs", str(setup["eval_slabs"]),
+        "--seed", str(setup["seed"]), "--data-root", str(tmp_path)])
+    federation = bench.STUDY.federation("pe", args)
+    arms = bench.build_arms(args)
+    assert [a.name for a in arms] == list(stored["curves"])
+    for arm in arms:
+        taus = arm.fields["taus"]
+        assert [c["local-steps-cap"] for c in arm.site_config] == taus
+        assert runner.run_config(bench.STUDY, federation, arm, setup["seed"],
+                                 bench.STUDY.schedule(args, None)) == {
+            **stored["curves"][arm.name]["run_config"],
+            "fednova.min-steps-fraction": min(taus) / max(taus)}

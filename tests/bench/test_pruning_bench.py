@@ -14,7 +14,7 @@ import runner
 from app.engine import full_run_config
 from pruning_sets import PruningSettings, Variant
 from pruning_summary import compare_seeds, goals, markdown_table, summarise
-from strategies.errors import ConfigError
+from strategies.wire.errors import ConfigError
 from tests.bench.conftest import stored_and_rebuilt
 
 SETTINGS = PruningSettings({"unstructured": (0.15, 0.2), "structured": (0.4, 0.45)}, interval=2,
@@ -112,7 +112,7 @@ def test_goals_are_reported_met_and_not_met_per_set():
     assert result["thresholds"]["params_kept_at_most"] == 0.2
 
 
-def test_variants_are_run_configs_of_the_product():
+def test_variants_are_run_configs_of_the_product(fake_shared):
     wanted = bench.variants(["magnitude", "prunefl-structured"], "topk:0.1+ef",
                             ["prunefl-structured"])
     assert [v.name for v in wanted] == ["dense", "magnitude", "prunefl-structured",
@@ -133,7 +133,8 @@ def test_variants_are_run_configs_of_the_product():
     too_dense = PruningSettings({"unstructured": (0.3, 0.2)}, interval=2)
     with pytest.raises(ConfigError, match="max-density"):
         full_run_config(Variant("magnitude").overrides(too_dense))
-    args = runner.parser(bench.STUDY).parse_args(["--density", "0.3", "--max-density", "0.2"])
+    args = runner.parser(bench.STUDY).parse_args(["--density", "0.3", "--max-density", "0.2",
+                                                  "--shared-data", str(fake_shared)])
     with pytest.raises(ConfigError, match="max-density"):  # before any run
         runner.run_study(bench.STUDY, args, [])
 
