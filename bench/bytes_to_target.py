@@ -27,26 +27,16 @@ and seed runs as many.
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Sequence
 
 import numpy as np
 
 from stats import at_least, defined, group, markdown_table as table, mean, ratio, tail_mean
 
-__all__ = ["add_target_arguments", "traffic_fields", "compare", "summarise", "goals",
-           "markdown_table"]
+__all__ = ["traffic_fields", "compare", "summarise", "goals", "markdown_table"]
 
 #: The issue's goals: uplink and downlink ratios, final metric within 2%, bytes to target.
 GOAL_UP, GOAL_DOWN, GOAL_REL, GOAL_TARGET = 100.0, 10.0, -0.02, 50.0
-
-
-def add_target_arguments(parser: argparse.ArgumentParser) -> None:
-    """The to-target rule's options (``--tail``, ``--fraction``) and ``--budget-seconds``."""
-    parser.add_argument("--tail", type=int, default=2, help="final = mean of the last N rounds")
-    parser.add_argument("--fraction", type=float, default=0.95, help="target = this x dense")
-    parser.add_argument("--budget-seconds", type=float, default=None,
-                        help="start no run after this many seconds (default: no limit)")
 
 
 def traffic_fields(run) -> dict:

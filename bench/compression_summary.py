@@ -23,7 +23,7 @@ def summarise(task_name: str, metric_names: Sequence[str], rows: Sequence[dict],
               tail: int) -> dict:
     """Per-config bytes, ratios, final metrics and the two targets of the issue.
 
-    ``rows`` are :func:`compression_sets.codec_run` rows of one set and seed.
+    ``rows`` are :func:`runner.run_arm` rows of one set and seed (``compression_fedavg``).
     """
     by_name = {r["config"]: r for r in rows}
     dense = by_name.get("none")
