@@ -7,14 +7,17 @@ run gets (:attr:`Study.schedule`), the row fields it reads from a run and how
 its JSON summarises (through :mod:`stats` and the study's summary module).
 :func:`run_study` runs every (set, seed, arm) through the product's in-process
 engine (:func:`engine_runs.run_product`, no federation loop here) in that
-order, once the product has accepted every run's config (:func:`check_arms`), writes the study's JSON after every run and, with ``--resume``, keeps the
+order, once the product has accepted every run's config (:func:`check_arms`);
+it writes the study's JSON after every run and, with ``--resume``, keeps the
 runs the JSON already holds *with the same run config* (a stored run of the
-same set, seed and arm under another config is run again and replaced).
+same set, seed and arm under another config is run again and replaced). The
+JSON's ``sets`` records each set's run-config overrides.
 
 The baseline arm (:attr:`Study.baseline`, e.g. dense), if the study has one,
 runs first for a set and seed; an arm whose baseline did not run (the
-``--budget-seconds`` ran out) is listed in the JSON's ``missing``. One command line serves every study
-(:func:`parser`: the shared options plus the study's :attr:`Study.options`)::
+``--budget-seconds`` ran out) is listed in the JSON's ``missing``. One command
+line serves every study (:func:`parser`: the shared options plus the study's
+:attr:`Study.options`)::
 
     .venv/bin/python bench/runner.py pruning --seeds 0 --rounds 6 --resume
     .venv/bin/python bench/pruning.py --seeds 0 --rounds 6 --resume   # the same
@@ -40,8 +43,8 @@ from bytes_to_target import traffic_fields  # noqa: E402
 from engine_runs import SHARED, RoundSeries, run_product, series  # noqa: E402
 from report import environment, write_report  # noqa: E402
 
-__all__ = ["Federation", "Arm", "Option", "SINGLE_SEED", "SetMissing", "Study", "parser", "check_arms",
-           "run_config", "run_arm", "run_study", "main"]
+__all__ = ["Federation", "Arm", "Option", "SINGLE_SEED", "SetMissing", "Study", "parser",
+           "check_arms", "run_config", "run_arm", "run_study", "main"]
 
 
 @dataclass(frozen=True)
