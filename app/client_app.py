@@ -7,7 +7,7 @@ node_config ``policy-path``), the message's config record becomes a typed
 :class:`~clients.site.instruction.Instruction`, its arrays plain numpy; the site's
 round checks the request against the policy, does the work and returns numpy
 arrays and python numbers, which go back as the reply's ``delta``, ``metrics`` and
-``site`` records (:mod:`strategies.message_keys`), and a SecAgg+ stage's protocol
+``site`` records (:mod:`strategies.wire.message_keys`), and a SecAgg+ stage's protocol
 entries as the ``secagg`` record (:mod:`clients.site.secure_round`). Every failure, a policy refusal
 included, leaves as a sanitised error reply (:mod:`app.site_errors`): a fixed code,
 the exception type, never its text.
@@ -29,9 +29,9 @@ from clients.site.run_settings import SiteRunSettings
 from clients.site.site import Site
 from clients.site.site_round import SiteTasks, answer
 from clients.vertical.stages import VerticalRequest, answer_vertical, vertical_site
-from strategies import message_keys as keys
 from strategies.model_packing import named_arrays, record_of
-from strategies.vertical.options import split_vertical
+from strategies.wire import message_keys as keys
+from strategies.wire.vertical_options import split_vertical
 
 app = ClientApp()
 

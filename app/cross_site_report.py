@@ -47,8 +47,8 @@ from matplotlib.figure import Figure
 from app.config.run_config import RunConfig
 from app.tracking import BestRound, FederationTracker, RoundRecord, metric_key
 from app.tracking.figures import federation_figures, matrix_figure
-from strategies.errors import FederationError
-from strategies.plugins.personalisation.gain import GAIN, PERSONALISED, personalisation_gains
+from strategies.wire.errors import FederationError
+from strategies.wire.personalisation_gain import GAIN, PERSONALISED, personalisation_gains
 from strategies.rounds.cross_site import (
     FINETUNED,
     CrossSiteResult,

@@ -35,7 +35,7 @@ from app.tracking.model_folder import (METADATA_KEY, ModelFolderError, fedmed_en
 from app.tracking.model_store import ModelStoreError, is_mlflow_uri, model_folder
 from clients.registry import task_class
 from clients.training.site_task import TaskSettings
-from strategies.errors import ConfigError
+from strategies.wire.errors import ConfigError
 
 __all__ = ["ModelSourceError", "LoggedModel", "METADATA_KEY", "is_mlflow_uri",
            "load_state_dict_from", "load_logged_model", "network_from"]

@@ -52,7 +52,7 @@ from app.prediction.personalised import federation_of, personalise, site_of
 from app.tracking.model_sparsity import runnable_network
 from clients.registry import task_class
 from clients.training.device import ComputeDevice, select_device
-from strategies.errors import ConfigError, FedMedError, ItemError
+from strategies.wire.errors import ConfigError, FedMedError, ItemError
 
 __all__ = ["PredictSummary", "predict", "main"]
 

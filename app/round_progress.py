@@ -12,9 +12,9 @@ rules: never as NaN.
 from __future__ import annotations
 
 from app.tracking.traffic_text import round_traffic
-from strategies import message_keys as keys
 from strategies.rounds.round_report import RoundReport
 from strategies.rounds.withheld import withheld_summary, withheld_text
+from strategies.wire import message_keys as keys
 
 __all__ = ["epsilon_text", "metric_text", "progress_line"]
 

@@ -46,8 +46,8 @@ from app.tracking.run_end import RunEnd, finish_run, flush_command
 from app.vertical.federation import VerticalOutcome, federate_vertical
 from clients.registry import task_class
 from clients.training.pruning import model_structure
-from strategies import message_keys as keys
 from strategies.rounds.cross_site import CrossSiteResult
+from strategies.wire import message_keys as keys
 from strategies.rounds.checkpoint import (
     CHECKPOINT_FILE,
     CheckpointError,
@@ -57,11 +57,11 @@ from strategies.rounds.checkpoint import (
     run_folder,
     save_checkpoint,
 )
+from strategies.plugins.defences.defended import with_defence
+from strategies.plugins.pruning.pruning_round import PruningRound
 from strategies.rounds.active_features import active_features
 from strategies.rounds.federated_strategy import FederatedStrategy
-from strategies.local_solver import LocalSolver
-from strategies.plugins.pruning.pruning_round import PruningRound
-from strategies.plugins.defences.defended import with_defence
+from strategies.wire.local_solver import LocalSolver
 from strategies.plugins.registries import (
     AGGREGATORS,
     CODEC_RATES,

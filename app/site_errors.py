@@ -20,8 +20,8 @@ from flwr.app import Context, Error, Message
 
 from app.config.site_config import SiteConfig
 from clients.site.policy import PolicyRefusal
-from strategies import message_keys as keys
-from strategies.errors import ConfigError, ItemError, SiteError
+from strategies.wire import message_keys as keys
+from strategies.wire.errors import ConfigError, ItemError, SiteError
 
 __all__ = ["ERROR_CODES", "error_code", "error_reply", "sanitised"]
 

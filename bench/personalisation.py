@@ -97,7 +97,7 @@ from personalisation_summary import (METHODS, REPTILE, kept_sets, seed_record,  
                                      split_variant, summarise, variant, variants)
 from report import Column, environment, print_table, write_report  # noqa: E402
 from stats import pm  # noqa: E402
-from strategies.errors import ConfigError  # noqa: E402
+from strategies.wire.errors import ConfigError  # noqa: E402
 
 __all__ = ["protocol_record", "set_record", "run_seed", "main"]
 

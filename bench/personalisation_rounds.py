@@ -84,7 +84,7 @@ def federated_outcomes(folders: list[Path], overrides: dict, workdir: Path
 
     Raises
     ------
-    strategies.errors.ConfigError
+    strategies.wire.errors.ConfigError
         The product refuses the run config (FedBN on a model without local layers).
     """
     outcome, _ = run_product(overrides, folder_sites(folders), workdir)

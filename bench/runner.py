@@ -180,7 +180,7 @@ def check_arms(study: Study, args: argparse.Namespace,
 
     Raises
     ------
-    strategies.errors.ConfigError
+    strategies.wire.errors.ConfigError
         A key or value the product refuses (the message names it).
     """
     from app.engine import full_run_config  # noqa: PLC0415 - the engine loads Flower

@@ -74,7 +74,7 @@ def sum_witness() -> Iterator[list[bool]]:
     """Observe every secure round in this process: one bool per round, whether the unmasked
     sum equals the sum mod ``m`` of the summed sites' quantised levels."""
     from strategies.secure_aggregation.coordinator import SecAggRound  # noqa: PLC0415
-    from strategies.secure_aggregation.participant import Participant  # noqa: PLC0415
+    from strategies.wire.secure_aggregation.participant import Participant  # noqa: PLC0415
 
     levels: dict[tuple[int, int], np.ndarray] = {}
     verdicts: list[bool] = []
@@ -119,7 +119,7 @@ def run_arm(sites: int, dropout: float, seed: int, rounds: int, local_steps: int
     overrides = {**SETTINGS, "num-server-rounds": rounds, "local-steps": local_steps,
                  "min-nodes": sites, "seed": seed, "strategy.codec": codec,
                  "strategy.secure-aggregation": "secagg+" if secure else "none"}
-    from strategies.errors import FederationError  # noqa: PLC0415
+    from strategies.wire.errors import FederationError  # noqa: PLC0415
 
     with sum_witness() as verdicts:
         try:

@@ -20,7 +20,7 @@ the real ServerApp against the real ClientApp at every site):
 
 Seed index ``s`` fixes the split (the converter's ``--seed``) and the run's
 ``seed`` (model initialisation, selector, each site's batches per round through
-:func:`strategies.seeds.site_seed`), shared by every method.
+:func:`strategies.wire.seeds.site_seed`), shared by every method.
 
 Metrics per method (mean over seeds), from the federation's round reports: rounds
 to the target validation accuracy (first round whose trailing mean over ``smooth``

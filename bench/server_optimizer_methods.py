@@ -91,7 +91,7 @@ def unavailable(name: str) -> str | None:
         If ``name`` is no method of :data:`METHODS` (the message names it).
     """
     from app.engine import full_run_config  # noqa: PLC0415 - the engine loads Flower
-    from strategies.errors import ConfigError  # noqa: PLC0415
+    from strategies.wire.errors import ConfigError  # noqa: PLC0415
 
     if name not in METHODS:
         raise KeyError(f"unknown method {name!r} (known: {', '.join(METHODS)})")

@@ -75,7 +75,7 @@ SPLIT_BATCHES = {"splitnn": 1, "splitnn-u": 1}
 def _vertical_folders(set_name: str, seed: int, root: Path) -> list[Path]:
     """The vertical set's site folders for ``seed`` (written once by the product's writer)."""
     from clients.datagen.vertical_sets import VERTICAL_SETS  # noqa: PLC0415
-    from strategies.registry import import_path  # noqa: PLC0415
+    from strategies.wire.registry import import_path  # noqa: PLC0415
 
     out = (root / f"vertical-{set_name}-seed{seed}").resolve()
     stamp = out / ".written"

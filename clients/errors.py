@@ -2,7 +2,7 @@
 
 Every error names the offending file (or folder) and the reason, so a site
 operator can fix the data without reading a traceback. The hierarchy hangs off
-the product's root (:mod:`strategies.errors`): a loader skips one bad study
+the product's root (:mod:`strategies.wire.errors`): a loader skips one bad study
 (:class:`StudyError` and its subclasses, an ``ItemError``) while a broken site
 manifest (:class:`ManifestError`, a ``SiteError``) stops the whole site.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from strategies.errors import ItemError, SiteError
+from strategies.wire.errors import ItemError, SiteError
 
 
 class PathReason:

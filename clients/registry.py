@@ -1,6 +1,6 @@
 """The imaging tasks a site can run, by name (the run config's ``task``): one registry line per task.
 
-:data:`TASKS` is a :class:`~strategies.registry.Registry` of :class:`TaskEntry`
+:data:`TASKS` is a :class:`~strategies.wire.registry.Registry` of :class:`TaskEntry`
 records, each naming as dotted paths, imported only on use, the task's
 :class:`~clients.training.site_task.SiteTask` class, its synthetic hospital
 generator and its shared-set converter, and listing the names of its real
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from strategies.errors import ConfigError
-from strategies.registry import Registry, import_path
+from strategies.wire.errors import ConfigError
+from strategies.wire.registry import Registry, import_path
 
 if TYPE_CHECKING:
     from clients.datagen.shared_set import SharedSet

@@ -28,8 +28,8 @@ from collections.abc import Sequence
 from numbers import Real
 
 import numpy as np
-from strategies.errors import ReplyError
-from strategies.local_solver import local_solver_coefficients, local_solver_norm
+from strategies.wire.errors import ReplyError
+from strategies.wire.local_solver import local_solver_coefficients, local_solver_norm
 
 __all__ = [
     "AggregationError",
@@ -95,7 +95,7 @@ class AggregationError(ReplyError):
     ``index`` is the position of the update (reply) at fault, ``None`` when no
     single one is; the round loop drops that reply and aggregates the others
     (:mod:`strategies.rounds.update_stream`). Invalid local solver settings
-    raise :class:`strategies.local_solver.LocalSolverError`.
+    raise :class:`strategies.wire.local_solver.LocalSolverError`.
     """
 
     def __init__(self, message: str, index: int | None = None) -> None:

@@ -11,7 +11,7 @@ and the server residual :math:`e` (EF-SGD, Karimireddy et al. 2019,
           e_t = z_t - \hat d_t, \quad \hat x_t = \hat x_{t-1} + \hat d_t ,
 
 with :math:`\hat d_t = \mathrm{decode}(p_t)`. Every in-sync site holds the one
-reference :math:`\hat x` (:class:`~strategies.downlink_reference.Reference`) and
+reference :math:`\hat x` (:class:`~strategies.wire.downlink_reference.Reference`) and
 trains from it; the invariant :math:`\sum_t \hat d_t + e_T = \sum_t u_t`, i.e.
 :math:`\hat x_T + e_T = x_T`, keeps the reference within the residual of the
 global model.
@@ -40,17 +40,17 @@ from dataclasses import dataclass
 import numpy as np
 from flwr.app import Array, ArrayRecord
 
-from strategies import message_keys as keys
-from strategies.codecs.registry import UpdateCodec
 from strategies.compression import ErrorFeedback, decode, parse_spec
-from strategies.downlink_header import PAYLOAD_KEY, RAW_KEY, DownlinkHeader
-from strategies.downlink_reference import Reference, raw_bytes
-from strategies.errors import ConfigError
-from strategies.model_buffer import pack_model
 from strategies.model_packing import named_arrays, record_of
-from strategies.registry import Registry
-from strategies.seeds import derive_seed
-from strategies.update_codec import dense_bytes
+from strategies.wire import message_keys as keys
+from strategies.wire.codecs.registry import UpdateCodec
+from strategies.wire.downlink_header import DownlinkHeader, PAYLOAD_KEY, RAW_KEY
+from strategies.wire.downlink_reference import Reference, raw_bytes
+from strategies.wire.errors import ConfigError
+from strategies.wire.model_buffer import pack_model
+from strategies.wire.registry import Registry
+from strategies.wire.seeds import derive_seed
+from strategies.wire.update_codec import dense_bytes
 
 __all__ = ["DOWNLINK_CODECS", "DownlinkCodecError", "DownlinkRound", "ServerDownlink",
            "check_downlink_codec"]
@@ -61,12 +61,12 @@ class DownlinkCodecError(ConfigError):
 
 
 #: The codecs the downlink takes (see the module docstring for why not the others), by
-#: dotted path to their :data:`~strategies.codecs.registry.CODECS` entry.
+#: dotted path to their :data:`~strategies.wire.codecs.registry.CODECS` entry.
 DOWNLINK_CODECS: Registry[UpdateCodec] = Registry("downlink codec", "strategy.downlink-codec",
                                                   error=DownlinkCodecError)
-DOWNLINK_CODECS.add_path("none", "strategies.codecs.identity:CODEC")
-DOWNLINK_CODECS.add_path("fp16", "strategies.codecs.fp16:CODEC")
-DOWNLINK_CODECS.add_path("topk", "strategies.codecs.topk:CODEC")
+DOWNLINK_CODECS.add_path("none", "strategies.wire.codecs.identity:CODEC")
+DOWNLINK_CODECS.add_path("fp16", "strategies.wire.codecs.fp16:CODEC")
+DOWNLINK_CODECS.add_path("topk", "strategies.wire.codecs.topk:CODEC")
 
 
 def check_downlink_codec(spec: str) -> str:
@@ -115,7 +115,7 @@ class ServerDownlink:
         Downlink codec spec (run config ``strategy.downlink-codec``); ``none``
         leaves the downlink dense (:attr:`active` is false).
     seed : int
-        Base of the per-round codec seed (:func:`~strategies.seeds.derive_seed`).
+        Base of the per-round codec seed (:func:`~strategies.wire.seeds.derive_seed`).
 
     Attributes
     ----------

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from numbers import Integral, Real
-from strategies.errors import ConfigError
+from strategies.wire.errors import ConfigError
 
 __all__ = ["LocalStepsError", "LossSmoother", "adacomm_tau"]
 

@@ -13,7 +13,7 @@ names the product's sites send, each with its range, and both ends read it:
 * the hospital's site runtime (:mod:`app.site_runtime.egress_filter`) refuses a reply
   that carries an undeclared name (:func:`declared`) or a value out of range.
 
-The names (:mod:`strategies.message_keys`, :mod:`clients.site.site_round`'s
+The names (:mod:`strategies.wire.message_keys`, :mod:`clients.site.site_round`'s
 ``<split>-<name>``, personalisation's ``personalised-<split>-<name>``, the vertical
 stages' own, the tasks' ``main_metric`` and metrics, :data:`TASK_METRICS`):
 
@@ -37,7 +37,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from strategies import message_keys as keys
+from strategies.wire import message_keys as keys
 
 __all__ = ["DECLARED", "MetricRange", "SPLITS", "TASK_METRICS", "declared", "range_problem"]
 

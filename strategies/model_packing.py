@@ -6,11 +6,11 @@ the SuperLink with its own request. The 2.5D U-Net's 36 tensors are 72 pulls
 (0.1-0.2 s each on a loaded 2-core machine, 7-12 s a message; see
 ``bench/site_overhead.py``). :func:`pack_arrays` lays the tensors end to end in
 one ``uint8`` array with a small JSON layout beside it
-(:func:`strategies.model_buffer.pack_model`), so the model costs one pull per 5 MB
+(:func:`strategies.wire.model_buffer.pack_model`), so the model costs one pull per 5 MB
 chunk; :func:`unpack_arrays` gives the same ``ArrayRecord`` back, bit for bit.
 
 The Flower side of the packed form: the strategy packs; the site unpacks the
-numpy arrays itself (:mod:`strategies.model_buffer`, no Flower).
+numpy arrays itself (:mod:`strategies.wire.model_buffer`, no Flower).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from collections.abc import Mapping
 import numpy as np
 from flwr.app import Array, ArrayRecord
 
-from strategies.model_buffer import (LAYOUT_KEY, MODEL_KEY, PackedModelError, pack_model,
-                                     unpack_model)
+from strategies.wire.model_buffer import (LAYOUT_KEY, MODEL_KEY, PackedModelError, pack_model,
+                                          unpack_model)
 
 __all__ = ["LAYOUT_KEY", "MODEL_KEY", "PackedModelError", "named_arrays", "pack_arrays",
            "record_of", "unpack_arrays"]

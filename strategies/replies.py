@@ -24,13 +24,13 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.supercore.inflatable.inflatable_object import InflatableObject
 
-from strategies import message_keys as keys
-from strategies.local_solver import LocalSolver
 from strategies.metric_ranges import range_problem
-from strategies.codecs.identity import SPEC as DENSE
-from strategies.update_codec import unpack_update
-from strategies.update_layout import UpdateFormatError, dense_update
-from strategies.errors import ReplyError
+from strategies.wire import message_keys as keys
+from strategies.wire.codecs.identity import SPEC as DENSE
+from strategies.wire.errors import ReplyError
+from strategies.wire.local_solver import LocalSolver
+from strategies.wire.update_codec import unpack_update
+from strategies.wire.update_layout import UpdateFormatError, dense_update
 
 __all__ = [
     "InvalidReplyError",
@@ -136,7 +136,7 @@ def _delta(message: Message, reference: list[np.ndarray], codec: str, seed: int,
     ``channels`` asked for (any other is refused, naming it).
 
     A dense update (``codec`` ``none``) is read straight from its payload
-    (:func:`~strategies.update_layout.dense_update`); any other, or one it cannot read, is
+    (:func:`~strategies.wire.update_layout.dense_update`); any other, or one it cannot read, is
     decoded by its codec, whose checks give the reason."""
     record = message.content.get(keys.DELTA)
     if not isinstance(record, ArrayRecord):
@@ -178,7 +178,7 @@ def parse_train_reply(message: Message, reference: list[np.ndarray], codec: str 
     """Validate a train reply against the global model ``reference`` and decode its update.
 
     ``codec`` and ``seed`` are the update codec spec and the codec seed this
-    site was given for the round (:mod:`strategies.update_codec`); ``node_id``
+    site was given for the round (:mod:`strategies.wire.update_codec`); ``node_id``
     the node the reply answers for (default: its source). The
     reported ``steps`` must be an integer in ``1 .. max_steps`` (the tau the
     site was sent; no upper bound when ``None``). FedNova's a-norm is computed

@@ -26,7 +26,7 @@ from numbers import Integral, Real
 from typing import TypeVar
 
 import numpy as np
-from strategies.errors import ConfigError
+from strategies.wire.errors import ConfigError
 
 __all__ = [
     "SelectionError",

@@ -7,7 +7,7 @@ The map is the code block under "Layers and allowed imports". Its format:
 - a line belongs to the innermost folder opened on a line with a smaller indent;
   a folder line's own text belongs to the folder(s) it opens;
 - every ``name.py`` or ``sub/name.py`` token on a line names a module relative to that
-  folder; a path starting with a top-level folder (``strategies/seeds.py``) is from the root.
+  folder; a path starting with a top-level folder (``strategies/wire/seeds.py``) is from the root.
 
 Every ``.py`` file of app/, strategies/, clients/ and models/ but ``__init__.py`` must
 be named under its own folder, and every named module must exist.
@@ -79,14 +79,14 @@ def test_the_parser_reads_folders_shared_names_and_root_paths():
     block = ["app/         glue",
              "  tracking/          tracker.py FederationTracker; outbox.py",
              "                     traffic_text.py words",
-             "  predict.py         uses tracking/figures.py and strategies/seeds.py",
+             "  predict.py         uses tracking/figures.py and strategies/wire/seeds.py",
              "clients/     site side",
              "  pe_seg/ cxr_cls/   one package per task",
              "    task.py data.py  the task",
              "  registry.py        TASKS"]
     assert set(named_modules(block)) == {
         "app/tracking/tracker.py", "app/tracking/outbox.py", "app/tracking/traffic_text.py",
-        "app/predict.py", "app/tracking/figures.py", "strategies/seeds.py",
+        "app/predict.py", "app/tracking/figures.py", "strategies/wire/seeds.py",
         "clients/pe_seg/task.py", "clients/pe_seg/data.py", "clients/cxr_cls/task.py",
         "clients/cxr_cls/data.py", "clients/registry.py"}
 

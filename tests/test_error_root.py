@@ -1,4 +1,4 @@
-"""Every error the product defines hangs off strategies.errors.FedMedError by exactly one branch."""
+"""Every error the product defines hangs off strategies.wire.errors.FedMedError by one branch."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pickle
 
 import pytest
 
-from strategies import errors
+from strategies.wire import errors
 
 BRANCHES = (errors.ConfigError, errors.SiteError, errors.ItemError, errors.ReplyError,
             errors.FederationError)

@@ -2,10 +2,10 @@
 function-level imports included).
 
 - models/ imports no Flower and none of app/, clients/, strategies/;
-- clients/ imports no Flower and nothing of app/; of strategies/ only the pure modules of
-  :data:`CLIENT_SIDE_STRATEGIES` (docs/ARCHITECTURE.md, "What clients/ imports of
-  strategies/"), and those modules reach no Flower through their own imports but its
-  secure-aggregation primitives (:data:`FLOWER_PRIMITIVES`);
+- clients/ imports no Flower and nothing of app/; of strategies/ only the wire kernel,
+  :data:`WIRE` and its submodules (docs/ARCHITECTURE.md, "The wire kernel");
+- the wire kernel is closed: of strategies/ it imports only itself, and of Flower only
+  its secure-aggregation primitives (:data:`FLOWER_PRIMITIVES`);
 - strategies/ imports no torch, MONAI, app/, clients/ or models/.
 """
 
@@ -16,34 +16,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-#: The modules of strategies/ the site side may import: pure numpy or stdlib, no Flower.
-CLIENT_SIDE_STRATEGIES = frozenset({
-    "strategies.errors",                     # the exception root
-    "strategies.run_keys",                   # the run config's flat keys: types, defaults, ranges
-    "strategies.registry",                   # the one Registry type
-    "strategies.seeds",                      # every seed the product derives
-    "strategies.message_keys",               # the wire contract's record and metric names
-    "strategies.model_buffer",               # the packed model (named tensors, one buffer)
-    "strategies.compression",                # encode / decode / ErrorFeedback
-    "strategies.update_codec",               # pack_update / unpack_update
-    "strategies.codecs.registry",            # CODECS, for the policy's codec names
-    "strategies.downlink_header",            # the downlink entries of an instruction
-    "strategies.downlink_receive",           # a site's receive of the compressed downlink
-    "strategies.downlink_reference",         # the reference model both ends hold
-    "strategies.plugins.options",            # PluginError, PluginOptions (personalisation options)
-    "strategies.plugins.personalisation.options",  # the personalisation.* section
-    "strategies.plugins.personalisation.gain",     # the personalised-gain metric names
-    "strategies.local_solver",               # LocalSolver: a site's own a-norm (FedNova, SecAgg+)
-    "strategies.secure_aggregation.errors",       # SecAggError
-    "strategies.secure_aggregation.settings",     # RoundPlan, in a stage's instruction
-    "strategies.secure_aggregation.participant",  # the site's side of the SecAgg+ stages
-    "strategies.secure_aggregation.vector",       # the masked vector, rand-k's shared coordinates
-    "strategies.secure_aggregation.weights",      # site_coefficient, applied before masking
-    "strategies.vertical.options",                # VerticalOptions, the vertical.* section
-    "strategies.plugins.pruning.mask",            # the pruning mask: compact / expand, its record
-})
+#: The wire kernel: the one package of strategies/ the site side may import (with its
+#: submodules), and which imports nothing of strategies/ outside itself.
+WIRE = "strategies.wire"
 
-#: Flower's pure primitives the listed modules may reach (functions over bytes and numpy
+#: Flower's pure primitives the wire kernel may import (functions over bytes and numpy
 #: arrays, no Flower runtime): Shamir sharing, Fernet, the share plaintext, quantisation.
 FLOWER_PRIMITIVES = ("flwr.common.secure_aggregation",)
 
@@ -101,41 +78,67 @@ def test_each_layer_imports_only_what_it_may():
     assert not broken, "layering of ../shared/DESIGN.md broken:\n" + "\n".join(broken)
 
 
-def test_clients_import_only_the_listed_pure_modules_of_strategies():
-    imported = {name: path for path in sources("clients") for name in imports_of(path)
-                if within(name, "strategies")}
-    unlisted = [f"{path.relative_to(ROOT)} imports {name}" for name, path in sorted(imported.items())
-                if name not in CLIENT_SIDE_STRATEGIES and not any(
-                    within(allowed, name) for allowed in CLIENT_SIDE_STRATEGIES)]
-    assert not unlisted, ("clients/ may import of strategies/ only CLIENT_SIDE_STRATEGIES "
-                          "(tests/test_layering.py, docs/ARCHITECTURE.md):\n" + "\n".join(unlisted))
+def outside_the_kernel(imported: dict[str, Path]) -> list[str]:
+    """The imports of strategies/ (``name -> importing file``) that are not the wire kernel."""
+    return [f"{path.relative_to(ROOT)} imports {name}" for name, path in sorted(imported.items())
+            if within(name, "strategies") and not within(name, WIRE)]
 
 
-def test_the_listed_modules_reach_no_flower_through_their_imports():
-    path_of = {module_name(p): p for p in sources("strategies")}
-    reached: dict[str, str] = {}
-    todo = [(name, name) for name in CLIENT_SIDE_STRATEGIES]
-    flower = []
-    while todo:
-        name, via = todo.pop()
-        if name in reached or name not in path_of:
-            continue
-        reached[name] = via
-        parents = [name.rsplit(".", k)[0] for k in range(1, name.count(".") + 1)]
-        todo.extend((parent, via) for parent in parents)  # importing runs each parent's __init__
-        for imported in imports_of(path_of[name]):
-            if within(imported, "flwr") and not any(
-                    within(imported, allowed) for allowed in FLOWER_PRIMITIVES):
-                flower.append(f"{name} (reached from {via}) imports {imported}")
-            todo.append((imported, via))
-    assert not flower, "\n".join(sorted(flower))
+def kernel_breaches(imported: dict[str, Path]) -> list[str]:
+    """The imports of wire modules (``name -> importing file``) that leave the kernel.
+
+    Outside strategies.wire: any other module of strategies/, any of app/, clients/ or
+    models/, and any of Flower but its secure-aggregation primitives.
+    """
+    return [f"{path.relative_to(ROOT)} imports {name}" for name, path in sorted(imported.items())
+            if (within(name, "strategies") and not within(name, WIRE))
+            or any(within(name, top) for top in ("app", "clients", "models"))
+            or (within(name, "flwr") and not any(within(name, allowed)
+                                                  for allowed in FLOWER_PRIMITIVES))]
 
 
-def test_the_architecture_page_lists_the_modules_clients_may_import():
+def test_clients_import_only_the_wire_kernel_of_strategies():
+    imported = {name: path for path in sources("clients") for name in imports_of(path)}
+    unlisted = outside_the_kernel(imported)
+    assert not unlisted, ("clients/ may import of strategies/ only the wire kernel, "
+                          f"{WIRE} (tests/test_layering.py, docs/ARCHITECTURE.md):\n"
+                          + "\n".join(unlisted))
+
+
+def test_the_wire_kernel_imports_only_itself():
+    wire = ROOT.joinpath(*WIRE.split("."))
+    assert (wire / "__init__.py").is_file(), f"no package {WIRE}"
+    files = sorted(p for p in wire.rglob("*.py") if "__pycache__" not in p.parts)
+    files.append(ROOT / "strategies" / "__init__.py")  # importing the kernel runs it too
+    imported = {name: path for path in files for name in imports_of(path)}
+    breaches = kernel_breaches(imported)
+    assert not breaches, (f"{WIRE} may import of the product only {WIRE}, and of Flower only "
+                          f"{', '.join(FLOWER_PRIMITIVES)}:\n" + "\n".join(breaches))
+
+
+def test_the_rules_catch_a_violation():
+    site, kernel = ROOT / "clients" / "x.py", ROOT / "strategies" / "wire" / "x.py"
+    assert outside_the_kernel({"strategies.aggregation": site, "strategies": site})
+    assert outside_the_kernel({"strategies.wirex": site})
+    assert not outside_the_kernel({"strategies.wire.codecs.topk": site, WIRE: site,
+                                   "numpy": site})
+    assert kernel_breaches({"strategies.rounds.round_loop": kernel})
+    assert kernel_breaches({"flwr.app": kernel})
+    assert kernel_breaches({"clients.registry": kernel})
+    assert not kernel_breaches({"strategies.wire.errors": kernel, "numpy": kernel,
+                                "flwr.common.secure_aggregation.quantization": kernel})
+
+
+def test_the_architecture_page_shows_the_wire_kernel():
     page = (ROOT / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
-    heading = "### What clients/ imports of strategies/"
+    heading = "### The wire kernel"
     assert heading in page, f"docs/ARCHITECTURE.md has no section {heading!r}"
     section = page.split(heading, 1)[1].split("\n## ", 1)[0]
-    unlisted = sorted(name for name in CLIENT_SIDE_STRATEGIES if f"`{name}`" not in section)
-    assert not unlisted, ("docs/ARCHITECTURE.md, 'What clients/ imports of strategies/' "
-                          f"does not name: {', '.join(unlisted)}")
+    wire = ROOT.joinpath(*WIRE.split("."))
+    modules = sorted(module_name(p) for p in wire.rglob("*.py")
+                     if "__pycache__" not in p.parts and p.name != "__init__.py")
+    modules = sorted({name if name.count(".") == 2 else name.rsplit(".", 1)[0]
+                      for name in modules})  # a subpackage is named once, as a package
+    unlisted = [name for name in modules if f"`{name}`" not in section]
+    assert not unlisted, ("docs/ARCHITECTURE.md, 'The wire kernel' does not name: "
+                          + ", ".join(unlisted))

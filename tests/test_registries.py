@@ -14,14 +14,14 @@ from clients.registry import TASKS
 from clients.training.augmentation_levels import AUGMENTATIONS
 from clients.training.lr_schedule import LR_SCHEDULES
 from clients.training.task_settings import OPTIMIZERS
-from strategies.codecs.errors import CodecError
-from strategies.codecs.registry import CODECS
 from strategies.downlink import DOWNLINK_CODECS, DownlinkCodecError
-from strategies.errors import ConfigError, FedMedError
-from strategies.plugins.options import PluginError
 from strategies.plugins.pruning.prunefl import REPORT_CODECS
-from strategies.registry import Registry
 from strategies.rounds.site_metric_score import ROBUST_RULES
+from strategies.wire.codecs.errors import CodecError
+from strategies.wire.codecs.registry import CODECS
+from strategies.wire.errors import ConfigError, FedMedError
+from strategies.wire.plugin_options import PluginError
+from strategies.wire.registry import Registry
 
 #: (registry, its names, the key an unknown name is refused with, the error branch).
 TABLES = [

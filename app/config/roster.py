@@ -21,7 +21,7 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
-from strategies.errors import ConfigError
+from strategies.wire.errors import ConfigError
 
 __all__ = ["MAX_EXAMPLES", "RosterError", "load_roster"]
 

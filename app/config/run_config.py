@@ -5,14 +5,14 @@ which checks types and ranges and fails with a :class:`RunConfigError` naming th
 instead of a KeyError deep in a round. Keys are spelled as in pyproject.toml: dashes
 (``local-steps``) and, for the strategy plug-ins and the round policy, dotted groups
 (``strategy.aggregator``, ``round.deadline``). The flat keys' types, defaults and
-ranges are the one table :data:`strategies.run_keys.RUN_KEYS`, which the site's view
+ranges are the one table :data:`strategies.wire.run_keys.RUN_KEYS`, which the site's view
 (:class:`clients.site.run_settings.SiteRunSettings`) reads too; this module adds the
 rules between keys.
 
 The plug-ins' own options live in their sections (``fednova.min-steps-fraction``,
 ``adacomm.tau-min``, ``selection.m``, ...): each plug-in declares and validates
-them (:mod:`strategies.plugins.options`), so this module names no plug-in; it
-hands the sections and the :class:`~strategies.plugins.options.RunSettings`
+them (:mod:`strategies.wire.plugin_options`), so this module names no plug-in; it
+hands the sections and the :class:`~strategies.wire.plugin_options.RunSettings`
 plug-ins read to :mod:`strategies.plugins.registries`.
 """
 
@@ -27,10 +27,9 @@ from clients.training.task_settings import SITE_CHOICES, TaskSettings
 from clients.registry import TASKS
 from strategies.compression import check_warmup, parse_spec
 from strategies.downlink import check_downlink_codec
-from strategies.errors import ConfigError
-from strategies.plugins.options import PluginOptions
-from strategies.plugins.personalisation.options import (PersonalisationOptions,
-                                                        split_personalisation)
+from strategies.wire.errors import ConfigError
+from strategies.wire.plugin_options import PluginOptions
+from strategies.wire.personalisation_options import PersonalisationOptions, split_personalisation
 from strategies.plugins.personalisation.rules import PersonalisationRun, check_personalisation
 from strategies.plugins.run_settings import RunSettings
 from strategies.plugins.registries import (
@@ -40,9 +39,9 @@ from strategies.plugins.registries import (
     parse_sections,
 )
 from strategies.rounds.site_metric_score import SCORE_RULES
-from strategies.run_keys import check as check_key
-from strategies.run_keys import run_key, typed
-from strategies.vertical.options import VerticalOptions, split_vertical
+from strategies.wire.run_keys import check as check_key
+from strategies.wire.run_keys import run_key, typed
+from strategies.wire.vertical_options import VerticalOptions, split_vertical
 
 __all__ = ["CARRIED_KEYS", "RunConfig", "RunConfigError"]
 
@@ -83,7 +82,7 @@ _CHOICES: dict[str, Collection[str]] = {**SITE_CHOICES, "task": TASKS,
 class RunConfig:
     """Settings of one federation: the server's view of the run-config table.
 
-    Every flat key of :data:`strategies.run_keys.RUN_KEYS` is a field (its default the
+    Every flat key of :data:`strategies.wire.run_keys.RUN_KEYS` is a field (its default the
     table's, pyproject.toml's) but the carried ones (:data:`CARRIED_KEYS`).
 
     The task's sizes (``image-size``, ``slab-slices``, ``batch-size``, ``num-labels``,
@@ -190,7 +189,7 @@ class RunConfig:
         raise RunConfigError(f"run-config '{key}' {rule}, got {getattr(self, name)!r}")
 
     def validate(self) -> None:
-        """Check each key's range or choices (:data:`strategies.run_keys.RUN_KEYS`), then the
+        """Check each key's range or choices (:data:`strategies.wire.run_keys.RUN_KEYS`), then the
         rules between keys."""
         for f in _scalar_fields(self):
             check_key(_key(f), getattr(self, f.name), _CHOICES.get(_key(f), ()), RunConfigError)

@@ -39,8 +39,8 @@ from typing import Any
 from clients.site.policy import SitePolicy, load_policy
 from clients.site.site import Site
 from clients.site.state_retention import DEFAULT_RETENTION_DAYS
-from strategies.errors import ConfigError
 from strategies.rounds.site_book import site_name_problem
+from strategies.wire.errors import ConfigError
 from clients.datagen.federation import hospital_name
 
 __all__ = ["RUNTIME_LEDGER", "SiteConfig", "SiteConfigError"]

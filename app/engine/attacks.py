@@ -23,9 +23,9 @@ again:
   steps gets about 8x its weight).
 
 Normalisation-statistics attacks rewrite the update's raw arrays (``raw-<i>``:
-buffers travel uncompressed, :mod:`strategies.update_codec`), the array at
+buffers travel uncompressed, :mod:`strategies.wire.update_codec`), the array at
 position ``i`` of the global model the instruction carries (its packed
-``arrays``: names and order, :mod:`strategies.model_buffer`):
+``arrays``: names and order, :mod:`strategies.wire.model_buffer`):
 
 * ``poison_running_var = k``: every BatchNorm ``running_var`` update becomes
   ``k (v + 1)``, ``v`` the global variance received. Under an example-weighted mean
@@ -56,13 +56,13 @@ import numpy as np
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 
 from app.engine.virtual_site import Handler, VirtualSite, default_handler
-from strategies import message_keys as keys
 from strategies.compression import decode, encode
-from strategies.errors import ConfigError
-from strategies.model_buffer import PackedModelError, unpack_model
 from strategies.model_packing import named_arrays, record_of
-from strategies.seeds import derive_seed
-from strategies.update_codec import PAYLOAD_KEY, RAW_PREFIX
+from strategies.wire import message_keys as keys
+from strategies.wire.errors import ConfigError
+from strategies.wire.model_buffer import PackedModelError, unpack_model
+from strategies.wire.seeds import derive_seed
+from strategies.wire.update_codec import PAYLOAD_KEY, RAW_PREFIX
 
 __all__ = ["SiteAttack", "attacking_handler", "attacking_site", "label_flipped_copy"]
 

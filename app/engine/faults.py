@@ -3,7 +3,7 @@
 A real federation meets slow hospitals, crashing ClientApps and SuperNodes that
 go away; :class:`SiteFaults` describes them for one virtual site so that a test
 or a benchmark can replay them exactly. Rounds are the server round that the
-instruction carries (config ``server-round``, :mod:`strategies.message_keys`);
+instruction carries (config ``server-round``, :mod:`strategies.wire.message_keys`);
 an instruction without one counts as round 0.
 """
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from strategies.errors import ConfigError, SiteError
-from strategies.message_keys import SECAGG_STAGES
+from strategies.wire.errors import ConfigError, SiteError
+from strategies.wire.message_keys import SECAGG_STAGES
 
 __all__ = ["InjectedFault", "SiteFaults"]
 

@@ -58,7 +58,7 @@ def full_run_config(overrides: Mapping[str, Any]) -> dict[str, Any]:
     RunConfigError
         A key pyproject.toml does not declare (named), or a value
         :meth:`RunConfig.from_mapping` refuses (its message names the key).
-    strategies.errors.ConfigError
+    strategies.wire.errors.ConfigError
         A plug-in option or the roster file (``federation.roster``) is invalid.
     """
     defaults = flatten_dict(get_project_config(PROJECT_ROOT)["tool"]["flwr"]["app"]["config"])
@@ -114,7 +114,7 @@ def run_federation(run_config: Mapping[str, Any], sites: Sequence[VirtualSite], 
 
     Raises
     ------
-    strategies.errors.ConfigError
+    strategies.wire.errors.ConfigError
         The run config is invalid (before any site is asked anything).
     """
     from app.server_app import federate  # noqa: PLC0415 - torch loads with the ServerApp

@@ -42,7 +42,7 @@ from flwr.supercore.run import Run
 
 from app.engine.faults import InjectedFault
 from app.engine.virtual_site import Handler, NodeConfigValue, VirtualSite, default_handler
-from strategies import message_keys as keys
+from strategies.wire import message_keys as keys
 
 __all__ = ["FIRST_NODE_ID", "InProcessGrid", "NODE_UNAVAILABLE_REASON"]
 

@@ -19,7 +19,7 @@ from clients.manifests.csv_rows import SPLITS
 from clients.prediction.items import PredictionItem
 from clients.registry import TASKS, task_class
 from clients.training.site_task import SiteTask, TaskSettings
-from strategies.errors import ConfigError
+from strategies.wire.errors import ConfigError
 
 __all__ = ["discover_items"]
 

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from clients.prediction import predictor
-from strategies.errors import ConfigError
+from strategies.wire.errors import ConfigError
 
 __all__ = ["SKIPPED", "OUTPUTS", "prepare_out", "write_table"]
 

@@ -51,8 +51,8 @@ from clients.site.state_store import SiteStateStore
 from clients.training.device import ComputeDevice
 from clients.training.personalisation.local_layers import LOCAL_LAYERS, LocalLayers
 from clients.training.personalisation.site_personalisation import site_personalisation
-from strategies.errors import ConfigError
-from strategies.plugins.personalisation.method import CHOICE_KEY, PERSONALISATION
+from strategies.wire.errors import ConfigError
+from strategies.wire.personalisation_options import CHOICE_KEY, PERSONALISATION
 
 __all__ = ["Personalised", "federation_of", "personalise", "run_config_from_params",
            "site_of"]

@@ -51,7 +51,7 @@ from clients.site.app_rules import (SHA256_HEX, AppApprovalError, AppRules, key_
                                     load_public_key, read_approved_file)
 from clients.site.atomic_file import write_atomic
 from clients.site.policy import SitePolicyError, load_policy
-from strategies.errors import SiteError
+from strategies.wire.errors import SiteError
 
 __all__ = ["AppNotApproved", "SIGNATURE_DAYS", "SIGNATURE_KEY", "approve", "check_app",
            "fab_sha256", "keygen", "main", "project_fab", "sign_app"]

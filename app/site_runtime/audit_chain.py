@@ -59,7 +59,7 @@ from app.site_runtime.audit_format import (
 )
 from app.site_runtime.audit_log import AuditLog, AuditLogError, LogSnapshot
 from clients.site.policy import SYSLOG_ANCHOR, load_policy
-from strategies.errors import FedMedError
+from strategies.wire.errors import FedMedError
 
 __all__ = ["ChainBroken", "ChainReport", "ChainWalk", "read_head", "segment_lines",
            "verify_chain", "main"]

@@ -39,7 +39,7 @@ from app.site_runtime.audit_format import (
     AUDIT_DIR, CURRENT_NAME, GENESIS, HEAD_NAME, LOCK_NAME, audit_dir, canonical_json,
     last_line, record_hash, segment_name, segment_paths,
 )
-from strategies.errors import SiteError
+from strategies.wire.errors import SiteError
 
 __all__ = [  # the names of the format the log's users need come with it
     "AUDIT_DIR", "CURRENT_NAME", "HEAD_NAME", "GENESIS", "DEFAULT_MAX_BYTES",

@@ -29,8 +29,8 @@ from typing import Any
 from flwr.app import Context, Message
 
 from app.site_runtime.app_approval import SIGNATURE_KEY
-from strategies import message_keys as keys
 from strategies.replies import wire_size
+from strategies.wire import message_keys as keys
 
 __all__ = ["ASKED_INSTRUCTION_KEYS", "ASKED_RUN_KEYS", "asked_of", "decision_of",
            "federation_label", "message_record", "signature_expiry"]

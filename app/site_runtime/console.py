@@ -81,7 +81,7 @@ from app.site_runtime.console_pages import (AuditView, activity_csv, activity_ro
                                             policy_sections)
 from app.site_runtime.console_privacy import PrivacyView
 from app.site_runtime.policy_edit import apply_edit, plan_edit
-from strategies.errors import ConfigError, FedMedError
+from strategies.wire.errors import ConfigError, FedMedError
 
 __all__ = ["create_console", "main", "serve_console", "start_console_thread"]
 

@@ -6,7 +6,7 @@ hospital approve or revoke app bundles, so it guards itself as follows:
 * **Bind rule.** It listens on loopback (``127.0.0.1``, ``::1``, ``localhost``) by
   default. Any other address requires TLS (``--tls-cert``, ``--tls-key``);
   :class:`ConsoleSettings` refuses to start without it, with a
-  :class:`~strategies.errors.ConfigError` naming the missing option. A wildcard
+  :class:`~strategies.wire.errors.ConfigError` naming the missing option. A wildcard
   address (``0.0.0.0``, ``::``) also needs ``--origin``, the address browsers use, for
   the origin check below.
 * **Admin token, always.** Every page but the login form (and its stylesheet), every
@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from strategies.errors import ConfigError
+from strategies.wire.errors import ConfigError
 
 __all__ = ["CONSOLE_DIR", "CSRF_FIELD", "ConsoleSettings", "SESSION_COOKIE", "SESSION_SECONDS",
            "Session", "SessionSigner", "TOKEN_NAME", "admin_token_path", "ensure_admin_token",

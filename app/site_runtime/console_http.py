@@ -24,7 +24,7 @@ from app.site_runtime.console_access import (CSRF_FIELD, SESSION_SECONDS, Consol
                                              Session, request_origin_ok)
 from app.site_runtime.console_pages import chain_banner
 from clients.site.policy import SitePolicy, load_policy
-from strategies.errors import FedMedError
+from strategies.wire.errors import FedMedError
 
 __all__ = ["MAX_FORM_BYTES", "TEMPLATES", "current_policy", "error_page", "guard", "local_path",
            "read_form", "render", "set_session"]

@@ -39,7 +39,7 @@ from app.site_runtime.audit_log import HEAD_NAME, AuditLog, audit_dir
 from app.site_runtime.site_audit import STATUS_NAME
 from clients.site.data_report import DATA_REPORT_DIR
 from clients.site.policy import SitePolicy
-from strategies.errors import FedMedError
+from strategies.wire.errors import FedMedError
 
 __all__ = ["ACTIVITY_COLUMNS", "ActivityRows", "AuditRecords", "AuditView", "CONNECTED_SECONDS",
            "DECISIONS", "FILTER_KEYS", "activity_csv", "activity_rows", "chain_banner",

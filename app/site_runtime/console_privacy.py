@@ -30,7 +30,7 @@ from clients.site.policy import SitePolicy
 from clients.site.privacy_ledger import ADMIN_LOG_NAME, PRIVACY_DIR, LedgerEntry, PrivacyLedger
 from clients.training.dp_accountants import DEFAULT_ACCOUNTANT
 from clients.training.opacus_loader import opacus
-from strategies.errors import FedMedError
+from strategies.wire.errors import FedMedError
 
 __all__ = ["MAX_POINTS", "PrivacyView", "chart_svg", "policy_delta"]
 

@@ -30,7 +30,7 @@ from clients.registry import task_class
 from clients.site.atomic_file import write_atomic
 from clients.site.data_report import write_data_report
 from clients.training.site_task import TaskSettings
-from strategies.errors import SiteError
+from strategies.wire.errors import SiteError
 
 __all__ = ["CENSUS_NAME", "DatasetCounts", "DatasetCensus"]
 

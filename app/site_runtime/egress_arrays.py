@@ -5,12 +5,12 @@ must be exactly one plain ``.npy`` of the dtype and shape it declares
 (:func:`array_view`: numpy's own header reader, no copy, no pickle, no padding, no
 structured dtype whose field names could hold text). Then, per kind of reply:
 
-* a **packed update** (a train reply's ``delta``, :mod:`strategies.update_codec`):
+* a **packed update** (a train reply's ``delta``, :mod:`strategies.wire.update_codec`):
   one ``payload`` and ``raw-<i>`` arrays only at the model's integer arrays (required)
   and normalisation statistics (``running_mean`` / ``running_var``,
   :class:`~strategies.rounds.normalisation_statistics.StatisticPositions`), each of the
   model's dtype and shape at ``i``; the payload must decode with the server's own
-  :func:`~strategies.update_codec.unpack_update` as the instruction's codec and codec
+  :func:`~strategies.wire.update_codec.unpack_update` as the instruction's codec and codec
   seed over the model's entries. The codec's decoder checks the exact length (a header
   ``d`` that is the model's, ``k`` that the spec gives, the index section, values, no
   trailing byte), so the payload is exactly as long as the codec declares for its
@@ -20,9 +20,9 @@ structured dtype whose field names could hold text). Then, per kind of reply:
   round's codec and seed over the model's float arrays, as the server decodes them;
 * a **masked vector** (a SecAgg+ collect reply): the single ``secagg-masked``, ``uint8``,
   exactly the bytes of the round's masked length at the plan's modulus bits
-  (:func:`strategies.secure_aggregation.encoding.pack`), the length being the model's
+  (:func:`strategies.wire.secure_aggregation.encoding.pack`), the length being the model's
   float entries or rand-k's shared coordinates
-  (:func:`~strategies.secure_aggregation.vector.kept_indices`).
+  (:func:`~strategies.wire.secure_aggregation.vector.kept_indices`).
 
 :func:`update_bound` is the byte size an update may have at most, from the instruction
 alone: the egress filter's byte budget.
@@ -40,12 +40,12 @@ from flwr.app import Array, ArrayRecord
 
 from app.site_runtime.egress_instruction import Asked, ModelLayout
 from app.site_runtime.egress_refusal import EgressRefusal
-from strategies import message_keys as keys
 from strategies.compression import decode
-from strategies.errors import FedMedError
-from strategies.secure_aggregation.encoding import pack
-from strategies.secure_aggregation.vector import kept_indices
-from strategies.update_codec import PAYLOAD_KEY, RAW_PREFIX, unpack_update
+from strategies.wire import message_keys as keys
+from strategies.wire.errors import FedMedError
+from strategies.wire.secure_aggregation.encoding import pack
+from strategies.wire.secure_aggregation.vector import kept_indices
+from strategies.wire.update_codec import PAYLOAD_KEY, RAW_PREFIX, unpack_update
 
 __all__ = ["MAX_NPY_HEADER", "MAX_PAYLOAD_BYTES_PER_ENTRY", "PAYLOAD_HEAD_BYTES", "array_view",
            "check_masked", "check_names", "check_update", "masked_bytes", "update_bound"]

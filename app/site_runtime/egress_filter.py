@@ -56,9 +56,9 @@ from app.site_runtime.egress_refusal import (PASSED, RULES, EgressRefusal, Egres
                                              refusal_reply)
 from app.site_runtime.egress_secagg import check_protocol, protocol_bound
 from app.site_runtime.egress_vertical import check_vertical
-from strategies import message_keys as keys
-from strategies.errors import ConfigError
 from strategies.replies import wire_size
+from strategies.wire import message_keys as keys
+from strategies.wire.errors import ConfigError
 
 __all__ = ["FRAMING_BYTES_PER_ARRAY", "FRAMING_BYTES_PER_MIB", "MESSAGE_ALLOWANCE", "RULES",
            "EgressFilter", "EgressVerdict", "PASSED", "refusal_reply", "site_of"]

@@ -5,9 +5,9 @@ instruction it answers, never against what the app says of itself. This module r
 that instruction with the product's own parsers: its settings with
 :meth:`clients.site.instruction.Instruction.parse` (tau, codec and codec seed, the
 downlink, pruning, SCAFFOLD and SecAgg+ entries), its global model's names, dtypes
-and shapes from the packed model's layout (:mod:`strategies.model_buffer`: only the
+and shapes from the packed model's layout (:mod:`strategies.wire.model_buffer`: only the
 small JSON layout is read, never the weights), and a pruning mask's full shapes with
-:func:`strategies.plugins.pruning.mask.masks_from_record`.
+:func:`strategies.wire.pruning_mask.masks_from_record`.
 
 Two things an instruction may leave out, which the runtime then remembers from an
 earlier message of the same federation at the same site (:class:`FederationMemory`):
@@ -41,11 +41,11 @@ from app.site_runtime.egress_refusal import EgressRefusal
 from clients.site.instruction import Instruction
 from clients.site.run_settings import SiteRunSettings
 from clients.site.site_pruning import MASK_ENTRIES
-from strategies import message_keys as keys
-from strategies.errors import FedMedError
-from strategies.model_buffer import LAYOUT_KEY, MODEL_KEY
-from strategies.plugins.pruning.mask import masks_from_record
 from strategies.rounds.normalisation_statistics import StatisticPositions
+from strategies.wire import message_keys as keys
+from strategies.wire.errors import FedMedError
+from strategies.wire.model_buffer import LAYOUT_KEY, MODEL_KEY
+from strategies.wire.pruning_mask import masks_from_record
 
 __all__ = ["ArraySpec", "Asked", "FederationMemory", "ModelLayout", "asked_of", "config_of",
            "federation_of", "packed_layout"]

@@ -37,8 +37,8 @@ from app.site_errors import ERROR_CODES
 from app.site_runtime.egress_instruction import Asked
 from app.site_runtime.egress_refusal import EgressRefusal
 from clients.site.policy import SitePolicy
-from strategies import message_keys as keys
 from strategies.metric_ranges import SPLITS, declared
+from strategies.wire import message_keys as keys
 
 __all__ = ["check_error", "check_metrics", "check_site_record", "exception_names",
            "metric_families", "policy_rules"]

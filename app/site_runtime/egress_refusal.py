@@ -2,7 +2,7 @@
 
 Every rule of :class:`app.site_runtime.egress_filter.EgressFilter` has a name under
 ``egress.`` (:data:`RULES`). A reply that breaks one leaves the site as an error reply
-with the fixed code :data:`~strategies.message_keys.EGRESS_REFUSAL_CODE` and the reason
+with the fixed code :data:`~strategies.wire.message_keys.EGRESS_REFUSAL_CODE` and the reason
 ``site <name>: policy rule <rule> (refused): <detail>`` (:func:`refusal_reply`), which
 the audit log records as a refusal naming the rule
 (:func:`app.site_runtime.audit_record.decision_of`) and the server as a policy refusal
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 from flwr.app import Error, Message
 
-from strategies import message_keys as keys
-from strategies.errors import ReplyError
+from strategies.wire import message_keys as keys
+from strategies.wire.errors import ReplyError
 
 __all__ = ["RULES", "EgressRefusal", "EgressVerdict", "PASSED", "refusal_reply"]
 

@@ -1,10 +1,10 @@
 """A SecAgg+ stage reply's protocol entries: only the protocol's keys, of the protocol's sizes.
 
 A stage reply's ``secagg`` record (:mod:`clients.site.secure_round`,
-:class:`strategies.secure_aggregation.participant.Participant`) holds bytes and lists
+:class:`strategies.wire.secure_aggregation.participant.Participant`) holds bytes and lists
 of bytes, which could carry anything. The runtime holds each stage to exactly what the
 protocol sends (Bell et al., CCS 2020), every size computed with the product's own
-cryptography (:mod:`strategies.secure_aggregation.crypto`) for the round's plan:
+cryptography (:mod:`strategies.wire.secure_aggregation.crypto`) for the round's plan:
 
 * ``setup``: ``key-c`` and ``key-s``, two distinct X25519 public keys;
 * ``share-keys``: ``share-to`` exactly the instruction's ``secagg-peers``, one
@@ -28,10 +28,10 @@ from flwr.app import ConfigRecord
 
 from app.site_runtime.egress_refusal import EgressRefusal
 from clients.site.instruction import Instruction
-from strategies import message_keys as keys
-from strategies.secure_aggregation.crypto import (KEY_BYTES, KeyPair, commitment, encrypt_shares,
-                                                  split_secret)
-from strategies.secure_aggregation.settings import RoundPlan
+from strategies.wire import message_keys as keys
+from strategies.wire.secure_aggregation.crypto import (KEY_BYTES, KeyPair, commitment,
+                                                       encrypt_shares, split_secret)
+from strategies.wire.secure_aggregation.settings import RoundPlan
 
 __all__ = ["check_protocol", "protocol_bound"]
 

@@ -57,8 +57,8 @@ from clients.vertical.psi_stages import LAST, PSI_SIZE, REQUEST, RESPONSE, SERVE
 from clients.vertical.pvfed_site import ENCODE
 from clients.vertical.split_model import PART, U_SHAPED, batch_key
 from clients.vertical.stages import SITE_FILE
-from strategies import message_keys as keys
-from strategies.vertical.options import VerticalOptions, split_vertical
+from strategies.wire import message_keys as keys
+from strategies.wire.vertical_options import VerticalOptions, split_vertical
 
 __all__ = ["check_vertical", "declared_names"]
 

@@ -35,7 +35,7 @@ from typing import Any
 from app.site_runtime.app_approval import approve
 from clients.site.app_rules import SHA256_HEX, read_approved_file
 from clients.site.policy import SitePolicy, load_policy
-from strategies.errors import ConfigError, FedMedError, SiteError
+from strategies.wire.errors import ConfigError, FedMedError, SiteError
 
 __all__ = ["ACTIONS", "AuditNotWritten", "PolicyEdit", "apply_edit", "plan_edit",
            "set_apps_list"]

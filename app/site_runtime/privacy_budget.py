@@ -37,7 +37,7 @@ from app.site_runtime.site_audit import audit_event
 from clients.site.policy import SitePolicy, load_policy
 from clients.site.privacy_ledger import PRIVACY_DIR, PrivacyLedger, dataset_id
 from clients.training.dp_accountants import ACCOUNTANTS
-from strategies.errors import FedMedError
+from strategies.wire.errors import FedMedError
 
 __all__ = ["main", "ledger_summary"]
 

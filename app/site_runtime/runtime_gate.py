@@ -28,7 +28,7 @@ of the policy before the worker receives it (:func:`admit`):
   the ledger before the worker runs (:mod:`app.site_runtime.runtime_ledger`).
 
 A refusal is a :class:`~clients.site.policy.PolicyRefusal` naming the rule; a message
-the runtime cannot parse is a :class:`~strategies.errors.ConfigError`. Either way the
+the runtime cannot parse is a :class:`~strategies.wire.errors.ConfigError`. Either way the
 worker never sees the message.
 """
 
@@ -54,10 +54,10 @@ from clients.site.site_round import request_of, sized_request
 from clients.training.personalisation.site_personalisation import site_personalisation
 from clients.vertical.split_model import U_SHAPED
 from clients.vertical.stages import VERTICAL_STAGES, declared_site
-from strategies import message_keys as keys
-from strategies.errors import ConfigError
-from strategies.plugins.personalisation.gain import PERSONALISED
-from strategies.vertical.options import split_vertical
+from strategies.wire import message_keys as keys
+from strategies.wire.errors import ConfigError
+from strategies.wire.personalisation_gain import PERSONALISED
+from strategies.wire.vertical_options import split_vertical
 
 __all__ = ["Admission", "SiteFacts", "admit", "KINDS", "QUERIES_DIR"]
 

@@ -36,7 +36,7 @@ from pathlib import Path
 from clients.site.policy import SitePolicy
 from clients.site.privacy_ledger import PrivacyLedger
 from clients.training.private_training import DpSettings, poisson_sample_rate
-from strategies import message_keys as keys
+from strategies.wire import message_keys as keys
 
 __all__ = ["PlannedSpend", "Reservation", "reserve"]
 

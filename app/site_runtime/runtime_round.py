@@ -46,9 +46,9 @@ from app.site_runtime.worker_view import (prepare_worker_state, returned_context
                                           worker_context, worker_policy_path,
                                           worker_state_dir, write_worker_policy)
 from clients.site.policy import SitePolicy, load_policy
-from strategies import message_keys as keys
-from strategies.errors import FedMedError
-from strategies.plugins.personalisation.gain import PERSONALISED
+from strategies.wire import message_keys as keys
+from strategies.wire.errors import FedMedError
+from strategies.wire.personalisation_gain import PERSONALISED
 
 __all__ = ["RuntimeAnswer", "RuntimeRound"]
 

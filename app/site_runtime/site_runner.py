@@ -31,7 +31,7 @@ the node option ``state-retention-days`` are removed
 (:mod:`clients.site.state_retention`).
 
 A worker that dies is answered for (an error reply with the fixed code
-:data:`~strategies.message_keys.WORKER_FAILURE_CODE`) and started afresh on the
+:data:`~strategies.wire.message_keys.WORKER_FAILURE_CODE`) and started afresh on the
 next message. At most ``max_workers`` workers live at once; the least recently
 used one is stopped to make room.
 """
@@ -78,8 +78,8 @@ from app.config.site_config import SiteConfig
 from clients.site.policy import AuditRules, SitePolicy, load_policy
 from clients.site.state_retention import expire_federation_states
 from app.tooling.errors import FlowerProcessError
-from strategies import message_keys as keys
-from strategies.errors import ConfigError
+from strategies.wire import message_keys as keys
+from strategies.wire.errors import ConfigError
 
 __all__ = ["SiteRunner", "expire_state"]
 

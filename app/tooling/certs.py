@@ -43,8 +43,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-from strategies.errors import ConfigError
 from strategies.rounds.site_book import site_name_problem
+from strategies.wire.errors import ConfigError
 
 __all__ = [
     "CertError",

@@ -55,7 +55,7 @@ from app.tooling.superlink import DEFAULT_PORT, SuperLinkProcess
 from app.site_runtime.supernode import SuperNodeProcess
 from clients.site.app_rules import AppApprovalError
 from clients.site.policy import SitePolicyError
-from strategies.errors import ConfigError
+from strategies.wire.errors import ConfigError
 
 __all__ = ["NO_ROSTER", "main"]
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from strategies.errors import FederationError
+from strategies.wire.errors import FederationError
 
 __all__ = ["FlowerProcessError"]
 

@@ -17,7 +17,7 @@ from typing import Any
 import click
 from flwr.common.config import parse_config_args
 
-from strategies.errors import ConfigError
+from strategies.wire.errors import ConfigError
 
 __all__ = ["build_run_config", "checked_run_config"]
 

@@ -44,7 +44,7 @@ from app.tooling.ray_cluster import require_reachable
 from app.tooling.run_config_string import build_run_config, checked_run_config
 from app.tooling.run_submission import PROJECT_ROOT, submit_run
 from app.tooling.superlink import SuperLinkProcess
-from strategies.errors import ConfigError, FedMedError
+from strategies.wire.errors import ConfigError, FedMedError
 from clients.datagen.federation import hospital_name
 
 __all__ = ["CONNECTION", "main"]

@@ -39,7 +39,7 @@ from torch import nn
 
 from app.tracking.best_round import BestRound
 from app.tracking.model_logging import log_task_model, register_version
-from strategies import message_keys as keys
+from strategies.wire import message_keys as keys
 
 __all__ = ["FederationModels", "RoundScore", "dp_epsilon", "log_federation_models",
            "version_tags"]

@@ -24,8 +24,8 @@ from matplotlib.axes import Axes
 from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 
-from strategies import message_keys as keys
 from strategies.rounds.round_report import RoundReport
+from strategies.wire import message_keys as keys
 
 __all__ = ["SELECTION_LEGEND", "federation_figures", "matrix_figure", "selection_figure",
            "tau_figure", "traffic_figure", "validation_figure"]

@@ -28,7 +28,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from strategies.errors import ConfigError
+from strategies.wire.errors import ConfigError
 
 __all__ = ["METADATA_KEY", "PICKLE_SUFFIXES", "WEIGHTS_ARTIFACT", "WEIGHTS_FILE", "WEIGHTS_FORMAT",
            "ModelFolderError", "fedmed_entry", "load_weights", "pickle_reason", "refuse_pickles",

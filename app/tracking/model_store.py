@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from strategies.errors import ConfigError
+from strategies.wire.errors import ConfigError
 
 __all__ = ["ModelStoreError", "is_mlflow_uri", "model_folder", "require_store"]
 

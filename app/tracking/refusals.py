@@ -21,9 +21,9 @@ import mlflow
 from flwr.supercore import log
 
 from app.tracking.tracker import bounded_requests
-from strategies.errors import FederationError
 from strategies.rounds.round_report import RoundReport
 from strategies.rounds.withheld import refused_rule
+from strategies.wire.errors import FederationError
 
 __all__ = ["DROPPED", "NO_REPLY", "REFUSALS_ARTIFACT", "REFUSALS_TAG", "aggregated_any",
            "refusal_counts", "refusals_text", "require_aggregation", "round_aggregated"]

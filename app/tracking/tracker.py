@@ -50,10 +50,10 @@ from mlflow.tracking import MlflowClient
 
 from app.tracking.mlflow_names import without_refused_names
 from app.tracking.outbox import OUTBOX_FILE, Outbox, RoundRecord
-from strategies import message_keys as keys
-from strategies.plugins.personalisation.gain import personalisation_gains
 from strategies.rounds.round_report import RoundReport
 from strategies.rounds.withheld import withheld_text
+from strategies.wire import message_keys as keys
+from strategies.wire.personalisation_gain import personalisation_gains
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

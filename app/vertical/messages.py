@@ -1,6 +1,7 @@
 """One stage of a vertical federation over Flower's grid: a message per site, replies taken once.
 
-A stage's messages are of type ``train.vertical`` (:data:`strategies.message_keys.VERTICAL_MESSAGE_TYPE`):
+A stage's messages are of type ``train.vertical``
+(:data:`strategies.wire.message_keys.VERTICAL_MESSAGE_TYPE`):
 each site gets its own fresh ConfigRecord (the stage, the federation, the round and the
 stage's entries) and its own ArrayRecord. They go through THE exchange of the rounds
 (:func:`strategies.rounds.exchange.exchange`) with a
@@ -25,13 +26,13 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
-from strategies import message_keys as keys
-from strategies.errors import FederationError
 from strategies.rounds.exchange import exchange
 from strategies.rounds.reply_intake import ReplyIntake
 from strategies.rounds.round_policy import RoundPolicy
 from strategies.rounds.site_book import SiteBook
 from strategies.vertical.stage_answer import StageAnswer, parse_stage_answer
+from strategies.wire import message_keys as keys
+from strategies.wire.errors import FederationError
 
 __all__ = ["Scalar", "StageAnswer", "StageRequest", "Traffic", "VerticalError", "send_stage"]
 

@@ -19,8 +19,8 @@ import numpy as np
 
 from clients.vertical.psi_stages import (
     LAST, PSI_SIZE, REQUEST, RESPONSE, SERVE, SETUP, request_key, response_key)
-from strategies.errors import FederationError
-from strategies.vertical.psi_plan import REQUEST_STAGE, PsiTask, psi_plan
+from strategies.vertical.psi_plan import PsiTask, REQUEST_STAGE, psi_plan
+from strategies.wire.errors import FederationError
 
 if TYPE_CHECKING:
     from app.vertical.federation import VerticalContext

@@ -35,10 +35,10 @@ from app.vertical.federation import VerticalContext, VerticalResult
 from app.vertical.messages import StageAnswer, VerticalError
 from clients.vertical.pvfed_site import ENCODE
 from models.pvfed import IdEncoder, encoder_arrays, encoder_from_arrays, fit_id_encoder
-from strategies.errors import ReplyError
-from strategies.seeds import round_seed
-from strategies.vertical.options import VerticalOptions
 from strategies.vertical.pvfed_aggregation import AggregationSettings, aggregate
+from strategies.wire.errors import ReplyError
+from strategies.wire.seeds import round_seed
+from strategies.wire.vertical_options import VerticalOptions
 
 __all__ = ["GLOBAL_PREFIX", "GlobalStep", "global_step", "run_pvfed"]
 

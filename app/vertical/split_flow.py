@@ -59,7 +59,7 @@ from clients.vertical.split_model import (PART, U_SHAPED, batch_key, cut_task_ne
                                           part_arrays, tensor_of)
 from models.split_network import buffers_kept
 from strategies.aggregation import fedavg_delta
-from strategies.errors import ReplyError
+from strategies.wire.errors import ReplyError
 
 __all__ = ["run_split", "message_sizes"]
 

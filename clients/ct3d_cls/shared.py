@@ -15,7 +15,7 @@ import numpy as np
 from clients.ct3d_cls.manifest import ManifestRow, write_manifest
 from clients.datagen.shared_set import (MEDMNIST_LICENSE, SharedSet, SiteItems,
                                         medmnist_items, set_registry)
-from strategies.registry import Registry
+from strategies.wire.registry import Registry
 
 __all__ = ["ADRENALMNIST3D", "SETS"]
 

@@ -14,7 +14,7 @@ import numpy as np
 from clients.cxr_cls.manifest import ManifestRow, format_labels, write_manifest
 from clients.datagen.shared_set import (MEDMNIST_LICENSE, SharedSet, SiteItems,
                                         medmnist_items, set_registry)
-from strategies.registry import Registry
+from strategies.wire.registry import Registry
 
 __all__ = ["PNEUMONIAMNIST", "SETS"]
 

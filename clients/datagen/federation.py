@@ -9,7 +9,8 @@ hospital with its own function; this module
 * claims a site folder for generated data (:func:`claim_site_dir`: the
   ``SYNTHETIC.txt`` marker, replacing an earlier synthetic hospital, refusing
   any non-empty folder it did not mark),
-* derives hospital ``i``'s seed from the federation seed (:func:`strategies.seeds.hospital_seed`),
+* derives hospital ``i``'s seed from the federation seed
+  (:func:`strategies.wire.seeds.hospital_seed`),
 * writes the hospitals one after the other (:func:`write_federation`,
   :class:`SyntheticFederation`).
 
@@ -27,7 +28,7 @@ from typing import Generic, TypeVar
 
 import numpy as np
 
-from strategies.seeds import hospital_seed
+from strategies.wire.seeds import hospital_seed
 
 __all__ = [
     "MARKER_NAME",
@@ -234,7 +235,7 @@ class SyntheticFederation(Generic[P]):
     """A task's synthetic federation writer: ``generate_federation(root, num_sites, seed, image_size)``.
 
     Hospital ``i`` uses ``profiles(num_sites, seed)[i]`` and the seed
-    ``SeedSequence([seed, i, *salt])`` (:func:`strategies.seeds.hospital_seed`) and is written
+    ``SeedSequence([seed, i, *salt])`` (:func:`strategies.wire.seeds.hospital_seed`) and is written
     by ``write_site(site_dir, profile, seed, image_size=...)`` (a task's ``generate_site``:
     it claims ``root / profile.name`` with :func:`claim_site_dir`, so a folder it did not
     write raises ``FileExistsError``, writes the hospital and returns the folder), or, when

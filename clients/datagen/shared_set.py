@@ -17,8 +17,8 @@ from typing import TypeVar
 
 import numpy as np
 
-from strategies.errors import ConfigError
-from strategies.registry import Registry
+from strategies.wire.errors import ConfigError
+from strategies.wire.registry import Registry
 
 __all__ = ["SharedSet", "SiteItems", "set_registry", "own_hospitals", "MEDMNIST_LICENSE", "source_path", "read_medmnist", "medmnist_items"]
 
@@ -88,7 +88,7 @@ class SharedSet:
 
 
 def set_registry(*sets: SharedSet) -> Registry[SharedSet]:
-    """One task's shared ``sets`` as a :class:`~strategies.registry.Registry` by set name
+    """One task's shared ``sets`` as a :class:`~strategies.wire.registry.Registry` by set name
     (``make ... SET=``, ``--set``): a task's ``shared`` module's ``SETS``."""
     registry: Registry[SharedSet] = Registry(f"shared set of task {sets[0].task!r}", "set")
     for shared in sets:

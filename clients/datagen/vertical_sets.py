@@ -21,7 +21,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from strategies.registry import import_path
+from strategies.wire.registry import import_path
 
 __all__ = ["SITE_FILE", "VERTICAL_SETS", "main", "write_site_file"]
 

@@ -1,6 +1,6 @@
 """Load a site's items one by one, skipping and counting the unreadable ones.
 
-One bad item never stops a site: every :class:`~strategies.errors.ItemError`
+One bad item never stops a site: every :class:`~strategies.wire.errors.ItemError`
 (a :class:`~clients.errors.StudyError` of any kind: an unreadable DICOM series,
 mask, radiograph or volume, a bad label) raised while loading one manifest row
 is caught, logged as one warning line ``Skipping <noun> <id>: <reason>`` and
@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from strategies.errors import ItemError
+from strategies.wire.errors import ItemError
 
 __all__ = ["LoadReport", "rows_of_split", "load_each"]
 
@@ -85,7 +85,7 @@ def load_each(rows: Iterable[R], load: Callable[[R], T], item_id: Callable[[R], 
     rows : iterable
         Manifest rows, in manifest order.
     load : callable
-        Loads one row; raises an :class:`~strategies.errors.ItemError` for an
+        Loads one row; raises an :class:`~strategies.wire.errors.ItemError` for an
         unusable item.
     item_id : callable
         The id of a row (for the report and the log line).

@@ -35,7 +35,7 @@ from clients.prediction.items import PredictionItem
 from clients.prediction.predictor import FINDINGS, MASKS, ItemResult
 from clients.training.device import ComputeDevice
 from clients.training.site_task import TaskSettings
-from strategies.errors import ItemError
+from strategies.wire.errors import ItemError
 
 __all__ = ["Findings", "segment_volume", "dice", "segment_study", "mask_name",
            "SegmentationPredictor"]

@@ -39,7 +39,7 @@ from clients.io.dicom_writer import write_dicom_series
 from clients.io.nifti import nifti_ct_volume, read_nifti_mask, write_nifti_mask
 from clients.io.windowing import CTPA_LEVEL, CTPA_WIDTH
 from clients.pe_seg.manifest import ManifestRow, write_manifest
-from strategies.registry import Registry
+from strategies.wire.registry import Registry
 
 __all__ = ["MSD_LOW_HU", "MSD_WIDTH_HU", "CTPA", "MSD_LUNG", "SETS"]
 

@@ -39,7 +39,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import (Encoding, PublicFormat,
                                                           load_pem_public_key)
 
-from strategies.errors import ConfigError
+from strategies.wire.errors import ConfigError
 
 __all__ = ["AppApprovalError", "AppRules", "FINGERPRINT_HEX", "SHA256_HEX", "key_fingerprint",
            "load_public_key", "parse_app_rules", "read_approved_file"]

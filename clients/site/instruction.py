@@ -2,7 +2,7 @@
 
 The ClientApp adapter hands the message's kind and its ``config`` record (as a
 plain mapping) to :meth:`Instruction.parse`; the keys are the wire contract of
-:mod:`strategies.message_keys`. What the instruction leaves out comes from the
+:mod:`strategies.wire.message_keys`. What the instruction leaves out comes from the
 run's settings (:class:`~clients.site.run_settings.SiteRunSettings`). A value of
 the wrong type or an unknown evaluation split is refused before the policy check
 and before any data is read.
@@ -23,8 +23,8 @@ from typing import Any, TypeVar
 from clients.site.round_features import INSTRUCTION_PARTS
 from clients.site.run_settings import SiteRunSettings
 from clients.site.site_feature import InstructionPart, config_value
-from strategies import message_keys as keys
-from strategies.errors import ConfigError
+from strategies.wire import message_keys as keys
+from strategies.wire.errors import ConfigError
 
 __all__ = ["KINDS", "Instruction"]
 

@@ -1,7 +1,7 @@
 """The global model a site last received, kept in its state dir for the compressed downlink.
 
 With a downlink codec the server sends a compressed step onto the model the
-site already holds (:mod:`strategies.downlink_receive`), so that model must
+site already holds (:mod:`strategies.wire.downlink_receive`), so that model must
 outlive a SuperNode restart. It is kept as three arrays of the site's
 :class:`~clients.site.state_store.SiteStateStore` under
 ``<state-dir>/<federation>/``: ``last-global-model`` (the packed model bytes),
@@ -15,7 +15,7 @@ In the site's round the compressed downlink is the :class:`DownlinkReceive` feat
 (:class:`DownlinkInstruction`): the model the site holds is advanced by the compressed
 step, or replaced by the dense snapshot, verified by its checksum and saved for the next
 round, and the reply acknowledges its version (``downlink-version``). Without the entries
-the instruction's arrays are the packed model as sent (:mod:`strategies.model_buffer`).
+the instruction's arrays are the packed model as sent (:mod:`strategies.wire.model_buffer`).
 """
 
 from __future__ import annotations
@@ -30,12 +30,12 @@ import numpy as np
 from clients.site.site_feature import SiteFeature
 from clients.site.site_reply import Metrics
 from clients.site.state_store import SiteStateStore
-from strategies import message_keys as keys
-from strategies.downlink_header import DownlinkHeader
-from strategies.downlink_receive import receive
-from strategies.downlink_reference import Reference
-from strategies.errors import ConfigError
-from strategies.model_buffer import LAYOUT_KEY, MODEL_KEY, PackedModelError
+from strategies.wire import message_keys as keys
+from strategies.wire.downlink_header import DownlinkHeader
+from strategies.wire.downlink_receive import receive
+from strategies.wire.downlink_reference import Reference
+from strategies.wire.errors import ConfigError
+from strategies.wire.model_buffer import LAYOUT_KEY, MODEL_KEY, PackedModelError
 
 if TYPE_CHECKING:
     from clients.site.instruction import Instruction
@@ -149,12 +149,13 @@ class DownlinkReceive(SiteFeature):
         return cls(part.downlink, LastGlobal(site.state_dir, instruction.federation))
 
     def receive(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """The packed global model the entries stand for (:func:`strategies.downlink_receive.receive`),
+        """The packed global model the entries stand for
+        (:func:`strategies.wire.downlink_receive.receive`),
         saved as the site's last global model.
 
         Raises
         ------
-        strategies.downlink_receive.DownlinkSyncError
+        strategies.wire.downlink_receive.DownlinkSyncError
             When a compressed step does not apply to what the site holds.
         """
         saved = self.store.load()

@@ -72,8 +72,8 @@ from typing import Any
 from clients.registry import TASKS
 from clients.site.app_rules import AppApprovalError, AppRules, parse_app_rules
 from clients.training.dp_accountants import ACCOUNTANTS
-from strategies.codecs.registry import CODECS
-from strategies.errors import ConfigError, SiteError
+from strategies.wire.codecs.registry import CODECS
+from strategies.wire.errors import ConfigError, SiteError
 
 __all__ = ["PolicyRefusal", "SitePolicyError", "AppRules", "AuditRules", "DpRules",
            "SecAggRules", "VerticalRules", "SitePolicy", "load_policy", "ANY", "SANDBOX_MODES",

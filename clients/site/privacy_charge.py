@@ -38,7 +38,7 @@ from clients.site.site import Site
 from clients.site.site_feature import LocalTraining, SiteFeature
 from clients.site.site_reply import Metrics
 from clients.training.private_training import DpSettings, poisson_sample_rate
-from strategies import message_keys as keys
+from strategies.wire import message_keys as keys
 
 if TYPE_CHECKING:
     from clients.site.instruction import Instruction

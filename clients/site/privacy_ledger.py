@@ -51,7 +51,7 @@ from clients.root_logging import root_logging_kept
 from clients.site.atomic_file import write_atomic
 from clients.site.policy import PolicyRefusal
 from clients.training.dp_accountants import ACCOUNTANTS
-from strategies.errors import SiteError
+from strategies.wire.errors import SiteError
 
 __all__ = ["PRIVACY_DIR", "ADMIN_LOG_NAME", "LedgerEntry", "LedgerError", "PrivacyLedger",
            "Step", "dataset_id"]

@@ -4,7 +4,7 @@ The ClientApp adapter (:mod:`app.client_app`) and ``make predict PERSONAL=...``
 build it with :meth:`SiteRunSettings.from_run_config` from Flower's run config;
 the site's round (:mod:`clients.site.site_round`) reads it. Only the keys a site
 uses are parsed: the ``site`` and ``both`` keys of the one run-config table
-(:data:`strategies.run_keys.RUN_KEYS`), whose types, defaults and ranges this view
+(:data:`strategies.wire.run_keys.RUN_KEYS`), whose types, defaults and ranges this view
 and the server's (:class:`app.config.run_config.RunConfig`) share, their registry
 choices checked against the site side's names
 (:data:`clients.training.task_settings.SITE_CHOICES`); errors name the key. The
@@ -23,15 +23,14 @@ from clients.training.lr_schedule import round_lr
 from clients.training.private_training import DpSettings
 from clients.training.site_task import TaskSettings
 from clients.training.task_settings import SITE_CHOICES
-from strategies.plugins.personalisation.options import (PersonalisationOptions,
-                                                        split_personalisation)
-from strategies.run_keys import RUN_KEYS, check, run_key, typed
+from strategies.wire.personalisation_options import PersonalisationOptions, split_personalisation
+from strategies.wire.run_keys import RUN_KEYS, check, run_key, typed
 
 __all__ = ["SiteRunSettings"]
 
 
 def _read(values: Mapping[str, Any], key: str) -> Any:
-    """``values[key]`` typed and checked (:mod:`strategies.run_keys`), else its default."""
+    """``values[key]`` typed and checked (:mod:`strategies.wire.run_keys`), else its default."""
     value = typed(key, values[key]) if key in values else RUN_KEYS[key].default
     check(key, value, SITE_CHOICES.get(key, ()))
     return value
@@ -56,7 +55,7 @@ class SiteRunSettings:
     optimizer: str = run_key("optimizer")
     lr: float = run_key("lr")
     momentum: float = run_key("momentum")
-    #: ``seed``: the run seed (:func:`strategies.seeds.site_seed`).
+    #: ``seed``: the run seed (:func:`strategies.wire.seeds.site_seed`).
     seed: int = run_key("seed")
     #: ``num-server-rounds``: a train message after the last round is the final fine-tuning.
     num_server_rounds: int = run_key("num-server-rounds")

@@ -1,11 +1,11 @@
 """The site's side of a SecAgg+ round (Bell et al., CCS 2020): its four stages.
 
 A securely aggregated train round is four train messages told apart by
-``secagg-stage`` (:data:`~strategies.message_keys.SECAGG_STAGES`). The site's round
+``secagg-stage`` (:data:`~strategies.wire.message_keys.SECAGG_STAGES`). The site's round
 (:func:`clients.site.site_round.answer`) checks every one against the site policy
 (the train rules plus ``[secure-aggregation]``, before any data is read) and then
 calls :func:`answer_stage`, which drives the site's
-:class:`~strategies.secure_aggregation.participant.Participant`, kept between stages
+:class:`~strategies.wire.secure_aggregation.participant.Participant`, kept between stages
 in the site's state dir (:class:`~clients.site.secure_state.SecureRoundState`):
 
 1. ``setup``: two fresh X25519 key pairs; reply: both public keys and ``num-examples``;
@@ -40,9 +40,9 @@ from clients.site.secure_update import SecureMasking
 from clients.site.site import Site
 from clients.site.site_reply import SiteReply
 from clients.site.site_training import train_round
-from strategies import message_keys as keys
-from strategies.secure_aggregation.errors import SecAggError
-from strategies.secure_aggregation.participant import Participant
+from strategies.wire import message_keys as keys
+from strategies.wire.secure_aggregation.errors import SecAggError
+from strategies.wire.secure_aggregation.participant import Participant
 
 if TYPE_CHECKING:  # site_round imports this module
     from clients.site.site_round import SiteTasks

@@ -4,7 +4,7 @@ The four stages of a securely aggregated round are four messages, and in deploym
 each may be served by a fresh process (the site runner's warm worker or not). What the
 site needs from one stage to the next, its two private keys, its self-mask seed, its
 neighbours' public keys and the shares it holds
-(:meth:`~strategies.secure_aggregation.participant.Participant.to_bytes`), is kept in
+(:meth:`~strategies.wire.secure_aggregation.participant.Participant.to_bytes`), is kept in
 ``<state-dir>/<federation>/secagg-round.json``: written atomically
 (:mod:`clients.site.atomic_file`), readable by the site's account only (mode 0600:
 it holds secrets), overwritten by the next setup, deleted after the unmask reply. A
@@ -18,8 +18,8 @@ from pathlib import Path
 
 from clients.site.atomic_file import write_atomic
 from clients.site.state_store import SiteStateStore
-from strategies.secure_aggregation.errors import SecAggError
-from strategies.secure_aggregation.participant import Participant
+from strategies.wire.secure_aggregation.errors import SecAggError
+from strategies.wire.secure_aggregation.participant import Participant
 
 __all__ = ["STATE_FILE", "SecureRoundState"]
 

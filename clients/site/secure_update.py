@@ -2,8 +2,8 @@
 
 Under SecAgg+ (Bell et al., CCS 2020) the coordinator sees only the sum of the sites'
 vectors, so each site applies its own aggregation weight before masking
-(:mod:`strategies.secure_aggregation.weights`) and only codecs that sum across sites
-apply (:mod:`strategies.secure_aggregation.vector`). From the round's
+(:mod:`strategies.wire.secure_aggregation.weights`) and only codecs that sum across sites
+apply (:mod:`strategies.wire.secure_aggregation.vector`). From the round's
 :class:`~clients.site.site_feature.LocalUpdate`:
 
 1. ``v``: the update's float arrays as one vector (FedBN's own layers already zero;
@@ -13,22 +13,22 @@ apply (:mod:`strategies.secure_aggregation.vector`). From the round's
    error feedback (EF-SGD, Karimireddy et al. 2019, Algorithm 2) ``z = e + v`` and the
    kept coordinates of ``z`` are sent; ``none`` and ``fp16``: all of ``v`` (the
    ``b``-bit quantisation replaces fp16);
-3. ``c_i`` (:func:`~strategies.secure_aggregation.weights.site_coefficient`): FedAvg's
+3. ``c_i`` (:func:`~strategies.wire.secure_aggregation.weights.site_coefficient`): FedAvg's
    ``min(1, n_i / r)`` with the instruction's weight reference ``r``, times FedNova's
    ``a_f / max(a_i, a_f)`` when the instruction names an a-norm floor ``a_f``; the
    site's own a-norm ``a_i`` is that of the steps it ran, by the run's local solver
-   (:class:`~strategies.local_solver.LocalSolver`, as the coordinator computes it);
+   (:class:`~strategies.wire.local_solver.LocalSolver`, as the coordinator computes it);
 4. the weighted values are clipped to the plan's ``[-clip, clip]`` (what one site can
    add to the sum, at most), and the residual keeps what was not sent:
    ``e <- z - scatter(clip(c_i z_kept) / c_i)``, in the site's state store as in a plain
    round (``ef-residual``).
 
 A train instruction of a securely aggregated round names its stage (``secagg-stage``) and
-carries the round's plan (:class:`~strategies.secure_aggregation.settings.RoundPlan`) and
+carries the round's plan (:class:`~strategies.wire.secure_aggregation.settings.RoundPlan`) and
 the stage's protocol entries (``secagg-*``): its :class:`SecureInstruction`. In the collect
 stage's round the update is sealed by the :class:`SecureMasking` feature
 (:class:`~clients.site.site_feature.SiteFeature`): these values, masked by the site's
-:class:`~strategies.secure_aggregation.participant.Participant`
+:class:`~strategies.wire.secure_aggregation.participant.Participant`
 (:mod:`clients.site.secure_round`, which holds it between stages).
 """
 
@@ -43,18 +43,18 @@ import numpy as np
 
 from clients.site.site_feature import RESIDUAL_NAME, LocalUpdate, SiteFeature, config_value
 from clients.site.state_store import SiteStateStore
-from strategies import message_keys as keys
-from strategies.errors import ConfigError
-from strategies.local_solver import LocalSolver
-from strategies.secure_aggregation.errors import SecAggError
-from strategies.secure_aggregation.settings import RoundPlan
-from strategies.secure_aggregation.vector import flatten_float, kept_indices, shared_codec_seed
-from strategies.secure_aggregation.weights import site_coefficient
+from strategies.wire import message_keys as keys
+from strategies.wire.errors import ConfigError
+from strategies.wire.local_solver import LocalSolver
+from strategies.wire.secure_aggregation.errors import SecAggError
+from strategies.wire.secure_aggregation.settings import RoundPlan
+from strategies.wire.secure_aggregation.vector import flatten_float, kept_indices, shared_codec_seed
+from strategies.wire.secure_aggregation.weights import site_coefficient
 
 if TYPE_CHECKING:  # the participant (and Flower's primitives) load only in a SecAgg+ round
     from clients.site.instruction import Instruction
     from clients.site.run_settings import SiteRunSettings
-    from strategies.secure_aggregation.participant import Participant
+    from strategies.wire.secure_aggregation.participant import Participant
 
 __all__ = ["SecureInstruction", "SecureMasking", "coefficient_of", "secure_values"]
 
@@ -67,7 +67,7 @@ class SecureInstruction:
     ----------
     secagg_stage : str
         The SecAgg+ stage (``secagg-stage``: one of
-        :data:`~strategies.message_keys.SECAGG_STAGES`); "" for a plain train.
+        :data:`~strategies.wire.message_keys.SECAGG_STAGES`); "" for a plain train.
     plan : RoundPlan or None
         The stage's round plan (``None`` without a stage).
     secagg : dict of str to Any

@@ -40,7 +40,7 @@ from torch import nn
 
 from clients.site.site_reply import Metrics
 from clients.training.trainer import StepHooks, TrainResult
-from strategies.errors import ConfigError
+from strategies.wire.errors import ConfigError
 
 if TYPE_CHECKING:  # the instruction reads the features' parts: imported for annotations only
     from typing import Self
@@ -197,7 +197,7 @@ class SiteFeature(Protocol):
 
     def receive(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The instruction's arrays as this feature passes them on: its own entries taken off
-        (and kept for its later hooks), or the packed model (:mod:`strategies.model_buffer`)
+        (and kept for its later hooks), or the packed model (:mod:`strategies.wire.model_buffer`)
         that its entries stand for.
 
         Raises

@@ -43,11 +43,11 @@ from clients.site.state_store import SiteStateStore
 from clients.training.personalisation.site_personalisation import SITE_PERSONALISATION
 from clients.training.pruning import MaskedTraining, Shrunk, model_structure, shrink
 from clients.training.site_task import SiteTask
-from strategies import message_keys as keys
-from strategies.compression import encode
-from strategies.errors import SiteError
-from strategies.plugins.pruning.mask import (MASK_BITS_KEY, MASK_LAYOUT_KEY, compact, expand,
-                                             masks_from_record)
+from strategies.wire import message_keys as keys
+from strategies.wire.codecs import encode
+from strategies.wire.errors import SiteError
+from strategies.wire.pruning_mask import (MASK_BITS_KEY, MASK_LAYOUT_KEY, compact, expand,
+                                          masks_from_record)
 
 if TYPE_CHECKING:
     from clients.site.instruction import Instruction
@@ -96,7 +96,7 @@ def received_mask(entries: Mapping[str, np.ndarray], version: int, federation: s
     ------
     MaskVersionError
         When the instruction carries no mask and the site holds another version (or none).
-    strategies.plugins.pruning.mask.PruningError
+    strategies.wire.pruning_mask.PruningError
         When the mask sent is malformed.
     """
     store = SiteStateStore(state_dir)

@@ -21,11 +21,11 @@ class SiteReply:
     Attributes
     ----------
     metrics : dict of str to int or float
-        The reply's metrics (:mod:`strategies.message_keys` names).
+        The reply's metrics (:mod:`strategies.wire.message_keys` names).
     site : dict of str to str
         The site's record: its name and its policy's fingerprint.
     update : dict of str to numpy.ndarray or None
-        A train reply's packed update (:func:`strategies.update_codec.pack_update`), or
+        A train reply's packed update (:func:`strategies.wire.update_codec.pack_update`), or
         a SecAgg+ collect reply's masked vector (``secagg-masked``); ``None`` for
         evaluate, query and the other SecAgg+ stages.
     secagg : dict or None

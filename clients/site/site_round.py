@@ -54,7 +54,7 @@ from clients.site.site_reply import Metrics, SiteReply
 from clients.site.site_training import received_model, train_round
 from clients.training.device import ComputeDevice, select_device
 from clients.training.site_task import SiteTask, TaskSettings
-from strategies import message_keys as keys
+from strategies.wire import message_keys as keys
 
 __all__ = ["SiteTasks", "TaskLoader", "answer", "request_of", "sized_request"]
 
@@ -204,7 +204,7 @@ def answer(instruction: Instruction, arrays: Mapping[str, np.ndarray], site: Sit
         What is asked (train, evaluate or query), the run's defaults filled in.
     arrays : mapping of str to numpy.ndarray
         The instruction's arrays as sent: the packed global model
-        (:mod:`strategies.model_buffer`), or a compressed downlink step (train).
+        (:mod:`strategies.wire.model_buffer`), or a compressed downlink step (train).
     site : Site
         The site: name, data, state dir, policy.
     run : SiteRunSettings

@@ -37,11 +37,11 @@ import numpy as np
 from clients.site.site_feature import LocalTraining, SiteFeature, config_value
 from clients.site.state_store import SiteStateStore
 from clients.training.scaffold import ScaffoldCorrection, option_two
-from strategies import message_keys as keys
-from strategies.compression import ErrorFeedback, decode, encode, flatten, parse_spec
-from strategies.errors import ConfigError, SiteError
-from strategies.local_solver import LocalSolver
-from strategies.update_codec import float_positions
+from strategies.wire import message_keys as keys
+from strategies.wire.codecs import ErrorFeedback, decode, encode, flatten, parse_spec
+from strategies.wire.errors import ConfigError, SiteError
+from strategies.wire.local_solver import LocalSolver
+from strategies.wire.update_codec import float_positions
 
 if TYPE_CHECKING:
     from clients.site.instruction import Instruction

@@ -7,7 +7,7 @@ in hook order) and names none of them.
 
 In (:func:`received_model`): the features take their entries off the instruction's arrays
 (or turn them into the packed model they stand for), the packed model is read
-(:mod:`strategies.model_buffer`), and the features pass the global model on by name.
+(:mod:`strategies.wire.model_buffer`), and the features pass the global model on by name.
 
 Train (:func:`local_update`): the network is built (with the features' build arguments),
 loaded and trained tau steps (capped by the site, within the round's time budget, at the
@@ -46,11 +46,11 @@ from clients.site.state_store import SiteStateStore
 from clients.training.device import ComputeDevice
 from clients.training.site_task import SiteTask
 from clients.training.trainer import StepHooks, TrainResult
-from strategies import message_keys as keys
-from strategies.compression import ErrorFeedback, parse_spec
-from strategies.model_buffer import unpack_model
-from strategies.seeds import site_seed
-from strategies.update_codec import pack_update
+from strategies.wire import message_keys as keys
+from strategies.wire.codecs import ErrorFeedback, parse_spec
+from strategies.wire.model_buffer import unpack_model
+from strategies.wire.seeds import site_seed
+from strategies.wire.update_codec import pack_update
 
 __all__ = ["RESIDUAL_NAME", "LocalUpdate", "encode_update", "local_update", "received_model",
            "train_round"]
@@ -63,7 +63,7 @@ def received_model(arrays: Mapping[str, np.ndarray],
 
     Raises
     ------
-    strategies.model_buffer.PackedModelError
+    strategies.wire.model_buffer.PackedModelError
         When the packed model is malformed.
     SiteError, FedMedError
         A feature's refusal of its entries (:meth:`SiteFeature.receive`).
@@ -98,7 +98,7 @@ def encode_update(delta: Sequence[np.ndarray], instruction: Instruction, state_d
     Returns
     -------
     arrays, residual_norm
-        The arrays to send (:func:`strategies.update_codec.pack_update`) and
+        The arrays to send (:func:`strategies.wire.update_codec.pack_update`) and
         ``||e||_2`` after this round (0 without error feedback).
     """
     spec = instruction.codec

@@ -42,7 +42,7 @@ from clients.tabular.heart_variables import HEART_FEATURES
 from clients.tabular.shared import HEART_DISEASE, read_heart_disease
 from clients.datagen.vertical_sets import write_site_file
 from clients.tabular.table import TableRow, format_value, write_table
-from strategies.errors import ConfigError
+from strategies.wire.errors import ConfigError
 from clients.datagen.federation import hospital_name
 
 __all__ = ["Department", "DEPARTMENTS", "patient_splits", "write_departments"]

@@ -25,7 +25,7 @@ from clients.datagen.shared_set import SharedSet, SiteItems, set_registry, sourc
 from clients.tabular.heart_variables import HEART_FEATURES
 from clients.tabular.table import TableRow, format_value, write_table
 from clients.datagen.federation import hospital_name
-from strategies.registry import Registry
+from strategies.wire.registry import Registry
 
 __all__ = ["HEART_DISEASE", "SETS", "read_heart_disease"]
 

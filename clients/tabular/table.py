@@ -16,7 +16,7 @@ fields, an empty id or split, an unknown split or a duplicate id raise
 :class:`~clients.errors.ManifestError` naming the file, and the site is
 unusable. A problem of one row (a label outside {0, 1}, a cell that is not a
 number or is infinite) only skips that row (:func:`parse_row` raises an
-:class:`~strategies.errors.ItemError`, counted in the load report).
+:class:`~strategies.wire.errors.ItemError`, counted in the load report).
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ from clients.training.classification import ClassificationTask, LabelledTensors
 from clients.training.device import ComputeDevice
 from clients.training.site_task import TaskSettings
 from models.tabular_mlp import make_tabular_mlp
-from strategies.errors import ConfigError, ItemError
+from strategies.wire.errors import ConfigError, ItemError
 
 __all__ = ["TabularClsTask", "table_inputs"]
 

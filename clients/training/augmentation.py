@@ -10,7 +10,7 @@ an affine transform (rotation, zoom, shift; MONAI ``RandAffine``), a contrast ga
 
 Seeding follows :class:`clients.pe_seg.task._RandomFlips`: every item draws the seed of
 its transforms from torch's global generator, which :meth:`SiteTask.train` seeds with the
-site's round seed (:func:`strategies.seeds.site_seed`) in the training process and the
+site's round seed (:func:`strategies.wire.seeds.site_seed`) in the training process and the
 DataLoader per worker (base seed + worker id), so a site's round is reproducible with and
 without loader workers, and each round and site draws other transforms.
 """
@@ -27,7 +27,7 @@ from monai.utils import convert_to_tensor
 from torch.utils.data import Dataset
 
 from clients.training.augmentation_levels import AUGMENTATIONS, AugmentationLevel
-from strategies.errors import ConfigError
+from strategies.wire.errors import ConfigError
 
 __all__ = ["image_augmentation", "AugmentedImages", "augmented"]
 

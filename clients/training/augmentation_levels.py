@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from strategies.registry import Registry
+from strategies.wire.registry import Registry
 
 __all__ = ["AugmentationLevel", "AUGMENTATIONS"]
 

@@ -21,8 +21,8 @@ on first use, keeping the root logger).
 
 from __future__ import annotations
 
-from strategies.registry import Registry
-from strategies.run_keys import RUN_KEYS
+from strategies.wire.registry import Registry
+from strategies.wire.run_keys import RUN_KEYS
 
 __all__ = ["ACCOUNTANTS", "DEFAULT_ACCOUNTANT"]
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from strategies.registry import Registry
+from strategies.wire.registry import Registry
 
 __all__ = ["LR_SCHEDULES", "round_lr"]
 

@@ -39,8 +39,8 @@ from clients.training import grad_samplers
 from clients.training.dp_accountants import ACCOUNTANTS
 from clients.training.opacus_loader import opacus
 from models.slice_layers import slice_wise
-from strategies.errors import ConfigError
-from strategies.run_keys import run_key
+from strategies.wire.errors import ConfigError
+from strategies.wire.run_keys import run_key
 
 if TYPE_CHECKING:
     from opacus.accountants import IAccountant

@@ -29,7 +29,7 @@ import torch_pruning as tp
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from strategies.errors import SiteError
+from strategies.wire.errors import SiteError
 
 __all__ = ["PruningSurgeryError", "ROOT_TYPES", "dependency_graph", "model_cost",
            "structured_groups"]

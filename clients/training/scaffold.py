@@ -65,7 +65,7 @@ def option_two(c_i: np.ndarray, c: np.ndarray, moved: np.ndarray, steps_norm: fl
         ``x - y``: the received model minus the trained one.
     steps_norm : float
         ``K`` for plain SGD; with heavy-ball momentum or a proximal term the solver's
-        ``||a||_1`` (:meth:`strategies.local_solver.LocalSolver.a_norm`), its effective steps.
+        ``||a||_1`` (:meth:`strategies.wire.local_solver.LocalSolver.a_norm`), its effective steps.
     lr : float
         ``eta_l``, the local learning rate.
     """

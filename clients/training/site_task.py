@@ -35,7 +35,7 @@ from clients.prediction.items import PredictionItem, plain_folder_items
 from clients.training.private_training import (DpSettings, dp_compatible, noise_only_step,
                                                private_training)
 from clients.training.trainer import StepHooks, TrainResult, train_steps
-from strategies.errors import SiteError
+from strategies.wire.errors import SiteError
 
 if TYPE_CHECKING:
     from clients.prediction.predictor import Predictor

@@ -3,7 +3,7 @@ site side's registries of run-config names (:data:`SITE_CHOICES`).
 
 Torch-free, so that the run config can be checked (``make simulate``, ``make federate``)
 without loading torch; :mod:`clients.training.site_task` uses them. The run-config
-fields' defaults are the table's (:mod:`strategies.run_keys`).
+fields' defaults are the table's (:mod:`strategies.wire.run_keys`).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any
 from clients.training.augmentation_levels import AUGMENTATIONS
 from clients.training.dp_accountants import ACCOUNTANTS
 from clients.training.lr_schedule import LR_SCHEDULES
-from strategies.registry import Registry
-from strategies.run_keys import run_key
+from strategies.wire.registry import Registry
+from strategies.wire.run_keys import run_key
 
 __all__ = ["OPTIMIZERS", "SITE_CHOICES", "TaskSettings"]
 
@@ -28,7 +28,7 @@ OPTIMIZERS.add_path("sgd", "clients.training.site_task:sgd_optimizer")
 OPTIMIZERS.add_path("adam", "clients.training.site_task:adam_optimizer")
 
 #: The run-config keys whose names are a registry of the site side (the ``registry`` of
-#: their :data:`strategies.run_keys.RUN_KEYS` entry): both the server's run config and the
+#: their :data:`strategies.wire.run_keys.RUN_KEYS` entry): both the server's run config and the
 #: site's settings check them against these names.
 SITE_CHOICES: Mapping[str, Collection[str]] = {
     "optimizer": OPTIMIZERS, "lr-schedule": LR_SCHEDULES, "augmentation": AUGMENTATIONS,

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from clients.training.device import ComputeDevice
-from strategies.errors import SiteError
+from strategies.wire.errors import SiteError
 
 __all__ = ["TrainResult", "NonFiniteLossError", "StepHooks", "backward_step", "cycle_batches",
            "train_steps"]

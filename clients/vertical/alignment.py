@@ -19,7 +19,7 @@ from pathlib import Path
 
 from clients.site.atomic_file import write_atomic
 from clients.site.policy import PolicyRefusal
-from strategies.errors import SiteError
+from strategies.wire.errors import SiteError
 
 __all__ = ["ALIGNMENT_FILE", "MIN_INTERSECTION_RULE", "save_alignment", "save_refusal",
            "load_alignment"]

@@ -36,7 +36,7 @@ from typing import TypeVar
 import private_set_intersection.python as psi
 from google.protobuf.message import DecodeError, Message
 
-from strategies.errors import SiteError
+from strategies.wire.errors import SiteError
 
 __all__ = ["PAD", "PsiClientState", "salted_items", "padded", "new_request", "finish", "serve"]
 

@@ -36,7 +36,7 @@ from clients.site.atomic_file import write_atomic
 from clients.vertical.alignment import ALIGNMENT_FILE, load_alignment, save_alignment, save_refusal
 from clients.vertical.psi import PsiClientState, finish, new_request, salted_items, serve
 from clients.vertical.stages import VerticalReply, VerticalRequest
-from strategies.errors import SiteError
+from strategies.wire.errors import SiteError
 
 __all__ = ["REQUEST", "SETUP", "RESPONSE", "SERVE", "LAST", "PSI_SIZE", "CLIENT_FILE",
            "request_key", "response_key", "psi_request", "psi_step"]

@@ -52,8 +52,8 @@ from clients.vertical.site_data import aligned_data
 from clients.vertical.stages import VerticalReply, VerticalRequest, VerticalSite
 from models.pvfed import (IdEncoder, encoder_arrays, encoder_from_arrays, fit_id_encoder,
                           split_output_layer)
-from strategies.errors import SiteError
-from strategies.seeds import site_seed
+from strategies.wire.errors import SiteError
+from strategies.wire.seeds import site_seed
 
 __all__ = ["ENCODE", "pvfed_local", "pvfed_round"]
 
@@ -62,7 +62,7 @@ ENCODE = "pvfed-encode"
 
 
 def _seed(site: VerticalSite, server_round: int, purpose: str) -> int:
-    """The seed of one of the site's pvFed fits (:func:`strategies.seeds.site_seed`)."""
+    """The seed of one of the site's pvFed fits (:func:`strategies.wire.seeds.site_seed`)."""
     return site_seed(site.seed, server_round, f"pvfed-{purpose}:{site.name}")
 
 

@@ -30,7 +30,7 @@ from torch import nn
 
 from clients.site.atomic_file import write_atomic
 from clients.vertical.site_data import SPLITS
-from strategies.errors import SiteError
+from strategies.wire.errors import SiteError
 
 __all__ = ["LOCAL_FILE", "ENCODER_FILE", "HEAD_FILE", "LocalState", "PvFedState"]
 

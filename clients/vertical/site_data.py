@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from clients.training.site_task import SiteTask
-from strategies.errors import SiteError
+from strategies.wire.errors import SiteError
 
 __all__ = ["SPLITS", "AlignedData", "aligned_data"]
 

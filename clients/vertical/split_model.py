@@ -19,8 +19,8 @@ import torch
 from torch import nn
 
 from models.split_network import SplitNetwork, split_network
-from strategies.errors import ConfigError, FedMedError, SiteError
-from strategies.vertical.options import VerticalOptions
+from strategies.wire.errors import ConfigError, FedMedError, SiteError
+from strategies.wire.vertical_options import VerticalOptions
 
 __all__ = ["PART", "U_SHAPED", "batch_key", "cut_task_network", "load_part", "part_arrays",
            "tensor_of"]

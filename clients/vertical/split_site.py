@@ -59,8 +59,8 @@ from clients.vertical.split_model import U_SHAPED, batch_key, part_arrays, tenso
 from clients.vertical.split_state import SplitSiteState, open_state, save_state
 from clients.vertical.stages import VerticalReply, VerticalRequest
 from models.split_network import buffers_kept
-from strategies.errors import SiteError
-from strategies.seeds import site_seed
+from strategies.wire.errors import SiteError
+from strategies.wire.seeds import site_seed
 
 __all__ = ["split_train", "split_head", "split_eval_forward", "split_eval_finish"]
 

@@ -29,7 +29,7 @@ from clients.training.site_task import make_optimizer
 from clients.vertical.split_model import PART, cut_task_network, load_part
 from clients.vertical.stages import VerticalRequest
 from models.split_network import SplitNetwork
-from strategies.errors import SiteError
+from strategies.wire.errors import SiteError
 
 __all__ = ["STATE_FILE", "SplitSiteState", "open_state", "save_state"]
 

@@ -37,10 +37,10 @@ from clients.site.site_round import SiteTasks
 from clients.site.state_store import SiteStateStore
 from clients.training.device import ComputeDevice
 from clients.training.site_task import SiteTask, TaskSettings
-from strategies import message_keys as keys
-from strategies.errors import ConfigError
-from strategies.registry import Registry
-from strategies.vertical.options import VerticalOptions
+from strategies.wire import message_keys as keys
+from strategies.wire.errors import ConfigError
+from strategies.wire.registry import Registry
+from strategies.wire.vertical_options import VerticalOptions
 
 __all__ = ["SITE_FILE", "VERTICAL_STAGES", "StageHandler", "VerticalReply", "VerticalRequest",
            "declared_site",

@@ -7,7 +7,7 @@ contracts:
 
 * :class:`PluginClass`, the class itself: ``Options``, ``from_options`` and
   ``requires`` (what :func:`strategies.plugins.registries.build` calls);
-  :class:`~strategies.plugins.options.Plugin` gives the defaults;
+  :class:`~strategies.wire.plugin_options.Plugin` gives the defaults;
 * the Protocol of its kind, for the instance built for a run.
 
 An instance's attributes are its state: a checkpoint saves them and restores
@@ -29,13 +29,13 @@ import numpy as np
 
 if TYPE_CHECKING:
     from strategies.aggregation import RunningSum
-    from strategies.codecs.spec import CodecSpec
-    from strategies.plugins.options import PluginOptions
     from strategies.plugins.run_settings import RunSettings
     from strategies.plugins.schedules.codec_rate import SiteRound
     from strategies.replies import TrainReply
     from strategies.rounds.site_selection import SelectionContext
-    from strategies.secure_aggregation.settings import SecAggSettings
+    from strategies.wire.codecs.spec import CodecSpec
+    from strategies.wire.plugin_options import PluginOptions
+    from strategies.wire.secure_aggregation.settings import SecAggSettings
 
 __all__ = ["Aggregator", "CodecRate", "ControlVariates", "Defence", "PluginClass", "Pruning",
            "Schedule", "SecureAggregation", "SecureSumAggregator", "Selector", "ServerOptimizer",
@@ -49,7 +49,7 @@ Info = dict[str, float]
 class PluginClass(Protocol):
     """A registered plug-in class: its typed options and how a run builds it."""
 
-    #: Its run-config section (:class:`~strategies.plugins.options.NoOptions`: none).
+    #: Its run-config section (:class:`~strategies.wire.plugin_options.NoOptions`: none).
     Options: ClassVar[type[PluginOptions]]
 
     @classmethod
@@ -99,7 +99,7 @@ class SecureSumAggregator(StreamingAggregator, Protocol):
     Under SecAgg+ (Bell et al., CCS 2020; :mod:`strategies.rounds.secure_train`) the
     coordinator sees only ``S = sum_i c_i delta_i``: each site weighs its own update before
     masking, ``c_i = site_coefficient(n_i, r, a_i, a_f)``
-    (:mod:`strategies.secure_aggregation.weights`), with the round's weight reference ``r``
+    (:mod:`strategies.wire.secure_aggregation.weights`), with the round's weight reference ``r``
     and the aggregator's a-norm floor ``a_f`` (:meth:`secure_a_floor`). ``c_i`` is
     ``kappa = sum_scale(r, a_f)`` times the weight :meth:`fold` gives a site of
     ``min(n_i, r)`` examples, so ``S / kappa`` is the round's running sum and
@@ -187,7 +187,7 @@ class Pruning(Protocol):
     """``strategy.pruning``: which coordinates of the model are kept, sent and trained.
 
     The global model stays in full shapes with zeros at the pruned coordinates; the mask
-    (:mod:`strategies.plugins.pruning.mask`) covers the arrays that have prunable units.
+    (:mod:`strategies.wire.pruning_mask`) covers the arrays that have prunable units.
     """
 
     #: False for ``none``: the model stays dense.

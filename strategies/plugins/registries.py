@@ -1,6 +1,6 @@
 """The strategy plug-in registries and their run-config sections.
 
-Each kind of plug-in is a :class:`~strategies.registry.Registry` that owns one
+Each kind of plug-in is a :class:`~strategies.wire.registry.Registry` that owns one
 folder of ``strategies/plugins/`` and one run-config choice key:
 
 * ``AGGREGATORS``: ``aggregators/``, chosen by ``strategy.aggregator``
@@ -24,10 +24,10 @@ folder of ``strategies/plugins/`` and one run-config choice key:
 
 A plug-in module registers its class with ``@REGISTRY.register("name")``; every
 module of the folder is imported on first use, so dropping a file there is all
-it takes. A plug-in class (usually a :class:`~strategies.plugins.options.Plugin`)
+it takes. A plug-in class (usually a :class:`~strategies.wire.plugin_options.Plugin`)
 provides (see ``plugins/aggregators/fednova.py``):
 
-* ``Options``: its typed options, a :class:`~strategies.plugins.options.PluginOptions`
+* ``Options``: its typed options, a :class:`~strategies.wire.plugin_options.PluginOptions`
   dataclass naming its run-config section (:class:`NoOptions` when it has none);
 * ``from_options(options, settings)``: the instance for a run (``Plugin``'s default
   passes each option as the ``__init__`` keyword of the same name);
@@ -48,9 +48,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from strategies.plugins.options import NoOptions, PluginError, PluginOptions, Retired
 from strategies.plugins.run_settings import RunSettings
-from strategies.registry import Registry
+from strategies.wire.plugin_options import NoOptions, PluginError, PluginOptions, Retired
+from strategies.wire.registry import Registry
 
 __all__ = ["AGGREGATORS", "CODEC_RATES", "CONTROL_VARIATES", "DEFENCES", "PLUGIN_REGISTRIES",
            "PRUNINGS", "SCHEDULES", "SECURE_AGGREGATION", "SELECTORS", "SERVER_OPTIMIZERS",

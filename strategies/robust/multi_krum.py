@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from strategies.errors import ConfigError
 from strategies.robust.stack import as_stack
+from strategies.wire.errors import ConfigError
 
 __all__ = ["krum_scores", "lowest_scores", "multi_krum_select"]
 

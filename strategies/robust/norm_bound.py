@@ -33,8 +33,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from strategies.errors import ConfigError
 from strategies.robust.stack import as_stack
+from strategies.wire.errors import ConfigError
 
 __all__ = ["NormBound", "clip_factors", "clip_to_bound", "history_reference", "lower_median",
            "round_bound", "scaled", "update_norm"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from strategies.errors import ConfigError
+from strategies.wire.errors import ConfigError
 
 __all__ = ["as_stack"]
 

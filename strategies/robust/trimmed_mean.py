@@ -18,8 +18,8 @@ import math
 
 import numpy as np
 
-from strategies.errors import ConfigError
 from strategies.robust.stack import as_stack
+from strategies.wire.errors import ConfigError
 
 __all__ = ["trimmed_count", "trimmed_mean"]
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from strategies.errors import ConfigError
+from strategies.wire.errors import ConfigError
 
 __all__ = ["coordinatewise", "float_stack"]
 

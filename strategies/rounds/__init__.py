@@ -21,6 +21,6 @@
   resumable state.
 
 Reply parsing itself (:mod:`strategies.replies`) and the message contract
-(:mod:`strategies.message_keys`) stay at the top of ``strategies``: the plug-ins
+(:mod:`strategies.wire.message_keys`) stay at the top of ``strategies``: the plug-ins
 read :class:`strategies.replies.TrainReply`, and the ClientApp shares the keys.
 """

@@ -33,9 +33,9 @@ from typing import Any
 
 import numpy as np
 
-from strategies.errors import FederationError
 from strategies.plugins.registries import retired_keys
 from strategies.rounds.state_tree import StateTreeError, decode_tree, encode_tree
+from strategies.wire.errors import FederationError
 
 __all__ = ["CHECKPOINT_FILE", "RESUME_KEYS", "CheckpointError", "ServerCheckpoint",
            "config_difference", "find_checkpoint", "load_checkpoint", "run_folder", "safe_name",

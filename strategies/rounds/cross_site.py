@@ -46,9 +46,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, Met
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
-from strategies import message_keys as keys
 from strategies.aggregation import apply_update
-from strategies.local_solver import LocalSolver
 from strategies.replies import InvalidReplyError, MetricsReply, parse_metrics_reply
 from strategies.rounds.exchange import exchange, wait_for_nodes
 from strategies.rounds.instructions import TrainPlan, Uplink, site_messages
@@ -57,6 +55,8 @@ from strategies.rounds.round_metrics import example_weighted_metrics
 from strategies.rounds.round_policy import RoundPolicy
 from strategies.rounds.site_book import SiteBook
 from strategies.rounds.withheld import refused_rule, withheld_text
+from strategies.wire import message_keys as keys
+from strategies.wire.local_solver import LocalSolver
 
 if TYPE_CHECKING:
     from strategies.rounds.federated_strategy import FederatedStrategy

@@ -37,9 +37,9 @@ from flwr.app import Message
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
-from strategies.errors import FederationError
 from strategies.rounds.reply_intake import Reply, ReplyIntake, Taken
 from strategies.rounds.round_policy import RoundPolicy
+from strategies.wire.errors import FederationError
 
 __all__ = ["Exchanged", "NodeWaitTimeout", "exchange", "wait_for_nodes"]
 

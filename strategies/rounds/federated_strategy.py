@@ -11,7 +11,7 @@ Built on :class:`flwr.serverapp.strategy.Strategy` (Message API) and composed of
   :class:`~strategies.rounds.secure_train.SecureTrain`'s four exchanges and the coordinator learns
   only the sum of the sites' updates,
 
-each chosen by name from the run config (:mod:`strategies.registry`), and the run's active
+each chosen by name from the run config (:mod:`strategies.wire.registry`), and the run's active
 **round features** (:mod:`strategies.rounds.round_feature`: what a run adds to each round's
 instructions, replies, new model and checkpoint), which the loop calls without naming one.
 Unlike FedAvg it
@@ -48,8 +48,8 @@ from flwr.serverapp.strategy import Result, Strategy
 from flwr.supercore import log
 
 from strategies.compression import check_warmup
-from strategies.errors import FederationError
-from strategies.local_solver import LocalSolver
+from strategies.wire.errors import FederationError
+from strategies.wire.local_solver import LocalSolver
 from strategies.plugins.protocols import (Aggregator, CodecRate, Schedule, SecureAggregation,
                                           Selector, ServerOptimizer)
 from strategies.plugins.schedules.codec_rate import FixedCodecRate
@@ -61,8 +61,8 @@ from strategies.rounds.round_feature import RoundFeature
 from strategies.rounds.round_metrics import example_weighted_metrics
 from strategies.rounds.round_policy import RoundPolicy
 from strategies.rounds.round_report import RoundReport
-from strategies.rounds.site_book import DEFAULT_MAX_SIZE_RATIO, SiteBook
 from strategies.rounds.secure_train import SecureTrain
+from strategies.rounds.site_book import DEFAULT_MAX_SIZE_RATIO, SiteBook
 from strategies.rounds.site_selection import SelectionContext
 from strategies.rounds.train_stage import NoValidRepliesError, TrainStage
 from strategies.rounds.update_stream import DEFAULT_MAX_HELD_MB
@@ -101,7 +101,7 @@ class FederatedStrategy(Strategy):
         Update codec spec for the uplink (:mod:`strategies.compression`).
     codec_warmup_rounds : int
         Rounds over which the uplink codec's kept fraction warms up
-        (:mod:`strategies.codecs.warmup`; 0: none).
+        (:mod:`strategies.wire.codecs.warmup`; 0: none).
     codec_rate : CodecRate, optional
         Compression-rate schedule (:mod:`strategies.plugins.schedules.codec_rate`):
         ``rate_for(spec)`` (the round's kept fraction, None: the codec's) and ``observe(rate, site

@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 
-from strategies import message_keys as keys
 from strategies.compression import derive_seed, parse_spec, warmup_spec
-from strategies.local_solver import LocalSolver
 from strategies.model_packing import pack_arrays
 from strategies.replies import TrainReply, parse_train_reply
 from strategies.rounds.site_book import SiteBook
+from strategies.wire import message_keys as keys
+from strategies.wire.local_solver import LocalSolver
 
 if TYPE_CHECKING:
     from strategies.rounds.round_feature import RoundFeature
@@ -56,7 +56,7 @@ class Uplink:
         Base of the per-round, per-site codec seeds.
     codec_warmup_rounds : int
         Rounds over which the codec's kept fraction warms up to ``codec``
-        (run config ``strategy.codec-warmup-rounds``, :mod:`strategies.codecs.warmup`).
+        (run config ``strategy.codec-warmup-rounds``, :mod:`strategies.wire.codecs.warmup`).
     """
 
     codec: str = "none"

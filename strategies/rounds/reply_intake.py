@@ -39,11 +39,11 @@ from typing import Generic, Protocol, TypeVar
 from flwr.app import ConfigRecord, Message
 from flwr.supercore import log
 
-from strategies import message_keys as keys
 from strategies.replies import InvalidReplyError, MetricsReply, TrainReply, site_name
 from strategies.rounds.site_book import SiteBook
 from strategies.rounds.withheld import NO_METRICS
 from strategies.vertical.stage_answer import StageAnswer
+from strategies.wire import message_keys as keys
 
 __all__ = ["NO_REPLY", "Cap", "ReplyIntake", "ReplySink", "Taken", "policy_fingerprint",
            "reply_label", "withheld_rules"]

@@ -25,8 +25,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 
-from strategies import message_keys as keys
 from strategies.replies import MetricsReply, TrainReply
+from strategies.wire import message_keys as keys
 
 __all__ = ["SELECTED", "aggregated_replies", "example_weighted_metrics", "weighted_mean"]
 

@@ -1,7 +1,7 @@
 """The replies of a SecAgg+ round's stages, validated once as every reply is.
 
 A stage reply (setup, share-keys, unmask) carries its protocol entries in the
-ConfigRecord ``secagg`` (:data:`strategies.message_keys.SECAGG`) next to the
+ConfigRecord ``secagg`` (:data:`strategies.wire.message_keys.SECAGG`) next to the
 ``site`` record (and, at setup, the ``metrics`` record with ``num-examples``): it
 becomes a :class:`StageReply`, whose entries the round's
 :class:`~strategies.secure_aggregation.coordinator.SecAggRound` then takes.
@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message
 
-from strategies import message_keys as keys
-from strategies.local_solver import LocalSolver
+from strategies.wire import message_keys as keys
+from strategies.wire.local_solver import LocalSolver
 from strategies.replies import (InvalidReplyError, TrainReply, checked_steps,
                                 parse_metrics_reply, site_name, wire_size)
 

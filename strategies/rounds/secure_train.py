@@ -20,7 +20,7 @@ under the round policy's deadline, quorum and timeout) whose replies a
 
 The aggregator is a :class:`~strategies.plugins.protocols.SecureSumAggregator` (a robust
 rule is refused): each site's coefficient ``c_i`` is ``kappa`` times the weight the
-aggregator's fold gives it (:mod:`strategies.secure_aggregation.weights`), so with
+aggregator's fold gives it (:mod:`strategies.wire.secure_aggregation.weights`), so with
 ``S = sum_i c_i delta_i`` the unmasked sum over U3, ``S / kappa`` is the round's running
 sum and the aggregator's own ``finish`` makes the update of it (:func:`secure_delta`),
 with the sizes and steps reported in the clear: no second FedAvg or FedNova.
@@ -48,9 +48,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
-from strategies import message_keys as keys
 from strategies.aggregation import RunningSum
-from strategies.plugins.options import PluginError
 from strategies.plugins.protocols import Info, SecureSumAggregator
 from strategies.replies import TrainReply
 from strategies.rounds.exchange import Exchanged, exchange
@@ -63,11 +61,13 @@ from strategies.rounds.traffic import bytes_down
 from strategies.rounds.train_stage import TrainStage
 from strategies.rounds.update_stream import AggregateOutcome
 from strategies.secure_aggregation.coordinator import SecAggRound, SecureSum
-from strategies.secure_aggregation.errors import SecAggError
-from strategies.secure_aggregation.settings import SecAggSettings
-from strategies.secure_aggregation.vector import (float_positions, kept_indices,
-                                                  shared_codec_seed, unflatten_float)
-from strategies.secure_aggregation.weights import sum_scale
+from strategies.wire import message_keys as keys
+from strategies.wire.plugin_options import PluginError
+from strategies.wire.secure_aggregation.errors import SecAggError
+from strategies.wire.secure_aggregation.settings import SecAggSettings
+from strategies.wire.secure_aggregation.vector import (float_positions, kept_indices,
+                                                       shared_codec_seed, unflatten_float)
+from strategies.wire.secure_aggregation.weights import sum_scale
 
 __all__ = ["SecureTrain", "secure_delta"]
 
@@ -291,7 +291,7 @@ def secure_delta(aggregator: SecureSumAggregator, total: np.ndarray, summed: lis
     """``Delta`` and the aggregator's info from the unmasked sum ``S = sum_i c_i delta_i``.
 
     ``S / kappa`` (``kappa = sum_scale(r, a_f)``,
-    :mod:`strategies.secure_aggregation.weights`) is the running sum the aggregator's fold
+    :mod:`strategies.wire.secure_aggregation.weights`) is the running sum the aggregator's fold
     would have made of the ``summed`` replies counted at ``min(n_i, r)`` examples, so its
     ``finish`` over them is the plain round's update.
 

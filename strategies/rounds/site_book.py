@@ -67,8 +67,8 @@ from typing import TypeVar
 
 from flwr.supercore import log
 
-from strategies import message_keys as keys
 from strategies.replies import MetricsReply, TrainReply
+from strategies.wire import message_keys as keys
 
 __all__ = ["DEFAULT_MAX_SIZE_RATIO", "MAX_SIZE_RATIO_KEY", "SITE_NAME_MAX_LENGTH", "SiteBook",
            "site_name_problem"]

@@ -31,8 +31,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from strategies.registry import Registry
 from strategies.robust import coordinate_median
+from strategies.wire.registry import Registry
 
 __all__ = ["ROBUST_RULES", "SCORE_RULES", "TRIM_FRACTION", "site_median", "site_trimmed_mean"]
 

@@ -19,7 +19,6 @@ from functools import partial
 from flwr.app import ArrayRecord
 from flwr.serverapp import Grid
 
-from strategies import message_keys as keys
 from strategies.plugins.protocols import Selector
 from strategies.replies import parse_metrics_reply, wire_size
 from strategies.rounds.exchange import exchange
@@ -28,6 +27,7 @@ from strategies.rounds.reply_intake import ReplyIntake
 from strategies.rounds.round_policy import RoundPolicy
 from strategies.rounds.round_report import RoundReport
 from strategies.rounds.site_book import SiteBook
+from strategies.wire import message_keys as keys
 
 __all__ = ["SelectionContext", "query_losses", "record_selection"]
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from strategies.errors import FederationError
+from strategies.wire.errors import FederationError
 
 __all__ = ["StateTreeError", "decode_tree", "encode_tree"]
 

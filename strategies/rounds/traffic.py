@@ -2,7 +2,7 @@
 
 Bytes are the serialised sizes Flower really sends (:func:`strategies.replies.wire_size`):
 down is a site's train instruction, up its train reply. The baseline is the
-update as dense float32 (:func:`strategies.update_layout.dense_bytes`); the
+update as dense float32 (:func:`strategies.wire.update_layout.dense_bytes`); the
 uplink ratio ``dense / bytes up`` is the codec's compression as seen on the wire.
 """
 
@@ -15,7 +15,7 @@ from flwr.app import Message
 
 from strategies.replies import TrainReply, wire_size
 from strategies.rounds.round_report import RoundReport
-from strategies.update_layout import dense_bytes
+from strategies.wire.update_layout import dense_bytes
 
 __all__ = ["bytes_down", "record_traffic"]
 

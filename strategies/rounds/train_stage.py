@@ -41,16 +41,16 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
-from strategies import message_keys as keys
 from strategies.aggregation import apply_update
 from strategies.compression import parse_spec
-from strategies.errors import FederationError
-from strategies.local_solver import LocalSolver
 from strategies.plugins.defences.defended import DefendedAggregator
+from strategies.wire import message_keys as keys
+from strategies.wire.errors import FederationError
+from strategies.wire.local_solver import LocalSolver
 from strategies.plugins.protocols import (Aggregator, CodecRate, Schedule, Selector,
                                           ServerOptimizer)
-from strategies.plugins.server_opt.sgd import ServerSGD
 from strategies.plugins.schedules.codec_rate import SiteRound
+from strategies.plugins.server_opt.sgd import ServerSGD
 from strategies.replies import TrainReply
 from strategies.rounds.instructions import TrainPlan, Uplink, train_messages
 from strategies.rounds.normalisation_statistics import RoundStatistics, StatisticPositions
@@ -62,7 +62,7 @@ from strategies.rounds.round_report import RoundReport
 from strategies.rounds.site_book import SiteBook
 from strategies.rounds.site_selection import SelectionContext, query_losses, record_selection
 from strategies.rounds.traffic import bytes_down, record_traffic
-from strategies.rounds.update_stream import DEFAULT_MAX_HELD_MB, AggregateOutcome, UpdateStream
+from strategies.rounds.update_stream import AggregateOutcome, DEFAULT_MAX_HELD_MB, UpdateStream
 
 __all__ = ["OFFLINE", "NoValidRepliesError", "TrainStage", "site_rounds", "trained_arrays"]
 

@@ -39,7 +39,7 @@ with).
 No reply can end the run (:func:`aggregate_safely`): every reply was validated on
 its own (:mod:`strategies.replies`), yet the aggregator can still refuse the set (a
 weight out of range, a robust rule that rejects an update) with a
-:class:`strategies.errors.ReplyError`. When the error names the reply at fault
+:class:`strategies.wire.errors.ReplyError`. When the error names the reply at fault
 (:class:`strategies.aggregation.AggregationError`'s ``index``), that reply is
 dropped with the reason and the others are aggregated again; otherwise the round
 keeps the old model and records why (``AggregateOutcome.failure``).
@@ -55,10 +55,10 @@ import numpy as np
 from flwr.supercore import log
 
 from strategies.aggregation import AggregationError, RunningSum, check_update
-from strategies.errors import ConfigError, ReplyError
 from strategies.plugins.protocols import Aggregator
 from strategies.replies import TrainReply
 from strategies.rounds.site_book import MAX_SIZE_RATIO_KEY, SiteBook
+from strategies.wire.errors import ConfigError, ReplyError
 
 __all__ = ["DEFAULT_MAX_HELD_MB", "MAX_HELD_KEY", "AggregateOutcome", "UpdateStream",
            "aggregate_safely"]

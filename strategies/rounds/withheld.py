@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from strategies import message_keys as keys
+from strategies.wire import message_keys as keys
 
 __all__ = ["NO_METRICS", "refused_rule", "withheld_summary", "withheld_text"]
 

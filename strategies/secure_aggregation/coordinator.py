@@ -27,13 +27,13 @@ from typing import Any
 
 import numpy as np
 
-from strategies import message_keys as keys
-from strategies.secure_aggregation.crypto import (
+from strategies.wire import message_keys as keys
+from strategies.wire.secure_aggregation.crypto import (
     KEY_BYTES, add_mask, commitment, mask_seed, public_of, rebuild_secret)
-from strategies.secure_aggregation.encoding import dequantised_sum, unpack
-from strategies.secure_aggregation.errors import SecAggError
-from strategies.secure_aggregation.participant import entry_list
-from strategies.secure_aggregation.settings import SecAggSettings
+from strategies.wire.secure_aggregation.encoding import dequantised_sum, unpack
+from strategies.wire.secure_aggregation.errors import SecAggError
+from strategies.wire.secure_aggregation.participant import entry_list
+from strategies.wire.secure_aggregation.settings import SecAggSettings
 
 __all__ = ["SecAggRound", "SecureSum"]
 

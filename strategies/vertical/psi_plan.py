@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from strategies.errors import ConfigError
+from strategies.wire.errors import ConfigError
 
 __all__ = ["REQUEST_STAGE", "STEP_STAGE", "PsiTask", "PsiStep", "psi_plan"]
 

@@ -29,8 +29,8 @@ from typing import Protocol
 
 import numpy as np
 
-from strategies.errors import ConfigError, ReplyError
-from strategies.registry import Registry
+from strategies.wire.errors import ConfigError, ReplyError
+from strategies.wire.registry import Registry
 
 __all__ = ["AggregationSettings", "VectorAggregation", "VECTOR_AGGREGATIONS", "aggregate",
            "mean_aggregation", "pca_aggregation", "standardised"]

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 
-from strategies import message_keys as keys
 from strategies.replies import InvalidReplyError, site_name
+from strategies.wire import message_keys as keys
 
 __all__ = ["StageAnswer", "parse_stage_answer"]
 

@@ -49,7 +49,7 @@ from clients.root_logging import root_logging_kept
 from clients.site.data_report import write_data_report
 from clients.site.policy import PolicyRefusal, load_policy
 from clients.site.privacy_ledger import PrivacyLedger
-from strategies import message_keys as keys
+from strategies.wire import message_keys as keys
 from tests.app.site_messages import instruction
 
 ROOT = Path(__file__).resolve().parents[2]

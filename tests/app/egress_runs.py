@@ -24,7 +24,7 @@ from app.engine import VirtualSite, partition_sites, run_federation
 from app.engine.virtual_site import default_handler
 from app.site_runtime.egress_filter import EgressFilter, EgressVerdict
 from clients.cxr_cls.synthetic import generate_site, site_profiles
-from strategies import message_keys as keys
+from strategies.wire import message_keys as keys
 from tests.app.test_pvfed_federation import DEPARTMENTS, write_department
 from tests.integration.conftest import write_small_hospitals
 

@@ -58,7 +58,7 @@ from clients.cxr_cls.synthetic import generate_site, site_profiles  # noqa: E402
 from clients.registry import task_class  # noqa: E402
 from clients.site.privacy_ledger import PrivacyLedger  # noqa: E402
 from clients.site.run_settings import SiteRunSettings  # noqa: E402
-from strategies import message_keys as keys  # noqa: E402
+from strategies.wire import message_keys as keys  # noqa: E402
 from strategies.model_packing import pack_arrays  # noqa: E402
 
 __all__ = ["ATTEMPTS", "Attempt", "Row", "Suite", "run_suite", "main"]
@@ -70,7 +70,7 @@ import json, os, signal, socket
 from pathlib import Path
 import numpy as np
 from flwr.app import Array
-from strategies import message_keys as keys
+from strategies.wire import message_keys as keys
 
 
 def _inside(name, target):

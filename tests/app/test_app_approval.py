@@ -19,8 +19,8 @@ from app.site_runtime.app_approval import (SIGNATURE_KEY, AppNotApproved, approv
 from app.tooling.run_submission import RunOutcome
 from clients.site.app_rules import AppApprovalError, AppRules, key_fingerprint, load_public_key
 from clients.site.policy import SitePolicyError
-from strategies.errors import SiteError
 from strategies.rounds.checkpoint import config_difference
+from strategies.wire.errors import SiteError
 from tests.app.tiny_app import write_tiny_app
 
 FAB = b"PK\x03\x04 a stand-in app bundle: check_app only hashes and compares bytes"

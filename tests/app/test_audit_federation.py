@@ -11,7 +11,7 @@ from flwr.app import Context, Message, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
 from app.site_runtime.audit_record import federation_label, message_record
-from strategies import message_keys as keys
+from strategies.wire import message_keys as keys
 from tests.app.site_messages import instruction
 
 

@@ -14,10 +14,10 @@ from clients.site.policy import SitePolicy
 from clients.site.round_features import round_features
 from clients.site.site import Site
 from clients.site.site_training import received_model
-from strategies import message_keys as keys
 from strategies.downlink import ServerDownlink
-from strategies.downlink_receive import DownlinkSyncError
 from strategies.model_packing import named_arrays, pack_arrays
+from strategies.wire import message_keys as keys
+from strategies.wire.downlink_receive import DownlinkSyncError
 from tests.clients.site_round_fixtures import run_settings
 
 pytestmark = pytest.mark.usefixtures("server_identity")

@@ -8,9 +8,9 @@ from app.config.run_config import RunConfig
 from app.round_progress import progress_line
 from app.server_app import build_strategy
 from app.tracking.tracker import round_record
-from strategies.errors import ConfigError
 from strategies.plugins.schedules.codec_rate import AdaptiveCodecRate, FixedCodecRate
 from strategies.rounds.round_report import RoundReport
+from strategies.wire.errors import ConfigError
 
 
 def test_adaptive_rate_is_built_from_its_section_and_warmup_from_the_constructor() -> None:

@@ -21,7 +21,7 @@ from app.site_runtime.console_access import (SESSION_COOKIE, SESSION_SECONDS, Co
                                              SessionSigner, is_loopback)
 from app.tooling.certs import cert_paths, ensure_server_certificate
 from clients.site.policy import load_policy
-from strategies.errors import ConfigError
+from strategies.wire.errors import ConfigError
 from tests.app.console_site import csrf_of, log_in, site_folder
 
 BASE = "http://127.0.0.1:8470"

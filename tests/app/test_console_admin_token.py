@@ -23,7 +23,7 @@ from app.site_runtime.console import create_console, serve_console, start_consol
 from app.site_runtime.console_access import (CONSOLE_DIR, TOKEN_NAME, ConsoleSettings,
                                              admin_token_path)
 from clients.site.policy import load_policy
-from strategies.errors import ConfigError
+from strategies.wire.errors import ConfigError
 from tests.app.console_site import csrf_of, log_in, site_folder
 
 DIGEST = "d" * 64

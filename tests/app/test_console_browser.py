@@ -25,7 +25,7 @@ from app.site_runtime.app_approval import AppNotApproved, approve, check_app
 from app.site_runtime.audit_log import CURRENT_NAME, AuditLog, audit_dir
 from clients.site.policy import load_policy
 from clients.site.privacy_ledger import PrivacyLedger, dataset_id
-from strategies import message_keys as keys
+from strategies.wire import message_keys as keys
 from tests.app.console_fixtures import (DELTA, ROOT, bundle, screenshot,  # noqa: F401
                                         browser, console, console_site, page)
 from tests.app.site_messages import instruction

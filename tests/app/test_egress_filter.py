@@ -18,9 +18,9 @@ from app.site_runtime.audit_record import decision_of
 from app.site_runtime.egress_filter import EgressFilter, refusal_reply
 from app.site_runtime.egress_refusal import EgressRefusal, EgressVerdict
 from clients.site.policy import PolicyRefusal
-from strategies import message_keys as keys
 from strategies.rounds.withheld import refused_rule
-from strategies.update_codec import PAYLOAD_KEY
+from strategies.wire import message_keys as keys
+from strategies.wire.update_codec import PAYLOAD_KEY
 from tests.app.egress_runs import Exchange
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

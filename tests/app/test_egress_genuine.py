@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import pytest
 
-from strategies import message_keys as keys
 from strategies.metric_ranges import declared
+from strategies.wire import message_keys as keys
 from tests.app.egress_runs import RUNS
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -12,7 +12,7 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord
 
 from app.site_runtime.egress_filter import EgressFilter
-from strategies import message_keys as keys
+from strategies.wire import message_keys as keys
 from tests.app.egress_runs import Capture, Exchange
 from tests.app.test_egress_filter import metrics, replaced, verdict
 

@@ -12,7 +12,7 @@ from app.config.run_config import RunConfig
 from app.engine import InProcessGrid, VirtualSite
 from app.engine.attacks import SiteAttack, attacking_site, label_flipped_copy
 from app.server_app import build_strategy
-from strategies.errors import ConfigError
+from strategies.wire.errors import ConfigError
 from tests.fixtures.scripted_site import ScriptedSite
 
 pytestmark = pytest.mark.usefixtures("server_identity")  # run 42, the SuperLink's node 1
@@ -120,9 +120,9 @@ BN_DELTA = [np.full(3, 0.1, np.float32), np.full(2, 0.2, np.float32),
 def _exchange(attack: SiteAttack, kind: str = "train") -> tuple[Message, Message]:
     """The honest and the attacked reply of one site to a ``kind`` instruction."""
     from app.engine.attacks import attacking_handler
-    from strategies import message_keys as keys
     from strategies.model_packing import pack_arrays, record_of
-    from strategies.update_codec import pack_update
+    from strategies.wire import message_keys as keys
+    from strategies.wire.update_codec import pack_update
 
     instruction = Message(RecordDict({
         keys.ARRAYS: pack_arrays(record_of(BN_MODEL)),
@@ -192,7 +192,7 @@ def test_a_metric_lie_changes_the_evaluate_reply():
 
 def test_buffer_attacks_need_buffers():
     def no_buffers(message, context):
-        from strategies.update_codec import pack_update
+        from strategies.wire.update_codec import pack_update
         content = RecordDict({"metrics": MetricRecord({"num-examples": 1})})
         content["delta"] = ArrayRecord({k: Array(v) for k, v in
                                         pack_update([np.ones(2, np.float32)], "none").items()})

@@ -14,7 +14,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from app.engine import SiteFaults, partition_sites, run_federation
-from strategies import message_keys as keys
+from strategies.wire import message_keys as keys
 from tests.integration.conftest import write_small_hospitals
 
 SITES = ("hospital-00", "hospital-01", "hospital-02", "hospital-03")

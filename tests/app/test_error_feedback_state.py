@@ -9,9 +9,9 @@ import numpy as np
 from clients.site.instruction import Instruction
 from clients.site.state_store import SiteStateStore
 from clients.site.site_training import RESIDUAL_NAME, encode_update
-from strategies import message_keys as keys
 from strategies.compression import decode
-from strategies.update_codec import PAYLOAD_KEY
+from strategies.wire import message_keys as keys
+from strategies.wire.update_codec import PAYLOAD_KEY
 from tests.clients.site_round_fixtures import run_settings
 
 

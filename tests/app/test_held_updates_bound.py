@@ -9,7 +9,7 @@ from flwr.app import ArrayRecord, ConfigRecord
 from app.config.run_config import RunConfig, RunConfigError
 from app.engine import InProcessGrid, VirtualSite
 from app.server_app import build_strategy
-from strategies.errors import ConfigError
+from strategies.wire.errors import ConfigError
 
 
 def _configure(values: dict) -> list:

@@ -16,7 +16,7 @@ from app.model_source import (METADATA_KEY, ModelSourceError, is_mlflow_uri, loa
 from app.tracking.model_logging import log_task_model, model_metadata, register_version
 from clients.registry import task_class
 from clients.training.site_task import TaskSettings
-from strategies.errors import ConfigError
+from strategies.wire.errors import ConfigError
 
 SETTINGS = TaskSettings(image_size=32, num_labels=2)
 

@@ -7,7 +7,7 @@ from torch import nn
 
 from app.config.run_config import RunConfig
 from clients.training.personalisation.site_personalisation import require_local_layers
-from strategies.errors import ConfigError
+from strategies.wire.errors import ConfigError
 
 REPTILE = {"personalisation.method": "per-fedavg-reptile", "optimizer": "sgd",
            "local-steps": 6, "personalisation.tau-out": 3, "personalisation.tau-in": 2}

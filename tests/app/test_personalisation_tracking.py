@@ -9,9 +9,9 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 
 from app.engine import InProcessGrid, VirtualSite
 from app.tracking.tracker import round_record
-from strategies import message_keys as keys
 from strategies.plugins.registries import AGGREGATORS, SCHEDULES, SELECTORS
 from strategies.rounds.federated_strategy import FederatedStrategy
+from strategies.wire import message_keys as keys
 from tests.fixtures.scripted_site import ScriptedSite
 
 pytestmark = pytest.mark.usefixtures("server_identity")

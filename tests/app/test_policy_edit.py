@@ -14,7 +14,7 @@ from app.site_runtime.audit_chain import verify_chain
 from app.site_runtime.audit_log import AuditLog
 from app.site_runtime.policy_edit import AuditNotWritten, apply_edit, plan_edit, set_apps_list
 from clients.site.policy import load_policy
-from strategies.errors import ConfigError
+from strategies.wire.errors import ConfigError
 from tests.app.console_site import site_folder
 
 FAB = b"a tiny app bundle"

@@ -23,7 +23,7 @@ from clients.pe_seg.synthetic import SiteProfile, generate_site as generate_pe_s
 from clients.registry import task_class
 from clients.training.device import select_device
 from clients.training.site_task import TaskSettings
-from strategies.errors import ConfigError
+from strategies.wire.errors import ConfigError
 from tests.clients.small_sites import small_cxr_site
 
 PE_SETTINGS = TaskSettings(image_size=32, slab_slices=3)

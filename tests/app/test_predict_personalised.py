@@ -30,7 +30,7 @@ from clients.site.state_store import SiteStateStore
 from clients.training.device import select_device
 from clients.training.personalisation.local_layers import LocalLayers, local_state_names
 from clients.training.site_task import TaskSettings
-from strategies.errors import ConfigError
+from strategies.wire.errors import ConfigError
 from tests.clients.small_sites import small_cxr_site
 
 SETTINGS = TaskSettings(image_size=32, batch_size=4)

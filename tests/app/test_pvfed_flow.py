@@ -13,8 +13,8 @@ from app.vertical.pvfed_flow import GLOBAL_PREFIX, global_step, run_pvfed
 from clients.vertical.alignment import save_alignment
 from clients.vertical.stages import VERTICAL_STAGES, VerticalRequest
 from models.pvfed import IdEncoder, encoder_arrays, encoder_from_arrays, fit_id_encoder
-from strategies.errors import ReplyError
-from strategies.vertical.options import VerticalOptions
+from strategies.wire.errors import ReplyError
+from strategies.wire.vertical_options import VerticalOptions
 from tests.clients.test_pvfed_site import ALIGNED, OPTIONS, TinyTask, site_of
 
 

@@ -11,10 +11,10 @@ from app.config.site_config import SiteConfig, SiteConfigError
 from app.server_app import build_strategy
 from clients.site.policy import SitePolicy
 from clients.site.site import Site
-from strategies.errors import ConfigError
 from strategies.plugins.aggregators.fednova import FedNovaOptions
 from strategies.plugins.schedules.adacomm import AdaCommOptions
 from strategies.plugins.selectors.options import SelectionOptions
+from strategies.wire.errors import ConfigError
 from tests.app.test_run_keys import PYPROJECT_KEYS
 
 

@@ -1,6 +1,6 @@
 """The one table of the run config's flat keys: pyproject.toml's keys and defaults, both views.
 
-Every flat key of ``[tool.flwr.app.config]`` is a row of :data:`strategies.run_keys.RUN_KEYS`
+Every flat key of ``[tool.flwr.app.config]`` is a row of :data:`strategies.wire.run_keys.RUN_KEYS`
 with pyproject's default (or belongs to a plug-in section); the server's
 :class:`RunConfig` declares every row, the site's :class:`SiteRunSettings` the site's rows,
 each field typed as its row.
@@ -18,11 +18,11 @@ from app.config.run_config import CARRIED_KEYS, RunConfig
 from clients.site.run_settings import SiteRunSettings
 from clients.training.private_training import DpSettings
 from clients.training.task_settings import SITE_CHOICES, TaskSettings
-from strategies.errors import ConfigError
-from strategies.plugins.personalisation.options import SECTION as PERSONALISATION
 from strategies.plugins.registries import default_sections
-from strategies.run_keys import RUN_KEYS, Range, check, site_keys
-from strategies.vertical.options import SECTION as VERTICAL
+from strategies.wire.errors import ConfigError
+from strategies.wire.personalisation_options import SECTION as PERSONALISATION
+from strategies.wire.run_keys import RUN_KEYS, Range, check, site_keys
+from strategies.wire.vertical_options import SECTION as VERTICAL
 
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 

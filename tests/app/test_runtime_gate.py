@@ -17,7 +17,7 @@ from app.site_runtime.dataset_census import DatasetCensus
 from app.site_runtime.runtime_gate import SiteFacts, admit
 from clients.site.policy import PolicyRefusal, load_policy
 from clients.site.run_settings import SiteRunSettings
-from strategies import message_keys as keys
+from strategies.wire import message_keys as keys
 from tests.app.site_messages import instruction
 from tests.clients.policy_files import write_policy
 from tests.clients.small_sites import small_cxr_site

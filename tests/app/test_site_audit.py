@@ -23,7 +23,7 @@ from app.site_runtime.site_audit import STATUS_NAME, SiteAudit
 from app.site_runtime.site_runner import SiteRunner
 from clients.site.app_rules import key_fingerprint, load_public_key
 from clients.site.policy import PolicyRefusal, load_policy
-from strategies import message_keys as keys
+from strategies.wire import message_keys as keys
 from tests.app.site_messages import instruction
 
 FAB = b"PK\x03\x04 a stand-in bundle"

@@ -19,8 +19,8 @@ from clients.site.site_round import SiteTasks
 from clients.training.device import select_device
 from clients.site.policy import PolicyRefusal, SitePolicy, load_policy
 from clients.training.site_task import EvalResult
-from strategies import message_keys as keys
-from strategies.errors import ConfigError, ItemError, SiteError
+from strategies.wire import message_keys as keys
+from strategies.wire.errors import ConfigError, ItemError, SiteError
 from tests.app.site_messages import instruction
 
 SECRET = "/srv/hospital-a/study-0042/dicom"

@@ -10,7 +10,7 @@ import pytest
 from app.config.run_config import RunConfig
 from app.engine import full_run_config
 from clients.site.run_settings import SiteRunSettings
-from strategies.errors import ConfigError
+from strategies.wire.errors import ConfigError
 
 
 def _as_site_reads(config: RunConfig) -> SiteRunSettings:

@@ -19,7 +19,7 @@ from app.site_runtime.site_runner import SiteRunner
 from app.site_runtime.supernode import SuperNodeProcess
 from app.tooling.errors import FlowerProcessError
 from app.tooling.layout import DeployLayout
-from strategies import message_keys as keys
+from strategies.wire import message_keys as keys
 from tests.app.site_messages import instruction
 
 ROOT = Path(__file__).resolve().parents[2]

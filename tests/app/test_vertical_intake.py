@@ -20,7 +20,7 @@ from app.engine import VirtualSite, run_federation
 from app.engine.virtual_site import default_handler
 from app.vertical.messages import Traffic, VerticalError, send_stage
 from app.vertical.psi_flow import align
-from strategies import message_keys as keys
+from strategies.wire import message_keys as keys
 from tests.app.test_psi_federation import vertical_context
 from tests.app.test_pvfed_federation import DEPARTMENTS, write_department
 from tests.app.test_vertical_plumbing import _grid

@@ -12,8 +12,8 @@ from app.engine.grid import InProcessGrid
 from app.engine.virtual_site import VirtualSite
 from app.vertical.messages import Traffic, VerticalError, send_stage
 from clients.site.policy import SitePolicy, VerticalRules, load_policy
-from strategies.errors import ConfigError
-from strategies.vertical.options import VerticalOptions, split_vertical
+from strategies.wire.errors import ConfigError
+from strategies.wire.vertical_options import VerticalOptions, split_vertical
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 pytestmark = pytest.mark.usefixtures("server_identity")

@@ -26,8 +26,8 @@ from app.engine.federation import PROJECT_ROOT
 from app.tooling.federation_summary import print_summary
 from app.round_progress import metric_text, progress_line
 from app.tracking.figures import matrix_figure
-from strategies import message_keys as keys
 from strategies.rounds.round_report import RoundReport
+from strategies.wire import message_keys as keys
 from tests.fixtures.scripted_site import ScriptedSite
 from tests.integration.conftest import write_small_hospitals
 

@@ -21,7 +21,7 @@ import runner
 from app.engine import full_run_config
 from bytes_to_target import compare, goals, summarise
 from codec_configs import parse_config
-from strategies.errors import ConfigError
+from strategies.wire.errors import ConfigError
 from tests.bench.conftest import stored_and_rebuilt
 from tests.integration.conftest import write_small_hospitals
 

@@ -14,7 +14,7 @@ import runner
 from app.engine import full_run_config
 from pruning_sets import PruningSettings, Variant
 from pruning_summary import compare_seeds, goals, markdown_table, summarise
-from strategies.errors import ConfigError
+from strategies.wire.errors import ConfigError
 from tests.bench.conftest import stored_and_rebuilt
 
 SETTINGS = PruningSettings({"unstructured": (0.15, 0.2), "structured": (0.4, 0.45)}, interval=2,

@@ -16,8 +16,8 @@ from clients.training.augmentation import AugmentedImages, augmented
 from clients.training.augmentation_levels import AUGMENTATIONS
 from clients.training.classification import LabelledTensors, balanced_loader
 from clients.training.device import select_device
-from strategies import message_keys as keys
-from strategies.errors import ConfigError
+from strategies.wire import message_keys as keys
+from strategies.wire.errors import ConfigError
 from tests.clients.site_round_fixtures import SIZES, TinyCxr, packed_global, run_settings, site
 
 CPU = select_device("cpu")

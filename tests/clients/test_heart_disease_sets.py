@@ -16,7 +16,7 @@ from clients.tabular.heart_variables import HEART_FEATURES
 from clients.tabular.table import read_table
 from clients.tabular.task import TabularClsTask
 from clients.training.site_task import TaskSettings
-from strategies.errors import ConfigError
+from strategies.wire.errors import ConfigError
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 pytestmark = pytest.mark.skipif(

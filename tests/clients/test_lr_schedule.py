@@ -13,8 +13,8 @@ from clients.site.run_settings import SiteRunSettings
 from clients.site.site_round import SiteTasks, answer
 from clients.training.device import select_device
 from clients.training.lr_schedule import round_lr
-from strategies import message_keys as keys
-from strategies.errors import ConfigError
+from strategies.wire import message_keys as keys
+from strategies.wire.errors import ConfigError
 from tests.clients.site_round_fixtures import TinyCxr, packed_global, run_settings, site
 
 

@@ -11,7 +11,7 @@ from clients.cxr_cls import manifest as cxr_manifest
 from clients.errors import ManifestError, StudyError
 from clients.pe_seg import manifest as pe_manifest
 from clients.pe_seg.manifest import ManifestRow, read_manifest, write_manifest
-from strategies.errors import SiteError
+from strategies.wire.errors import SiteError
 
 
 def test_round_trip_relative_paths(tmp_path) -> None:

@@ -15,9 +15,9 @@ from clients.training.personalisation.site_personalisation import (SITE_PERSONAL
                                                                    SitePersonalisation,
                                                                    personalised_metrics,
                                                                    site_personalisation)
-from strategies.plugins.options import PluginError
-from strategies.plugins.personalisation.method import PERSONALISATION, PersonalisationMethod
-from strategies.plugins.personalisation.options import PersonalisationOptions
+from strategies.plugins.personalisation.method import PersonalisationMethod
+from strategies.wire.personalisation_options import PERSONALISATION, PersonalisationOptions
+from strategies.wire.plugin_options import PluginError
 from tests.clients.site_round_fixtures import TinyCxr, run_settings
 
 CPU = select_device("cpu")

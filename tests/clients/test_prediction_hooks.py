@@ -17,7 +17,7 @@ from clients.prediction.predictor import OUTPUTS
 from clients.registry import TASKS, task_class
 from clients.training.device import select_device
 from clients.training.site_task import TaskSettings
-from strategies.run_keys import RUN_KEYS
+from strategies.wire.run_keys import RUN_KEYS
 
 CPU = select_device("cpu")
 APP = Path(__file__).resolve().parents[2] / "app"
@@ -89,7 +89,7 @@ def test_the_classifier_predictor_scores_rows_and_the_macro_auc() -> None:
 
 def test_app_names_no_task() -> None:
     """No app/ code names a task (docstrings may show examples): the run config's default
-    task is a row of the run-key table (strategies/run_keys.py)."""
+    task is a row of the run-key table (strategies/wire/run_keys.py)."""
     names = set(TASKS)
     found = []
     for path in sorted(APP.rglob("*.py")):

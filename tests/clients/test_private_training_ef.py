@@ -20,7 +20,7 @@ from clients.training.device import select_device
 from clients.training.private_training import DpSettings
 from clients.training.site_task import TaskSettings
 from strategies.compression import ErrorFeedback
-from strategies.update_codec import pack_update, unpack_update
+from strategies.wire.update_codec import pack_update, unpack_update
 
 LR, SPEC = 0.05, "topk:0.1"
 

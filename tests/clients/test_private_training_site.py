@@ -19,8 +19,8 @@ from clients.site.site_round import SiteTasks
 from clients.cxr_cls.task import CXRClsTask
 from clients.training.classification import LabelledTensors
 from clients.training.site_task import TaskSettings
-from strategies import message_keys as keys
 from strategies.model_packing import pack_arrays
+from strategies.wire import message_keys as keys
 
 SETTINGS = TaskSettings(image_size=16, batch_size=4)
 RUN = {"task": "cxr-cls", "image-size": 16, "batch-size": 4, "local-steps": 3,

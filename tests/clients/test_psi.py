@@ -28,8 +28,8 @@ from clients.training.site_task import TaskSettings
 from clients.vertical.alignment import ALIGNMENT_FILE, load_alignment
 from clients.vertical.psi import PAD
 from clients.vertical.stages import VerticalReply, VerticalRequest, VerticalSite, answer_vertical
-from strategies.errors import SiteError
-from strategies.vertical.options import VerticalOptions
+from strategies.wire.errors import SiteError
+from strategies.wire.vertical_options import VerticalOptions
 
 
 def patients(*numbers: int) -> list[str]:

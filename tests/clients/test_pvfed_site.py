@@ -20,8 +20,8 @@ from clients.vertical.pvfed_state import ENCODER_FILE, HEAD_FILE, LOCAL_FILE, Pv
 from clients.vertical.site_data import aligned_data
 from clients.vertical.stages import VerticalRequest
 from models.pvfed import IdEncoder, encoder_arrays, fit_id_encoder
-from strategies.errors import SiteError
-from strategies.vertical.options import VerticalOptions
+from strategies.wire.errors import SiteError
+from strategies.wire.vertical_options import VerticalOptions
 
 FEATURES, WIDTH, PATIENTS = 5, 8, 60
 SPLIT_OF = ["train"] * 36 + ["val"] * 12 + ["test"] * 12

@@ -1,6 +1,6 @@
 """Malformed headers, wrong modalities and oversized items are per-study errors (issue #12).
 
-Every case must raise the reader's :class:`~strategies.errors.ItemError` subclass
+Every case must raise the reader's :class:`~strategies.wire.errors.ItemError` subclass
 naming the file, so that the site loaders skip that study and go on.
 """
 
@@ -21,7 +21,7 @@ from clients.io.radiograph import read_radiograph
 from clients.io.radiograph_writer import write_radiograph
 from clients.io.volume import load_ct_volume
 from clients.pe_seg.data import load_site
-from strategies.errors import ItemError
+from strategies.wire.errors import ItemError
 
 pytestmark = pytest.mark.filterwarnings("ignore:Invalid value for VR DS")
 

@@ -9,7 +9,7 @@ import pytest
 
 from clients.site.policy import (DpRules, PolicyRefusal, SitePolicy, SitePolicyError,
                                  load_policy)
-from strategies.errors import ConfigError, SiteError
+from strategies.wire.errors import ConfigError, SiteError
 from tests.clients.policy_files import policy_refusal, write_policy
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"

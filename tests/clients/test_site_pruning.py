@@ -15,8 +15,8 @@ from clients.training.personalisation.methods.fedbn import FedBN
 from clients.training.personalisation.methods.none import NoPersonalisation
 from clients.training.pruning import model_structure
 from strategies.compression import decode
-from strategies.plugins.pruning.mask import PruningError, mask_record
 from strategies.plugins.pruning.prunefl import PruneFL
+from strategies.wire.pruning_mask import PruningError, mask_record
 
 MASKS = {"0.weight": np.array([[True, False, True], [False, False, True]])}
 

@@ -17,9 +17,9 @@ from clients.site.site_scaffold import (CONTROL_NAME, RESIDUAL_NAME, ControlVari
                                         control_reply, received_control, split_control)
 from clients.site.state_store import SiteStateStore
 from clients.training.trainer import backward_step
-from strategies import message_keys as keys
 from strategies.compression import decode, encode
-from strategies.errors import ConfigError
+from strategies.wire import message_keys as keys
+from strategies.wire.errors import ConfigError
 
 X = np.array([[1.0, 2.0]], np.float32)  # the received model: one linear layer, no bias
 C = np.array([0.5, -1.0], np.float32)  # the server's c

@@ -27,8 +27,8 @@ from clients.vertical import split_site
 from clients.vertical.split_model import cut_task_network, load_part, part_arrays
 from clients.vertical.split_state import STATE_FILE
 from clients.vertical.stages import VerticalRequest, VerticalSite, answer_vertical
-from strategies.errors import ConfigError, ReplyError, SiteError
-from strategies.vertical.options import VerticalOptions
+from strategies.wire.errors import ConfigError, ReplyError, SiteError
+from strategies.wire.vertical_options import VerticalOptions
 
 CPU = ComputeDevice(torch.device("cpu"), None)
 SIZES = {"train": 64, "val": 32, "test": 32}

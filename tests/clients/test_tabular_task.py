@@ -17,7 +17,7 @@ from clients.tabular.synthetic import generate_federation, patient_rows, site_pr
 from clients.tabular.task import TabularClsTask
 from clients.training.device import select_device
 from clients.training.site_task import SiteDataError, TaskSettings
-from strategies.errors import ConfigError
+from strategies.wire.errors import ConfigError
 
 CPU = select_device("cpu")
 SETTINGS = TaskSettings(batch_size=16)

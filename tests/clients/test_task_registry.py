@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 from clients.registry import TASKS, shared_set, task_class
-from strategies.errors import ConfigError
+from strategies.wire.errors import ConfigError
 
 
 def test_the_datagen_command_line_answers_without_numpy_or_torch():

@@ -6,10 +6,10 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
-from strategies import message_keys as keys
 from strategies.secure_aggregation.coordinator import SecAggRound, SecureSum
-from strategies.secure_aggregation.participant import Participant
-from strategies.secure_aggregation.settings import RoundPlan, SecAggSettings
+from strategies.wire import message_keys as keys
+from strategies.wire.secure_aggregation.participant import Participant
+from strategies.wire.secure_aggregation.settings import RoundPlan, SecAggSettings
 
 #: ``tamper(stage, node_id, entries) -> entries``: what a test changes on the way.
 Tamper = Callable[[str, int, dict], dict]

@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
 
-from strategies import message_keys as keys
-from strategies.local_solver import LocalSolver
-from strategies.secure_aggregation.participant import Participant
-from strategies.secure_aggregation.settings import RoundPlan
-from strategies.secure_aggregation.vector import flatten_float
-from strategies.secure_aggregation.weights import site_coefficient
+from strategies.wire import message_keys as keys
+from strategies.wire.local_solver import LocalSolver
+from strategies.wire.secure_aggregation.participant import Participant
+from strategies.wire.secure_aggregation.settings import RoundPlan
+from strategies.wire.secure_aggregation.vector import flatten_float
+from strategies.wire.secure_aggregation.weights import site_coefficient
 
 __all__ = ["SecureSite"]
 

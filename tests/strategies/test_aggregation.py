@@ -12,8 +12,8 @@ from strategies.aggregation import (
     local_solver_coefficients,
     local_solver_norm,
 )
-from strategies.errors import ConfigError
-from strategies.local_solver import LocalSolverError
+from strategies.wire.errors import ConfigError
+from strategies.wire.local_solver import LocalSolverError
 
 
 def run_local_sgd(

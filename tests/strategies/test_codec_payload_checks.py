@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from strategies.compression import CodecError, PayloadError, decode, encode
-from strategies.codecs.varint import varint_decode, varint_encode, varint_lengths
+from strategies.wire.codecs.varint import varint_decode, varint_encode, varint_lengths
 from tests.strategies.codec_cases import ALL_SPECS, HEADER, vector
 
 

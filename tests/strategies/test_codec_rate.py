@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
-from strategies import message_keys as keys
-from strategies.codecs.spec import parse_spec
-from strategies.plugins.options import PluginError
+from strategies.wire import message_keys as keys
+from strategies.wire.codecs.spec import parse_spec
+from strategies.wire.plugin_options import PluginError
 from strategies.plugins.schedules.codec_rate import (
     AdaptiveCodecRate,
     SiteRound,
@@ -27,7 +27,7 @@ from strategies.plugins.registries import (
 from strategies.plugins.run_settings import RunSettings
 from strategies.rounds.federated_strategy import FederatedStrategy
 from strategies.rounds.state_tree import decode_tree, encode_tree
-from strategies.update_codec import pack_update
+from strategies.wire.update_codec import pack_update
 from tests.strategies.scripted_grid import connected
 
 pytestmark = pytest.mark.usefixtures("server_identity")

@@ -1,15 +1,15 @@
-"""Tests for the strategies.codecs registry: the seam a new codec plugs into."""
+"""Tests for the strategies.wire.codecs registry: the seam a new codec plugs into."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from strategies import codecs
-from strategies.codecs.registry import CODECS, Codec, names_by_id
-from strategies.codecs.spec import CodecSpec, levels_argument
-from strategies.codecs.wire import F32, Reader, check_finite
-from strategies.errors import ConfigError, ReplyError
+from strategies.wire import codecs
+from strategies.wire.codecs.registry import CODECS, Codec, names_by_id
+from strategies.wire.codecs.spec import CodecSpec, levels_argument
+from strategies.wire.codecs.wire import F32, Reader, check_finite
+from strategies.wire.errors import ConfigError, ReplyError
 
 
 #: The shipped codecs' payload ids: the wire format, so never renumbered (a new codec adds one).

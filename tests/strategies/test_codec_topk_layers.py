@@ -5,9 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from strategies.compression import CodecError, ErrorFeedback, PayloadError, decode, encode
+from strategies.compression import CodecError
+from strategies.compression import ErrorFeedback
+from strategies.compression import PayloadError
+from strategies.compression import decode
+from strategies.compression import encode
 from strategies.compression import parse_spec
-from strategies.update_codec import pack_update, unpack_update
+from strategies.wire.update_codec import pack_update, unpack_update
 
 # Two tensors: a large one and a small one whose entries are all smaller.
 V = np.array([10.0, 9.0, 8.0, 7.0, 0.1, 0.2], dtype=np.float32)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from strategies import message_keys as keys
 from strategies.compression import CodecError, check_warmup, parse_spec, warmup_spec
 from strategies.rounds.instructions import TrainPlan, Uplink
+from strategies.wire import message_keys as keys
 
 
 def test_four_warmup_rounds_to_topk_0_001_follow_dgcs_sparsity_schedule() -> None:

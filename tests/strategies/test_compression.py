@@ -21,7 +21,7 @@ from strategies.compression import (
     parse_spec,
     unflatten,
 )
-from strategies.errors import ConfigError
+from strategies.wire.errors import ConfigError
 from tests.strategies.codec_cases import ALL_SPECS, HEADER, vector
 
 # --------------------------------------------------------------------------- #

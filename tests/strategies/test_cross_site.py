@@ -9,9 +9,9 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MessageType
 from flwr.app import MetricRecord, RecordDict
 
-from strategies import message_keys as keys
 from strategies.model_packing import unpack_arrays
-from strategies.local_solver import LocalSolver
+from strategies.wire import message_keys as keys
+from strategies.wire.local_solver import LocalSolver
 from strategies.rounds.cross_site import (
     GLOBAL_ROW,
     NO_TEST_ITEMS,
@@ -22,7 +22,7 @@ from strategies.rounds.instructions import Uplink
 from strategies.rounds.reply_intake import NO_REPLY
 from strategies.rounds.round_policy import RoundPolicy
 from strategies.rounds.site_book import SiteBook
-from strategies.update_codec import pack_update
+from strategies.wire.update_codec import pack_update
 from tests.strategies.scripted_grid import scripted_grid
 
 pytestmark = pytest.mark.usefixtures("server_identity")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from flwr.app import MessageType
 
-from strategies import message_keys as keys
+from strategies.wire import message_keys as keys
 from tests.strategies.test_cross_site import Site, _run
 
 pytestmark = pytest.mark.usefixtures("server_identity")

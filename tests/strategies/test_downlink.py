@@ -8,10 +8,10 @@ from flwr.app import Array, ArrayRecord
 
 from strategies.compression import CodecError, decode
 from strategies.downlink import DownlinkCodecError, ServerDownlink, check_downlink_codec
-from strategies.downlink_header import PAYLOAD_KEY, DownlinkHeader
-from strategies.downlink_receive import DownlinkSyncError, receive
-from strategies.downlink_reference import Reference
 from strategies.model_packing import named_arrays
+from strategies.wire.downlink_header import DownlinkHeader, PAYLOAD_KEY
+from strategies.wire.downlink_receive import DownlinkSyncError, receive
+from strategies.wire.downlink_reference import Reference
 
 NAMES = ("conv.weight", "conv.bias", "bn.running_var", "bn.num_batches_tracked")
 

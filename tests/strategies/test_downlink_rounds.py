@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
-from strategies import message_keys as keys
-from strategies.downlink_header import PAYLOAD_KEY, RAW_KEY, DownlinkHeader
-from strategies.model_packing import pack_arrays
 from strategies.downlink_feature import DownlinkFeature
+from strategies.model_packing import pack_arrays
 from strategies.plugins.registries import AGGREGATORS, SCHEDULES, SELECTORS
 from strategies.rounds.active_features import active_features
 from strategies.rounds.federated_strategy import FederatedStrategy
-from strategies.update_codec import pack_update
+from strategies.wire import message_keys as keys
+from strategies.wire.downlink_header import DownlinkHeader, PAYLOAD_KEY, RAW_KEY
+from strategies.wire.update_codec import pack_update
 from tests.strategies.scripted_grid import flower_round, scripted_grid
 
 pytestmark = pytest.mark.usefixtures("server_identity")

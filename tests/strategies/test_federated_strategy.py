@@ -16,12 +16,12 @@ from flwr.app import (
 )
 
 from app.engine import SiteFaults
-from strategies import message_keys as keys
 from strategies.plugins.registries import AGGREGATORS, SCHEDULES, SELECTORS
-from strategies.rounds.federated_strategy import FederatedStrategy, NoValidRepliesError
 from strategies.rounds.exchange import NodeWaitTimeout, wait_for_nodes
+from strategies.rounds.federated_strategy import FederatedStrategy, NoValidRepliesError
 from strategies.rounds.round_policy import RoundPolicy
-from strategies.update_codec import pack_update
+from strategies.wire import message_keys as keys
+from strategies.wire.update_codec import pack_update
 from tests.strategies.scripted_grid import connected, flower_round, scripted_grid
 
 def make_strategy(min_nodes: int = 2, aggregator: str = "fedavg", schedule: str = "fixed",

@@ -17,8 +17,8 @@ from flwr.app import Array, ArrayRecord, Context, Message, MessageType
 from app.config.run_config import RunConfig
 from app.engine import InProcessGrid, VirtualSite
 from app.server_app import build_strategy
-from strategies import message_keys as keys
-from strategies.plugins.options import PluginError
+from strategies.wire import message_keys as keys
+from strategies.wire.plugin_options import PluginError
 from tests.fixtures.scripted_site import ScriptedSite
 
 pytestmark = pytest.mark.usefixtures("server_identity")  # run 42, the SuperLink's node 1

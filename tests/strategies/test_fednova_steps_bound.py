@@ -18,10 +18,10 @@ from flwr.app import ArrayRecord, Context, Message, MetricRecord
 from app.config.run_config import RunConfig
 from app.engine import InProcessGrid, VirtualSite
 from app.server_app import build_strategy
-from strategies import message_keys as keys
 from strategies.plugins.aggregators.fednova import FedNovaAggregator, FedNovaOptions
-from strategies.plugins.options import PluginError
 from strategies.replies import TrainReply
+from strategies.wire import message_keys as keys
+from strategies.wire.plugin_options import PluginError
 from tests.fixtures.scripted_site import ScriptedSite
 
 pytestmark = pytest.mark.usefixtures("server_identity")  # run 42, the SuperLink's node 1

@@ -13,9 +13,9 @@ from functools import partial
 import pytest
 from flwr.app import ConfigRecord
 
-from strategies import message_keys as keys
 from strategies.metric_ranges import range_problem
 from strategies.replies import InvalidReplyError, parse_metrics_reply
+from strategies.wire import message_keys as keys
 from tests.strategies.scripted_grid import scripted_grid
 from tests.strategies.test_federated_strategy import (
     GLOBAL, _global_record, _reply, _train_metrics, make_strategy)

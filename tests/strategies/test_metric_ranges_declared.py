@@ -9,8 +9,8 @@ import math
 import pytest
 
 from clients.registry import TASKS, task_class
-from strategies import message_keys as keys
 from strategies.metric_ranges import DECLARED, SPLITS, TASK_METRICS, declared, range_problem
+from strategies.wire import message_keys as keys
 
 #: The metric names of the wire contract a site sends.
 SENT_KEYS = (keys.NUM_EXAMPLES, keys.STEPS, keys.TRAIN_LOSS, keys.INITIAL_LOSS,

@@ -23,8 +23,8 @@ from app.server_app import build_strategy
 from strategies.aggregation import RunningSum
 from strategies.plugins.defences.defended import DefendedAggregator
 from strategies.plugins.defences.norm_bound import NormBoundDefence, NormBoundOptions
-from strategies.plugins.options import PluginError
 from strategies.replies import TrainReply
+from strategies.wire.plugin_options import PluginError
 from strategies.rounds.checkpoint import (CHECKPOINT_FILE, ServerCheckpoint, load_checkpoint,
                                           run_folder, save_checkpoint)
 from tests.fixtures.scripted_site import ScriptedSite

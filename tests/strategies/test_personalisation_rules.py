@@ -8,10 +8,9 @@ import numpy as np
 import pytest
 
 from strategies.aggregation import fednova_delta
-from strategies.plugins.options import PluginError
-from strategies.plugins.personalisation.gain import personalisation_gains
-from strategies.plugins.personalisation.options import (PersonalisationOptions,
-                                                        split_personalisation)
+from strategies.wire.personalisation_gain import personalisation_gains
+from strategies.wire.plugin_options import PluginError
+from strategies.wire.personalisation_options import PersonalisationOptions, split_personalisation
 from strategies.plugins.personalisation.rules import PersonalisationRun, check_personalisation
 
 REPTILE_RUN = PersonalisationRun(local_steps=16, optimizer="sgd", momentum=0.0, proximal_mu=0.0,

@@ -7,8 +7,8 @@ from dataclasses import FrozenInstanceError, dataclass
 
 import pytest
 
-from strategies.plugins.options import NoOptions, Plugin, PluginError, PluginOptions, option
 from strategies.plugins.run_settings import RunSettings
+from strategies.wire.plugin_options import NoOptions, Plugin, PluginError, PluginOptions, option
 from strategies.plugins.registries import (
     AGGREGATORS,
     PLUGIN_REGISTRIES,
@@ -20,7 +20,7 @@ from strategies.plugins.registries import (
     default_sections,
     parse_sections,
 )
-from strategies.registry import Registry
+from strategies.wire.registry import Registry
 
 
 def _settings(**changes: object) -> RunSettings:

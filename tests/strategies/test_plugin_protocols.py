@@ -8,8 +8,8 @@ from typing import Generic, Protocol
 
 import pytest
 
-from strategies.codecs.registry import CODECS, UpdateCodec
 from strategies.plugins.defences.defended import DefendedAggregator
+from strategies.wire.codecs.registry import CODECS, UpdateCodec
 from strategies.plugins.protocols import (
     Aggregator,
     CodecRate,
@@ -27,7 +27,7 @@ from strategies.plugins.protocols import (
 from strategies.plugins import registries
 from strategies.plugins.registries import AGGREGATORS, DEFENCES, build, default_sections
 from strategies.plugins.run_settings import RunSettings
-from strategies.registry import Registry
+from strategies.wire.registry import Registry
 
 SETTINGS = RunSettings(local_steps=5, num_rounds=3, fraction_train=1.0, min_nodes=1, seed=0,
                        optimizer="sgd", codec="topk:0.01")

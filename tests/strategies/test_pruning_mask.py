@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from strategies.plugins.pruning.mask import (MASK_BITS_KEY, MASK_LAYOUT_KEY, PruningError,
-                                             apply_mask, compact, density, expand, kept_count,
-                                             mask_record, masks_from_record)
+from strategies.wire.pruning_mask import (MASK_BITS_KEY, MASK_LAYOUT_KEY, PruningError, apply_mask,
+                                          compact, density, expand, kept_count, mask_record,
+                                          masks_from_record)
 
 
 def _model() -> dict[str, np.ndarray]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from strategies.plugins.pruning.mask import PruningError
 from strategies.plugins.pruning.prunefl import PruneFL
+from strategies.wire.pruning_mask import PruningError
 
 # A tiny unstructured model: w1 (2x3) and w2 (3x1) are prunable, b1 (1-D) is no unit.
 UNSTRUCTURED = {"mode": "unstructured", "groups": [{"name": "w1", "array": "w1"},

@@ -22,15 +22,15 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, Message
 from app.config.run_config import RunConfig
 from app.engine import InProcessGrid, VirtualSite
 from app.server_app import build_strategy
-from strategies import message_keys as keys
 from strategies.compression import encode
-from strategies.model_buffer import unpack_model
 from strategies.plugins.pruning.prunefl import PruneFL
 from strategies.replies import TrainReply
 from strategies.robust import clip_factors, update_norm
+from strategies.wire import message_keys as keys
+from strategies.wire.model_buffer import unpack_model
 from strategies.plugins.pruning.pruning_round import (REPORT_BOUND, PruningRound,
                                                       squared_gradients)
-from strategies.update_codec import pack_update
+from strategies.wire.update_codec import pack_update
 
 pytestmark = pytest.mark.usefixtures("server_identity")
 

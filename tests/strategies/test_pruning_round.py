@@ -6,15 +6,15 @@ from __future__ import annotations
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MessageType
 
-from strategies import message_keys as keys
 from strategies.compression import encode
-from strategies.model_buffer import unpack_model
-from strategies.plugins.pruning.mask import MASK_BITS_KEY
 from strategies.plugins.pruning.prunefl import PruneFL
 from strategies.plugins.pruning.pruning_round import PruningRound, squared_gradients
 from strategies.replies import TrainReply
 from strategies.rounds.instructions import Instructions
 from strategies.rounds.round_report import RoundReport
+from strategies.wire import message_keys as keys
+from strategies.wire.model_buffer import unpack_model
+from strategies.wire.pruning_mask import MASK_BITS_KEY
 
 NAMED = {"w": np.arange(1.0, 7.0, dtype=np.float32).reshape(2, 3),
          "b": np.array([0.5, -0.5], np.float32)}

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from strategies.plugins.pruning.mask import PruningError
 from strategies.plugins.pruning.units import Units, plain_structure
+from strategies.wire.pruning_mask import PruningError
 
 # Two convolutions as torch-pruning groups them: a's out-channels (a.weight axis 0, a.bias,
 # b.weight's in-channels) and b's out-channels (b.weight axis 0, b.bias). b.weight is covered

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from strategies.errors import ConfigError
 from strategies.vertical.psi_plan import REQUEST_STAGE, STEP_STAGE, psi_plan
+from strategies.wire.errors import ConfigError
 
 
 def run_plan(sets: dict[int, set[int]]) -> tuple[dict[int, set[int]], dict[int, list[set[int]]]]:

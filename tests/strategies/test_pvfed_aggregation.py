@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from strategies.errors import ConfigError, ReplyError
-from strategies.vertical.options import AGGREGATIONS
+from strategies.wire.errors import ConfigError, ReplyError
+from strategies.wire.vertical_options import AGGREGATIONS
 from strategies.vertical.pvfed_aggregation import (VECTOR_AGGREGATIONS, AggregationSettings,
                                                    aggregate, pca_aggregation)
 

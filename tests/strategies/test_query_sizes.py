@@ -14,11 +14,11 @@ from __future__ import annotations
 import pytest
 from flwr.app import ConfigRecord, Message, MessageType
 
-from strategies import message_keys as keys
 from strategies.plugins.registries import AGGREGATORS, SCHEDULES, SELECTORS
 from strategies.rounds.federated_strategy import FederatedStrategy
 from strategies.rounds.round_policy import RoundPolicy
 from strategies.rounds.site_book import SiteBook
+from strategies.wire import message_keys as keys
 from tests.strategies.scripted_grid import scripted_grid
 from tests.strategies.test_federated_strategy import _global_record, _reply
 

@@ -8,8 +8,8 @@ import textwrap
 
 import pytest
 
-from strategies.errors import ConfigError
-from strategies.registry import Registry, import_path
+from strategies.wire.errors import ConfigError
+from strategies.wire.registry import Registry, import_path
 
 
 class ToyError(ConfigError):
@@ -62,7 +62,7 @@ def test_create_calls_the_entry_and_names_it_on_bad_options():
 def test_a_dotted_path_is_imported_only_when_looked_up():
     script = textwrap.dedent("""
         import sys
-        from strategies.registry import Registry
+        from strategies.wire.registry import Registry
         toys = Registry("toy", "toy.kind")
         toys.add_path("sax", "xml.sax.saxutils:escape")
         assert toys.names() == ["sax"] and "xml.sax.saxutils" not in sys.modules
@@ -75,7 +75,7 @@ def test_a_package_registry_imports_every_module_dropped_into_it(tmp_path, monke
     package = tmp_path / "dropins"
     package.mkdir()
     (package / "__init__.py").write_text(
-        "from strategies.registry import Registry\n"
+        "from strategies.wire.registry import Registry\n"
         "TOYS = Registry('toy', 'toy.kind', package='dropins')\n")
     for name in ("first", "second"):
         (package / f"{name}.py").write_text(f"from dropins import TOYS\nTOYS.add('{name}', 0)\n")

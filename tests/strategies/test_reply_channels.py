@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
-from strategies import message_keys as keys
 from strategies.compression import encode
 from strategies.replies import InvalidReplyError, parse_train_reply
 from strategies.rounds.round_feature import RoundFeature, RoundReplies
 from strategies.rounds.round_report import RoundReport
-from strategies.update_codec import pack_update
+from strategies.wire import message_keys as keys
+from strategies.wire.update_codec import pack_update
 from tests.strategies.scripted_grid import flower_round, scripted_grid
 from tests.strategies.test_round_feature_seam import FEATURE_NAMES, WEIGHTS, _strategy
 

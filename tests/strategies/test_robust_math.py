@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from strategies.errors import ConfigError
+from strategies.wire.errors import ConfigError
 from strategies.robust import (
     NormBound,
     clip_to_bound,

@@ -13,8 +13,8 @@ import pytest
 from app.config.run_config import RunConfig
 from strategies.aggregation import fedavg_delta, fednova_delta
 from strategies.plugins.defences.defended import DefendedAggregator, with_defence
-from strategies.plugins.options import PluginError
 from strategies.plugins.run_settings import RunSettings
+from strategies.wire.plugin_options import PluginError
 from strategies.plugins.registries import (
     AGGREGATORS,
     DEFENCES,

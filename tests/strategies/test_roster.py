@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from flwr.app import ConfigRecord
 
-from strategies import message_keys as keys
 from strategies.rounds.federated_strategy import FederatedStrategy
 from strategies.rounds.site_book import SiteBook
+from strategies.wire import message_keys as keys
 from tests.strategies.scripted_grid import scripted_grid
 from tests.strategies.test_federated_strategy import GLOBAL, _global_record, _reply
 from tests.strategies.test_federated_strategy import _train_metrics, make_strategy

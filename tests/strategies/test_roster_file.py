@@ -8,7 +8,7 @@ import pytest
 
 from app.config.roster import RosterError, load_roster
 from app.config.run_config import RunConfig, RunConfigError
-from strategies.errors import ConfigError
+from strategies.wire.errors import ConfigError
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "configs" / "roster.example.toml"
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from strategies import message_keys as keys
 from strategies.plugins.defences.defended import with_defence
 from strategies.plugins.registries import AGGREGATORS, DEFENCES
 from strategies.replies import TrainReply
 from strategies.rounds.round_metrics import aggregated_replies
 from strategies.rounds.site_book import SiteBook
+from strategies.wire import message_keys as keys
 from tests.strategies.test_federated_strategy import _train_metrics, make_strategy
 from tests.strategies.test_roster import _evaluate
 from tests.strategies.test_trust_boundary import _delta, _round

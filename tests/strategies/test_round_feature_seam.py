@@ -18,10 +18,10 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 
 from app.config.run_config import RunConfig
 from app.server_app import build_strategy
-from strategies import message_keys as keys
 from strategies.downlink_feature import DownlinkFeature
 from strategies.plugins.control_variates.control_variate_round import ControlVariateRound
 from strategies.plugins.pruning.pruning_round import PruningRound
+from strategies.wire import message_keys as keys
 from strategies.plugins.registries import (AGGREGATORS, CONTROL_VARIATES, PRUNINGS, SCHEDULES,
                                            SELECTORS)
 from strategies.replies import TrainReply
@@ -30,7 +30,7 @@ from strategies.rounds.federated_strategy import FederatedStrategy
 from strategies.rounds.instructions import Instructions
 from strategies.rounds.round_feature import RoundFeature, RoundReplies
 from strategies.rounds.round_report import RoundReport
-from strategies.update_codec import pack_update
+from strategies.wire.update_codec import pack_update
 from tests.strategies.scripted_grid import flower_round, scripted_grid
 
 pytestmark = pytest.mark.usefixtures("server_identity")

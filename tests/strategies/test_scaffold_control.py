@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, MessageType
 
-from strategies import message_keys as keys
 from strategies.compression import decode, encode
 from strategies.plugins.control_variates.scaffold import Scaffold
-from strategies.plugins.options import PluginError
 from strategies.plugins.run_settings import RunSettings
 from strategies.replies import TrainReply
+from strategies.wire import message_keys as keys
+from strategies.wire.plugin_options import PluginError
 from strategies.plugins.control_variates.control_variate_round import (ControlVariateRound,
                                                                       federation_size)
 from strategies.rounds.instructions import Instructions, TrainPlan

@@ -14,16 +14,16 @@ import pytest
 
 from app.config.run_config import RunConfig
 from app.server_app import build_strategy
-from strategies import message_keys as keys
 from strategies.compression import encode
-from strategies.update_codec import pack_update
+from strategies.plugins.control_variates.control_variate_round import ControlVariateRound
 from strategies.plugins.control_variates.scaffold import Scaffold
 from strategies.plugins.defences.defended import with_defence
 from strategies.plugins.registries import AGGREGATORS, DEFENCES
 from strategies.replies import TrainReply
-from strategies.plugins.control_variates.control_variate_round import ControlVariateRound
 from strategies.rounds.instructions import TrainPlan
 from strategies.rounds.state_tree import decode_tree, encode_tree
+from strategies.wire import message_keys as keys
+from strategies.wire.update_codec import pack_update
 from tests.strategies.test_federated_strategy import GLOBAL, _train_metrics
 from tests.strategies.test_trust_boundary import _delta, _round
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from strategies import message_keys as keys
 from strategies.secure_aggregation.coordinator import SecAggRound
-from strategies.secure_aggregation.encoding import dequantised_sum, pack, quantise, unpack
-from strategies.secure_aggregation.errors import SecAggConfigError, SecAggError
-from strategies.secure_aggregation.participant import Participant
-from strategies.secure_aggregation.settings import RoundPlan, SecAggSettings, neighbour_count
-from strategies.secure_aggregation.weights import site_coefficient, sum_scale
+from strategies.wire import message_keys as keys
+from strategies.wire.secure_aggregation.encoding import dequantised_sum, pack, quantise, unpack
+from strategies.wire.secure_aggregation.errors import SecAggConfigError, SecAggError
+from strategies.wire.secure_aggregation.participant import Participant
+from strategies.wire.secure_aggregation.settings import RoundPlan, SecAggSettings, neighbour_count
+from strategies.wire.secure_aggregation.weights import site_coefficient, sum_scale
 from tests.strategies.secagg_sites import agreed_sites, keyed_sites, random_levels, run_round
 
 NODES = [11, 22, 33, 44, 55]
@@ -237,7 +237,7 @@ def test_a_sites_coefficient_is_the_sums_scale_times_its_fold_weight():
 
 
 def test_rand_k_keeps_the_statistics_whole_and_draws_among_the_weights():
-    from strategies.secure_aggregation.vector import kept_indices
+    from strategies.wire.secure_aggregation.vector import kept_indices
 
     like = [np.zeros((10, 10), np.float32), np.zeros(4, np.float32),  # weight, running_mean
             np.zeros(3, np.int64), np.zeros(4, np.float32)]           # counter, running_var

@@ -17,8 +17,6 @@ import pytest
 from flwr.app import Array, ArrayRecord
 
 from strategies.aggregation import RunningSum, fedavg_finish, fedavg_fold
-from strategies.local_solver import LocalSolver
-from strategies.plugins.options import PluginError
 from strategies.plugins.protocols import Info, SecureSumAggregator
 from strategies.plugins.registries import AGGREGATORS, SCHEDULES, SECURE_AGGREGATION, SELECTORS
 from strategies.plugins.run_settings import RunSettings
@@ -26,8 +24,10 @@ from strategies.plugins.secure_aggregation.secagg_plus import SecAggOptions, Sec
 from strategies.replies import TrainReply
 from strategies.rounds.federated_strategy import FederatedStrategy
 from strategies.rounds.secure_train import secure_delta
-from strategies.secure_aggregation.vector import flatten_float
-from strategies.secure_aggregation.weights import site_coefficient
+from strategies.wire.local_solver import LocalSolver
+from strategies.wire.plugin_options import PluginError
+from strategies.wire.secure_aggregation.vector import flatten_float
+from strategies.wire.secure_aggregation.weights import site_coefficient
 from tests.strategies.scripted_grid import scripted_grid
 from tests.strategies.secure_fake_sites import SecureSite
 

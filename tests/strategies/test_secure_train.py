@@ -18,9 +18,9 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord
 
 from app.engine import SiteFaults
-from strategies import message_keys as keys
 from strategies.aggregation import fednova_delta
-from strategies.errors import FederationError
+from strategies.wire import message_keys as keys
+from strategies.wire.errors import FederationError
 from strategies.plugins.registries import (AGGREGATORS, SCHEDULES, SECURE_AGGREGATION,
                                            SELECTORS, SERVER_OPTIMIZERS)
 from strategies.rounds.federated_strategy import FederatedStrategy

@@ -12,8 +12,8 @@ import pytest
 
 from app.config.run_config import RunConfig
 from app.server_app import build_strategy
-from strategies.errors import ConfigError
-from strategies.secure_aggregation.settings import SecAggSettings
+from strategies.wire.errors import ConfigError
+from strategies.wire.secure_aggregation.settings import SecAggSettings
 
 SECURE = {"strategy.secure-aggregation": "secagg+", "strategy.defence": "none"}
 

@@ -1,7 +1,7 @@
 """The one seed module gives every seed the values its former copies gave.
 
 The figures are the values of the formulas as they stood in app/site_seed.py,
-strategies/codecs/vectors.py (derive_seed), clients/datagen/federation.py
+strategies/wire/codecs/vectors.py (derive_seed), clients/datagen/federation.py
 (hospital_seed) and bench/round_seeds.py before they became one module:
 checkpoints, synthetic data and benchmark runs depend on them.
 """
@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 
 from strategies.compression import derive_seed as codec_seed
-from strategies.errors import ConfigError
-from strategies.seeds import derive_seed, hospital_seed, round_seed, site_seed
+from strategies.wire.errors import ConfigError
+from strategies.wire.seeds import derive_seed, hospital_seed, round_seed, site_seed
 
 
 def test_each_formula_keeps_its_values():

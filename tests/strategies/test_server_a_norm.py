@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord
 
-from strategies import message_keys as keys
 from strategies.aggregation import local_solver_norm
-from strategies.rounds.federated_strategy import FederatedStrategy
-from strategies.local_solver import LocalSolver
 from strategies.plugins.registries import AGGREGATORS, SCHEDULES, SELECTORS
+from strategies.rounds.federated_strategy import FederatedStrategy
+from strategies.wire import message_keys as keys
+from strategies.wire.local_solver import LocalSolver
 from tests.strategies.scripted_grid import flower_round, scripted_grid
 from tests.strategies.test_federated_strategy import _reply, _train_metrics
 

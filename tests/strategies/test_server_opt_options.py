@@ -11,11 +11,11 @@ from flwr.app import Array, ArrayRecord
 from app.config.run_config import RunConfig
 from app.engine import InProcessGrid, VirtualSite
 from app.server_app import build_strategy
-from strategies.plugins.options import PluginError
 from strategies.plugins.registries import SERVER_OPTIMIZERS
 from strategies.plugins.server_opt.adam import FedAdam
 from strategies.plugins.server_opt.sgd import ServerSGD
 from strategies.plugins.server_opt.yogi import FedYogi
+from strategies.wire.plugin_options import PluginError
 from tests.fixtures.scripted_site import ScriptedSite
 
 pytestmark = pytest.mark.usefixtures("server_identity")  # run 42, the SuperLink's node 1

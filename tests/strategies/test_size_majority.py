@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from strategies import message_keys as keys
 from strategies.rounds.site_book import SiteBook
+from strategies.wire import message_keys as keys
 from tests.strategies.test_federated_strategy import GLOBAL, _train_metrics, make_strategy
 from tests.strategies.test_trust_boundary import _delta, _round
 

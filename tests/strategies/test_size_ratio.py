@@ -15,11 +15,11 @@ import pytest
 
 from app.config.run_config import RunConfig
 from app.server_app import build_strategy
-from strategies import message_keys as keys
-from strategies.errors import ConfigError
 from strategies.plugins.registries import AGGREGATORS
 from strategies.rounds.site_book import SiteBook
 from strategies.rounds.update_stream import UpdateStream
+from strategies.wire import message_keys as keys
+from strategies.wire.errors import ConfigError
 from tests.strategies.test_federated_strategy import GLOBAL, _train_metrics, make_strategy
 from tests.strategies.test_roster import _evaluate
 from tests.strategies.test_trust_boundary import _delta, _round

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, MessageType
 
-from strategies import message_keys as keys
 from strategies.aggregation import AggregationError, fedavg_delta
-from strategies.errors import ReplyError
 from strategies.plugins.run_settings import RunSettings
 from strategies.plugins.selectors.options import SelectionOptions
+from strategies.wire import message_keys as keys
+from strategies.wire.errors import ReplyError
 from strategies.plugins.registries import (AGGREGATORS, SCHEDULES, SELECTORS,
                                            SERVER_OPTIMIZERS, build)
 from strategies.rounds.federated_strategy import FederatedStrategy

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from strategies.compression import ErrorFeedback, decode
-from strategies.update_codec import (
+from strategies.wire.update_codec import (
     PAYLOAD_KEY,
     UpdateFormatError,
     dense_bytes,

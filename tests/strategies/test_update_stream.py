@@ -15,9 +15,7 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
-from strategies import message_keys as keys
 from strategies.aggregation import fedavg_delta, fednova_delta
-from strategies.errors import ConfigError
 from strategies.plugins.defences.defended import with_defence
 from strategies.plugins.defences.multi_krum import MultiKrumDefence
 from strategies.plugins.defences.norm_bound import NormBoundDefence
@@ -25,7 +23,9 @@ from strategies.plugins.registries import AGGREGATORS
 from strategies.replies import TrainReply
 from strategies.rounds.round_policy import RoundPolicy
 from strategies.rounds.update_stream import UpdateStream
-from strategies.update_codec import pack_update
+from strategies.wire import message_keys as keys
+from strategies.wire.errors import ConfigError
+from strategies.wire.update_codec import pack_update
 from tests.strategies.test_federated_strategy import _train_metrics, make_strategy
 
 REFERENCE = [np.zeros(2, np.float32), np.zeros((1, 1), np.float32), np.array(0, np.int64)]

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from clients.site.state_store import SiteStateStore
-from strategies.errors import SiteError
+from strategies.wire.errors import SiteError
 
 __all__ = ["LOCAL_LAYERS", "LocalLayers", "LocalLayersError", "NORM_LAYERS", "local_state_names"]
 

@@ -3,7 +3,7 @@
 Each method of the run config's ``personalisation.method`` (its server-side rules:
 :mod:`strategies.plugins.personalisation`) has a site-side class of the same
 name in ``methods/``, registered in :data:`SITE_PERSONALISATION` (the product's
-one :class:`~strategies.registry.Registry` type) and meeting
+one :class:`~strategies.wire.registry.Registry` type) and meeting
 :class:`SitePersonalisation`:
 
 * ``none``: :meth:`SiteTask.train`, the global model only;
@@ -51,10 +51,10 @@ from clients.training.device import ComputeDevice
 from clients.training.private_training import DpSettings
 from clients.training.site_task import SiteTask
 from clients.training.trainer import TrainResult
-from strategies.plugins.personalisation.gain import PERSONALISED
-from strategies.plugins.options import PluginError
-from strategies.plugins.personalisation.options import CHOICE_KEY, PersonalisationOptions
-from strategies.registry import Registry
+from strategies.wire.personalisation_gain import PERSONALISED
+from strategies.wire.personalisation_options import CHOICE_KEY, PersonalisationOptions
+from strategies.wire.plugin_options import PluginError
+from strategies.wire.registry import Registry
 
 if TYPE_CHECKING:
     from clients.site.instruction import Instruction

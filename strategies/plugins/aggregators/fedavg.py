@@ -18,9 +18,9 @@ from __future__ import annotations
 import numpy as np
 
 from strategies.aggregation import RunningSum, fedavg_delta, fedavg_finish, fedavg_fold
-from strategies.plugins.options import Plugin
 from strategies.plugins.registries import AGGREGATORS
 from strategies.replies import TrainReply
+from strategies.wire.plugin_options import Plugin
 
 
 @AGGREGATORS.register("fedavg")

@@ -6,7 +6,7 @@ Heterogeneous Federated Optimization", NeurIPS 2020, eq. (6)-(7):
 ``tau_eff = sum_i p_i ||a_i||_1`` and ``p_i = n_i / sum_j n_j`` over the replies
 received (:func:`strategies.aggregation.fednova_delta`). ``||a_i||_1`` is
 computed by the server from the steps the site reports and the run's local
-solver (:class:`strategies.local_solver.LocalSolver`, ``TrainReply.a_norm``),
+solver (:class:`strategies.wire.local_solver.LocalSolver`, ``TrainReply.a_norm``),
 never taken from the site, so partial work at a deadline is normalised
 correctly and a site cannot inflate its weight.
 
@@ -45,10 +45,10 @@ import numpy as np
 from flwr.supercore import log
 
 from strategies.aggregation import RunningSum, fednova_delta, positive_weight
-from strategies.plugins.options import Plugin, PluginError, PluginOptions, Retired, option
-from strategies.plugins.run_settings import RunSettings
 from strategies.plugins.registries import AGGREGATORS
+from strategies.plugins.run_settings import RunSettings
 from strategies.replies import TrainReply
+from strategies.wire.plugin_options import Plugin, PluginError, PluginOptions, Retired, option
 
 
 #: ``fednova.server-momentum`` (#45): the heavy-ball step ``strategy.server-opt = "avgm"``

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from strategies.plugins.options import Plugin
 from strategies.plugins.registries import AGGREGATORS
 from strategies.replies import TrainReply
 from strategies.robust import coordinate_median, coordinatewise
+from strategies.wire.plugin_options import Plugin
 
 
 @AGGREGATORS.register("median")

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from strategies.plugins.options import Plugin, PluginOptions, option
 from strategies.plugins.registries import AGGREGATORS
 from strategies.replies import TrainReply
 from strategies.robust import coordinatewise, trimmed_count, trimmed_mean
+from strategies.wire.plugin_options import Plugin, PluginOptions, option
 
 
 @dataclass(frozen=True)

@@ -56,19 +56,19 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, MessageType
 from flwr.supercore import log
 
-from strategies import message_keys as keys
 from strategies.compression import ErrorFeedback, decode, parse_spec
 from strategies.plugins.defences.defended import split_defence
 from strategies.plugins.protocols import Aggregator, ControlVariates, Info
 from strategies.replies import TrainReply
-from strategies.errors import FederationError
 from strategies.robust import update_norm
 from strategies.rounds.instructions import Instructions, TrainPlan
 from strategies.rounds.round_feature import RoundFeature, RoundReplies
 from strategies.rounds.round_report import RoundReport
 from strategies.rounds.site_book import SiteBook
 from strategies.rounds.withheld import refused_rule
-from strategies.update_codec import float_positions
+from strategies.wire import message_keys as keys
+from strategies.wire.errors import FederationError
+from strategies.wire.update_codec import float_positions
 
 __all__ = ["ControlVariateRound", "federation_size", "float_sizes"]
 

@@ -6,8 +6,8 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from strategies.plugins.options import Plugin
 from strategies.plugins.registries import CONTROL_VARIATES
+from strategies.wire.plugin_options import Plugin
 
 
 @CONTROL_VARIATES.register("none")

@@ -64,10 +64,10 @@ from collections.abc import Iterable
 import numpy as np
 
 from strategies.plugins.defences.none import NoDefence
-from strategies.plugins.options import Plugin, PluginError
 from strategies.plugins.protocols import Defence
 from strategies.plugins.registries import CONTROL_VARIATES
 from strategies.plugins.run_settings import RunSettings
+from strategies.wire.plugin_options import Plugin, PluginError
 
 __all__ = ["Scaffold"]
 

@@ -29,10 +29,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from strategies.plugins.options import Plugin, PluginOptions, option
 from strategies.plugins.registries import DEFENCES
 from strategies.replies import TrainReply
 from strategies.robust import float_stack, krum_scores, lowest_scores
+from strategies.wire.plugin_options import Plugin, PluginOptions, option
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from strategies.plugins.options import Plugin
 from strategies.plugins.registries import DEFENCES
 from strategies.replies import TrainReply
+from strategies.wire.plugin_options import Plugin
 
 
 @DEFENCES.register("none")

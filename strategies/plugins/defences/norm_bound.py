@@ -58,10 +58,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from strategies.plugins.options import Plugin, PluginOptions, option
 from strategies.plugins.registries import DEFENCES
 from strategies.replies import TrainReply
 from strategies.robust import NormBound, clip_factors, history_reference, scaled, update_norm
+from strategies.wire.plugin_options import Plugin, PluginOptions, option
 
 
 @dataclass(frozen=True)

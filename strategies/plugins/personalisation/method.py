@@ -1,8 +1,9 @@
 """A personalisation method as the server sees it: what it needs of the run config.
 
 Each method (``personalisation.method``) is one file in ``methods/``: a class
-meeting :class:`PersonalisationMethod`, registered in :data:`PERSONALISATION`
-(the product's one :class:`~strategies.registry.Registry` type) under its name.
+meeting :class:`PersonalisationMethod`, registered in
+:data:`~strategies.wire.personalisation_options.PERSONALISATION`
+(the product's one :class:`~strategies.wire.registry.Registry` type) under its name.
 Its flags say what the generic rules of :func:`~strategies.plugins.personalisation.rules.check_personalisation`
 apply to it, and :meth:`PersonalisationMethod.requires` holds its own. The site
 side of the same method (training, adaptation, kept layers) is the class of the
@@ -13,25 +14,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
 
-from strategies.plugins.options import PluginError
-from strategies.registry import Registry
+from strategies.wire.personalisation_options import CHOICE_KEY
+from strategies.wire.plugin_options import PluginError
 
 if TYPE_CHECKING:
-    from strategies.plugins.personalisation.options import PersonalisationOptions
     from strategies.plugins.personalisation.rules import PersonalisationRun
+    from strategies.wire.personalisation_options import PersonalisationOptions
 
-__all__ = ["CHOICE_KEY", "PERSONALISATION", "SECTION", "MethodRules", "PersonalisationMethod",
-           "refuse"]
-
-#: The run-config section.
-SECTION = "personalisation"
-#: The run-config key that picks the method.
-CHOICE_KEY = f"{SECTION}.method"
-
-#: The personalisation methods by name, discovered from ``methods/``.
-PERSONALISATION: Registry[type[PersonalisationMethod]] = Registry(
-    "personalisation method", CHOICE_KEY,
-    package="strategies.plugins.personalisation.methods", error=PluginError)
+__all__ = ["MethodRules", "PersonalisationMethod", "refuse"]
 
 
 @runtime_checkable

@@ -63,8 +63,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from strategies.plugins.personalisation.method import PERSONALISATION, refuse
-from strategies.plugins.personalisation.options import PersonalisationOptions
+from strategies.plugins.personalisation.method import refuse
+from strategies.wire.personalisation_options import PERSONALISATION, PersonalisationOptions
 
 __all__ = ["PersonalisationRun", "check_personalisation"]
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from strategies.plugins.options import Plugin
 from strategies.plugins.registries import PRUNINGS
+from strategies.wire.plugin_options import Plugin
 
 
 @PRUNINGS.register("none")

@@ -50,26 +50,26 @@ from typing import Any
 
 import numpy as np
 
-from strategies.codecs.registry import UpdateCodec
 from strategies.compression import parse_spec
-from strategies.errors import ConfigError
-from strategies.plugins.options import Plugin, PluginError, PluginOptions, option
-from strategies.plugins.pruning.mask import PruningError, density, kept_count
 from strategies.plugins.pruning.units import MODES, Units, plain_structure
 from strategies.plugins.registries import PRUNINGS
 from strategies.plugins.run_settings import RunSettings
-from strategies.registry import Registry
+from strategies.wire.codecs.registry import UpdateCodec
+from strategies.wire.errors import ConfigError
+from strategies.wire.plugin_options import Plugin, PluginError, PluginOptions, option
+from strategies.wire.pruning_mask import PruningError, density, kept_count
+from strategies.wire.registry import Registry
 
 __all__ = ["PruneFL", "PruningOptions"]
 
 Info = dict[str, float]
 #: Codecs of the squared-gradient report: non-negative sums (sign and QSGD make no sense),
-#: by dotted path to their :data:`~strategies.codecs.registry.CODECS` entry.
+#: by dotted path to their :data:`~strategies.wire.codecs.registry.CODECS` entry.
 REPORT_CODECS: Registry[UpdateCodec] = Registry("squared-gradient report codec",
                                                 "pruning.report-codec", error=PluginError)
-REPORT_CODECS.add_path("none", "strategies.codecs.identity:CODEC")
-REPORT_CODECS.add_path("fp16", "strategies.codecs.fp16:CODEC")
-REPORT_CODECS.add_path("topk", "strategies.codecs.topk:CODEC")
+REPORT_CODECS.add_path("none", "strategies.wire.codecs.identity:CODEC")
+REPORT_CODECS.add_path("fp16", "strategies.wire.codecs.fp16:CODEC")
+REPORT_CODECS.add_path("topk", "strategies.wire.codecs.topk:CODEC")
 
 #: Rounds of (kept, seconds) the measured time fit remembers.
 TIME_HISTORY = 50

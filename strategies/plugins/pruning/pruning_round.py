@@ -5,12 +5,12 @@ the strategy holds keeps its full shapes, pruned coordinates at 0, and the plug-
 mask (checkpointed with the strategy). A round then
 
 * sends each covered array **compacted**, its kept values only
-  (:func:`~strategies.plugins.pruning.mask.compact`): the packed downlink, the downlink codec
+  (:func:`~strategies.wire.pruning_mask.compact`): the packed downlink, the downlink codec
   and its error feedback see the kept weights only; a mask change changes their layout, so
   the downlink restarts from a dense snapshot of the kept weights
   (:class:`~strategies.downlink.ServerDownlink`);
 * adds the mask itself (one bit per covered coordinate,
-  :func:`~strategies.plugins.pruning.mask.mask_record`) to the instruction of a node that has
+  :func:`~strategies.wire.pruning_mask.mask_record`) to the instruction of a node that has
   not acknowledged its version (``pruning-version`` of its last accepted train reply), and
   names the version, the mode and, in a re-pruning round, the codec of the squared gradients
   in every config (:meth:`PruningRound.settings`, :meth:`PruningRound.attach`);
@@ -42,12 +42,12 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, MessageType
 from flwr.supercore import log
 
-from strategies import message_keys as keys
 from strategies.compression import decode
 from strategies.model_packing import named_arrays, record_of
 from strategies.plugins.protocols import Info, Pruning
-from strategies.plugins.pruning.mask import apply_mask, compact, expand, mask_record
 from strategies.replies import TrainReply
+from strategies.wire import message_keys as keys
+from strategies.wire.pruning_mask import apply_mask, compact, expand, mask_record
 from strategies.robust import (NormBound, clip_factors, coordinate_median, coordinatewise, scaled,
                                update_norm)
 from strategies.rounds.instructions import Instructions

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from strategies.plugins.pruning.mask import PruningError
+from strategies.wire.pruning_mask import PruningError
 
 __all__ = ["MODES", "Units", "plain_structure"]
 

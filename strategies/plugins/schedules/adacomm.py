@@ -23,12 +23,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from strategies import message_keys as keys
 from strategies.local_steps import LossSmoother, adacomm_tau
-from strategies.plugins.options import Plugin, PluginOptions, option
-from strategies.plugins.run_settings import RunSettings
 from strategies.plugins.registries import SCHEDULES
+from strategies.plugins.run_settings import RunSettings
 from strategies.replies import TrainReply
+from strategies.wire import message_keys as keys
+from strategies.wire.plugin_options import Plugin, PluginOptions, option
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 r"""Compression-rate schedules (``strategy.codec-rate``): the kept fraction of each round.
 
 ``fixed`` keeps the codec's own fraction (``strategy.codec``, or its warm-up:
-:mod:`strategies.codecs.warmup`), as before. ``adaptive`` implements the adaptive
+:mod:`strategies.wire.codecs.warmup`), as before. ``adaptive`` implements the adaptive
 compression rate of the book's chapter 3, §3.3.2 (Han, Wang, Leung [1]_): the rate
 is chosen to minimise the wall-clock time to reach a target empirical risk, and it
 is updated once per round by *sign-based online gradient descent*, where only the
@@ -65,10 +65,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from strategies.codecs.spec import CodecSpec, parse_spec
-from strategies.plugins.options import Plugin, PluginError, PluginOptions, option
-from strategies.plugins.run_settings import RunSettings
 from strategies.plugins.registries import CODEC_RATES
+from strategies.plugins.run_settings import RunSettings
+from strategies.wire.codecs.spec import CodecSpec, parse_spec
+from strategies.wire.plugin_options import Plugin, PluginError, PluginOptions, option
 
 __all__ = ["AdaptiveCodecRate", "CodecRateOptions", "FixedCodecRate", "SiteRound",
            "round_seconds", "sign_ogd_step"]

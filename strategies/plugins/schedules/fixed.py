@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from strategies.plugins.options import NoOptions, Plugin
-from strategies.plugins.run_settings import RunSettings
 from strategies.plugins.registries import SCHEDULES
+from strategies.plugins.run_settings import RunSettings
 from strategies.replies import TrainReply
+from strategies.wire.plugin_options import NoOptions, Plugin
 
 
 @SCHEDULES.register("fixed")

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from strategies.plugins.options import Plugin
 from strategies.plugins.registries import SECURE_AGGREGATION
+from strategies.wire.plugin_options import Plugin
 
 
 @SECURE_AGGREGATION.register("none")

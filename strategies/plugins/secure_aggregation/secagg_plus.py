@@ -35,13 +35,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from strategies.compression import parse_spec
-from strategies.plugins.options import Plugin, PluginError, PluginOptions, option
 from strategies.plugins.protocols import SecureSumAggregator
 from strategies.plugins.registries import AGGREGATORS, SECURE_AGGREGATION
 from strategies.plugins.run_settings import RunSettings
-from strategies.secure_aggregation.errors import SecAggConfigError
-from strategies.secure_aggregation.settings import MAX_BITS, SecAggSettings
-from strategies.secure_aggregation.vector import SUMMABLE_CODECS
+from strategies.wire.plugin_options import Plugin, PluginError, PluginOptions, option
+from strategies.wire.secure_aggregation.errors import SecAggConfigError
+from strategies.wire.secure_aggregation.settings import MAX_BITS, SecAggSettings
+from strategies.wire.secure_aggregation.vector import SUMMABLE_CODECS
 
 __all__ = ["SecAggOptions", "SecAggPlus"]
 
@@ -50,7 +50,10 @@ _WHY = "the coordinator sees only the sum of the sites' updates"
 
 @dataclass(frozen=True)
 class SecAggOptions(PluginOptions):
-    """Run-config section ``secagg`` (:class:`~strategies.secure_aggregation.settings.SecAggSettings`)."""
+    """Run-config section ``secagg``.
+
+    :class:`~strategies.wire.secure_aggregation.settings.SecAggSettings` holds its values.
+    """
 
     section = "secagg"
     clip: float = option(1.0, at_least=0.0)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from strategies.plugins.options import PluginOptions, option
+from strategies.wire.plugin_options import PluginOptions, option
 
 __all__ = ["SelectionOptions"]
 

@@ -30,10 +30,10 @@ import math
 
 import numpy as np
 
-from strategies.plugins.options import Plugin, PluginError
+from strategies.plugins.registries import SELECTORS
 from strategies.plugins.run_settings import RunSettings
 from strategies.plugins.selectors.options import SelectionOptions
-from strategies.plugins.registries import SELECTORS
+from strategies.wire.plugin_options import Plugin, PluginError
 from strategies.selection import (
     adaptive_d,
     fairness_floor,

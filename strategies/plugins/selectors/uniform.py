@@ -11,11 +11,11 @@ import math
 
 import numpy as np
 
-from strategies.plugins.options import Plugin
+from strategies.plugins.registries import SELECTORS
 from strategies.plugins.run_settings import RunSettings
 from strategies.plugins.selectors.options import SelectionOptions
-from strategies.plugins.registries import SELECTORS
 from strategies.selection import uniform_sample
+from strategies.wire.plugin_options import Plugin
 
 
 @SELECTORS.register("uniform")

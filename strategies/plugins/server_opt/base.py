@@ -25,8 +25,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from strategies.plugins.options import Plugin, PluginError, PluginOptions, option
 from strategies.plugins.run_settings import RunSettings
+from strategies.wire.plugin_options import Plugin, PluginError, PluginOptions, option
 
 __all__ = ["ServerOptOptions", "ServerOptPlugin"]
 

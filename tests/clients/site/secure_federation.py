@@ -21,13 +21,13 @@ from clients.site.run_settings import SiteRunSettings
 from clients.site.site import Site
 from clients.site.site_reply import SiteReply
 from clients.site.site_round import SiteTasks, answer
-from strategies import message_keys as keys
-from strategies.model_buffer import unpack_model
-from strategies.secure_aggregation import participant as participant_module
-from strategies.secure_aggregation.coordinator import SecAggRound, SecureSum
-from strategies.secure_aggregation.settings import SecAggSettings
 from strategies.rounds.normalisation_statistics import StatisticPositions
-from strategies.secure_aggregation.vector import flatten_float, kept_indices, shared_codec_seed
+from strategies.secure_aggregation.coordinator import SecAggRound, SecureSum
+from strategies.wire import message_keys as keys
+from strategies.wire.model_buffer import unpack_model
+from strategies.wire.secure_aggregation import participant as participant_module
+from strategies.wire.secure_aggregation.settings import SecAggSettings
+from strategies.wire.secure_aggregation.vector import flatten_float, kept_indices, shared_codec_seed
 from tests.clients.site_round_fixtures import packed_global, run_settings, site
 
 FEDERATION = "fed-secagg"

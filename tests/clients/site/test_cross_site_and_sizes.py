@@ -12,7 +12,7 @@ from clients.site.instruction import Instruction
 from clients.site.policy import PolicyRefusal, SitePolicy, load_policy
 from clients.site.site_round import SiteTasks, answer
 from clients.training.site_task import TaskSettings
-from strategies import message_keys as keys
+from strategies.wire import message_keys as keys
 from tests.clients.site_round_fixtures import packed_global, run_settings, site
 
 SHIPPED_POLICY = Path(__file__).resolve().parents[3] / "configs" / "site-policy.toml"

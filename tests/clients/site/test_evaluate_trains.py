@@ -17,8 +17,8 @@ from clients.site.privacy_ledger import PrivacyLedger
 from clients.site.site_round import answer
 from clients.training.private_training import DpSettings
 from clients.training.site_task import TaskSettings
-from strategies import message_keys as keys
-from strategies.plugins.personalisation.options import PersonalisationOptions
+from strategies.wire import message_keys as keys
+from strategies.wire.personalisation_options import PersonalisationOptions
 from tests.clients.site_round_fixtures import packed_global, run_settings, site
 
 FINETUNE = PersonalisationOptions(method="finetune", finetune_steps=3)

@@ -16,7 +16,7 @@ from clients.site.policy import DpRules, PolicyRefusal, SitePolicy
 from clients.site.privacy_ledger import PrivacyLedger, dataset_id
 from clients.site.site_round import answer
 from clients.training.private_training import DpSettings
-from strategies import message_keys as keys
+from strategies.wire import message_keys as keys
 from tests.clients.site_round_fixtures import packed_global, run_settings, site
 
 DP_RUN = run_settings(privacy=DpSettings(noise_multiplier=1.5))

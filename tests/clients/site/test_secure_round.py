@@ -19,9 +19,9 @@ from clients.site.secure_update import SecureInstruction, coefficient_of, secure
 from clients.site.site_training import LocalUpdate
 from clients.site.site_round import answer
 from clients.site.state_retention import expire_federation_states
-from strategies import message_keys as keys
-from strategies.secure_aggregation.errors import SecAggError
-from strategies.secure_aggregation.settings import SecAggSettings
+from strategies.wire import message_keys as keys
+from strategies.wire.secure_aggregation.errors import SecAggError
+from strategies.wire.secure_aggregation.settings import SecAggSettings
 from tests.clients.site.secure_federation import (FEDERATION, MODEL, instruction, run_round,
                                                   sites)
 from tests.clients.site_round_fixtures import run_settings

@@ -17,8 +17,8 @@ from clients.site.policy import PolicyRefusal, SecAggRules, SitePolicy
 from clients.site.secure_state import STATE_FILE
 from clients.site.site_round import SiteTasks, answer
 from clients.training.device import select_device
-from strategies import message_keys as keys
-from strategies.secure_aggregation.settings import RoundPlan
+from strategies.wire import message_keys as keys
+from strategies.wire.secure_aggregation.settings import RoundPlan
 from tests.app.site_messages import instruction as message
 from tests.clients.site.secure_federation import FEDERATION, MODEL, instruction, sites
 from tests.clients.policy_files import write_policy

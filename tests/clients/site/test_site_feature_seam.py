@@ -31,7 +31,7 @@ from clients.site.policy import SitePolicy
 from clients.site.round_features import FEATURES, round_features
 from clients.site.site_round import answer
 from clients.site.site_pruning import SitePruning
-from strategies import message_keys as keys
+from strategies.wire import message_keys as keys
 from tests.clients.site_round_fixtures import packed_global, run_settings, site
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -23,8 +23,8 @@ from clients.training.personalisation.site_personalisation import (SITE_PERSONAL
                                                                    Adaptation)
 from clients.training.private_training import DpSettings
 from clients.training.site_task import SiteTask
-from strategies.plugins.options import PluginError
-from strategies.plugins.personalisation.options import CHOICE_KEY, PersonalisationOptions
+from strategies.wire.personalisation_options import CHOICE_KEY, PersonalisationOptions
+from strategies.wire.plugin_options import PluginError
 
 __all__ = ["FedBN"]
 

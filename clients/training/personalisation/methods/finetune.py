@@ -3,7 +3,7 @@
 "FedAvg with one update" of Xia & Cui 2022: the site takes
 ``personalisation.finetune-steps`` local steps of the run's optimiser from the
 global model on its training data, seeded by the run's ``seed``, the round and
-the site's name (:func:`strategies.seeds.site_seed` of ``adapt:<name>``), so the
+the site's name (:func:`strategies.wire.seeds.site_seed` of ``adapt:<name>``), so the
 same three give the same model (``make predict PERSONAL=...`` relies on it).
 """
 
@@ -20,7 +20,7 @@ from clients.training.personalisation.site_personalisation import (SITE_PERSONAL
                                                                    Adaptation)
 from clients.training.private_training import DpSettings
 from clients.training.site_task import SiteTask
-from strategies.seeds import site_seed
+from strategies.wire.seeds import site_seed
 
 __all__ = ["FineTune"]
 

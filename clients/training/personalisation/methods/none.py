@@ -15,7 +15,7 @@ from clients.training.personalisation.site_personalisation import (SITE_PERSONAL
 from clients.training.private_training import DpSettings
 from clients.training.site_task import SiteTask
 from clients.training.trainer import TrainResult
-from strategies.plugins.personalisation.options import PersonalisationOptions
+from strategies.wire.personalisation_options import PersonalisationOptions
 
 __all__ = ["NoPersonalisation"]
 

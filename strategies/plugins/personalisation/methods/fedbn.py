@@ -9,7 +9,8 @@ app checks it on the model,
 
 from __future__ import annotations
 
-from strategies.plugins.personalisation.method import PERSONALISATION, MethodRules
+from strategies.plugins.personalisation.method import MethodRules
+from strategies.wire.personalisation_options import PERSONALISATION
 
 __all__ = ["FedBN"]
 

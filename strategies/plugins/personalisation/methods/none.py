@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from strategies.plugins.personalisation.method import PERSONALISATION, MethodRules
+from strategies.plugins.personalisation.method import MethodRules
+from strategies.wire.personalisation_options import PERSONALISATION
 
 __all__ = ["NoPersonalisation"]
 

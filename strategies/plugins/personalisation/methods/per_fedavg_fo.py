@@ -8,7 +8,8 @@ optimiser is SGD (:mod:`strategies.plugins.personalisation.rules`).
 
 from __future__ import annotations
 
-from strategies.plugins.personalisation.method import PERSONALISATION, MethodRules
+from strategies.plugins.personalisation.method import MethodRules
+from strategies.wire.personalisation_options import PERSONALISATION
 
 __all__ = ["PerFedAvgFO"]
 

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from strategies.plugins.personalisation.method import PERSONALISATION, MethodRules, refuse
+from strategies.plugins.personalisation.method import MethodRules, refuse
+from strategies.wire.personalisation_options import PERSONALISATION
 
 if TYPE_CHECKING:
-    from strategies.plugins.personalisation.options import PersonalisationOptions
     from strategies.plugins.personalisation.rules import PersonalisationRun
+    from strategies.wire.personalisation_options import PersonalisationOptions
 
 __all__ = ["PerFedAvgReptile"]
 
