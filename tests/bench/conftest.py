@@ -56,3 +56,22 @@ def stored_and_rebuilt(study, commands: list[list[str]], rows: list[dict],
                     built[(name, seed, arm.name)] = runner.run_config(
                         study, federation, arm, seed, study.schedule(args, base))
     return {k: r["run_config"] for k, r in keyed.items()}, {k: built.get(k) for k in keyed}
+
+
+def run_on_small_hospitals(tmp_path_factory: pytest.TempPathFactory, mlflow_store, name: str,
+                           seed: int, main, args: list[str], output: str = "out.json") -> Path:
+    """A benchmark's ``main`` run to its end on two tiny synthetic PE hospitals; its output.
+
+    A fresh folder ``name`` holds the hospitals (``pe/``, ``write_small_hospitals(seed=)``),
+    the work folder (``work/``, with the test MLflow store) and the output; ``args`` are
+    followed by ``--pe-data``, ``--workdir`` and ``--output`` naming them.
+    """
+    from tests.integration.conftest import write_small_hospitals  # noqa: PLC0415
+
+    tmp = tmp_path_factory.mktemp(name)
+    write_small_hospitals(tmp / "pe", seed=seed)
+    mlflow_store(tmp / "work")
+    out = tmp / output
+    assert main([*args, "--pe-data", str(tmp / "pe"), "--workdir", str(tmp / "work"),
+                 "--output", str(out)]) == 0
+    return out

@@ -15,22 +15,17 @@ from pathlib import Path
 import pytest
 
 import compression_fedavg
-from tests.bench.conftest import stored_and_rebuilt
-from tests.integration.conftest import write_small_hospitals
+from tests.bench.conftest import run_on_small_hospitals, stored_and_rebuilt
 
 CONFIGS = ["none", "topk:0.01+ef", "topk:0.01"]
 
 
 @pytest.fixture(scope="module")
 def result(tmp_path_factory, mlflow_store):
-    tmp = tmp_path_factory.mktemp("compression-fedavg")
-    write_small_hospitals(tmp / "pe", seed=4)
-    mlflow_store(tmp / "work")
-    out = tmp / "out.json"
-    assert compression_fedavg.main([
-        "--sets", "pe", "--configs", *CONFIGS, "--rounds", "2", "--tail", "1",
-        "--pe-data", str(tmp / "pe"), "--pe-steps", "2", "--pe-batch-size", "4",
-        "--workdir", str(tmp / "work"), "--output", str(out)]) == 0
+    out = run_on_small_hospitals(tmp_path_factory, mlflow_store, "compression-fedavg", 4,
+                                 compression_fedavg.main, [
+                                     "--sets", "pe", "--configs", *CONFIGS, "--rounds", "2",
+                                     "--tail", "1", "--pe-steps", "2", "--pe-batch-size", "4"])
     return json.loads(out.read_text())
 
 

@@ -22,23 +22,17 @@ from app.engine import full_run_config
 from bytes_to_target import compare, goals, summarise
 from codec_configs import parse_config
 from strategies.wire.errors import ConfigError
-from tests.bench.conftest import stored_and_rebuilt
-from tests.integration.conftest import write_small_hospitals
+from tests.bench.conftest import run_on_small_hospitals, stored_and_rebuilt
 
 CONFIGS = ["none", "topk:0.01+ef", "topk:0.01+ef down=topk:0.01 warmup=1"]
 
 
 @pytest.fixture(scope="module")
 def result(tmp_path_factory, mlflow_store):
-    tmp = tmp_path_factory.mktemp("to-target")
-    write_small_hospitals(tmp / "pe", seed=3)
-    mlflow_store(tmp / "work")
-    out = tmp / "out.json"
     # dense stops after round 2 (patience 1, no gain of 1.0), every other config runs 2 rounds
-    assert bench.main(["--sets", "pe", "--seeds", "3", "--configs", *CONFIGS,
-                       "--max-rounds", "3", "--patience", "1", "--min-delta", "1.0",
-                       "--pe-data", str(tmp / "pe"), "--pe-steps", "2", "--pe-batch-size", "4",
-                       "--workdir", str(tmp / "work"), "--output", str(out)]) == 0
+    out = run_on_small_hospitals(tmp_path_factory, mlflow_store, "to-target", 3, bench.main, [
+        "--sets", "pe", "--seeds", "3", "--configs", *CONFIGS, "--max-rounds", "3",
+        "--patience", "1", "--min-delta", "1.0", "--pe-steps", "2", "--pe-batch-size", "4"])
     return json.loads(out.read_text())
 
 

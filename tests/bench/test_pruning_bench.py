@@ -15,7 +15,7 @@ from app.engine import full_run_config
 from pruning_sets import PruningSettings, Variant
 from pruning_summary import compare_seeds, goals, markdown_table, summarise
 from strategies.wire.errors import ConfigError
-from tests.bench.conftest import stored_and_rebuilt
+from tests.bench.conftest import run_on_small_hospitals, stored_and_rebuilt
 
 SETTINGS = PruningSettings({"unstructured": (0.15, 0.2), "structured": (0.4, 0.45)}, interval=2,
                            report_codec="topk:0.05")
@@ -150,17 +150,9 @@ def test_the_runner_builds_the_stored_run_configs(fake_shared):
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory, mlflow_store):
-    from tests.integration.conftest import write_small_hospitals  # noqa: PLC0415
-
-    tmp = tmp_path_factory.mktemp("pruning-bench")
-    write_small_hospitals(tmp / "pe", seed=5)
-    mlflow_store(tmp / "work")
-    out = tmp / "pruning.json"
-    assert bench.main(["--sets", "synthetic-pe", "--seeds", "5", "--methods", "magnitude",
-                       "--codec-methods", "--rounds", "2", "--steps", "2", "--batch-size", "4",
-                       "--pe-data", str(tmp / "pe"), "--workdir", str(tmp / "work"),
-                       "--output", str(out)]) == 0
-    return out
+    return run_on_small_hospitals(tmp_path_factory, mlflow_store, "pruning-bench", 5, bench.main, [
+        "--sets", "synthetic-pe", "--seeds", "5", "--methods", "magnitude", "--codec-methods",
+        "--rounds", "2", "--steps", "2", "--batch-size", "4"], output="pruning.json")
 
 
 def test_a_tiny_federation_writes_the_issue_format(tiny):
