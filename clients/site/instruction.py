@@ -11,7 +11,10 @@ The entries of the round's optional features are theirs: each feature's file rea
 its own as an :class:`~clients.site.site_feature.InstructionPart`
 (:data:`~clients.site.round_features.INSTRUCTION_PARTS`), held in
 :attr:`Instruction.parts` only when the message carries them; a part's fields read
-as the instruction's attributes, their defaults when the part is absent.
+as the instruction's attributes, their defaults when the part is absent. A part is
+read only when the message carries one of the entries it declares
+(:attr:`~clients.site.site_feature.InstructionPart.KEYS`): a message without them does
+not enter the part's file.
 """
 
 from __future__ import annotations
@@ -136,6 +139,7 @@ class Instruction:
             eval_split=split,
             loss_subset=config_value(config, keys.LOSS_SUBSET, int, 0),
             parts=tuple(part for part in (part_type.from_config(kind, config)
-                                          for part_type in INSTRUCTION_PARTS)
+                                          for part_type in INSTRUCTION_PARTS
+                                          if any(key in config for key in part_type.KEYS))
                         if part is not None),
         )

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -102,6 +102,8 @@ class DownlinkInstruction:
     downlink : DownlinkHeader or None
         A compressed downlink's entries (``downlink-*``); ``None``: the packed model as sent.
     """
+
+    KEYS: ClassVar[frozenset[str]] = frozenset({keys.DOWNLINK_VERSION})
 
     downlink: DownlinkHeader | None = None
 

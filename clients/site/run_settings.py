@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from clients.training.lr_schedule import round_lr
+from clients.training.lr_schedule import CONSTANT, round_lr
 from clients.training.private_training import DpSettings
 from clients.training.site_task import TaskSettings
 from clients.training.task_settings import SITE_CHOICES
@@ -96,7 +96,17 @@ class SiteRunSettings:
                    privacy=DpSettings(**_keyed(DpSettings, values)), personalisation=personal,
                    **_keyed(cls, values))
 
+    @property
+    def dp_sgd(self) -> bool:
+        """Whether local training is DP-SGD (``privacy.noise-multiplier`` > 0: what
+        :attr:`DpSettings.enabled` says, read here so that a run without DP-SGD does not
+        enter the DP code to learn it)."""
+        return self.privacy.noise_multiplier > 0
+
     def round_lr(self, server_round: int) -> float:
-        """The local learning rate of round ``server_round`` (``lr`` under ``lr-schedule``)."""
+        """The local learning rate of round ``server_round`` (``lr`` under ``lr-schedule``;
+        a constant schedule's is ``lr`` itself, not looked up)."""
+        if self.lr_schedule == CONSTANT:
+            return self.lr
         return round_lr(self.lr, self.lr_schedule, server_round, self.num_server_rounds,
                         self.lr_floor)

@@ -37,7 +37,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -73,6 +73,8 @@ class SecureInstruction:
     secagg : dict of str to Any
         The stage's config entries as sent (``server-round`` and every ``secagg-*``).
     """
+
+    KEYS: ClassVar[frozenset[str]] = frozenset({keys.SECAGG_STAGE})
 
     secagg_stage: str = ""
     plan: RoundPlan | None = None

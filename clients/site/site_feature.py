@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
 from torch import nn
@@ -86,7 +86,14 @@ class InstructionPart(Protocol):
     A frozen dataclass whose fields' defaults are what an instruction without those entries
     means; its fields read as the :class:`~clients.site.instruction.Instruction`'s
     attributes (``instruction.<field>``).
+
+    :attr:`KEYS` declares the config entries the part reads: the instruction calls
+    :meth:`from_config` only for a message that carries one of them, so that a message
+    without them does not enter the feature's file.
     """
+
+    #: The config entries this part reads (:mod:`strategies.wire.message_keys`).
+    KEYS: ClassVar[frozenset[str]]
 
     @classmethod
     def from_config(cls, kind: str, config: Mapping[str, Any]) -> Self | None:

@@ -31,7 +31,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
@@ -243,6 +243,9 @@ class PruningInstruction:
         The codec of the squared gradients to send back this round (``pruning-report``);
         "" when none are asked.
     """
+
+    KEYS: ClassVar[frozenset[str]] = frozenset({keys.PRUNING_VERSION, keys.PRUNING_MODE,
+                                                keys.PRUNING_REPORT})
 
     pruning_version: int = 0
     pruning_mode: str = ""

@@ -30,7 +30,7 @@ from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -73,6 +73,8 @@ class ControlInstruction:
     control_codec : str
         The codec ``c`` was sent with (``control-variates-codec``).
     """
+
+    KEYS: ClassVar[frozenset[str]] = frozenset({keys.CONTROL_VARIATES, keys.CONTROL_CODEC})
 
     control_variates: str = ""
     control_codec: str = "none"

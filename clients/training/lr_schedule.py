@@ -23,14 +23,17 @@ from collections.abc import Callable
 
 from strategies.wire.registry import Registry
 
-__all__ = ["LR_SCHEDULES", "round_lr"]
+__all__ = ["CONSTANT", "LR_SCHEDULES", "round_lr"]
+
+#: The schedule that keeps ``lr`` in every round (the run config's default).
+CONSTANT = "constant"
 
 #: Run-config ``lr-schedule`` -> ``rate(lr, server_round, num_rounds, floor)``.
 LR_SCHEDULES: Registry[Callable[[float, int, int, float], float]] = Registry(
     "learning-rate schedule", "lr-schedule")
 
 
-@LR_SCHEDULES.register("constant")
+@LR_SCHEDULES.register(CONSTANT)
 def _constant(lr: float, server_round: int, num_rounds: int, floor: float) -> float:
     return lr
 

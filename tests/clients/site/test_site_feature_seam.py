@@ -68,10 +68,11 @@ def test_an_off_feature_is_not_built_nor_entered(tmp_path, tasks, monkeypatch):
     def entered(*args, **kwargs):
         raise AssertionError("a feature that is off was built")
 
-    for factory in FEATURES:  # every feature class: building one fails the round
-        monkeypatch.setattr(factory.__self__, "__init__", entered)
+    for gate in FEATURES:  # every feature class: building one fails the round
+        monkeypatch.setattr(gate.factory.__self__, "__init__", entered)
     plain = _train(**{keys.LOCAL_STEPS: 2})
     assert plain.parts == () and round_features(plain, site(tmp_path), run_settings()) == []
+    assert not any(gate.opens(plain, run_settings()) for gate in FEATURES)  # nor entered
     reply = answer(plain, packed_global(), site(tmp_path), run_settings(), tasks)
     assert reply.metrics[keys.STEPS] == 2
     pruned = _train(**{keys.PRUNING_VERSION: 1, keys.PRUNING_MODE: "unstructured"})
