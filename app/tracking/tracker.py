@@ -36,7 +36,7 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from logging import DEBUG, WARNING
 from pathlib import Path, PurePosixPath
@@ -53,7 +53,7 @@ from app.tracking.outbox import OUTBOX_FILE, Outbox, RoundRecord
 from strategies.rounds.round_report import RoundReport
 from strategies.rounds.withheld import withheld_text
 from strategies.wire import message_keys as keys
-from strategies.wire.personalisation_gain import personalisation_gains
+from strategies.wire.personalisation_gain import PERSONALISED, personalisation_gains
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -81,6 +81,14 @@ def metric_key(*parts: str) -> str:
     return "/".join(_UNSAFE.sub("_", p) for p in parts)
 
 
+def _gains(values: Mapping[str, float]) -> dict[str, float]:
+    """:func:`personalisation_gains` of ``values``; empty, without entering it, when they hold
+    no personalised metric (a run without personalisation)."""
+    if not any(name.startswith(PERSONALISED) for name in values):
+        return {}
+    return personalisation_gains(values)
+
+
 def round_record(report: RoundReport) -> RoundRecord:
     """The MLflow metrics and JSON artifacts of one round."""
     step = report.server_round
@@ -91,7 +99,7 @@ def round_record(report: RoundReport) -> RoundRecord:
                                  "strategy/schedule-tau": float(report.schedule_tau)}
     groups = [("strategy", report.strategy), ("train", report.train_aggregate),
               ("eval", report.evaluate_aggregate),
-              ("eval", personalisation_gains(report.evaluate_aggregate))]
+              ("eval", _gains(report.evaluate_aggregate))]
     for prefix, values in groups:
         metrics.update({metric_key(prefix, name): value for name, value in values.items()})
     for per_site in (report.train, report.evaluate, report.traffic, report.reply_seconds):
@@ -100,7 +108,7 @@ def round_record(report: RoundReport) -> RoundRecord:
                             for name, value in values.items()})
     for site, values in report.evaluate.items():  # personalised - global (personalisation)
         metrics.update({metric_key("site", site, name): value
-                        for name, value in personalisation_gains(values).items()})
+                        for name, value in _gains(values).items()})
     metrics.update({metric_key("site", site, "failed"): 0.0 for site in report.train})
     metrics.update({metric_key("site", site, "failed"): 1.0 for site in report.train_dropped})
     for site, reason in {**report.evaluate_dropped, **report.train_dropped}.items():

@@ -68,7 +68,7 @@ def personalised_evaluation(task: SiteTask, model: nn.Module, instruction: Instr
         site withheld them (empty when it did not).
     """
     personal = site_personalisation(run.personalisation, site.state_dir, instruction.federation)
-    privacy = run.privacy if run.privacy.enabled else None
+    privacy = run.privacy if run.dp_sgd else None
     charge = None
     steps = personal.adaptation_steps()
     if steps:

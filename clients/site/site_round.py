@@ -53,6 +53,7 @@ from clients.site.site_adaptation import personalised_evaluation
 from clients.site.site_reply import Metrics, SiteReply
 from clients.site.site_training import received_model, train_round
 from clients.training.device import ComputeDevice, select_device
+from clients.training.personalisation.site_personalisation import NO_PERSONALISATION
 from clients.training.site_task import SiteTask, TaskSettings
 from strategies.wire import message_keys as keys
 
@@ -158,7 +159,7 @@ def _global_model(task: SiteTask, arrays: Mapping[str, np.ndarray], instruction:
     model of ``arrays`` (:func:`received_model`, through the message's features), as the
     features make it (:meth:`~clients.site.site_feature.SiteFeature.evaluated`: a pruned
     model's structured network without its pruned channels)."""
-    model = task.build_model(private=run.privacy.enabled)
+    model = task.build_model(private=run.dp_sgd)
     features = round_features(instruction, site, run)
     named = received_model(arrays, features)
     model.load_state_dict({name: torch.as_tensor(a) for name, a in named.items()})
@@ -181,6 +182,8 @@ def _evaluate(task: SiteTask, arrays: Mapping[str, np.ndarray], instruction: Ins
         return metrics, ["min-val-items"] if result.num_examples else []
     metrics[loss_key] = result.loss
     metrics.update({f"{split}-{name}": value for name, value in result.metrics.items()})
+    if run.personalisation.method == NO_PERSONALISATION:  # no personalised model, none adapts
+        return metrics, []
     personal, withheld = personalised_evaluation(task, model, instruction, site, run,
                                                  tasks.compute(), request_of(instruction, run))
     return {**metrics, **personal}, withheld
