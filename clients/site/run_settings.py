@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from functools import lru_cache
 from typing import Any
 
 from clients.training.lr_schedule import CONSTANT, round_lr
@@ -88,7 +89,23 @@ class SiteRunSettings:
             Naming the key, for a value of the wrong type or out of range.
         PluginError
             For a bad ``personalisation.*`` key, naming it.
+
+        A run's config does not change from one message to the next: the settings of a
+        config already read are reused (read once per process and config; a refused one is
+        read, and refused, again).
         """
+        try:
+            # each value with its type: 1, 1.0 and True are equal keys, not the same entry
+            items = tuple(sorted((key, type(value).__name__, value)
+                                 for key, value in values.items()))
+            hash(items)
+        except TypeError:  # a value that is not hashable: read every time
+            return cls._parse(values)
+        return _parsed(cls, items)
+
+    @classmethod
+    def _parse(cls, values: Mapping[str, Any]) -> SiteRunSettings:
+        """:meth:`from_run_config`, read."""
         personal = (split_personalisation(values)[0]
                     if any(k.startswith("personalisation.") for k in values)
                     else PersonalisationOptions())
@@ -110,3 +127,11 @@ class SiteRunSettings:
             return self.lr
         return round_lr(self.lr, self.lr_schedule, server_round, self.num_server_rounds,
                         self.lr_floor)
+
+
+@lru_cache(maxsize=16)
+def _parsed(kind: type[SiteRunSettings],
+            items: tuple[tuple[str, str, Any], ...]) -> SiteRunSettings:
+    """The settings of the run config ``items`` (``(key, type name, value)``, sorted), read
+    once."""
+    return kind._parse({key: value for key, _, value in items})
