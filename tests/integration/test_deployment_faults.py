@@ -61,9 +61,12 @@ def test_killed_supernode_is_recorded_as_failed_and_trains_again_after_restart(
         # Run budgets are far above a healthy run: a 3-round run took 420 s on 2 loaded cores.
         run = BackgroundRun(d.flwr_home, run_config, timeout=1800)
         crashed = nodes["hospital-b"]
-        # Round 2 has begun and hospital-b has taken its instruction: crash it now.
+        # Round 2 has begun and hospital-b has taken its instruction: crash it now, before
+        # its 2 local steps end (under a second at 32 px): the log is read every 20 ms (a
+        # 0.5 s poll once let the reply leave first, and round 2 accepted both sites).
         wait_for(lambda: crashed.log_text().count("Receiving: train message") >= 2, 1200,
-                  "round-2 train message at hospital-b", run=run, watch=started)
+                  "round-2 train message at hospital-b", run=run, watch=started,
+                  interval=0.02)
         client = MlflowClient(tracking_uri=tracking)
         mlflow_run = only_run(client, "faults")
         for site in SITES:  # round 1 is in MLflow for both sites
