@@ -22,6 +22,8 @@ from strategies.wire.codecs.registry import CODECS
 from strategies.wire.errors import ConfigError, FedMedError
 from strategies.wire.plugin_options import PluginError
 from strategies.wire.registry import Registry
+from strategies.wire.secure_aggregation.errors import SecAggConfigError
+from strategies.wire.secure_aggregation.vector import SUMMABLE_CODECS
 
 #: (registry, its names, the key an unknown name is refused with, the error branch).
 TABLES = [
@@ -31,6 +33,7 @@ TABLES = [
     (DOWNLINK_CODECS, ["fp16", "none", "topk"], "strategy.downlink-codec", DownlinkCodecError),
     (REPORT_CODECS, ["fp16", "none", "topk"], "pruning.report-codec", PluginError),
     (ROBUST_RULES, ["median", "trimmed-mean"], "best-round.aggregate", ConfigError),
+    (SUMMABLE_CODECS, ["fp16", "none", "randk"], "strategy.codec", SecAggConfigError),
 ]
 
 
@@ -55,7 +58,8 @@ def test_each_task_s_shared_sets_are_a_registry_of_the_sets_its_task_entry_lists
             sets.get("bogus")
 
 
-@pytest.mark.parametrize("subset", [DOWNLINK_CODECS, REPORT_CODECS], ids=["downlink", "report"])
+@pytest.mark.parametrize("subset", [DOWNLINK_CODECS, REPORT_CODECS, SUMMABLE_CODECS],
+                         ids=["downlink", "report", "summable"])
 def test_a_codec_subset_names_the_codecs_of_the_codec_registry(subset: Registry) -> None:
     for name in subset:
         assert subset.get(name) is CODECS.get(name)

@@ -17,7 +17,10 @@ Every way to extend the product is an instance of :class:`Registry`:
   (:data:`clients.training.augmentation_levels.AUGMENTATIONS`);
 * each task's shared real sets (its ``shared`` module's ``SETS``);
 * the codecs a consumer takes, by dotted path to their ``CODECS`` entry
-  (:data:`strategies.downlink.DOWNLINK_CODECS`, PruneFL's ``REPORT_CODECS``).
+  (:data:`strategies.downlink.DOWNLINK_CODECS`, PruneFL's ``REPORT_CODECS``, SecAgg+'s
+  :data:`strategies.wire.secure_aggregation.vector.SUMMABLE_CODECS`);
+* the best round's robust score rules
+  (:data:`strategies.rounds.site_metric_score.ROBUST_RULES`).
 
 An entry joins a registry in one of three ways:
 

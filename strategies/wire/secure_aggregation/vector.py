@@ -21,15 +21,22 @@ from collections.abc import Collection, Sequence
 import numpy as np
 
 from strategies.wire.codecs.randk import randk_indices
+from strategies.wire.codecs.registry import UpdateCodec
 from strategies.wire.codecs.spec import parse_spec
 from strategies.wire.secure_aggregation.errors import SecAggConfigError
+from strategies.wire.registry import Registry
 from strategies.wire.seeds import derive_seed
 
 __all__ = ["SUMMABLE_CODECS", "flatten_float", "float_positions", "kept_indices",
            "shared_codec_seed", "unflatten_float"]
 
-#: The codecs whose output sums across sites under masks.
-SUMMABLE_CODECS = ("none", "fp16", "randk")
+#: The codecs whose output sums across sites under masks, by dotted path to their
+#: :data:`~strategies.wire.codecs.registry.CODECS` entry.
+SUMMABLE_CODECS: Registry[UpdateCodec] = Registry("summable codec", "strategy.codec",
+                                                   error=SecAggConfigError)
+SUMMABLE_CODECS.add_path("none", "strategies.wire.codecs.identity:CODEC")
+SUMMABLE_CODECS.add_path("fp16", "strategies.wire.codecs.fp16:CODEC")
+SUMMABLE_CODECS.add_path("randk", "strategies.wire.codecs.randk:CODEC")
 
 
 def float_positions(arrays: Sequence[np.ndarray]) -> list[int]:
