@@ -11,7 +11,7 @@ contracts:
 * the Protocol of its kind, for the instance built for a run.
 
 An instance's attributes are its state: a checkpoint saves them and restores
-them onto the object the run config builds (:mod:`strategies.rounds.state_tree`),
+them onto the object the run config builds (:mod:`strategies.rounds.checkpoint`),
 so a plug-in keeps what it learns (a schedule's ``tau``, a selector's random
 generator and counts, server momentum) in plain attributes: numbers, strings,
 lists, dicts, numpy arrays and generators.
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from strategies.aggregation import RunningSum
     from strategies.plugins.run_settings import RunSettings
     from strategies.plugins.schedules.codec_rate import SiteRound
-    from strategies.replies import TrainReply
+    from strategies.rounds.reply_intake import TrainReply
     from strategies.rounds.site_selection import SelectionContext
     from strategies.wire.codecs.spec import CodecSpec
     from strategies.wire.plugin_options import PluginOptions

@@ -26,7 +26,7 @@ from strategies.plugins.registries import (
 )
 from strategies.plugins.run_settings import RunSettings
 from strategies.rounds.federated_strategy import FederatedStrategy
-from strategies.rounds.state_tree import decode_tree, encode_tree
+from strategies.rounds.checkpoint import decode_tree, encode_tree
 from strategies.wire.update_codec import pack_update
 from tests.strategies.scripted_grid import connected
 

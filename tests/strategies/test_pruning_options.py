@@ -11,7 +11,7 @@ import pytest
 from strategies.plugins.pruning.prunefl import PruneFL, PruningOptions
 from strategies.plugins.registries import PRUNINGS, build, default_sections
 from strategies.plugins.run_settings import RunSettings
-from strategies.rounds.state_tree import decode_tree, encode_tree
+from strategies.rounds.checkpoint import decode_tree, encode_tree
 from strategies.wire.plugin_options import PluginError
 
 SETTINGS = RunSettings(local_steps=5, num_rounds=3, fraction_train=1.0, min_nodes=1, seed=0,

@@ -19,9 +19,9 @@ from strategies.plugins.control_variates.control_variate_round import ControlVar
 from strategies.plugins.control_variates.scaffold import Scaffold
 from strategies.plugins.defences.defended import with_defence
 from strategies.plugins.registries import AGGREGATORS, DEFENCES
-from strategies.replies import TrainReply
+from strategies.rounds.reply_intake import TrainReply
 from strategies.rounds.instructions import TrainPlan
-from strategies.rounds.state_tree import decode_tree, encode_tree
+from strategies.rounds.checkpoint import decode_tree, encode_tree
 from strategies.wire import message_keys as keys
 from strategies.wire.update_codec import pack_update
 from tests.strategies.test_federated_strategy import GLOBAL, _train_metrics

@@ -47,7 +47,7 @@ from flwr.supercore import log
 from strategies.aggregation import RunningSum, fednova_delta, positive_weight
 from strategies.plugins.registries import AGGREGATORS
 from strategies.plugins.run_settings import RunSettings
-from strategies.replies import TrainReply
+from strategies.rounds.reply_intake import TrainReply
 from strategies.wire.plugin_options import Plugin, PluginError, PluginOptions, Retired, option
 
 
@@ -89,7 +89,7 @@ class FedNovaAggregator(Plugin):
     #: Linear: the round's replies are folded into a running sum as they arrive.
     needs_all_updates = False
     #: Attributes an older checkpoint holds: skipped at restore while neutral (the
-    #: momentum of ``fednova.server-momentum`` 0; :mod:`strategies.rounds.state_tree`).
+    #: momentum of ``fednova.server-momentum`` 0; :mod:`strategies.rounds.checkpoint`).
     retired_state = {"server_momentum": 0.0, "_velocity": None}
 
     def __init__(self, min_steps_fraction: float = 0.5) -> None:

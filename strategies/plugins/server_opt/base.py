@@ -68,7 +68,7 @@ class ServerOptPlugin(Plugin, ABC):
     A subclass sets :attr:`name`, :attr:`reads` and :attr:`default_eta`, and implements
     :meth:`_step` on the trained arrays; its state (moments, round count) lives in plain
     attributes, so the strategy checkpoint saves and restores it
-    (:mod:`strategies.rounds.state_tree`).
+    (:mod:`strategies.rounds.checkpoint`).
     """
 
     Options = ServerOptOptions
