@@ -41,7 +41,7 @@ from app.tracking import (
     RoundScore,
 )
 from app.tracking.best_round import score_rule
-from app.tracking.refusals import require_aggregation, round_aggregated
+from app.tracking.tracker import require_aggregation, round_aggregated
 from app.tracking.run_end import RunEnd, finish_run, flush_command
 from app.vertical.federation import VerticalOutcome, federate_vertical
 from clients.registry import task_class

@@ -22,13 +22,28 @@ with MLflow's HTTP retries off and a short request timeout
 never raises: while MLflow is unreachable a round costs at most one failed
 request and its record waits for the next flush.
 
-MLflow refuses a name over 250 characters or with other characters than its
-own rules allow (``mlflow.utils.validation``). Every metric and param name is
-checked before it is queued (:mod:`app.tracking.mlflow_names`): those MLflow would
+MLflow refuses a name over 250 characters, with other characters than its own
+rules allow, or that would resolve to another name as a path
+(``mlflow.utils.validation``). A site's name is part of the product's metric
+names (``site/<name>/val-dice``), so a reply could otherwise make MLflow refuse a
+whole round: every metric and param name is checked before it is queued
+(:func:`mlflow_name_problem`, :func:`without_refused_names`), those MLflow would
 refuse are set aside with the reason (:meth:`Outbox.set_aside`), the rest of
 the round goes on. A record MLflow refuses anyway (``INVALID_PARAMETER_VALUE``
 or ``BAD_REQUEST``, not a connection error) is set aside the same way and the
 flush goes on with the next one: no record blocks the rounds after it.
+
+A federation that aggregated nothing is recorded as such. A round aggregated an
+update when at least one train reply was accepted and the new global model
+replaced the old one (:attr:`RoundReport.aggregation_failed` empty). When no
+round did (every site refused, failed or was dropped in every round), the global
+model is still the initial one: the ServerApp marks the MLflow run ``FAILED``,
+registers nothing and raises :class:`FederationError` naming the drops counted
+by policy rule (:func:`strategies.rounds.withheld.refused_rule`;
+:func:`require_aggregation`: the run's ``refusals`` tag and ``refusals.json``).
+A resumed federation is checked over all its rounds: the checkpoint counts the
+rounds that aggregated before it (``ServerCheckpoint.aggregated_rounds``); one
+written before they were counted is not checked.
 """
 
 from __future__ import annotations
@@ -36,6 +51,7 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from logging import DEBUG, WARNING
@@ -47,19 +63,28 @@ from flwr.supercore import log
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
+from mlflow.utils.validation import (
+    MAX_ENTITY_KEY_LENGTH,
+    bad_character_message,
+    path_not_unique,
+    validate_param_and_metric_name,
+)
 
-from app.tracking.mlflow_names import without_refused_names
 from app.tracking.outbox import OUTBOX_FILE, Outbox, RoundRecord
 from strategies.rounds.round_report import RoundReport
-from strategies.rounds.withheld import withheld_text
+from strategies.rounds.withheld import refused_rule, withheld_text
 from strategies.wire import message_keys as keys
+from strategies.wire.errors import FederationError
 from strategies.wire.personalisation_gain import PERSONALISED, personalisation_gains
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["EXPERIMENT_TAGS", "FLUSH_TIMEOUT_SECONDS", "FederationTracker", "bounded_requests",
-           "metric_key", "policy_params", "round_record"]
+__all__ = ["DROPPED", "EXPERIMENT_TAGS", "FLUSH_TIMEOUT_SECONDS", "NO_REPLY", "REFUSALS_ARTIFACT",
+           "REFUSALS_TAG", "FederationTracker", "aggregated_any", "bounded_requests",
+           "metric_key", "mlflow_name_problem", "policy_params", "refusal_counts",
+           "refusals_text", "require_aggregation", "round_aggregated", "round_record",
+           "without_refused_names"]
 
 
 _UNSAFE = re.compile(r"[^0-9A-Za-z_\-./ ]")
@@ -74,11 +99,52 @@ _STEP_MARKER = "round-seconds"
 EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
 #: MLflow error codes of a request it refuses (as opposed to one that never reached it).
 _REFUSED = frozenset({"INVALID_PARAMETER_VALUE", "BAD_REQUEST"})
+#: The run tag and the artifact that hold the counts of a run that aggregated nothing.
+REFUSALS_TAG, REFUSALS_ARTIFACT = "refusals", "refusals.json"
+#: The count of train replies dropped for a reason other than a policy rule.
+DROPPED = "dropped"
+#: The count of selected sites that sent no train reply before the round closed.
+NO_REPLY = "no reply"
 
 
 def metric_key(*parts: str) -> str:
     """MLflow-safe metric name such as ``site/hospital-00/val-dice``."""
     return "/".join(_UNSAFE.sub("_", p) for p in parts)
+
+
+def mlflow_name_problem(name: str) -> str | None:
+    """Why MLflow would refuse ``name`` as a metric or param name (``None``: it would not).
+
+    MLflow's rules (``mlflow.utils.validation``): at most ``MAX_ENTITY_KEY_LENGTH``
+    (250) characters, its allowed characters, and a path that does not normalise
+    to another name.
+    """
+    shown = repr(name[:60]) + ("..." if len(name) > 60 else "")
+    if len(name) > MAX_ENTITY_KEY_LENGTH:
+        return (f"MLflow name rule: {shown} has {len(name)} characters, at most "
+                f"{MAX_ENTITY_KEY_LENGTH}")
+    if not validate_param_and_metric_name(name):
+        return f"MLflow name rule: {shown}: {bad_character_message()}"
+    if path_not_unique(name):
+        return f"MLflow name rule: {shown} would resolve to another name as a path"
+    return None
+
+
+def without_refused_names(record: RoundRecord) -> tuple[RoundRecord, str] | None:
+    """Move the metrics and params of ``record`` that MLflow would refuse out of it.
+
+    Returns them as a record of their own with the reasons (``None``: none).
+    """
+    problems = {name: mlflow_name_problem(name) for name in [*record.metrics, *record.params]}
+    refused = {name: problem for name, problem in problems.items() if problem is not None}
+    if not refused:
+        return None
+    aside = RoundRecord(step=record.step, timestamp_ms=record.timestamp_ms,
+                        metrics={k: record.metrics.pop(k) for k in refused
+                                 if k in record.metrics},
+                        params={k: record.params.pop(k) for k in refused
+                                if k in record.params})
+    return aside, "; ".join(sorted(set(refused.values())))
 
 
 def _gains(values: Mapping[str, float]) -> dict[str, float]:
@@ -370,3 +436,59 @@ class FederationTracker:
                 mlflow.end_run(status=status)
         except Exception as exc:  # noqa: BLE001 - the federation's result is already safe
             log(WARNING, "could not close MLflow run %s (%s)", self.run_id, exc)
+
+
+def round_aggregated(report: RoundReport) -> bool:
+    """Whether the round accepted a train reply and updated the global model."""
+    return bool(report.train) and not report.aggregation_failed
+
+
+def aggregated_any(reports: Mapping[int, RoundReport]) -> bool:
+    """Whether any round accepted a train reply and updated the global model."""
+    return any(round_aggregated(report) for report in reports.values())
+
+
+def refusal_counts(reports: Mapping[int, RoundReport]) -> dict[str, int]:
+    """Dropped train replies over all rounds, by policy rule (``dropped``: no rule named;
+    ``no reply``: a selected site that never answered), in name order."""
+    counts: Counter[str] = Counter()
+    for report in reports.values():
+        for reason in report.train_dropped.values():
+            counts[refused_rule(reason) or DROPPED] += 1
+        counts[NO_REPLY] += report.missing.get("train", 0)
+    return {rule: count for rule, count in sorted(counts.items()) if count}
+
+
+def refusals_text(counts: Mapping[str, int]) -> str:
+    """``apps: 2, min-batch-size: 1`` (``none``: no drop recorded)."""
+    return ", ".join(f"{rule}: {count}" for rule, count in counts.items()) or "none"
+
+
+def require_aggregation(reports: Mapping[int, RoundReport], earlier: int | None = 0) -> None:
+    """Raise :class:`FederationError` when no round of the federation aggregated an update:
+    none of ``reports`` and none of the ``earlier`` rounds (a resume's checkpointed rounds
+    that aggregated; ``None``: not counted, then nothing is checked).
+
+    The active MLflow run first gets the counts as its ``refusals`` tag and
+    ``refusals.json`` artifact (bounded requests; an unreachable store is a
+    warning, never a different error).
+
+    Raises
+    ------
+    FederationError
+        Naming the rounds run and the train drops counted by rule.
+    """
+    if earlier is None or earlier > 0 or aggregated_any(reports):
+        return
+    counts = refusal_counts(reports)
+    text = refusals_text(counts)
+    try:
+        if mlflow.active_run() is not None:  # set_tag would otherwise start a run of its own
+            with bounded_requests():
+                mlflow.set_tag(REFUSALS_TAG, text)
+                mlflow.log_dict(counts, REFUSALS_ARTIFACT)
+    except Exception as exc:  # noqa: BLE001 - the FederationError below is what matters
+        log(WARNING, "could not record the refusals in MLflow (%s)", exc)
+    raise FederationError(
+        f"no round aggregated any update in {len(reports)} round(s): every train reply was "
+        f"refused, failed or dropped (by rule: {text}); nothing registered")

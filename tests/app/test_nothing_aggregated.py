@@ -19,7 +19,7 @@ from mlflow.tracking import MlflowClient
 
 from app.engine import VirtualSite, run_federation
 from app.tracking import FederationTracker
-from app.tracking.refusals import aggregated_any, refusal_counts, require_aggregation
+from app.tracking.tracker import aggregated_any, refusal_counts, require_aggregation
 from strategies.wire import message_keys as keys
 from strategies.wire.errors import FederationError
 from strategies.rounds.checkpoint import (CHECKPOINT_FILE, ServerCheckpoint, load_checkpoint,

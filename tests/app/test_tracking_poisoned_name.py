@@ -17,7 +17,7 @@ from mlflow.tracking import MlflowClient
 
 from app.tracking import OUTBOX_FILE, FederationTracker, Outbox, RoundRecord
 from app.tracking.outbox import REJECTED_FILE
-from app.tracking.mlflow_names import mlflow_name_problem
+from app.tracking.tracker import mlflow_name_problem
 from strategies.rounds.checkpoint import run_folder
 from tests.app.test_tracking_outbox import store  # noqa: F401 - the fixture: a sqlite store
 from strategies.rounds.round_report import RoundReport
