@@ -47,7 +47,7 @@ from strategies.wire.codecs.registry import UpdateCodec
 from strategies.wire.downlink_header import DownlinkHeader, PAYLOAD_KEY, RAW_KEY
 from strategies.wire.downlink_reference import Reference, raw_bytes
 from strategies.wire.errors import ConfigError
-from strategies.wire.model_buffer import pack_model
+from strategies.wire.model_layout import pack_model
 from strategies.wire.registry import Registry
 from strategies.wire.seeds import derive_seed
 from strategies.wire.update_codec import dense_bytes

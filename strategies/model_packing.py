@@ -1,16 +1,12 @@
-"""The global model as one buffer on the way down: two Flower objects instead of two per tensor.
+"""The packed model's Flower form: a model's ``ArrayRecord`` <-> its arrays by name.
 
-Flower stores a message's ``ArrayRecord`` as one object per ``Array`` plus one
-per ``ArrayChunk`` (at most 5 MB each), and a SuperNode pulls every object from
-the SuperLink with its own request. The 2.5D U-Net's 36 tensors are 72 pulls
-(0.1-0.2 s each on a loaded 2-core machine, 7-12 s a message; see
-``bench/site_overhead.py``). :func:`pack_arrays` lays the tensors end to end in
-one ``uint8`` array with a small JSON layout beside it
-(:func:`strategies.wire.model_buffer.pack_model`), so the model costs one pull per 5 MB
-chunk; :func:`unpack_arrays` gives the same ``ArrayRecord`` back, bit for bit.
-
-The Flower side of the packed form: the strategy packs; the site unpacks the
-numpy arrays itself (:mod:`strategies.wire.model_buffer`, no Flower).
+The layout itself (why the model goes down as one buffer, the buffer and its JSON layout,
+the update's arrays) is the wire kernel's, :mod:`strategies.wire.model_layout`, pure numpy
+so the site reads it without Flower. This is its Flower side, which the kernel may not
+import (tests/test_layering.py): :func:`named_arrays` / :func:`record_of` convert between an
+``ArrayRecord`` and numpy arrays by name, and :func:`pack_arrays` / :func:`unpack_arrays`
+are :func:`~strategies.wire.model_layout.pack_model` /
+:func:`~strategies.wire.model_layout.unpack_model` on records, bit for bit.
 """
 
 from __future__ import annotations
@@ -20,11 +16,9 @@ from collections.abc import Mapping
 import numpy as np
 from flwr.app import Array, ArrayRecord
 
-from strategies.wire.model_buffer import (LAYOUT_KEY, MODEL_KEY, PackedModelError, pack_model,
-                                          unpack_model)
+from strategies.wire.model_layout import pack_model, unpack_model
 
-__all__ = ["LAYOUT_KEY", "MODEL_KEY", "PackedModelError", "named_arrays", "pack_arrays",
-           "record_of", "unpack_arrays"]
+__all__ = ["named_arrays", "pack_arrays", "record_of", "unpack_arrays"]
 
 
 def named_arrays(record: ArrayRecord) -> dict[str, np.ndarray]:
@@ -47,7 +41,7 @@ def unpack_arrays(packed: ArrayRecord) -> ArrayRecord:
 
     Raises
     ------
-    PackedModelError
+    strategies.wire.model_layout.PackedModelError
         When ``packed`` lacks ``model`` or ``layout``, or their sizes disagree.
     """
     return record_of(unpack_model(named_arrays(packed)))

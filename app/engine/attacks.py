@@ -25,7 +25,7 @@ again:
 Normalisation-statistics attacks rewrite the update's raw arrays (``raw-<i>``:
 buffers travel uncompressed, :mod:`strategies.wire.update_codec`), the array at
 position ``i`` of the global model the instruction carries (its packed
-``arrays``: names and order, :mod:`strategies.wire.model_buffer`):
+``arrays``: names and order, :mod:`strategies.wire.model_layout`):
 
 * ``poison_running_var = k``: every BatchNorm ``running_var`` update becomes
   ``k (v + 1)``, ``v`` the global variance received. Under an example-weighted mean
@@ -60,7 +60,7 @@ from strategies.compression import decode, encode
 from strategies.model_packing import named_arrays, record_of
 from strategies.wire import message_keys as keys
 from strategies.wire.errors import ConfigError
-from strategies.wire.model_buffer import PackedModelError, unpack_model
+from strategies.wire.model_layout import PackedModelError, unpack_model
 from strategies.wire.seeds import derive_seed
 from strategies.wire.update_codec import PAYLOAD_KEY, RAW_PREFIX
 

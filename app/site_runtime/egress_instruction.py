@@ -5,7 +5,7 @@ instruction it answers, never against what the app says of itself. This module r
 that instruction with the product's own parsers: its settings with
 :meth:`clients.site.instruction.Instruction.parse` (tau, codec and codec seed, the
 downlink, pruning, SCAFFOLD and SecAgg+ entries), its global model's names, dtypes
-and shapes from the packed model's layout (:mod:`strategies.wire.model_buffer`: only the
+and shapes from the packed model's layout (:mod:`strategies.wire.model_layout`: only the
 small JSON layout is read, never the weights), and a pruning mask's full shapes with
 :func:`strategies.wire.pruning_mask.masks_from_record`.
 
@@ -44,7 +44,7 @@ from clients.site.site_pruning import MASK_ENTRIES
 from strategies.rounds.normalisation_statistics import StatisticPositions
 from strategies.wire import message_keys as keys
 from strategies.wire.errors import FedMedError
-from strategies.wire.model_buffer import LAYOUT_KEY, MODEL_KEY
+from strategies.wire.model_layout import LAYOUT_KEY, MODEL_KEY
 from strategies.wire.pruning_mask import masks_from_record
 
 __all__ = ["ArraySpec", "Asked", "FederationMemory", "ModelLayout", "asked_of", "config_of",

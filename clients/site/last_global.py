@@ -15,7 +15,7 @@ In the site's round the compressed downlink is the :class:`DownlinkReceive` feat
 (:class:`DownlinkInstruction`): the model the site holds is advanced by the compressed
 step, or replaced by the dense snapshot, verified by its checksum and saved for the next
 round, and the reply acknowledges its version (``downlink-version``). Without the entries
-the instruction's arrays are the packed model as sent (:mod:`strategies.wire.model_buffer`).
+the instruction's arrays are the packed model as sent (:mod:`strategies.wire.model_layout`).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from strategies.wire.downlink_header import DownlinkHeader
 from strategies.wire.downlink_receive import receive
 from strategies.wire.downlink_reference import Reference
 from strategies.wire.errors import ConfigError
-from strategies.wire.model_buffer import LAYOUT_KEY, MODEL_KEY, PackedModelError
+from strategies.wire.model_layout import LAYOUT_KEY, MODEL_KEY, PackedModelError
 
 if TYPE_CHECKING:
     from clients.site.instruction import Instruction

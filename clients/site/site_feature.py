@@ -204,7 +204,7 @@ class SiteFeature(Protocol):
 
     def receive(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The instruction's arrays as this feature passes them on: its own entries taken off
-        (and kept for its later hooks), or the packed model (:mod:`strategies.wire.model_buffer`)
+        (and kept for its later hooks), or the packed model (:mod:`strategies.wire.model_layout`)
         that its entries stand for.
 
         Raises

@@ -52,7 +52,7 @@ from clients.site.site import Site
 from clients.site.site_adaptation import personalised_evaluation
 from clients.site.site_reply import Metrics, SiteReply
 from clients.site.site_training import received_model, train_round
-from clients.training.device import ComputeDevice, select_device
+from clients.training.trainer import ComputeDevice, select_device
 from clients.training.personalisation.site_personalisation import NO_PERSONALISATION
 from clients.training.site_task import SiteTask, TaskSettings
 from strategies.wire import message_keys as keys
@@ -78,7 +78,7 @@ class SiteTasks:
         How a task is loaded (:func:`clients.site.decoded_cache.load_task`; a test
         passes a fake).
     compute : ComputeDevice or None
-        The device; ``None``: :func:`~clients.training.device.select_device` on first use.
+        The device; ``None``: :func:`~clients.training.trainer.select_device` on first use.
     """
 
     def __init__(self, load: TaskLoader = load_task, compute: ComputeDevice | None = None
@@ -207,7 +207,7 @@ def answer(instruction: Instruction, arrays: Mapping[str, np.ndarray], site: Sit
         What is asked (train, evaluate or query), the run's defaults filled in.
     arrays : mapping of str to numpy.ndarray
         The instruction's arrays as sent: the packed global model
-        (:mod:`strategies.wire.model_buffer`), or a compressed downlink step (train).
+        (:mod:`strategies.wire.model_layout`), or a compressed downlink step (train).
     site : Site
         The site: name, data, state dir, policy.
     run : SiteRunSettings

@@ -7,7 +7,7 @@ in hook order) and names none of them.
 
 In (:func:`received_model`): the features take their entries off the instruction's arrays
 (or turn them into the packed model they stand for), the packed model is read
-(:mod:`strategies.wire.model_buffer`), and the features pass the global model on by name.
+(:mod:`strategies.wire.model_layout`), and the features pass the global model on by name.
 
 Train (:func:`local_update`): the network is built (with the features' build arguments),
 loaded and trained tau steps (capped by the site, within the round's time budget, at the
@@ -43,12 +43,11 @@ from clients.site.site_feature import (RESIDUAL_NAME, LocalTraining, LocalUpdate
                                        StepHookChain)
 from clients.site.site_reply import Metrics
 from clients.site.state_store import SiteStateStore
-from clients.training.device import ComputeDevice
 from clients.training.site_task import SiteTask
-from clients.training.trainer import StepHooks, TrainResult
+from clients.training.trainer import ComputeDevice, StepHooks, TrainResult
 from strategies.wire import message_keys as keys
 from strategies.wire.codecs import ErrorFeedback, parse_spec
-from strategies.wire.model_buffer import unpack_model
+from strategies.wire.model_layout import unpack_model
 from strategies.wire.seeds import site_seed
 from strategies.wire.update_codec import pack_update
 
@@ -63,7 +62,7 @@ def received_model(arrays: Mapping[str, np.ndarray],
 
     Raises
     ------
-    strategies.wire.model_buffer.PackedModelError
+    strategies.wire.model_layout.PackedModelError
         When the packed model is malformed.
     SiteError, FedMedError
         A feature's refusal of its entries (:meth:`SiteFeature.receive`).

@@ -12,8 +12,9 @@ Modules, by role
 - seeds: :mod:`.seeds` (every seed the product derives: codec, sampling, masks);
 - message keys: :mod:`.message_keys` (the record, entry and metric names of every
   message);
-- packing: :mod:`.model_buffer` (the packed model: named tensors in one buffer),
-  :mod:`.update_codec` / :mod:`.update_layout` (an update's payload and its layout);
+- packing: :mod:`.model_layout` (how a model's named arrays lie in a message: the packed
+  model, the update's arrays, the dense update), :mod:`.update_codec` (an update's codec
+  payload);
 - codecs: :mod:`.codecs` (one module per codec, one registry, bit packing, error
   feedback; :mod:`strategies.compression` is its functional-core facade);
 - downlink entries: :mod:`.downlink_header` (the downlink entries of an instruction),

@@ -31,7 +31,7 @@ from strategies.wire.codecs import decode
 from strategies.wire.downlink_header import DownlinkHeader, PAYLOAD_KEY, RAW_KEY
 from strategies.wire.downlink_reference import Reference
 from strategies.wire.errors import SiteError
-from strategies.wire.model_buffer import unpack_model
+from strategies.wire.model_layout import unpack_model
 
 __all__ = ["DownlinkSyncError", "receive"]
 
@@ -74,7 +74,7 @@ def receive(arrays: Mapping[str, np.ndarray], header: DownlinkHeader,
     DownlinkSyncError
         When a step does not apply to ``held``, is malformed, or the result's
         checksum differs from the header's.
-    strategies.wire.model_buffer.PackedModelError
+    strategies.wire.model_layout.PackedModelError
         When a dense snapshot is not a valid packed model.
     """
     reference = (Reference.of(unpack_model(arrays), header.version) if header.dense

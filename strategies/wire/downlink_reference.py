@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from strategies.wire.codecs import flatten, unflatten
-from strategies.wire.model_buffer import LAYOUT_KEY, MODEL_KEY, pack_model, unpack_model
+from strategies.wire.model_layout import LAYOUT_KEY, MODEL_KEY, pack_model, unpack_model
 from strategies.wire.update_codec import float_positions
 
 __all__ = ["VERSION_KEY", "Reference", "raw_bytes"]
@@ -135,7 +135,7 @@ class Reference:
 
         Raises
         ------
-        strategies.wire.model_buffer.PackedModelError
+        strategies.wire.model_layout.PackedModelError
             When the model and its layout do not match.
         """
         named = unpack_model({MODEL_KEY: packed[MODEL_KEY], LAYOUT_KEY: packed[LAYOUT_KEY]})

@@ -15,7 +15,7 @@ baseline (:func:`dense_bytes`), so the uplink ratio shows what they cost (about
 4.5 kB a round on the BatchNorm X-ray CNN, which holds top-k 1% at ~34x; the
 GroupNorm variant reaches ~99x). Per-tensor codecs (``topk:<f>:layer``) get the
 sizes of the compressed tensors only. The layout (the keys, the raw set, the arrays put
-back in the model's shapes) is :mod:`strategies.wire.update_layout`'s, re-exported here; a
+back in the model's shapes) is :mod:`strategies.wire.model_layout`'s, re-exported here; a
 dense update (``none``) is read there without the codecs.
 
 Pure numpy: the ClientApp packs, the strategy unpacks.
@@ -28,7 +28,7 @@ from collections.abc import Collection, Mapping, Sequence
 import numpy as np
 
 from strategies.wire.codecs import ErrorFeedback, decode, encode, flatten
-from strategies.wire.update_layout import (PAYLOAD_KEY, RAW_PREFIX, UpdateFormatError, assemble,
+from strategies.wire.model_layout import (PAYLOAD_KEY, RAW_PREFIX, UpdateFormatError, assemble,
                                            dense_bytes, float_positions, raw_positions)
 
 __all__ = ["PAYLOAD_KEY", "RAW_PREFIX", "UpdateFormatError", "float_positions", "pack_update",

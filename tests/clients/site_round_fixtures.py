@@ -17,7 +17,7 @@ from clients.site.run_settings import SiteRunSettings
 from clients.site.site import Site
 from clients.training.classification import LabelledTensors
 from clients.training.site_task import TaskSettings
-from strategies.wire.model_buffer import pack_model
+from strategies.wire.model_layout import pack_model
 
 SIZES = TaskSettings(image_size=16, batch_size=4)
 

@@ -14,10 +14,10 @@ import torch
 from clients.site.instruction import Instruction
 from clients.site.policy import PolicyRefusal, SitePolicy
 from clients.site.site_round import SiteTasks, answer
-from clients.training.device import select_device
+from clients.training.trainer import select_device
 from strategies.wire import message_keys as keys
 from strategies.wire.errors import ConfigError
-from strategies.wire.model_buffer import pack_model, unpack_model
+from strategies.wire.model_layout import pack_model, unpack_model
 from strategies.wire.update_codec import PAYLOAD_KEY, unpack_update
 from tests.clients.site_round_fixtures import TinyCxr, packed_global, run_settings, site
 

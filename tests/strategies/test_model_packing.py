@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord
 
-from strategies.model_packing import (LAYOUT_KEY, MODEL_KEY, PackedModelError, pack_arrays,
-                                      unpack_arrays)
+from strategies.model_packing import pack_arrays, unpack_arrays
+from strategies.wire.model_layout import LAYOUT_KEY, MODEL_KEY, PackedModelError
 
 
 def _model() -> ArrayRecord:

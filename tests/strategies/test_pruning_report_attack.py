@@ -24,10 +24,10 @@ from app.engine import InProcessGrid, VirtualSite
 from app.server_app import build_strategy
 from strategies.compression import encode
 from strategies.plugins.pruning.prunefl import PruneFL
-from strategies.replies import TrainReply
+from strategies.rounds.reply_intake import TrainReply
 from strategies.robust import clip_factors, update_norm
 from strategies.wire import message_keys as keys
-from strategies.wire.model_buffer import unpack_model
+from strategies.wire.model_layout import unpack_model
 from strategies.plugins.pruning.pruning_round import (REPORT_BOUND, PruningRound,
                                                       squared_gradients)
 from strategies.wire.update_codec import pack_update

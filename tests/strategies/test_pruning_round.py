@@ -9,11 +9,11 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, MessageType
 from strategies.compression import encode
 from strategies.plugins.pruning.prunefl import PruneFL
 from strategies.plugins.pruning.pruning_round import PruningRound, squared_gradients
-from strategies.replies import TrainReply
+from strategies.rounds.reply_intake import TrainReply
 from strategies.rounds.instructions import Instructions
 from strategies.rounds.round_report import RoundReport
 from strategies.wire import message_keys as keys
-from strategies.wire.model_buffer import unpack_model
+from strategies.wire.model_layout import unpack_model
 from strategies.wire.pruning_mask import MASK_BITS_KEY
 
 NAMED = {"w": np.arange(1.0, 7.0, dtype=np.float32).reshape(2, 3),

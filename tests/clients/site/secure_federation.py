@@ -24,7 +24,7 @@ from clients.site.site_round import SiteTasks, answer
 from strategies.rounds.normalisation_statistics import StatisticPositions
 from strategies.secure_aggregation.coordinator import SecAggRound, SecureSum
 from strategies.wire import message_keys as keys
-from strategies.wire.model_buffer import unpack_model
+from strategies.wire.model_layout import unpack_model
 from strategies.wire.secure_aggregation import participant as participant_module
 from strategies.wire.secure_aggregation.settings import SecAggSettings
 from strategies.wire.secure_aggregation.vector import flatten_float, kept_indices, shared_codec_seed

@@ -12,7 +12,7 @@ from clients.site.instruction import Instruction
 from clients.site.policy import DpRules, PolicyRefusal, SitePolicy
 from clients.site.site_round import answer
 from strategies.wire import message_keys as keys
-from strategies.wire.model_buffer import unpack_model
+from strategies.wire.model_layout import unpack_model
 from tests.clients.site_round_fixtures import TinyCxr, packed_global, run_settings, site
 
 RUN = run_settings()

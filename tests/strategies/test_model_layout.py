@@ -15,7 +15,7 @@ import pytest
 
 from strategies.compression import encode
 from strategies.wire.update_codec import PAYLOAD_KEY, pack_update, unpack_update
-from strategies.wire.update_layout import UpdateFormatError, dense_update
+from strategies.wire.model_layout import UpdateFormatError, dense_update
 
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = [np.zeros((3, 4), np.float32), np.zeros(5, np.float64), np.array(0, np.int64),
@@ -52,7 +52,7 @@ def test_the_dense_read_enters_no_file_of_the_codecs():
         dense_update(packed, REFERENCE)
     finally:
         sys.setprofile(None)
-    assert entered == {"strategies/wire/update_layout.py"}
+    assert entered == {"strategies/wire/model_layout.py"}
 
 
 @pytest.mark.parametrize("payload, reason", [
