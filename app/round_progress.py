@@ -1,4 +1,9 @@
-"""The ServerApp's progress lines: one per round, and the round's validation metric.
+"""The ServerApp's progress lines: one per round, the round's validation metric, and
+the bytes on the wire in words.
+
+Bytes up and down are ``dense`` or ``x<N> smaller than dense`` (:func:`ratio_phrase`):
+in the round's progress line (:func:`round_traffic`) and in the summary after ``make
+simulate`` (:mod:`app.tooling.federation_summary`).
 
 With DP-SGD each site's train reply carries its privacy ledger's ``epsilon`` (spent on
 its data by every federation so far) and ``epsilon-left``: the line shows both.
@@ -11,12 +16,48 @@ rules: never as NaN.
 
 from __future__ import annotations
 
-from app.tracking.traffic_text import round_traffic
+from collections.abc import Mapping
+
 from strategies.rounds.round_report import RoundReport
 from strategies.rounds.withheld import withheld_summary, withheld_text
 from strategies.wire import message_keys as keys
 
-__all__ = ["epsilon_text", "metric_text", "progress_line"]
+__all__ = ["DENSE_BELOW", "epsilon_text", "metric_text", "progress_line", "ratio_phrase",
+           "round_traffic"]
+
+# A ratio dense / sent below this is an uncompressed transfer (codec ``none``: the
+# payload header and Flower's framing make it slightly below 1).
+DENSE_BELOW = 1.05
+
+
+def ratio_phrase(dense: float, sent: float) -> str:
+    """``'dense'`` when ``sent`` bytes are not fewer than ``dense`` (nothing compressed),
+    else ``'x<dense/sent> smaller than dense'`` (one decimal below x10)."""
+    if sent <= 0:
+        return "nothing sent"
+    ratio = dense / sent
+    if ratio < DENSE_BELOW:
+        return "dense"
+    return f"x{ratio:.1f} smaller than dense" if ratio < 10 else f"x{ratio:.0f} smaller than dense"
+
+
+def round_traffic(strategy: Mapping[str, float],
+                  traffic: Mapping[str, Mapping[str, float]]) -> str:
+    """The bytes part of a round's progress line (``''`` when the round counted none).
+
+    ``strategy`` holds the round's ``bytes-up``, ``bytes-down`` and
+    ``dense-bytes`` (one update as dense fp32), ``traffic`` the per-site
+    ``bytes-up`` / ``bytes-down`` (:func:`strategies.rounds.traffic.record_traffic`).
+    """
+    if "bytes-up" not in strategy:
+        return ""
+    dense = strategy.get("dense-bytes", 0.0)
+    ups = sum(1 for t in traffic.values() if "bytes-up" in t)
+    downs = sum(1 for t in traffic.values() if "bytes-down" in t)
+    return (f" | up {strategy['bytes-up'] / 1e3:.0f} kB "
+            f"({ratio_phrase(dense * ups, strategy['bytes-up'])}), "
+            f"down {strategy['bytes-down'] / 1e3:.0f} kB "
+            f"({ratio_phrase(dense * downs, strategy['bytes-down'])})")
 
 
 def _site_value(report: RoundReport, site: str, metric: str) -> str:

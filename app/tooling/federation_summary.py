@@ -12,7 +12,7 @@ import shlex
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from app.tracking.traffic_text import ratio_phrase
+from app.round_progress import ratio_phrase
 
 __all__ = ["MODEL_TRAINING_VIEW", "print_summary"]
 

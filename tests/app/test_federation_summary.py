@@ -4,7 +4,7 @@ the bytes of a round read "dense" when nothing was compressed (issue #17, item 5
 from __future__ import annotations
 
 from app.tooling.federation_summary import _selection_metric
-from app.tracking.traffic_text import ratio_phrase, round_traffic
+from app.round_progress import ratio_phrase, round_traffic
 
 
 def test_the_metric_the_best_round_was_selected_by():
