@@ -3,7 +3,9 @@
 For each train / evaluate / query message: the site's keys of the run config
 (:meth:`~clients.site.run_settings.SiteRunSettings.from_run_config`) and node_config become
 the site's settings and the :class:`~clients.site.site.Site` (its policy read from
-node_config ``policy-path``), the message's config record becomes a typed
+node_config ``policy-path``; both built once per process and node_config, as a
+SuperNode's node_config is fixed for its process, the policy read again when its file's
+path, mtime or size changed), the message's config record becomes a typed
 :class:`~clients.site.instruction.Instruction`, its arrays plain numpy; the site's
 round checks the request against the policy, does the work and returns numpy
 arrays and python numbers, which go back as the reply's ``delta``, ``metrics`` and
@@ -15,7 +17,12 @@ the exception type, never its text.
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -47,11 +54,68 @@ if not _progress.handlers:
 _TASKS = SiteTasks()
 
 
+#: The sites this process has resolved: a SuperNode's node_config is fixed for the process
+#: (the in-process engine runs several sites in one), and a policy file is read again only
+#: when it changed.
+_SITES = 64
+
+#: The identity of a file as the memo sees it: its path, mtime (ns) and size.
+FileIdentity = tuple[str, int, int]
+
+
+def _identity(path: str | Path) -> FileIdentity | None:
+    """``path``'s identity, or ``None`` when it cannot be stat'ed."""
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return str(path), stat.st_mtime_ns, stat.st_size
+
+
+@functools.lru_cache(maxsize=_SITES)
+def _site_config(items: tuple[tuple[str, str, Any], ...], data_root: str, site_policy: str,
+                 folder: FileIdentity | None) -> SiteConfig:
+    """The :class:`SiteConfig` of the node_config ``items`` (``(key, type name, value)``,
+    sorted), resolved once; ``folder`` (the run config's ``site-policy`` as stat'ed) keys it
+    so that a per-site file added to a simulation's policy folder is found."""
+    del folder  # a key only
+    return SiteConfig.from_node_config({key: value for key, _, value in items}, data_root,
+                                       site_policy)
+
+
+@functools.lru_cache(maxsize=_SITES)
+def _site_of(config: SiteConfig, policy: FileIdentity | None) -> Site:
+    """``config``'s :class:`Site`, its policy file (as ``policy`` identifies it) read once."""
+    del policy  # a key only
+    return config.site()
+
+
+def _resolved(node_config: Mapping[str, Any], run: SiteRunSettings) -> Site:
+    """The :class:`Site` of ``node_config`` under ``run``: its :class:`SiteConfig` resolved
+    and its policy read once per process and node_config, the policy again when its file's
+    identity (path, mtime, size) changed. Nothing that raises is kept: a bad node_config or
+    an unreadable policy is refused on every message that meets it."""
+    try:
+        # each value with its type: 1, 1.0 and True are equal keys, not the same entry
+        items = tuple(sorted((key, type(value).__name__, value)
+                             for key, value in node_config.items()))
+        hash(items)
+    except TypeError:  # a value that is not hashable: resolved every time
+        return SiteConfig.from_node_config(node_config, run.data_root, run.site_policy).site()
+    folder = _identity(run.site_policy) if run.site_policy else None
+    config = _site_config(items, run.data_root, run.site_policy, folder)
+    if config.policy_path is None:
+        return _site_of(config, None)
+    policy = _identity(config.policy_path)
+    if policy is None:  # not there (or not stat'able): read, and refused, every time
+        return config.site()
+    return _site_of(config, policy)
+
+
 def _site(context: Context) -> tuple[Site, SiteRunSettings]:
     """The site (node_config, its policy read) and the run settings it reads."""
     run = SiteRunSettings.from_run_config(context.run_config)
-    node = SiteConfig.from_node_config(context.node_config, run.data_root, run.site_policy)
-    return node.site(), run
+    return _resolved(context.node_config, run), run
 
 
 def _round(kind: str, msg: Message, context: Context) -> Message:
