@@ -51,7 +51,7 @@ from app.prediction.output import SKIPPED, prepare_out, write_table
 from app.prediction.personalised import federation_of, personalise, site_of
 from app.tracking.model_sparsity import runnable_network
 from clients.registry import task_class
-from clients.training.device import ComputeDevice, select_device
+from clients.training.trainer import ComputeDevice, select_device
 from strategies.wire.errors import ConfigError, FedMedError, ItemError
 
 __all__ = ["PredictSummary", "predict", "main"]

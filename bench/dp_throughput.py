@@ -38,7 +38,7 @@ from single_thread import ROOT  # noqa: F401,I001 - first: one BLAS thread, the 
 import torch  # noqa: E402
 
 from clients.registry import synthetic_module, task_class  # noqa: E402
-from clients.training.device import select_device  # noqa: E402
+from clients.training.trainer import select_device  # noqa: E402
 from clients.training.private_training import DpSettings  # noqa: E402
 from clients.training.site_task import TaskSettings  # noqa: E402
 

@@ -239,7 +239,7 @@ def pooled_test_auc(state: dict, data_root: Path, config: PeerConfig) -> float:
 
     from clients.cxr_cls.data import load_site  # noqa: PLC0415
     from clients.training.classification import LabelledTensors, evaluate_classifier  # noqa: PLC0415
-    from clients.training.device import select_device  # noqa: PLC0415
+    from clients.training.trainer import select_device  # noqa: PLC0415
     from models.cxr_densenet import make_cxr_densenet  # noqa: PLC0415
 
     items = [item for site in sorted(data_root.glob("hospital-*"))

@@ -42,11 +42,10 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from clients.registry import task_class  # noqa: E402
-from clients.training.device import ComputeDevice, select_device  # noqa: E402
 from clients.training.pruning import (MaskedTraining, model_cost, model_structure,  # noqa: E402
                                       shrink)
 from clients.training.site_task import TaskSettings, make_optimizer  # noqa: E402
-from clients.training.trainer import train_steps  # noqa: E402
+from clients.training.trainer import ComputeDevice, select_device, train_steps  # noqa: E402
 from strategies.plugins.pruning.prunefl import PruneFL  # noqa: E402
 
 DEFAULT_OUTPUT = ROOT / "bench" / "results" / "pruning_speed.json"

@@ -20,7 +20,7 @@ the per-pair ratio (robust to the load of a shared machine changing between
 pairs), with the ratio of medians, of bests and of CPU time alongside.
 
 On CUDA (when available) it is also measured on the GPU: ours uses AMP via
-:func:`clients.training.device.select_device`; the bare loop runs once in plain fp32 and
+:func:`clients.training.trainer.select_device`; the bare loop runs once in plain fp32 and
 once with the same autocast dtype (and GradScaler for fp16). The ratio on GPU is
 ours / bare-AMP (like for like).
 
@@ -55,7 +55,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from clients.registry import synthetic_module, task_class  # noqa: E402
-from clients.training.device import ComputeDevice, select_device  # noqa: E402
+from clients.training.trainer import ComputeDevice, select_device  # noqa: E402
 from clients.training.site_task import SiteTask, TaskSettings  # noqa: E402
 
 DEFAULT_OUTPUT = ROOT / "bench" / "results" / "trainer_throughput.json"

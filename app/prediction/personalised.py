@@ -48,7 +48,7 @@ from clients.registry import task_class
 from clients.site.decoded_cache import CACHE_DIR_NAME, load_task
 from clients.site.run_settings import SiteRunSettings
 from clients.site.state_store import SiteStateStore
-from clients.training.device import ComputeDevice
+from clients.training.trainer import ComputeDevice
 from clients.training.personalisation.local_layers import LOCAL_LAYERS, LocalLayers
 from clients.training.personalisation.site_personalisation import site_personalisation
 from strategies.wire.errors import ConfigError

@@ -53,7 +53,7 @@ from torch import nn
 from app.vertical.federation import VerticalContext, VerticalResult
 from app.vertical.messages import StageAnswer
 from clients.registry import task_class
-from clients.training.device import select_device
+from clients.training.trainer import select_device
 from clients.training.site_task import make_optimizer
 from clients.vertical.split_model import (PART, U_SHAPED, batch_key, cut_task_network,
                                           part_arrays, tensor_of)

@@ -33,7 +33,7 @@ from clients.pe_seg.data import Item
 from clients.pe_seg.slabs import SlabDataset
 from clients.prediction.items import PredictionItem
 from clients.prediction.predictor import FINDINGS, MASKS, ItemResult
-from clients.training.device import ComputeDevice
+from clients.training.trainer import ComputeDevice
 from clients.training.site_task import TaskSettings
 from strategies.wire.errors import ItemError
 

@@ -19,13 +19,12 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from clients.training.device import ComputeDevice
 from clients.pe_seg.data import load_site
 from clients.pe_seg.manifest import MANIFEST_NAME, read_manifest
 from clients.pe_seg.prediction import SegmentationPredictor
 from clients.prediction.items import PredictionItem
-from clients.training.sampling import positive_share_sampler
 from clients.training.site_task import EvalResult, SiteTask, TaskSettings, merged_report
+from clients.training.trainer import ComputeDevice, positive_share_sampler
 from clients.pe_seg.slabs import SlabDataset
 from models.monai_core import DiceCELoss, DiceMetric
 from models.unet25d import make_unet25d

@@ -19,7 +19,7 @@ from torch import nn
 
 from clients.prediction.items import PredictionItem
 from clients.prediction.predictor import PREDICTIONS, ItemResult
-from clients.training.device import ComputeDevice
+from clients.training.trainer import ComputeDevice
 from models.monai_core import compute_roc_auc
 
 __all__ = ["macro_auc", "ClassifierPredictor"]

@@ -33,7 +33,7 @@ from clients.site.privacy_charge import PrivacyCharge
 from clients.site.run_settings import SiteRunSettings
 from clients.site.site import Site
 from clients.site.site_reply import Metrics
-from clients.training.device import ComputeDevice
+from clients.training.trainer import ComputeDevice
 from clients.training.personalisation.site_personalisation import (personalised_metrics,
                                                                    site_personalisation)
 from clients.training.site_task import SiteTask

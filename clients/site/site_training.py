@@ -15,7 +15,9 @@ round's learning rate) inside each feature's training context; then
 ``delta = x_global - x_local`` (DESIGN.md's sign convention), which the features pass on
 (:meth:`~clients.site.site_feature.SiteFeature.outgoing`).
 
-Out (:func:`encode_update`): the round's codec with EF-SGD's error feedback
+Out (:func:`encode_update`): the dense update as the server reads it under codec ``none``
+(:func:`~strategies.wire.model_layout.pack_dense`, the codecs not entered); else the
+round's codec with EF-SGD's error feedback
 (Karimireddy et al. 2019, "Error feedback fixes SignSGD and other gradient
 compression schemes", Algorithm 2): ``z = e + delta``, send ``C(z)``,
 ``e <- z - decode(C(z))``. The residual ``e`` is kept in the site's state store
@@ -47,7 +49,7 @@ from clients.training.site_task import SiteTask
 from clients.training.trainer import ComputeDevice, StepHooks, TrainResult
 from strategies.wire import message_keys as keys
 from strategies.wire.codecs import ErrorFeedback, parse_spec
-from strategies.wire.model_layout import unpack_model
+from strategies.wire.model_layout import DENSE_SPEC, pack_dense, unpack_model
 from strategies.wire.seeds import site_seed
 from strategies.wire.update_codec import pack_update
 
@@ -97,10 +99,14 @@ def encode_update(delta: Sequence[np.ndarray], instruction: Instruction, state_d
     Returns
     -------
     arrays, residual_norm
-        The arrays to send (:func:`strategies.wire.update_codec.pack_update`) and
-        ``||e||_2`` after this round (0 without error feedback).
+        The arrays to send (:func:`strategies.wire.update_codec.pack_update`; under codec
+        ``none`` the dense layout written straight, the same bytes, the codecs not entered:
+        :func:`strategies.wire.model_layout.pack_dense`) and ``||e||_2`` after this round (0
+        without error feedback).
     """
     spec = instruction.codec
+    if spec == DENSE_SPEC:  # the default round: nothing to compress, no residual
+        return pack_dense(delta, instruction.codec_seed, raw=raw), 0.0
     lossy = parse_spec(spec).name != "none"
     if not (lossy and instruction.error_feedback):
         return pack_update(delta, spec, instruction.codec_seed, raw=raw), 0.0

@@ -16,7 +16,7 @@ from torch import nn
 from clients.errors import StudyError
 from clients.prediction.classifier import ClassifierPredictor
 from clients.prediction.items import PredictionItem
-from clients.training.device import ComputeDevice
+from clients.training.trainer import ComputeDevice
 
 __all__ = ["TableRowPredictor"]
 

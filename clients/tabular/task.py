@@ -37,7 +37,7 @@ from clients.tabular.prediction import TableRowPredictor
 from clients.tabular.scaling import FeatureScaling, input_names
 from clients.tabular.table import TABLE_NAME, Table, TableRow, parse_row, read_table
 from clients.training.classification import ClassificationTask, LabelledTensors
-from clients.training.device import ComputeDevice
+from clients.training.trainer import ComputeDevice
 from clients.training.site_task import TaskSettings
 from models.tabular_mlp import make_tabular_mlp
 from strategies.wire.errors import ConfigError, ItemError

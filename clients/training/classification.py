@@ -19,12 +19,11 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from clients.training.device import ComputeDevice
 from clients.manifests.load_report import LoadReport
 from clients.prediction.classifier import ClassifierPredictor, macro_auc
 from clients.training.augmentation import augmented
-from clients.training.sampling import positive_share_sampler
 from clients.training.site_task import EvalResult, SiteTask, TaskSettings, merged_report
+from clients.training.trainer import ComputeDevice, positive_share_sampler
 
 __all__ = ["LabelledTensors", "balanced_loader", "evaluate_classifier", "logit_metrics",
            "ClassificationTask"]

@@ -27,14 +27,13 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from clients.training.device import ComputeDevice
 from clients.training.task_settings import OPTIMIZERS, TaskSettings
 from clients.manifests.csv_rows import EVAL_SPLITS
 from clients.manifests.load_report import LoadReport
 from clients.prediction.items import PredictionItem, plain_folder_items
 from clients.training.private_training import (DpSettings, dp_compatible, noise_only_step,
                                                private_training)
-from clients.training.trainer import StepHooks, TrainResult, train_steps
+from clients.training.trainer import ComputeDevice, StepHooks, TrainResult, train_steps
 from strategies.wire.errors import SiteError
 
 if TYPE_CHECKING:

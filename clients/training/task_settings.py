@@ -43,7 +43,8 @@ class TaskSettings:
     the sampler draws (rare targets such as emboli would otherwise be almost
     absent from the batches): exactly that share for the classifiers (class
     balance), at least that share for segmentation (slabs with a mask are never
-    down-weighted, see :mod:`clients.training.sampling`). ``num_labels`` and ``model_size`` (``small`` |
+    down-weighted, see :func:`clients.training.trainer.positive_share_weights`).
+    ``num_labels`` and ``model_size`` (``small`` |
     ``full``) are for the classifiers, ``volume_depth`` (slices) for 3D volumes.
     ``augmentation`` (``none`` | ``light`` | ``strong``,
     :mod:`clients.training.augmentation_levels`) randomly transforms the classifiers'

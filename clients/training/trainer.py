@@ -1,33 +1,190 @@
-"""Local training loop of a site: tau SGD steps on the site's data.
+"""How a site's local steps run: on which device, from which batches, tau SGD steps.
 
-Knows nothing of Flower. It runs a fixed number of optimiser steps (the local
-work tau of local-update SGD; McMahan et al., "Communication-efficient learning
-of deep networks from decentralized data", AISTATS 2017, Alg. 1), optionally
-stopping early at a wall-clock deadline, and reports what the server-side
-aggregation needs: examples seen, steps actually done, mean training loss, and
-the loss of the incoming global model (the first batch's loss, measured before
-the first update).
+Knows nothing of Flower. Three parts, in the order a training round uses them:
+
+- **Device** (:class:`ComputeDevice`, :func:`select_device`): CUDA with AMP when
+  present, else CPU. Besides the device and the autocast precision it holds the
+  host-side settings that keep a GPU fed: pinned host memory with non-blocking
+  copies, channels-last activations for 2D convolutions (the layout cuDNN's
+  tensor-core kernels use under AMP) and DataLoader worker processes. On CPU all
+  three are off and only the thread count (``FEDMED_TORCH_THREADS``) applies.
+- **Batches** (:func:`positive_share_sampler`, :func:`positive_share_weights`):
+  training-set sampling that sets the share of positive examples in the batches.
+  Rare targets (emboli in a few slices of a CT, one class at a skewed site) would
+  hardly reach the batches under uniform sampling; the sampler draws with
+  replacement so that, in expectation, a chosen share of the drawn examples is
+  positive: each positive has weight ``share / n_pos`` and each negative
+  ``(1 - share) / n_neg``.
+- **Steps** (:func:`train_steps`, :func:`backward_step`, :func:`cycle_batches`): a
+  fixed number of optimiser steps (the local work tau of local-update SGD; McMahan
+  et al., "Communication-efficient learning of deep networks from decentralized
+  data", AISTATS 2017, Alg. 1), optionally stopping early at a wall-clock
+  deadline, reporting what the server-side aggregation needs: examples seen, steps
+  actually done, mean training loss, and the loss of the incoming global model
+  (the first batch's loss, measured before the first update).
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import os
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import nn
+from torch.utils.data import WeightedRandomSampler
 
-from clients.training.device import ComputeDevice
 from strategies.wire.errors import SiteError
 
-__all__ = ["TrainResult", "NonFiniteLossError", "StepHooks", "backward_step", "cycle_batches",
+__all__ = ["ComputeDevice", "select_device", "THREADS_ENV", "WORKERS_ENV",
+           "positive_share_weights", "positive_share_sampler",
+           "TrainResult", "NonFiniteLossError", "StepHooks", "backward_step", "cycle_batches",
            "train_steps"]
 
 log = logging.getLogger(__name__)
+
+
+# --- device: where the steps run, in which precision, how batches are fed -------------
+
+#: Environment variable: torch intra-op threads on CPU (unset or 0: torch's default).
+THREADS_ENV = "FEDMED_TORCH_THREADS"
+#: Environment variable: DataLoader worker processes (unset: 0 on CPU, min(4, cores // 2) on CUDA).
+WORKERS_ENV = "FEDMED_LOADER_WORKERS"
+
+
+@dataclass(frozen=True)
+class ComputeDevice:
+    """Where a trainer runs, in which precision, and how its batches are fed."""
+
+    #: ``cuda`` when available, else ``cpu``.
+    device: torch.device
+    #: Autocast dtype on CUDA (bfloat16 where supported, else float16); ``None`` on CPU (full
+    #: float32).
+    amp_dtype: torch.dtype | None
+    #: Run 2D convolutional models with NHWC (``torch.channels_last``) weights and inputs; on by
+    #: default on CUDA.
+    channels_last: bool = False
+    #: DataLoader worker processes for training batches (0: load in the training process).
+    loader_workers: int = 0
+
+    def __post_init__(self) -> None:
+        if self.loader_workers < 0:
+            raise ValueError(f"loader_workers must be >= 0, got {self.loader_workers}")
+
+    @property
+    def needs_grad_scaler(self) -> bool:
+        """Float16 autocast needs loss scaling; bfloat16 and float32 do not."""
+        return self.amp_dtype is torch.float16
+
+    @property
+    def pin_memory(self) -> bool:
+        """Page-locked host batches, so host-to-GPU copies can be asynchronous."""
+        return self.device.type == "cuda"
+
+    def autocast(self) -> AbstractContextManager:
+        """The autocast context of this device (a no-op in full precision)."""
+        if self.amp_dtype is None:
+            return nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.amp_dtype)
+
+    def loader_kwargs(self, workers: bool = True) -> dict[str, Any]:
+        """DataLoader keyword arguments: pinned memory, and workers when ``workers``.
+
+        Evaluation loaders pass ``workers=False``: they run once per round over
+        in-memory data, where starting worker processes costs more than it saves.
+        """
+        kwargs: dict[str, Any] = {"pin_memory": self.pin_memory}
+        if workers and self.loader_workers > 0:
+            kwargs.update(num_workers=self.loader_workers, prefetch_factor=4)
+        return kwargs
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return None
+    try:
+        number = int(value)
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, got {value!r}") from None
+    if number < 0:
+        raise ValueError(f"{name} must be >= 0, got {number}")
+    return number
+
+
+def select_device(prefer: str = "auto") -> ComputeDevice:
+    """Pick the compute device and its feeding settings.
+
+    Parameters
+    ----------
+    prefer : str
+        ``"auto"`` (CUDA if available), ``"cuda"`` or ``"cpu"``.
+
+    Raises
+    ------
+    ValueError
+        For an unknown choice, ``"cuda"`` on a machine without CUDA, or a
+        malformed ``FEDMED_TORCH_THREADS`` / ``FEDMED_LOADER_WORKERS``.
+    """
+    if prefer not in ("auto", "cuda", "cpu"):
+        raise ValueError(f"device must be 'auto', 'cuda' or 'cpu', got {prefer!r}")
+    if prefer == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' requested but CUDA is not available")
+    workers = _env_int(WORKERS_ENV)
+    if prefer != "cpu" and torch.cuda.is_available():
+        dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        if workers is None:
+            workers = min(4, (os.cpu_count() or 1) // 2)
+        return ComputeDevice(torch.device("cuda"), dtype, channels_last=True,
+                             loader_workers=workers)
+    threads = _env_int(THREADS_ENV)
+    if threads:
+        torch.set_num_threads(threads)
+    return ComputeDevice(torch.device("cpu"), None, loader_workers=workers or 0)
+
+
+# --- batches: the share of positive examples drawn ------------------------------------
+
+def positive_share_weights(n: int, positives: Sequence[int], share: float,
+                           at_least: bool = False) -> torch.Tensor:
+    """Per-example weights giving positives the expected ``share`` of the draws.
+
+    With ``at_least`` the share is ``max(share, natural share)``: positives are
+    only ever up-weighted (segmentation, where negatives are the cheap,
+    uninformative examples). Uniform when the set has no positive or no negative.
+
+    Raises
+    ------
+    ValueError
+        If ``share`` is not in ``[0, 1]``.
+    """
+    if not 0.0 <= share <= 1.0:
+        raise ValueError(f"positive share must be in [0, 1], got {share}")
+    weights = torch.ones(n, dtype=torch.double)
+    is_positive = torch.zeros(n, dtype=torch.bool)
+    is_positive[list(positives)] = True
+    n_pos = int(is_positive.sum())
+    if not 0 < n_pos < n or (at_least and n_pos / n >= share):
+        return weights
+    weights[is_positive] = share / n_pos
+    weights[~is_positive] = (1.0 - share) / (n - n_pos)
+    return weights
+
+
+def positive_share_sampler(n: int, positives: Sequence[int], share: float, seed: int,
+                           at_least: bool = False) -> WeightedRandomSampler:
+    """An epoch of ``n`` seeded draws with replacement under :func:`positive_share_weights`."""
+    return WeightedRandomSampler(positive_share_weights(n, positives, share, at_least),
+                                 num_samples=n, replacement=True,
+                                 generator=torch.Generator().manual_seed(seed))
+
+
+# --- steps: the local training loop ---------------------------------------------------
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 

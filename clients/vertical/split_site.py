@@ -53,7 +53,7 @@ from clients.site.policy import PolicyRefusal
 from clients.site.policy_check import check_training
 from clients.site.site_round import sized_request
 from clients.training.classification import logit_metrics
-from clients.training.sampling import positive_share_weights
+from clients.training.trainer import positive_share_weights
 from clients.training.site_task import EVAL_SPLITS
 from clients.vertical.split_model import U_SHAPED, batch_key, part_arrays, tensor_of
 from clients.vertical.split_state import SplitSiteState, open_state, save_state

@@ -35,7 +35,7 @@ from clients.site.run_settings import SiteRunSettings
 from clients.site.site import Site
 from clients.site.site_round import SiteTasks
 from clients.site.state_store import SiteStateStore
-from clients.training.device import ComputeDevice
+from clients.training.trainer import ComputeDevice
 from clients.training.site_task import SiteTask, TaskSettings
 from strategies.wire import message_keys as keys
 from strategies.wire.errors import ConfigError

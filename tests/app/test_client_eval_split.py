@@ -17,7 +17,7 @@ from app import client_app
 from clients.cxr_cls import manifest as cxr_manifest
 from clients.manifests.csv_rows import EVAL_SPLITS
 from clients.site.site_round import SiteTasks
-from clients.training.device import select_device
+from clients.training.trainer import select_device
 from clients.training.site_task import EvalResult
 from strategies.model_packing import pack_arrays
 from strategies.wire import message_keys as keys

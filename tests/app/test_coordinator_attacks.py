@@ -18,7 +18,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from app import client_app
 from clients.cxr_cls.task import CXRClsTask
 from clients.site.site_round import SiteTasks
-from clients.training.device import select_device
+from clients.training.trainer import select_device
 from strategies.model_packing import pack_arrays
 from strategies.wire import message_keys as keys
 from tests.app.site_messages import TYPES

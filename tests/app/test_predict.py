@@ -21,7 +21,7 @@ from clients.io.dicom_series import read_dicom_series
 from clients.io.nifti import read_nifti_mask, volume_affine_ras
 from clients.pe_seg.synthetic import SiteProfile, generate_site as generate_pe_site
 from clients.registry import task_class
-from clients.training.device import select_device
+from clients.training.trainer import select_device
 from clients.training.site_task import TaskSettings
 from strategies.wire.errors import ConfigError
 from tests.clients.small_sites import small_cxr_site

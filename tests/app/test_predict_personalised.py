@@ -27,7 +27,7 @@ from app.prediction.personalised import (federation_of, personalise, run_config_
                                          site_of)
 from clients.registry import task_class
 from clients.site.state_store import SiteStateStore
-from clients.training.device import select_device
+from clients.training.trainer import select_device
 from clients.training.personalisation.local_layers import LocalLayers, local_state_names
 from clients.training.site_task import TaskSettings
 from strategies.wire.errors import ConfigError

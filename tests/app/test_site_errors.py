@@ -16,7 +16,7 @@ from flwr.app import Context, Message, RecordDict
 from app import client_app
 from app.site_errors import error_code
 from clients.site.site_round import SiteTasks
-from clients.training.device import select_device
+from clients.training.trainer import select_device
 from clients.site.policy import PolicyRefusal, SitePolicy, load_policy
 from clients.training.site_task import EvalResult
 from strategies.wire import message_keys as keys

@@ -17,7 +17,7 @@ import torch
 
 from clients.cxr_cls.synthetic import generate_federation as generate_cxr_federation
 from clients.registry import task_class
-from clients.training.device import select_device
+from clients.training.trainer import select_device
 from clients.training.site_task import TaskSettings
 
 

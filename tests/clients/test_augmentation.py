@@ -15,7 +15,7 @@ from clients.site.site_round import SiteTasks, answer
 from clients.training.augmentation import AugmentedImages, augmented
 from clients.training.augmentation_levels import AUGMENTATIONS
 from clients.training.classification import LabelledTensors, balanced_loader
-from clients.training.device import select_device
+from clients.training.trainer import select_device
 from strategies.wire import message_keys as keys
 from strategies.wire.errors import ConfigError
 from tests.clients.site_round_fixtures import SIZES, TinyCxr, packed_global, run_settings, site

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from clients.training.classification import LabelledTensors, evaluate_classifier
-from clients.training.device import ComputeDevice
+from clients.training.trainer import ComputeDevice
 
 CPU = ComputeDevice(torch.device("cpu"), None)
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from clients.ct3d_cls.task import CT3DClsTask
-from clients.training.device import select_device
+from clients.training.trainer import select_device
 from clients.training.site_task import SiteDataError, TaskSettings
 
 SETTINGS = TaskSettings(image_size=32, volume_depth=8, batch_size=2)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from clients.cxr_cls.task import CXRClsTask
-from clients.training.device import select_device
+from clients.training.trainer import select_device
 from clients.training.site_task import SiteDataError, TaskSettings
 from clients.registry import task_class
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from clients.training.device import WORKERS_ENV, ComputeDevice, select_device
+from clients.training.trainer import WORKERS_ENV, ComputeDevice, select_device
 from clients.pe_seg.task import PESegTask
 from clients.training.site_task import TaskSettings
 

@@ -11,7 +11,7 @@ from app.config.run_config import RunConfig
 from clients.site.instruction import Instruction
 from clients.site.run_settings import SiteRunSettings
 from clients.site.site_round import SiteTasks, answer
-from clients.training.device import select_device
+from clients.training.trainer import select_device
 from clients.training.lr_schedule import round_lr
 from strategies.wire import message_keys as keys
 from strategies.wire.errors import ConfigError

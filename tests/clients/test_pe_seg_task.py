@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from clients.training.device import select_device
+from clients.training.trainer import select_device
 from clients.pe_seg.task import PESegTask
 from clients.training.site_task import SiteDataError, TaskSettings, make_optimizer
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from clients.training.device import ComputeDevice
+from clients.training.trainer import ComputeDevice
 from clients.training.personalisation.per_fedavg_fo import per_fedavg_fo_steps
 
 CPU = ComputeDevice(torch.device("cpu"), None)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from clients.training.device import select_device
+from clients.training.trainer import select_device
 from clients.training.personalisation.site_personalisation import (SITE_PERSONALISATION,
                                                                    SitePersonalisation,
                                                                    personalised_metrics,

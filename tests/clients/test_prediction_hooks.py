@@ -15,7 +15,7 @@ from clients.prediction.classifier import ClassifierPredictor
 from clients.prediction.items import PredictionItem
 from clients.prediction.predictor import OUTPUTS
 from clients.registry import TASKS, task_class
-from clients.training.device import select_device
+from clients.training.trainer import select_device
 from clients.training.site_task import TaskSettings
 from strategies.wire.run_keys import RUN_KEYS
 

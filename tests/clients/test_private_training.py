@@ -10,7 +10,7 @@ from opacus import GradSampleModule
 from torch import nn
 
 from clients.registry import task_class
-from clients.training.device import select_device
+from clients.training.trainer import select_device
 from clients.training.private_training import (GRAD_SAMPLE_MODES, DpSettings, dp_compatible,
                                                noise_only_step, poisson_sample_rate,
                                                private_training)

@@ -16,7 +16,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from clients.cxr_cls.task import CXRClsTask
 from clients.training.classification import LabelledTensors
-from clients.training.device import select_device
+from clients.training.trainer import select_device
 from clients.training.private_training import DpSettings
 from clients.training.site_task import TaskSettings
 from strategies.compression import ErrorFeedback

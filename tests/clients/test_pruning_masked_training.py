@@ -12,11 +12,10 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from clients.registry import task_class
-from clients.training.device import select_device
 from clients.training.private_training import DpSettings, noise_only_step, private_training
 from clients.training.pruning import MaskedTraining, PruningSurgeryError
 from clients.training.site_task import TaskSettings, make_optimizer
-from clients.training.trainer import train_steps
+from clients.training.trainer import select_device, train_steps
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 CPU = select_device("cpu")

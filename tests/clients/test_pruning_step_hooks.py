@@ -7,9 +7,8 @@ import copy
 import torch
 from torch import nn
 
-from clients.training.device import select_device
 from clients.training.personalisation.per_fedavg_fo import per_fedavg_fo_steps
-from clients.training.trainer import backward_step, train_steps
+from clients.training.trainer import backward_step, select_device, train_steps
 
 
 class Recorder:

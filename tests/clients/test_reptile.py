@@ -12,9 +12,8 @@ import pytest
 import torch
 from torch import nn
 
-from clients.training.device import ComputeDevice
 from clients.training.personalisation.reptile import reptile_meta_step, reptile_train
-from clients.training.trainer import TrainResult, train_steps
+from clients.training.trainer import ComputeDevice, TrainResult, train_steps
 
 CPU = ComputeDevice(torch.device("cpu"), None)
 C, ETA = 1.0, 0.1

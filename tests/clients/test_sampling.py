@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from clients.training.sampling import positive_share_sampler, positive_share_weights
+from clients.training.trainer import positive_share_sampler, positive_share_weights
 
 
 def _share(weights: torch.Tensor, positives: list[int]) -> float:

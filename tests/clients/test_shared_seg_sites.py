@@ -173,7 +173,7 @@ def test_msd_patches_round_trip_through_dicom_and_window(msd_sites) -> None:
 
 
 def test_msd_site_trains_with_slab_one(msd_sites) -> None:
-    from clients.training.device import select_device
+    from clients.training.trainer import select_device
     from clients.pe_seg.task import PESegTask
     from clients.training.site_task import TaskSettings
 

@@ -21,7 +21,7 @@ from clients.site.policy import DpRules, PolicyRefusal, SitePolicy, VerticalRule
 from clients.site.site import Site
 from clients.site.site_round import SiteTasks
 from clients.training.classification import ClassificationTask, LabelledTensors
-from clients.training.device import ComputeDevice
+from clients.training.trainer import ComputeDevice
 from clients.training.site_task import SiteTask, TaskSettings
 from clients.vertical import split_site
 from clients.vertical.split_model import cut_task_network, load_part, part_arrays

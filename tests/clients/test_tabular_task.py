@@ -15,7 +15,7 @@ from clients.registry import task_class
 from clients.tabular.heart_variables import HEART_FEATURES
 from clients.tabular.synthetic import generate_federation, patient_rows, site_profiles
 from clients.tabular.task import TabularClsTask
-from clients.training.device import select_device
+from clients.training.trainer import select_device
 from clients.training.site_task import SiteDataError, TaskSettings
 from strategies.wire.errors import ConfigError
 

@@ -23,7 +23,7 @@ from clients.cxr_cls.task import CXRClsTask
 from clients.pe_seg import manifest as pe_manifest
 from clients.pe_seg.task import PESegTask
 from clients.site.decoded_cache import load_task
-from clients.training.device import select_device
+from clients.training.trainer import select_device
 from clients.training.site_task import SiteDataError, TaskSettings
 from tests.clients.small_sites import small_cxr_site
 

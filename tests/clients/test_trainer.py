@@ -8,8 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from clients.training.device import select_device
-from clients.training.trainer import NonFiniteLossError, train_steps
+from clients.training.trainer import NonFiniteLossError, select_device, train_steps
 
 
 def _data(n_batches: int = 3, batch: int = 4):

@@ -29,9 +29,8 @@ from contextlib import nullcontext
 import torch
 from torch import nn
 
-from clients.training.device import ComputeDevice
-from clients.training.trainer import (LossFn, NonFiniteLossError, StepHooks, TrainResult,
-                                      cycle_batches)
+from clients.training.trainer import (ComputeDevice, LossFn, NonFiniteLossError, StepHooks,
+                                      TrainResult, cycle_batches)
 
 __all__ = ["per_fedavg_fo_steps"]
 

@@ -47,10 +47,9 @@ from torch import nn
 
 from clients.site.run_settings import SiteRunSettings
 from clients.site.site_feature import LocalTraining, SiteFeature
-from clients.training.device import ComputeDevice
 from clients.training.private_training import DpSettings
 from clients.training.site_task import SiteTask
-from clients.training.trainer import TrainResult
+from clients.training.trainer import ComputeDevice, TrainResult
 from strategies.wire.personalisation_gain import PERSONALISED
 from strategies.wire.personalisation_options import CHOICE_KEY, PersonalisationOptions
 from strategies.wire.plugin_options import PluginError

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from clients.site.site_round import SiteTasks
-from clients.training.device import select_device
+from clients.training.trainer import select_device
 from tests.clients.site_round_fixtures import TinyCxr
 
 

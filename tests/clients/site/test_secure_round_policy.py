@@ -16,7 +16,7 @@ from clients.site.instruction import Instruction
 from clients.site.policy import PolicyRefusal, SecAggRules, SitePolicy
 from clients.site.secure_state import STATE_FILE
 from clients.site.site_round import SiteTasks, answer
-from clients.training.device import select_device
+from clients.training.trainer import select_device
 from strategies.wire import message_keys as keys
 from strategies.wire.secure_aggregation.settings import RoundPlan
 from tests.app.site_messages import instruction as message

@@ -16,7 +16,7 @@ from torch import nn
 
 from clients.site.run_settings import SiteRunSettings
 from clients.site.state_store import SiteStateStore
-from clients.training.device import ComputeDevice
+from clients.training.trainer import ComputeDevice
 from clients.training.personalisation.local_layers import LocalLayers, local_state_names
 from clients.training.personalisation.methods.none import NoPersonalisation
 from clients.training.personalisation.site_personalisation import (SITE_PERSONALISATION,

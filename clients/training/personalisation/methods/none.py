@@ -9,12 +9,11 @@ import numpy as np
 from torch import nn
 
 from clients.site.run_settings import SiteRunSettings
-from clients.training.device import ComputeDevice
 from clients.training.personalisation.site_personalisation import (SITE_PERSONALISATION,
                                                                    Adaptation)
 from clients.training.private_training import DpSettings
 from clients.training.site_task import SiteTask
-from clients.training.trainer import TrainResult
+from clients.training.trainer import ComputeDevice, TrainResult
 from strategies.wire.personalisation_options import PersonalisationOptions
 
 __all__ = ["NoPersonalisation"]
