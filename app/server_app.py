@@ -57,7 +57,7 @@ from strategies.rounds.checkpoint import (
     run_folder,
     save_checkpoint,
 )
-from strategies.plugins.defences.defended import with_defence
+from strategies.rounds.update_stream import with_defence
 from strategies.plugins.pruning.pruning_round import PruningRound
 from strategies.rounds.active_features import active_features
 from strategies.rounds.federated_strategy import FederatedStrategy

@@ -5,9 +5,10 @@ Holds the global model, the last finished round, the composed strategy's state
 counts and random state, known site sizes and losses), the ServerApp's best round
 so far (``best``: plain values and its arrays, for best-model selection), how many
 rounds so far aggregated an update (``aggregated_rounds``: a resumed federation
-that aggregated nothing over all its rounds fails, :mod:`app.tracking.refusals`), the
-MLflow run id and the run config, so a resumed federation continues in the same
-MLflow run and only with the settings it was started with.
+that aggregated nothing over all its rounds fails,
+:func:`app.tracking.tracker.require_aggregation`), the MLflow run id and the run
+config, so a resumed federation continues in the same MLflow run and only with the
+settings it was started with.
 
 Checkpoints are kept per federation: ``<checkpoint-dir>/<mlflow run id>/``
 (:func:`run_folder`), a folder created ``0700`` and checked before anything in
@@ -36,7 +37,9 @@ None, bool, int, float and str are themselves.
 
 A class whose objects lost an attribute declares it in ``retired_state`` (attribute ->
 its neutral value): an older checkpoint's attribute is skipped while it holds that value
-(a feature it did not use), refused as unknown otherwise.
+(a feature it did not use), refused as unknown otherwise. A class that moved to another
+module declares the names older checkpoints saved it under in ``former_types``
+(``module.Class`` each): such a node restores onto it as under its own name.
 """
 
 from __future__ import annotations
@@ -180,7 +183,7 @@ def _restore_object(node: dict, arrays: dict[str, np.ndarray], template: Any,
     attrs = node["v"]
     if template is None:  # inspection only: the attributes, no object built
         return {k: decode_tree(x, arrays, None, f"{where}.{k}") for k, x in attrs.items()}
-    if _type_name(template) != node.get("type"):
+    if node.get("type") not in (_type_name(template), *getattr(template, "former_types", ())):
         raise StateTreeError(f"{where}: saved {node.get('type')}, the run config builds "
                              f"{_type_name(template)}")
     current = vars(template)

@@ -15,10 +15,10 @@ and, each round (:class:`RoundStatistics`):
    negative is refused whole (:meth:`RoundStatistics.reply_problem`): a site's own
    variances are >= 0, so no honest site sends it;
 1. **robust rule** (when a defence is on: the aggregator is a
-   :class:`~strategies.plugins.defences.defended.DefendedAggregator`): the
+   :class:`~strategies.rounds.update_stream.DefendedAggregator`): the
    coordinate-wise median of the statistics updates of the replies the defence
    kept replaces the aggregator's weighted mean at those positions (Yin et al.,
-   ICML 2018, Def. 1, :func:`strategies.robust.median.coordinate_median`;
+   ICML 2018, Def. 1, :func:`strategies.robust.coordinate_median`;
    unweighted, so a claimed example count buys no weight, and fewer than half the
    sites cannot move it).
    With two sites the median is their mean, hence step 2. The defence and the
@@ -49,9 +49,8 @@ from logging import WARNING
 import numpy as np
 from flwr.supercore import log
 
-from strategies.replies import TrainReply
-from strategies.robust.median import coordinate_median
-from strategies.rounds.reply_intake import ReplySink
+from strategies.robust import coordinate_median
+from strategies.rounds.reply_intake import ReplySink, TrainReply
 
 __all__ = ["COUNTER", "MEAN", "VARIANCE", "RoundStatistics", "StatisticPositions"]
 

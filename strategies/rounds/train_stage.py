@@ -43,7 +43,6 @@ from flwr.supercore import log
 
 from strategies.aggregation import apply_update
 from strategies.compression import parse_spec
-from strategies.plugins.defences.defended import DefendedAggregator
 from strategies.wire import message_keys as keys
 from strategies.wire.errors import FederationError
 from strategies.wire.local_solver import LocalSolver
@@ -51,10 +50,9 @@ from strategies.plugins.protocols import (Aggregator, CodecRate, Schedule, Selec
                                           ServerOptimizer)
 from strategies.plugins.schedules.codec_rate import SiteRound
 from strategies.plugins.server_opt.sgd import ServerSGD
-from strategies.replies import TrainReply
 from strategies.rounds.instructions import TrainPlan, Uplink, train_messages
 from strategies.rounds.normalisation_statistics import RoundStatistics, StatisticPositions
-from strategies.rounds.reply_intake import Cap, ReplyIntake, Taken
+from strategies.rounds.reply_intake import Cap, ReplyIntake, Taken, TrainReply
 from strategies.rounds.round_feature import RoundFeature, RoundReplies
 from strategies.rounds.round_metrics import aggregated_replies, example_weighted_metrics
 from strategies.rounds.round_policy import RoundPolicy
@@ -62,7 +60,8 @@ from strategies.rounds.round_report import RoundReport
 from strategies.rounds.site_book import SiteBook
 from strategies.rounds.site_selection import SelectionContext, query_losses, record_selection
 from strategies.rounds.traffic import bytes_down, record_traffic
-from strategies.rounds.update_stream import AggregateOutcome, DEFAULT_MAX_HELD_MB, UpdateStream
+from strategies.rounds.update_stream import (AggregateOutcome, DEFAULT_MAX_HELD_MB,
+                                             DefendedAggregator, UpdateStream)
 
 __all__ = ["OFFLINE", "NoValidRepliesError", "TrainStage", "site_rounds", "trained_arrays"]
 

@@ -18,9 +18,9 @@ import pytest
 
 from strategies.aggregation import fedavg_delta, fednova_delta
 from strategies.plugins.aggregators.fedavg import FedAvgAggregator
-from strategies.plugins.defences.defended import with_defence
+from strategies.rounds.update_stream import with_defence
 from strategies.plugins.defences.norm_bound import NormBoundDefence
-from strategies.replies import TrainReply
+from strategies.rounds.reply_intake import TrainReply
 
 ENTRIES = 250_000  # float32: 1 MB per update
 

@@ -10,10 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from strategies.plugins.registries import AGGREGATORS, SCHEDULES, SELECTORS, SERVER_OPTIMIZERS
+from strategies.plugins.registries import (AGGREGATORS, DEFENCES, SCHEDULES, SELECTORS,
+                                           SERVER_OPTIMIZERS)
 from strategies.rounds.checkpoint import CHECKPOINT_FILE, CheckpointError, ServerCheckpoint
 from strategies.rounds.checkpoint import find_checkpoint, load_checkpoint, run_folder
 from strategies.rounds.checkpoint import safe_name, save_checkpoint
+from strategies.rounds.checkpoint import StateTreeError, decode_tree, encode_tree
+from strategies.rounds.update_stream import with_defence
 
 CONFIG = {"task": "pe-seg", "strategy.aggregator": "fednova", "lr": 0.01, "resume": False}
 
@@ -156,3 +159,24 @@ def test_run_folders_are_private_and_checked(tmp_path: Path):
         load_checkpoint(path, CONFIG)
     os.chmod(path.parent, 0o700)
     assert load_checkpoint(path, CONFIG).server_round == 4
+
+
+def test_a_class_that_moved_restores_from_a_checkpoint_under_its_former_name(tmp_path: Path):
+    """The default defence's aggregator (DefendedAggregator, saved as
+    strategies.plugins.defences.defended.DefendedAggregator before it moved into
+    strategies.rounds.update_stream) resumes onto the run's object."""
+    def defended():
+        return with_defence(DEFENCES.create("norm-bound"), AGGREGATORS.create("fedavg"))
+
+    saved = defended()
+    saved.defence.history = [[1.5, 2.0]]
+    tree, arrays = encode_tree({"aggregator": saved})
+    node = tree["v"][0][1]
+    assert node["type"] == "strategies.rounds.update_stream.DefendedAggregator"
+    node["type"] = "strategies.plugins.defences.defended.DefendedAggregator"
+    fresh = defended()
+    restored = decode_tree(tree, arrays, {"aggregator": fresh})["aggregator"]
+    assert restored is fresh and vars(restored.defence) == vars(saved.defence)
+    node["type"] = "strategies.plugins.defences.elsewhere.DefendedAggregator"
+    with pytest.raises(StateTreeError, match="elsewhere"):
+        decode_tree(tree, arrays, {"aggregator": defended()})

@@ -21,9 +21,9 @@ from app.engine import InProcessGrid, VirtualSite
 from app.engine.attacks import SiteAttack, attacking_site
 from app.server_app import build_strategy
 from strategies.aggregation import RunningSum
-from strategies.plugins.defences.defended import DefendedAggregator
+from strategies.rounds.update_stream import DefendedAggregator
 from strategies.plugins.defences.norm_bound import NormBoundDefence, NormBoundOptions
-from strategies.replies import TrainReply
+from strategies.rounds.reply_intake import TrainReply
 from strategies.wire.plugin_options import PluginError
 from strategies.rounds.checkpoint import (CHECKPOINT_FILE, ServerCheckpoint, load_checkpoint,
                                           run_folder, save_checkpoint)

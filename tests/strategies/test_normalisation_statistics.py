@@ -11,12 +11,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from strategies.plugins.defences.defended import with_defence
 from strategies.plugins.defences.norm_bound import NormBoundDefence
 from strategies.plugins.registries import AGGREGATORS
-from strategies.replies import TrainReply
+from strategies.rounds.reply_intake import TrainReply
 from strategies.rounds.normalisation_statistics import RoundStatistics, StatisticPositions
-from strategies.rounds.update_stream import UpdateStream
+from strategies.rounds.update_stream import UpdateStream, with_defence
 
 KEYS = ["conv.weight", "bn.running_mean", "bn.running_var", "bn.num_batches_tracked"]
 REFERENCE = [np.zeros(2, np.float32), np.zeros(2, np.float32), np.ones(2, np.float32),

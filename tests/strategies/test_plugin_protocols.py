@@ -8,7 +8,7 @@ from typing import Generic, Protocol
 
 import pytest
 
-from strategies.plugins.defences.defended import DefendedAggregator
+from strategies.rounds.update_stream import DefendedAggregator
 from strategies.wire.codecs.registry import CODECS, UpdateCodec
 from strategies.plugins.protocols import (
     Aggregator,

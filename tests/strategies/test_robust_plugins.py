@@ -12,7 +12,7 @@ import pytest
 
 from app.config.run_config import RunConfig
 from strategies.aggregation import fedavg_delta, fednova_delta
-from strategies.plugins.defences.defended import DefendedAggregator, with_defence
+from strategies.rounds.update_stream import DefendedAggregator, with_defence
 from strategies.plugins.run_settings import RunSettings
 from strategies.wire.plugin_options import PluginError
 from strategies.plugins.registries import (
@@ -22,7 +22,7 @@ from strategies.plugins.registries import (
     default_sections,
     parse_sections,
 )
-from strategies.replies import TrainReply
+from strategies.rounds.reply_intake import TrainReply
 from strategies.robust import coordinatewise, update_norm
 
 SETTINGS = RunSettings(local_steps=5, num_rounds=3, fraction_train=1.0, min_nodes=2, seed=0,

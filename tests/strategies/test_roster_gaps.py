@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from strategies.plugins.defences.defended import with_defence
+from strategies.rounds.update_stream import with_defence
 from strategies.plugins.registries import AGGREGATORS, DEFENCES
-from strategies.replies import TrainReply
+from strategies.rounds.reply_intake import TrainReply
 from strategies.rounds.round_metrics import aggregated_replies
 from strategies.rounds.site_book import SiteBook
 from strategies.wire import message_keys as keys

@@ -17,7 +17,7 @@ from app.server_app import build_strategy
 from strategies.compression import encode
 from strategies.plugins.control_variates.control_variate_round import ControlVariateRound
 from strategies.plugins.control_variates.scaffold import Scaffold
-from strategies.plugins.defences.defended import with_defence
+from strategies.rounds.update_stream import with_defence
 from strategies.plugins.registries import AGGREGATORS, DEFENCES
 from strategies.rounds.reply_intake import TrainReply
 from strategies.rounds.instructions import TrainPlan

@@ -16,13 +16,12 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from strategies.aggregation import fedavg_delta, fednova_delta
-from strategies.plugins.defences.defended import with_defence
 from strategies.plugins.defences.multi_krum import MultiKrumDefence
 from strategies.plugins.defences.norm_bound import NormBoundDefence
 from strategies.plugins.registries import AGGREGATORS
-from strategies.replies import TrainReply
+from strategies.rounds.reply_intake import TrainReply
 from strategies.rounds.round_policy import RoundPolicy
-from strategies.rounds.update_stream import UpdateStream
+from strategies.rounds.update_stream import UpdateStream, with_defence
 from strategies.wire import message_keys as keys
 from strategies.wire.errors import ConfigError
 from strategies.wire.update_codec import pack_update

@@ -19,7 +19,7 @@ reply's update thus enters the aggregate with at most ``1 / f`` times the weight
 a full round's (legitimate partial work at a deadline below ``f tau`` is
 under-weighted the same way), and the floored a-norm is tracked as
 ``a-norm-floored/<site>`` with a warning naming the site and the rule. The defence
-in front (:mod:`strategies.plugins.defences.defended`) measures the update as it
+in front (:mod:`strategies.rounds.update_stream`) measures the update as it
 enters the aggregate, ``(tau / ||a_i||_1) delta_i`` (:meth:`FedNovaAggregator.update_scale`),
 not ``delta_i``.
 

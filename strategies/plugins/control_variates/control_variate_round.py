@@ -23,7 +23,7 @@ The defence (issue #45): ``Delta c_i`` is a second channel of the reply, chosen 
 like its update, so it is defended and combined like the update
 (:meth:`ControlVariateRound.defended`). The decoded ``Delta c_i`` go through the plug-in's
 :attr:`~strategies.plugins.control_variates.scaffold.Scaffold.defence`, a copy of the run's
-``strategy.defence`` (:func:`~strategies.plugins.defences.defended.split_defence`) with its
+``strategy.defence`` (:func:`~strategies.rounds.update_stream.split_defence`) with its
 own state: with ``norm-bound`` each is clipped to ``M``, the smallest of ``absolute``,
 ``kappa`` x the lower median of the round's ``Delta c_i`` norms and ``history-kappa`` x the
 median of the ``Delta c_i`` norms accepted in the last rounds (Sun et al. 2019, eq. 1;
@@ -57,9 +57,9 @@ from flwr.app import Array, ArrayRecord, MessageType
 from flwr.supercore import log
 
 from strategies.compression import ErrorFeedback, decode, parse_spec
-from strategies.plugins.defences.defended import split_defence
+from strategies.rounds.update_stream import split_defence
 from strategies.plugins.protocols import Aggregator, ControlVariates, Info
-from strategies.replies import TrainReply
+from strategies.rounds.reply_intake import TrainReply
 from strategies.robust import update_norm
 from strategies.rounds.instructions import Instructions, TrainPlan
 from strategies.rounds.round_feature import RoundFeature, RoundReplies

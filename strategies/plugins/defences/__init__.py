@@ -7,6 +7,6 @@ normalisation), and returns values to track (per-site clip factors, which sites
 were kept); ``observe(accepted_norms)`` lets it learn from the round once it is
 aggregated (norm-bound's history of accepted norms). It composes with any
 aggregator's weights (FedAvg, FedNova, trimmed mean, median) through
-:func:`strategies.plugins.defences.defended.with_defence`. ``none`` keeps the
+:func:`strategies.rounds.update_stream.with_defence`. ``none`` keeps the
 replies as they are.
 """
