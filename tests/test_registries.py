@@ -16,7 +16,7 @@ from clients.training.lr_schedule import LR_SCHEDULES
 from clients.training.task_settings import OPTIMIZERS
 from strategies.downlink import DOWNLINK_CODECS, DownlinkCodecError
 from strategies.plugins.pruning.prunefl import REPORT_CODECS
-from strategies.rounds.site_metric_score import ROBUST_RULES
+from strategies.robust import ROBUST_RULES
 from strategies.wire.codecs.errors import CodecError
 from strategies.wire.codecs.registry import CODECS
 from strategies.wire.errors import ConfigError, FedMedError

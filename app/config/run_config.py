@@ -38,7 +38,7 @@ from strategies.plugins.registries import (
     default_sections,
     parse_sections,
 )
-from strategies.rounds.site_metric_score import SCORE_RULES
+from strategies.robust import SCORE_RULES
 from strategies.wire.run_keys import check as check_key
 from strategies.wire.run_keys import run_key, typed
 from strategies.wire.vertical_options import VerticalOptions, split_vertical

@@ -11,7 +11,7 @@ The score of a round (run config ``best-round.aggregate``, :func:`score_rule`):
 ``mean``, the example-weighted mean ``RoundReport.evaluate_aggregate`` (one site
 reporting 1e6 or an in-range 0.99 decides it); ``median`` or ``trimmed-mean``,
 unweighted robust rules over the sites' finite values
-(:mod:`strategies.rounds.site_metric_score`); ``auto`` (the default), the median
+(:mod:`strategies.robust`); ``auto`` (the default), the median
 whenever a defence is on (``strategy.defence`` not ``none``, or a robust
 aggregator), else the mean. The median ignores the example counts on purpose:
 they are self-reported too. The selecting value is the one logged as
@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from strategies.plugins.registries import AGGREGATORS
-from strategies.rounds.site_metric_score import ROBUST_RULES
+from strategies.robust import ROBUST_RULES
 
 __all__ = ["BestRound", "score_rule"]
 

@@ -20,7 +20,7 @@ Every way to extend the product is an instance of :class:`Registry`:
   (:data:`strategies.downlink.DOWNLINK_CODECS`, PruneFL's ``REPORT_CODECS``, SecAgg+'s
   :data:`strategies.wire.secure_aggregation.vector.SUMMABLE_CODECS`);
 * the best round's robust score rules
-  (:data:`strategies.rounds.site_metric_score.ROBUST_RULES`).
+  (:data:`strategies.robust.ROBUST_RULES`).
 
 An entry joins a registry in one of three ways:
 

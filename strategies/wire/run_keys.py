@@ -204,7 +204,7 @@ RUN_KEYS: Mapping[str, RunKey] = _keys(
     RunKey("early-stopping.patience", 0, "server", _NON_NEGATIVE),
     RunKey("early-stopping.min-delta", 0.0, "server", _NON_NEGATIVE),
     RunKey("best-round.aggregate", "auto", "server",
-           registry="strategies.rounds.site_metric_score.SCORE_RULES"),
+           registry="strategies.robust.SCORE_RULES"),
     RunKey("initial-model", "", "server"),
     RunKey("final-evaluation", True, "server"),
     RunKey("cross-site.finetune-steps", 2, "server",

@@ -19,7 +19,7 @@ from app.server_app import RoundRecorder
 from app.tracking import BestRound
 from app.tracking.best_round import score_rule
 from strategies.rounds.round_report import RoundReport
-from strategies.rounds.site_metric_score import site_median, site_trimmed_mean
+from strategies.robust import site_median, site_trimmed_mean
 from tests.app.test_best_round import _arrays, _recorder
 from tests.fixtures.scripted_site import ScriptedSite
 

@@ -4,10 +4,10 @@ Blanchard, El Mhamdi, Guerraoui, Stainer, *Machine Learning with Adversaries:
 Byzantine Tolerant Gradient Descent*, NeurIPS 2017, Sec. 4: with ``n``
 updates of which at most ``f`` are Byzantine, score each by the sum of squared
 distances to its ``n - f - 2`` nearest neighbours and keep the ``m`` of lowest
-score (:mod:`strategies.robust.multi_krum`). The kept replies are then
+score (:func:`strategies.robust.krum_scores`). The kept replies are then
 aggregated with the aggregator's own weights (FedAvg, FedNova), which is
 Multi-Krum's average when the aggregator is FedAvg. Distances use the
-floating-point arrays (:mod:`strategies.robust.updates`) of the updates as the
+floating-point arrays (:func:`strategies.robust.float_stack`) of the updates as the
 aggregator takes them in (``filter``'s ``scales``: FedNova's normalised update).
 
 With fewer replies than the options assume, ``f`` is lowered to ``n - 1`` and
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from strategies.plugins.registries import DEFENCES
-from strategies.replies import TrainReply
+from strategies.rounds.reply_intake import TrainReply
 from strategies.robust import float_stack, krum_scores, lowest_scores
 from strategies.wire.plugin_options import Plugin, PluginOptions, option
 

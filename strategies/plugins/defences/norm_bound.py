@@ -5,7 +5,7 @@ NeurIPS FL workshop 2019, Sec. 3: each update is scaled to
 
     Delta_k * min(1, M / ||Delta_k||_2)                                   (1)
 
-with ``M`` the smallest of (:mod:`strategies.robust.norm_bound`):
+with ``M`` the smallest of (:func:`strategies.robust.round_bound`):
 
 * ``norm-bound.absolute`` (0: none);
 * ``norm-bound.kappa`` x the **lower median** of the round's update norms (0: none;
@@ -59,7 +59,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from strategies.plugins.registries import DEFENCES
-from strategies.replies import TrainReply
+from strategies.rounds.reply_intake import TrainReply
 from strategies.robust import NormBound, clip_factors, history_reference, scaled, update_norm
 from strategies.wire.plugin_options import Plugin, PluginOptions, option
 
