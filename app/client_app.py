@@ -11,8 +11,9 @@ round checks the request against the policy, does the work and returns numpy
 arrays and python numbers, which go back as the reply's ``delta``, ``metrics`` and
 ``site`` records (:mod:`strategies.wire.message_keys`), and a SecAgg+ stage's protocol
 entries as the ``secagg`` record (:mod:`clients.site.secure_round`). Every failure, a policy refusal
-included, leaves as a sanitised error reply (:mod:`app.site_errors`): a fixed code,
-the exception type, never its text.
+included, leaves as a sanitised error reply: each handler is wrapped by
+:func:`sanitised`, whose reply :func:`app.site_errors.error_reply` builds (a fixed code,
+the exception type, never its text; the site runtime builds its own the same way).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricR
 from flwr.clientapp import ClientApp
 
 from app.config.site_config import SiteConfig
-from app.site_errors import sanitised
+from app.site_errors import error_reply
 from clients.site.instruction import Instruction
 from clients.site.run_settings import SiteRunSettings
 from clients.site.site import Site
@@ -52,6 +53,22 @@ if not _progress.handlers:
 
 #: The tasks this process has loaded and its device (one SuperNode process, many messages).
 _TASKS = SiteTasks()
+
+Handler = Callable[[Message, Context], Message]
+
+
+def sanitised(handler: Handler) -> Handler:
+    """Wrap a ClientApp handler: any exception becomes :func:`~app.site_errors.error_reply`
+    (an exception that reached Flower would put its text into the reply)."""
+
+    @functools.wraps(handler)
+    def wrapped(msg: Message, context: Context) -> Message:
+        try:
+            return handler(msg, context)
+        except Exception as exc:  # noqa: BLE001 - every failure leaves as a sanitised reply
+            return error_reply(msg, context, exc)
+
+    return wrapped
 
 
 #: The sites this process has resolved: a SuperNode's node_config is fixed for the process

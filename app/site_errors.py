@@ -4,17 +4,20 @@ An exception's text can hold a path (``PermissionError: [Errno 13] ...
 /data/study-0042/dicom``) or a patient detail; it stays in the site's own log.
 The reply carries only the site's name, a fixed code per error class, the
 exception's type name and, for a policy refusal, the rule's name (a policy
-key such as ``min-batch-size``). :func:`sanitised` wraps each ClientApp
-handler so that no exception, expected or not, reaches Flower, which would
-put its text into the reply.
+key such as ``min-batch-size``). Two answer a site's messages and build their error
+replies here: the ClientApp (:func:`app.client_app.sanitised` wraps each handler so
+that no exception, expected or not, reaches Flower, which would put its text into the
+reply) and the hospital's site runtime (:mod:`app.site_runtime.runtime_round`: a
+message it refuses or a worker that fails), whose egress filter lets an error reply
+leave only with one of :data:`ERROR_CODES` and a reason of :func:`error_reply`'s forms
+(:mod:`app.site_runtime.egress_records`). The runtime imports this module and not the
+ClientApp's, which is the app it runs in its sandboxed worker.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import re
-from collections.abc import Callable
 
 from flwr.app import Context, Error, Message
 
@@ -23,7 +26,7 @@ from clients.site.policy import PolicyRefusal
 from strategies.wire import message_keys as keys
 from strategies.wire.errors import ConfigError, ItemError, SiteError
 
-__all__ = ["ERROR_CODES", "error_code", "error_reply", "sanitised"]
+__all__ = ["ERROR_CODES", "error_code", "error_reply"]
 
 log = logging.getLogger("clients.site")
 
@@ -36,8 +39,6 @@ ERROR_CODES: tuple[tuple[type[BaseException], int], ...] = (
     (Exception, 4000),
 )
 _RULE = re.compile(r"[a-z][a-z0-9.\-]*")
-
-Handler = Callable[[Message, Context], Message]
 
 
 def error_code(exc: BaseException) -> int:
@@ -68,15 +69,3 @@ def error_reply(msg: Message, context: Context, exc: Exception) -> Message:
         reason = f"site {name}: {type(exc).__name__} (details in the site's log)"
     return Message(Error(code=code, reason=reason), reply_to=msg)
 
-
-def sanitised(handler: Handler) -> Handler:
-    """Wrap a ClientApp handler: any exception becomes :func:`error_reply`."""
-
-    @functools.wraps(handler)
-    def wrapped(msg: Message, context: Context) -> Message:
-        try:
-            return handler(msg, context)
-        except Exception as exc:  # noqa: BLE001 - every failure leaves as a sanitised reply
-            return error_reply(msg, context, exc)
-
-    return wrapped
