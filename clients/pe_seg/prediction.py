@@ -1,6 +1,6 @@
 """PE segmentation of one CT study with a 2.5D model, back on the DICOM series' own grid.
 
-The study is cut exactly as in training (:class:`clients.pe_seg.slabs.SlabDataset`:
+The study is cut exactly as in training (:class:`clients.pe_seg.task.SlabDataset`:
 CTPA window, in-plane resize to the model's ``image size``, ``slab`` neighbouring
 slices as channels, edge slices replicated); the model predicts the centre
 slice of every slab. The per-slice probabilities are resized back to the
@@ -30,7 +30,7 @@ from torch.utils.data import DataLoader
 from clients.io.dicom_series import CTVolume, read_dicom_series
 from clients.io.nifti import read_nifti_mask, write_nifti_mask
 from clients.pe_seg.data import Item
-from clients.pe_seg.slabs import SlabDataset
+from clients.pe_seg.task import SlabDataset
 from clients.prediction.items import PredictionItem
 from clients.prediction.predictor import FINDINGS, MASKS, ItemResult
 from clients.training.trainer import ComputeDevice

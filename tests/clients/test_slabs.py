@@ -1,4 +1,4 @@
-"""Tests for clients.pe_seg.slabs: CT windowing and 2.5D slab samples."""
+"""Tests for clients.pe_seg.task.SlabDataset: CT windowing and 2.5D slab samples."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from clients.pe_seg.data import Item, load_site
 from clients.io.windowing import window_ct
-from clients.pe_seg.slabs import SlabDataset
+from clients.pe_seg.task import SlabDataset
 
 
 def _study(study_id: str, num_slices: int, size: int = 16) -> Item:
