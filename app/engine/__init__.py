@@ -7,9 +7,8 @@ No SuperLink, no Ray, no subprocess: small runs (``make simulate ENGINE=local``)
 the benchmarks and the tests. Ray stays the engine at scale (``ENGINE=ray``).
 """
 
-from app.engine.faults import InjectedFault, SiteFaults
 from app.engine.federation import full_run_config, run_federation, server_identity
-from app.engine.grid import InProcessGrid
+from app.engine.grid import InjectedFault, InProcessGrid, SiteFaults
 from app.engine.virtual_site import VirtualSite, partition_sites
 
 __all__ = ["InProcessGrid", "InjectedFault", "SiteFaults", "VirtualSite", "full_run_config",

@@ -6,8 +6,7 @@ no SuperLink, no SuperNode, no Ray, no subprocess. Each pushed instruction is
 answered at once by its site's handler (the product's real ClientApp unless a
 test gives another), one site after the other, on a copy of the message, as a
 SuperNode receives its own deserialised copy (:func:`over_the_wire`); the reply
-waits in the grid until it may be pulled (a site's
-:class:`~app.engine.faults.SiteFaults` latency).
+waits in the grid until it may be pulled (a site's :class:`SiteFaults` latency).
 
 Message metadata follows Flower's own grids (``flwr.superlink.grid.inmemory_grid``,
 ``flwr/server/superlink/linkstate``): an instruction gets a fresh ``message_id``
@@ -20,6 +19,14 @@ SuperLink's node id; a ClientApp that raises is answered as a SuperNode does
 answer its instruction from its own node is refused, as the SuperLink refuses
 it, and the site counts as silent. Instructions do not expire (Flower's
 default TTL is 12 hours).
+
+A real federation meets slow hospitals, crashing ClientApps and SuperNodes that
+go away; the grid plays them, declarative and deterministic, from each virtual
+site's :class:`SiteFaults`, so that a test or a benchmark can replay them exactly:
+a reply held for the site's latency, a ClientApp that raises, a site that takes
+instructions and never answers, a node that is gone. Rounds are the server round
+that the instruction carries (config ``server-round``,
+:mod:`strategies.wire.message_keys`); an instruction without one counts as round 0.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from logging import ERROR, WARNING
-from typing import cast
+from typing import TYPE_CHECKING, cast
 from uuid import uuid4
 
 from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
@@ -40,16 +47,89 @@ from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 from flwr.supercore.inflatable.inflatable_utils import inflate_object_from_contents
 from flwr.supercore.run import Run
 
-from app.engine.faults import InjectedFault
-from app.engine.virtual_site import Handler, NodeConfigValue, VirtualSite, default_handler
 from strategies.wire import message_keys as keys
+from strategies.wire.errors import ConfigError, SiteError
+from strategies.wire.message_keys import SECAGG_STAGES
 
-__all__ = ["FIRST_NODE_ID", "InProcessGrid", "NODE_UNAVAILABLE_REASON"]
+if TYPE_CHECKING:  # a VirtualSite holds its SiteFaults: virtual_site.py imports this module
+    from app.engine.virtual_site import Handler, NodeConfigValue, VirtualSite
+
+__all__ = ["FIRST_NODE_ID", "InProcessGrid", "InjectedFault", "NODE_UNAVAILABLE_REASON",
+           "SiteFaults"]
 
 #: Node id of the first virtual site that was given none (the next ones count up).
 FIRST_NODE_ID = 1001
 #: The reason of the SuperLink's reply for a site whose node is gone (as Flower's).
 NODE_UNAVAILABLE_REASON = "Error: Node Unavailable - the destination node is gone."
+
+
+@dataclass(frozen=True)
+class SiteFaults:
+    """What goes wrong at one virtual site (the default: nothing).
+
+    Attributes
+    ----------
+    latency : float
+        Seconds of real time between the site's answer and the moment its reply
+        can be pulled (a slow link or a slow site): a round's ``round.deadline``
+        and ``round.quorum`` see it as a reply that has not come yet. For a site
+        that is gone, the seconds until the SuperLink answers in its place (its
+        heartbeat expiring).
+    fail_from_round : int or None
+        From this round on the handler is not called: :class:`InjectedFault` is
+        raised in its place and the engine answers as a SuperNode does for a
+        ClientApp that raised (an error reply, ``CLIENT_APP_RAISED_EXCEPTION``).
+    silent_from_round : int or None
+        From this round on the site takes instructions and never replies.
+    disconnect_from_round : int or None
+        From this round on the site's SuperNode is gone: an instruction of this
+        round or later is answered by the SuperLink with ``NODE_UNAVAILABLE``,
+        and once the federation has sent any instruction of this round the node
+        is no longer listed by ``get_node_ids``.
+    silent_stages : tuple of str
+        SecAgg+ stages (config ``secagg-stage``: ``setup``, ``share-keys``,
+        ``collect``, ``unmask``) whose instructions the site takes and never
+        answers, every round: a site that drops out in the middle of a secure
+        round (``("unmask",)``: after its masked input was sent).
+    """
+
+    latency: float = 0.0
+    fail_from_round: int | None = None
+    silent_from_round: int | None = None
+    disconnect_from_round: int | None = None
+    silent_stages: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.silent_stages) - set(SECAGG_STAGES))
+        if unknown:
+            raise ConfigError(f"SiteFaults.silent_stages: {unknown} are not SecAgg+ stages "
+                              f"({', '.join(SECAGG_STAGES)})")
+        if self.latency < 0:
+            raise ConfigError(f"SiteFaults.latency must be >= 0, got {self.latency}")
+        for name in ("fail_from_round", "silent_from_round", "disconnect_from_round"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ConfigError(f"SiteFaults.{name} must be >= 0 or None, got {value}")
+
+    def fails(self, server_round: int) -> bool:
+        """Whether the handler fails on an instruction of ``server_round``."""
+        return _reached(self.fail_from_round, server_round)
+
+    def silent(self, server_round: int, stage: str = "") -> bool:
+        """Whether an instruction of ``server_round`` (of SecAgg+ ``stage``) goes unanswered."""
+        return _reached(self.silent_from_round, server_round) or stage in self.silent_stages
+
+    def disconnected(self, server_round: int) -> bool:
+        """Whether the site's node is gone at ``server_round``."""
+        return _reached(self.disconnect_from_round, server_round)
+
+
+class InjectedFault(SiteError):
+    """Raised in place of the site's handler by :attr:`SiteFaults.fail_from_round`."""
+
+
+def _reached(start: int | None, server_round: int) -> bool:
+    return start is not None and server_round >= start
 
 
 @dataclass
@@ -211,6 +291,8 @@ class InProcessGrid(Grid):
 
     def _handler(self, node_id: int) -> Handler:
         if node_id not in self._handlers:
+            from app.engine.virtual_site import default_handler  # noqa: PLC0415 - see TYPE_CHECKING
+
             self._handlers[node_id] = self._sites[node_id].handler or default_handler()
         return self._handlers[node_id]
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from flwr.app import Context, Message, RecordDict
 
-from app.engine.faults import SiteFaults
+from app.engine.grid import SiteFaults
 
 __all__ = ["Handler", "VirtualSite", "default_handler", "partition_sites"]
 
