@@ -47,7 +47,7 @@ def round_traffic(strategy: Mapping[str, float],
 
     ``strategy`` holds the round's ``bytes-up``, ``bytes-down`` and
     ``dense-bytes`` (one update as dense fp32), ``traffic`` the per-site
-    ``bytes-up`` / ``bytes-down`` (:func:`strategies.rounds.traffic.record_traffic`).
+    ``bytes-up`` / ``bytes-down`` (:func:`strategies.rounds.round_metrics.record_traffic`).
     """
     if "bytes-up" not in strategy:
         return ""

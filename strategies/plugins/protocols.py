@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from strategies.plugins.run_settings import RunSettings
     from strategies.plugins.schedules.codec_rate import SiteRound
     from strategies.rounds.reply_intake import TrainReply
-    from strategies.rounds.site_selection import SelectionContext
+    from strategies.rounds.round_metrics import SelectionContext
     from strategies.wire.codecs.spec import CodecSpec
     from strategies.wire.plugin_options import PluginOptions
     from strategies.wire.secure_aggregation.settings import SecAggSettings

@@ -6,13 +6,14 @@
   with tau and the round's codec rate; replies accepted, aggregated, observed).
 * :mod:`.instructions` -- one fresh message per site (train, evaluate, query) and
   the per-site train settings of a round (tau, codec seed).
-* :mod:`.site_selection` -- what a selector may use (:class:`SelectionContext`),
-  the ``query`` fan-out for current losses, and the selection's report.
-* :mod:`.reply_intake` -- each reply validated once per round; the value counted
-  toward the quorum is the value aggregated; drops and no-shows recorded.
+* :mod:`.reply_intake` -- a site's reply: parsed into :class:`TrainReply` /
+  :class:`MetricsReply` (the plug-ins read these), each metric range-checked against
+  the one table both ends read, validated once per round (the value counted toward the
+  quorum is the value aggregated); drops and no-shows recorded.
 * :mod:`.site_book` -- what the server learnt of the sites (names, sizes, losses).
-* :mod:`.traffic` -- bytes down/up and uplink ratios of a round.
-* :mod:`.round_metrics` -- example-weighted metrics of the accepted replies.
+* :mod:`.round_metrics` -- what a round records about itself: example-weighted metrics
+  of the accepted replies, bytes down/up and uplink ratios, what a selector may use
+  (:class:`SelectionContext`, the ``query`` fan-out for current losses) and its choice.
 * :mod:`.withheld` -- metrics a site withheld under its policy, reported by rule
   (``withheld by site policy (<rule>)``), never as NaN.
 * :mod:`.round_policy` -- bounded waits (deadline, quorum, timeout); the wait for
@@ -20,7 +21,6 @@
 * :mod:`.round_report`, :mod:`.checkpoint` -- what a round did; the server's
   resumable state.
 
-Reply parsing itself (:mod:`strategies.replies`) and the message contract
-(:mod:`strategies.wire.message_keys`) stay at the top of ``strategies``: the plug-ins
-read :class:`strategies.replies.TrainReply`, and the ClientApp shares the keys.
+The message contract (:mod:`strategies.wire.message_keys`) stays in the wire kernel:
+the ClientApp shares the keys.
 """

@@ -1,7 +1,7 @@
 """THE exchange of a round: instructions out, replies in under the round policy, each taken once.
 
 One function serves every message the server sends: train and evaluate in each
-round, Power-of-Choice's ``query`` (:mod:`.site_selection`), the end-of-run
+round, Power-of-Choice's ``query`` (:mod:`.round_metrics`), the end-of-run
 test and cross-site evaluations (:mod:`.cross_site`) and a vertical federation's
 stages (:mod:`app.vertical.messages`). :func:`exchange` pushes
 the instructions and pulls the replies every ``poll_interval`` until the

@@ -53,17 +53,16 @@ from strategies.wire.local_solver import LocalSolver
 from strategies.plugins.protocols import (Aggregator, CodecRate, Schedule, SecureAggregation,
                                           Selector, ServerOptimizer)
 from strategies.plugins.schedules.codec_rate import FixedCodecRate
-from strategies.replies import MetricsReply, parse_metrics_reply
 from strategies.rounds.exchange import Exchanged, exchange, wait_for_nodes
 from strategies.rounds.instructions import Uplink, evaluate_messages
-from strategies.rounds.reply_intake import Cap, ReplyIntake, Taken
+from strategies.rounds.reply_intake import (Cap, MetricsReply, ReplyIntake, Taken,
+                                            parse_metrics_reply)
 from strategies.rounds.round_feature import RoundFeature
-from strategies.rounds.round_metrics import example_weighted_metrics
+from strategies.rounds.round_metrics import SelectionContext, example_weighted_metrics
 from strategies.rounds.round_policy import RoundPolicy
 from strategies.rounds.round_report import RoundReport
 from strategies.rounds.secure_train import SecureTrain
 from strategies.rounds.site_book import DEFAULT_MAX_SIZE_RATIO, SiteBook
-from strategies.rounds.site_selection import SelectionContext
 from strategies.rounds.train_stage import NoValidRepliesError, TrainStage
 from strategies.rounds.update_stream import DEFAULT_MAX_HELD_MB
 

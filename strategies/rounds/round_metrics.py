@@ -1,7 +1,9 @@
-r"""The federation's value of each site metric: the example-weighted mean over the replies.
+r"""What a round records about itself: its metrics, its bytes on the wire, its selection.
 
-Each metric (but ``num-examples``) is averaged over the replies that report
-it, with those sites' numbers of examples as weights (:func:`weighted_mean`,
+**Metrics.** The federation's value of each site metric is the example-weighted mean
+over the replies (:func:`example_weighted_metrics`). Each metric (but ``num-examples``)
+is averaged over the replies that report it, with those sites' numbers of examples as
+weights (:func:`weighted_mean`,
 the one place the example-weighted mean is written,
 
 .. math:: \bar v = \sum_i n_i v_i \Big/ \sum_i n_i ,
@@ -18,17 +20,52 @@ remove it from the round. The counts (``num-examples``, ``val-studies``,
 The train averages are taken over the replies whose update entered the
 aggregate (:func:`aggregated_replies`): a reply a defence left out (Multi-Krum)
 does not move the model, so its loss does not count in ``train-loss`` either.
+
+**Traffic.** Byte accounting of a round: what each site received and sent, against
+dense fp32. Bytes are the serialised sizes Flower really sends
+(:func:`strategies.rounds.reply_intake.wire_size`): down is a site's train instruction
+(:func:`bytes_down`), up its train reply. The baseline is the update as dense float32
+(:func:`strategies.wire.model_layout.dense_bytes`); the uplink ratio
+``dense / bytes up`` is the codec's compression as seen on the wire
+(:func:`record_traffic`).
+
+**Selection.** A selector (:mod:`strategies.plugins`) picks the sites of a round from
+the connected ones (:class:`SelectionContext`). It may use known data sizes (each
+site's first declaration, of a train or a query reply, held to the site book's
+relative cap: :meth:`~strategies.rounds.site_book.SiteBook.capped_sizes`, so a lying
+query size buys a site no more candidacy than weight in the aggregate) and last train
+losses, and it may ask candidates for the current global model's loss with Flower
+``query`` messages (Power-of-Choice, Cho, Wang, Joshi, AISTATS 2022;
+:func:`query_losses`): the fan-out is one exchange under the round policy; it keeps
+the valid answers and records their bytes and seconds. The choice itself, by site
+name, is recorded with :func:`record_selection`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
 
-from strategies.replies import MetricsReply, TrainReply
+import numpy as np
+from flwr.app import ArrayRecord, Message
+from flwr.serverapp import Grid
+
+from strategies.plugins.protocols import Selector
+from strategies.rounds.exchange import exchange
+from strategies.rounds.instructions import query_messages
+from strategies.rounds.reply_intake import (MetricsReply, ReplyIntake, TrainReply,
+                                            parse_metrics_reply, wire_size)
+from strategies.rounds.round_policy import RoundPolicy
+from strategies.rounds.round_report import RoundReport
+from strategies.rounds.site_book import SiteBook
 from strategies.wire import message_keys as keys
+from strategies.wire.model_layout import dense_bytes
 
-__all__ = ["SELECTED", "aggregated_replies", "example_weighted_metrics", "weighted_mean"]
+__all__ = ["SELECTED", "SelectionContext", "aggregated_replies", "bytes_down",
+           "example_weighted_metrics", "query_losses", "record_selection", "record_traffic",
+           "weighted_mean"]
 
 #: Infix of a defence's per-site selection record, ``<rule>-selected/<site>``
 #: (``krum-selected/hospital-a``): 1 = kept, 0 = left out of the aggregate.
@@ -86,3 +123,89 @@ def example_weighted_metrics(replies: Sequence[TrainReply | MetricsReply]) -> di
         if any(name in r.metrics for r in replies):
             out[name] = float(sum(r.metrics.get(name, 0.0) for r in replies))
     return out
+
+
+def bytes_down(messages: Sequence[Message]) -> dict[int, int]:
+    """Serialised bytes of each instruction, by destination node."""
+    return {m.metadata.dst_node_id: wire_size(m.content) for m in messages}
+
+
+def record_traffic(report: RoundReport, down: dict[int, int], accepted: Sequence[TrainReply],
+                   global_arrays: Sequence[np.ndarray], label: Callable[[int], str]) -> None:
+    """Per-site and total traffic of the round's train stage into ``report``.
+
+    ``report.traffic[site]`` gets ``bytes-down``, ``bytes-up`` and
+    ``uplink-ratio``; ``report.strategy`` the totals ``bytes-up``,
+    ``bytes-down``, ``dense-bytes`` and, when any reply was accepted, the
+    round's ``uplink-ratio`` (dense bytes of all accepted updates / bytes up).
+    """
+    dense = float(dense_bytes(global_arrays))
+    for node, sent in down.items():
+        report.traffic.setdefault(label(node), {})["bytes-down"] = float(sent)
+    for reply in accepted:
+        traffic = report.traffic.setdefault(reply.site, {})
+        traffic["bytes-up"] = float(reply.wire_bytes)
+        traffic["uplink-ratio"] = dense / max(reply.wire_bytes, 1)
+    ups = [t["bytes-up"] for t in report.traffic.values() if "bytes-up" in t]
+    downs = [t["bytes-down"] for t in report.traffic.values() if "bytes-down" in t]
+    report.strategy.update({"bytes-up": float(sum(ups)), "bytes-down": float(sum(downs)),
+                            "dense-bytes": dense})
+    if ups:
+        report.strategy["uplink-ratio"] = dense * len(ups) / sum(ups)
+
+
+@dataclass
+class SelectionContext:
+    """What a client selector may use: known data sizes (held to the relative cap), last
+    train losses, a query.
+
+    ``query_losses(candidates, subset)`` sends Flower ``query`` messages and
+    returns ``{node_id: loss of the current global model}`` for the sites that
+    answered (on ``subset`` examples each, or all their training data if 0).
+    """
+
+    sizes: dict[int, int]
+    last_losses: dict[int, float]
+    query_losses: Callable[[list[int], int], dict[int, float]]
+
+
+def query_losses(grid: Grid, policy: RoundPolicy, server_round: int, arrays: ArrayRecord,
+                 candidates: list[int], subset: int, book: SiteBook,
+                 report: RoundReport) -> dict[int, float]:
+    """Ask ``candidates`` for the global model's loss on their data (Flower ``query``).
+
+    One exchange (:func:`strategies.rounds.exchange.exchange`): valid answers from a
+    node under its own site name (:meth:`SiteBook.identity_problem`) update ``book``
+    (name, first declared size); bytes down/up and the seconds spent go to
+    ``report.strategy`` (``query-bytes-down``, ``query-bytes-up``, ``query-seconds``).
+    """
+    messages = query_messages(candidates, arrays, server_round, subset)
+    sent = sum(wire_size(m.content) for m in messages)
+    parse = partial(parse_metrics_reply, required=keys.QUERY_REQUIRED)
+    expected = {node: book.label(node) for node in candidates}
+    exchanged = exchange(grid, messages, policy, ReplyIntake("query", book, parse, expected))
+    losses: dict[int, float] = {}
+    for reply in exchanged.taken.accepted:
+        book.learn(reply.node_id, reply.site, num_examples=reply.num_examples)
+        losses[reply.node_id] = reply.metrics[keys.QUERY_LOSS]
+    report.strategy.update({
+        "query-bytes-down": float(sent),
+        "query-bytes-up": float(sum(r.wire_bytes for r in exchanged.taken.accepted)),
+        "query-seconds": exchanged.seconds})
+    return losses
+
+
+def record_selection(report: RoundReport, selector: Selector,
+                     label: Callable[[int], str]) -> None:
+    """Put the selector's last choice (``selector.last``) and counts in ``report``, by site name."""
+    last = selector.last
+    report.selection = {
+        "selected": [label(n) for n in last.get("selected", [])],
+        "candidates": [label(n) for n in last.get("candidates", [])],
+        "losses": {label(n): float(v) for n, v in last.get("losses", {}).items()},
+    }
+    for key in ("d", "m"):
+        if key in last:
+            report.strategy[f"selection-{key}"] = float(last[key])
+    report.times_selected = {label(n): float(c) for n, c in
+                             selector.times_selected.items()}

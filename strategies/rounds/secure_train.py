@@ -50,14 +50,13 @@ from flwr.supercore import log
 
 from strategies.aggregation import RunningSum
 from strategies.plugins.protocols import Info, SecureSumAggregator
-from strategies.replies import TrainReply
 from strategies.rounds.exchange import Exchanged, exchange
 from strategies.rounds.instructions import site_messages, train_messages
 from strategies.rounds.normalisation_statistics import StatisticPositions
-from strategies.rounds.reply_intake import Cap, ReplyIntake, Taken
+from strategies.rounds.reply_intake import Cap, ReplyIntake, Taken, TrainReply
+from strategies.rounds.round_metrics import bytes_down
 from strategies.rounds.round_report import RoundReport
 from strategies.rounds.secure_replies import StageReply, parse_masked_reply, parse_stage_reply
-from strategies.rounds.traffic import bytes_down
 from strategies.rounds.train_stage import TrainStage
 from strategies.rounds.update_stream import AggregateOutcome
 from strategies.secure_aggregation.coordinator import SecAggRound, SecureSum

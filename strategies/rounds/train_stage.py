@@ -54,12 +54,12 @@ from strategies.rounds.instructions import TrainPlan, Uplink, train_messages
 from strategies.rounds.normalisation_statistics import RoundStatistics, StatisticPositions
 from strategies.rounds.reply_intake import Cap, ReplyIntake, Taken, TrainReply
 from strategies.rounds.round_feature import RoundFeature, RoundReplies
-from strategies.rounds.round_metrics import aggregated_replies, example_weighted_metrics
+from strategies.rounds.round_metrics import (SelectionContext, aggregated_replies, bytes_down,
+                                             example_weighted_metrics, query_losses,
+                                             record_selection, record_traffic)
 from strategies.rounds.round_policy import RoundPolicy
 from strategies.rounds.round_report import RoundReport
 from strategies.rounds.site_book import SiteBook
-from strategies.rounds.site_selection import SelectionContext, query_losses, record_selection
-from strategies.rounds.traffic import bytes_down, record_traffic
 from strategies.rounds.update_stream import (AggregateOutcome, DEFAULT_MAX_HELD_MB,
                                              DefendedAggregator, UpdateStream)
 

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, MessageType
 
-from strategies.replies import MetricsReply, TrainReply
+from strategies.rounds.reply_intake import MetricsReply, TrainReply
 from strategies.rounds.instructions import TrainPlan, Uplink, query_messages, site_messages
-from strategies.rounds.round_metrics import example_weighted_metrics, weighted_mean
+from strategies.rounds.round_metrics import (example_weighted_metrics, record_traffic,
+                                             weighted_mean)
 from strategies.rounds.round_report import RoundReport
 from strategies.rounds.site_book import SiteBook
-from strategies.rounds.traffic import record_traffic
 from strategies.wire import message_keys as keys
 
 pytestmark = pytest.mark.usefixtures("server_identity")
