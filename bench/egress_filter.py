@@ -15,9 +15,9 @@ DenseNet (``model-size = "small"``, the default) and DenseNet121 (``"full"``, th
 hospital deploys). Codecs: ``none``, ``fp16``, ``topk:0.01``, ``qsgd:16:b512``; the
 evaluate replies of the ``none`` round. Per row: the model's entries, the reply's
 serialised bytes, the check's median and 95th percentile milliseconds, and the median
-milliseconds of the serialised-size computation alone (:func:`strategies.replies.wire_size`
-on a fresh copy: the part the audit record computes too). Wall clock on whatever machine
-runs it. Results: ``bench/results/egress_filter.json``. Usage::
+milliseconds of the serialised-size computation alone
+(:func:`strategies.rounds.reply_intake.wire_size` on a fresh copy: the part the audit
+record computes too). Wall clock on whatever machine runs it. Results: ``bench/results/egress_filter.json``. Usage::
 
     python bench/egress_filter.py [--repeat 20] [--quick]
 """
@@ -46,7 +46,7 @@ from app.engine.virtual_site import default_handler  # noqa: E402
 from app.site_runtime.egress_filter import EgressFilter  # noqa: E402
 from strategies.wire import message_keys as keys  # noqa: E402
 from strategies.model_packing import unpack_arrays  # noqa: E402
-from strategies.replies import wire_size  # noqa: E402
+from strategies.rounds.reply_intake import wire_size  # noqa: E402
 
 #: (name, run-config overrides) of each model measured.
 MODELS = (("pe-seg U-Net", {"task": "pe-seg"}),

@@ -29,7 +29,7 @@ from typing import Any
 from flwr.app import Context, Message
 
 from app.site_runtime.app_approval import SIGNATURE_KEY
-from strategies.replies import wire_size
+from strategies.rounds.reply_intake import wire_size
 from strategies.wire import message_keys as keys
 
 __all__ = ["ASKED_INSTRUCTION_KEYS", "ASKED_RUN_KEYS", "asked_of", "decision_of",

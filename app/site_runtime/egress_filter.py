@@ -22,7 +22,7 @@ the rules (:data:`~app.site_runtime.egress_refusal.RULES`), in the order checked
    and ``site``, a vertical reply ``vertical``, ``metrics`` and ``site``;
 4. ``egress.instruction`` / ``egress.model-unknown`` -- what the instruction allows
    is read from it (:mod:`~app.site_runtime.egress_instruction`);
-5. ``egress.bytes`` -- the serialised reply (:func:`strategies.replies.wire_size`)
+5. ``egress.bytes`` -- the serialised reply (:func:`strategies.rounds.reply_intake.wire_size`)
    within the budget: what the instruction's arrays and codec allow at most
    (:func:`~app.site_runtime.egress_arrays.update_bound`, the SecAgg+ entries'
    sizes) plus Flower's framing per array and :data:`MESSAGE_ALLOWANCE`;
@@ -56,7 +56,7 @@ from app.site_runtime.egress_refusal import (PASSED, RULES, EgressRefusal, Egres
                                              refusal_reply)
 from app.site_runtime.egress_secagg import check_protocol, protocol_bound
 from app.site_runtime.egress_vertical import check_vertical
-from strategies.replies import wire_size
+from strategies.rounds.reply_intake import wire_size
 from strategies.wire import message_keys as keys
 from strategies.wire.errors import ConfigError
 

@@ -4,7 +4,7 @@ No free text leaves the site: every value of a reply's records is a number of a 
 metric or one of a few bounded, validated strings.
 
 * **Metrics** (:func:`check_metrics`): each name is declared in the one table,
-  :data:`strategies.metric_ranges.DECLARED` (else ``egress.metric-name``), and is one of
+  :data:`strategies.rounds.reply_intake.DECLARED` (else ``egress.metric-name``), and is one of
   the metrics the message type sends (an evaluate reply names its own split only; a
   SecAgg+ collect reply never the error-feedback residual's norm, which would reveal
   the update); each value is one finite number within its declared range, the
@@ -37,7 +37,7 @@ from app.site_errors import ERROR_CODES
 from app.site_runtime.egress_instruction import Asked
 from app.site_runtime.egress_refusal import EgressRefusal
 from clients.site.policy import SitePolicy
-from strategies.metric_ranges import SPLITS, declared
+from strategies.rounds.reply_intake import SPLITS, declared
 from strategies.wire import message_keys as keys
 
 __all__ = ["check_error", "check_metrics", "check_site_record", "exception_names",

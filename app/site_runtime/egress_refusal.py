@@ -40,7 +40,7 @@ RULES: dict[str, str] = {
     "egress.payload": "a codec payload that does not decode as the instruction's codec over "
                       "the model's entries (the codec's own decoder: exact length)",
     "egress.metric-name": "a metric name the product does not declare "
-                          "(strategies.metric_ranges)",
+                          "(strategies.rounds.reply_intake)",
     "egress.metric-range": "a metric value out of its declared range, not one number, or not "
                            "the version the instruction set",
     "egress.steps": "a train reply reporting more local steps than the tau asked",

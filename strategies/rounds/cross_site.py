@@ -47,10 +47,10 @@ from flwr.serverapp import Grid
 from flwr.supercore import log
 
 from strategies.aggregation import apply_update
-from strategies.replies import InvalidReplyError, MetricsReply, parse_metrics_reply
 from strategies.rounds.exchange import exchange, wait_for_nodes
 from strategies.rounds.instructions import TrainPlan, Uplink, site_messages
-from strategies.rounds.reply_intake import Reply, ReplyIntake
+from strategies.rounds.reply_intake import (InvalidReplyError, MetricsReply, Reply, ReplyIntake,
+                                            parse_metrics_reply)
 from strategies.rounds.round_metrics import example_weighted_metrics
 from strategies.rounds.round_policy import RoundPolicy
 from strategies.rounds.site_book import SiteBook

@@ -26,7 +26,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 
 from strategies.compression import derive_seed, parse_spec, warmup_spec
 from strategies.model_packing import pack_arrays
-from strategies.replies import TrainReply, parse_train_reply
+from strategies.rounds.reply_intake import TrainReply, parse_train_reply
 from strategies.rounds.site_book import SiteBook
 from strategies.wire import message_keys as keys
 from strategies.wire.local_solver import LocalSolver
@@ -117,8 +117,8 @@ class TrainPlan:
     def parse_reply(self, message: Message, *, node_id: int, reference: list[np.ndarray],
                     solver: LocalSolver, channels: Collection[str] = ()) -> TrainReply:
         """``node_id``'s train reply validated against ``reference`` with the codec, seed and
-        tau it was sent (:func:`strategies.replies.parse_train_reply`, a-norm by ``solver``,
-        the side payloads of ``channels`` taken), with the a-norm of that tau
+        tau it was sent (:func:`~strategies.rounds.reply_intake.parse_train_reply`, a-norm by
+        ``solver``, the side payloads of ``channels`` taken), with the a-norm of that tau
         (``TrainReply.tau_a_norm``: FedNova's reference, which bounds the weight a site
         gains by reporting few steps)."""
         tau = self.tau_of(node_id)

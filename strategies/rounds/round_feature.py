@@ -25,9 +25,10 @@ on every one of them, naming none:
 
 A feature declares its **reply channels** (:attr:`RoundFeature.channels`): the keys of
 the encoded side payloads a site's train reply may carry for it in its ``delta`` record.
-:func:`strategies.replies.parse_train_reply` takes those of the active features (a
-``uint8`` payload each, into :attr:`~strategies.replies.TrainReply.channels`) and refuses a
-reply with any other side payload, naming it; what a channel means is the feature's to
+:func:`strategies.rounds.reply_intake.parse_train_reply` takes those of the active
+features (a ``uint8`` payload each, into
+:attr:`~strategies.rounds.reply_intake.TrainReply.channels`) and refuses a reply with any
+other side payload, naming it; what a channel means is the feature's to
 decode and check, in :meth:`RoundFeature.observe`.
 
 A feature class subclasses :class:`RoundFeature` and overrides the hooks it needs; the
@@ -45,7 +46,7 @@ import numpy as np
 from flwr.app import ArrayRecord
 
 from strategies.plugins.protocols import Info
-from strategies.replies import TrainReply
+from strategies.rounds.reply_intake import TrainReply
 from strategies.rounds.instructions import Instructions, TrainPlan
 from strategies.rounds.round_report import RoundReport
 from strategies.rounds.site_book import SiteBook

@@ -8,7 +8,7 @@ becomes a :class:`StageReply`, whose entries the round's
 
 A collect reply carries the site's masked vector as the single uint8 array
 ``secagg-masked`` of the ``delta`` record and the train metrics in the clear: it
-becomes a :class:`~strategies.replies.TrainReply` whose ``delta`` is that one
+becomes a :class:`~strategies.rounds.reply_intake.TrainReply` whose ``delta`` is that one
 array until it is added into the round's running sum (then it is emptied: the
 coordinator never keeps one site's masked vector). Metrics that would reveal a
 site's update (:data:`REVEALING`: the error-feedback residual's norm) are left
@@ -25,7 +25,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message
 
 from strategies.wire import message_keys as keys
 from strategies.wire.local_solver import LocalSolver
-from strategies.replies import (InvalidReplyError, TrainReply, checked_steps,
+from strategies.rounds.reply_intake import (InvalidReplyError, TrainReply, checked_steps,
                                 parse_metrics_reply, site_name, wire_size)
 
 __all__ = ["REVEALING", "StageReply", "parse_masked_reply", "parse_stage_reply"]

@@ -1,7 +1,7 @@
 """What the server has learnt of the sites: who they are, their data sizes, last losses.
 
 A node id is Flower's handle for a SuperNode; a site name is what the site
-declares in its replies (:func:`strategies.replies.site_name`). The book is the
+declares in its replies (:func:`strategies.rounds.reply_intake.site_name`). The book is the
 server's trust boundary for both:
 
 * **name rule** -- a declared name is at most :data:`SITE_NAME_MAX_LENGTH`
@@ -67,7 +67,7 @@ from typing import TypeVar
 
 from flwr.supercore import log
 
-from strategies.replies import MetricsReply, TrainReply
+from strategies.rounds.reply_intake import MetricsReply, TrainReply
 from strategies.wire import message_keys as keys
 
 __all__ = ["DEFAULT_MAX_SIZE_RATIO", "MAX_SIZE_RATIO_KEY", "SITE_NAME_MAX_LENGTH", "SiteBook",

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 
-from strategies.replies import InvalidReplyError, site_name
+from strategies.rounds.reply_intake import InvalidReplyError, site_name
 from strategies.wire import message_keys as keys
 
 __all__ = ["StageAnswer", "parse_stage_answer"]

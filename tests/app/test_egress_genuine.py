@@ -7,14 +7,14 @@ fine-tune's none, a compressed downlink, Power-of-Choice queries, personalisatio
 DP-SGD, PruneFL's squared gradients, SCAFFOLD with FedBN's raw statistics, the four
 SecAgg+ stages, split learning vanilla and U-shaped, PSI and pvFed); every reply is
 judged as the site runtime judges it, and every metric any of them sends is declared
-in the one table (:mod:`strategies.metric_ranges`).
+in the one table (:mod:`strategies.rounds.reply_intake`).
 """
 
 from __future__ import annotations
 
 import pytest
 
-from strategies.metric_ranges import declared
+from strategies.rounds.reply_intake import declared
 from strategies.wire import message_keys as keys
 from tests.app.egress_runs import RUNS
 

@@ -12,8 +12,7 @@ from mlflow.tracking import MlflowClient
 
 from app.tracking import FederationTracker, round_record
 from app.tracking.tracker import policy_params
-from strategies.replies import InvalidReplyError
-from strategies.rounds.reply_intake import ReplyIntake, policy_fingerprint
+from strategies.rounds.reply_intake import InvalidReplyError, ReplyIntake, policy_fingerprint
 from strategies.rounds.round_report import RoundReport
 from strategies.rounds.site_book import SiteBook
 from strategies.wire import message_keys as keys

@@ -9,9 +9,8 @@ import pytest
 from flwr.app import ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 
 from app.engine import InProcessGrid, SiteFaults, VirtualSite
-from strategies.replies import InvalidReplyError, MetricsReply
 from strategies.rounds.exchange import exchange
-from strategies.rounds.reply_intake import NO_REPLY, ReplyIntake
+from strategies.rounds.reply_intake import NO_REPLY, InvalidReplyError, MetricsReply, ReplyIntake
 from strategies.rounds.round_policy import RoundPolicy
 from strategies.rounds.site_book import SiteBook
 from strategies.wire import message_keys as keys

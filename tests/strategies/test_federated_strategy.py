@@ -186,7 +186,7 @@ def test_adacomm_schedule_follows_the_global_loss():
 
 
 def _fake_reply(initial_loss: float):
-    from strategies.replies import TrainReply  # noqa: PLC0415
+    from strategies.rounds.reply_intake import TrainReply  # noqa: PLC0415
 
     return TrainReply(node_id=1, site="s", delta=[], num_examples=10, steps=1, train_loss=1.0,
                       metrics={keys.INITIAL_LOSS: initial_loss})
@@ -262,7 +262,7 @@ def test_a_site_the_superlink_reports_unavailable_is_recorded_failed_under_its_n
 
 def test_each_reply_is_validated_and_decoded_once_per_round(monkeypatch):
     """The reply counted toward the quorum is the one aggregated: one parse, one decode."""
-    from strategies import replies  # noqa: PLC0415
+    from strategies.rounds import reply_intake  # noqa: PLC0415
     calls = {"decode": 0, "metrics": 0}
 
     def counting(name, function):
@@ -271,9 +271,11 @@ def test_each_reply_is_validated_and_decoded_once_per_round(monkeypatch):
             return function(*args, **kwargs)
         return wrapper
 
-    monkeypatch.setattr(replies, "dense_update", counting("decode", replies.dense_update))
-    monkeypatch.setattr(replies, "unpack_update", counting("decode", replies.unpack_update))
-    monkeypatch.setattr(replies, "_metrics", counting("metrics", replies._metrics))
+    monkeypatch.setattr(reply_intake, "dense_update",
+                        counting("decode", reply_intake.dense_update))
+    monkeypatch.setattr(reply_intake, "unpack_update",
+                        counting("decode", reply_intake.unpack_update))
+    monkeypatch.setattr(reply_intake, "_metrics", counting("metrics", reply_intake._metrics))
     strategy = make_strategy(min_nodes=1, policy=RoundPolicy(deadline=5.0, quorum=2,
                                                              timeout=5.0, poll_interval=0.01))
     grid = _superlink_grid([2, 3], gone=3, gone_from=2)

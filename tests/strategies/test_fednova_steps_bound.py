@@ -19,7 +19,7 @@ from app.config.run_config import RunConfig
 from app.engine import InProcessGrid, VirtualSite
 from app.server_app import build_strategy
 from strategies.plugins.aggregators.fednova import FedNovaAggregator, FedNovaOptions
-from strategies.replies import TrainReply
+from strategies.rounds.reply_intake import TrainReply
 from strategies.wire import message_keys as keys
 from strategies.wire.plugin_options import PluginError
 from tests.fixtures.scripted_site import ScriptedSite

@@ -13,8 +13,7 @@ from functools import partial
 import pytest
 from flwr.app import ConfigRecord
 
-from strategies.metric_ranges import range_problem
-from strategies.replies import InvalidReplyError, parse_metrics_reply
+from strategies.rounds.reply_intake import InvalidReplyError, parse_metrics_reply, range_problem
 from strategies.wire import message_keys as keys
 from tests.strategies.scripted_grid import scripted_grid
 from tests.strategies.test_federated_strategy import (

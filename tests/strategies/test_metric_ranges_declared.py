@@ -9,7 +9,7 @@ import math
 import pytest
 
 from clients.registry import TASKS, task_class
-from strategies.metric_ranges import DECLARED, SPLITS, TASK_METRICS, declared, range_problem
+from strategies.rounds.reply_intake import DECLARED, SPLITS, TASK_METRICS, declared, range_problem
 from strategies.wire import message_keys as keys
 
 #: The metric names of the wire contract a site sends.

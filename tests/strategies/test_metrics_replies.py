@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 
-from strategies.replies import InvalidReplyError, parse_metrics_reply
+from strategies.rounds.reply_intake import InvalidReplyError, parse_metrics_reply
 from strategies.rounds.round_metrics import example_weighted_metrics
 from strategies.wire import message_keys as keys
 

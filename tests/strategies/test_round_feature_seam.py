@@ -24,7 +24,7 @@ from strategies.plugins.pruning.pruning_round import PruningRound
 from strategies.wire import message_keys as keys
 from strategies.plugins.registries import (AGGREGATORS, CONTROL_VARIATES, PRUNINGS, SCHEDULES,
                                            SELECTORS)
-from strategies.replies import TrainReply
+from strategies.rounds.reply_intake import TrainReply
 from strategies.rounds.active_features import active_features
 from strategies.rounds.federated_strategy import FederatedStrategy
 from strategies.rounds.instructions import Instructions

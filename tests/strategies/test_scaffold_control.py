@@ -14,7 +14,7 @@ from flwr.app import Array, ArrayRecord, MessageType
 from strategies.compression import decode, encode
 from strategies.plugins.control_variates.scaffold import Scaffold
 from strategies.plugins.run_settings import RunSettings
-from strategies.replies import TrainReply
+from strategies.rounds.reply_intake import TrainReply
 from strategies.wire import message_keys as keys
 from strategies.wire.plugin_options import PluginError
 from strategies.plugins.control_variates.control_variate_round import (ControlVariateRound,

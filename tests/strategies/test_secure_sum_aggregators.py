@@ -21,7 +21,7 @@ from strategies.plugins.protocols import Info, SecureSumAggregator
 from strategies.plugins.registries import AGGREGATORS, SCHEDULES, SECURE_AGGREGATION, SELECTORS
 from strategies.plugins.run_settings import RunSettings
 from strategies.plugins.secure_aggregation.secagg_plus import SecAggOptions, SecAggPlus
-from strategies.replies import TrainReply
+from strategies.rounds.reply_intake import TrainReply
 from strategies.rounds.federated_strategy import FederatedStrategy
 from strategies.rounds.secure_train import secure_delta
 from strategies.wire.local_solver import LocalSolver

@@ -19,7 +19,7 @@ import numpy as np
 
 from strategies.aggregation import RunningSum, fedavg_delta, fedavg_finish, fedavg_fold
 from strategies.plugins.registries import AGGREGATORS
-from strategies.replies import TrainReply
+from strategies.rounds.reply_intake import TrainReply
 from strategies.wire.plugin_options import Plugin
 
 

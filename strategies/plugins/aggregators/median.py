@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from strategies.plugins.registries import AGGREGATORS
-from strategies.replies import TrainReply
+from strategies.rounds.reply_intake import TrainReply
 from strategies.robust import coordinate_median, coordinatewise
 from strategies.wire.plugin_options import Plugin
 

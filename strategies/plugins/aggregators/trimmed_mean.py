@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from strategies.plugins.registries import AGGREGATORS
-from strategies.replies import TrainReply
+from strategies.rounds.reply_intake import TrainReply
 from strategies.robust import coordinatewise, trimmed_count, trimmed_mean
 from strategies.wire.plugin_options import Plugin, PluginOptions, option
 

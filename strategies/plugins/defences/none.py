@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from strategies.plugins.registries import DEFENCES
-from strategies.replies import TrainReply
+from strategies.rounds.reply_intake import TrainReply
 from strategies.wire.plugin_options import Plugin
 
 

@@ -26,7 +26,7 @@ import numpy as np
 from strategies.local_steps import LossSmoother, adacomm_tau
 from strategies.plugins.registries import SCHEDULES
 from strategies.plugins.run_settings import RunSettings
-from strategies.replies import TrainReply
+from strategies.rounds.reply_intake import TrainReply
 from strategies.wire import message_keys as keys
 from strategies.wire.plugin_options import Plugin, PluginOptions, option
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from strategies.plugins.registries import SCHEDULES
 from strategies.plugins.run_settings import RunSettings
-from strategies.replies import TrainReply
+from strategies.rounds.reply_intake import TrainReply
 from strategies.wire.plugin_options import NoOptions, Plugin
 
 
