@@ -37,9 +37,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from clients.site.instruction import Instruction
+from clients.site.instruction import Instruction, SiteRunSettings
 from clients.site.round_features import round_features
-from clients.site.run_settings import SiteRunSettings
 from clients.site.site import Site
 from clients.site.site_feature import (RESIDUAL_NAME, LocalTraining, LocalUpdate, SiteFeature,
                                        StepHookChain)

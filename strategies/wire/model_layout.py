@@ -23,8 +23,10 @@ uplink ratio.
 
 **The dense update** (codec ``none``, :mod:`strategies.wire.codecs.identity`: the
 payload's section is the vector as little-endian float32 after the common header of
-:mod:`strategies.wire.codecs.wire`) is read straight from its payload by
-:func:`dense_update`, the codecs not entered: the header (magic, version, the identity
+:mod:`strategies.wire.codecs.wire`) is written and read straight, the codecs not entered:
+the site writes it with :func:`pack_dense`, bit for bit what the identity codec's
+:func:`strategies.wire.update_codec.pack_update` writes (and refusing what it refuses);
+the server reads it with :func:`dense_update`: the header (magic, version, the identity
 codec's id, ``d``) and the exact length are compared, the values must be finite. A reply
 it cannot read so is left to the codec's decode
 (:func:`strategies.wire.update_codec.unpack_update`), whose checks give the reason; what
@@ -40,13 +42,16 @@ from collections.abc import Collection, Mapping, Sequence
 
 import numpy as np
 
+from strategies.wire.codecs.errors import CodecError
 from strategies.wire.codecs.identity import CODEC as IDENTITY
-from strategies.wire.codecs.wire import F32, HEADER, MAGIC, VERSION
+from strategies.wire.codecs.identity import SPEC as DENSE_SPEC
+from strategies.wire.codecs.wire import F32, HEADER, MAGIC, MAX_SIZE, VERSION
 from strategies.wire.errors import ReplyError, SiteError
 
-__all__ = ["LAYOUT_KEY", "MODEL_KEY", "PAYLOAD_KEY", "RAW_PREFIX", "PackedModelError",
-           "UpdateFormatError", "assemble", "dense_bytes", "dense_update", "float_positions",
-           "pack_model", "raw_positions", "unpack_model"]
+__all__ = ["DENSE_SPEC", "LAYOUT_KEY", "MODEL_KEY", "PAYLOAD_KEY", "RAW_PREFIX",
+           "PackedModelError", "UpdateFormatError", "assemble", "dense_bytes", "dense_update",
+           "float_positions", "pack_dense", "pack_model", "payload_positions", "raw_positions",
+           "unpack_model", "update_arrays"]
 
 MODEL_KEY = "model"
 LAYOUT_KEY = "layout"
@@ -121,6 +126,23 @@ def dense_bytes(arrays: Sequence[np.ndarray]) -> int:
     return sum(a.size * 4 if np.issubdtype(a.dtype, np.floating) else a.nbytes for a in arrays)
 
 
+def payload_positions(delta: Sequence[np.ndarray], raw: Collection[int] = ()) -> list[int]:
+    """The positions of ``delta`` the payload carries: its float arrays not in ``raw``."""
+    sent_raw = set(raw)
+    return [i for i in float_positions(delta) if i not in sent_raw]
+
+
+def update_arrays(payload: np.ndarray, delta: Sequence[np.ndarray],
+                  in_payload: Collection[int]) -> dict[str, np.ndarray]:
+    """The reply's arrays: ``{"payload": payload, "raw-<i>": delta[i], ...}``, every array of
+    ``delta`` not ``in_payload`` (:func:`payload_positions`) sent unchanged, in model order."""
+    arrays = {PAYLOAD_KEY: payload}
+    for i, array in enumerate(delta):
+        if i not in in_payload:
+            arrays[f"{RAW_PREFIX}{i}"] = np.asarray(array)
+    return arrays
+
+
 def raw_positions(arrays: Mapping[str, np.ndarray], reference: Sequence[np.ndarray]) -> set[int]:
     """The positions the reply ``arrays`` sends raw, checked against the global model.
 
@@ -175,6 +197,33 @@ def assemble(vector: np.ndarray, arrays: Mapping[str, np.ndarray],
 
 # --------------------------------------------------------------------------- #
 # The dense update (codec none)
+
+
+def pack_dense(delta: Sequence[np.ndarray], seed: int = 0,
+               raw: Collection[int] = ()) -> dict[str, np.ndarray]:
+    """``delta`` as the arrays of a dense update (codec ``none``), written straight: bit for
+    bit ``pack_update(delta, "none", seed, raw=raw)``, the codecs not entered.
+
+    ``seed`` is the instruction's codec seed: the dense payload does not use it, but it is
+    checked as every codec checks it.
+
+    Raises
+    ------
+    CodecError
+        As the identity codec: a seed outside ``[0, 2**64)``, a vector of more than
+        ``2**32 - 1`` entries or with NaN or inf (after the cast to float32).
+    """
+    if not 0 <= seed <= 2**64 - 1:
+        raise CodecError(f"seed must be in [0, 2**64), got {seed}")
+    floats = payload_positions(delta, raw)
+    vector = (np.concatenate([np.ravel(delta[i]) for i in floats], dtype=F32, casting="unsafe")
+              if floats else np.zeros(0, F32))
+    if vector.size > MAX_SIZE:
+        raise CodecError(f"vector of {vector.size} entries exceeds the {MAX_SIZE} limit")
+    if not np.isfinite(vector).all():
+        raise CodecError("cannot encode: the vector contains NaN or inf")
+    head = np.frombuffer(HEADER.pack(MAGIC, VERSION, IDENTITY.codec_id, vector.size), np.uint8)
+    return update_arrays(np.concatenate([head, vector.view(np.uint8)]), delta, floats)
 
 
 def dense_update(arrays: Mapping[str, np.ndarray],

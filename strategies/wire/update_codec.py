@@ -29,7 +29,8 @@ import numpy as np
 
 from strategies.wire.codecs import ErrorFeedback, decode, encode, flatten
 from strategies.wire.model_layout import (PAYLOAD_KEY, RAW_PREFIX, UpdateFormatError, assemble,
-                                           dense_bytes, float_positions, raw_positions)
+                                          dense_bytes, float_positions, payload_positions,
+                                          raw_positions, update_arrays)
 
 __all__ = ["PAYLOAD_KEY", "RAW_PREFIX", "UpdateFormatError", "float_positions", "pack_update",
            "unpack_update", "dense_bytes"]
@@ -45,16 +46,12 @@ def pack_update(delta: Sequence[np.ndarray], spec: str, seed: int = 0,
     ``C(e + delta)`` and the feedback's residual is updated (Karimireddy et al.
     2019, EF-SGD).
     """
-    floats = [i for i in float_positions(delta) if i not in set(raw)]
+    floats = payload_positions(delta, raw)
     vector = flatten([delta[i] for i in floats])
     segments = [delta[i].size for i in floats]  # per-tensor codecs (topk:<f>:layer)
     payload = (feedback.step(vector, seed=seed, segments=segments) if feedback is not None
                else encode(vector, spec, seed=seed, segments=segments))
-    arrays = {PAYLOAD_KEY: payload}
-    for i, array in enumerate(delta):
-        if i not in floats:
-            arrays[f"{RAW_PREFIX}{i}"] = np.asarray(array)
-    return arrays
+    return update_arrays(payload, delta, floats)
 
 
 def unpack_update(arrays: Mapping[str, np.ndarray], reference: Sequence[np.ndarray],

@@ -7,17 +7,14 @@ is left to the codec's decode, whose checks give the reason (unchanged).
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from strategies.compression import encode
-from strategies.wire.update_codec import PAYLOAD_KEY, pack_update, unpack_update
 from strategies.wire.model_layout import UpdateFormatError, dense_update
+from strategies.wire.update_codec import PAYLOAD_KEY, pack_update, unpack_update
+from tests.fixtures.entered_files import entered_files
 
-ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = [np.zeros((3, 4), np.float32), np.zeros(5, np.float64), np.array(0, np.int64),
              np.zeros(2, np.float32)]
 
@@ -40,18 +37,7 @@ def test_a_dense_update_is_read_as_its_codec_decodes_it(raw):
 
 def test_the_dense_read_enters_no_file_of_the_codecs():
     packed = pack_update(_delta(), "none")
-    entered: set[str] = set()
-
-    def profile(frame, event, _arg):
-        name = frame.f_code.co_filename
-        if event == "call" and name.startswith(str(ROOT)) and "/.venv/" not in name:
-            entered.add(str(Path(name).relative_to(ROOT)))
-
-    sys.setprofile(profile)
-    try:
-        dense_update(packed, REFERENCE)
-    finally:
-        sys.setprofile(None)
+    _, entered = entered_files(lambda: dense_update(packed, REFERENCE))
     assert entered == {"strategies/wire/model_layout.py"}
 
 
