@@ -37,7 +37,7 @@ from app.tracking import FederationTracker
 from app.tracking.outbox import RoundRecord
 from app.tracking.tracker import metric_key
 from app.vertical.messages import StageAnswer, StageRequest, Traffic, send_stage
-from strategies.rounds.exchange import wait_for_nodes
+from strategies.rounds.instructions import wait_for_nodes
 from strategies.rounds.site_book import SiteBook
 from strategies.wire.registry import Registry
 from strategies.wire.vertical_options import VerticalOptions

@@ -4,7 +4,7 @@ A stage's messages are of type ``train.vertical``
 (:data:`strategies.wire.message_keys.VERTICAL_MESSAGE_TYPE`):
 each site gets its own fresh ConfigRecord (the stage, the federation, the round and the
 stage's entries) and its own ArrayRecord. They go through THE exchange of the rounds
-(:func:`strategies.rounds.exchange.exchange`) with a
+(:func:`strategies.rounds.instructions.exchange`) with a
 :class:`~strategies.rounds.reply_intake.ReplyIntake` whose parse is
 :func:`strategies.vertical.stage_answer.parse_stage_answer`: each reply is parsed and
 identity-checked once, and an unusable one (an error reply, a record of the wrong kind, an
@@ -26,7 +26,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
-from strategies.rounds.exchange import exchange
+from strategies.rounds.instructions import exchange
 from strategies.rounds.reply_intake import ReplyIntake
 from strategies.rounds.round_policy import RoundPolicy
 from strategies.rounds.site_book import SiteBook

@@ -4,8 +4,9 @@
   (configure/aggregate train and evaluate, ``start``).
 * :mod:`.train_stage` -- :class:`TrainStage`, the strategy's train half (instructions
   with tau and the round's codec rate; replies accepted, aggregated, observed).
-* :mod:`.instructions` -- one fresh message per site (train, evaluate, query) and
-  the per-site train settings of a round (tau, codec seed).
+* :mod:`.instructions` -- one fresh message per site (train, evaluate, query), the
+  per-site train settings of a round (tau, codec seed), and THE exchange that sends
+  them and takes each answer into the reply intake (and the bounded wait for sites).
 * :mod:`.reply_intake` -- a site's reply: parsed into :class:`TrainReply` /
   :class:`MetricsReply` (the plug-ins read these), each metric range-checked against
   the one table both ends read, validated once per round (the value counted toward the
@@ -17,7 +18,7 @@
 * :mod:`.withheld` -- metrics a site withheld under its policy, reported by rule
   (``withheld by site policy (<rule>)``), never as NaN.
 * :mod:`.round_policy` -- bounded waits (deadline, quorum, timeout); the wait for
-  sites connecting is :mod:`.exchange`'s.
+  sites connecting is :mod:`.instructions`'.
 * :mod:`.round_report`, :mod:`.checkpoint` -- what a round did; the server's
   resumable state.
 

@@ -25,7 +25,7 @@ metric (a reply that names the rule, or a policy refusal such as
 result records the rule (``CrossSiteResult.withheld``) and the table says
 ``withheld by site policy (<rule>)`` (:mod:`strategies.rounds.withheld`).
 
-Every exchange is the round's own (:func:`strategies.rounds.exchange.exchange`:
+Every exchange is the round's own (:func:`strategies.rounds.instructions.exchange`:
 the round policy and a :class:`ReplyIntake`), so one bad or silent site is
 recorded with its reason and left out, never fatal. A site with only test data
 has no train split: its fine-tune request fails (no row) but it is a column. Test replies are not capped
@@ -47,8 +47,8 @@ from flwr.serverapp import Grid
 from flwr.supercore import log
 
 from strategies.aggregation import apply_update
-from strategies.rounds.exchange import exchange, wait_for_nodes
-from strategies.rounds.instructions import TrainPlan, Uplink, site_messages
+from strategies.rounds.instructions import (TrainPlan, Uplink, exchange, site_messages,
+                                            wait_for_nodes)
 from strategies.rounds.reply_intake import (InvalidReplyError, MetricsReply, Reply, ReplyIntake,
                                             parse_metrics_reply)
 from strategies.rounds.round_metrics import example_weighted_metrics

@@ -53,8 +53,8 @@ from strategies.wire.local_solver import LocalSolver
 from strategies.plugins.protocols import (Aggregator, CodecRate, Schedule, SecureAggregation,
                                           Selector, ServerOptimizer)
 from strategies.plugins.schedules.codec_rate import FixedCodecRate
-from strategies.rounds.exchange import Exchanged, exchange, wait_for_nodes
-from strategies.rounds.instructions import Uplink, evaluate_messages
+from strategies.rounds.instructions import (Exchanged, Uplink, evaluate_messages, exchange,
+                                            wait_for_nodes)
 from strategies.rounds.reply_intake import (Cap, MetricsReply, ReplyIntake, Taken,
                                             parse_metrics_reply)
 from strategies.rounds.round_feature import RoundFeature

@@ -53,8 +53,7 @@ from flwr.app import ArrayRecord, Message
 from flwr.serverapp import Grid
 
 from strategies.plugins.protocols import Selector
-from strategies.rounds.exchange import exchange
-from strategies.rounds.instructions import query_messages
+from strategies.rounds.instructions import exchange, query_messages
 from strategies.rounds.reply_intake import (MetricsReply, ReplyIntake, TrainReply,
                                             parse_metrics_reply, wire_size)
 from strategies.rounds.round_policy import RoundPolicy

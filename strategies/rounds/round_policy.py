@@ -1,7 +1,7 @@
 """Straggler-tolerant rounds: a deadline and a quorum instead of waiting for everyone.
 
 Flower's ``Grid.send_and_receive`` waits for every reply or a single timeout.
-A :class:`RoundPolicy` closes an exchange (:func:`strategies.rounds.exchange.exchange`)
+A :class:`RoundPolicy` closes an exchange (:func:`strategies.rounds.instructions.exchange`)
 
 * as soon as every selected site has answered, or
 * at the ``deadline`` (seconds after sending) if at least ``quorum`` *valid*

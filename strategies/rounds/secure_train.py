@@ -3,7 +3,7 @@
 Bell, Bonawitz, Gascón, Lepoint, Raykova, CCS 2020 (``strategy.secure-aggregation =
 "secagg+"``, :mod:`strategies.plugins.secure_aggregation.secagg_plus`). The selector
 picks the sites (:meth:`TrainStage.select`, Power-of-Choice's query first); then
-each stage is one exchange of train messages (:func:`strategies.rounds.exchange.exchange`,
+each stage is one exchange of train messages (:func:`strategies.rounds.instructions.exchange`,
 under the round policy's deadline, quorum and timeout) whose replies a
 :class:`ReplyIntake` takes once each (identity bound to the node, sizes capped):
 
@@ -50,8 +50,7 @@ from flwr.supercore import log
 
 from strategies.aggregation import RunningSum
 from strategies.plugins.protocols import Info, SecureSumAggregator
-from strategies.rounds.exchange import Exchanged, exchange
-from strategies.rounds.instructions import site_messages, train_messages
+from strategies.rounds.instructions import Exchanged, exchange, site_messages, train_messages
 from strategies.rounds.normalisation_statistics import StatisticPositions
 from strategies.rounds.reply_intake import Cap, ReplyIntake, Taken, TrainReply
 from strategies.rounds.round_metrics import bytes_down

@@ -20,7 +20,7 @@ also returns the values to track, e.g. a clip factor) the moment it is
 validated, while the round is still collecting (the stream is the train
 intake's :class:`~strategies.rounds.reply_intake.ReplySink`); the reply is kept
 without its decoded update, and the reply message is not kept at all
-(:func:`strategies.rounds.exchange.exchange`). The aggregator's ``finish``
+(:func:`strategies.rounds.instructions.exchange`). The aggregator's ``finish``
 scales the sum at the end (FedAvg: ``S / sum_i n_i``). The held-set aggregation
 (:func:`strategies.aggregation.fedavg_delta`) is the same fold over the whole set;
 ``fednova_delta`` equals it to float rounding.

@@ -9,7 +9,7 @@ import pytest
 from flwr.app import ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 
 from app.engine import InProcessGrid, SiteFaults, VirtualSite
-from strategies.rounds.exchange import exchange
+from strategies.rounds.instructions import exchange
 from strategies.rounds.reply_intake import NO_REPLY, InvalidReplyError, MetricsReply, ReplyIntake
 from strategies.rounds.round_policy import RoundPolicy
 from strategies.rounds.site_book import SiteBook
@@ -149,7 +149,7 @@ def test_each_reply_is_taken_in_once_and_not_kept():
 def test_the_default_policy_asks_for_replies_every_tenth_of_a_second(monkeypatch):
     """Found in bench/site_overhead.py: a reply waited 0.25 s on average for the next pull
     (0.5 s apart), a share of the < 1 s a message may cost at a hospital."""
-    import strategies.rounds.exchange as exchange_module
+    import strategies.rounds.instructions as instructions_module
 
     waits: list[float] = []
     sleep = time.sleep
@@ -158,7 +158,7 @@ def test_the_default_policy_asks_for_replies_every_tenth_of_a_second(monkeypatch
         waits.append(seconds)
         sleep(seconds)
 
-    monkeypatch.setattr(exchange_module.time, "sleep", recorded)
+    monkeypatch.setattr(instructions_module.time, "sleep", recorded)
     grid = _grid({3: 0.15, 4: 0.15})
     got = exchange(grid, _messages([3, 4]), RoundPolicy(), _intake([3, 4]))
     assert _nodes(got) == [3, 4]

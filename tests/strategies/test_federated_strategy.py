@@ -17,7 +17,7 @@ from flwr.app import (
 
 from app.engine import SiteFaults
 from strategies.plugins.registries import AGGREGATORS, SCHEDULES, SELECTORS
-from strategies.rounds.exchange import NodeWaitTimeout, wait_for_nodes
+from strategies.rounds.instructions import NodeWaitTimeout, wait_for_nodes
 from strategies.rounds.federated_strategy import FederatedStrategy, NoValidRepliesError
 from strategies.rounds.round_policy import RoundPolicy
 from strategies.wire import message_keys as keys
