@@ -1,7 +1,7 @@
 """ClientApp: the Flower adapter of the site's round (:mod:`clients.site.site_round`).
 
 For each train / evaluate / query message: the site's keys of the run config
-(:meth:`~clients.site.run_settings.SiteRunSettings.from_run_config`) and node_config become
+(:meth:`~clients.site.instruction.SiteRunSettings.from_run_config`) and node_config become
 the site's settings and the :class:`~clients.site.site.Site` (its policy read from
 node_config ``policy-path``; both built once per process and node_config, as a
 SuperNode's node_config is fixed for its process, the policy read again when its file's
@@ -32,8 +32,7 @@ from flwr.clientapp import ClientApp
 
 from app.config.site_config import SiteConfig
 from app.site_errors import error_reply
-from clients.site.instruction import Instruction
-from clients.site.run_settings import SiteRunSettings
+from clients.site.instruction import Instruction, SiteRunSettings
 from clients.site.site import Site
 from clients.site.site_round import SiteTasks, answer
 from clients.vertical.stages import VerticalRequest, answer_vertical, vertical_site

@@ -6,7 +6,7 @@ instead of a KeyError deep in a round. Keys are spelled as in pyproject.toml: da
 (``local-steps``) and, for the strategy plug-ins and the round policy, dotted groups
 (``strategy.aggregator``, ``round.deadline``). The flat keys' types, defaults and
 ranges are the one table :data:`strategies.wire.run_keys.RUN_KEYS`, which the site's view
-(:class:`clients.site.run_settings.SiteRunSettings`) reads too; this module adds the
+(:class:`clients.site.instruction.SiteRunSettings`) reads too; this module adds the
 rules between keys.
 
 The plug-ins' own options live in their sections (``fednova.min-steps-fraction``,

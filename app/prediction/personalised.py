@@ -46,7 +46,7 @@ from app.model_source import LoggedModel
 from app.tracking.model_store import require_store
 from clients.registry import task_class
 from clients.site.decoded_cache import CACHE_DIR_NAME, load_task
-from clients.site.run_settings import SiteRunSettings
+from clients.site.instruction import SiteRunSettings
 from clients.site.state_store import SiteStateStore
 from clients.training.trainer import ComputeDevice
 from clients.training.personalisation.local_layers import LOCAL_LAYERS, LocalLayers

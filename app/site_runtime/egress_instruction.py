@@ -38,8 +38,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message
 
 from app.site_runtime.egress_refusal import EgressRefusal
-from clients.site.instruction import Instruction
-from clients.site.run_settings import SiteRunSettings
+from clients.site.instruction import Instruction, SiteRunSettings
 from clients.site.site_pruning import MASK_ENTRIES
 from strategies.rounds.normalisation_statistics import StatisticPositions
 from strategies.wire import message_keys as keys

@@ -51,7 +51,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord
 from app.site_runtime.egress_arrays import array_view, check_names
 from app.site_runtime.egress_instruction import FederationMemory, config_of, federation_of
 from app.site_runtime.egress_refusal import EgressRefusal
-from clients.site.run_settings import SiteRunSettings
+from clients.site.instruction import SiteRunSettings
 from clients.vertical.psi import PAD, new_request
 from clients.vertical.psi_stages import LAST, PSI_SIZE, REQUEST, RESPONSE, SERVE, SETUP
 from clients.vertical.pvfed_site import ENCODE

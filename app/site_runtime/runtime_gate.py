@@ -8,7 +8,7 @@ bundle's copy) parses each message with its own code and checks it against every
 of the policy before the worker receives it (:func:`admit`):
 
 * train, evaluate and query: the run's settings and the instruction are parsed
-  (:meth:`~clients.site.run_settings.SiteRunSettings.from_run_config`,
+  (:meth:`~clients.site.instruction.SiteRunSettings.from_run_config`,
   :meth:`~clients.site.instruction.Instruction.parse`) and checked with
   :func:`clients.site.policy_check.check_request`: task, sizes, batch size, steps, time
   budget, codecs, DP required and its parameters, secure aggregation required and each
@@ -45,11 +45,10 @@ from flwr.app import ConfigRecord, Context, Message
 from app.site_runtime.dataset_census import DatasetCensus
 from app.site_runtime.runtime_ledger import PlannedSpend
 from app.site_runtime.worker_view import runtime_dir
-from clients.site.instruction import Instruction
+from clients.site.instruction import Instruction, SiteRunSettings
 from clients.site.policy import PolicyRefusal, SitePolicy
 from clients.site.policy_check import check_adaptation, check_request, check_training
 from clients.site.query_budget import take_query
-from clients.site.run_settings import SiteRunSettings
 from clients.site.site_round import request_of, sized_request
 from clients.training.personalisation.site_personalisation import site_personalisation
 from clients.vertical.split_model import U_SHAPED

@@ -38,8 +38,7 @@ from strategies.wire.errors import ConfigError
 from strategies.wire.model_layout import LAYOUT_KEY, MODEL_KEY, PackedModelError
 
 if TYPE_CHECKING:
-    from clients.site.instruction import Instruction
-    from clients.site.run_settings import SiteRunSettings
+    from clients.site.instruction import Instruction, SiteRunSettings
     from clients.site.site import Site
 
 __all__ = ["DownlinkInstruction", "DownlinkReceive", "LastGlobal"]

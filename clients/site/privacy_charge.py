@@ -41,8 +41,7 @@ from clients.training.private_training import DpSettings, poisson_sample_rate
 from strategies.wire import message_keys as keys
 
 if TYPE_CHECKING:
-    from clients.site.instruction import Instruction
-    from clients.site.run_settings import SiteRunSettings
+    from clients.site.instruction import Instruction, SiteRunSettings
 
 __all__ = ["ChargedByRuntime", "PrivacyCharge", "PrivateTraining"]
 

@@ -41,8 +41,7 @@ from clients.training.personalisation.site_personalisation import (NO_PERSONALIS
                                                                    PersonalisedTraining)
 
 if TYPE_CHECKING:
-    from clients.site.instruction import Instruction
-    from clients.site.run_settings import SiteRunSettings
+    from clients.site.instruction import Instruction, SiteRunSettings
     from clients.site.site import Site
 
 __all__ = ["FEATURES", "INSTRUCTION_PARTS", "FeatureGate", "round_features"]

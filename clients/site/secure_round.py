@@ -32,8 +32,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from clients.site.instruction import Instruction
-from clients.site.run_settings import SiteRunSettings
+from clients.site.instruction import Instruction, SiteRunSettings
 from clients.site.secure_state import SecureRoundState
 from clients.site.round_features import round_features
 from clients.site.secure_update import SecureMasking

@@ -52,8 +52,7 @@ from strategies.wire.secure_aggregation.vector import flatten_float, kept_indice
 from strategies.wire.secure_aggregation.weights import site_coefficient
 
 if TYPE_CHECKING:  # the participant (and Flower's primitives) load only in a SecAgg+ round
-    from clients.site.instruction import Instruction
-    from clients.site.run_settings import SiteRunSettings
+    from clients.site.instruction import Instruction, SiteRunSettings
     from strategies.wire.secure_aggregation.participant import Participant
 
 __all__ = ["SecureInstruction", "SecureMasking", "coefficient_of", "secure_values"]

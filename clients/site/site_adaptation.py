@@ -26,11 +26,10 @@ import logging
 
 from torch import nn
 
-from clients.site.instruction import Instruction
+from clients.site.instruction import Instruction, SiteRunSettings
 from clients.site.policy import PolicyRefusal
 from clients.site.policy_check import Request, check_adaptation
 from clients.site.privacy_charge import PrivacyCharge
-from clients.site.run_settings import SiteRunSettings
 from clients.site.site import Site
 from clients.site.site_reply import Metrics
 from clients.training.trainer import ComputeDevice

@@ -45,8 +45,7 @@ from strategies.wire.errors import ConfigError
 if TYPE_CHECKING:  # the instruction reads the features' parts: imported for annotations only
     from typing import Self
 
-    from clients.site.instruction import Instruction
-    from clients.site.run_settings import SiteRunSettings
+    from clients.site.instruction import Instruction, SiteRunSettings
     from clients.site.site import Site
     from clients.training.site_task import SiteTask
 

@@ -50,8 +50,7 @@ from strategies.wire.pruning_mask import (MASK_BITS_KEY, MASK_LAYOUT_KEY, compac
                                           masks_from_record)
 
 if TYPE_CHECKING:
-    from clients.site.instruction import Instruction
-    from clients.site.run_settings import SiteRunSettings
+    from clients.site.instruction import Instruction, SiteRunSettings
     from clients.site.site import Site
 
 __all__ = ["MASK_ENTRIES", "MaskVersionError", "PrunedTraining", "PruningInstruction",

@@ -43,11 +43,10 @@ from torch import nn
 from clients.registry import TASKS, task_class
 from clients.site.data_report import write_data_report
 from clients.site.decoded_cache import CACHE_DIR_NAME, load_task
-from clients.site.instruction import Instruction
+from clients.site.instruction import Instruction, SiteRunSettings
 from clients.site.policy_check import Request, check_request, releases_val_metrics
 from clients.site.query_budget import take_query
 from clients.site.round_features import round_features
-from clients.site.run_settings import SiteRunSettings
 from clients.site.site import Site
 from clients.site.site_adaptation import personalised_evaluation
 from clients.site.site_reply import Metrics, SiteReply

@@ -44,8 +44,7 @@ from strategies.wire.local_solver import LocalSolver
 from strategies.wire.update_codec import float_positions
 
 if TYPE_CHECKING:
-    from clients.site.instruction import Instruction
-    from clients.site.run_settings import SiteRunSettings
+    from clients.site.instruction import Instruction, SiteRunSettings
     from clients.site.site import Site
 
 __all__ = ["CONTROL_NAME", "RESIDUAL_NAME", "ControlInstruction", "ControlVariateError",

@@ -31,7 +31,7 @@ import numpy as np
 from clients.datagen.vertical_sets import SITE_FILE
 from clients.registry import TASKS
 from clients.site.policy import PolicyRefusal, VerticalRules
-from clients.site.run_settings import SiteRunSettings
+from clients.site.instruction import SiteRunSettings
 from clients.site.site import Site
 from clients.site.site_round import SiteTasks
 from clients.site.state_store import SiteStateStore

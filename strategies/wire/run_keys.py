@@ -6,7 +6,7 @@ not a plug-in's (``local-steps``, ``privacy.delta``, ``strategy.aggregator``, ..
 an int widens to a float), its check (a :class:`Range`, or literal ``choices``) and the
 side that reads it (:data:`Side`). Both typed views are generated from it: the server's
 :class:`app.config.run_config.RunConfig` (every key) and the site's
-:class:`clients.site.run_settings.SiteRunSettings` (the ``site`` and ``both`` keys) declare
+:class:`clients.site.instruction.SiteRunSettings` (the ``site`` and ``both`` keys) declare
 their fields with :func:`run_key` and check each value with :func:`typed` and
 :func:`check`; a test holds the table equal to pyproject.toml.
 
@@ -17,7 +17,7 @@ typed options (:mod:`strategies.wire.plugin_options`).
 Choices that live in a registry are named by ``registry`` and checked by the side
 that owns it, which hands the names to :func:`check`: the site side's registries in
 ``clients/`` (``task``, ``optimizer``, ``lr-schedule``, ``augmentation``,
-``privacy.accountant``: :data:`clients.site.run_settings.SITE_CHOICES`, the server
+``privacy.accountant``: :data:`clients.training.task_settings.SITE_CHOICES`, the server
 adds ``task`` and ``best-round.aggregate``), the plug-ins' choices (``strategy.*``) by
 :func:`strategies.plugins.registries.check`, the codec specs by their parsers. Rules
 between keys (``proximal-mu`` needs ``optimizer = "sgd"``, ...) are the server's

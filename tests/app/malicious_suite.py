@@ -57,7 +57,7 @@ from app.site_runtime.site_runner import SiteRunner  # noqa: E402
 from clients.cxr_cls.synthetic import generate_site, site_profiles  # noqa: E402
 from clients.registry import task_class  # noqa: E402
 from clients.site.privacy_ledger import PrivacyLedger  # noqa: E402
-from clients.site.run_settings import SiteRunSettings  # noqa: E402
+from clients.site.instruction import SiteRunSettings  # noqa: E402
 from strategies.wire import message_keys as keys  # noqa: E402
 from strategies.model_packing import pack_arrays  # noqa: E402
 

@@ -21,7 +21,7 @@ from app.config.run_config import RunConfig
 from app.config.site_config import SiteConfig
 from app.model_source import LoggedModel, load_logged_model
 from app.tracking.model_logging import log_task_model, model_metadata
-from clients.site.run_settings import SiteRunSettings
+from clients.site.instruction import SiteRunSettings
 from clients.training.personalisation.site_personalisation import site_personalisation
 from app.prediction.personalised import (federation_of, personalise, run_config_from_params,
                                          site_of)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from app.config.run_config import CARRIED_KEYS, RunConfig
-from clients.site.run_settings import SiteRunSettings
+from clients.site.instruction import SiteRunSettings
 from clients.training.private_training import DpSettings
 from clients.training.task_settings import SITE_CHOICES, TaskSettings
 from strategies.plugins.registries import default_sections

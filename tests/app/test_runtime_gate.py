@@ -16,7 +16,7 @@ from flwr.supercore.task_identity import TaskIdentity
 from app.site_runtime.dataset_census import DatasetCensus
 from app.site_runtime.runtime_gate import SiteFacts, admit
 from clients.site.policy import PolicyRefusal, load_policy
-from clients.site.run_settings import SiteRunSettings
+from clients.site.instruction import SiteRunSettings
 from strategies.wire import message_keys as keys
 from tests.app.site_messages import instruction
 from tests.clients.policy_files import write_policy

@@ -9,7 +9,7 @@ import pytest
 
 from app.config.run_config import RunConfig
 from app.engine import full_run_config
-from clients.site.run_settings import SiteRunSettings
+from clients.site.instruction import SiteRunSettings
 from strategies.wire.errors import ConfigError
 
 

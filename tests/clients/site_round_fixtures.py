@@ -13,7 +13,7 @@ import torch
 
 from clients.cxr_cls.task import CXRClsTask
 from clients.site.policy import SitePolicy
-from clients.site.run_settings import SiteRunSettings
+from clients.site.instruction import SiteRunSettings
 from clients.site.site import Site
 from clients.training.classification import LabelledTensors
 from clients.training.site_task import TaskSettings

@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from app.config.run_config import RunConfig
-from clients.site.instruction import Instruction
-from clients.site.run_settings import SiteRunSettings
+from clients.site.instruction import Instruction, SiteRunSettings
 from clients.site.site_round import SiteTasks, answer
 from clients.training.augmentation import AugmentedImages, augmented
 from clients.training.augmentation_levels import AUGMENTATIONS

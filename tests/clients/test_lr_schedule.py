@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 
 from app.config.run_config import RunConfig
-from clients.site.instruction import Instruction
-from clients.site.run_settings import SiteRunSettings
+from clients.site.instruction import Instruction, SiteRunSettings
 from clients.site.site_round import SiteTasks, answer
 from clients.training.trainer import select_device
 from clients.training.lr_schedule import round_lr

@@ -9,10 +9,9 @@ import pytest
 import torch
 from torch import nn
 
-from clients.site.instruction import Instruction
+from clients.site.instruction import Instruction, SiteRunSettings
 from clients.site.policy import PolicyRefusal, SitePolicy, load_policy
 from clients.site.policy_check import Request, check_request
-from clients.site.run_settings import SiteRunSettings
 from clients.site.site_scaffold import (CONTROL_NAME, RESIDUAL_NAME, ControlVariateError,
                                         control_reply, received_control, split_control)
 from clients.site.state_store import SiteStateStore

@@ -45,7 +45,6 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 import numpy as np
 from torch import nn
 
-from clients.site.run_settings import SiteRunSettings
 from clients.site.site_feature import LocalTraining, SiteFeature
 from clients.training.private_training import DpSettings
 from clients.training.site_task import SiteTask
@@ -56,7 +55,7 @@ from strategies.wire.plugin_options import PluginError
 from strategies.wire.registry import Registry
 
 if TYPE_CHECKING:
-    from clients.site.instruction import Instruction
+    from clients.site.instruction import Instruction, SiteRunSettings
     from clients.site.site import Site
 
 __all__ = ["NO_PERSONALISATION", "SITE_PERSONALISATION", "Adaptation", "PersonalisedTraining",

@@ -15,9 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from clients.site.instruction import Instruction
+from clients.site.instruction import Instruction, SiteRunSettings
 from clients.site.policy import SitePolicy
-from clients.site.run_settings import SiteRunSettings
 from clients.site.site import Site
 from clients.site.site_reply import SiteReply
 from clients.site.site_round import SiteTasks, answer

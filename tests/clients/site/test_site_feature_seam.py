@@ -6,8 +6,11 @@ control variates 15, the downlink 10, DP 10; ``instruction.py`` parsed SecAgg+'s
 pruning's entries itself). Each is now a :class:`~clients.site.site_feature.SiteFeature`
 in its own file, and the loop files iterate over the active ones.
 
-The ban reads every name, string (docstrings included) and comment token of the two loop
-files, case-insensitively, for the features' vocabulary: ``prun`` (pruning, pruned),
+The ban reads every name, string (docstrings included) and comment token of the round
+loop (``site_training.py``) and of the round's :class:`~clients.site.instruction.Instruction`
+(its class: the run's settings beside it in ``instruction.py`` are a table of run-config
+keys, each feature's among them, as the run config has them), case-insensitively, for the
+features' vocabulary: ``prun`` (pruning, pruned),
 ``scaffold``, ``control`` (control variates), ``downlink``, ``personali``, ``fedbn``,
 ``privacy``, ``private``, ``dp`` as a word of its own (``dp_metrics``, ``DP-SGD``; not inside
 a word such as ``adapt``), ``epsilon``, ``ledger``, ``secure``, ``secagg``, ``mask``,
@@ -19,6 +22,7 @@ counts: a feature named in the loop, even in prose, is a feature the loop knows 
 
 from __future__ import annotations
 
+import ast
 import io
 import re
 import tokenize
@@ -35,29 +39,41 @@ from strategies.wire import message_keys as keys
 from tests.clients.site_round_fixtures import packed_global, run_settings, site
 
 ROOT = Path(__file__).resolve().parents[3]
-LOOP_FILES = ("clients/site/site_training.py", "clients/site/instruction.py")
+#: The loop's code: a file, and the class of a file (``None``: all of it).
+LOOP_CODE = (("clients/site/site_training.py", None),
+             ("clients/site/instruction.py", "Instruction"))
 FEATURE_WORDS = re.compile(
     r"prun|scaffold|control|downlink|personali|fedbn|privacy|private|(?<![a-z])dp(?![a-z])"
     r"|epsilon|ledger|secure|secagg|mask|sqgrad", re.IGNORECASE)
 _READ = (tokenize.NAME, tokenize.STRING, tokenize.COMMENT)
 
 
-def _feature_words(path: Path) -> list[tuple[int, str]]:
-    """(line, token) of every name, string or comment token of ``path`` naming a feature."""
-    tokens = tokenize.generate_tokens(io.StringIO(path.read_text()).readline)
+def _feature_words(path: Path, within: str | None = None) -> list[tuple[int, str]]:
+    """(line, token) of every name, string or comment token of ``path`` (of its class
+    ``within`` only, when named) naming a feature."""
+    text = path.read_text()
+    lines = None
+    if within is not None:
+        [node] = [node for node in ast.parse(text).body
+                  if isinstance(node, ast.ClassDef) and node.name == within]
+        lines = range(node.lineno, node.end_lineno + 1)
+    tokens = tokenize.generate_tokens(io.StringIO(text).readline)
     return [(token.start[0], token.string) for token in tokens
-            if token.type in _READ and FEATURE_WORDS.search(token.string)]
+            if token.type in _READ and FEATURE_WORDS.search(token.string)
+            and (lines is None or token.start[0] in lines)]
 
 
-@pytest.mark.parametrize("name", LOOP_FILES)
-def test_the_round_loop_names_no_feature(name):
-    assert _feature_words(ROOT / name) == []
+@pytest.mark.parametrize("name, within", LOOP_CODE)
+def test_the_round_loop_names_no_feature(name, within):
+    assert _feature_words(ROOT / name, within) == []
 
 
 def test_the_ban_sees_a_feature_in_code_and_in_prose(tmp_path):
     source = tmp_path / "loop.py"
-    source.write_text('"""Trains, then DP-SGD."""\npruned = masks  # the adapted update\n')
-    assert [line for line, _ in _feature_words(source)] == [1, 2, 2]
+    source.write_text('"""Trains, then DP-SGD."""\npruned = masks  # the adapted update\n'
+                      'class Settings:\n    privacy = 1\n\n\nclass Loop:\n    mask = 2\n')
+    assert [line for line, _ in _feature_words(source)] == [1, 2, 2, 4, 8]
+    assert [line for line, _ in _feature_words(source, "Loop")] == [8]
 
 
 def _train(**config) -> Instruction:

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 from torch import nn
 
-from clients.site.run_settings import SiteRunSettings
+from clients.site.instruction import SiteRunSettings
 from clients.site.state_store import SiteStateStore
 from clients.training.trainer import ComputeDevice
 from clients.training.personalisation.local_layers import LocalLayers, local_state_names

@@ -13,7 +13,7 @@ import copy
 
 from torch import nn
 
-from clients.site.run_settings import SiteRunSettings
+from clients.site.instruction import SiteRunSettings
 from clients.training.trainer import ComputeDevice
 from clients.training.personalisation.methods.none import NoPersonalisation
 from clients.training.personalisation.site_personalisation import (SITE_PERSONALISATION,

@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 import numpy as np
 from torch import nn
 
-from clients.site.run_settings import SiteRunSettings
+from clients.site.instruction import SiteRunSettings
 from clients.training.personalisation.site_personalisation import (SITE_PERSONALISATION,
                                                                    Adaptation)
 from clients.training.private_training import DpSettings

@@ -13,7 +13,7 @@ from typing import Any
 
 from torch import nn
 
-from clients.site.run_settings import SiteRunSettings
+from clients.site.instruction import SiteRunSettings
 from clients.training.personalisation.methods.finetune import FineTune
 from clients.training.personalisation.per_fedavg_fo import per_fedavg_fo_steps
 from clients.training.personalisation.site_personalisation import SITE_PERSONALISATION
