@@ -20,7 +20,7 @@ policy check and before any data is read.
 
 The entries of the round's optional features are theirs: each feature's file reads its own
 as an :class:`~clients.site.site_feature.InstructionPart`
-(:data:`~clients.site.round_features.INSTRUCTION_PARTS`), held in :attr:`Instruction.parts`
+(:data:`~clients.site.site_feature.INSTRUCTION_PARTS`), held in :attr:`Instruction.parts`
 only when the message carries them; a part's fields read as the instruction's attributes,
 their defaults when the part is absent. A part is read only when the message carries one of
 the entries it declares (:attr:`~clients.site.site_feature.InstructionPart.KEYS`): a message
@@ -36,8 +36,7 @@ from dataclasses import dataclass, field, fields
 from functools import lru_cache
 from typing import Any, TypeVar
 
-from clients.site.round_features import INSTRUCTION_PARTS
-from clients.site.site_feature import InstructionPart, config_value
+from clients.site.site_feature import INSTRUCTION_PARTS, InstructionPart, config_value
 from clients.training.lr_schedule import CONSTANT, round_lr
 from clients.training.private_training import DpSettings
 from clients.training.site_task import TaskSettings
@@ -193,7 +192,7 @@ class Instruction:
         Query: the fixed subset's size, 0 = the whole training set (``loss-subset``).
     parts : tuple of InstructionPart
         The features' parts the message carries, in
-        :data:`~clients.site.round_features.INSTRUCTION_PARTS`' order; each part's fields
+        :data:`~clients.site.site_feature.INSTRUCTION_PARTS`' order; each part's fields
         are attributes of the instruction (:meth:`__getattr__`).
     """
 

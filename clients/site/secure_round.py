@@ -34,9 +34,9 @@ import numpy as np
 
 from clients.site.instruction import Instruction, SiteRunSettings
 from clients.site.secure_state import SecureRoundState
-from clients.site.round_features import round_features
 from clients.site.secure_update import SecureMasking
 from clients.site.site import Site
+from clients.site.site_feature import round_features
 from clients.site.site_reply import SiteReply
 from clients.site.site_training import train_round
 from strategies.wire import message_keys as keys

@@ -1,12 +1,12 @@
-"""The seam of a site's train round: one optional behaviour (a :class:`SiteFeature`), its hooks.
+"""The seam of a site's round and the table of its features: a :class:`SiteFeature`, its
+hooks, and which features a message turns on.
 
 The site's round (:mod:`clients.site.site_training`) does what every round does: reads the
 global model, trains tau local steps, computes ``delta = x_global - x_local``, encodes it
 with the round's codec and error feedback, and reports the round's metrics. Everything a
 run may add to that is a feature that reaches into the round only through the hooks of
 :class:`SiteFeature`, called in the order of the round's active features
-(:func:`clients.site.round_features.round_features`: a feature that is off is not built,
-so none of its hooks runs):
+(:func:`round_features`: a feature that is off is not built, so none of its hooks runs):
 
 1. what it receives: :meth:`~SiteFeature.receive` the instruction's arrays (its own entries
    taken off, or the packed model they stand for), then :meth:`~SiteFeature.received` the
@@ -24,8 +24,30 @@ so none of its hooks runs):
 
 A feature's part of the instruction (its config entries, typed) is an
 :class:`InstructionPart` of its own file, read by
-:meth:`clients.site.instruction.Instruction.parse` over
-:data:`clients.site.round_features.INSTRUCTION_PARTS`.
+:meth:`clients.site.instruction.Instruction.parse` over :data:`INSTRUCTION_PARTS`.
+
+**The table.** This module is the one place that names every feature: the site's round
+and its instruction (:mod:`clients.site.instruction`) iterate over :data:`FEATURES` and
+:data:`INSTRUCTION_PARTS` and name none. Each feature's file implements the seam above, so
+the table is built on its first use, once this module has loaded. :data:`FEATURES` is also
+the order in which the hooks run, and it matters where two features meet:
+
+* SCAFFOLD's ``outgoing`` reads ``x - y`` before personalisation zeroes the site's own
+  layers in it and pruning compacts it;
+* personalisation prepares the received model before pruning cuts it (and a structured
+  round is refused at a site that keeps its own layers);
+* pruning takes its mask entries off and saves the mask before the downlink step is
+  applied and saved;
+* the DP charge is opened last before the steps and recorded first after them, so
+  nothing that may still refuse the round runs between the charge and the training.
+
+Whether a feature is on is decided here, from data, before its file is entered: each
+factory is called only when its :class:`FeatureGate` opens (the message's kind, the
+instruction part it needs present, a run setting read as an attribute); the factory may
+still find the feature off (a part whose entries ask nothing of it).
+
+SecAgg+'s :class:`~clients.site.secure_update.SecureMasking` is not among them: the
+collect stage builds it with the site's participant (:mod:`clients.site.secure_round`).
 """
 
 from __future__ import annotations
@@ -33,6 +55,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from functools import cache
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
@@ -49,8 +72,9 @@ if TYPE_CHECKING:  # the instruction reads the features' parts: imported for ann
     from clients.site.site import Site
     from clients.training.site_task import SiteTask
 
-__all__ = ["RESIDUAL_NAME", "FeatureFactory", "InstructionPart", "LocalTraining", "LocalUpdate",
-           "SiteFeature", "StepHookChain", "config_value"]
+__all__ = ["FEATURES", "INSTRUCTION_PARTS", "RESIDUAL_NAME", "FeatureFactory", "FeatureGate",
+           "InstructionPart", "LocalTraining", "LocalUpdate", "SiteFeature", "StepHookChain",
+           "config_value", "round_features"]
 
 #: The error-feedback residual's name in the site's state store.
 RESIDUAL_NAME = "ef-residual"
@@ -198,7 +222,7 @@ class SiteFeature(Protocol):
 
     A feature class subclasses this Protocol explicitly and overrides the hooks it needs;
     the others are the defaults here, which change nothing. Hooks run in the order of the
-    round's active features (:data:`clients.site.round_features.FEATURES`).
+    round's active features (:data:`FEATURES`).
     """
 
     def receive(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -268,3 +292,91 @@ class FeatureFactory(Protocol):
     def __call__(self, instruction: Instruction, site: Site,
                  run: SiteRunSettings) -> SiteFeature | None:
         """The feature for ``instruction`` at ``site`` under ``run``; ``None``: off."""
+
+
+@dataclass(frozen=True)
+class FeatureGate:
+    """A feature's factory and what must hold before it is called (none of it in the
+    feature's file: a feature that is off is not entered).
+
+    Attributes
+    ----------
+    factory : FeatureFactory
+        Builds the feature, or ``None`` when it is off after all.
+    kinds : frozenset of str or None
+        The message kinds it serves; ``None``: every kind.
+    part : type of InstructionPart or None
+        The instruction part it needs present; ``None``: none.
+    run_on : callable or None
+        ``run_on(run)``, a test of the run's settings (of this file) that it needs;
+        ``None``: none.
+    """
+
+    factory: FeatureFactory
+    kinds: frozenset[str] | None = None
+    part: type[InstructionPart] | None = None
+    run_on: Callable[[SiteRunSettings], bool] | None = None
+
+    def opens(self, instruction: Instruction, run: SiteRunSettings) -> bool:
+        """Whether the factory is called for ``instruction`` under ``run``."""
+        return ((self.kinds is None or instruction.kind in self.kinds)
+                and (self.part is None or instruction.part(self.part) is not None)
+                and (self.run_on is None or self.run_on(run)))
+
+
+def _dp_sgd(run: SiteRunSettings) -> bool:
+    """A run whose local training is DP-SGD."""
+    return run.dp_sgd
+
+
+_TRAIN = frozenset({"train"})
+
+#: The features' parts of an instruction, in the order they are read.
+INSTRUCTION_PARTS: tuple[type[InstructionPart], ...]
+#: The features of a site's round, in hook order.
+FEATURES: tuple[FeatureGate, ...]
+
+
+@cache
+def _table() -> tuple[tuple[type[InstructionPart], ...], tuple[FeatureGate, ...]]:
+    """:data:`INSTRUCTION_PARTS` and :data:`FEATURES`, built once, on first use: each
+    feature's file imports the seam above, which must have loaded first."""
+    from clients.site.last_global import DownlinkInstruction, DownlinkReceive
+    from clients.site.privacy_charge import PrivateTraining
+    from clients.site.secure_update import SecureInstruction
+    from clients.site.site_pruning import PruningInstruction, SitePruning
+    from clients.site.site_scaffold import ControlInstruction, SiteScaffold
+    from clients.training.personalisation.site_personalisation import (NO_PERSONALISATION,
+                                                                       PersonalisedTraining)
+
+    def personalised(run: SiteRunSettings) -> bool:
+        """A run with a personalisation method other than ``none``."""
+        return run.personalisation.method != NO_PERSONALISATION
+
+    parts = (DownlinkInstruction, ControlInstruction, SecureInstruction, PruningInstruction)
+    features = (
+        FeatureGate(SiteScaffold.of, _TRAIN, part=ControlInstruction),
+        FeatureGate(PersonalisedTraining.of, _TRAIN, run_on=personalised),
+        FeatureGate(SitePruning.of, part=PruningInstruction),
+        FeatureGate(DownlinkReceive.of, part=DownlinkInstruction),
+        FeatureGate(PrivateTraining.of, _TRAIN, run_on=_dp_sgd),
+    )
+    return parts, features
+
+
+def __getattr__(name: str) -> Any:
+    """:data:`INSTRUCTION_PARTS` and :data:`FEATURES`, from the table (:func:`_table`)."""
+    if name == "INSTRUCTION_PARTS":
+        return _table()[0]
+    if name == "FEATURES":
+        return _table()[1]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def round_features(instruction: Instruction, site: Site,
+                   run: SiteRunSettings) -> list[SiteFeature]:
+    """The features active for ``instruction`` at ``site`` under ``run``, in hook order; one
+    that is off is not built, and its file is not entered when its gate stays shut."""
+    return [feature for feature in (gate.factory(instruction, site, run) for gate in _table()[1]
+                                    if gate.opens(instruction, run))
+            if feature is not None]

@@ -46,9 +46,9 @@ from clients.site.decoded_cache import CACHE_DIR_NAME, load_task
 from clients.site.instruction import Instruction, SiteRunSettings
 from clients.site.policy_check import Request, check_request, releases_val_metrics
 from clients.site.query_budget import take_query
-from clients.site.round_features import round_features
 from clients.site.site import Site
 from clients.site.site_adaptation import personalised_evaluation
+from clients.site.site_feature import round_features
 from clients.site.site_reply import Metrics, SiteReply
 from clients.site.site_training import received_model, train_round
 from clients.training.trainer import ComputeDevice, select_device

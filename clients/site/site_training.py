@@ -2,7 +2,7 @@
 
 What every round does is here; what a run adds to it (the instruction's optional parts and
 the run's options) is a feature behind one seam (:class:`~clients.site.site_feature.SiteFeature`):
-the round iterates over its active features (:func:`~clients.site.round_features.round_features`,
+the round iterates over its active features (:func:`~clients.site.site_feature.round_features`,
 in hook order) and names none of them.
 
 In (:func:`received_model`): the features take their entries off the instruction's arrays
@@ -38,10 +38,9 @@ import numpy as np
 import torch
 
 from clients.site.instruction import Instruction, SiteRunSettings
-from clients.site.round_features import round_features
 from clients.site.site import Site
 from clients.site.site_feature import (RESIDUAL_NAME, LocalTraining, LocalUpdate, SiteFeature,
-                                       StepHookChain)
+                                       StepHookChain, round_features)
 from clients.site.site_reply import Metrics
 from clients.site.state_store import SiteStateStore
 from clients.training.site_task import SiteTask

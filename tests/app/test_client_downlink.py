@@ -11,8 +11,8 @@ from flwr.app import Array, ArrayRecord
 from app.config.run_config import RunConfig, RunConfigError
 from clients.site.instruction import Instruction
 from clients.site.policy import SitePolicy
-from clients.site.round_features import round_features
 from clients.site.site import Site
+from clients.site.site_feature import round_features
 from clients.site.site_training import received_model
 from strategies.downlink import ServerDownlink
 from strategies.model_packing import named_arrays, pack_arrays

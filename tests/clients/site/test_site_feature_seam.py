@@ -25,6 +25,8 @@ from __future__ import annotations
 import ast
 import io
 import re
+import subprocess
+import sys
 import tokenize
 from pathlib import Path
 
@@ -32,7 +34,7 @@ import pytest
 
 from clients.site.instruction import Instruction
 from clients.site.policy import SitePolicy
-from clients.site.round_features import FEATURES, round_features
+from clients.site.site_feature import FEATURES, round_features
 from clients.site.site_round import answer
 from clients.site.site_pruning import SitePruning
 from strategies.wire import message_keys as keys
@@ -103,3 +105,15 @@ def test_a_part_without_its_feature_is_read_but_not_built(tmp_path):
     pruned = _train(**{keys.PRUNING_VERSION: 2})
     [feature] = round_features(pruned, site(tmp_path, SitePolicy.permissive()), run_settings())
     assert isinstance(feature, SitePruning) and feature.residual_name("r") == "r-mask-2"
+
+
+@pytest.mark.parametrize("first", ["clients.site.site_pruning",
+                                   "clients.training.personalisation.methods.fedbn",
+                                   "clients.site.instruction"])
+def test_the_seam_its_features_and_the_instruction_load_in_any_order(first):
+    """The seam and its table are one module; each feature imports the seam, so the table is
+    built on first use: a feature's file imported first still loads, and so does the table."""
+    code = (f"import {first}\n"
+            "from clients.site.site_feature import FEATURES, INSTRUCTION_PARTS\n"
+            "assert len(FEATURES) == 5 and len(INSTRUCTION_PARTS) == 4\n")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=120)
