@@ -173,7 +173,7 @@ def query_losses(grid: Grid, policy: RoundPolicy, server_round: int, arrays: Arr
                  report: RoundReport) -> dict[int, float]:
     """Ask ``candidates`` for the global model's loss on their data (Flower ``query``).
 
-    One exchange (:func:`strategies.rounds.exchange.exchange`): valid answers from a
+    One exchange (:func:`strategies.rounds.instructions.exchange`): valid answers from a
     node under its own site name (:meth:`SiteBook.identity_problem`) update ``book``
     (name, first declared size); bytes down/up and the seconds spent go to
     ``report.strategy`` (``query-bytes-down``, ``query-bytes-up``, ``query-seconds``).
