@@ -276,7 +276,12 @@ def lowest_scores(scores: np.ndarray, m: int) -> np.ndarray:
 @dataclass(frozen=True)
 class NormBound:
     """The bound ``M`` of eq. (4): ``absolute`` (> 0) and/or ``kappa`` x lower median
-    (kappa >= 1), and ``history_kappa`` (>= 1) x an earlier rounds' reference when one is known."""
+    (kappa >= 1), and ``history_kappa`` (>= 1) x an earlier rounds' reference when one is known.
+
+    The default defence checkpoints it; ``former_types`` is its path before the robust
+    rules were one module (:mod:`strategies.rounds.checkpoint`)."""
+
+    former_types = ("strategies.robust.norm_bound.NormBound",)
 
     absolute: float | None = None
     kappa: float | None = None

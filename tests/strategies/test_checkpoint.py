@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import stat
@@ -180,3 +181,23 @@ def test_a_class_that_moved_restores_from_a_checkpoint_under_its_former_name(tmp
     node["type"] = "strategies.plugins.defences.elsewhere.DefendedAggregator"
     with pytest.raises(StateTreeError, match="elsewhere"):
         decode_tree(tree, arrays, {"aggregator": defended()})
+
+
+def test_the_default_defence_resumes_from_a_checkpoint_of_the_split_robust_package(tmp_path: Path):
+    """NormBound, the default defence's bound, was saved as
+    strategies.robust.norm_bound.NormBound before strategies/robust/ became one module:
+    a checkpoint written then (read on a resume of a federation started before the
+    upgrade) restores onto the run's object, with its state."""
+    def defended():
+        return with_defence(DEFENCES.create("norm-bound"), AGGREGATORS.create("fedavg"))
+
+    saved = defended()
+    saved.defence.history = [[1.5, 2.0]]
+    tree, arrays = encode_tree({"aggregator": saved})
+    text = json.dumps(tree)
+    assert '"strategies.robust.NormBound"' in text
+    old = json.loads(text.replace('"strategies.robust.NormBound"',
+                                  '"strategies.robust.norm_bound.NormBound"'))
+    fresh = defended()
+    restored = decode_tree(old, arrays, {"aggregator": fresh})["aggregator"]
+    assert restored is fresh and vars(restored.defence) == vars(saved.defence)
