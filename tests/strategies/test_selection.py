@@ -1,16 +1,15 @@
-"""Tests for strategies.selection: Power-of-Choice and sampling."""
+"""The selectors' kernels: Power-of-Choice's two stages and uniform sampling.
+
+(strategies/plugins/selectors/power_of_choice.py and uniform.py.)
+"""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from strategies.selection import (
-    SelectionError,
-    power_of_choice,
-    sample_candidates,
-    uniform_sample,
-)
+from strategies.plugins.selectors.power_of_choice import power_of_choice, sample_candidates
+from strategies.plugins.selectors.uniform import SelectionError, uniform_sample
 
 FRACTIONS = (0.1, 0.1, 0.2, 0.2, 0.2, 0.2)
 LOSSES = (2.0, 0.5, 1.5, 0.9, 3.1, 0.2)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from strategies.plugins.registries import SELECTORS
-from strategies.selection import adaptive_d, fairness_floor, power_of_choice
+from strategies.plugins.selectors.power_of_choice import adaptive_d, fairness_floor, power_of_choice
 
 SIZES = {0: 10, 1: 10, 2: 20, 3: 20, 4: 20, 5: 20}            # fractions .1 .1 .2 .2 .2 .2
 LOSSES = {0: 2.0, 1: 0.5, 2: 1.5, 3: 0.9, 4: 3.1, 5: 0.2}
