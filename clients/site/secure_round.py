@@ -13,7 +13,7 @@ in the site's state dir (:class:`~clients.site.secure_state.SecureRoundState`):
    neighbour, each encrypted for it; reply: the ciphertexts and the seed's commitment;
 3. ``collect``: the shares addressed to the site are decrypted first (an altered or
    misaddressed one refuses the round before anything trains); then the site trains as
-   in a plain round (:func:`~clients.site.site_training.train_round` with the round's
+   in a plain round (:func:`~clients.site.site_round.train_round` with the round's
    features: DP-SGD, the ledger, FedBN), and its update is weighted, clipped and masked by
    the :class:`~clients.site.secure_update.SecureMasking` feature, which seals it; reply:
    the packed masked vector (``delta`` / ``secagg-masked``) and the metrics that do not
@@ -38,7 +38,7 @@ from clients.site.secure_update import SecureMasking
 from clients.site.site import Site
 from clients.site.site_feature import round_features
 from clients.site.site_reply import SiteReply
-from clients.site.site_training import train_round
+from clients.site.site_round import train_round
 from strategies.wire import message_keys as keys
 from strategies.wire.secure_aggregation.errors import SecAggError
 from strategies.wire.secure_aggregation.participant import Participant

@@ -1,7 +1,7 @@
 """The seam of a site's round and the table of its features: a :class:`SiteFeature`, its
 hooks, and which features a message turns on.
 
-The site's round (:mod:`clients.site.site_training`) does what every round does: reads the
+The site's round (:mod:`clients.site.site_round`) does what every round does: reads the
 global model, trains tau local steps, computes ``delta = x_global - x_local``, encodes it
 with the round's codec and error feedback, and reports the round's metrics. Everything a
 run may add to that is a feature that reaches into the round only through the hooks of

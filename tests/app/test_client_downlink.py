@@ -13,9 +13,9 @@ from clients.site.instruction import Instruction
 from clients.site.policy import SitePolicy
 from clients.site.site import Site
 from clients.site.site_feature import round_features
-from clients.site.site_training import received_model
+from clients.site.site_round import received_model
 from strategies.downlink import ServerDownlink
-from strategies.model_packing import named_arrays, pack_arrays
+from strategies.rounds.instructions import named_arrays, pack_arrays
 from strategies.wire import message_keys as keys
 from strategies.wire.downlink_receive import DownlinkSyncError
 from tests.clients.site_round_fixtures import run_settings

@@ -8,7 +8,8 @@ import numpy as np
 
 from clients.site.instruction import Instruction
 from clients.site.state_store import SiteStateStore
-from clients.site.site_training import RESIDUAL_NAME, encode_update
+from clients.site.site_feature import RESIDUAL_NAME
+from clients.site.site_round import encode_update
 from strategies.compression import decode
 from strategies.wire import message_keys as keys
 from strategies.wire.update_codec import PAYLOAD_KEY

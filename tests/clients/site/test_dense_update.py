@@ -35,7 +35,7 @@ def _train(tmp_path, tasks, server_round: int):
 def test_a_default_train_round_enters_no_file_of_the_codecs(tmp_path, tasks):
     _train(tmp_path, tasks, 1)  # imports, the task's data
     reply, entered = entered_files(lambda: _train(tmp_path, tasks, 2))
-    assert {"clients/site/site_training.py", "strategies/wire/model_layout.py"} <= entered
+    assert {"clients/site/site_round.py", "strategies/wire/model_layout.py"} <= entered
     assert not sorted(f for f in entered if f.startswith(CODEC_FILES))
     reference = list(unpack_model(packed_global()).values())
     delta = dense_update(reply.update, reference)

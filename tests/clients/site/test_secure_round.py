@@ -16,7 +16,7 @@ import pytest
 
 from clients.site.secure_state import STATE_FILE
 from clients.site.secure_update import SecureInstruction, coefficient_of, secure_values
-from clients.site.site_training import LocalUpdate
+from clients.site.site_feature import LocalUpdate
 from clients.site.site_round import answer
 from clients.site.state_retention import expire_federation_states
 from strategies.wire import message_keys as keys
