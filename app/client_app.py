@@ -36,7 +36,7 @@ from clients.site.instruction import Instruction, SiteRunSettings
 from clients.site.site import Site
 from clients.site.site_round import SiteTasks, answer
 from clients.vertical.stages import VerticalRequest, answer_vertical, vertical_site
-from strategies.model_packing import named_arrays, record_of
+from strategies.rounds.instructions import named_arrays, record_of
 from strategies.wire import message_keys as keys
 from strategies.wire.vertical_options import split_vertical
 

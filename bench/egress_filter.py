@@ -45,7 +45,7 @@ from app.engine.grid import over_the_wire  # noqa: E402
 from app.engine.virtual_site import default_handler  # noqa: E402
 from app.site_runtime.egress_filter import EgressFilter  # noqa: E402
 from strategies.wire import message_keys as keys  # noqa: E402
-from strategies.model_packing import unpack_arrays  # noqa: E402
+from strategies.rounds.instructions import unpack_arrays  # noqa: E402
 from strategies.rounds.reply_intake import wire_size  # noqa: E402
 
 #: (name, run-config overrides) of each model measured.

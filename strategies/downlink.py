@@ -41,7 +41,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord
 
 from strategies.compression import ErrorFeedback, decode, parse_spec
-from strategies.model_packing import named_arrays, record_of
+from strategies.rounds.instructions import named_arrays, record_of
 from strategies.wire import message_keys as keys
 from strategies.wire.codecs.registry import UpdateCodec
 from strategies.wire.downlink_header import DownlinkHeader, PAYLOAD_KEY, RAW_KEY

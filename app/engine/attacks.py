@@ -57,7 +57,7 @@ from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 
 from app.engine.virtual_site import Handler, VirtualSite, default_handler
 from strategies.compression import decode, encode
-from strategies.model_packing import named_arrays, record_of
+from strategies.rounds.instructions import named_arrays, record_of
 from strategies.wire import message_keys as keys
 from strategies.wire.errors import ConfigError
 from strategies.wire.model_layout import PackedModelError, unpack_model

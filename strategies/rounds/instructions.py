@@ -1,5 +1,5 @@
-"""A round's messages: one fresh instruction per site, and THE exchange that sends them
-and takes in their answers.
+"""A round's messages: one fresh instruction per site, the model's Flower record they
+carry, and THE exchange that sends them and takes in their answers.
 
 **Instructions.** Flower's ``FedAvg`` puts one shared ``RecordDict`` in every train
 message; here each site gets its own ``RecordDict`` and ``ConfigRecord`` (a copy of the
@@ -9,11 +9,20 @@ setting writes can leak into another site's message.
 A train instruction also carries the round's local steps tau, the uplink codec
 and its per-round, per-site seed (:func:`strategies.compression.derive_seed`),
 which the server needs again to validate and decode the site's reply
-(:class:`TrainPlan`). The global model goes down as one packed buffer
-(:mod:`strategies.model_packing`); the round's active features
-(:mod:`strategies.rounds.round_feature`) add to a train or evaluate exchange's
-:class:`Instructions` before they become messages (with a downlink codec, a compressed
-step or a dense snapshot per node, :mod:`strategies.downlink`).
+(:class:`TrainPlan`). The global model goes down as one packed buffer (below); the
+round's active features (:mod:`strategies.rounds.round_feature`) add to a train or
+evaluate exchange's :class:`Instructions` before they become messages (with a downlink
+codec, a compressed step or a dense snapshot per node, :mod:`strategies.downlink`).
+
+**The model's record.** The layout (why the model goes down as one buffer, the buffer
+and its JSON layout, the update's arrays) is the wire kernel's,
+:mod:`strategies.wire.model_layout`, pure numpy so the site reads it without Flower; its
+Flower side lives here, as the kernel may not import Flower (tests/test_layering.py):
+:func:`named_arrays` / :func:`record_of` convert between an ``ArrayRecord`` and numpy
+arrays by name (the ClientApp's adapter, the downlink, pruning and the engine's attacks
+use them too), and :func:`pack_arrays` / :func:`unpack_arrays` are
+:func:`~strategies.wire.model_layout.pack_model` /
+:func:`~strategies.wire.model_layout.unpack_model` on records, bit for bit.
 
 **The exchange.** One function serves every message the server sends: train and
 evaluate in each round, Power-of-Choice's ``query`` (:mod:`.round_metrics`), the
@@ -49,23 +58,24 @@ from logging import INFO
 from typing import TYPE_CHECKING, Generic
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
 from strategies.compression import derive_seed, parse_spec, warmup_spec
-from strategies.model_packing import pack_arrays
 from strategies.rounds.reply_intake import Reply, ReplyIntake, Taken, TrainReply, parse_train_reply
 from strategies.rounds.round_policy import RoundPolicy
 from strategies.rounds.site_book import SiteBook
 from strategies.wire import message_keys as keys
 from strategies.wire.errors import FederationError
 from strategies.wire.local_solver import LocalSolver
+from strategies.wire.model_layout import pack_model, unpack_model
 
 if TYPE_CHECKING:
     from strategies.rounds.round_feature import RoundFeature
 
-__all__ = ["Uplink", "TrainPlan", "Instructions", "site_messages", "train_messages",
+__all__ = ["named_arrays", "record_of", "pack_arrays", "unpack_arrays",
+           "Uplink", "TrainPlan", "Instructions", "site_messages", "train_messages",
            "evaluate_messages", "query_messages",
            "Exchanged", "NodeWaitTimeout", "exchange", "wait_for_nodes"]
 
@@ -168,6 +178,32 @@ class TrainPlan:
                 keys.FEDERATION: uplink.federation}
 
 
+def named_arrays(record: ArrayRecord) -> dict[str, np.ndarray]:
+    """``record``'s arrays as numpy, by name, in order."""
+    return {name: array.numpy() for name, array in record.items()}
+
+
+def record_of(named: Mapping[str, np.ndarray]) -> ArrayRecord:
+    """Numpy arrays by name as an ``ArrayRecord``, in order."""
+    return ArrayRecord({name: Array(np.asarray(array)) for name, array in named.items()})
+
+
+def pack_arrays(arrays: ArrayRecord) -> ArrayRecord:
+    """``arrays`` as one ``uint8`` buffer (``model``) and its JSON layout (``layout``)."""
+    return record_of(pack_model(named_arrays(arrays)))
+
+
+def unpack_arrays(packed: ArrayRecord) -> ArrayRecord:
+    """The ``ArrayRecord`` that :func:`pack_arrays` packed, names and order kept.
+
+    Raises
+    ------
+    strategies.wire.model_layout.PackedModelError
+        When ``packed`` lacks ``model`` or ``layout``, or their sizes disagree.
+    """
+    return record_of(unpack_model(named_arrays(packed)))
+
+
 def site_messages(
     node_ids: list[int], arrays: ArrayRecord | None, config: ConfigRecord, server_round: int,
     message_type: str, extra: Callable[[int], dict] | None = None,
@@ -176,8 +212,8 @@ def site_messages(
     """One message per node with its own content: ``arrays`` and a fresh config.
 
     The config is ``config`` plus the server round plus ``extra(node_id)``. The
-    model travels packed in one buffer (:func:`strategies.model_packing.pack_arrays`,
-    packed once: every message refers to the same Flower objects), or as
+    model travels packed in one buffer (:func:`pack_arrays`, packed once: every message
+    refers to the same Flower objects), or as
     ``packed_for[node_id]`` when given (the compressed downlink's records); with
     ``arrays`` ``None`` and no ``packed_for``, no model (a SecAgg+ stage's instruction).
     """

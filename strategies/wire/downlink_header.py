@@ -3,7 +3,7 @@
 A train instruction of a run with a downlink codec carries, in its config,
 ``downlink-codec``, ``downlink-version`` (the reference version the site holds
 after this message), ``downlink-base`` (0: ``arrays`` is a dense snapshot, the
-packed model of :mod:`strategies.model_packing`; otherwise the version the
+packed model of :func:`strategies.rounds.instructions.pack_arrays`; otherwise the version the
 compressed step applies to), ``downlink-checksum`` (SHA-256 of the reference
 after it, :meth:`strategies.wire.downlink_reference.Reference.checksum`) and
 ``downlink-seed`` (the codec seed of the step). A compressed step's ``arrays``

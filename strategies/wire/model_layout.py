@@ -9,8 +9,8 @@ object from the SuperLink with its own request: the 2.5D U-Net's 36 tensors are 
 :func:`pack_model` lays the named tensors end to end in one ``uint8`` array (``model``)
 with a small JSON layout beside it (``layout``: name, dtype and shape of each tensor, in
 order), so the model costs one pull per 5 MB chunk; :func:`unpack_model` gives the same
-tensors back, bit for bit, names and order kept. (Its ``ArrayRecord`` form is
-:mod:`strategies.model_packing`'s: the kernel knows no Flower.)
+tensors back, bit for bit, names and order kept. (Its ``ArrayRecord`` form is in
+:mod:`strategies.rounds.instructions`: the kernel knows no Flower.)
 
 **The update** (a train reply's arrays). Every uplink codec shares one layout
 (:mod:`strategies.wire.update_codec` packs and unpacks it): ``payload``, one ``uint8``

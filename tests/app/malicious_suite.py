@@ -59,7 +59,7 @@ from clients.registry import task_class  # noqa: E402
 from clients.site.privacy_ledger import PrivacyLedger  # noqa: E402
 from clients.site.instruction import SiteRunSettings  # noqa: E402
 from strategies.wire import message_keys as keys  # noqa: E402
-from strategies.model_packing import pack_arrays  # noqa: E402
+from strategies.rounds.instructions import pack_arrays  # noqa: E402
 
 __all__ = ["ATTEMPTS", "Attempt", "Row", "Suite", "run_suite", "main"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 
-from strategies.model_packing import pack_arrays
+from strategies.rounds.instructions import pack_arrays
 from strategies.wire import message_keys as keys
 
 TYPES = {"train": MessageType.TRAIN, "evaluate": MessageType.EVALUATE,

@@ -19,7 +19,7 @@ from clients.manifests.csv_rows import EVAL_SPLITS
 from clients.site.site_round import SiteTasks
 from clients.training.trainer import select_device
 from clients.training.site_task import EvalResult
-from strategies.model_packing import pack_arrays
+from strategies.rounds.instructions import pack_arrays
 from strategies.wire import message_keys as keys
 from tests.app.site_messages import instruction
 from tests.clients.small_sites import small_cxr_site

@@ -19,7 +19,7 @@ from app import client_app
 from clients.cxr_cls.task import CXRClsTask
 from clients.site.site_round import SiteTasks
 from clients.training.trainer import select_device
-from strategies.model_packing import pack_arrays
+from strategies.rounds.instructions import pack_arrays
 from strategies.wire import message_keys as keys
 from tests.app.site_messages import TYPES
 from tests.clients.site_round_fixtures import SIZES, TinyCxr

@@ -120,7 +120,7 @@ BN_DELTA = [np.full(3, 0.1, np.float32), np.full(2, 0.2, np.float32),
 def _exchange(attack: SiteAttack, kind: str = "train") -> tuple[Message, Message]:
     """The honest and the attacked reply of one site to a ``kind`` instruction."""
     from app.engine.attacks import attacking_handler
-    from strategies.model_packing import pack_arrays, record_of
+    from strategies.rounds.instructions import pack_arrays, record_of
     from strategies.wire import message_keys as keys
     from strategies.wire.update_codec import pack_update
 
@@ -143,7 +143,7 @@ def _exchange(attack: SiteAttack, kind: str = "train") -> tuple[Message, Message
 
 
 def _delta(reply: Message) -> dict[str, np.ndarray]:
-    from strategies.model_packing import named_arrays
+    from strategies.rounds.instructions import named_arrays
 
     return named_arrays(reply.content["delta"])
 
@@ -199,7 +199,7 @@ def test_buffer_attacks_need_buffers():
         return Message(content, reply_to=message)
 
     from app.engine.attacks import attacking_handler
-    from strategies.model_packing import pack_arrays, record_of
+    from strategies.rounds.instructions import pack_arrays, record_of
 
     instruction = Message(RecordDict({"arrays": pack_arrays(record_of({"w": np.ones(2)})),
                                       "config": ConfigRecord({})}),

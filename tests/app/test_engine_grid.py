@@ -12,7 +12,7 @@ from app.config.run_config import RunConfig
 from app.engine import InProcessGrid, SiteFaults, VirtualSite
 from app.engine.grid import FIRST_NODE_ID
 from app.server_app import build_strategy
-from strategies.model_packing import pack_arrays
+from strategies.rounds.instructions import pack_arrays
 from strategies.rounds.reply_intake import NO_REPLY
 from strategies.wire import message_keys as keys
 from strategies.wire.errors import ConfigError

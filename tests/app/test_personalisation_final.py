@@ -20,7 +20,7 @@ from clients.site.site_round import SiteTasks
 from clients.site.state_store import SiteStateStore
 from clients.training.personalisation.local_layers import LOCAL_LAYERS
 from clients.training.site_task import TaskSettings
-from strategies.model_packing import pack_arrays
+from strategies.rounds.instructions import pack_arrays
 from strategies.wire import message_keys as keys
 from tests.clients.small_sites import small_cxr_site
 

@@ -23,7 +23,7 @@ from app.engine import partition_sites, run_federation
 from app.engine.virtual_site import default_handler
 from clients.cxr_cls.synthetic import generate_site, site_profiles
 from strategies.compression import decode, encode
-from strategies.model_packing import named_arrays, record_of
+from strategies.rounds.instructions import named_arrays, record_of
 from strategies.plugins.control_variates.control_variate_round import ControlVariateRound
 from strategies.wire import message_keys as keys
 from tests.app.restored_strategy import restored_strategy

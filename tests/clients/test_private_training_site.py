@@ -19,7 +19,7 @@ from clients.site.site_round import SiteTasks
 from clients.cxr_cls.task import CXRClsTask
 from clients.training.classification import LabelledTensors
 from clients.training.site_task import TaskSettings
-from strategies.model_packing import pack_arrays
+from strategies.rounds.instructions import pack_arrays
 from strategies.wire import message_keys as keys
 
 SETTINGS = TaskSettings(image_size=16, batch_size=4)

@@ -9,7 +9,6 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MessageType
 from flwr.app import MetricRecord, RecordDict
 
-from strategies.model_packing import unpack_arrays
 from strategies.wire import message_keys as keys
 from strategies.wire.local_solver import LocalSolver
 from strategies.rounds.cross_site import (
@@ -18,7 +17,7 @@ from strategies.rounds.cross_site import (
     CrossSiteSetup,
     cross_site_evaluation,
 )
-from strategies.rounds.instructions import Uplink
+from strategies.rounds.instructions import Uplink, unpack_arrays
 from strategies.rounds.reply_intake import NO_REPLY
 from strategies.rounds.round_policy import RoundPolicy
 from strategies.rounds.site_book import SiteBook

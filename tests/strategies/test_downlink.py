@@ -8,7 +8,7 @@ from flwr.app import Array, ArrayRecord
 
 from strategies.compression import CodecError, decode
 from strategies.downlink import DownlinkCodecError, ServerDownlink, check_downlink_codec
-from strategies.model_packing import named_arrays
+from strategies.rounds.instructions import named_arrays
 from strategies.wire.downlink_header import DownlinkHeader, PAYLOAD_KEY
 from strategies.wire.downlink_receive import DownlinkSyncError, receive
 from strategies.wire.downlink_reference import Reference

@@ -7,7 +7,7 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from strategies.downlink_feature import DownlinkFeature
-from strategies.model_packing import pack_arrays
+from strategies.rounds.instructions import pack_arrays
 from strategies.plugins.registries import AGGREGATORS, SCHEDULES, SELECTORS
 from strategies.rounds.active_features import active_features
 from strategies.rounds.federated_strategy import FederatedStrategy

@@ -43,14 +43,13 @@ from flwr.app import Array, ArrayRecord, MessageType
 from flwr.supercore import log
 
 from strategies.compression import decode
-from strategies.model_packing import named_arrays, record_of
 from strategies.plugins.protocols import Info, Pruning
 from strategies.rounds.reply_intake import TrainReply
 from strategies.wire import message_keys as keys
 from strategies.wire.pruning_mask import apply_mask, compact, expand, mask_record
 from strategies.robust import (NormBound, clip_factors, coordinate_median, coordinatewise, scaled,
                                update_norm)
-from strategies.rounds.instructions import Instructions
+from strategies.rounds.instructions import Instructions, named_arrays, record_of
 from strategies.rounds.round_feature import RoundFeature, RoundReplies
 from strategies.rounds.round_report import RoundReport
 

@@ -1,4 +1,5 @@
-"""The packed downlink model: one buffer and a layout, unpacked bit for bit."""
+"""The model's Flower record (strategies.rounds.instructions): the packed downlink model,
+one buffer and a layout, unpacked bit for bit."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord
 
-from strategies.model_packing import pack_arrays, unpack_arrays
+from strategies.rounds.instructions import pack_arrays, unpack_arrays
 from strategies.wire.model_layout import LAYOUT_KEY, MODEL_KEY, PackedModelError
 
 
