@@ -1,4 +1,4 @@
-"""Non-IID federated least squares and the runtime model of local-update SGD (AdaComm benchmark).
+"""Non-IID federated least squares and the runtime model of local-update SGD (AdaComm simulation).
 
 * **Least squares**: site ``i`` holds ``(X_i, y_i)`` and minimises
   ``F_i(x) = ||X_i x - y_i||^2 / (2 n_i)`` with mini-batch SGD; the global
@@ -10,7 +10,7 @@
   compute time plus a communication delay ``D``; the per-step times
   ``Y_{i,k}`` are i.i.d. shifted exponentials.
 
-A run aggregates with the project's FedAvg (:func:`sim_quadratic.aggregate`
+A run aggregates with the project's FedAvg (:func:`quadratic.aggregate`
 over :func:`strategies.aggregation.fedavg_delta`) and picks ``tau`` with the
 project's :func:`strategies.local_steps.adacomm_tau` and
 :class:`strategies.local_steps.LossSmoother`.
@@ -22,23 +22,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from sim_quadratic import aggregate
 from strategies.local_steps import LossSmoother, adacomm_tau
-
-__all__ = [
-    "LeastSquaresFederation",
-    "RunTrace",
-    "local_sgd_least_squares",
-    "make_least_squares_federation",
-    "round_time",
-    "run_local_update_sgd",
-    "sample_step_times",
-]
+from tests.simulations.quadratic import aggregate
 
 
-# --------------------------------------------------------------------------- #
-# 2. Non-IID least squares with mini-batch SGD
-# --------------------------------------------------------------------------- #
 @dataclass
 class LeastSquaresFederation:
     """Sites' least-squares data, zero-padded to a common length.
@@ -146,9 +133,6 @@ def local_sgd_least_squares(
     return x, first_losses
 
 
-# --------------------------------------------------------------------------- #
-# 3. Runtime model
-# --------------------------------------------------------------------------- #
 def sample_step_times(
     rng: np.random.Generator, num_sites: int, steps: int, shift: float, scale: float
 ) -> np.ndarray:

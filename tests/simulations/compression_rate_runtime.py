@@ -4,14 +4,14 @@ The adaptive rate of the book's chapter 3, §3.3.2 (sign-based online gradient
 descent on the log kept fraction, :class:`strategies.plugins.schedules.codec_rate.
 AdaptiveCodecRate`, the product's own class) against top-k + error feedback at a
 grid of fixed rates, under slow, medium and fast links, in the time-to-target
-framing of Wang & Joshi's AdaComm (``bench/adacomm_runtime.py``).
+framing of Wang & Joshi's AdaComm (:mod:`adacomm_runtime`).
 
-Problem: non-IID federated least squares (``bench/sim_local_sgd.py``,
+Problem: non-IID federated least squares (:mod:`least_squares`,
 :func:`make_least_squares_federation`), every site runs ``TAU`` mini-batch SGD
 steps a round from the global model; its update ``delta_i = x - x_i`` goes through
 the product's codec (:class:`strategies.compression.ErrorFeedback`, ``topk:<rate>``,
 one residual per site kept across rounds and rates); the server decodes and
-averages (:func:`strategies.aggregation.fedavg_delta`, via ``sim_quadratic.aggregate``).
+averages (:func:`strategies.aggregation.fedavg_delta`, via ``quadratic.aggregate``).
 
 Runtime model: a round takes :func:`strategies.plugins.schedules.codec_rate.round_seconds`
 ``max_i (c_i + 8 b_i / L)``: site ``i``'s compute ``c_i`` (``TAU`` shifted-exponential
@@ -32,39 +32,34 @@ federation and new SGD noise), the best fixed rate in hindsight (lowest mean tim
 and each adaptive variant / best (None where a seed never reached the target).
 Usage::
 
-    .venv/bin/python bench/compression_rate_runtime.py [--seeds 5]
+    .venv/bin/python -m tests.simulations.compression_rate_runtime [--seeds 5]
 
 Results go to ``bench/results/compression_rate_runtime.json``.
 """
 
 from __future__ import annotations
 
-# First: one BLAS/OpenMP thread before numpy loads, and the project importable.
-from single_thread import BENCH  # noqa: I001
+from tests.simulations import simulation  # noqa: I001 - first: one BLAS thread before numpy
 
-import argparse  # noqa: E402
 import math  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from report import Column, environment, print_table, write_report  # noqa: E402
-from sim_local_sgd import (  # noqa: E402
-    local_sgd_least_squares,
-    make_least_squares_federation,
-    sample_step_times,
-)
-from sim_quadratic import aggregate  # noqa: E402
-from stats import defined, mean_sd  # noqa: E402
+from bench.report import Column, environment, print_table  # noqa: E402
+from bench.stats import defined, mean_sd  # noqa: E402
 from strategies.compression import ErrorFeedback, decode, parse_spec  # noqa: E402
 from strategies.plugins.schedules.codec_rate import (  # noqa: E402
     AdaptiveCodecRate,
     SiteRound,
     round_seconds,
 )
+from tests.simulations.least_squares import (  # noqa: E402
+    local_sgd_least_squares,
+    make_least_squares_federation,
+    sample_step_times,
+)
+from tests.simulations.quadratic import aggregate  # noqa: E402
 
-DEFAULT_OUTPUT = BENCH / "results" / "compression_rate_runtime.json"
 PROBLEM = {"num_sites": 8, "dim": 500, "min_examples": 200, "max_examples": 600,
            "signal_norm": 10.0, "heterogeneity": 0.3, "label_noise": 0.3, "scale_spread": 1.0}
 TRAINING = {"lr": 0.005, "batch_size": 16, "tau": 5}
@@ -147,9 +142,7 @@ def run_link(name: str, ratio: float, seeds: int) -> dict:
     """Every fixed rate and the adaptive schedule under one link, over ``seeds``."""
     methods: dict[str, list[dict]] = {}
     for seed in range(seeds):
-        fed = make_least_squares_federation(
-            PROBLEM["num_sites"], PROBLEM["dim"], seed,
-            **{k: v for k, v in PROBLEM.items() if k not in ("num_sites", "dim")})
+        fed = make_least_squares_federation(seed=seed, **PROBLEM)
         f_star, f_zero = fed.loss(fed.optimum()), fed.loss(np.zeros(PROBLEM["dim"]))
         target = f_star + TARGET_EXCESS * (f_zero - f_star)
         dense_bits = 8.0 * ErrorFeedback("topk:1.0").step(
@@ -169,14 +162,10 @@ def run_link(name: str, ratio: float, seeds: int) -> dict:
             "over_best": over_best}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, default=5, help="federations (and runs) 0..N-1")
-    parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="JSON output path")
-    args = parser.parse_args(argv)
-    started = time.process_time()
+def simulate(args) -> dict:
+    """Every link over ``args.seeds`` federations."""
     links = [run_link(name, ratio, args.seeds) for name, ratio in LINKS.items()]
-    report = {
+    return {
         "benchmark": "compression_rate_runtime",
         "method": "sign-based OGD on the log kept fraction (book ch. 3 §3.3.2; Han, Wang, "
                   "Leung, ICDCS 2020), strategies/plugins/schedules/codec_rate.py",
@@ -190,17 +179,23 @@ def main(argv: list[str] | None = None) -> int:
                   f"units (1 = mean local step) until first reached (max {MAX_ROUNDS} rounds)",
         "seeds": args.seeds, **environment(), "cpu_s": None, "results": links,
     }
-    report["cpu_s"] = time.process_time() - started
-    write_report(args.output, report, allow_nan=False)
-    print_table(f"time to F* + {TARGET_EXCESS:g} x initial excess, {args.seeds} seeds",
+
+
+def show(report: dict) -> None:
+    """The table of every link's rates and each link's best fixed rate."""
+    links = report["results"]
+    print_table(f"time to F* + {TARGET_EXCESS:g} x initial excess, {report['seeds']} seeds",
                 COLUMNS, ((r["link"], k, m) for r in links for k, m in r["methods"].items()))
     for r in links:
         ratios = ", ".join(f"{k} / best = " + (f"{v:.2f}" if v else "not reached on every seed")
                            for k, v in r["over_best"].items())
         print(f"{r['link']}: best fixed rate {r['best_fixed_rate']} "
               f"({r['best_fixed_time_mean']:.0f}); {ratios}")
-    print(f"cpu {report['cpu_s']:.1f} s; wrote {args.output}")
-    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return simulation.main(__doc__, "compression_rate_runtime",
+                           {"--seeds": (5, "federations (and runs) 0..N-1")}, simulate, show, argv)
 
 
 if __name__ == "__main__":

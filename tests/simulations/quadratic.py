@@ -1,4 +1,4 @@
-"""Isotropic quadratics for the FedNova benchmark, with the project's aggregators.
+"""Isotropic quadratics for the FedNova simulation, with the project's aggregators.
 
 Site ``i`` minimises ``F_i(x) = 1/2 ||x - c_i||^2``. Any linear local solver
 (SGD, heavy-ball momentum) started from ``x`` ends at ``x_local = c_i + s_i
@@ -16,43 +16,18 @@ Pure numpy on the project's own math
 (:func:`strategies.aggregation.fedavg_delta`,
 :func:`strategies.aggregation.fednova_delta`); nothing here re-implements it.
 Sign convention as everywhere in the project: ``delta_i = x_global -
-x_local_i`` and ``x_new = x_global - aggregated_delta``. The least-squares
-problem and the runtime model of the AdaComm benchmark are
-``bench/sim_local_sgd.py``.
+x_local_i`` and ``x_new = x_global - aggregated_delta``.
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from strategies.aggregation import (  # noqa: E402
-    fedavg_delta,
-    fednova_delta,
-    local_solver_norm,
-)
-
-__all__ = [
-    "aggregate",
-    "average_iterate",
-    "closed_form_fixed_point",
-    "iterate_to_fixed_point",
-    "local_response",
-    "local_sgd_quadratic",
-]
+from strategies.aggregation import fedavg_delta, fednova_delta, local_solver_norm
 
 
-
-# --------------------------------------------------------------------------- #
-# Shared: one server step with the project's aggregators
-# --------------------------------------------------------------------------- #
 def aggregate(
     x_global: np.ndarray,
     x_local: np.ndarray,
@@ -60,11 +35,10 @@ def aggregate(
     method: str,
     a_norms: Sequence[float] | None = None,
 ) -> np.ndarray:
-    """Return the new global model ``x_global - agg(delta_i)``.
+    """One server step ``x_global - agg(delta_i)`` by ``strategies.aggregation``.
 
-    ``x_local`` has one leading site axis (``x_local[i]`` has ``x_global``'s
-    shape); ``method`` is ``"fedavg"`` or ``"fednova"`` (then ``a_norms`` is
-    required). The aggregation is done by ``strategies.aggregation``.
+    ``x_local`` has one leading site axis; ``method`` is ``"fedavg"`` or
+    ``"fednova"`` (then ``a_norms`` is required).
     """
     deltas = [[x_global - x_local[i]] for i in range(x_local.shape[0])]
     if method == "fedavg":
@@ -78,9 +52,6 @@ def aggregate(
     return x_global - agg[0]
 
 
-# --------------------------------------------------------------------------- #
-# 1. Isotropic quadratics F_i(x) = 1/2 ||x - c_i||^2
-# --------------------------------------------------------------------------- #
 def local_sgd_quadratic(
     x_global: np.ndarray,
     centers: np.ndarray,
@@ -90,30 +61,14 @@ def local_sgd_quadratic(
     noise_std: float = 0.0,
     rng: np.random.Generator | None = None,
 ) -> np.ndarray:
-    """Run every site's local solver on ``F_i(x) = 1/2 ||x - c_i||^2``.
+    """Every site's local solver on ``F_i``: the local models, shape ``(M,) + x_global.shape``.
 
     The solver is PyTorch ``SGD`` (heavy-ball ``momentum``, first buffer = the
     gradient, buffer reset every round) on the stochastic gradient
-    ``g = x - c_i + noise_std * xi`` with ``xi ~ N(0, I)``. Site ``i`` runs
-    ``steps[i]`` steps; sites that are done stay where they are.
-
-    Parameters
-    ----------
-    x_global : numpy.ndarray, shape (d,) or (K, d)
-        Global model; a leading axis runs ``K`` independent chains at once.
-    centers : numpy.ndarray, shape (M, d)
-        Site optima ``c_i``.
-    steps : sequence of int, length M
-        Local steps ``tau_i``.
-    lr, momentum, noise_std : float
-        Learning rate, heavy-ball momentum in ``[0, 1)``, gradient noise std.
-    rng : numpy.random.Generator, optional
-        Required when ``noise_std > 0``.
-
-    Returns
-    -------
-    numpy.ndarray, shape (M,) + x_global.shape
-        The local models.
+    ``g = x - c_i + noise_std * xi`` with ``xi ~ N(0, I)`` (``rng`` required
+    when ``noise_std > 0``). Site ``i`` (``centers[i]``) runs ``steps[i]``
+    steps; sites that are done stay where they are. A leading axis of
+    ``x_global`` (shape ``(K, d)``) runs ``K`` independent chains at once.
     """
     steps_arr = np.asarray(steps, dtype=np.int64)
     num_sites = centers.shape[0]

@@ -6,7 +6,7 @@ Local-Update SGD", SysML 2019 (``strategies.local_steps.adacomm_tau``, loss
 smoothed with ``LossSmoother``) against fixed ``tau`` on a simulated wall
 clock.
 
-Problem: non-IID federated least squares (``bench/sim_local_sgd.py``,
+Problem: non-IID federated least squares (:mod:`least_squares`,
 ``make_least_squares_federation``): ``M`` sites with unequal data, different
 feature scales (curvatures) and different true weights; every site runs
 mini-batch SGD with a constant learning rate; the server averages with
@@ -14,11 +14,8 @@ mini-batch SGD with a constant learning rate; the server averages with
 pays the communication delay every step; a large ``tau0`` is fast at first
 but plateaus higher (client drift across heterogeneous sites).
 
-Runtime model (Wang & Joshi 2019; Joshi's book chapter on local-update SGD):
-a round with ``tau`` local steps takes ``max_i sum_{k<=tau} Y_ik + D``: the
-slowest site's compute plus one communication delay. ``Y_ik`` are i.i.d.
-shifted exponentials ``0.5 + Exp(mean 0.5)`` (mean 1 = one local step time) and
-``D = 10`` (ten local step times).
+Runtime model (:mod:`least_squares`): a round takes the slowest site's ``tau`` step
+times ``0.5 + Exp(mean 0.5)`` (mean 1 = one local step time) plus ``D = 10``.
 
 AdaComm: the first round uses ``tau0``; after round ``l`` the sites' losses on
 their first mini-batch (i.e. at the global model, as a site reports its
@@ -44,27 +41,22 @@ of ``tau = 1``'s time, and ends below fixed ``tau0``.
 
 Results go to ``bench/results/adacomm_runtime.json``. Usage::
 
-    .venv/bin/python bench/adacomm_runtime.py [--problem-seeds 5] [--run-seeds 8]
-
-Single-threaded (BLAS/OpenMP env vars are set before numpy is imported).
+    .venv/bin/python -m tests.simulations.adacomm_runtime [--problem-seeds 5] [--run-seeds 8]
 """
 
 from __future__ import annotations
 
-# First: one BLAS/OpenMP thread before numpy/torch load, and the project importable.
-from single_thread import BENCH  # noqa: I001
-
-import argparse  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
+from tests.simulations import simulation  # noqa: I001 - first: one BLAS thread before numpy
 
 import numpy as np  # noqa: E402
 
-from report import Column, environment, print_table, write_report  # noqa: E402
-from curves import loss_on_grid, time_to_reach, trailing_mean  # noqa: E402
-from sim_local_sgd import make_least_squares_federation, run_local_update_sgd  # noqa: E402
+from bench.curves import trailing_mean  # noqa: E402
+from bench.report import Column, environment, print_table  # noqa: E402
+from tests.simulations.least_squares import (  # noqa: E402
+    make_least_squares_federation,
+    run_local_update_sgd,
+)
 
-DEFAULT_OUTPUT = BENCH / "results" / "adacomm_runtime.json"
 #: The printed table; a row is (problem, method name, method results).
 COLUMNS = (
     Column("fed", ">3", lambda r: r[0]["problem_seed"]),
@@ -99,25 +91,21 @@ SMOOTH_FRACTION = 0.05  # trailing-mean window for time-to-target
 TARGET_SPEEDUP = 0.5  # AdaComm time <= 0.5 x tau=1's time
 
 
-def _json_safe(obj: object) -> object:
-    """Replace non-finite floats (a target never reached: inf) by None."""
-    if isinstance(obj, float):
-        return obj if np.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_json_safe(v) for v in obj]
-    return obj
+def loss_on_grid(times: np.ndarray, losses: np.ndarray, grid: np.ndarray) -> np.ndarray:
+    """Loss of the latest model available at each grid time (step function)."""
+    idx = np.searchsorted(times, grid, side="right") - 1
+    return losses[np.clip(idx, 0, len(losses) - 1)]
+
+
+def time_to_reach(grid: np.ndarray, curve: np.ndarray, target: float) -> float:
+    """First grid time at which ``curve <= target`` (``inf`` if never)."""
+    hit = np.nonzero(curve <= target)[0]
+    return float(grid[hit[0]]) if hit.size else float("inf")
 
 
 def run_problem(problem_seed: int, run_seeds: int) -> dict:
     """All methods on one federation, curves averaged over ``run_seeds``."""
-    fed = make_least_squares_federation(
-        PROBLEM["num_sites"],
-        PROBLEM["dim"],
-        problem_seed,
-        **{k: v for k, v in PROBLEM.items() if k not in ("num_sites", "dim")},
-    )
+    fed = make_least_squares_federation(seed=problem_seed, **PROBLEM)
     x_star = fed.optimum()
     f_star = fed.loss(x_star)
     f_init = fed.loss(np.zeros(PROBLEM["dim"]))
@@ -131,18 +119,9 @@ def run_problem(problem_seed: int, run_seeds: int) -> dict:
         curves, finals, rounds, taus_mean, round_times = [], [], [], [], []
         tau_path = None
         for seed in range(run_seeds):
-            trace = run_local_update_sgd(
-                fed,
-                schedule,
-                BUDGET,
-                TRAINING["lr"],
-                TRAINING["batch_size"],
-                RUNTIME["comm_delay"],
-                RUNTIME["step_shift"],
-                RUNTIME["step_scale"],
-                seed=1000 * problem_seed + seed,
-                **ADACOMM,
-            )
+            trace = run_local_update_sgd(fed, schedule, BUDGET, TRAINING["lr"],
+                                         TRAINING["batch_size"], seed=1000 * problem_seed + seed,
+                                         **RUNTIME, **ADACOMM)
             curve = loss_on_grid(trace.times, trace.losses, grid)
             curves.append(curve)
             finals.append(float(curve[tail].mean()))
@@ -211,14 +190,8 @@ def run_problem(problem_seed: int, run_seeds: int) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--problem-seeds", type=int, default=5, help="federations 0..N-1")
-    parser.add_argument("--run-seeds", type=int, default=8, help="runs averaged per federation")
-    parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="JSON output path")
-    args = parser.parse_args(argv)
-    started = time.process_time()
-
+def simulate(args) -> dict:
+    """Every federation's methods and the ratios over the federations."""
     problems = [run_problem(seed, args.run_seeds) for seed in range(args.problem_seeds)]
     ratios = [p["summary"]["time_ratio_adacomm_over_tau1"] for p in problems]
     tau0_ratios = [p["summary"]["final_excess_ratio_adacomm_over_tau0"] for p in problems]
@@ -231,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         "speedup_target_met_all": all(p["summary"]["speedup_target_met"] for p in problems),
         "below_tau0_target_met_all": all(p["summary"]["below_tau0_target_met"] for p in problems),
     }
-    report = {
+    return {
         "benchmark": "adacomm_runtime",
         "paper": "Wang & Joshi, SysML 2019 (AdaComm); runtime model of Joshi's book chapter",
         "problem": dict(PROBLEM, kind="non-IID least squares, see make_least_squares_federation"),
@@ -275,16 +248,19 @@ def main(argv: list[str] | None = None) -> int:
         "problem_seeds": args.problem_seeds,
         "run_seeds": args.run_seeds,
         **environment(),
-        "cpu_s": time.process_time() - started,
+        "cpu_s": None,
         "overall": overall,
         "problems": problems,
     }
-    write_report(args.output, _json_safe(report), allow_nan=False)
 
+
+def show(report: dict) -> None:
+    """The table of every federation's methods and the targets' line."""
+    overall = report["overall"]
     print_table(f"budget {BUDGET:g} time units (1 = mean local step, D = "
-                f"{RUNTIME['comm_delay']:g}), {args.run_seeds} run seeds per federation; "
+                f"{RUNTIME['comm_delay']:g}), {report['run_seeds']} run seeds per federation; "
                 "excess = F(x) - F(x*)", COLUMNS,
-                ((p, name, m) for p in problems for name, m in p["methods"].items()))
+                ((p, name, m) for p in report["problems"] for name, m in p["methods"].items()))
     print(
         f"AdaComm/tau=1 time: mean {overall['time_ratio_adacomm_over_tau1_mean']:.2f}, "
         f"max {overall['time_ratio_adacomm_over_tau1_max']:.2f} (target <= {TARGET_SPEEDUP}: "
@@ -294,8 +270,13 @@ def main(argv: list[str] | None = None) -> int:
         f"{overall['final_excess_ratio_adacomm_over_tau0_mean']:.2f} (target < 1: "
         f"{'met' if overall['below_tau0_target_met_all'] else 'NOT met'})"
     )
-    print(f"cpu {report['cpu_s']:.1f} s; wrote {args.output}")
-    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return simulation.main(__doc__, "adacomm_runtime",
+                           {"--problem-seeds": (5, "federations 0..N-1"),
+                            "--run-seeds": (8, "runs averaged per federation")},
+                           simulate, show, argv)
 
 
 if __name__ == "__main__":

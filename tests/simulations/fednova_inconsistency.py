@@ -14,8 +14,8 @@ For every setting (local-step pattern x learning rate x local solver) and
 problem seed we run noiseless rounds from ``x = 0`` until the global model
 stops moving (``||x_{t+1} - x_t|| <= 1e-13``) and report each fixed point's
 distance to ``x*`` and the ratio FedNova / FedAvg. The simulated fixed points
-are checked against the closed form (see ``bench/sim_quadratic.py``): with the
-solver's response ``s_i`` (``x_local - c_i = s_i (x - c_i)``; plain SGD
+are checked against the closed form (:mod:`quadratic`): with the solver's
+response ``s_i`` (``x_local - c_i = s_i (x - c_i)``; plain SGD
 ``s_i = (1 - lr)^tau_i``),
 
 * FedAvg converges to ``sum_i v_i c_i / sum_i v_i``, ``v_i = p_i (1 - s_i)``;
@@ -33,33 +33,26 @@ independent chains and reports a standard error.
 
 Results go to ``bench/results/fednova_inconsistency.json``. Usage::
 
-    .venv/bin/python bench/fednova_inconsistency.py [--seeds 3]
-
-Single-threaded (BLAS/OpenMP env vars are set before numpy is imported).
+    .venv/bin/python -m tests.simulations.fednova_inconsistency [--seeds 3]
 """
 
 from __future__ import annotations
 
-# First: one BLAS/OpenMP thread before numpy/torch load, and the project importable.
-from single_thread import BENCH  # noqa: I001
+from tests.simulations import simulation  # noqa: I001 - first: one BLAS thread before numpy
 
-import argparse  # noqa: E402
 import math  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from sim_quadratic import (  # noqa: E402
+from bench.report import Column, environment, print_table  # noqa: E402
+from strategies.aggregation import local_solver_norm  # noqa: E402
+from tests.simulations.quadratic import (  # noqa: E402
     average_iterate,
     closed_form_fixed_point,
     iterate_to_fixed_point,
     local_response,
 )
-from report import Column, environment, print_table, write_report  # noqa: E402
-from strategies.aggregation import local_solver_norm  # noqa: E402
 
-DEFAULT_OUTPUT = BENCH / "results" / "fednova_inconsistency.json"
 NUM_SITES = 8
 DIM = 10
 EXAMPLES_RANGE = (100, 1000)  # n_i ~ U{100..1000}: unequal data weights p_i
@@ -154,66 +147,44 @@ def noisy_case(centers: np.ndarray, n: np.ndarray, taus: list[int]) -> dict[str,
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, default=3, help="problem seeds 0..N-1")
-    parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="JSON output path")
-    args = parser.parse_args(argv)
-    started = time.process_time()
+def _row(solver: str, lr: float, momentum: float, noise_std: float, pattern: str,
+         per_seed: list[dict]) -> dict:
+    """One setting's row: errors and ratios over its problem seeds, and the seeds' cases."""
+    ratios = [c["ratio"] for c in per_seed]
+    mean_tau = float(np.mean([np.mean(c["taus"]) for c in per_seed]))
+    return {
+        "solver": solver,
+        "lr": lr,
+        "momentum": momentum,
+        "noise_std": noise_std,
+        "taus": pattern,
+        "lr_eff_times_mean_tau": lr / (1 - momentum) * mean_tau,
+        "fedavg_error_mean": float(np.mean([c["fedavg_error"] for c in per_seed])),
+        "fednova_error_mean": float(np.mean([c["fednova_error"] for c in per_seed])),
+        "ratio_mean": float(np.mean(ratios)),
+        "ratio_max": float(np.max(ratios)),
+        "max_sim_vs_closed_form": float(max(
+            max(c["fedavg_sim_vs_closed_form"], c["fednova_sim_vs_closed_form"])
+            for c in per_seed
+        )),
+        "target_met": bool(max(ratios) <= TARGET_RATIO),
+        "per_seed": per_seed,
+    }
 
-    rows = []
+
+def simulate(args) -> dict:
+    """Every solver setting and tau pattern over ``args.seeds`` problems, then the noisy rows."""
     problems = [make_problem(seed) for seed in range(args.seeds)]
-    for name, lr, momentum in SOLVERS:
-        for pattern in problems[0][2]:
-            per_seed = []
-            for seed, (centers, n, patterns) in enumerate(problems):
-                case = deterministic_case(centers, n, patterns[pattern], lr, momentum)
-                case["seed"] = seed
-                case["taus"] = patterns[pattern]
-                per_seed.append(case)
-            ratios = [c["ratio"] for c in per_seed]
-            mean_tau = float(np.mean([np.mean(c["taus"]) for c in per_seed]))
-            rows.append({
-                "solver": name,
-                "lr": lr,
-                "momentum": momentum,
-                "noise_std": 0.0,
-                "taus": pattern,
-                "lr_eff_times_mean_tau": lr / (1 - momentum) * mean_tau,
-                "fedavg_error_mean": float(np.mean([c["fedavg_error"] for c in per_seed])),
-                "fednova_error_mean": float(np.mean([c["fednova_error"] for c in per_seed])),
-                "ratio_mean": float(np.mean(ratios)),
-                "ratio_max": float(np.max(ratios)),
-                "max_sim_vs_closed_form": float(max(
-                    max(c["fedavg_sim_vs_closed_form"], c["fednova_sim_vs_closed_form"])
-                    for c in per_seed
-                )),
-                "target_met": bool(max(ratios) <= TARGET_RATIO),
-                "per_seed": per_seed,
-            })
-
+    rows = [_row(name, lr, momentum, 0.0, pattern, [
+        dict(deterministic_case(centers, n, patterns[pattern], lr, momentum),
+             seed=seed, taus=patterns[pattern])
+        for seed, (centers, n, patterns) in enumerate(problems)])
+        for name, lr, momentum in SOLVERS for pattern in problems[0][2]]
     centers, n, patterns = problems[NOISE["seed"]]
-    for pattern, taus in patterns.items():
-        case = noisy_case(centers, n, taus)
-        rows.append({
-            "solver": "sgd+noise",
-            "lr": NOISE["lr"],
-            "momentum": 0.0,
-            "noise_std": NOISE["noise_std"],
-            "taus": pattern,
-            "lr_eff_times_mean_tau": NOISE["lr"] * float(np.mean(taus)),
-            "fedavg_error_mean": case["fedavg_error"],
-            "fednova_error_mean": case["fednova_error"],
-            "ratio_mean": case["ratio"],
-            "ratio_max": case["ratio"],
-            "max_sim_vs_closed_form": max(
-                case["fedavg_sim_vs_closed_form"], case["fednova_sim_vs_closed_form"]
-            ),
-            "target_met": bool(case["ratio"] <= TARGET_RATIO),
-            "per_seed": [dict(case, seed=NOISE["seed"], taus=taus)],
-        })
-
-    report = {
+    rows += [_row("sgd+noise", NOISE["lr"], 0.0, NOISE["noise_std"], pattern,
+                  [dict(noisy_case(centers, n, taus), seed=NOISE["seed"], taus=taus)])
+             for pattern, taus in patterns.items()]
+    return {
         "benchmark": "fednova_inconsistency",
         "paper": "Wang, Liu, Liang, Joshi, Poor, NeurIPS 2020, Sec. 3-4",
         "problem": {
@@ -246,15 +217,21 @@ def main(argv: list[str] | None = None) -> int:
         },
         "target": f"FedNova error <= {TARGET_RATIO} x FedAvg error (ratio_max over seeds)",
         **environment(),
-        "cpu_s": time.process_time() - started,
+        "cpu_s": None,
         "results": rows,
     }
-    write_report(args.output, report)
-    print_table(f"M={NUM_SITES} sites, d={DIM}, {args.seeds} problem seeds; errors = "
-                "||x_fp - x*|| (mean over seeds); ratio = FedNova/FedAvg (mean, max)",
-                COLUMNS, rows)
-    print(f"cpu {report['cpu_s']:.1f} s; wrote {args.output}")
-    return 0
+
+
+def show(report: dict) -> None:
+    """The table of ``report``'s rows."""
+    print_table(f"M={NUM_SITES} sites, d={DIM}, {len(report['problem']['problem_seeds'])} "
+                "problem seeds; errors = ||x_fp - x*|| (mean over seeds); ratio = "
+                "FedNova/FedAvg (mean, max)", COLUMNS, report["results"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    return simulation.main(__doc__, "fednova_inconsistency",
+                           {"--seeds": (3, "problem seeds 0..N-1")}, simulate, show, argv)
 
 
 if __name__ == "__main__":

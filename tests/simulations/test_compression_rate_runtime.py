@@ -1,12 +1,12 @@
-"""The adaptive-compression-rate benchmark's pieces on a tiny federation (milliseconds)."""
+"""The adaptive-compression-rate simulation's pieces on a tiny federation (milliseconds)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-import compression_rate_runtime as bench
-from sim_local_sgd import make_least_squares_federation
+from tests.simulations import compression_rate_runtime as bench
+from tests.simulations.least_squares import make_least_squares_federation
 
 
 @pytest.fixture()
@@ -29,3 +29,13 @@ def test_a_slower_link_costs_more_time_to_the_same_target(fed, monkeypatch) -> N
     adaptive = bench.run(fed, "adaptive-full", link_mbps=1e-5, target=target, seed=1)
     assert adaptive["time"] is not None
     assert bench.ADAPTIVE["min"] <= adaptive["final_rate"] <= bench.ADAPTIVE["max"]
+
+
+def test_adaptive_rate_on_full_losses_is_as_fast_as_the_best_fixed_rate(monkeypatch) -> None:
+    """The claim on federation 0, fast link: fed the sites' full losses, the adaptive rate
+    reaches the target within 10% of the best fixed rate in hindsight."""
+    monkeypatch.setattr(bench, "FIXED_RATES", [0.03, 0.1, 0.3])
+    monkeypatch.setattr(bench, "ADAPTIVE_SIGNALS", ["adaptive-full"])
+    link = bench.run_link("fast", bench.LINKS["fast"], seeds=1)
+    assert link["best_fixed_rate"] == "0.1"
+    assert link["over_best"]["adaptive-full"] <= 1.1
