@@ -4,70 +4,29 @@ The seed paper's protocol (Xia & Cui, "Personalized federated learning
 algorithm based on Reptile", Computer Systems & Applications 2022: a fraction
 ``r = 0.2`` of the sites per round, ``tau_out = tau_in = 4``, Reptile's
 ``alpha = 0.01``, each site's model adapted one step from the learned
-initialisation, mean +- sd over runs) transposed to our data (issue 16, item
-4). Each method is a run config of the product (``personalisation.*`` keys)
-run by the in-process engine (``bench/personalisation_rounds.py``: the real
-ServerApp and ClientApp, the default norm-bound defence, the site policy),
-CPU. The sets (``bench/personalisation_sets.py``; ``--sites``, ``--rounds`` and
-``--max-per-site`` shorten them):
+initialisation, mean +- sd over runs) on our sets (:data:`SETS`; issue 16, item
+4; issue 34, item 5: the 4 real heart-disease hospitals, all training every
+round). Each method is a run config of the product (``personalisation.*``,
+:func:`run_config`) run by the in-process engine (:func:`engine_runs.run_product`:
+the real ServerApp and ClientApp, the uniform selector's ``selection.m =
+max(1, round(r N))`` sites a round, the default norm-bound defence, the site
+policy); in the last round every site evaluates the global model (``val-<metric>``)
+and its personalised one (``personalised-val-<metric>``) on its ``val`` split
+(hospitals: their ``test`` rows). Methods (``method`` of the JSON):
+``fedavg-global``, ``finetune`` (the same run, then 1 SGD step at each site),
+``per-fedavg-reptile`` (a row per ``--alphas`` value), ``per-fedavg-fo``,
+``fedbn`` (refused by the product for a model without normalisation state:
+skipped) and ``local-only``, all with **equal local computation** (16 training
+passes per sampled site and round, plain SGD; local only spreads the
+federation's total over the sites). A seed fixes the split, the initial model,
+the sampled sites and every batch. docs/BENCHMARKS.md describes the sets.
 
-- ``pneumoniamnist``: PneumoniaMNIST (28 px read at 32: the run config wants a
-  multiple of 8; ``../shared/data/cxr2d``, skipped when absent) cut by the
-  product's converter into 20 sites with a Dirichlet(0.3) label skew (Hsu et
-  al. 2019), 5 rounds (each site trains about once: what the shared CPU
-  allowed), the small DenseNet (BatchNorm); metric ROC AUC (accuracy at 0.5
-  too) on each site's ``val`` split, which has the site's own label mix. AUC is
-  left out at a site whose ``val`` holds one class only;
-- ``msd-lung``: the 130 + 130 MSD Task06 lung-tumour CT patches (48 px, manual
-  masks; ``../shared/data/seg2d``, skipped when absent) cut by the product's
-  converter into 10 sites with its log-normal size skew (``--scheme size``:
-  ``exp(N(0, 1))`` shares over a floor of 10 patches per site); each site
-  trains on its patches of the ``val`` file and is measured on its patches of
-  the ``test`` file (other patients; a fifth of the site's patches are its
-  held-out ``test`` split, not used here). 20 rounds, the product's U-Net at
-  slab 1 (2D); metric Dice;
-- ``pe-synthetic``: 10 synthetic PE hospitals of the product's generator
-  (:func:`clients.pe_seg.synthetic.site_profiles`: they differ in scanner noise,
-  contrast enhancement and slice spacing; 5 studies of 10-12 slices each here, to fit
-  the CPU), generated at 64 px, trained at 32 px, 20 rounds, the 2.5D U-Net;
-  metric Dice;
-- ``heart-disease``: UCI Heart Disease's 4 real hospitals (``../shared/data/tabular``,
-  skipped when absent; FLamby's Fed-Heart-Disease), each with the converter's fixed
-  train / val / test split (seed 0), the ``tabular-cls`` MLP, batch 16, metric
-  accuracy (main) and ROC AUC on each hospital's held-out ``test`` split (left out at a
-  hospital whose test split holds one class). **All 4 hospitals train every round**
-  (the set's ``fraction`` 1): ``r = 0.2`` of 4 would be one hospital a round, so the
-  "global" model would follow whichever hospital trained last (their label mixes
-  range from 36% to 93% positive), and a cross-silo federation of 4 hospitals has
-  them all every round, as FLamby does. lr 0.1: FedAvg's choice on the hospitals'
-  ``val`` splits in ``bench/server_optimizers.py``'s tuning (grid 0.03 / 0.1 / 0.3).
-  10 rounds of 16 passes: 160 SGD steps a hospital, next to that benchmark's 15 x 10;
-- ``heart-disease-r0.5``: the same hospitals, 2 of them a round (``r = 0.5``), 20 rounds.
-
-The U-Net's InstanceNorm has neither parameters nor statistics, so ``fedbn`` is
-refused on both segmentation sets (the product's own check when the federation
-starts) and skipped; so is it on ``heart-disease`` (the MLP has no normalisation layer).
-
-Methods (``method`` of the JSON): ``fedavg-global`` (FedAvg's global model, no
-adaptation), ``finetune`` (the same FedAvg run, then ``finetune-steps`` = 1 SGD
-step at each site: "FedAvg with one update"), ``per-fedavg-reptile`` (one row
-per ``--alphas`` value, its ``alpha`` in the row: default the seed paper's 0.01;
-the runs before 2026-11-24 used the product's default 0.5), ``per-fedavg-fo``
-(inner-lr = lr, so its one adaptation step is the same size as fine-tuning's),
-``fedbn`` and ``local-only`` (each site alone). **Equal local computation**:
-every method runs the same number of forward/backward passes of a training
-batch in all: 16 passes per sampled site and round (Reptile 4 x 4 SGD steps;
-FedAvg and FedBN 16 steps; Per-FedAvg-FO 8 steps of two batches each), and local
-only spreads the federation's total evenly over the sites. All use plain SGD
-(no momentum) at the set's lr. A seed (the product's ``seed`` key) fixes the data
-split or hospitals, the initial model, the sampled sites (``selection.m`` of the
-product's uniform selector) and every batch (the product's per-site seeds).
-
-The summary (``bench/personalisation_summary.py``) averages the per-site metric
-over the sites (unweighted); ``mean`` / ``sd`` are over seeds, and
-``gain_vs_fedavg_global`` is the paired per-seed difference to ``fedavg-global``.
-Writes ``--output`` (default ``bench/results/personalisation.json``) after every
-seed, keeping the sets it does not measure::
+``local-only`` is the one arm that is not a federation of the product: each site
+alone is a federation of that one site, one round from the same initial weights
+(no run config has N sites train without sharing). The study keeps its own loop
+rather than ``bench/runner.py``'s: an arm depends on the set (``fedbn``), one arm
+is N federations, ``--seeds`` is a count, and the JSON keeps the sets a run does
+not measure (:mod:`personalisation_summary`). Writes ``--output`` after every seed::
 
     python bench/personalisation.py [--seeds 5] [--sets msd-lung] [--alphas 0.01 0.5] [--resume]
     python bench/personalisation.py --sets pneumoniamnist --sites 5 --rounds 4 --seeds 1
@@ -77,33 +36,233 @@ seed, keeping the sets it does not measure::
 from __future__ import annotations
 
 # First: one BLAS/OpenMP thread before numpy/torch load, and the project importable.
-from single_thread import ROOT  # noqa: I001
+from single_thread import BENCH  # noqa: I001
 
 import argparse  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
-import time  # noqa: E402
-from collections.abc import Callable  # noqa: E402
-from dataclasses import asdict, replace  # noqa: E402
+from dataclasses import asdict, dataclass, replace  # noqa: E402
+from functools import partial  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from personalisation_rounds import federated_outcomes, local_only  # noqa: E402
-from personalisation_sets import (QUICK, SEED_ALPHA, SETS, BenchSet, Protocol,  # noqa: E402
-                                  build_sites, quick_set, run_config, shortened,
-                                  sites_per_round)
-from personalisation_summary import (METHODS, REPTILE, kept_sets, seed_record,  # noqa: E402
-                                     split_variant, summarise, variant, variants)
-from report import Column, environment, print_table, write_report  # noqa: E402
-from stats import pm  # noqa: E402
+from clients.training.site_task import TaskSettings  # noqa: E402
+from engine_runs import SHARED, run_product  # noqa: E402
+from federation_sites import convert_shared, folder_sites, site_evaluations, train_totals  # noqa: E402
+from personalisation_summary import (METHODS, REPTILE, kept_sets, print_rows,  # noqa: E402
+                                     seed_record, split_variant, summarise, variant, variants)
+from report import environment, write_report  # noqa: E402
+from server_optimizer_sets import test_view  # noqa: E402
 from strategies.wire.errors import ConfigError  # noqa: E402
 
-__all__ = ["protocol_record", "set_record", "run_seed", "main"]
+__all__ = ["SEED_ALPHA", "BenchSet", "Protocol", "SETS", "QUICK", "shortened", "quick_set",
+           "sites_per_round", "run_config", "build_sites", "protocol_record", "run_seed", "main"]
 
-#: Trained federations: run config ``personalisation.method`` -> the methods it measures.
-_TRAINED = {"finetune": ("fedavg-global", "finetune"), REPTILE: (REPTILE,),
-            "per-fedavg-fo": ("per-fedavg-fo",), "fedbn": ("fedbn",)}
+#: The seed paper's Reptile meta step size (Xia & Cui 2022, its experiments; issue 16).
+SEED_ALPHA = 0.01
+#: What the product's evaluate reply calls a personalised model's metric.
+PERSONALISED = "personalised-val-"
+
+
+@dataclass(frozen=True)
+class BenchSet:
+    """One set: task, sizes, metrics (the main one first), lr, sites, rounds; the
+    ``../shared/data`` files it needs and the product converter's arguments (besides
+    ``--sites``, ``--seed``); the synthetic PE hospitals' size; its own share of sites a
+    round (0: the protocol's ``r``); ``hospitals``: real hospitals, their number and
+    split (the converter's of seed 0) fixed, each measured on its ``test`` split."""
+
+    name: str
+    task: str
+    settings: TaskSettings
+    metrics: tuple[str, ...]
+    lr: float
+    sites: int
+    rounds: int
+    generate_size: int = 0
+    studies: int = 0
+    shared_files: tuple[str, ...] = ()
+    converter_args: tuple[str, ...] = ()
+    fraction: float = 0.0
+    hospitals: bool = False
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """The seed paper's sizes: fraction ``r``, ``tau_out = tau_in = tau``, k adaptation steps."""
+
+    fraction: float = 0.2
+    tau: int = 4
+    finetune_steps: int = 1
+
+    @property
+    def passes(self) -> int:
+        """Training passes (batches) per sampled site and round: ``tau_out x tau_in``."""
+        return self.tau * self.tau
+
+
+SETS = {
+    "pneumoniamnist": BenchSet(
+        "pneumoniamnist", "cxr-cls", TaskSettings(image_size=32, batch_size=16),
+        ("auc", "accuracy"), 0.05, sites=20, rounds=5,
+        shared_files=("cxr2d/pneumoniamnist_balanced.npz",),
+        converter_args=("--scheme", "dirichlet", "--alpha", "0.3")),
+    "msd-lung": BenchSet(
+        "msd-lung", "pe-seg", TaskSettings(image_size=48, slab_slices=1, batch_size=16),
+        ("dice",), 0.1, sites=10, rounds=20,
+        shared_files=("seg2d/msd_lung_tumour_patches_val.npz",
+                      "seg2d/msd_lung_tumour_patches_test.npz"),
+        converter_args=("--set", "msd-lung", "--scheme", "size")),
+    "pe-synthetic": BenchSet(
+        "pe-synthetic", "pe-seg", TaskSettings(image_size=32, slab_slices=9, batch_size=8),
+        ("dice",), 0.1, sites=10, rounds=20, generate_size=64, studies=5),
+    "heart-disease": BenchSet(
+        "heart-disease", "tabular-cls", TaskSettings(batch_size=16), ("accuracy", "auc"),
+        0.1, sites=4, rounds=10, shared_files=("tabular/heart_disease/heart_disease_4sites.npz",),
+        converter_args=("--set", "heart-disease"), fraction=1.0, hospitals=True),
+}
+#: The hospitals nearer the seed paper's r: 2 a round, twice the rounds (the same passes).
+SETS["heart-disease-r0.5"] = replace(SETS["heart-disease"], name="heart-disease-r0.5",
+                                     rounds=20, fraction=0.5)
+QUICK = Protocol(tau=2)
+#: The federations: run config ``personalisation.method`` -> the methods it measures.
+TRAINED = {"finetune": ("fedavg-global", "finetune"), REPTILE: (REPTILE,),
+           "per-fedavg-fo": ("per-fedavg-fo",), "fedbn": ("fedbn",)}
+
+
+def shortened(bench_set: BenchSet, sites: int = 0, rounds: int = 0,
+              max_per_site: int = 0) -> BenchSet:
+    """``bench_set`` with fewer sites or rounds (0: the set's; real hospitals stay all) and at
+    most ``max_per_site`` items per site of a shared set (0: all)."""
+    capped = ("--max-per-site", str(max_per_site)) if max_per_site and bench_set.shared_files \
+        else ()
+    return replace(bench_set, sites=bench_set.sites if bench_set.hospitals else
+                   sites or bench_set.sites, rounds=rounds or bench_set.rounds,
+                   converter_args=bench_set.converter_args + capped)
+
+
+def quick_set(bench_set: BenchSet) -> BenchSet:
+    """The ``--quick`` wiring check of a set: 2 sites (hospitals: all), 1 round, small ones."""
+    return shortened(replace(bench_set, generate_size=32, studies=3), 2, 1, 16)
+
+
+def sites_per_round(bench_set: BenchSet, protocol: Protocol) -> int:
+    """``max(1, round(r N))``, ``r`` the set's own ``fraction`` when it has one."""
+    return max(1, round((bench_set.fraction or protocol.fraction) * bench_set.sites))
+
+
+def run_config(bench_set: BenchSet, method: str, seed: int, protocol: Protocol,
+               alpha: float = SEED_ALPHA) -> dict:
+    """The product's run config of ``method``: ``selection.m`` sites a round, plain SGD at the
+    set's lr, the seed paper's tau; Per-FedAvg-FO half the steps (two batches each)."""
+    s = bench_set.settings
+    steps = protocol.passes // 2 if method == "per-fedavg-fo" else protocol.passes
+    return {
+        "task": bench_set.task, "optimizer": "sgd", "lr": bench_set.lr, "momentum": 0.0,
+        "seed": seed, "local-steps": steps, "image-size": s.image_size,
+        "batch-size": s.batch_size, "slab-slices": s.slab_slices,
+        "num-server-rounds": bench_set.rounds, "min-nodes": bench_set.sites,
+        "selection.m": sites_per_round(bench_set, protocol), "experiment": "personalisation",
+        "personalisation.method": method, "personalisation.tau-out": protocol.tau,
+        "personalisation.tau-in": protocol.tau, "personalisation.alpha": alpha,
+        "personalisation.inner-lr": bench_set.lr,
+        "personalisation.finetune-steps": protocol.finetune_steps}
+
+
+def _pe_profiles(num_sites: int, seed: int, studies: int) -> list:
+    """The generator's hospital profiles; with ``studies`` > 0 that many of 10-12 slices."""
+    from clients.pe_seg.synthetic import site_profiles
+
+    return [p if not studies else replace(p, num_studies=studies, num_slices=(10, 12))
+            for p in site_profiles(num_sites, seed)]
+
+
+def build_sites(bench_set: BenchSet, shared: Path, out: Path, seed: int) -> None:
+    """Write the set's site folders for ``seed`` under ``out``. Real hospitals are converted
+    once with seed 0 beside ``out``; each one's folder under ``out`` is its
+    :func:`server_optimizer_sets.test_view` (its ``test`` rows as the ``val`` it measures)."""
+    if bench_set.hospitals:
+        converted = convert_shared(bench_set.task, shared, out.with_name(f"{out.name}-split"), [
+            *bench_set.converter_args, "--sites", str(bench_set.sites), "--seed", "0"])
+        for folder in converted:
+            test_view(folder, out / folder.name)
+    elif not bench_set.shared_files:
+        from clients.datagen.federation import SyntheticFederation
+        from clients.pe_seg.synthetic import generate_site
+
+        SyntheticFederation(partial(_pe_profiles, studies=bench_set.studies), generate_site,
+                            image_size=bench_set.generate_size)(
+            out, num_sites=bench_set.sites, seed=seed)
+    else:
+        convert_shared(bench_set.task, shared, out, [*bench_set.converter_args, "--sites",
+                                                     str(bench_set.sites), "--seed", str(seed)])
+
+
+def _metrics(values: dict[str, float], prefix: str) -> dict[str, float]:
+    return {k[len(prefix):]: v for k, v in values.items()
+            if k.startswith(prefix) and not k.endswith("-loss")}
+
+
+def federated(folders: list[Path], config: dict, workdir: Path) -> dict:
+    """One federation of the product: each site's last-round metrics of the global and the
+    personalised model (none, e.g. a FedBN site never sampled: the global one's), the
+    training passes (a Per-FedAvg-FO step takes two batches), the sites of each round.
+    Raises :class:`~strategies.wire.errors.ConfigError` where the product refuses ``config``."""
+    outcome, seconds = run_product(config, folder_sites(folders), workdir)
+    evaluated = sorted(site_evaluations(outcome).items())
+    passes = int(sum(t["steps"] for t in train_totals(outcome).values())) * (
+        2 if config["personalisation.method"] == "per-fedavg-fo" else 1)
+    return {"global": {s: _metrics(v, "val-") for s, v in evaluated},
+            "personal": {s: _metrics(v, PERSONALISED) or _metrics(v, "val-")
+                         for s, v in evaluated},
+            "fallback": [s for s, v in evaluated if not _metrics(v, PERSONALISED)],
+            "passes": passes, "examples": passes * config["batch-size"], "seconds": seconds,
+            "sampled": [sorted(outcome.reports[r].train) for r in sorted(outcome.reports)]}
+
+
+def local_only(folders: list[Path], config: dict, steps: int, workdir: Path) -> dict:
+    """Each site alone: a federation of that one site, one round of ``steps`` steps from the
+    federation's initial weights, measured on its own ``val`` split."""
+    alone = {**config, "personalisation.method": "none", "num-server-rounds": 1,
+             "local-steps": steps, "min-nodes": 1, "selection.m": 0}
+    runs = [federated([folder], alone, workdir) for folder in folders]
+    return {"global": {f.name: {} for f in folders},
+            "personal": {f.name: r["global"][f.name] for f, r in zip(folders, runs)},
+            "fallback": [], **{k: sum(r[k] for r in runs) for k in ("passes", "examples",
+                                                                     "seconds")},
+            "sampled": [[f.name] for f in folders]}
+
+
+def run_seed(bench_set: BenchSet, folders: list[Path], seed: int, protocol: Protocol,
+             wanted: list[str], alphas: tuple[float, ...], workdir: Path) -> dict:
+    """The variants in ``wanted`` on the sites ``folders`` with ``seed``: ``{variant:
+    per-seed record}`` (fedbn absent when the product refuses it for the task's model)."""
+    out: dict[str, dict] = {}
+    for name, methods in TRAINED.items():
+        for alpha in alphas if name == REPTILE else (SEED_ALPHA,):
+            keys = [variant(m, alpha) for m in methods]
+            if not set(keys) & set(wanted):
+                continue
+            try:
+                result = federated(folders, run_config(bench_set, name, seed, protocol, alpha),
+                                   workdir)
+            except ConfigError as exc:  # the product refuses FedBN for a model without BN
+                print(f"{bench_set.name} {name}: refused by the product ({exc})", flush=True)
+                continue
+            for key in keys:  # fedavg-global: the finetune run's global model
+                out[key] = seed_record(result if key != "fedavg-global" else {
+                    **result, "personal": result["global"], "fallback": []}, bench_set.metrics)
+    if "local-only" in wanted:
+        steps, rest = divmod(bench_set.rounds * sites_per_round(bench_set, protocol)
+                             * protocol.passes, len(folders))
+        if rest:
+            raise ValueError(f"set {bench_set.name}: rounds x sites per round x "
+                             f"{protocol.passes} passes is not a multiple of the "
+                             f"{len(folders)} sites (local only)")
+        out["local-only"] = seed_record(local_only(folders, run_config(
+            bench_set, "finetune", seed, protocol), steps, workdir), bench_set.metrics)
+    return out
 
 
 def protocol_record(protocol: Protocol, quick: bool) -> dict:
@@ -112,87 +271,24 @@ def protocol_record(protocol: Protocol, quick: bool) -> dict:
             "momentum": 0.0, "quick": quick}
 
 
-def set_record(bench_set: BenchSet) -> dict:
-    """The JSON's ``sets[name]``: the set's settings (``--resume`` keeps seeds only when equal)."""
-    return json.loads(json.dumps({**asdict(bench_set), "settings": asdict(bench_set.settings),
-                                  "engine": "in-process"}))
-
-
-def _timed(run: Callable[[], tuple]) -> tuple:
-    """``run()``'s values, then its wall seconds."""
-    start = time.perf_counter()
-    return *run(), time.perf_counter() - start
-
-
-def run_seed(bench_set: BenchSet, folders: list[Path], seed: int, protocol: Protocol,
-             wanted: list[str], alphas: tuple[float, ...], workdir: Path) -> dict:
-    """The variants in ``wanted`` on the sites ``folders`` with ``seed``: ``{variant:
-    {"outcomes", "work", "seconds"}}`` (fedbn absent when the product refuses it for the
-    task's model)."""
-    out: dict[str, dict] = {}
-    for name, methods in _TRAINED.items():
-        for alpha in alphas if name == REPTILE else (SEED_ALPHA,):
-            keys = [variant(m, alpha) for m in methods]
-            if not set(keys) & set(wanted):
-                continue
-            config = run_config(bench_set, name, seed, protocol, alpha)
-            try:
-                outcomes, work, sampled, seconds = _timed(
-                    lambda: federated_outcomes(folders, config, workdir))
-            except ConfigError as exc:  # the product refuses FedBN for a model without BN
-                print(f"{bench_set.name} {name}: refused by the product ({exc})", flush=True)
-                continue
-            for key in keys:
-                kept = outcomes if key != "fedavg-global" else [
-                    replace(o, personal_metrics=o.global_metrics, fallback=False)
-                    for o in outcomes]
-                out[key] = {"outcomes": kept, "work": work, "seconds": seconds,
-                            "sampled": sampled}
-    if "local-only" in wanted:
-        per_round = sites_per_round(bench_set, protocol)
-        steps, rest = divmod(bench_set.rounds * per_round * protocol.passes, len(folders))
-        if rest:
-            raise ValueError(f"set {bench_set.name}: rounds x sites per round x "
-                             f"{protocol.passes} passes is not a multiple of the "
-                             f"{len(folders)} sites (local only)")
-        config = run_config(bench_set, "finetune", seed, protocol)
-        outcomes, work, sampled, seconds = _timed(
-            lambda: local_only(folders, config, steps, workdir))
-        out["local-only"] = {"outcomes": outcomes, "work": work, "seconds": seconds,
-                             "sampled": sampled}
-    return out
-
-
-def _print(rows: list[dict]) -> None:
-    print_table("mean +- sd over seeds of the site-averaged metric (val split; hospitals: test)", [
-        Column("set", "<15", lambda r: r["set"]), Column("method", "<19", lambda r: r["method"]),
-        Column("alpha", "<6", lambda r: f"{r['alpha']:g}" if "alpha" in r else ""),
-        Column("metric", "<8", lambda r: r["metric"]), Column("mean", "7.3f", lambda r: r["mean"]),
-        Column("sd", ">6", lambda r: pm(r["sd"], None, ".3f")),
-        Column("gain", "+7.3f", lambda r: r["gain_vs_fedavg_global"]),
-        Column("seeds", "5d", lambda r: r["seeds"])], rows)
-
-
 def _measure(bench_set: BenchSet, payload: dict, args: argparse.Namespace, protocol: Protocol,
              tmp: Path) -> None:
     """Every seed of ``bench_set`` missing a wanted variant; the output after each seed."""
     wanted = [v for v in variants(tuple(args.alphas)) if split_variant(v)[0] in args.methods]
     records = payload["per_seed"].setdefault(bench_set.name, [])
-    by_seed = {r["seed"]: r for r in records}
     for seed in range(args.seeds):
-        record = by_seed.get(seed) or {"seed": seed, "methods": {}}
+        record = next((r for r in records if r["seed"] == seed), None)
+        if record is None:
+            record = {"seed": seed, "methods": {}}
+            records.append(record)
         missing = [k for k in wanted if k not in record["methods"]]
         if record["methods"] and not [k for k in missing if k != "fedbn"]:
             continue  # complete (a measured seed without fedbn: the product refused it)
         root = tmp / f"{bench_set.name}-seed{seed}"
         build_sites(bench_set, args.shared, root / "sites", seed)
         folders = sorted(p for p in (root / "sites").iterdir() if p.is_dir())
-        results = run_seed(bench_set, folders, seed, protocol, missing, tuple(args.alphas),
-                           root / "runs")
-        record["methods"].update(seed_record(results, bench_set.metrics))
-        if seed not in by_seed:
-            records.append(record)
-            by_seed[seed] = record
+        record["methods"].update(run_seed(bench_set, folders, seed, protocol, missing,
+                                          tuple(args.alphas), root / "runs"))
         records.sort(key=lambda r: r["seed"])
         payload["runs"] = [r for r in payload["runs"] if r["set"] != bench_set.name]
         payload["runs"] += summarise(bench_set.name, bench_set.metrics, records)
@@ -206,7 +302,7 @@ def _measure(bench_set: BenchSet, payload: dict, args: argparse.Namespace, proto
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--shared", type=Path, default=ROOT.parent / "shared" / "data")
+    p.add_argument("--shared", type=Path, default=SHARED)
     p.add_argument("--sets", nargs="+", default=list(SETS), choices=sorted(SETS))
     p.add_argument("--seeds", type=int, default=5, help="seeds 0 .. seeds-1")
     p.add_argument("--alphas", type=float, nargs="+", default=[SEED_ALPHA],
@@ -219,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="at most this many items per site of a shared set (0: all)")
     p.add_argument("--quick", action="store_true",
                    help="wiring check: 2 tiny sites, 1 round of tau 2 x 2, 1 seed")
-    p.add_argument("--output", type=Path, default=ROOT / "bench/results/personalisation.json")
+    p.add_argument("--output", type=Path, default=BENCH / "results" / "personalisation.json")
     p.add_argument("--resume", action="store_true",
                    help="keep the seeds and methods --output holds for the same set settings")
     args = p.parse_args(argv)
@@ -227,14 +323,14 @@ def main(argv: list[str] | None = None) -> int:
     sets = [shortened(SETS[name], args.sites, args.rounds, args.max_per_site)
             for name in args.sets]
     if args.quick:
-        args.seeds = 1
-        sets = [quick_set(s) for s in sets]
+        args.seeds, sets = 1, [quick_set(s) for s in sets]
     payload: dict = {
         "description": "personalised FL (issues 16, 34): per-site val metric (a set of real "
                        "hospitals: test metric) after the last round, "
                        "mean +- sd over seeds; equal local computation",
         "protocol": protocol_record(protocol, args.quick),
-        "sets": {s.name: set_record(s) for s in sets}, "runs": [], "skipped": [], "per_seed": {},
+        "sets": {s.name: json.loads(json.dumps({**asdict(s), "engine": "in-process"}))
+                 for s in sets}, "runs": [], "skipped": [], "per_seed": {},
         "commands": [" ".join(["python", "bench/personalisation.py", *(argv or sys.argv[1:])])],
         "engine": "in-process",
         "machine": {**environment(), "platform": platform.platform(),
@@ -252,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             _measure(bench_set, payload, args, protocol, Path(tmp))
     write_report(args.output, payload, allow_nan=False)
-    _print(payload["runs"])
+    print_rows(payload["runs"])
     return 0
 
 

@@ -1,27 +1,24 @@
-"""The JSON of ``bench/personalisation.py``: per-seed records, summary rows, kept results.
+"""The JSON of ``bench/personalisation.py``: per-seed records, summary rows, kept sets, table.
 
-Per run and method the per-site metric is averaged over the sites
-(unweighted); a row's ``mean`` / ``sd`` are over seeds of that average (one seed: sd
-``None``, :mod:`stats`) and ``gain_vs_fedavg_global`` is the paired per-seed difference
-to ``fedavg-global``. Reptile is recorded per meta step size: the variant
+Per run and method the per-site metric is averaged over the sites (unweighted); a
+row's ``mean`` / ``sd`` are over seeds of that average (:mod:`stats`: one seed has
+sd ``None``) and ``gain_vs_fedavg_global`` is the paired per-seed difference to
+``fedavg-global``. Reptile is recorded per meta step size: the variant
 ``per-fedavg-reptile@<alpha>`` of the per-seed records is the row
-``{"method": "per-fedavg-reptile", "alpha": <alpha>}``.
-
-The output file holds every set measured so far: a run replaces only the sets
-it measures, and ``--resume`` keeps a set's seeds and method variants that
-were measured with the same protocol and set settings (the missing variants
-of a kept seed are measured and added).
+``{"method": "per-fedavg-reptile", "alpha": <alpha>}``. The output file holds every
+set measured so far: a run replaces the sets it measures, and ``--resume`` keeps a
+set's seeds and variants measured under the same protocol and set settings.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from personalisation_rounds import SiteOutcome
-from stats import defined, mean, mean_sd
+from report import Column, print_table
+from stats import defined, mean, mean_sd, pm
 
-__all__ = ["METHODS", "REPTILE", "variant", "variants", "split_variant", "site_mean",
-           "summarise", "seed_record", "kept_sets"]
+__all__ = ["METHODS", "REPTILE", "variant", "variants", "split_variant", "summarise",
+           "seed_record", "kept_sets", "print_rows"]
 
 #: The methods, as the JSON names them.
 METHODS = ("fedavg-global", "finetune", "per-fedavg-reptile", "per-fedavg-fo", "fedbn",
@@ -36,23 +33,13 @@ def variant(method: str, alpha: float) -> str:
 
 def variants(alphas: tuple[float, ...]) -> list[str]:
     """Every method variant of a run measuring Reptile at ``alphas``, in :data:`METHODS` order."""
-    out: list[str] = []
-    for method in METHODS:
-        out += [variant(method, a) for a in alphas] if method == REPTILE else [method]
-    return out
+    return [variant(m, a) for m in METHODS for a in (alphas if m == REPTILE else (0.0,))]
 
 
 def split_variant(key: str) -> tuple[str, float | None]:
     """``(method, alpha)`` of a variant key (``alpha`` None but for Reptile)."""
     method, _, alpha = key.partition("@")
     return method, float(alpha) if alpha else None
-
-
-def site_mean(outcomes: list[SiteOutcome], metric: str, personal: bool) -> float | None:
-    """Unweighted mean over the sites where ``metric`` is defined; ``None`` where it is nowhere."""
-    values = [(o.personal_metrics if personal else o.global_metrics).get(metric)
-              for o in outcomes]
-    return mean(defined(values))
 
 
 def _row_order(key: str) -> tuple[int, float]:
@@ -66,9 +53,7 @@ def summarise(name: str, metrics: tuple[str, ...], per_seed: list[dict]) -> list
     ``fedavg-global``, and the local training work (passes: equal for every method by
     design; examples: differ only where a site holds fewer items than a batch)."""
     rows = []
-    main_metric = metrics[0]
-    keys = sorted({k for run in per_seed for k in run["methods"]}, key=_row_order)
-    for key in keys:
+    for key in sorted({k for run in per_seed for k in run["methods"]}, key=_row_order):
         seeds = [run for run in per_seed if key in run["methods"]]
         found = {}
         for metric in metrics:
@@ -80,12 +65,12 @@ def summarise(name: str, metrics: tuple[str, ...], per_seed: list[dict]) -> list
                 (average, sd), (gain, gain_sd) = mean_sd(values), mean_sd(gains)
                 found[metric] = {"mean": average, "sd": sd, "per_seed": values,
                                  "gain_vs_fedavg_global": gain, "gain_sd": gain_sd}
-        if main_metric not in found:
+        if metrics[0] not in found:
             continue
-        main = found[main_metric]
+        main = found[metrics[0]]
         method, alpha = split_variant(key)
         rows.append({"set": name, "method": method, **({"alpha": alpha} if alpha else {}),
-                     "metric": main_metric, "mean": main["mean"], "sd": main["sd"],
+                     "metric": metrics[0], "mean": main["mean"], "sd": main["sd"],
                      "seeds": len(seeds), "gain_vs_fedavg_global": main["gain_vs_fedavg_global"],
                      "gain_sd": main["gain_sd"], "metrics": found,
                      "seed_values": [run["seed"] for run in seeds],
@@ -94,34 +79,25 @@ def summarise(name: str, metrics: tuple[str, ...], per_seed: list[dict]) -> list
     return rows
 
 
-def seed_record(results: dict, metrics: tuple[str, ...]) -> dict:
-    """The per-seed record of every variant in ``results`` (``{variant: {"outcomes",
-    "work", "seconds", "sampled"}}``): site-averaged metrics, work, time, the sites that
-    trained in each round and each site's metrics."""
-    methods = {}
-    for key, result in results.items():
-        outcomes = result["outcomes"]
-        methods[key] = {
-            "mean": {m: site_mean(outcomes, m, True) for m in metrics},
-            "global_mean": {m: site_mean(outcomes, m, False) for m in metrics},
-            "passes": result["work"].passes, "examples": result["work"].examples,
-            "seconds": result["seconds"], "sampled": result["sampled"],
-            "fallback_sites": [o.site for o in outcomes if o.fallback],
-            "sites": {o.site: o.personal_metrics for o in outcomes}}
-    return methods
+def seed_record(result: dict, metrics: tuple[str, ...]) -> dict:
+    """The per-seed record of one variant's ``result`` (each site's ``personal`` and
+    ``global`` metrics, the ``fallback`` sites, the work, time and sites of each round):
+    the metrics averaged over the sites where each is defined, unweighted."""
+    def site_mean(per_site: dict, metric: str) -> float | None:
+        return mean(defined(m.get(metric) for m in per_site.values()))
+
+    return {"mean": {m: site_mean(result["personal"], m) for m in metrics},
+            "global_mean": {m: site_mean(result["global"], m) for m in metrics},
+            **{k: result[k] for k in ("passes", "examples", "seconds", "sampled")},
+            "fallback_sites": result["fallback"], "sites": result["personal"]}
 
 
 def kept_sets(kept: dict, payload: dict, running: list[str], resume: bool,
               output: Path) -> None:
     """Copy into ``payload`` what ``kept`` (the output file's JSON) holds: every set not in
     ``running`` as it is, and with ``resume`` the per-seed records of a running set measured
-    with the same settings (``payload["sets"]`` holds the running sets' settings).
-
-    Raises
-    ------
-    ValueError
-        If ``kept`` was measured under another protocol (the message names ``output``).
-    """
+    with the settings ``payload["sets"]`` holds. Raises ValueError (naming ``output``) if
+    ``kept`` was measured under another protocol."""
     if not kept:
         return
     if kept["protocol"] != payload["protocol"]:
@@ -136,3 +112,14 @@ def kept_sets(kept: dict, payload: dict, running: list[str], resume: bool,
         elif resume and settings == payload["sets"][name]:
             payload["per_seed"][name] = kept["per_seed"][name]
     payload["commands"] = kept["commands"] + payload["commands"]
+
+
+def print_rows(rows: list[dict]) -> None:
+    """The summary rows as the command prints them."""
+    print_table("mean +- sd over seeds of the site-averaged metric (val split; hospitals: test)", [
+        Column("set", "<15", lambda r: r["set"]), Column("method", "<19", lambda r: r["method"]),
+        Column("alpha", "<6", lambda r: f"{r['alpha']:g}" if "alpha" in r else ""),
+        Column("metric", "<8", lambda r: r["metric"]), Column("mean", "7.3f", lambda r: r["mean"]),
+        Column("sd", ">6", lambda r: pm(r["sd"], None, ".3f")),
+        Column("gain", "+7.3f", lambda r: r["gain_vs_fedavg_global"]),
+        Column("seeds", "5d", lambda r: r["seeds"])], rows)

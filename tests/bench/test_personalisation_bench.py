@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 bench = importlib.import_module("personalisation")
-sets = importlib.import_module("personalisation_sets")
 summary = importlib.import_module("personalisation_summary")
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
@@ -91,25 +90,25 @@ def test_an_output_of_another_protocol_is_refused(tmp_path):
 
 
 def test_the_run_config_asks_the_product_for_the_protocol():
-    protocol = sets.Protocol()
-    config = sets.run_config(sets.SETS["pneumoniamnist"], "per-fedavg-fo", 3, protocol)
+    protocol = bench.Protocol()
+    config = bench.run_config(bench.SETS["pneumoniamnist"], "per-fedavg-fo", 3, protocol)
     assert config["selection.m"] == 4 and config["min-nodes"] == 20  # r = 0.2 of 20 sites
     assert config["local-steps"] == 8  # two batches a step: 16 passes, as the others
-    assert sets.run_config(sets.SETS["pneumoniamnist"], "finetune", 3, protocol)[
+    assert bench.run_config(bench.SETS["pneumoniamnist"], "finetune", 3, protocol)[
         "local-steps"] == 16
     assert config["seed"] == 3 and config["personalisation.method"] == "per-fedavg-fo"
 
 
 def test_the_heart_disease_hospitals_all_train_every_round_and_stay_four():
-    hospitals = sets.SETS["heart-disease"]
-    config = sets.run_config(hospitals, "finetune", 0, sets.Protocol())
+    hospitals = bench.SETS["heart-disease"]
+    config = bench.run_config(hospitals, "finetune", 0, bench.Protocol())
     assert config["selection.m"] == 4 and config["min-nodes"] == 4  # not r = 0.2 of 4
     assert config["task"] == "tabular-cls" and config["lr"] == 0.1
-    assert sets.quick_set(hospitals).sites == 4 and sets.shortened(hospitals, sites=2).sites == 4
-    assert sets.sites_per_round(sets.SETS["msd-lung"], sets.Protocol()) == 2  # r = 0.2 of 10
-    half = sets.SETS["heart-disease-r0.5"]  # 2 a round for twice the rounds: same passes
-    assert sets.run_config(half, "finetune", 0, sets.Protocol())["selection.m"] == 2
-    assert half.rounds * sets.sites_per_round(half, sets.Protocol()) == hospitals.rounds * 4
+    assert bench.quick_set(hospitals).sites == 4 and bench.shortened(hospitals, sites=2).sites == 4
+    assert bench.sites_per_round(bench.SETS["msd-lung"], bench.Protocol()) == 2  # r = 0.2 of 10
+    half = bench.SETS["heart-disease-r0.5"]  # 2 a round for twice the rounds: same passes
+    assert bench.run_config(half, "finetune", 0, bench.Protocol())["selection.m"] == 2
+    assert half.rounds * bench.sites_per_round(half, bench.Protocol()) == hospitals.rounds * 4
 
 
 def _quick(out: Path, name: str, *extra: str) -> dict:
@@ -122,7 +121,7 @@ def _check_quick_rows(result: dict, name: str, work: tuple[str, ...]) -> None:
     runs = {r["method"]: r for r in result["runs"] if r["set"] == name}
     assert set(runs) == set(summary.METHODS) - {"fedbn"}  # the U-Net has no norm-layer state
     assert {"set": name, "method": "fedbn"}.items() <= result["skipped"][-1].items()
-    assert runs["per-fedavg-reptile"]["alpha"] == sets.SEED_ALPHA
+    assert runs["per-fedavg-reptile"]["alpha"] == bench.SEED_ALPHA
     for row in runs.values():
         assert row["seeds"] == 1 and row["metric"] == "dice"
         assert 0.0 <= row["mean"] <= 1.0 and row["sd"] is None  # one seed: no sd
@@ -137,7 +136,7 @@ def test_quick_run_writes_the_issue_format_and_keeps_the_other_sets(tmp_path):
     other = {"set": "msd-lung", "method": "finetune", "metric": "dice", "mean": 0.5, "sd": 0.1,
              "gain_vs_fedavg_global": 0.0, "seeds": 5}
     out.write_text(json.dumps({
-        "protocol": bench.protocol_record(sets.QUICK, True), "sets": {"msd-lung": {}},
+        "protocol": bench.protocol_record(bench.QUICK, True), "sets": {"msd-lung": {}},
         "runs": [other], "skipped": [], "per_seed": {"msd-lung": []}, "commands": ["before"]}))
     result = _quick(out, "pe-synthetic")
     _check_quick_rows(result, "pe-synthetic", ("local_passes", "local_examples"))
@@ -151,7 +150,7 @@ def test_quick_run_writes_the_issue_format_and_keeps_the_other_sets(tmp_path):
     assert personal != record["methods"]["fedavg-global"]["mean"]["dice"]  # adapted
 
 
-@pytest.mark.skipif(not (SHARED / sets.SETS["msd-lung"].shared_files[1]).is_file(),
+@pytest.mark.skipif(not (SHARED / bench.SETS["msd-lung"].shared_files[1]).is_file(),
                     reason="../shared/data/seg2d (msd-lung patches) absent")
 def test_quick_run_on_size_skewed_msd_lung_sites(tmp_path):
     result = _quick(tmp_path / "personalisation.json", "msd-lung",
@@ -169,7 +168,7 @@ def _table_rows(folder: Path) -> list[tuple[str, str]]:
         return sorted((row["patient_id"], row["split"]) for row in csv.DictReader(f))
 
 
-@pytest.mark.skipif(not (SHARED / sets.SETS["heart-disease"].shared_files[0]).is_file(),
+@pytest.mark.skipif(not (SHARED / bench.SETS["heart-disease"].shared_files[0]).is_file(),
                     reason="../shared/data/tabular (heart disease) absent")
 def test_quick_run_on_the_four_heart_disease_hospitals_reads_their_test_split(tmp_path):
     result = _quick(tmp_path / "personalisation.json", "heart-disease", "--methods", "finetune")
@@ -179,13 +178,13 @@ def test_quick_run_on_the_four_heart_disease_hospitals_reads_their_test_split(tm
     assert runs["finetune"]["metric"] == "accuracy" and 0.0 <= runs["finetune"]["mean"] <= 1.0
     record = result["per_seed"]["heart-disease"][0]["methods"]["finetune"]
     assert record["sampled"] == [[f"hospital-0{k}" for k in range(4)]]  # all 4, every round
-    bench_set = sets.quick_set(sets.SETS["heart-disease"])
-    sets.build_sites(bench_set, SHARED, tmp_path / "sites", seed=3)
+    bench_set = bench.quick_set(bench.SETS["heart-disease"])
+    bench.build_sites(bench_set, SHARED, tmp_path / "sites", seed=3)
     split = {f.name: _table_rows(f) for f in sorted((tmp_path / "sites-split").iterdir())}
     for name, rows in split.items():  # the converter's split (seed 0), test rows measured as val
         expected = sorted((pid, "val" if s == "test" else s) for pid, s in rows if s != "val")
         assert _table_rows(tmp_path / "sites" / name) == expected
         assert any(s == "val" for _, s in expected)
-    sets.build_sites(bench_set, SHARED, tmp_path / "zero" / "sites", seed=0)
+    bench.build_sites(bench_set, SHARED, tmp_path / "zero" / "sites", seed=0)
     assert all(_table_rows(tmp_path / "zero" / "sites" / name) == _table_rows(
         tmp_path / "sites" / name) for name in split)  # one fixed split whatever the seed
