@@ -2,13 +2,13 @@
 
 A configuration of the product: two synthetic hospitals of the task
 (``python -m clients.datagen synthetic``, 64 px) and one round of one local step through
-the in-process engine (the real ServerApp and ClientApp), whose sites answer through a
-handler that hands every genuine reply to
-:class:`app.site_runtime.egress_filter.EgressFilter`, as the site runtime does before a
-reply leaves. Each reply is judged ``--repeat`` times, each time on a fresh copy read
-back from its wire form (:func:`app.engine.grid.over_the_wire`), as the runtime receives
-it from its worker: Flower's object hashes are not cached yet, so the serialised-size
-check pays them, as the first check of a reply in the runtime does.
+the in-process engine (the real ServerApp and ClientApp) with the engine's
+``egress_filter`` on (:class:`app.engine.VirtualSite`): every reply passes
+:class:`app.site_runtime.egress_filter.EgressFilter` before it leaves, as the site
+runtime holds it. Each reply the engine checked is judged again ``--repeat`` times, each
+time on a fresh copy read back from its wire form (:func:`app.engine.grid.over_the_wire`),
+as the runtime receives it from its worker: Flower's object hashes are not cached yet, so
+the serialised-size check pays them, as the first check of a reply in the runtime does.
 
 Models (the run config's defaults, ``image-size`` 64): the pe-seg 2.5D U-Net, the cxr
 DenseNet (``model-size = "small"``, the default) and DenseNet121 (``"full"``, the size a
@@ -39,10 +39,8 @@ from single_thread import ROOT  # noqa: I001 - first: one BLAS thread
 from engine_runs import run_product, synthetic_sites  # noqa: E402
 from report import Column, environment, print_table, write_report  # noqa: E402
 
-from app.config.site_config import SiteConfig  # noqa: E402
 from app.engine import VirtualSite  # noqa: E402
-from app.engine.grid import over_the_wire  # noqa: E402
-from app.engine.virtual_site import default_handler  # noqa: E402
+from app.engine.grid import EgressCheck, over_the_wire  # noqa: E402
 from app.site_runtime.egress_filter import EgressFilter  # noqa: E402
 from strategies.wire import message_keys as keys  # noqa: E402
 from strategies.rounds.instructions import unpack_arrays  # noqa: E402
@@ -55,42 +53,32 @@ MODELS = (("pe-seg U-Net", {"task": "pe-seg"}),
 CODECS = ("none", "fp16", "topk:0.01", "qsgd:16:b512")
 
 
-def _entries(message) -> int:
-    """The number of entries of the instruction's packed model."""
-    return sum(int(array.numpy().size) for array in
-               unpack_arrays(message.content[keys.ARRAYS]).values())
+def _seconds(call, repeat: int, reply) -> list[float]:
+    """Wall seconds of ``call(fresh copy of reply)``, ``repeat`` times."""
+    times = []
+    for _ in range(repeat):
+        fresh = over_the_wire(reply)
+        started = time.perf_counter()
+        call(fresh)
+        times.append(time.perf_counter() - started)
+    return times
 
 
-class TimedSites:
-    """The product's ClientApp at each site, every reply judged ``repeat`` times and timed."""
-
-    def __init__(self, repeat: int) -> None:
-        self.repeat = repeat
-        self.egress = EgressFilter()
-        self.rows: list[dict[str, Any]] = []
-
-    def handler(self, message, context):
-        reply = default_handler()(message, context)
-        node = SiteConfig.from_node_config(context.node_config, "")
-        policy = node.policy().fingerprint
-        checks, sizes, passed = [], [], True
-        for _ in range(self.repeat):
-            fresh = over_the_wire(reply)
-            started = time.perf_counter()
-            passed &= self.egress.check(message, fresh, context, policy).passed
-            checks.append(time.perf_counter() - started)
-            fresh = over_the_wire(reply)
-            started = time.perf_counter()
-            wire_size(fresh.content)
-            sizes.append(time.perf_counter() - started)
-        config = message.content.config_records[keys.CONFIG]
-        self.rows.append({
-            "kind": message.metadata.message_type, "codec": str(config.get(keys.CODEC, "")),
-            "entries": _entries(message), "reply_bytes": wire_size(reply.content),
-            "passed": bool(passed), "check_ms_median": 1e3 * statistics.median(checks),
+def timed(site: VirtualSite, check: EgressCheck, repeat: int, egress: EgressFilter
+          ) -> dict[str, Any]:
+    """The row of one reply the engine's filter checked at ``site``, judged ``repeat`` times
+    again by ``egress`` (``passed``: every verdict, the engine's included)."""
+    message, reply = check.message, check.reply
+    passed = [check.verdict.passed]
+    checks = _seconds(lambda fresh: passed.append(
+        egress.check(message, fresh, site.context, check.policy).passed), repeat, reply)
+    sizes = _seconds(lambda fresh: wire_size(fresh.content), repeat, reply)
+    return {"kind": message.metadata.message_type, "reply_bytes": wire_size(reply.content),
+            "entries": sum(int(a.numpy().size) for a in
+                           unpack_arrays(message.content[keys.ARRAYS]).values()),
+            "passed": all(passed), "check_ms_median": 1e3 * statistics.median(checks),
             "check_ms_p95": 1e3 * sorted(checks)[int(0.95 * (len(checks) - 1))],
-            "wire_size_ms_median": 1e3 * statistics.median(sizes)})
-        return reply
+            "wire_size_ms_median": 1e3 * statistics.median(sizes)}
 
 
 def measure(models: Sequence[tuple[str, dict]], codecs: Sequence[str], repeat: int,
@@ -105,15 +93,17 @@ def measure(models: Sequence[tuple[str, dict]], codecs: Sequence[str], repeat: i
         task = overrides["task"]
         folders = (folders_of or {}).get(task) or synthetic_sites(task, 2, seed=0, image_size=64)
         for codec in codecs:
-            timed = TimedSites(repeat)
-            sites = [VirtualSite.folder(folder, handler=timed.handler) for folder in folders]
+            sites = [VirtualSite.folder(folder, egress_filter=True) for folder in folders]
             run_product({**overrides, "num-server-rounds": 1, "local-steps": 1,
                          "strategy.codec": codec, "image-size": 64, "node-wait-timeout": 30,
                          "experiment": "egress-filter", "checkpoint-dir": str(workdir / "ckpt"),
                          "cross-site.finetune-steps": 0}, sites, workdir / name / codec)
+            egress = EgressFilter()
+            replies = [timed(site, check, repeat, egress)
+                       for site in sites for check in site.egress_checks]
             kinds = ("train", "evaluate") if codec == codecs[0] else ("train",)
             for kind in kinds:
-                mine = [r for r in timed.rows if r["kind"] == kind]
+                mine = [r for r in replies if r["kind"] == kind]
                 rows.append({"model": name, "codec": codec, "kind": kind,
                              "entries": mine[0]["entries"], "replies": len(mine),
                              "passed": all(r["passed"] for r in mine),

@@ -13,7 +13,9 @@ Message metadata follows Flower's own grids (``flwr.superlink.grid.inmemory_grid
 and must have a positive TTL and no ``reply_to_message_id``; the site receives
 it with ``delivered_at`` set; a reply has ``reply_to_message_id`` = the
 instruction's id, ``src_node_id`` = the site's node, ``dst_node_id`` = the
-SuperLink's node id; a ClientApp that raises is answered as a SuperNode does
+SuperLink's node id; a site started with ``egress_filter`` hands each reply to the
+site runtime's egress filter before it leaves, as the hospital's runtime does
+(:meth:`InProcessGrid._egress`); a ClientApp that raises is answered as a SuperNode does
 (``CLIENT_APP_RAISED_EXCEPTION``), a node that is gone as the SuperLink does
 (``NODE_UNAVAILABLE``, from the SuperLink's node id); a reply that does not
 answer its instruction from its own node is refused, as the SuperLink refuses
@@ -51,11 +53,13 @@ from strategies.wire import message_keys as keys
 from strategies.wire.errors import ConfigError, SiteError
 from strategies.wire.message_keys import SECAGG_STAGES
 
-if TYPE_CHECKING:  # a VirtualSite holds its SiteFaults: virtual_site.py imports this module
+if TYPE_CHECKING:  # a VirtualSite holds its SiteFaults: virtual_site.py imports this module;
+    # the site runtime loads torch (imported when a site's egress filter first runs)
     from app.engine.virtual_site import Handler, NodeConfigValue, VirtualSite
+    from app.site_runtime.egress_filter import EgressFilter, EgressVerdict
 
-__all__ = ["FIRST_NODE_ID", "InProcessGrid", "InjectedFault", "NODE_UNAVAILABLE_REASON",
-           "SiteFaults"]
+__all__ = ["FIRST_NODE_ID", "EgressCheck", "InProcessGrid", "InjectedFault",
+           "NODE_UNAVAILABLE_REASON", "SiteFaults"]
 
 #: Node id of the first virtual site that was given none (the next ones count up).
 FIRST_NODE_ID = 1001
@@ -124,6 +128,29 @@ class SiteFaults:
         return _reached(self.disconnect_from_round, server_round)
 
 
+@dataclass(frozen=True)
+class EgressCheck:
+    """One reply the site runtime's egress filter judged at a site (``egress_filter``).
+
+    Attributes
+    ----------
+    message, reply : Message
+        The instruction as the site received it; the reply as the filter read it.
+    policy : str
+        The fingerprint of the site's policy (the one a reply's site record must name).
+    verdict : EgressVerdict
+        The filter's verdict (a refused reply left as the runtime's refusal).
+    seconds : float
+        The check's wall seconds.
+    """
+
+    message: Message
+    reply: Message
+    policy: str
+    verdict: EgressVerdict
+    seconds: float
+
+
 class InjectedFault(SiteError):
     """Raised in place of the site's handler by :attr:`SiteFaults.fail_from_round`."""
 
@@ -187,6 +214,7 @@ class InProcessGrid(Grid):
         self._sites = {site.node_id: site for site in sites}
         self._contexts = {site.node_id: site.join(run_id, run_config or {}) for site in sites}
         self._handlers: dict[int, Handler] = {}
+        self._egress_filters: dict[int, EgressFilter] = {}  # node id -> its runtime's filter
         self._held: dict[str, _Held] = {}
         self._unanswered: set[str] = set()
         self._round = 0
@@ -313,17 +341,38 @@ class InProcessGrid(Grid):
             if faults.fails(current):
                 raise InjectedFault(f"site {node} fails from round {faults.fail_from_round}")
             reply = self._handler(node)(received, self._contexts[node])
+            answered = True
         except Exception as exc:  # noqa: BLE001 - a SuperNode answers any ClientApp exception
-            reply = Message(Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION,
-                                  f"{type(exc)}:<'{exc}'>"), reply_to=received)
+            reply, answered = Message(Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION,
+                                            f"{type(exc)}:<'{exc}'>"), reply_to=received), False
         if not _answers(reply, message):
             log(WARNING, "site %s: reply refused (it does not answer message %s from node "
                 "%s); the site counts as silent", node, message.metadata.message_id, node)
             self._unanswered.add(message.metadata.message_id)
             return
+        if answered and self._sites[node].egress_filter:
+            reply = self._egress(self._sites[node], received, over_the_wire(reply))
         reply = over_the_wire(reply)
         reply.metadata.__dict__["_message_id"] = str(uuid4())
         self._hold(reply, faults.latency)
+
+    def _egress(self, site: VirtualSite, message: Message, reply: Message) -> Message:
+        """``reply`` if the site runtime's egress filter passes it, else the runtime's refusal;
+        the check is recorded in ``site.egress_checks``. ``reply`` is a wire copy, as the
+        runtime receives it from its worker (no object hash cached yet)."""
+        from app.config.site_config import SiteConfig  # noqa: PLC0415 - both load torch
+        from app.site_runtime.egress_filter import EgressFilter  # noqa: PLC0415
+
+        context = self._contexts[site.node_id]
+        node = SiteConfig.from_node_config(context.node_config,
+                                           str(context.run_config.get("data-root", "")))
+        egress = self._egress_filters.setdefault(site.node_id, EgressFilter())
+        policy = node.policy().fingerprint
+        started = time.perf_counter()
+        verdict = egress.check(message, reply, context, policy)
+        site.egress_checks.append(EgressCheck(message, reply, policy, verdict,
+                                              time.perf_counter() - started))
+        return reply if verdict.passed else egress.refusal(message, context, verdict)
 
     def _hold(self, reply: Message, latency: float) -> None:
         self._held[reply.metadata.reply_to_message_id] = _Held(reply, time.monotonic() + latency)

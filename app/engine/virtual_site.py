@@ -6,7 +6,10 @@ reads), ONE :class:`flwr.app.Context` whose ``state`` survives from message to
 message, and the ClientApp that answers. The handler is the product's real
 ClientApp by default (``app.client_app.app``, called as ``app(message, context)``
 like Flower's simulation does); a test may give any callable
-``(Message, Context) -> Message`` (a scripted or a malicious site).
+``(Message, Context) -> Message`` (a scripted or a malicious site). With
+``egress_filter`` the site's replies pass the hospital site runtime's egress filter
+(:class:`app.site_runtime.egress_filter.EgressFilter`) before they leave, as a site
+runtime holds them; every check is kept in ``egress_checks``.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from pathlib import Path
 
 from flwr.app import Context, Message, RecordDict
 
-from app.engine.grid import SiteFaults
+from app.engine.grid import EgressCheck, SiteFaults
 
 __all__ = ["Handler", "VirtualSite", "default_handler", "partition_sites"]
 
@@ -54,6 +57,11 @@ class VirtualSite:
     context : Context or None
         The site's one Context in the run, made by the grid that runs it
         (:meth:`join`); its ``state`` is what the site kept across messages.
+    egress_filter : bool
+        Whether each reply the handler returns passes the site runtime's egress filter
+        (a refused one leaves as the runtime's refusal, an error reply).
+    egress_checks : list of EgressCheck
+        With ``egress_filter``: every check, in order (instruction, reply, verdict, seconds).
     """
 
     node_config: Mapping[str, NodeConfigValue]
@@ -61,11 +69,13 @@ class VirtualSite:
     faults: SiteFaults = field(default_factory=SiteFaults)
     node_id: int = 0
     context: Context | None = field(default=None, repr=False)
+    egress_filter: bool = False
+    egress_checks: list[EgressCheck] = field(default_factory=list, repr=False)
 
     @classmethod
     def folder(cls, data_path: Path, *, site_name: str = "", state_dir: Path | None = None,
                policy_path: Path | None = None, faults: SiteFaults | None = None,
-               handler: Handler | None = None) -> VirtualSite:
+               handler: Handler | None = None, egress_filter: bool = False) -> VirtualSite:
         """A site started like a hospital's SuperNode: on its own folder (``data-path``)."""
         config: dict[str, NodeConfigValue] = {"data-path": str(Path(data_path).resolve())}
         if site_name:
@@ -74,7 +84,7 @@ class VirtualSite:
             config["state-dir"] = str(Path(state_dir).resolve())
         if policy_path is not None:
             config["policy-path"] = str(Path(policy_path).resolve())
-        return cls(config, handler, faults or SiteFaults())
+        return cls(config, handler, faults or SiteFaults(), egress_filter=egress_filter)
 
     def join(self, run_id: int, run_config: Mapping[str, NodeConfigValue]) -> Context:
         """Start the site's Context for run ``run_id`` (empty state, as Flower gives a new run)."""
