@@ -1,8 +1,8 @@
 """``bench/server_optimizers.py``: tuning choice, summary and goal arithmetic, the test views,
 the refusal of unknown or not-yet-available methods, and ``--quick`` runs through the product
 (in-process engine) on synthetic tabular hospitals and (with ``../shared/data``) the real
-heart-disease hospitals: the issue's JSON format, a later run keeping the methods it does not
-measure."""
+heart-disease hospitals: the issue's JSON format, ``--resume`` keeping the methods a later run
+does not measure and adding seeds without tuning again."""
 
 from __future__ import annotations
 
@@ -15,9 +15,7 @@ from pathlib import Path
 import pytest
 
 bench = importlib.import_module("server_optimizers")
-methods = importlib.import_module("server_optimizer_methods")
 sets = importlib.import_module("server_optimizer_sets")
-summary = importlib.import_module("server_optimizer_summary")
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARED = ROOT.parent / "shared" / "data"
@@ -33,19 +31,19 @@ def test_the_chosen_setting_has_the_best_validation_tail_first_on_ties():
     trials = [{"setting": {"lr": 0.03}, "val": [0.9, 0.5, 0.6]},
               {"setting": {"lr": 0.1}, "val": [0.1, 0.7, None]},
               {"setting": {"lr": 0.3}, "val": [0.0, 0.5, 0.9]}]
-    assert summary.val_score(trials[0]["val"], 2) == pytest.approx(0.55)
-    assert summary.val_score(trials[1]["val"], 2) == pytest.approx(0.7)  # None left out
-    assert summary.choose(trials, 2)["setting"] == {"lr": 0.1}  # 0.7 ties 0.7: the first
-    assert summary.choose(trials, 1)["setting"] == {"lr": 0.3}  # 0.9; lr 0.1 has none
+    assert bench.val_score(trials[0]["val"], 2) == pytest.approx(0.55)
+    assert bench.val_score(trials[1]["val"], 2) == pytest.approx(0.7)  # None left out
+    assert bench.choose(trials, 2)["setting"] == {"lr": 0.1}  # 0.7 ties 0.7: the first
+    assert bench.choose(trials, 1)["setting"] == {"lr": 0.3}  # 0.9; lr 0.1 has none
     with pytest.raises(ValueError, match="no tuning run has a validation metric"):
-        summary.choose([{"setting": {}, "val": [None]}], 1)
+        bench.choose([{"setting": {}, "val": [None]}], 1)
 
 
 def test_rows_are_means_over_seeds_with_rounds_to_a_share_of_pooled():
     per_seed = [_record("pooled", 0, [0.6, 0.8, 0.8]), _record("pooled", 1, [0.7, 0.8, 1.0]),
                 _record("fedavg", 0, [0.5, 0.6, 0.7]), _record("fedavg", 1, [0.5, 0.9, 0.6]),
                 _record("fedyogi", 0, [0.5, 0.8, 0.85]), _record("fedyogi", 1, [0.6, 0.7, 0.9])]
-    rows = {r["method"]: r for r in summary.summarise("s", "accuracy", per_seed, 0.9)}
+    rows = {r["method"]: r for r in bench.summarise("s", "accuracy", per_seed, 0.9)}
     assert list(rows) == ["fedavg", "fedyogi", "pooled"]  # METHODS order
     assert rows["pooled"]["final_metric"] == pytest.approx(0.9)
     assert rows["pooled"]["sd"] == pytest.approx(0.1414214, abs=1e-6)
@@ -55,7 +53,7 @@ def test_rows_are_means_over_seeds_with_rounds_to_a_share_of_pooled():
     assert rows["fedyogi"]["rounds_to_target"] == 3.0  # rounds 3 and 3
     assert rows["pooled"]["rounds_to_target"] == 3.0  # seed 0 never (0.8 < 0.81)
     assert rows["pooled"]["seeds_at_target"] == 1
-    goal = summary.goals(list(rows.values()))["s"]
+    goal = bench.goals(list(rows.values()))["s"]
     assert goal["best_federated"] == "fedyogi"  # pooled is no federated method
     assert goal["gap_closed"] == pytest.approx((0.875 - 0.65) / (0.9 - 0.65))
     assert goal["goal_met"] is True
@@ -63,16 +61,16 @@ def test_rows_are_means_over_seeds_with_rounds_to_a_share_of_pooled():
 
 def test_no_gap_to_close_when_pooled_is_not_above_fedavg():
     per_seed = [_record("pooled", 0, [0.6]), _record("fedavg", 0, [0.7])]
-    goal = summary.goals(summary.summarise("s", "auc", per_seed, 0.95))["s"]
+    goal = bench.goals(bench.summarise("s", "auc", per_seed, 0.95))["s"]
     assert goal["gap"] == pytest.approx(-0.1) and goal["gap_closed"] is None
     assert goal["goal_met"] is None
 
 
 def test_the_grid_is_lr_times_the_method_knobs():
-    grid = methods.settings_grid(methods.METHODS["fedprox"], (0.03, 0.1))
+    grid = bench.settings_grid(bench.METHODS["fedprox"], (0.03, 0.1))
     assert grid == [{"lr": 0.03, "proximal-mu": 0.1}, {"lr": 0.03, "proximal-mu": 1.0},
                     {"lr": 0.1, "proximal-mu": 0.1}, {"lr": 0.1, "proximal-mu": 1.0}]
-    assert methods.settings_grid(methods.METHODS["pooled"], (0.1,)) == [{"lr": 0.1}]
+    assert bench.settings_grid(bench.METHODS["pooled"], (0.1,)) == [{"lr": 0.1}]
 
 
 def test_a_test_view_keeps_train_rows_and_measures_the_test_rows(tmp_path):
@@ -91,19 +89,16 @@ def test_an_unknown_method_is_refused_by_name(capsys):
     with pytest.raises(SystemExit) as exit_info:
         bench.main(["--methods", "fedavg", "fedsgd-magic"])
     assert exit_info.value.code == 2
-    assert "unknown method 'fedsgd-magic'" in capsys.readouterr().err
-    with pytest.raises(KeyError, match="unknown method 'nope'"):
-        methods.unavailable("nope")
+    assert "invalid choice: 'fedsgd-magic'" in capsys.readouterr().err
 
 
 def test_a_method_whose_key_the_product_lacks_is_refused_naming_the_key(monkeypatch, capsys):
-    future = methods.Method({"strategy.no-such-plugin": "x"})
-    monkeypatch.setitem(methods.METHODS, "future", future)
-    assert "strategy.no-such-plugin" in methods.unavailable("future")
-    assert "future" not in bench.available_methods()[0]
+    assert bench.unavailable() == {}  # the product declares every method's keys
+    monkeypatch.setitem(bench.METHODS, "fedavg", bench.Method({"strategy.no-such-plugin": "x"}))
+    assert "strategy.no-such-plugin" in bench.unavailable()["fedavg"]
     with pytest.raises(SystemExit):
-        bench.main(["--methods", "future"])
-    assert "method 'future' cannot run" in capsys.readouterr().err
+        bench.main(["--methods", "fedavg"])
+    assert "method 'fedavg' cannot run" in capsys.readouterr().err
 
 
 def _synthetic_hospitals(task: str, shared: Path, out: Path, args: list[str]) -> list[Path]:
@@ -120,9 +115,9 @@ def _synthetic_hospitals(task: str, shared: Path, out: Path, args: list[str]) ->
     return folders
 
 
-def _quick(out: Path, shared: Path, *chosen: str) -> dict:
-    assert bench.main(["--quick", "--output", str(out), "--shared", str(shared),
-                       "--methods", *chosen]) == 0
+def _quick(out: Path, shared: Path, *chosen: str, extra: tuple[str, ...] = ()) -> dict:
+    assert bench.main(["--quick", "--output", str(out), "--shared-data", str(shared),
+                       "--methods", *chosen, *extra]) == 0
     return json.loads(out.read_text())
 
 
@@ -137,7 +132,7 @@ def _check_format(result: dict, measured: set[str]) -> None:
     assert goal["methods_measured"] == sorted(measured)
     tuned = {t["method"]: t for t in result["tuning"]}
     assert set(tuned) == measured
-    assert all(len(t["trials"]) == len(methods.settings_grid(methods.METHODS[m], sets.SETS["heart-disease"].lrs[:1]))
+    assert all(len(t["trials"]) == len(bench.settings_grid(bench.METHODS[m], sets.SETS["heart-disease"].lrs[:1]))
                for m, t in tuned.items())
 
 
@@ -151,28 +146,37 @@ def test_quick_run_through_the_product_on_synthetic_hospitals(tmp_path, monkeypa
     _check_format(result, {"pooled"})
     record = next(r for r in result["per_seed"] if r["method"] == "pooled")
     assert len(record["test"]) == 2 and len(record["val"]) == 2  # 2 rounds, both measured
-    later = _quick(out, shared, "local-only")
+    later = _quick(out, shared, "local-only", extra=("--resume",))
     _check_format(later, {"pooled", "local-only"})  # the earlier method kept
     assert len(later["commands"]) == 2
     with pytest.raises(SystemExit):  # another target fraction: not mixed into the same file
-        bench.main(["--quick", "--output", str(out), "--shared", str(shared), "--fraction", "0.5"])
+        bench.main(["--quick", "--output", str(out), "--shared-data", str(shared), "--resume",
+                    "--fraction", "0.5"])
     assert "holds runs measured under another protocol" in capsys.readouterr().err
+    bench.main(["--table", "--output", str(out)])
+    assert "heart-disease   local-only" in capsys.readouterr().out
 
 
-def test_extend_adds_seeds_to_the_tuned_choice_without_tuning_again(tmp_path, monkeypatch):
+def test_resume_adds_seeds_to_the_tuned_choice_without_tuning_again(tmp_path, monkeypatch):
     monkeypatch.setattr(sets, "convert_shared", _synthetic_hospitals)
     shared = tmp_path / "shared"
     (shared / HEART).parent.mkdir(parents=True)
     (shared / HEART).touch()
     out = tmp_path / "server_optimizers.json"
-    first = _quick(out, shared, "pooled")
-    assert bench.main(["--quick", "--extend", "--seeds", "2", "--output", str(out), "--shared",
-                       str(shared), "--methods", "pooled"]) == 0
-    extended = json.loads(out.read_text())
+    first = _quick(out, shared, "pooled", extra=("--lrs", "0.1", "0.3"))
+    assert len(first["tuning"][0]["trials"]) == 2
+    ran = []
+    monkeypatch.setattr(bench, "run_method", lambda *a, **k: ran.append(a[3:5]) or {
+        "val": [0.5, 0.5], "test": [0.5, 0.5], "seconds": 0.0})
+    extended = _quick(out, shared, "pooled", extra=("--lrs", "0.1", "0.3", "--resume",
+                                                    "--seeds", "0", "1"))
+    assert ran == [(first["tuning"][0]["chosen"], 1)]  # only seed 1 of the choice ran
     assert extended["tuning"] == first["tuning"]  # not tuned again
     assert [r["seed"] for r in extended["per_seed"]] == [0, 1]
     assert extended["per_seed"][0] == first["per_seed"][0]
     assert extended["runs"][0]["seeds"] == 2
+    again = _quick(out, shared, "pooled", extra=("--lrs", "0.1", "0.3", "--seeds", "0"))
+    assert len(ran) == 3 and len(again["commands"]) == 1  # without --resume: run afresh
 
 
 @pytest.mark.skipif(not (SHARED / HEART).is_file(), reason="../shared/data heart disease absent")
@@ -180,36 +184,3 @@ def test_quick_run_on_the_four_heart_disease_hospitals(tmp_path):
     result = _quick(tmp_path / "server_optimizers.json", SHARED, "fedavg")
     _check_format(result, {"fedavg"})
     assert result["sets"]["heart-disease"]["sites"] == 4
-
-
-def _measured(set_name: str, value: float, protocol: dict) -> dict:
-    """A results file of one set: fedavg and pooled, one seed, two rounds."""
-    records = [{"set": set_name, "method": m, "seed": 0, "setting": {"lr": 0.1},
-                "val": [v, v], "test": [v, v], "seconds": 1.0}
-               for m, v in (("fedavg", value), ("pooled", value + 0.1))]
-    return {"protocol": protocol, "sets": {set_name: {"metric": "auc", "marker": value}},
-            "per_seed": records, "tuning": [{"set": set_name, "method": "fedavg"}],
-            "commands": [f"run {set_name} {value}"]}
-
-
-def test_merge_folds_the_sets_of_parallel_runs_into_the_output(tmp_path, capsys):
-    protocol = {"fraction": 0.95}
-    out, other = tmp_path / "server_optimizers.json", tmp_path / "msd.json"
-    out.write_text(json.dumps({**_measured("heart-disease", 0.7, protocol),
-                               "sets": {"heart-disease": {"metric": "accuracy"},
-                                        "msd-lung": {"metric": "dice", "marker": 0.1}},
-                               "per_seed": _measured("heart-disease", 0.7, protocol)["per_seed"]
-                               + _measured("msd-lung", 0.1, protocol)["per_seed"]}))
-    other.write_text(json.dumps(_measured("msd-lung", 0.5, protocol)))
-    assert bench.main(["--merge", str(other), "--output", str(out)]) == 0
-    merged = json.loads(out.read_text())
-    assert merged["sets"]["msd-lung"]["marker"] == 0.5  # the new measurement replaced the old
-    finals = {(r["set"], r["method"]): r["final_metric"] for r in merged["runs"]}
-    assert finals == pytest.approx({("heart-disease", "fedavg"): 0.7,
-                                    ("heart-disease", "pooled"): 0.8,
-                                    ("msd-lung", "fedavg"): 0.5, ("msd-lung", "pooled"): 0.6})
-    assert merged["commands"] == ["run heart-disease 0.7", "run msd-lung 0.5"]
-    other.write_text(json.dumps(_measured("msd-lung", 0.5, {"fraction": 0.5})))
-    with pytest.raises(SystemExit):
-        bench.main(["--merge", str(other), "--output", str(out)])
-    assert "another protocol" in capsys.readouterr().err

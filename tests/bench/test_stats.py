@@ -58,7 +58,7 @@ def test_pruning_and_bytes_to_target_summaries_recompute_the_stored_ones():
 
 def test_per_seed_summaries_recompute_the_stored_ones():
     from personalisation_summary import summarise as personal
-    from server_optimizer_summary import summarise as server
+    from server_optimizers import summarise as server
 
     kept = _stored("personalisation")
     for name, records in kept["per_seed"].items():
