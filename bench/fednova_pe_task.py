@@ -1,7 +1,7 @@
 """FedAvg vs FedNova on the real PE-segmentation task with heterogeneous local work.
 
 The task half of the "objective inconsistency" benchmark (the quadratic half,
-with a known optimum, is ``bench/fednova_inconsistency.py``). Wang, Liu, Liang,
+with a known optimum, is ``tests/simulations/fednova_inconsistency.py``). Wang, Liu, Liang,
 Joshi, Poor, "Tackling the Objective Inconsistency Problem in Heterogeneous
 Federated Optimization", NeurIPS 2020, Thm. 1: with plain local SGD and
 ``tau_i`` local steps, FedAvg converges to a stationary point of the *surrogate*
