@@ -50,7 +50,7 @@ from strategies.wire.errors import ConfigError
 from strategies.wire.model_layout import pack_model
 from strategies.wire.registry import Registry
 from strategies.wire.seeds import derive_seed
-from strategies.wire.update_codec import dense_bytes
+from strategies.wire.model_layout import dense_bytes
 
 __all__ = ["DOWNLINK_CODECS", "DownlinkCodecError", "DownlinkRound", "ServerDownlink",
            "check_downlink_codec"]

@@ -62,7 +62,7 @@ from strategies.wire import message_keys as keys
 from strategies.wire.errors import ConfigError
 from strategies.wire.model_layout import PackedModelError, unpack_model
 from strategies.wire.seeds import derive_seed
-from strategies.wire.update_codec import PAYLOAD_KEY, RAW_PREFIX
+from strategies.wire.model_layout import PAYLOAD_KEY, RAW_PREFIX
 
 __all__ = ["SiteAttack", "attacking_handler", "attacking_site", "label_flipped_copy"]
 

@@ -45,7 +45,8 @@ from strategies.wire import message_keys as keys
 from strategies.wire.errors import FedMedError
 from strategies.wire.secure_aggregation.encoding import pack
 from strategies.wire.secure_aggregation.vector import kept_indices
-from strategies.wire.update_codec import PAYLOAD_KEY, RAW_PREFIX, unpack_update
+from strategies.wire.update_codec import unpack_update
+from strategies.wire.model_layout import PAYLOAD_KEY, RAW_PREFIX
 
 __all__ = ["MAX_NPY_HEADER", "MAX_PAYLOAD_BYTES_PER_ENTRY", "PAYLOAD_HEAD_BYTES", "array_view",
            "check_masked", "check_names", "check_update", "masked_bytes", "update_bound"]

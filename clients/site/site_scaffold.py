@@ -41,7 +41,7 @@ from strategies.wire import message_keys as keys
 from strategies.wire.codecs import ErrorFeedback, decode, encode, flatten, parse_spec
 from strategies.wire.errors import ConfigError, SiteError
 from strategies.wire.local_solver import LocalSolver
-from strategies.wire.update_codec import float_positions
+from strategies.wire.model_layout import float_positions
 
 if TYPE_CHECKING:
     from clients.site.instruction import Instruction, SiteRunSettings

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from strategies.wire import message_keys as keys
-from strategies.wire.update_codec import PAYLOAD_KEY
+from strategies.wire.model_layout import PAYLOAD_KEY
 
 __all__ = ["PAYLOAD_KEY", "RAW_KEY", "DownlinkHeader"]
 

@@ -31,7 +31,7 @@ import numpy as np
 
 from strategies.wire.codecs import flatten, unflatten
 from strategies.wire.model_layout import LAYOUT_KEY, MODEL_KEY, pack_model, unpack_model
-from strategies.wire.update_codec import float_positions
+from strategies.wire.model_layout import float_positions
 
 __all__ = ["VERSION_KEY", "Reference", "raw_bytes"]
 

@@ -11,8 +11,8 @@ QSGD error there can make a variance negative and every output NaN) travel raw
 under ``raw-<index>``; the server takes the raw set from the reply itself.
 That is the explicit choice for normalisation statistics: kept dense, bit-exact,
 and accounted: their bytes are in the bytes up and, as float32, in the dense
-baseline (:func:`dense_bytes`), so the uplink ratio shows what they cost (about
-4.5 kB a round on the BatchNorm X-ray CNN, which holds top-k 1% at ~34x; the
+baseline (:func:`strategies.wire.model_layout.dense_bytes`), so the uplink ratio shows
+what they cost (about 4.5 kB a round on the BatchNorm X-ray CNN, which holds top-k 1% at ~34x; the
 GroupNorm variant reaches ~99x). Per-tensor codecs (``topk:<f>:layer``) get the
 sizes of the compressed tensors only. The layout (the keys, the raw set, the arrays put
 back in the model's shapes) is :mod:`strategies.wire.model_layout`'s, re-exported here; a
@@ -28,12 +28,11 @@ from collections.abc import Collection, Mapping, Sequence
 import numpy as np
 
 from strategies.wire.codecs import ErrorFeedback, decode, encode, flatten
-from strategies.wire.model_layout import (PAYLOAD_KEY, RAW_PREFIX, UpdateFormatError, assemble,
-                                          dense_bytes, float_positions, payload_positions,
-                                          raw_positions, update_arrays)
+from strategies.wire.model_layout import (PAYLOAD_KEY, UpdateFormatError, assemble,
+                                          float_positions, payload_positions, raw_positions,
+                                          update_arrays)
 
-__all__ = ["PAYLOAD_KEY", "RAW_PREFIX", "UpdateFormatError", "float_positions", "pack_update",
-           "unpack_update", "dense_bytes"]
+__all__ = ["pack_update", "unpack_update"]
 
 
 def pack_update(delta: Sequence[np.ndarray], spec: str, seed: int = 0,

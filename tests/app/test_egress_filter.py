@@ -20,7 +20,7 @@ from app.site_runtime.egress_refusal import EgressRefusal, EgressVerdict
 from clients.site.policy import PolicyRefusal
 from strategies.rounds.withheld import refused_rule
 from strategies.wire import message_keys as keys
-from strategies.wire.update_codec import PAYLOAD_KEY
+from strategies.wire.model_layout import PAYLOAD_KEY
 from tests.app.egress_runs import Exchange
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -12,7 +12,7 @@ from clients.site.site_feature import RESIDUAL_NAME
 from clients.site.site_round import encode_update
 from strategies.compression import decode
 from strategies.wire import message_keys as keys
-from strategies.wire.update_codec import PAYLOAD_KEY
+from strategies.wire.model_layout import PAYLOAD_KEY
 from tests.clients.site_round_fixtures import run_settings
 
 

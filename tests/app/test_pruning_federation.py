@@ -12,7 +12,7 @@ import pytest
 from app.engine import partition_sites, run_federation
 from strategies.plugins.pruning.pruning_round import PruningRound
 from strategies.wire.pruning_mask import kept_count
-from strategies.wire.update_codec import dense_bytes
+from strategies.wire.model_layout import dense_bytes
 from tests.app.restored_strategy import restored_strategy
 from tests.integration.conftest import write_small_hospitals
 

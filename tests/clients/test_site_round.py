@@ -18,7 +18,8 @@ from clients.training.trainer import select_device
 from strategies.wire import message_keys as keys
 from strategies.wire.errors import ConfigError
 from strategies.wire.model_layout import pack_model, unpack_model
-from strategies.wire.update_codec import PAYLOAD_KEY, unpack_update
+from strategies.wire.update_codec import unpack_update
+from strategies.wire.model_layout import PAYLOAD_KEY
 from tests.clients.site_round_fixtures import TinyCxr, packed_global, run_settings, site
 
 CPU = select_device("cpu")

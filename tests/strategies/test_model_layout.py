@@ -12,7 +12,8 @@ import pytest
 
 from strategies.compression import encode
 from strategies.wire.model_layout import UpdateFormatError, dense_update
-from strategies.wire.update_codec import PAYLOAD_KEY, pack_update, unpack_update
+from strategies.wire.update_codec import pack_update, unpack_update
+from strategies.wire.model_layout import PAYLOAD_KEY
 from tests.fixtures.entered_files import entered_files
 
 REFERENCE = [np.zeros((3, 4), np.float32), np.zeros(5, np.float64), np.array(0, np.int64),

@@ -6,13 +6,8 @@ import numpy as np
 import pytest
 
 from strategies.compression import ErrorFeedback, decode
-from strategies.wire.update_codec import (
-    PAYLOAD_KEY,
-    UpdateFormatError,
-    dense_bytes,
-    pack_update,
-    unpack_update,
-)
+from strategies.wire.update_codec import pack_update, unpack_update
+from strategies.wire.model_layout import PAYLOAD_KEY, UpdateFormatError, dense_bytes
 
 REFERENCE = [np.zeros((3, 4), np.float32), np.zeros(5, np.float32), np.array(0, np.int64)]
 

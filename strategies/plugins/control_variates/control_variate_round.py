@@ -68,7 +68,7 @@ from strategies.rounds.site_book import SiteBook
 from strategies.rounds.withheld import refused_rule
 from strategies.wire import message_keys as keys
 from strategies.wire.errors import FederationError
-from strategies.wire.update_codec import float_positions
+from strategies.wire.model_layout import float_positions
 
 __all__ = ["ControlVariateRound", "federation_size", "float_sizes"]
 
