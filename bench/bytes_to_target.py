@@ -7,7 +7,7 @@ round. Against the dense fp32 row of the same set and seed:
 * ``up_ratio`` = dense's mean uplink bytes per site and round / ours (the
   dense row's own wire bytes, so dense is exactly 1); ``down_ratio`` the same
   for the downlink; ``*_vs_fp32`` divide the model as raw float32 instead
-  (:func:`strategies.wire.update_codec.dense_bytes`, the product's ``uplink-ratio``);
+  (:func:`strategies.wire.model_layout.dense_bytes`, the product's ``uplink-ratio``);
 * ``final_metric`` = mean of the last ``tail`` rounds; ``relative_to_dense`` =
   ``final / final_dense`` and ``rel_diff`` = ``relative_to_dense - 1``;
 * the target is ``fraction`` (95%) of dense's final metric; ``bytes_to_target``
