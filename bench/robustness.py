@@ -1,11 +1,13 @@
 """Attack table: one bad site against the product's defaults, at 2, 3 and 10 sites (#12, #27, #29).
 
-A study of :mod:`runner`: a set is the product's run config with **no roster and its
-defaults** (``defence: "default"``: it names neither ``strategy.defence`` nor
-``strategy.aggregator``) over site folders dealt per seed by ``python -m clients.datagen
-shared`` (PneumoniaMNIST over Dirichlet(0.5) sites, or the PE stand-in, MSD lung-tumour
-patches over iid sites); an arm is a row. The smallest site (by train count) attacks from
-round 1 on, as a site of the engine (:mod:`app.engine.attacks`):
+A study of :mod:`runner`: a set is site folders written by the product's converter
+(``python -m clients.datagen shared``: PneumoniaMNIST over Dirichlet(0.5) sites, or
+the PE stand-in, MSD lung-tumour patches over iid sites, dealt per seed) and the
+product's run config with **no roster and the product's defaults** (``defence:
+"default"``: the run config names neither ``strategy.defence`` nor
+``strategy.aggregator``); an arm is a row (defence, aggregator, attack). The smallest
+site (by train count) attacks from round 1 on, as a site of the engine
+(:mod:`app.engine.attacks`):
 
 * ``default/none`` against ``none/none`` (``strategy.defence = "none"``): the defaults
   cost at most 1% on a clean federation (target 0.99);
@@ -43,12 +45,10 @@ from single_thread import BENCH  # noqa: I001
 
 import argparse  # noqa: E402
 import csv  # noqa: E402
-import io  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import sys  # noqa: E402
 from collections.abc import Collection, Mapping  # noqa: E402
-from contextlib import redirect_stdout  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
 from functools import partial  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -56,7 +56,7 @@ from pathlib import Path  # noqa: E402
 import runner  # noqa: E402
 from clients.datagen.federation import hospital_name  # noqa: E402
 from engine_runs import DATA, shared_sites  # noqa: E402
-from report import Column, print_table  # noqa: E402
+from report import Column  # noqa: E402
 from stats import at_least, mean, sd  # noqa: E402
 
 __all__ = ["QUICK", "SETS", "STUDY", "honest_metric", "merged", "report_set"]
@@ -332,13 +332,15 @@ def table(payload: dict) -> str:
                Column("best /", ">7", lambda r: cell(r["best_relative_to_clean"])),
                Column("seeds", ">6", lambda r: len(r["seeds"])),
                Column("s/run", ">6", lambda r: f"{r['wall_s']:.0f}")]
-    with redirect_stdout(io.StringIO()) as text:
-        for name in payload["sets"]:
-            runs = [r for r in payload["runs"] if r["set"] == name]
-            if all("row" in r for r in runs):
-                print_table(f"{name} (clean, defaults: {cell(payload['clean'][name])})",
-                            columns, runs)
-    return text.getvalue().rstrip("\n")
+    header = " ".join(c.head() for c in columns)
+    lines = []
+    for name in payload["sets"]:
+        runs = [r for r in payload["runs"] if r["set"] == name]
+        if all("row" in r for r in runs):
+            lines += [f"{name} (clean, defaults: {cell(payload['clean'][name])})", header,
+                      "-" * len(header)]
+            lines += [" ".join(format(c.get(r), c.spec) for c in columns) for r in runs]
+    return "\n".join(lines)
 
 
 class _Quick(argparse.Action):
