@@ -34,7 +34,7 @@ import json  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
-from collections.abc import Callable, Collection, Mapping, Sequence  # noqa: E402
+from collections.abc import Callable, Mapping, Sequence  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
@@ -49,17 +49,12 @@ __all__ = ["Federation", "Arm", "Option", "SINGLE_SEED", "SetMissing", "Study", 
 
 @dataclass(frozen=True)
 class Federation:
-    """A set as a configuration of the product: its name, metric, site folders, overrides;
-    optionally the arms it runs (default: all), its sites per (arm, seed) (default: the
-    folders as honest sites) and row fields from a run's (outcome, arm, seed)."""
+    """A set as a configuration of the product: its name, metric, site folders, overrides."""
 
     name: str
     metric: str
     folders: tuple[Path, ...]
     overrides: dict
-    arms: Collection[str] | None = None
-    sites: Callable[[Arm, int], list] | None = None
-    fields: Callable[[Any, Arm, int], dict] | None = None
 
 
 @dataclass(frozen=True)
@@ -192,7 +187,7 @@ def check_arms(study: Study, args: argparse.Namespace,
 
     for index, seed in enumerate(args.seeds):
         for federation in federations.values():
-            for arm in _arms(study, args, index, federation):
+            for arm in study.arms(args, index):
                 full_run_config(run_config(study, federation, arm, seed,
                                            study.schedule(args, None)))
 
@@ -209,13 +204,9 @@ def run_arm(study: Study, federation: Federation, arm: Arm, seed: int,
     """One federation of ``arm`` on ``federation`` through the engine; its JSON row."""
     from app.engine import VirtualSite  # noqa: PLC0415 - the engine loads Flower
 
-    if federation.sites:
-        sites = federation.sites(arm, seed)
-    else:
-        sites = [VirtualSite.folder(folder, site_name=folder.name)
-                 for folder in federation.folders]
-        for site, keys in zip(sites, arm.site_config):
-            site.node_config = {**site.node_config, **keys}
+    sites = [VirtualSite.folder(folder, site_name=folder.name) for folder in federation.folders]
+    for site, keys in zip(sites, arm.site_config):
+        site.node_config = {**site.node_config, **keys}
     overrides = run_config(study, federation, arm, seed, schedule)
     outcome, seconds = run_product(overrides, sites, workdir)
     run = series(outcome)
@@ -223,16 +214,8 @@ def run_arm(study: Study, federation: Federation, arm: Arm, seed: int,
             "engine": "in-process", "sites": len(sites), "rounds": run.rounds,
             "metric": federation.metric, "curve": run.metrics[federation.metric],
             "curves": run.metrics, **traffic_fields(run), **study.fields(outcome, run, workdir),
-            **(federation.fields(outcome, arm, seed) if federation.fields else {}),
             "dropped": run.dropped, "seconds": seconds, "mlflow_run_id": outcome.mlflow_run_id,
             "run_config": overrides}
-
-
-def _arms(study: Study, args: argparse.Namespace, index: int,
-          federation: Federation) -> list[Arm]:
-    """The arms of the ``index``-th seed that ``federation`` runs."""
-    return [arm for arm in study.arms(args, index)
-            if federation.arms is None or arm.name in federation.arms]
 
 
 def _runs(rows: list[dict], study: Study, name: str, seed: int, arm: str | None) -> list[dict]:
@@ -272,7 +255,7 @@ def run_study(study: Study, args: argparse.Namespace, command: Sequence[str]) ->
         workdir = args.workdir or Path(tmp)
         for index, seed in enumerate(args.seeds):
             for name, federation in federations.items():
-                for arm in _arms(study, args, index, federation):
+                for arm in study.arms(args, index):
                     baseline = next(iter(_runs(rows, study, name, seed, study.baseline)), None)
                     schedule = study.schedule(args, None if arm.name == study.baseline
                                               else baseline)

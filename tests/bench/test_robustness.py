@@ -24,13 +24,11 @@ OTHER = {"clean": {"another-set": 2.0},
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     import robustness
-    import runner
 
     tmp = tmp_path_factory.mktemp("robustness")
     path = tmp / "robustness.json"
     path.write_text(json.dumps(OTHER))
-    assert runner.main(robustness.STUDY, ["--quick", "--output", str(path),
-                                          "--workdir", str(tmp)]) == 0
+    assert robustness.main(["--quick", "--output", str(path), "--workdir", str(tmp)]) == 0
     return json.loads(path.read_text())  # strict JSON: a run without a finite AUC is null
 
 
@@ -65,10 +63,6 @@ def test_the_set_is_merged_beside_the_others_with_the_schema_of_the_issue(report
                 found["metric"] / baseline["metric"])
     assert report["clean"][SET] == run(report, "default/none")["metric"]
     assert run(report, "default/none")["baseline"] == "none/none"
-    # every run is kept for --resume, with the honest metric its row reports
-    assert sorted(r["row"] for r in report["seed_runs"]) == sorted(quick["rows"])
-    for stored in report["seed_runs"]:
-        assert stored["honest_metric"] == run(report, stored["row"])["metric_per_seed"][0]
 
 
 @needs_data
@@ -94,31 +88,30 @@ def test_the_metric_leaves_the_attackers_own_validation_split_out():
     assert honest_metric({"bad": [0.1, 1000.0]}, {"a", "b"}) is None
 
 
-def test_a_merge_replaces_only_the_sets_it_brings():
-    from robustness import merged as merge
+def test_a_merge_replaces_only_the_sets_it_brings(tmp_path):
+    from robustness import merge_report
 
+    path = tmp_path / "r.json"
     row = {"set": "a", "attack": "none", "defence": "fedavg", "metric": 1.0,
            "relative_to_clean": 1.0}
-    first = merge({}, {"clean": {"a": 1.0, "b": 2.0}, "runs": [row, {**row, "set": "b"}],
-                       "sets": {"a": {}, "b": {}}, "seed_runs": [{"set": "a"}, {"set": "b"}],
-                       "engine": "in-process"})
-    merged = merge(first, {"clean": {"b": 3.0}, "runs": [{**row, "set": "b", "metric": 3.0}],
-                           "sets": {"b": {"direction": "higher"}},
-                           "seed_runs": [{"set": "b", "seed": 1}]})
+    merge_report(path, {"clean": {"a": 1.0, "b": 2.0}, "runs": [row, {**row, "set": "b"}],
+                        "sets": {"a": {}, "b": {}}, "engine": "in-process"})
+    merged = merge_report(path, {"clean": {"b": 3.0}, "runs": [{**row, "set": "b", "metric": 3.0}],
+                                 "sets": {"b": {"direction": "higher"}}})
     assert merged["clean"] == {"a": 1.0, "b": 3.0}
     assert [(r["set"], r["metric"]) for r in merged["runs"]] == [("a", 1.0), ("b", 3.0)]
     assert merged["sets"] == {"a": {}, "b": {"direction": "higher"}}
     assert merged["engine"] == "in-process"
-    assert merged["seed_runs"] == [{"set": "a"}, {"set": "b", "seed": 1}]
 
 
-def test_runs_of_an_older_set_get_their_sites_from_its_setup():
-    from robustness import merged as merge
+def test_runs_of_an_older_set_get_their_sites_from_its_setup(tmp_path):
+    from robustness import merge_report
 
+    path = tmp_path / "r.json"
     old = {"set": "old", "attack": "none", "defence": "fedavg", "metric": 1.0}
-    merged = merge({"clean": {"old": 1.0}, "runs": [old],
-                    "sets": {"old": {"setup": {"sites": 3}}}},
-                   {"clean": {"new": 1.0}, "runs": [], "sets": {"new": {}}})
+    path.write_text(json.dumps({"clean": {"old": 1.0}, "runs": [old],
+                                "sets": {"old": {"setup": {"sites": 3}}}}))
+    merged = merge_report(path, {"clean": {"new": 1.0}, "runs": [], "sets": {"new": {}}})
     assert merged["runs"] == [{**old, "sites": 3}]
 
 
@@ -128,18 +121,16 @@ def test_a_row_is_the_mean_over_the_seeds_it_has_against_its_baseline():
     setup = {"data": "pneumoniamnist", "sites": 2, "rounds": 1, "local_steps": 1,
              "rows": ["none/none", "default/none", "default/scaled"]}
 
-    def result(row: str, seed: int, metric: float) -> dict:
-        return {"set": "s", "row": row, "seed": seed, "honest_metric": metric,
-                "best_metric": metric, "seconds": 1.0, "best_round": 1,
+    def result(metric: float) -> dict:
+        return {"metric": metric, "best_metric": metric, "wall_s": 1.0, "best_round": 1,
                 "attacker": "hospital-01", "attacker_dropped_rounds": 0, "drop_reasons": [],
                 "attacker_evaluate_dropped_rounds": 0,
                 "aggregation_failed_rounds": 0, "metric_per_round": [metric],
                 "final_site_metric": {}}
 
-    done = [result("none/none", 0, 0.90), result("none/none", 1, 0.80),
-            result("default/none", 0, 0.90), result("default/none", 1, 0.70),
-            result("default/scaled", 0, 0.45),  # seed 1 of the attack not run yet
-            result("default/scaled", 2, 0.10)]  # a seed not asked for
+    done = {"s|none/none|0": result(0.90), "s|none/none|1": result(0.80),
+            "s|default/none|0": result(0.90), "s|default/none|1": result(0.70),
+            "s|default/scaled|0": result(0.45)}  # seed 1 of the attack not run yet
     rows = {r["row"]: r for r in report_set("s", setup, (0, 1), done)["runs"]}
     assert rows["default/none"]["metric"] == pytest.approx(0.80)
     assert rows["default/none"]["sd"] == pytest.approx(0.1414213, rel=1e-5)

@@ -8,7 +8,6 @@ arm whose baseline did not run is listed as missing.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
@@ -76,27 +75,3 @@ def test_resume_keeps_the_runs_of_the_same_config_and_replaces_the_others(tmp_pa
 def test_an_arm_without_its_baseline_is_missing(tmp_path, runs):
     payload = _main(tmp_path, "--sets", "a", "--budget-seconds", "-1")
     assert runs == [] and payload["missing"] == ["a seed 0 base", "a seed 0 knob"]
-
-
-def test_a_set_runs_only_its_arms(tmp_path, runs):
-    study = dataclasses.replace(STUDY, federation=lambda name, args: Federation(
-        name, "m", (), {"task": name}, arms=("base",) if name == "a" else None))
-    out = tmp_path / "toy.json"
-    runner.main(study, ["--output", str(out), "--workdir", str(tmp_path)])
-    assert runs == [("a", 0, "base"), ("b", 0, "base"), ("b", 0, "knob")]
-
-
-def test_a_set_builds_its_sites_and_adds_row_fields_from_the_arm_and_seed(tmp_path, monkeypatch):
-    from types import SimpleNamespace
-
-    handed = []
-    monkeypatch.setattr(runner, "run_product", lambda overrides, sites, workdir: (
-        handed.append(sites) or SimpleNamespace(mlflow_run_id="r"), 1.0))
-    monkeypatch.setattr(runner, "series", lambda outcome: SimpleNamespace(
-        rounds=1, metrics={"m": [0.5]}, dropped=[{}]))
-    monkeypatch.setattr(runner, "traffic_fields", lambda run: {})
-    federation = Federation("a", "m", (), {}, sites=lambda arm, seed: [f"{arm.name}-{seed}"],
-                            fields=lambda outcome, arm, seed: {"who": (outcome.mlflow_run_id,
-                                                                       arm.name, seed)})
-    row = runner.run_arm(STUDY, federation, Arm("knob", {}), 7, {}, tmp_path)
-    assert handed == [["knob-7"]] and row["sites"] == 1 and row["who"] == ("r", "knob", 7)
