@@ -13,7 +13,7 @@ File format (every key optional; a missing key takes the permissive value of
     allowed-tasks = ["cxr-cls", "ct3d-cls", "pe-seg"]   # "*": any task
     allowed-codecs = ["none", "fp16", "topk", "randk", "qsgd", "sign"]  # "*": any
     answer-queries = true        # answer Power-of-Choice loss queries
-    max-queries = inf            # loss queries answered per federation
+    max-queries = inf            # loss queries answered per dataset, all federations together
     evaluate-trains = true       # an evaluate message may adapt (train) under the train rules
     share-finetuned-model = true # the cross-site exchange's fine-tune may run and leave
     share-control-variates = true # SCAFFOLD's Delta c_i may leave with the update (twice the bytes)
@@ -43,11 +43,19 @@ File format (every key optional; a missing key takes the permissive value of
     required = false             # refuse a train round whose update is not securely aggregated
     min-participants = 2         # refuse a round summing fewer sites' updates (setup and unmask)
     min-threshold = 0.5          # t/(k+1) at least this (t > (k+1)/2 always), in [0.5, 1]
+    roster = ""                  # absolute path: the federation's site signing keys (the PKI)
+    signing-key = ""             # absolute path: this site's private signing key
 
     [vertical]                   # vertical federations (pvFed, split learning): docs/VERTICAL.md
     allowed = false              # answer vertical messages (they carry per-patient vectors)
     min-intersection = 20        # the fewest shared patients (PSI) this site works with
     share-labels = false         # vanilla SplitNN: the site's labels go to the coordinator
+    psi-secret = ""              # absolute path: the sites' shared PSI salt (never the coordinator's)
+    max-request-ratio = 2.0      # a PSI request holds at most this times the site's own ids
+    max-psi-requests = 32        # PSI requests served per dataset, all federations together
+    label-dp-epsilon = inf       # U-shaped split learning's label DP (finite: required when
+                                 # share-labels = false)
+    max-evaluations = 64         # split-learning evaluations scored per dataset, all federations
 
     [audit]                      # the audit log's anchors: app/site_runtime/audit_anchor.py
     anchor = ""                  # "": none; "syslog": journald/syslog; "/abs/path": a file on
@@ -152,6 +160,10 @@ class SecAggRules:
     required: bool = False
     min_participants: int = 2
     min_threshold: float = 0.5
+    #: Absolute path of the roster of the federation's site signing keys ("" = none).
+    roster: str = ""
+    #: Absolute path of this site's private signing key ("" = none).
+    signing_key: str = ""
 
 
 @dataclass(frozen=True)
@@ -165,11 +177,21 @@ class VerticalRules:
     fewest patients the private set intersection may leave (fewer: refused, and every
     later per-patient message of that federation too); ``share_labels`` lets vanilla
     SplitNN send the site's labels to the coordinator (the U-shaped variant keeps them).
+    ``psi_secret`` names the file of the salt the federation's sites share and the
+    coordinator never learns; ``max_request_ratio`` caps a PSI request relative to the
+    site's own set, ``max_psi_requests`` and ``max_evaluations`` count PSI requests and
+    split-learning evaluations per dataset, across federations; ``label_dp_epsilon`` is
+    the label-DP parameter of U-shaped split learning (``inf``: no defence).
     """
 
     allowed: bool = False
     min_intersection: int = 20
     share_labels: bool = False
+    psi_secret: str = ""
+    max_request_ratio: float = 2.0
+    max_psi_requests: float = 32
+    label_dp_epsilon: float = math.inf
+    max_evaluations: float = 64
 
 
 @dataclass(frozen=True)
@@ -190,7 +212,9 @@ class AuditRules:
 
 
 #: What a site without a policy file answers (simulation): every vertical message.
-PERMISSIVE_VERTICAL = VerticalRules(allowed=True, min_intersection=1, share_labels=True)
+PERMISSIVE_VERTICAL = VerticalRules(allowed=True, min_intersection=1, share_labels=True,
+                                    max_request_ratio=math.inf, max_psi_requests=math.inf,
+                                    max_evaluations=math.inf)
 
 
 @dataclass(frozen=True)
@@ -274,7 +298,9 @@ def _names(value: Any, where: str, known: tuple[str, ...]) -> tuple[str, ...]:
 
 #: Limits that are whole numbers although their default is ``inf``.
 _WHOLE_LIMITS = ("max_local_steps", "max_image_size", "max_queries", "max_volume_depth",
-                 "max_slab_slices", "max_study_bytes")
+                 "max_slab_slices", "max_study_bytes", "max_psi_requests", "max_evaluations")
+#: Settings that are "" or an absolute path.
+_PATHS = ("roster", "signing_key", "psi_secret")
 #: Sizes and counts that must be at least 1.
 _AT_LEAST_ONE = ("batch_size", "local_steps", "image_size", "volume_depth", "slab_slices",
                  "study_bytes")
@@ -290,6 +316,10 @@ def _typed(name: str, value: Any, default: Any, where: str) -> Any:
     if name == "sandbox":
         if value not in SANDBOX_MODES:
             raise SitePolicyError(f"{where} must be one of {list(SANDBOX_MODES)}, got {value!r}")
+        return value
+    if name in _PATHS:
+        if not isinstance(value, str) or not (value == "" or Path(value).is_absolute()):
+            raise SitePolicyError(f"{where} must be \"\" or an absolute path, got {value!r}")
         return value
     if name == "anchor":
         if not isinstance(value, str) or not (value in ("", SYSLOG_ANCHOR)
@@ -310,6 +340,8 @@ def _typed(name: str, value: Any, default: Any, where: str) -> Any:
         raise SitePolicyError(f"{where} must be >= 2 (a sum of one is the update), got {value!r}")
     if name == "min_intersection" and number < 1:
         raise SitePolicyError(f"{where} must be >= 1, got {value!r}")
+    if name in ("max_request_ratio", "label_dp_epsilon") and not number > 0:
+        raise SitePolicyError(f"{where} must be > 0, got {value!r}")
     if name == "min_threshold" and not 0.5 <= number <= 1.0:
         raise SitePolicyError(f"{where} must be in [0.5, 1], got {value!r}")
     return number
