@@ -63,7 +63,7 @@ __all__ = ["Admission", "SiteFacts", "admit", "KINDS", "QUERIES_DIR"]
 #: Message type -> the kind the runtime checks it as.
 KINDS = {"train": "train", "evaluate": "evaluate", "query": "query",
          keys.VERTICAL_MESSAGE_TYPE: "vertical"}
-#: The runtime's loss-query counts, per federation, in its own folder.
+#: The runtime's request counts, per dataset (:mod:`clients.site.query_budget`), in its own folder.
 QUERIES_DIR = "queries"
 #: The vertical stage that trains the site's part on batches of its data.
 _SPLIT_TRAIN = "split-train"
@@ -130,8 +130,7 @@ def _horizontal(kind: str, message: Message, context: Context, policy: SitePolic
     request = request_of(instruction, run)
     check_request(policy, kind, request)
     if kind == "query":
-        take_query(runtime_dir(site.state_dir) / QUERIES_DIR, instruction.federation,
-                   policy.max_queries)
+        take_query(runtime_dir(site.state_dir) / QUERIES_DIR, site.data_path, policy.max_queries)
         return Admission(kind, instruction.federation, instruction)
     withheld: dict[str, str] = {}
     steps, kind_of_spend = 0, ""

@@ -75,7 +75,7 @@ from clients.site.data_report import write_data_report
 from clients.site.decoded_cache import CACHE_DIR_NAME, load_task
 from clients.site.instruction import Instruction, SiteRunSettings
 from clients.site.policy_check import Request, check_request, releases_val_metrics
-from clients.site.query_budget import take_query
+from clients.site.query_budget import QUERY_COUNTS, take_query
 from clients.site.site import Site
 from clients.site.site_adaptation import personalised_evaluation
 from clients.site.site_feature import (RESIDUAL_NAME, LocalTraining, LocalUpdate, SiteFeature,
@@ -428,7 +428,7 @@ def answer(instruction: Instruction, arrays: Mapping[str, np.ndarray], site: Sit
     """
     check_request(site.policy, instruction.kind, request_of(instruction, run))
     if instruction.kind == "query":
-        take_query(site.state_dir, instruction.federation, site.policy.max_queries)
+        take_query(site.state_dir / QUERY_COUNTS, site.data_path, site.policy.max_queries)
     if instruction.secagg_stage:
         # Flower's secure-aggregation primitives (and with them Flower) load only here:
         # a site that never takes part in a SecAgg+ round imports no Flower.

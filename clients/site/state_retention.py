@@ -2,8 +2,7 @@
 
 A site keeps what a federation needs across restarts in
 ``<state-dir>/<federation>/`` (:class:`~clients.site.state_store.SiteStateStore`:
-the error-feedback residual, the last global model, FedBN's local layers, the
-loss-query count), about one model in size per federation, and the coordinator
+the error-feedback residual, the last global model, FedBN's local layers), about one model in size per federation, and the coordinator
 chooses federation ids. The rule (node option ``state-retention-days``, default
 :data:`DEFAULT_RETENTION_DAYS`; 0 keeps everything), applied when the site node
 starts and before each run:
@@ -19,8 +18,8 @@ starts and before each run:
   something else (nothing the product did not create is deleted).
 
 A federation resumed after its state expired starts that state afresh: its next
-downlink is a dense snapshot, its error-feedback residual is zero, its query
-count restarts (its privacy cost does not: the ledger is per dataset).
+downlink is a dense snapshot, its error-feedback residual is zero (its privacy cost
+and its request counts do not restart: the ledger and the counts are per dataset).
 """
 
 from __future__ import annotations

@@ -101,6 +101,19 @@ def test_two_loss_queries_no_longer_difference_to_one_patient(tmp_path):
     assert reply.error.reason == "site hospital-a: policy rule dp.required (refused)"
 
 
+def test_a_new_federation_id_buys_no_new_loss_queries(tmp_path):
+    """Issue #46 found 5: the query cap was counted per federation, so fed-2 started afresh."""
+    node = _hospital(tmp_path, "max-queries = 100", "max-queries = 2")
+    model = CXRClsTask.model_for_run(SIZES).state_dict()
+    for _ in range(2):
+        _metrics(_send("query", node, {}, model, **{keys.FEDERATION: "fed-1",
+                                                    keys.LOSS_SUBSET: 4}))
+    for federation in ("fed-1", "fed-2", "fed-3"):
+        reply = _send("query", node, {}, model, **{keys.FEDERATION: federation,
+                                                   keys.LOSS_SUBSET: 4})
+        assert reply.error.reason == "site hospital-a: policy rule max-queries (refused)"
+
+
 def test_an_evaluate_message_does_not_train_what_the_train_message_may_not(tmp_path):
     node = _hospital(tmp_path)  # evaluate-trains = false, min-batch-size 4
     attack = {"batch-size": 1, "personalisation.method": "finetune",

@@ -83,8 +83,30 @@ def test_queries_are_counted_by_the_runtime_and_capped(tmp_path):
     for _ in range(2):
         assert _gate(tmp_path, "max-queries = 2\n", query).kind == "query"
     _refused("max-queries", tmp_path, "max-queries = 2\n", query)
-    counted = list((tmp_path / "site" / ".fedmed-state" / "runtime").rglob("*.npy"))
+    counted = list((tmp_path / "site" / ".fedmed-state" / "runtime").rglob("*.json"))
     assert len(counted) == 1  # in the runtime's folder, never the worker's
+
+
+def test_the_query_cap_belongs_to_the_dataset_not_the_federation(tmp_path):
+    """Issue #46 found 5: with a cap of 2, fed-2 and fed-3 were answered after fed-1's refusal."""
+    for _ in range(2):
+        query = instruction("query", **{keys.FEDERATION: "fed-1"})
+        assert _gate(tmp_path, "max-queries = 2\n", query).kind == "query"
+    for federation in ("fed-1", "fed-2", "fed-3"):
+        _refused("max-queries", tmp_path, "max-queries = 2\n",
+                 instruction("query", **{keys.FEDERATION: federation}))
+    other = tmp_path / "other-site"  # another dataset has its own count
+    query = instruction("query", **{keys.FEDERATION: "fed-9"})
+    assert _gate(tmp_path, "max-queries = 2\n", query, site=other).kind == "query"
+
+
+def test_counts_an_earlier_version_kept_per_federation_still_count(tmp_path):
+    import numpy as np
+    old = tmp_path / "site" / ".fedmed-state" / "runtime" / "queries" / "fed-1"
+    old.mkdir(parents=True)
+    np.save(old / "queries-answered.npy", np.asarray(2, dtype=np.int64))
+    _refused("max-queries", tmp_path, "max-queries = 2\n",
+             instruction("query", **{keys.FEDERATION: "fed-2"}))
 
 
 def test_vertical_stages_need_consent_and_keep_labels(tmp_path):

@@ -60,11 +60,13 @@ def test_a_site_that_requires_dp_answers_no_loss_query(tmp_path, tasks):
     assert refused.value.rule == "dp.required"
 
 
-def test_queries_per_federation_are_bounded_by_max_queries(tmp_path, tasks):
+def test_queries_per_dataset_are_bounded_by_max_queries(tmp_path, tasks):
     budget = dataclasses.replace(MIN_BATCH, max_queries=2)
     for _ in range(2):
         _query(tmp_path, tasks, 0, budget)
     with pytest.raises(PolicyRefusal) as refused:
         _query(tmp_path, tasks, 0, budget)
     assert refused.value.rule == "max-queries"
-    _query(tmp_path, tasks, 0, budget, federation="fed-2")  # a budget per federation
+    with pytest.raises(PolicyRefusal) as refused:  # a budget per dataset (issue #46)
+        _query(tmp_path, tasks, 0, budget, federation="fed-2")
+    assert refused.value.rule == "max-queries"
