@@ -358,6 +358,17 @@ approve-app: install
 		$(if $(STATE),--state $(abspath $(STATE))) \
 		$(if $(SHA256),--sha256 $(SHA256),--fab $(abspath $(FAB)))
 
+# --- The PSI salt of a vertical federation (one hospital makes it; app/tooling/psi_secret.py) ---
+#   make psi-secret PSI_SECRET=/abs/psi.secret
+# 32 random bytes, mode 0600, never overwritten; pass the file to the federation's other
+# sites over your own channel (never the coordinator) and name it in each site policy:
+# [vertical] psi-secret = "/abs/psi.secret" (docs/VERTICAL.md).
+.PHONY: psi-secret
+
+psi-secret: install
+	@test -n "$(PSI_SECRET)" || { echo "usage: make psi-secret PSI_SECRET=/abs/psi.secret" >&2; exit 2; }
+	$(PY) -m app.tooling.psi_secret --out $(abspath $(PSI_SECRET))
+
 # --- The site's privacy budget (hospital admin; app/site_runtime/privacy_budget.py) ---
 #   make privacy-budget STATE=/abs/state [DATA=/abs/site] [POLICY=/abs/policy.toml]
 #                       [RESET="reason"] [EXTEND=<epsilon> [REASON="text"]]
