@@ -174,8 +174,12 @@ def test_labels_leave_only_where_the_policy_says_share_labels(tmp_path):
     with pytest.raises(PolicyRefusal, match="vertical.share-labels") as refused:
         run_split(federation(tmp_path / "vanilla", "splitnn", rules=keeps_labels))
     assert refused.value.rule == "vertical.share-labels"
-    ctx = federation(tmp_path / "u", "splitnn-u", rounds=1, rules=keeps_labels)
-    run_split(ctx)                              # U-shaped: the labels stay, the site answers
+    with pytest.raises(PolicyRefusal) as refused:  # U-shaped: its gradients carry the labels
+        run_split(federation(tmp_path / "u-no-dp", "splitnn-u", rules=keeps_labels))
+    assert refused.value.rule == "vertical.label-dp-epsilon"
+    label_dp = replace(keeps_labels, label_dp_epsilon=2.0)
+    ctx = federation(tmp_path / "u", "splitnn-u", rounds=1, rules=label_dp)
+    run_split(ctx)                              # U-shaped with label DP: the site answers
     assert "site-a/val-auc" in ctx.logged[1]
 
 
@@ -237,8 +241,8 @@ def test_one_batch_per_message_is_exactly_sgd_on_the_whole_network(tmp_path, met
     drawn: list[np.ndarray] = []
     draw = split_site._draw
 
-    def recorded(request, count, state):
-        draw(request, count, state)
+    def recorded(request, count, state, *labels):
+        draw(request, count, state, *labels)
         drawn.extend(state.pending)
 
     monkeypatch.setattr(split_site, "_draw", recorded)
