@@ -21,8 +21,14 @@ of the policy before the worker receives it (:func:`admit`):
   ``min-val-items`` from the runtime's own count of the evaluated split
   (:mod:`app.site_runtime.dataset_census`);
 * a vertical stage: ``vertical.allowed``, the site's task (``allowed-tasks``), the
-  vanilla SplitNN's labels (``vertical.share-labels``) and the training rules of the
-  batches a ``split-train`` asks for;
+  vanilla SplitNN's labels (``vertical.share-labels``), the training rules of the
+  batches a ``split-train`` asks for, and each PSI request a ``psi-step`` asks the site
+  to serve, counted per dataset (``vertical.max-psi-requests``);
+* split learning's label rules (``vertical.share-labels``, and
+  ``vertical.label-dp-epsilon``: U-shaped training with private labels needs label DP)
+  for a ``split-train`` with batches and a ``split-head``; a ``split-eval-finish`` is
+  counted per dataset (``vertical.max-evaluations``) and refused for a split of fewer
+  than ``min-val-items`` items (the runtime's own count);
 * every DP-SGD computation the message asks for is returned as a
   :class:`~app.site_runtime.runtime_ledger.PlannedSpend`, which the runner charges to
   the ledger before the worker runs (:mod:`app.site_runtime.runtime_ledger`).
@@ -48,10 +54,13 @@ from app.site_runtime.worker_view import runtime_dir
 from clients.site.instruction import Instruction, SiteRunSettings
 from clients.site.policy import PolicyRefusal, SitePolicy
 from clients.site.policy_check import check_adaptation, check_request, check_training
-from clients.site.query_budget import take_query
+from clients.site.query_budget import EVALUATIONS, PSI_REQUESTS, take_query, take_request
 from clients.site.site_round import request_of, sized_request
+from clients.training.site_task import EVAL_SPLITS
 from clients.training.personalisation.site_personalisation import site_personalisation
-from clients.vertical.split_model import U_SHAPED
+from clients.vertical.psi_stages import REQUESTS_RULE, SERVE as PSI_SERVE, request_key
+from clients.vertical.label_dp import check_label_rules
+from clients.vertical.split_model import batch_key
 from clients.vertical.stages import VERTICAL_STAGES, declared_site
 from strategies.wire import message_keys as keys
 from strategies.wire.errors import ConfigError
@@ -67,6 +76,11 @@ KINDS = {"train": "train", "evaluate": "evaluate", "query": "query",
 QUERIES_DIR = "queries"
 #: The vertical stage that trains the site's part on batches of its data.
 _SPLIT_TRAIN = "split-train"
+#: The U-shaped stage whose gradients carry the labels, and the stage that scores outputs.
+_SPLIT_HEAD = "split-head"
+_SPLIT_EVAL_FINISH = "split-eval-finish"
+#: The PSI stage that may serve requests (clients/vertical/psi_stages.py).
+_PSI_STEP = "psi-step"
 
 
 @dataclass(frozen=True)
@@ -161,7 +175,7 @@ def _horizontal(kind: str, message: Message, context: Context, policy: SitePolic
 
 
 def _vertical(message: Message, context: Context, policy: SitePolicy,
-              site: SiteFacts) -> Admission:
+              site: SiteFacts, census: DatasetCensus) -> Admission:
     config = _config(message)
     stage = str(config.get(keys.VERTICAL_STAGE, ""))
     federation = str(config.get(keys.FEDERATION, "")) or f"run-{context.run_id}"
@@ -176,14 +190,55 @@ def _vertical(message: Message, context: Context, policy: SitePolicy,
     if not policy.allows_task(task):
         raise PolicyRefusal("allowed-tasks", f"task {task!r} is not allowed")
     batches = int(config.get("batches", 0)) if stage == _SPLIT_TRAIN else 0
+    if batches or stage == _SPLIT_HEAD:
+        check_label_rules(policy.vertical, split_vertical(context.run_config)[0].method)
     if batches:
-        options = split_vertical(context.run_config)[0]
-        if options.method != U_SHAPED and not policy.vertical.share_labels:
-            raise PolicyRefusal("vertical.share-labels", "the vanilla SplitNN sends each "
-                                "batch's labels to the coordinator; this site's policy keeps "
-                                "them (use splitnn-u)")
         check_training(policy, sized_request(task, run.sizes, local_steps=batches))
+    if stage == _SPLIT_EVAL_FINISH:
+        _split_evaluation(message, policy, site, census, task, run)
+    if stage == _PSI_STEP:
+        for _ in range(_psi_requests(message, config)):
+            take_request(runtime_dir(site.state_dir) / QUERIES_DIR, site.data_path, PSI_REQUESTS,
+                         policy.vertical.max_psi_requests, REQUESTS_RULE)
     return Admission("vertical", federation, stage=stage)
+
+
+def _psi_requests(message: Message, config: Mapping[str, Any]) -> int:
+    """The PSI requests a ``psi-step`` asks the site to serve (config ``psi-serve`` = r:
+    arrays ``request-0`` .. ``request-(r-1)``, clients/vertical/psi_stages.py), each counted
+    per dataset (``vertical.max-psi-requests``) as the site's worker counts them again."""
+    served = config.get(PSI_SERVE, 0)
+    if isinstance(served, bool) or not isinstance(served, int):
+        raise ConfigError(f"{PSI_SERVE} must be a whole number, got {served!r}; request refused")
+    record = message.content.array_records.get(keys.ARRAYS) if message.has_content() else None
+    names = set(record.keys()) if record is not None else set()
+    if served > len(names) or any(request_key(n) not in names for n in range(served)):
+        raise ConfigError(f"{PSI_SERVE} = {served} names requests the message does not carry; "
+                          "request refused")
+    return served
+
+
+def _split_evaluation(message: Message, policy: SitePolicy, site: SiteFacts,
+                      census: DatasetCensus, task: str, run: SiteRunSettings) -> None:
+    """A ``split-eval-finish`` scores outputs the coordinator chose against the site's
+    labels (a label oracle if unbounded): every split it scores (``output-<split>``) holds
+    at least ``min-val-items`` items by the runtime's own count, and each call is counted
+    per dataset in the runtime's folder (``vertical.max-evaluations``, all federations
+    together), as the worker counts it again in its own."""
+    record = message.content.array_records.get(keys.ARRAYS) if message.has_content() else None
+    names = set(record.keys()) if record is not None else set()
+    scored = [split for split in EVAL_SPLITS if batch_key("output", split) in names]
+    if not scored:
+        return
+    if policy.min_val_items > 0:
+        studies = census.counts(task, site.data_path, run.sizes, site.state_dir).studies
+        for split in scored:
+            if studies.get(split, 0) < policy.min_val_items:
+                raise PolicyRefusal("min-val-items", f"split {split!r} holds "
+                                    f"{studies.get(split, 0)} items, fewer than the policy's "
+                                    f"{policy.min_val_items}")
+    take_request(runtime_dir(site.state_dir) / QUERIES_DIR, site.data_path, EVALUATIONS,
+                 policy.vertical.max_evaluations, "vertical.max-evaluations")
 
 
 def admit(message: Message, context: Context, policy: SitePolicy, site: SiteFacts,
@@ -204,5 +259,5 @@ def admit(message: Message, context: Context, policy: SitePolicy, site: SiteFact
     if kind is None:
         raise PolicyRefusal("message-type", f"the site answers only {sorted(KINDS)} messages")
     if kind == "vertical":
-        return _vertical(message, context, policy, site)
+        return _vertical(message, context, policy, site, census)
     return _horizontal(kind, message, context, policy, site, census)

@@ -12,8 +12,12 @@ P-256 with hash-to-curve H:
   in the setup: the indices of Y ∩ X in its own request. The server learns only |Y|;
   whoever relays the messages sees only curve points and the set sizes.
 
-Every item is the site's salted id, ``sha256(federation || 0x00 || id)`` in hex:
-salted per federation, so the encodings of one patient cannot be linked across
+Every item is the site's salted id, ``HMAC-SHA256(secret, federation || 0x00 || id)``
+in hex (Bellare, Canetti & Krawczyk 1996; RFC 2104), keyed by the secret the
+federation's sites share and the coordinator never learns (clients/vertical/psi_secret.py):
+the coordinator cannot hash a guessed id into an item, so a request it forges matches
+nothing (issue #46, found item 4: with the federation name as the only salt it could).
+The federation in the message keeps the encodings of one patient unlinkable across
 federations. Each set that enters a message is padded with random dummy items to a
 multiple of :data:`PAD` (at least one multiple), so a message's size tells the sizes
 only to that grain; a dummy is 256 random bits and matches nothing.
@@ -25,7 +29,6 @@ the site's state folder (clients/vertical/psi_stages.py).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import secrets
@@ -34,11 +37,13 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import private_set_intersection.python as psi
+from cryptography.hazmat.primitives import hashes, hmac
 from google.protobuf.message import DecodeError, Message
 
 from strategies.wire.errors import SiteError
 
-__all__ = ["PAD", "PsiClientState", "salted_items", "padded", "new_request", "finish", "serve"]
+__all__ = ["PAD", "PsiClientState", "salted_items", "padded", "new_request", "finish",
+           "request_size", "serve"]
 
 #: A set entering a message is padded to a multiple of this many items.
 PAD = 64
@@ -79,11 +84,19 @@ class PsiClientState:
         return cls(bytes.fromhex(loaded["key"]), list(loaded["items"]), list(loaded["current"]))
 
 
-def salted_items(federation: str, ids: Iterable[str]) -> dict[str, str]:
-    """Map each salted id ``sha256(federation || 0x00 || id)`` (hex) to its id (an id
-    listed twice is one item)."""
-    salt = federation.encode() + b"\x00"
-    return {hashlib.sha256(salt + str(item).encode()).hexdigest(): str(item) for item in ids}
+def salted_items(secret: bytes, federation: str, ids: Iterable[str]) -> dict[str, str]:
+    """Map each salted id ``HMAC-SHA256(secret, federation || 0x00 || id)`` (hex) to its id
+    (an id listed twice is one item).
+
+    ``secret`` is the sites' shared key (:func:`clients.vertical.psi_secret.site_secret`).
+    """
+    prefix = federation.encode() + b"\x00"
+    salted = {}
+    for item in ids:
+        mac = hmac.HMAC(secret, hashes.SHA256())
+        mac.update(prefix + str(item).encode())
+        salted[mac.finalize().hex()] = str(item)
+    return salted
 
 
 def padded(items: Sequence[str]) -> list[str]:
@@ -131,6 +144,17 @@ def finish(state: PsiClientState, setup: bytes, response: bytes) -> PsiClientSta
     shared = {state.items[index] for index in found}
     return PsiClientState(state.key, state.items,
                           [item for item in state.current if item in shared])
+
+
+def request_size(request: bytes, what: str = "request") -> int:
+    """The number of items {H(y)^c} a serialised ``psi.Request`` holds.
+
+    Raises
+    ------
+    SiteError
+        If ``request`` is not a PSI message (naming it ``what``).
+    """
+    return len(_parsed(psi.Request(), request, what).encrypted_elements)
 
 
 def serve(current: Sequence[str], requests: Sequence[bytes]) -> tuple[bytes, list[bytes]]:

@@ -17,10 +17,30 @@ other site. A site answers two stages (clients/vertical/psi.py does the cryptogr
   (clients/vertical/alignment.py) and the reply's metric ``psi-size`` is the
   intersection's size, the only size a site reports.
 
-The site's ids, and after every finish its current set, must hold at least the policy's
+The salted ids are keyed by the sites' PSI secret (clients/vertical/psi_secret.py, rule
+``vertical.psi-secret``), which the coordinator never sees. The site's ids, after every
+finish its current set, and the set it serves must hold at least the policy's
 ``vertical.min-intersection`` patients, else the site refuses (PolicyRefusal of that
 rule) and keeps the refusal: every later per-patient stage of the federation is
-refused too, and so is a new PSI in it. Between messages the site keeps its key, its
+refused too, and so is a new PSI in it. Serving answers "which of these items do I
+hold", so a served request is also bounded (issue #46, found item 4):
+
+- ``vertical.max-request-ratio`` = q: a request may hold at most q x P items, P the
+  size of the site's own *padded* set (its own request: all its salted ids padded to a
+  multiple of :data:`~clients.vertical.psi.PAD`, at least one). Padded, because every
+  honest request is padded: against the raw size, a peer of the same 20 patients (64
+  items) would be 3.2 x the site; and the site's own full set, not its current one,
+  because the last site of the chain serves the other sites' full-set requests over
+  the (smaller) intersection. A peer much larger than the site is refused: the grain
+  of a 2 x 20,000-item probe of a 60-patient site;
+- ``vertical.max-psi-requests``: each served request is counted per dataset, all
+  federations together (:func:`clients.site.query_budget.take_request`, counter
+  ``psi-requests``), in the site's ``request-counts`` folder. The hospital's runtime
+  counts the same requests again in its own folder before the worker runs
+  (app/site_runtime/runtime_gate.py): two counts, each under the cap, as loss queries
+  are (``take_query``), so a runtime-ledger site counts in both places, once in each.
+
+Between messages the site keeps its key, its
 request's items and its current set in ``psi-client.json`` in the federation's state
 folder; the last finish removes it, leaving only the aligned ids.
 """
@@ -33,13 +53,18 @@ from pathlib import Path
 import numpy as np
 
 from clients.site.atomic_file import write_atomic
+from clients.site.policy import PolicyRefusal
+from clients.site.query_budget import PSI_REQUESTS, QUERY_COUNTS, take_request
 from clients.vertical.alignment import ALIGNMENT_FILE, load_alignment, save_alignment, save_refusal
-from clients.vertical.psi import PsiClientState, finish, new_request, salted_items, serve
+from clients.vertical.psi import (PsiClientState, finish, new_request, request_size,
+                                  salted_items, serve)
+from clients.vertical.psi_secret import site_secret
 from clients.vertical.stages import VerticalReply, VerticalRequest
 from strategies.wire.errors import SiteError
 
 __all__ = ["REQUEST", "SETUP", "RESPONSE", "SERVE", "LAST", "PSI_SIZE", "CLIENT_FILE",
-           "request_key", "response_key", "psi_request", "psi_step"]
+           "RATIO_RULE", "REQUESTS_RULE", "request_key", "response_key", "psi_request",
+           "psi_step"]
 
 #: Array names and config entries of the two stages (the coordinator's side:
 #: app/vertical/psi_flow.py).
@@ -50,6 +75,9 @@ SERVE = "psi-serve"
 LAST = "psi-last"
 PSI_SIZE = "psi-size"
 CLIENT_FILE = "psi-client.json"
+#: The policy rules that bound what a site serves.
+RATIO_RULE = "vertical.max-request-ratio"
+REQUESTS_RULE = "vertical.max-psi-requests"
 
 
 def request_key(number: int) -> str:
@@ -71,13 +99,14 @@ def psi_request(request: VerticalRequest) -> VerticalReply:
     ------
     PolicyRefusal
         Rule ``vertical.min-intersection``: recorded before, or the site holds fewer
-        patients than its policy's minimum.
+        patients than its policy's minimum; rule ``vertical.psi-secret``: no usable secret.
     """
     state_dir = request.site.state_dir
     if (state_dir / ALIGNMENT_FILE).is_file():
         load_alignment(state_dir)  # raises the refusal the site keeps
         (state_dir / ALIGNMENT_FILE).unlink()
-    items = salted_items(request.federation, request.site.task().report.loaded)
+    items = salted_items(site_secret(request.site.site), request.federation,
+                         request.site.task().report.loaded)
     _check_minimum(request, len(items))
     state, payload = new_request(sorted(items))
     _save_client(state_dir, state)
@@ -90,8 +119,10 @@ def psi_step(request: VerticalRequest) -> VerticalReply:
     Raises
     ------
     PolicyRefusal
-        Rule ``vertical.min-intersection`` if a finish leaves fewer shared patients than
-        the site's policy allows.
+        Rule ``vertical.min-intersection`` if a finish leaves, or the set served holds,
+        fewer shared patients than the site's policy allows; ``vertical.max-request-ratio``
+        for a request too large; ``vertical.max-psi-requests`` once the dataset has
+        served its cap; ``vertical.psi-secret`` (the last finish) for no usable secret.
     SiteError
         If the site has no pending request, an array is missing or not bytes, a PSI
         message is malformed, or the site's loaded patients changed since its request.
@@ -103,7 +134,8 @@ def psi_step(request: VerticalRequest) -> VerticalReply:
         state = finish(state, _bytes(request.arrays, SETUP), _bytes(request.arrays, RESPONSE))
         _check_minimum(request, len(state.current))
         if bool(request.config.get(LAST, False)):
-            ids = salted_items(request.federation, request.site.task().report.loaded)
+            ids = salted_items(site_secret(request.site.site), request.federation,
+                               request.site.task().report.loaded)
             if not set(state.current) <= set(ids):
                 raise SiteError("PSI: the site's loaded patients changed since its request; "
                                 "the alignment must run again")
@@ -114,8 +146,9 @@ def psi_step(request: VerticalRequest) -> VerticalReply:
             _save_client(state_dir, state)
     served = int(request.config.get(SERVE, 0))
     if served > 0:
-        setup, responses = serve(state.current, [_bytes(request.arrays, request_key(number))
-                                                 for number in range(served)])
+        requests = [_bytes(request.arrays, request_key(number)) for number in range(served)]
+        _check_serving(request, state, requests)
+        setup, responses = serve(state.current, requests)
         reply.arrays[SETUP] = np.frombuffer(setup, np.uint8)
         reply.arrays.update({response_key(number): np.frombuffer(response, np.uint8)
                              for number, response in enumerate(responses)})
@@ -129,6 +162,28 @@ def _check_minimum(request: VerticalRequest, size: int) -> None:
         (request.site.state_dir / CLIENT_FILE).unlink(missing_ok=True)
         raise save_refusal(request.site.state_dir, f"{size} patients left to align, fewer than "
                                                    f"the minimum {minimum}")
+
+
+def _check_serving(request: VerticalRequest, state: PsiClientState,
+                   requests: list[bytes]) -> None:
+    """Refuse to serve ``requests`` over ``state.current`` unless every rule allows it; count them.
+
+    The current set must hold the policy's minimum (the refusal is kept), each request at
+    most ``max-request-ratio`` x the site's own padded set (``len(state.items)``, see the
+    module docstring); then each request is counted against ``max-psi-requests``.
+    """
+    rules = request.site.rules
+    _check_minimum(request, len(state.current))
+    own = len(state.items)
+    for number, payload in enumerate(requests):
+        size = request_size(payload, f"request {number}")
+        if size > rules.max_request_ratio * own:
+            raise PolicyRefusal(RATIO_RULE, f"request {number} holds {size} items, more than "
+                                f"{rules.max_request_ratio:g} x the {own} of this site's own "
+                                f"padded set")
+    for _ in requests:
+        take_request(request.site.site.state_dir / QUERY_COUNTS, request.site.data_path,
+                     PSI_REQUESTS, rules.max_psi_requests, REQUESTS_RULE)
 
 
 def _bytes(arrays: Mapping[str, np.ndarray], name: str) -> bytes:

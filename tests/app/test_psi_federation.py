@@ -20,6 +20,7 @@ from app.vertical.federation import VerticalContext
 from app.vertical.messages import VerticalError
 from app.vertical.psi_flow import align
 from clients.vertical.alignment import ALIGNMENT_FILE
+from clients.vertical.psi_secret import SIMULATION_SECRET, create_secret
 from tests.clients.small_sites import small_cxr_site
 
 pytestmark = pytest.mark.usefixtures("server_identity")
@@ -66,9 +67,25 @@ def test_three_sites_align_over_flower_messages(tmp_path: Path) -> None:
     assert ctx.traffic.by_stage["psi-step"]["messages"] == 5
 
 
-def test_a_site_whose_minimum_is_not_met_stops_the_alignment(tmp_path: Path) -> None:
+def secret_policy(tmp_path: Path, rules: str = "") -> Path:
+    """A policy file allowing vertical federations under the simulated sites' PSI secret."""
+    secret = tmp_path / SIMULATION_SECRET  # beside the site folders: the permissive sites' one
+    create_secret(secret)
     policy = tmp_path / "policy.toml"
-    policy.write_text("[vertical]\nallowed = true\nmin-intersection = 25\n")
+    policy.write_text(f'[vertical]\nallowed = true\npsi-secret = "{secret}"\n{rules}')
+    return policy
+
+
+def test_a_site_whose_policy_names_no_psi_secret_is_refused(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.toml"
+    policy.write_text("[vertical]\nallowed = true\n")
+    ctx = vertical_context(tmp_path, (None, None, policy))
+    with pytest.raises(VerticalError, match="hospital-2.*policy rule vertical.psi-secret"):
+        align(ctx)
+
+
+def test_a_site_whose_minimum_is_not_met_stops_the_alignment(tmp_path: Path) -> None:
+    policy = secret_policy(tmp_path, "min-intersection = 25\n")
     ctx = vertical_context(tmp_path, (None, None, policy))
     with pytest.raises(VerticalError, match="hospital-2.*policy rule vertical.min-intersection"):
         align(ctx)

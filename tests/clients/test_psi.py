@@ -7,7 +7,7 @@ The coordinator's :func:`app.vertical.psi_flow.align` runs the plan over a fake
 
 from __future__ import annotations
 
-import hashlib
+import hmac
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -27,6 +27,7 @@ from clients.site.site_round import SiteTasks
 from clients.training.site_task import TaskSettings
 from clients.vertical.alignment import ALIGNMENT_FILE, load_alignment
 from clients.vertical.psi import PAD
+from clients.vertical.psi_secret import create_secret
 from clients.vertical.stages import VerticalReply, VerticalRequest, VerticalSite, answer_vertical
 from strategies.wire.errors import SiteError
 from strategies.wire.vertical_options import VerticalOptions
@@ -37,15 +38,29 @@ def patients(*numbers: int) -> list[str]:
     return [f"patient-{number:05d}" for number in numbers]
 
 
-def salted(federation: str, ids: list[str]) -> list[str]:
-    """The salted ids in hex, computed here independently of the code under test."""
-    return [hashlib.sha256(federation.encode() + b"\x00" + i.encode()).hexdigest() for i in ids]
+#: The sites' shared PSI secret in a test's root folder (the policies name it).
+SECRET_FILE = "psi.secret"
+
+
+def secret_of(root: Path) -> bytes:
+    """The PSI secret the sites under ``root`` share (made on first use)."""
+    create_secret(root / SECRET_FILE)
+    return (root / SECRET_FILE).read_bytes()
+
+
+def salted(secret: bytes, federation: str, ids: list[str]) -> list[str]:
+    """The salted ids in hex, HMAC-SHA256 computed here independently of the code under test."""
+    return [hmac.new(secret, federation.encode() + b"\x00" + i.encode(), "sha256").hexdigest()
+            for i in ids]
 
 
 def vertical_site(root: Path, name: str, ids: list[str], federation: str,
-                  minimum: int = 1) -> VerticalSite:
-    """A site holding ``ids`` (its task's loaded ids), its state folder for ``federation``."""
-    rules = VerticalRules(allowed=True, min_intersection=minimum)
+                  minimum: int = 1, **rules_: float | str) -> VerticalSite:
+    """A site holding ``ids`` (its task's loaded ids), its state folder for ``federation``;
+    its policy names the secret under ``root`` and sets ``rules_``."""
+    secret_of(root)
+    rules = VerticalRules(allowed=True, min_intersection=minimum,
+                          psi_secret=str(root / SECRET_FILE), **rules_)
     site = Site(name, root / name, root / name / "state", SitePolicy(vertical=rules))
     loaded = SimpleNamespace(report=SimpleNamespace(loaded=list(ids)))
     state = root / name / "state" / federation
@@ -110,7 +125,8 @@ def federation_of(root: Path, federation: str, id_sets: Mapping[str, list[str]] 
 def test_three_sites_end_with_exactly_the_intersection_in_one_order(tmp_path: Path) -> None:
     ctx = federation_of(tmp_path, "fed-heart")
     assert align(ctx) == len(SHARED) == 40
-    common = [i for _, i in sorted(zip(salted("fed-heart", SHARED), SHARED))]
+    common = [i for _, i in sorted(zip(salted(secret_of(tmp_path), "fed-heart", SHARED),
+                                       SHARED))]
     for site in ctx.sites.values():
         assert load_alignment(site.state_dir) == common
     sizes = [m["psi-size"] for m in ctx.metrics if m]
@@ -121,7 +137,7 @@ def test_a_site_keeps_nothing_but_its_shared_ids(tmp_path: Path) -> None:
     ctx = federation_of(tmp_path, "fed-heart")
     align(ctx)
     not_shared = {i for ids in ID_SETS.values() for i in ids} - set(SHARED)
-    hidden = not_shared | set(salted("fed-heart", sorted(not_shared)))
+    hidden = not_shared | set(salted(secret_of(tmp_path), "fed-heart", sorted(not_shared)))
     for site in ctx.sites.values():
         assert [p.name for p in site.state_dir.iterdir()] == [ALIGNMENT_FILE]
         saved = (site.state_dir / ALIGNMENT_FILE).read_text()
@@ -133,9 +149,9 @@ def test_the_coordinator_sees_curve_points_and_padded_sizes_only(tmp_path: Path)
     ctx = federation_of(tmp_path, "fed-heart")
     align(ctx)
     everything = {i for ids in ID_SETS.values() for i in ids}
-    hexes = salted("fed-heart", sorted(everything))
+    hexes = salted(secret_of(tmp_path), "fed-heart", sorted(everything))
     secrets_ = ([i.encode() for i in everything] + [h.encode() for h in hexes]
-                + [bytes.fromhex(h) for h in hexes])
+                + [bytes.fromhex(h) for h in hexes] + [secret_of(tmp_path)])
     assert ctx.seen
     for where, array in ctx.seen:
         assert array.dtype == np.uint8, where
@@ -176,14 +192,18 @@ def test_an_intersection_below_the_policy_minimum_is_refused(tmp_path: Path) -> 
 
 
 def test_salts_differ_per_federation(tmp_path: Path) -> None:
-    first, second = federation_of(tmp_path / "a", "fed-a"), federation_of(tmp_path / "b", "fed-b")
+    first = federation_of(tmp_path / "a", "fed-a")
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / SECRET_FILE).write_bytes(secret_of(tmp_path / "a"))  # one secret
+    second = federation_of(tmp_path / "b", "fed-b")
     align(first)
     align(second)
     in_a = load_alignment(first.sites[11].state_dir)
     in_b = load_alignment(second.sites[11].state_dir)
     assert set(in_a) == set(in_b) == set(SHARED)
     assert in_a != in_b  # the common order follows the federation's salt
-    assert not set(salted("fed-a", SHARED)) & set(salted("fed-b", SHARED))
+    secret = secret_of(tmp_path / "a")
+    assert not set(salted(secret, "fed-a", SHARED)) & set(salted(secret, "fed-b", SHARED))
 
 
 def test_a_step_without_a_request_or_with_a_bad_array_is_a_site_error(tmp_path: Path) -> None:
