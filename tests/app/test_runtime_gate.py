@@ -122,8 +122,11 @@ def test_vertical_stages_need_consent_and_keep_labels(tmp_path):
     _refused("vertical.share-labels", tmp_path, allowed, stage("split-train", batches=2),
              vanilla)
     u_shaped = {"vertical.method": "splitnn-u"}
-    assert _gate(tmp_path, allowed, stage("split-train", batches=2), u_shaped).stage
-    _refused("min-batch-size", tmp_path, "min-batch-size = 8\n" + allowed,
+    _refused("vertical.label-dp-epsilon", tmp_path, allowed, stage("split-train", batches=2),
+             u_shaped)                          # its gradients carry the labels: label DP
+    label_dp = allowed + "label-dp-epsilon = 2.0\n"
+    assert _gate(tmp_path, label_dp, stage("split-train", batches=2), u_shaped).stage
+    _refused("min-batch-size", tmp_path, "min-batch-size = 8\n" + label_dp,
              stage("split-train", batches=2), u_shaped)
 
 
