@@ -21,8 +21,9 @@ of the policy before the worker receives it (:func:`admit`):
   ``min-val-items`` from the runtime's own count of the evaluated split
   (:mod:`app.site_runtime.dataset_census`);
 * a vertical stage: ``vertical.allowed``, the site's task (``allowed-tasks``), the
-  vanilla SplitNN's labels (``vertical.share-labels``) and the training rules of the
-  batches a ``split-train`` asks for;
+  vanilla SplitNN's labels (``vertical.share-labels``), the training rules of the
+  batches a ``split-train`` asks for, and each PSI request a ``psi-step`` asks the site
+  to serve, counted per dataset (``vertical.max-psi-requests``);
 * split learning's label rules (``vertical.share-labels``, and
   ``vertical.label-dp-epsilon``: U-shaped training with private labels needs label DP)
   for a ``split-train`` with batches and a ``split-head``; a ``split-eval-finish`` is
@@ -53,10 +54,11 @@ from app.site_runtime.worker_view import runtime_dir
 from clients.site.instruction import Instruction, SiteRunSettings
 from clients.site.policy import PolicyRefusal, SitePolicy
 from clients.site.policy_check import check_adaptation, check_request, check_training
-from clients.site.query_budget import EVALUATIONS, take_query, take_request
+from clients.site.query_budget import EVALUATIONS, PSI_REQUESTS, take_query, take_request
 from clients.site.site_round import request_of, sized_request
 from clients.training.site_task import EVAL_SPLITS
 from clients.training.personalisation.site_personalisation import site_personalisation
+from clients.vertical.psi_stages import REQUESTS_RULE, SERVE as PSI_SERVE, request_key
 from clients.vertical.label_dp import check_label_rules
 from clients.vertical.split_model import batch_key
 from clients.vertical.stages import VERTICAL_STAGES, declared_site
@@ -77,6 +79,8 @@ _SPLIT_TRAIN = "split-train"
 #: The U-shaped stage whose gradients carry the labels, and the stage that scores outputs.
 _SPLIT_HEAD = "split-head"
 _SPLIT_EVAL_FINISH = "split-eval-finish"
+#: The PSI stage that may serve requests (clients/vertical/psi_stages.py).
+_PSI_STEP = "psi-step"
 
 
 @dataclass(frozen=True)
@@ -192,7 +196,26 @@ def _vertical(message: Message, context: Context, policy: SitePolicy,
         check_training(policy, sized_request(task, run.sizes, local_steps=batches))
     if stage == _SPLIT_EVAL_FINISH:
         _split_evaluation(message, policy, site, census, task, run)
+    if stage == _PSI_STEP:
+        for _ in range(_psi_requests(message, config)):
+            take_request(runtime_dir(site.state_dir) / QUERIES_DIR, site.data_path, PSI_REQUESTS,
+                         policy.vertical.max_psi_requests, REQUESTS_RULE)
     return Admission("vertical", federation, stage=stage)
+
+
+def _psi_requests(message: Message, config: Mapping[str, Any]) -> int:
+    """The PSI requests a ``psi-step`` asks the site to serve (config ``psi-serve`` = r:
+    arrays ``request-0`` .. ``request-(r-1)``, clients/vertical/psi_stages.py), each counted
+    per dataset (``vertical.max-psi-requests``) as the site's worker counts them again."""
+    served = config.get(PSI_SERVE, 0)
+    if isinstance(served, bool) or not isinstance(served, int):
+        raise ConfigError(f"{PSI_SERVE} must be a whole number, got {served!r}; request refused")
+    record = message.content.array_records.get(keys.ARRAYS) if message.has_content() else None
+    names = set(record.keys()) if record is not None else set()
+    if served > len(names) or any(request_key(n) not in names for n in range(served)):
+        raise ConfigError(f"{PSI_SERVE} = {served} names requests the message does not carry; "
+                          "request refused")
+    return served
 
 
 def _split_evaluation(message: Message, policy: SitePolicy, site: SiteFacts,
