@@ -3,8 +3,9 @@
 :func:`align` sends each step of strategies/vertical/psi_plan.py to its sites through
 ``VerticalContext.send`` and routes what comes back: the requests of the first stage
 to the sites that serve them, each server's answer (setup + response) to the site that
-finishes with it. The coordinator relays curve points only (clients/vertical/psi.py):
-it sees the size of each padded set that enters a message and, at the end, the
+finishes with it. The coordinator relays curve points only (clients/vertical/psi.py),
+of items keyed by the sites' PSI secret, which it never holds (a request it forged would
+match nothing, and each site bounds and counts the requests it serves): it sees the size of each padded set that enters a message and, at the end, the
 intersection's size, which every site reports (metric ``psi-size``; checked equal here,
 logged to MLflow by :func:`app.vertical.federation.federate_vertical`).
 docs/VERTICAL.md, "Patient alignment (PSI)".

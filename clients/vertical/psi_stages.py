@@ -31,8 +31,9 @@ hold", so a served request is also bounded (issue #46, found item 4):
   honest request is padded: against the raw size, a peer of the same 20 patients (64
   items) would be 3.2 x the site; and the site's own full set, not its current one,
   because the last site of the chain serves the other sites' full-set requests over
-  the (smaller) intersection. A peer much larger than the site is refused: the grain
-  of a 2 x 20,000-item probe of a 60-patient site;
+  the (smaller) intersection. A peer much larger than the site is refused: at q = 2 a
+  60-patient site (64 padded) serves at most 128 items, never 2 x 20,000. The ratio
+  is checked before the request is counted;
 - ``vertical.max-psi-requests``: each served request is counted per dataset, all
   federations together (:func:`clients.site.query_budget.take_request`, counter
   ``psi-requests``), in the site's ``request-counts`` folder. The hospital's runtime
@@ -40,9 +41,9 @@ hold", so a served request is also bounded (issue #46, found item 4):
   (app/site_runtime/runtime_gate.py): two counts, each under the cap, as loss queries
   are (``take_query``), so a runtime-ledger site counts in both places, once in each.
 
-Between messages the site keeps its key, its
-request's items and its current set in ``psi-client.json`` in the federation's state
-folder; the last finish removes it, leaving only the aligned ids.
+Between messages the site keeps its key, its request's items and its current set in
+``psi-client.json`` in the federation's state folder; the last finish removes it,
+leaving only the aligned ids.
 """
 
 from __future__ import annotations
