@@ -358,6 +358,26 @@ approve-app: install
 		$(if $(STATE),--state $(abspath $(STATE))) \
 		$(if $(SHA256),--sha256 $(SHA256),--fab $(abspath $(FAB)))
 
+# --- The SecAgg+ PKI (Bell et al. 2020; app/tooling/secagg_keys.py, docs/DEPLOYMENT.md) ---
+#   make secagg-key SITE=<name> KEY=/abs/secagg.key     (at a hospital: prints its public line)
+#   make secagg-roster-add SECAGG_ROSTER=/abs/secagg-roster.json SITE=<name> PUBLIC=<text|file>  (coordinator)
+#   make secagg-roster-list SECAGG_ROSTER=/abs/secagg-roster.json     (every hospital: compare the fingerprint)
+# Each site names both files in its policy: [secure-aggregation] roster, signing-key.
+.PHONY: secagg-key secagg-roster-add secagg-roster-list
+
+secagg-key: install
+	@test -n "$(SITE)" -a -n "$(KEY)" || { echo "usage: make secagg-key SITE=<name> KEY=/abs/secagg.key" >&2; exit 2; }
+	$(PY) -m app.tooling.secagg_keys keygen --site $(SITE) --out $(abspath $(KEY))
+
+secagg-roster-add: install
+	@test -n "$(SECAGG_ROSTER)" -a -n "$(SITE)" -a -n "$(PUBLIC)" || { echo "usage: make secagg-roster-add SECAGG_ROSTER=/abs/secagg-roster.json SITE=<name> PUBLIC=<text|file> [REPLACE=1]" >&2; exit 2; }
+	$(PY) -m app.tooling.secagg_keys add --roster $(abspath $(SECAGG_ROSTER)) --site $(SITE) \
+		--public $(PUBLIC) $(if $(filter 1 true yes,$(REPLACE)),--replace)
+
+secagg-roster-list: install
+	@test -n "$(SECAGG_ROSTER)" || { echo "usage: make secagg-roster-list SECAGG_ROSTER=/abs/secagg-roster.json" >&2; exit 2; }
+	$(PY) -m app.tooling.secagg_keys list --roster $(abspath $(SECAGG_ROSTER))
+
 # --- The PSI salt of a vertical federation (one hospital makes it; app/tooling/psi_secret.py) ---
 #   make psi-secret PSI_SECRET=/abs/psi.secret
 # 32 random bytes, mode 0600, never overwritten; pass the file to the federation's other

@@ -31,6 +31,9 @@ round charges nothing (:attr:`clients.site.site.Site.runtime_ledger`).
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,10 +46,13 @@ from strategies.rounds.site_book import site_name_problem
 from strategies.wire.errors import ConfigError
 from clients.datagen.federation import hospital_name
 
-__all__ = ["RUNTIME_LEDGER", "SiteConfig", "SiteConfigError"]
+__all__ = ["POLICY_FILES", "RUNTIME_LEDGER", "SiteConfig", "SiteConfigError", "encode_policy_files"]
 
 #: node_config ``privacy-ledger``: the value the site runtime sets for its worker.
 RUNTIME_LEDGER = ("privacy-ledger", "site-runtime")
+#: node_config key of the files the policy names, as the site runtime read them for its
+#: sandboxed worker (JSON: path -> base64 of the bytes; :func:`encode_policy_files`).
+POLICY_FILES = "policy-files"
 
 
 class SiteConfigError(ConfigError):
@@ -104,6 +110,24 @@ def _policy_path(value: Any, source: str) -> Path | None:
     return path
 
 
+def encode_policy_files(files: Mapping[str, bytes]) -> str:
+    """node_config ``policy-files``' value for ``files`` (path -> bytes)."""
+    return json.dumps({path: base64.b64encode(data).decode("ascii")
+                       for path, data in sorted(files.items())})
+
+
+def _policy_files(value: object) -> tuple[tuple[str, bytes], ...]:
+    if value in ("", None):
+        return ()
+    try:
+        files = json.loads(str(value))
+        return tuple(sorted((str(path), base64.b64decode(text, validate=True))
+                            for path, text in files.items()))
+    except (ValueError, TypeError, AttributeError, binascii.Error):
+        raise SiteConfigError(f"node_config {POLICY_FILES} must be a JSON table of path -> "
+                              "base64 (the site runtime writes it)") from None
+
+
 @dataclass(frozen=True)
 class SiteConfig:
     """Site-specific paths, name and the path of the site policy (None: permissive).
@@ -119,6 +143,7 @@ class SiteConfig:
     state_retention_days: float = DEFAULT_RETENTION_DAYS
     runtime_ledger: bool = False
     local_steps_cap: int = 0
+    policy_files: tuple[tuple[str, bytes], ...] = ()
 
     @classmethod
     def from_node_config(cls, node_config: Mapping[str, Any], data_root: str,
@@ -145,7 +170,8 @@ class SiteConfig:
                        state_retention_days=_days(node_config.get("state-retention-days",
                                                                   DEFAULT_RETENTION_DAYS)),
                        runtime_ledger=_runtime_ledger(node_config.get(RUNTIME_LEDGER[0], "")),
-                       local_steps_cap=_steps_cap(node_config))
+                       local_steps_cap=_steps_cap(node_config),
+                       policy_files=_policy_files(node_config.get(POLICY_FILES, "")))
         if "partition-id" in node_config:
             if not data_root:
                 raise SiteConfigError(
@@ -181,4 +207,5 @@ class SiteConfig:
             The policy file is unreadable or invalid (the site then answers no request).
         """
         return Site(self.name, self.data_path, self.state_dir, self.policy(),
-                    self.cache_decoded, self.local_steps_cap, self.runtime_ledger)
+                    self.cache_decoded, self.local_steps_cap, self.runtime_ledger,
+                    self.policy_files)

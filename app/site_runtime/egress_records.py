@@ -55,6 +55,7 @@ _FAMILIES: dict[str, str] = {
     "collect": rf"{_TRAIN}|{_EPSILON}",  # never residual-norm: it would reveal the update
     "setup": keys.NUM_EXAMPLES,
     "share-keys": "(?!)",
+    "consistency": "(?!)",
     "unmask": "(?!)",
     "evaluate": (rf"{keys.NUM_EXAMPLES}|{{split}}-studies|(?:personalised-)?{{split}}-[a-z]+"
                  rf"|{_EPSILON}"),

@@ -6,13 +6,15 @@ of bytes, which could carry anything. The runtime holds each stage to exactly wh
 protocol sends (Bell et al., CCS 2020), every size computed with the product's own
 cryptography (:mod:`strategies.wire.secure_aggregation.crypto`) for the round's plan:
 
-* ``setup``: ``key-c`` and ``key-s``, two distinct X25519 public keys;
+* ``setup``: ``key-c`` and ``key-s``, two distinct X25519 public keys, and
+  ``key-signature``, one Ed25519 signature;
 * ``share-keys``: ``share-to`` exactly the instruction's ``secagg-peers``, one
   ``ciphertexts`` entry per peer of the size of a Fernet ciphertext of two Shamir shares
   of a 32-byte secret, and ``commitment`` a SHA-256 digest;
-* ``unmask``: ``seed-shares-of`` exactly the instruction's survivors and the site's own
-  index, ``key-shares-of`` distinct participants that are neither (the neighbours whose
-  input did not arrive), and one Shamir share of the plan's size for each;
+* ``consistency``: ``survivor-signature``, one Ed25519 signature;
+* ``unmask``: ``seed-shares-of`` survivors of the instruction's survivor set, the site's own
+  index among them, ``key-shares-of`` distinct participants that are not survivors (the
+  neighbours whose input did not arrive), and one Shamir share of the plan's size for each;
 * ``collect``: no entries (its masked vector is an array, :mod:`.egress_arrays`).
 
 Anything else is refused under ``egress.text``.
@@ -32,6 +34,7 @@ from strategies.wire import message_keys as keys
 from strategies.wire.secure_aggregation.crypto import (KEY_BYTES, KeyPair, commitment,
                                                        encrypt_shares, split_secret)
 from strategies.wire.secure_aggregation.settings import RoundPlan
+from strategies.wire.secure_aggregation.signing import SIGNATURE_BYTES
 
 __all__ = ["check_protocol", "protocol_bound"]
 
@@ -73,7 +76,10 @@ def _expected(instruction: Instruction) -> dict[str, tuple[type, int | None, int
         return {}
     if stage == keys.SECAGG_SETUP:
         return {keys.SECAGG_KEY_C: (bytes, _public_key_bytes(), 1),
-                keys.SECAGG_KEY_S: (bytes, _public_key_bytes(), 1)}
+                keys.SECAGG_KEY_S: (bytes, _public_key_bytes(), 1),
+                keys.SECAGG_KEY_SIGNATURE: (bytes, SIGNATURE_BYTES, 1)}
+    if stage == keys.SECAGG_CONSISTENCY:
+        return {keys.SECAGG_SURVIVOR_SIGNATURE: (bytes, SIGNATURE_BYTES, 1)}
     if stage == keys.SECAGG_SHARE_KEYS:
         peers = _ints(config, keys.SECAGG_PEERS)
         share = _share_bytes(plan.threshold, len(peers) + 1)
@@ -81,7 +87,7 @@ def _expected(instruction: Instruction) -> dict[str, tuple[type, int | None, int
                 keys.SECAGG_CIPHERTEXTS: (bytes, _ciphertext_bytes(share), len(peers)),
                 keys.SECAGG_COMMITMENT: (bytes, _commitment_bytes(), 1)}
     share = _share_bytes(plan.threshold, plan.neighbours + 1)
-    seeds = len(_ints(config, keys.SECAGG_SURVIVORS)) + 1
+    seeds = len(_ints(config, keys.SECAGG_SURVIVORS))
     return {keys.SECAGG_SEED_SHARES_OF: (int, None, seeds),
             keys.SECAGG_SEED_SHARES: (bytes, share, seeds),
             keys.SECAGG_KEY_SHARES_OF: (int, None, plan.neighbours),
@@ -144,12 +150,14 @@ def check_protocol(record: ConfigRecord | None, instruction: Instruction) -> Non
                 len(_sized(record, keys.SECAGG_CIPHERTEXTS, expected[keys.SECAGG_CIPHERTEXTS][1]
                            or 0)) != len(peers):
             raise _refuse("one ciphertext for each of the instruction's peers, in its order")
-    else:
+    elif stage == keys.SECAGG_UNMASK:
         seeds = _index_list(record, keys.SECAGG_SEED_SHARES_OF)
         survivors = _ints(config, keys.SECAGG_SURVIVORS)
         dropped = _index_list(record, keys.SECAGG_KEY_SHARES_OF)
-        if seeds != sorted([*survivors, plan.index]):
-            raise _refuse("seed shares of other participants than the survivors and itself")
+        if seeds != sorted(set(seeds)) or plan.index not in seeds or \
+                not set(seeds) <= set(survivors):
+            raise _refuse("seed shares of other participants than the survivors, or not of "
+                          "itself")
         if dropped != sorted(set(dropped)) or set(dropped) & set(seeds) or \
                 not all(1 <= j <= plan.participants for j in dropped):
             raise _refuse("key shares of survivors, of itself or of unknown participants")

@@ -192,7 +192,7 @@ class RuntimeRound:
         except FedMedError as exc:
             log.error("site %s: no worker can start: %s", site, exc)
             return _failed(message, context, site, type(exc).__name__)
-        worker = worker_context(context, node.state_dir, policy_copy)
+        worker = worker_context(context, node.state_dir, policy_copy, policy_files(policy))
         key = (job["fab_hash"], str(context.run_config.get("task", "")), str(node.data_path),
                policy.sandbox)
         started = time.monotonic()

@@ -34,7 +34,7 @@ from typing import Any
 
 from flwr.app import Context
 
-from app.config.site_config import RUNTIME_LEDGER
+from app.config.site_config import POLICY_FILES, RUNTIME_LEDGER, encode_policy_files
 from app.site_runtime.audit_format import AUDIT_DIR
 from app.site_runtime.console_access import CONSOLE_DIR
 from clients.site.atomic_file import write_atomic
@@ -44,7 +44,8 @@ from clients.site.privacy_ledger import PRIVACY_DIR
 
 __all__ = ["RUNTIME_DIR", "WORKER_DIR", "RUNTIME_NAMES", "WORKER_POLICY_NAME",
            "worker_state_dir", "runtime_dir", "prepare_worker_state", "data_rules_toml",
-           "worker_policy_path", "write_worker_policy", "worker_context", "returned_context"]
+           "worker_policy_path", "write_worker_policy", "policy_files", "worker_context",
+           "returned_context"]
 
 log = logging.getLogger("fedmed.site_runner")
 
@@ -153,17 +154,37 @@ def write_worker_policy(state_dir: Path, policy: SitePolicy) -> Path:
     return path
 
 
-def worker_context(context: Context, state_dir: Path, policy_copy: Path) -> Context:
+def policy_files(policy: SitePolicy) -> dict[str, bytes]:
+    """The files ``policy`` names that the worker needs and, sandboxed as another user,
+    cannot read: the SecAgg+ roster and signing key, the PSI secret (path -> bytes; a file
+    the runtime cannot read is left out, and the worker refuses under its rule)."""
+    named = (policy.secure_aggregation.roster, policy.secure_aggregation.signing_key,
+             policy.vertical.psi_secret)
+    files = {}
+    for path in filter(None, named):
+        try:
+            files[path] = Path(path).read_bytes()
+        except OSError as exc:
+            log.warning("site policy names %s, which the runtime cannot read (%s)", path,
+                        type(exc).__name__)
+    return files
+
+
+def worker_context(context: Context, state_dir: Path, policy_copy: Path,
+                   files: dict[str, bytes] | None = None) -> Context:
     """A copy of the task's ``context`` whose node config points the worker at its own view.
 
     ``state-dir`` = the worker's folder, ``policy-path`` = the data rules' copy,
+    ``policy-files`` = ``files`` (:func:`policy_files`, in memory: the worker's context
+    travels over its pipe, never to disk),
     ``privacy-ledger`` = the runtime's (the runtime charged it); the runtime's
     ``context`` is untouched (what goes back to the SuperNode is it, with the worker's
     ``state``: :func:`returned_context`).
     """
     worker = copy.copy(context)
     worker.node_config = {**context.node_config, "state-dir": str(worker_state_dir(state_dir)),
-                          "policy-path": str(policy_copy), RUNTIME_LEDGER[0]: RUNTIME_LEDGER[1]}
+                          "policy-path": str(policy_copy), RUNTIME_LEDGER[0]: RUNTIME_LEDGER[1],
+                          **({POLICY_FILES: encode_policy_files(files)} if files else {})}
     return worker
 
 

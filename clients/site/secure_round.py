@@ -1,6 +1,6 @@
 """The site's side of a SecAgg+ round (Bell et al., CCS 2020): its four stages.
 
-A securely aggregated train round is four train messages told apart by
+A securely aggregated train round is five train messages told apart by
 ``secagg-stage`` (:data:`~strategies.wire.message_keys.SECAGG_STAGES`). The site's round
 (:func:`clients.site.site_round.answer`) checks every one against the site policy
 (the train rules plus ``[secure-aggregation]``, before any data is read) and then
@@ -8,8 +8,14 @@ calls :func:`answer_stage`, which drives the site's
 :class:`~strategies.wire.secure_aggregation.participant.Participant`, kept between stages
 in the site's state dir (:class:`~clients.site.secure_state.SecureRoundState`):
 
-1. ``setup``: two fresh X25519 key pairs; reply: both public keys and ``num-examples``;
-2. ``share-keys``: Shamir shares of the self-mask seed and of the mask key, one pair per
+Every stage but collect uses the site's long-term signing key and the federation's roster
+its policy names (:func:`~clients.site.secure_identity.site_identity`):
+
+1. ``setup``: two fresh X25519 key pairs; reply: both public keys, signed, and
+   ``num-examples``;
+2. ``share-keys``: every neighbour's keys checked against the roster (a substituted key
+   refuses the stage, naming the site, and the site leaves the round: its saved round is
+   deleted); Shamir shares of the self-mask seed and of the mask key, one pair per
    neighbour, each encrypted for it; reply: the ciphertexts and the seed's commitment;
 3. ``collect``: the shares addressed to the site are decrypted first (an altered or
    misaddressed one refuses the round before anything trains); then the site trains as
@@ -18,8 +24,10 @@ in the site's state dir (:class:`~clients.site.secure_state.SecureRoundState`):
    the :class:`~clients.site.secure_update.SecureMasking` feature, which seals it; reply:
    the packed masked vector (``delta`` / ``secagg-masked``) and the metrics that do not
    reveal the update (no ``residual-norm``);
-4. ``unmask``: for each neighbour, the share of its self-mask seed when its input
-   arrived, of its mask key when it did not, never both; the saved round is deleted.
+4. ``consistency``: the site signs the survivor set it is shown (once);
+5. ``unmask``: only for the set it signed, with enough valid signatures of it by its
+   members: for each neighbour, the share of its self-mask seed when it is in the set, of
+   its mask key when it is not, never both; the saved round is deleted.
 
 A stage's protocol entries leave in the reply's ``secagg`` record
 (:attr:`~clients.site.site_reply.SiteReply.secagg`).
@@ -33,6 +41,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from clients.site.instruction import Instruction, SiteRunSettings
+from clients.site.secure_identity import site_identity
 from clients.site.secure_state import SecureRoundState
 from clients.site.secure_update import SecureMasking
 from clients.site.site import Site
@@ -78,13 +87,17 @@ def answer_stage(instruction: Instruction, arrays: Mapping[str, np.ndarray], sit
     stage = instruction.secagg_stage
     if stage == keys.SECAGG_SETUP:
         train_set = tasks.task(site, run.task, run.sizes).require_training()
-        participant = Participant.start(plan)
+        participant = Participant.start(plan, instruction.federation)
+        entries = participant.public_keys(site_identity(site))
         state.save(participant)
-        return SiteReply({keys.NUM_EXAMPLES: len(train_set)}, record,
-                         secagg=participant.public_keys())
+        return SiteReply({keys.NUM_EXAMPLES: len(train_set)}, record, secagg=entries)
     participant = state.load(plan.server_round)
     if stage == keys.SECAGG_SHARE_KEYS:
-        entries = participant.share_keys(instruction.secagg)
+        try:
+            entries = participant.share_keys(instruction.secagg, site_identity(site))
+        except SecAggError:
+            state.delete()  # a neighbour failed the roster: this site leaves the round
+            raise
         state.save(participant)
         return SiteReply({}, record, secagg=entries)
     if stage == keys.SECAGG_COLLECT:
@@ -96,7 +109,12 @@ def answer_stage(instruction: Instruction, arrays: Mapping[str, np.ndarray], sit
                                       features)
         state.save(participant)
         return SiteReply(metrics, record, masked)
+    if stage == keys.SECAGG_CONSISTENCY:
+        entries = participant.consistency(instruction.secagg, site_identity(site))
+        state.save(participant)
+        return SiteReply({}, record, secagg=entries)
+    state.delete()  # whatever the unmask stage holds, this round reveals nothing more
     entries = participant.unmask(instruction.secagg,
-                                 site.policy.secure_aggregation.min_participants)
-    state.delete()
+                                 site.policy.secure_aggregation.min_participants,
+                                 site_identity(site))
     return SiteReply({}, record, secagg=entries)

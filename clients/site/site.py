@@ -36,3 +36,13 @@ class Site:
     #: message (node_config ``privacy-ledger = "site-runtime"``, set by the runtime only):
     #: the round neither reads nor writes a ledger, and the runtime adds the reply's epsilon.
     runtime_ledger: bool = False
+    #: The files the policy names (``secure-aggregation.roster`` and ``signing-key``,
+    #: ``vertical.psi-secret``) as the hospital's runtime read them for its sandboxed
+    #: worker, which cannot read them itself (node_config ``policy-files``): (path, bytes).
+    policy_files: tuple[tuple[str, bytes], ...] = ()
+
+    def read_policy_file(self, path: str | Path) -> bytes:
+        """The bytes of ``path``, a file the policy names: as the runtime handed it over,
+        else read from disk (OSError when neither has it)."""
+        handed = dict(self.policy_files)
+        return handed[str(path)] if str(path) in handed else Path(path).read_bytes()

@@ -1,4 +1,4 @@
-"""The train half of a SecAgg+ round: four exchanges, one running sum, one update.
+"""The train half of a SecAgg+ round: five exchanges, one running sum, one update.
 
 Bell, Bonawitz, Gascón, Lepoint, Raykova, CCS 2020 (``strategy.secure-aggregation =
 "secagg+"``, :mod:`strategies.plugins.secure_aggregation.secagg_plus`). The selector
@@ -8,14 +8,19 @@ under the round policy's deadline, quorum and timeout) whose replies a
 :class:`ReplyIntake` takes once each (identity bound to the node, sizes capped):
 
 1. ``setup``: the round plan (no arrays); the sites that answer (U1) send two public keys
-   and their size; the largest size (capped) is the round's weight reference;
-2. ``share-keys``: the neighbours' public keys; U2 send their encrypted shares;
+   signed with their long-term site key (checked by the sites against their rosters,
+   :mod:`strategies.wire.secure_aggregation.signing`) and their size; the largest size
+   (capped) is the round's weight reference;
+2. ``share-keys``: the neighbours' public keys, names and signatures; U2 send their
+   encrypted shares;
 3. ``collect``: the train instruction as in a plain round (model, tau, codec, downlink),
    the shares addressed to the site, the weight reference and the aggregator's a-norm
    floor (FedNova's; 0 for FedAvg); each
    masked vector is added into the round's ONE running sum mod m as it arrives and
    released (U3; :data:`~strategies.rounds.secure_replies.REVEALING` metrics left out);
-4. ``unmask``: who of its neighbours survived; the shares rebuild the masks to remove
+4. ``consistency``: the whole survivor set U3; each site of it signs it (Bonawitz et al.
+   2017, section 4.4);
+5. ``unmask``: U3 and all its signatures; the shares rebuild the masks to remove
    (:meth:`SecAggRound.finish`).
 
 The aggregator is a :class:`~strategies.plugins.protocols.SecureSumAggregator` (a robust
@@ -28,7 +33,7 @@ Integer buffers are not sent: step counters advance by the example-weighted mean
 reported steps (bounded by the counter rule of
 :mod:`strategies.rounds.normalisation_statistics`). The round is then concluded as a
 plain one (:meth:`TrainStage.conclude`): per-site metrics, drops (``secagg <stage>:``
-and the reason), traffic (bytes of all four stages), ``secagg-summed``,
+and the reason), traffic (bytes of all five stages), ``secagg-summed``,
 ``secagg-dropped`` and ``secagg-bad-shares/<site>`` (a site whose unmask share did not
 fit). A sum that cannot be unmasked keeps the old model
 (``RoundReport.aggregation_failed``) and counts as a round without a usable reply.
@@ -87,7 +92,7 @@ class _Taking:
 
     def admit(self, reply: StageReply) -> StageReply | str:
         try:
-            self.take(reply.node_id, reply.entries)
+            self.take(reply.node_id, {**reply.entries, keys.SITE_NAME: reply.site})
         except SecAggError as exc:
             return str(exc)
         return replace(reply, entries={})
@@ -174,6 +179,8 @@ class SecureTrain:
             self._exchange(io, keys.SECAGG_SHARE_KEYS, secagg.share_keys_entries,
                            secagg.take_shares, secagg)
             used = self._collect(io, arrays, secagg, reference)
+            self._exchange(io, keys.SECAGG_CONSISTENCY, secagg.consistency_entries,
+                           secagg.take_consistency, secagg)
             self._exchange(io, keys.SECAGG_UNMASK, secagg.unmask_entries, secagg.take_unmask,
                            secagg)
             secure_sum = secagg.finish()

@@ -9,8 +9,9 @@ input: a masked vector is added to the sum the moment it arrives and dropped.
   over a random order of ``U1`` (k-regular; every site when ``k = |U1| - 1``).
 * ``U2`` (shares received) -> each site in ``U2`` gets the ciphertexts of its
   neighbours in ``U2``; it masks with exactly those.
-* ``U3`` (masked inputs received) -> the sum; each site in ``U3`` is told which of
-  its neighbours are in ``U3``.
+* ``U3`` (masked inputs received) -> the sum; each site in ``U3`` is shown the whole
+  ``U3`` (indices and site names) and signs it (Bonawitz et al. 2017, section 4.4,
+  ConsistencyCheck); the unmask stage shows every signer the signatures of all.
 * ``U4`` (unmask replies) -> per site ``j`` of ``U3`` the ``b_j``-shares (its own
   included when it answered), per site of ``U2 - U3`` the key shares; each secret rebuilt from ``t`` of them and checked
   (``b_j`` against its commitment, the key against its published public key); when
@@ -95,11 +96,13 @@ class SecAggRound:
         first = next(iter(self.plans.values()))
         self.threshold, self.modulus_bits = first.threshold, first.modulus_bits
         self.public: dict[int, tuple[bytes, bytes]] = {}      # U1: index -> (key c, key s)
+        self.signed: dict[int, tuple[str, bytes]] = {}        # U1: index -> (site, signature)
         self.neighbours: dict[int, list[int]] = {}
         self.ciphertexts: dict[int, dict[int, bytes]] = {}    # U2: sender -> recipient -> ct
         self.commitments: dict[int, bytes] = {}
         self._sum = np.zeros(length, dtype=np.uint64)
         self.masked_from: list[int] = []                       # U3 (indices)
+        self.survivor_signatures: dict[int, bytes] = {}        # U3 that signed U3
         self.seed_shares: dict[int, dict[int, bytes]] = {}     # owner -> holder -> share
         self.key_shares: dict[int, dict[int, bytes]] = {}
         self.answered: list[int] = []                          # U4
@@ -119,16 +122,24 @@ class SecAggRound:
         return self._stage(node_id, keys.SECAGG_SETUP)
 
     def take_keys(self, node_id: int, reply: Mapping[str, Any]) -> None:
-        """``node_id``'s two public keys (a repeated or malformed key is refused)."""
+        """``node_id``'s two public keys, its site name and its signature of them (a
+        repeated or malformed key is refused; the signature is the sites' to check)."""
         index = self._known(node_id, self.node, keys.SECAGG_SETUP)
         pair = (reply.get(keys.SECAGG_KEY_C), reply.get(keys.SECAGG_KEY_S))
+        name, signature = reply.get(keys.SITE_NAME), reply.get(keys.SECAGG_KEY_SIGNATURE)
+        if not isinstance(name, str) or not name or not isinstance(signature, bytes):
+            raise SecAggError(f"the setup reply needs the site's name and its "
+                              f"{keys.SECAGG_KEY_SIGNATURE}")
         if not all(isinstance(k, bytes) and len(k) == KEY_BYTES for k in pair):
             raise SecAggError(f"the setup reply needs two {KEY_BYTES}-byte public keys "
                               f"({keys.SECAGG_KEY_C}, {keys.SECAGG_KEY_S})")
         used = {k for p in self.public.values() for k in p}
         if pair[0] == pair[1] or used & set(pair):
             raise SecAggError("the setup reply repeats a public key")
+        if name in {n for n, _ in self.signed.values()}:
+            raise SecAggError(f"the setup reply repeats site name {name!r}")
         self.public[index] = pair
+        self.signed[index] = (name, signature)
 
     # ------------------------------------------------------------- share keys
     def _draw_graph(self) -> None:
@@ -152,7 +163,9 @@ class SecAggRound:
         peers = self.neighbours[self.index[node_id]]
         return {**self._stage(node_id, keys.SECAGG_SHARE_KEYS), keys.SECAGG_PEERS: peers,
                 keys.SECAGG_PEER_KEYS_C: [self.public[p][0] for p in peers],
-                keys.SECAGG_PEER_KEYS_S: [self.public[p][1] for p in peers]}
+                keys.SECAGG_PEER_KEYS_S: [self.public[p][1] for p in peers],
+                keys.SECAGG_PEER_NAMES: [self.signed[p][0] for p in peers],
+                keys.SECAGG_PEER_SIGNATURES: [self.signed[p][1] for p in peers]}
 
     def take_shares(self, node_id: int, reply: Mapping[str, Any]) -> None:
         """``node_id``'s ciphertexts (one per neighbour, no other) and commitment."""
@@ -188,17 +201,36 @@ class SecAggRound:
         self._sum &= np.uint64((1 << self.modulus_bits) - 1)
         self.masked_from.append(index)
 
+    # ------------------------------------------------------------ consistency
+    def _survivor_entries(self) -> dict[str, Any]:
+        survivors = sorted(self.masked_from)
+        return {keys.SECAGG_SURVIVORS: survivors,
+                keys.SECAGG_SURVIVOR_NAMES: [self.signed[i][0] for i in survivors]}
+
+    def consistency_entries(self, node_id: int) -> dict[str, Any]:
+        """The consistency instruction: the whole survivor set ``U3``, the same for all."""
+        return {**self._stage(node_id, keys.SECAGG_CONSISTENCY), **self._survivor_entries()}
+
+    def take_consistency(self, node_id: int, reply: Mapping[str, Any]) -> None:
+        """``node_id``'s signature of ``U3`` (checked by the sites, against their rosters)."""
+        index = self._known(node_id, self.masked_from, keys.SECAGG_CONSISTENCY)
+        signature = reply.get(keys.SECAGG_SURVIVOR_SIGNATURE)
+        if not isinstance(signature, bytes):
+            raise SecAggError(f"the consistency reply has no {keys.SECAGG_SURVIVOR_SIGNATURE}")
+        self.survivor_signatures[index] = signature
+
     # ----------------------------------------------------------------- unmask
     def unmask_entries(self, node_id: int) -> dict[str, Any]:
-        """The unmask instruction: ``node_id``'s neighbours whose input arrived, the sum's size."""
-        index = self.index[node_id]
-        survivors = [p for p in self._peers_in(index, self.ciphertexts) if p in self.masked_from]
-        return {**self._stage(node_id, keys.SECAGG_UNMASK), keys.SECAGG_SURVIVORS: survivors,
+        """The unmask instruction: ``U3``, every signature of it, the sum's size."""
+        signers = sorted(self.survivor_signatures)
+        return {**self._stage(node_id, keys.SECAGG_UNMASK), **self._survivor_entries(),
+                keys.SECAGG_SIGNERS: signers,
+                keys.SECAGG_SIGNATURES: [self.survivor_signatures[i] for i in signers],
                 keys.SECAGG_SUMMED: len(self.masked_from)}
 
     def take_unmask(self, node_id: int, reply: Mapping[str, Any]) -> None:
         """``node_id``'s shares: of ``b`` for surviving neighbours, of the key for dropped ones."""
-        index = self._known(node_id, self.masked_from, keys.SECAGG_UNMASK)
+        index = self._known(node_id, self.survivor_signatures, keys.SECAGG_UNMASK)
         peers = self._peers_in(index, self.ciphertexts)
         alive = [p for p in peers if p in self.masked_from]
         seeds_of = entry_list(reply, keys.SECAGG_SEED_SHARES_OF, int)
@@ -220,7 +252,8 @@ class SecAggRound:
         """The node ids to ask in ``stage`` (who answered the stage before it)."""
         members = {keys.SECAGG_SETUP: self.node, keys.SECAGG_SHARE_KEYS: self.public,
                    keys.SECAGG_COLLECT: self.ciphertexts,
-                   keys.SECAGG_UNMASK: self.masked_from}[stage]
+                   keys.SECAGG_CONSISTENCY: self.masked_from,
+                   keys.SECAGG_UNMASK: self.survivor_signatures}[stage]
         return [self.node[i] for i in sorted(members)]
 
     def _rebuild(self, owner: int, shares: dict[int, bytes], check: Any, what: str

@@ -92,9 +92,10 @@ EGRESS_REFUSAL_CODE = 4007
 # Participants are named by their index 1..n in the round, never by node id.
 SECAGG = "secagg"
 SECAGG_STAGE = "secagg-stage"
-SECAGG_SETUP, SECAGG_SHARE_KEYS, SECAGG_COLLECT, SECAGG_UNMASK = (
-    "setup", "share-keys", "collect", "unmask")
-SECAGG_STAGES = (SECAGG_SETUP, SECAGG_SHARE_KEYS, SECAGG_COLLECT, SECAGG_UNMASK)
+SECAGG_SETUP, SECAGG_SHARE_KEYS, SECAGG_COLLECT, SECAGG_CONSISTENCY, SECAGG_UNMASK = (
+    "setup", "share-keys", "collect", "consistency", "unmask")
+SECAGG_STAGES = (SECAGG_SETUP, SECAGG_SHARE_KEYS, SECAGG_COLLECT, SECAGG_CONSISTENCY,
+                 SECAGG_UNMASK)
 # The round plan, in every stage's config (strategies.wire.secure_aggregation.settings.RoundPlan).
 SECAGG_INDEX = "secagg-index"
 SECAGG_PARTICIPANTS = "secagg-participants"
@@ -106,6 +107,10 @@ SECAGG_CLIP = "secagg-clip"
 SECAGG_PEERS = "secagg-peers"
 SECAGG_PEER_KEYS_C = "secagg-peer-keys-c"
 SECAGG_PEER_KEYS_S = "secagg-peer-keys-s"
+# ... and, in the same order, each neighbour's site name and its signature of its keys
+# (strategies.wire.secure_aggregation.signing.key_statement, checked against the roster).
+SECAGG_PEER_NAMES = "secagg-peer-names"
+SECAGG_PEER_SIGNATURES = "secagg-peer-signatures"
 # collect config: the encrypted shares addressed to the site, by their sender's index, and
 # the weights the site applies before masking (strategies.wire.secure_aggregation.weights).
 SECAGG_SHARES_FROM = "secagg-shares-from"
@@ -113,14 +118,21 @@ SECAGG_SHARES = "secagg-shares"
 SECAGG_WEIGHT_REFERENCE = "secagg-weight-reference"
 SECAGG_A_FLOOR = "secagg-a-floor"
 SECAGG_MASKED = "secagg-masked"
-# unmask config: the site's neighbours whose masked input arrived, and how many inputs the
-# sum holds (the site's policy min-participants is checked against it).
+# consistency and unmask config: the whole survivor set U3 (the sites whose masked input
+# arrived), indices and site names in the same order; unmask config also: the signers'
+# indices and their signatures of U3 (Bonawitz et al. 2017, ConsistencyCheck), and how many
+# inputs the sum holds (the site's policy min-participants is checked against it).
 SECAGG_SURVIVORS = "secagg-survivors"
+SECAGG_SURVIVOR_NAMES = "secagg-survivor-names"
+SECAGG_SIGNERS = "secagg-signers"
+SECAGG_SIGNATURES = "secagg-signatures"
 SECAGG_SUMMED = "secagg-summed"
 # Reply entries (in the SECAGG record): setup's public keys; share-keys' ciphertexts by
 # recipient index and the commitment to the self-mask seed; unmask's shares by owner index.
 SECAGG_KEY_C = "key-c"
 SECAGG_KEY_S = "key-s"
+SECAGG_KEY_SIGNATURE = "key-signature"
+SECAGG_SURVIVOR_SIGNATURE = "survivor-signature"
 SECAGG_SHARE_TO = "share-to"
 SECAGG_CIPHERTEXTS = "ciphertexts"
 SECAGG_COMMITMENT = "commitment"

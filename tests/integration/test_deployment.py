@@ -4,8 +4,9 @@ The SuperNodes run as :mod:`app.site_runtime.site_node` (SuperNode + the
 hospital's site runner with warm workers); the federating test gives each site
 a policy that approves the app bundle (one by its sha256, one by the
 coordinator's signature; the first also requires secure aggregation), federates
-under SecAgg+ (four train exchanges per round over TLS, each served by the warm
-worker), and then submits the same app with one byte changed, which both sites
+under SecAgg+ (five train exchanges per round over TLS, each served by the warm
+worker; round keys and the survivor set signed with each site's key and checked against
+the roster its policy names), and then submits the same app with one byte changed, which both sites
 refuse without installing or running any of it.
 
 One ``flower-superlink`` (TLS with a CA made by ``app.tooling.certs``,
@@ -18,6 +19,7 @@ stopped by PID in ``finally`` blocks; every wait is bounded.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import shutil
@@ -37,6 +39,7 @@ from mlflow.tracking import MlflowClient
 from app.site_runtime.app_approval import fab_sha256, keygen, project_fab, sign_app
 from app.site_runtime.audit_chain import verify_chain
 from app.site_runtime.audit_log import AuditLog
+from app.tooling import secagg_keys
 from app.tooling.certs import ensure_server_certificate
 from app.tooling.environment import free_port
 from app.tooling.flwr_cli import list_supernodes, wait_online
@@ -55,6 +58,20 @@ def _tail(*daemons) -> str:
     return "\n".join(f"--- {d.name} ---\n{d.log_text()[-3000:]}" for d in daemons)
 
 
+def _secagg_pki(folder: Path) -> dict[str, str]:
+    """Each site's signing key and one roster of them, made as docs/DEPLOYMENT.md says
+    (``make secagg-key``, ``make secagg-roster-add``); site -> its policy lines."""
+    roster, lines = folder / "secagg-roster.json", {}
+    for site in SITES:
+        key = folder / f"{site}.key"
+        with contextlib.redirect_stdout(io.StringIO()) as printed:
+            assert secagg_keys.main(["keygen", "--site", site, "--out", str(key)]) == 0
+        assert secagg_keys.main(["add", "--roster", str(roster), "--site", site,
+                                 "--public", printed.getvalue().split()[-1]]) == 0
+        lines[site] = f'roster = "{roster}"\nsigning-key = "{key}"\n'
+    return lines
+
+
 def _approved_app_and_policies(tmp_path: Path) -> tuple[Path, Path, str, str, dict]:
     """The app bundle unpacked as it was submitted, a copy with one byte changed, and policies.
 
@@ -70,10 +87,13 @@ def _approved_app_and_policies(tmp_path: Path) -> tuple[Path, Path, str, str, di
     readme.write_bytes(b"#" + text[1:] if text[:1] != b"#" else b"%" + text[1:])
     digest = fab_sha256(fab)
     key, public = keygen(tmp_path / "coordinator")
+    pki = _secagg_pki(tmp_path / "pki")  # each site's signing key (0600) and the roster
     policies = {"hospital-a": f'[apps]\napproved-sha256 = ["{digest}"]\n'
                               # SecAgg+ required: a plain train round would be refused
-                              '[secure-aggregation]\nrequired = true\nmin-participants = 2\n',
-                "hospital-b": f'[apps]\ntrusted-keys = ["{public}"]\n'}
+                              '[secure-aggregation]\nrequired = true\nmin-participants = 2\n'
+                              + pki["hospital-a"],
+                "hospital-b": f'[apps]\ntrusted-keys = ["{public}"]\n'
+                              '[secure-aggregation]\n' + pki["hospital-b"]}
     paths = {}
     for site, text in policies.items():
         paths[site] = tmp_path / f"{site}-policy.toml"
@@ -99,7 +119,7 @@ def test_two_authenticated_sites_federate_over_tls(deployment, tmp_path, small_h
         # serving every message (a second round cost CI a minute on 2 loaded cores).
         "num-server-rounds=1 local-steps=2 image-size=32 batch-size=4 min-nodes=2 "
         "final-evaluation=false "  # tested in test_simulation; saves CI minutes
-        # SecAgg+ over TLS: four train exchanges per round, the site's state between
+        # SecAgg+ over TLS: five train exchanges per round, the site's state between
         # them in its state dir, every message served by the warm worker
         'strategy.secure-aggregation="secagg+" strategy.defence="none" '
         f'node-wait-timeout=300 round-timeout=1200 data-root="{tmp_path / "data"}" tracking-uri="{tracking}" '

@@ -15,6 +15,8 @@ its moments are in the coordinator's checkpoint.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -25,7 +27,9 @@ import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
 
+from app.tooling import secagg_keys
 from app.tooling.daemon import spawn_daemon
+from clients.site.secure_identity import SIMULATION_PKI
 from strategies.rounds.checkpoint import CHECKPOINT_FILE, load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,7 +57,17 @@ def secure_federation(tmp_path_factory, small_hospitals, mlflow_store):
     shutil.copytree(data_root / "hospital-01", data_root / DROPPING)
     policies = tmp / "policies"  # no file: the permissive policy
     policies.mkdir()
-    (policies / f"{DROPPING}.toml").write_text("[dp]\nmax-epsilon = 0.001\n")
+    # its policy file names its SecAgg+ signing key and the roster (the simulated sites
+    # without a file add themselves to that roster: clients/site/secure_identity.py)
+    pki = data_root / SIMULATION_PKI
+    key, roster = pki / f"{DROPPING}.key", pki / "roster.json"
+    with contextlib.redirect_stdout(io.StringIO()) as public:
+        assert secagg_keys.main(["keygen", "--site", DROPPING, "--out", str(key)]) == 0
+    assert secagg_keys.main(["add", "--roster", str(roster), "--site", DROPPING,
+                             "--public", public.getvalue().split()[-1]]) == 0
+    (policies / f"{DROPPING}.toml").write_text(
+        f'[dp]\nmax-epsilon = 0.001\n[secure-aggregation]\nroster = "{roster}"\n'
+        f'signing-key = "{key}"\n')
     tracking = mlflow_store(tmp)
     command = [sys.executable, "-m", "app.tooling.simulate", "--data-root", str(data_root),
                "--sites", "4", "--tracking-uri", tracking,

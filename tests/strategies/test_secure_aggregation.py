@@ -13,7 +13,8 @@ from strategies.wire.secure_aggregation.errors import SecAggConfigError, SecAggE
 from strategies.wire.secure_aggregation.participant import Participant
 from strategies.wire.secure_aggregation.settings import RoundPlan, SecAggSettings, neighbour_count
 from strategies.wire.secure_aggregation.weights import site_coefficient, sum_scale
-from tests.strategies.secagg_sites import agreed_sites, keyed_sites, random_levels, run_round
+from tests.strategies.secagg_sites import (FEDERATION, agreed_sites, identities, keyed_sites,
+                                          random_levels, run_round, setup_reply)
 
 NODES = [11, 22, 33, 44, 55]
 
@@ -30,7 +31,7 @@ def test_masks_cancel_and_the_sum_is_exact():
 
 
 def test_a_masked_vector_alone_looks_nothing_like_the_input():
-    coordinator, sites = agreed_sites([1, 2, 3], 2000)
+    coordinator, sites, _ = agreed_sites([1, 2, 3], 2000)
     for i, site in sites.items():  # all-zero inputs: the masked vectors are noise
         site.receive_shares(coordinator.collect_entries(i))
         masked = unpack(site.mask_levels(np.zeros(2000, dtype=np.uint64)),
@@ -127,28 +128,75 @@ def test_too_few_honest_shares_fail_the_round_naming_the_site():
         run_round(levels, tamper=corrupt)
 
 
-def test_a_site_never_gives_both_shares_of_one_neighbour():
-    coordinator, sites = agreed_sites([1, 2, 3], 4)
+def _masked_sites(nodes: list[int]):
+    coordinator, sites, ids = agreed_sites(nodes, 4)
     for i, site in sites.items():
         site.receive_shares(coordinator.collect_entries(i))
         coordinator.take_masked(i, site.mask_levels(np.zeros(4, dtype=np.uint64)))
+    return coordinator, sites, ids
+
+
+def _signed(coordinator, sites, ids):
+    for i in coordinator.stage_nodes(keys.SECAGG_CONSISTENCY):
+        coordinator.take_consistency(i, sites[i].consistency(coordinator.consistency_entries(i),
+                                                             ids[i]))
+
+
+def test_a_site_never_gives_both_shares_of_one_neighbour():
+    coordinator, sites, ids = _masked_sites([1, 2, 3])
+    with pytest.raises(SecAggError, match="before this site signed"):
+        sites[1].unmask(coordinator.unmask_entries(1), 2, ids[1])
+    _signed(coordinator, sites, ids)
     entries = coordinator.unmask_entries(1)
-    reply = sites[1].unmask(entries, 2)
+    reply = sites[1].unmask(entries, 2, ids[1])
     assert not set(reply[keys.SECAGG_SEED_SHARES_OF]) & set(reply[keys.SECAGG_KEY_SHARES_OF])
-    with pytest.raises(SecAggError, match="did not mask with this site"):
-        sites[1].unmask({**entries, keys.SECAGG_SURVIVORS: [2, 3, 9]}, 2)
+    with pytest.raises(SecAggError, match="another survivor set"):
+        sites[1].unmask({**entries, keys.SECAGG_SURVIVORS: [1, 2, 9]}, 2, ids[1])
     with pytest.raises(SecAggError, match="fewer than 4"):
-        sites[1].unmask(entries, 4)  # the site's policy: at least 3 inputs in the sum
-    with pytest.raises(SecAggError, match="fewer than 2"):
-        sites[1].unmask({**entries, keys.SECAGG_SUMMED: 1, keys.SECAGG_SURVIVORS: []}, 2)
+        sites[1].unmask(entries, 4, ids[1])  # the site's policy: at least 4 inputs in the sum
+    with pytest.raises(SecAggError, match="size of the survivor set"):
+        sites[1].unmask({**entries, keys.SECAGG_SUMMED: 1}, 2, ids[1])
+
+
+def test_a_site_signs_one_survivor_set_that_holds_itself_and_its_masking_neighbours():
+    coordinator, sites, ids = _masked_sites([1, 2, 3])
+    entries = coordinator.consistency_entries(1)
+    names = entries[keys.SECAGG_SURVIVOR_NAMES]
+    with pytest.raises(SecAggError, match="under its own name"):
+        sites[1].consistency({**entries, keys.SECAGG_SURVIVORS: [2, 3],
+                              keys.SECAGG_SURVIVOR_NAMES: names[1:]}, ids[1])
+    with pytest.raises(SecAggError, match="under those names"):
+        sites[1].consistency({**entries, keys.SECAGG_SURVIVOR_NAMES:
+                              [names[0], names[2], names[1]]}, ids[1])
+    sites[1].consistency(entries, ids[1])
+    with pytest.raises(SecAggError, match="already signed"):
+        sites[1].consistency(entries, ids[1])
+
+
+def test_unmask_needs_enough_valid_signatures_by_distinct_survivors():
+    coordinator, sites, ids = _masked_sites([1, 2, 3, 4])
+    _signed(coordinator, sites, ids)
+    entries = coordinator.unmask_entries(1)
+    signatures = entries[keys.SECAGG_SIGNATURES]
+    assert sites[1].needed_signatures() == 3
+    with pytest.raises(SecAggError, match="fewer than 3"):
+        sites[1].unmask({**entries, keys.SECAGG_SIGNERS: [1, 2],
+                         keys.SECAGG_SIGNATURES: signatures[:2]}, 2, ids[1])
+    with pytest.raises(SecAggError, match="repeated or not survivors"):
+        sites[1].unmask({**entries, keys.SECAGG_SIGNERS: [1, 2, 2, 3],
+                         keys.SECAGG_SIGNATURES: [*signatures[:2], *signatures[1:3]]}, 2, ids[1])
+    forged = [signatures[0], signatures[1], signatures[1], signatures[3]]  # 3's is 2's
+    with pytest.raises(SecAggError, match="'site-3': the signature does not verify"):
+        sites[1].unmask({**entries, keys.SECAGG_SIGNATURES: forged}, 2, ids[1])
+    assert sites[1].unmask(entries, 2, ids[1])[keys.SECAGG_SEED_SHARES_OF] == [1, 2, 3, 4]
 
 
 def test_a_site_masks_once_per_round_and_only_its_own_round():
-    coordinator, sites = keyed_sites([1, 2, 3], 4, server_round=2)
+    coordinator, sites, ids = keyed_sites([1, 2, 3], 4, server_round=2)
     with pytest.raises(SecAggError, match="round 3"):
-        sites[1].share_keys({**coordinator.share_keys_entries(1), keys.SERVER_ROUND: 3})
+        sites[1].share_keys({**coordinator.share_keys_entries(1), keys.SERVER_ROUND: 3}, ids[1])
     for i, site in sites.items():
-        coordinator.take_shares(i, site.share_keys(coordinator.share_keys_entries(i)))
+        coordinator.take_shares(i, site.share_keys(coordinator.share_keys_entries(i), ids[i]))
     sites[1].receive_shares(coordinator.collect_entries(1))
     sites[1].mask_levels(np.zeros(4, dtype=np.uint64))
     with pytest.raises(SecAggError, match="already sent its masked input"):
@@ -156,10 +204,11 @@ def test_a_site_masks_once_per_round_and_only_its_own_round():
 
 
 def test_the_state_a_site_keeps_between_stages_round_trips():
-    coordinator, sites = keyed_sites([1, 2, 3], 4)
+    coordinator, sites, ids = keyed_sites([1, 2, 3], 4)
     for i in sites:
         sites[i] = Participant.from_bytes(sites[i].to_bytes())
-        coordinator.take_shares(i, sites[i].share_keys(coordinator.share_keys_entries(i)))
+        coordinator.take_shares(i, sites[i].share_keys(coordinator.share_keys_entries(i),
+                                                       ids[i]))
     for i in sites:
         sites[i] = Participant.from_bytes(sites[i].to_bytes())
         sites[i].receive_shares(coordinator.collect_entries(i))
@@ -167,7 +216,11 @@ def test_the_state_a_site_keeps_between_stages_round_trips():
         coordinator.take_masked(i, sites[i].mask_levels(np.full(4, i, dtype=np.uint64)))
     for i in sites:
         sites[i] = Participant.from_bytes(sites[i].to_bytes())
-        coordinator.take_unmask(i, sites[i].unmask(coordinator.unmask_entries(i), 2))
+        coordinator.take_consistency(i, sites[i].consistency(coordinator.consistency_entries(i),
+                                                             ids[i]))
+    for i in sites:
+        sites[i] = Participant.from_bytes(sites[i].to_bytes())
+        coordinator.take_unmask(i, sites[i].unmask(coordinator.unmask_entries(i), 2, ids[i]))
     assert coordinator.finish().exact.tolist() == [6, 6, 6, 6]
     with pytest.raises(SecAggError, match="unreadable"):
         Participant.from_bytes(b"{not json")
@@ -176,12 +229,16 @@ def test_the_state_a_site_keeps_between_stages_round_trips():
 def test_the_coordinator_refuses_a_repeated_key_and_a_stray_reply():
     settings = SecAggSettings()
     coordinator = SecAggRound(settings, 1, [1, 2, 3], seed=0, length=4)
-    site = Participant.start(settings.plan(1, 1, 3))
-    coordinator.take_keys(1, site.public_keys())
+    ids = identities([1, 2, 3])
+    site = Participant.start(settings.plan(1, 1, 3), FEDERATION)
+    coordinator.take_keys(1, setup_reply(site, ids[1]))
     with pytest.raises(SecAggError, match="repeats a public key"):
-        coordinator.take_keys(2, site.public_keys())
+        coordinator.take_keys(2, setup_reply(site, ids[2]))
+    other = Participant.start(settings.plan(1, 2, 3), FEDERATION)
+    with pytest.raises(SecAggError, match="repeats site name"):
+        coordinator.take_keys(2, setup_reply(other, ids[1]))
     with pytest.raises(SecAggError, match="not asked"):
-        coordinator.take_keys(99, Participant.start(settings.plan(1, 2, 3)).public_keys())
+        coordinator.take_keys(99, setup_reply(other, ids[2]))
     with pytest.raises(SecAggError, match="min-participants"):
         SecAggRound(SecAggSettings(min_participants=4), 1, [1, 2, 3], seed=0, length=4)
 

@@ -29,7 +29,7 @@ from strategies.wire.plugin_options import PluginError
 from strategies.wire.secure_aggregation.vector import flatten_float
 from strategies.wire.secure_aggregation.weights import site_coefficient
 from tests.strategies.scripted_grid import scripted_grid
-from tests.strategies.secure_fake_sites import SecureSite
+from tests.strategies.secure_fake_sites import SecureSite, with_identities
 
 MODEL = [np.linspace(-1.0, 1.0, 6, dtype=np.float32).reshape(3, 2),
          np.ones(4, dtype=np.float32), np.array(5, dtype=np.int64)]
@@ -146,8 +146,8 @@ def test_a_robust_rule_is_refused_by_the_secure_round_itself():
 @pytest.mark.usefixtures("server_identity")
 def test_a_custom_rule_with_the_capability_runs_a_secure_round():
     replies = _replies([20, 40, 60], [TAU] * 3)
-    sites = {r.node_id: SecureSite(r.site, num_examples=r.num_examples, update=r.delta)
-             for r in replies}
+    sites = with_identities({r.node_id: SecureSite(r.site, num_examples=r.num_examples,
+                                                   update=r.delta) for r in replies})
     strategy = _secure_strategy(HalfStep())
     initial = ArrayRecord({f"a{j}": Array(a.copy()) for j, a in enumerate(MODEL)})
     new = strategy.start(scripted_grid(sites), initial, num_rounds=1).arrays.to_numpy_ndarrays()

@@ -27,7 +27,7 @@ from strategies.rounds.federated_strategy import FederatedStrategy
 from strategies.rounds.reply_intake import NO_REPLY
 from strategies.rounds.round_policy import RoundPolicy
 from tests.strategies.scripted_grid import scripted_grid
-from tests.strategies.secure_fake_sites import SecureSite
+from tests.strategies.secure_fake_sites import SecureSite, with_identities
 
 pytestmark = pytest.mark.usefixtures("server_identity")
 
@@ -46,7 +46,7 @@ def _sites(count: int, steps: tuple[int, ...] = (TAU,), **fail_at: str) -> dict[
                   else np.zeros_like(a) for a in MODEL.values()]
         sites[10 + i] = SecureSite(name, num_examples=20 * (i + 1), update=update,
                                    steps=steps[i % len(steps)], fail_at=fail_at.get(name, ""))
-    return sites
+    return with_identities(sites)
 
 
 def _strategy(count: int, aggregator: str = "fedavg", policy: RoundPolicy | None = None,

@@ -29,12 +29,16 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
-from flwr.common.secure_aggregation.crypto.shamir import combine_shares, create_shares
+from Crypto.Protocol.SecretSharing import Shamir
+from Crypto.Util.Padding import pad, unpad
 from flwr.common.secure_aggregation.crypto.symmetric_encryption import decrypt, encrypt
 from flwr.common.secure_aggregation.secaggplus_utils import (
     share_keys_plaintext_concat, share_keys_plaintext_separate)
 
 from strategies.wire.secure_aggregation.errors import SecAggError
+
+#: Shamir's field is GF(2^128): a secret is shared 16 bytes at a time.
+_SHAMIR_BLOCK = 16
 
 __all__ = ["KEY_BYTES", "KeyPair", "add_mask", "commitment", "decrypt_shares",
            "encrypt_shares", "mask_seed", "public_of", "rebuild_secret", "split_secret"]
@@ -86,14 +90,38 @@ def _fernet_key(private: bytes, peer_public: bytes) -> bytes:
 
 
 def split_secret(secret: bytes, threshold: int, count: int) -> list[bytes]:
-    """``count`` Shamir shares of ``secret``, any ``threshold`` of which rebuild it."""
-    return create_shares(secret, threshold, count)
+    """``count`` Shamir shares of ``secret``, any ``threshold`` of which rebuild it.
+
+    Byte for byte Flower's format (``flwr.common.secure_aggregation.crypto.shamir``:
+    4 bytes of index, then one 16-byte share per 16-byte chunk of the padded secret) and
+    pycryptodome's ``Shamir`` per chunk, as Flower's; without the thread pool Flower starts
+    per call (a 32-byte secret is 3 chunks: the pool's start and its lock waits cost more
+    than the field arithmetic, issue #46 item 6).
+    """
+    padded = pad(secret, _SHAMIR_BLOCK)
+    shares = [bytearray(index.to_bytes(4, "little")) for index in range(1, count + 1)]
+    for start in range(0, len(padded), _SHAMIR_BLOCK):
+        for index, share in Shamir.split(threshold, count, padded[start:start + _SHAMIR_BLOCK],
+                                         ssss=False):
+            shares[index - 1] += share
+    return [bytes(share) for share in shares]
 
 
 def rebuild_secret(shares: list[bytes]) -> bytes:
-    """The secret of ``shares`` (:class:`SecAggError` when they do not combine)."""
+    """The secret of ``shares`` (:class:`SecAggError` when they do not combine).
+
+    The inverse of :func:`split_secret` (and of Flower's ``create_shares``), chunk by chunk
+    with pycryptodome's ``Shamir.combine``.
+    """
     try:
-        return combine_shares(shares)
+        chunks = (len(shares[0]) - 4) // _SHAMIR_BLOCK
+        if chunks < 1 or any(len(share) != len(shares[0]) for share in shares):
+            raise ValueError("shares of different sizes")
+        indices = [int.from_bytes(share[:4], "little") for share in shares]
+        padded = b"".join(Shamir.combine(
+            [(index, share[4 + c * _SHAMIR_BLOCK:4 + (c + 1) * _SHAMIR_BLOCK])
+             for index, share in zip(indices, shares)], ssss=False) for c in range(chunks))
+        return unpad(padded, _SHAMIR_BLOCK)
     except (ValueError, IndexError) as error:
         raise SecAggError(f"shares do not combine ({error})") from None
 

@@ -26,6 +26,7 @@ from strategies.wire import message_keys as keys
 from strategies.wire.model_layout import unpack_model
 from strategies.wire.secure_aggregation import participant as participant_module
 from strategies.wire.secure_aggregation.settings import SecAggSettings
+from strategies.wire.secure_aggregation.signing import generate_key, public_text, write_roster
 from strategies.wire.secure_aggregation.vector import flatten_float, kept_indices, shared_codec_seed
 from tests.clients.site_round_fixtures import packed_global, run_settings, site
 
@@ -34,10 +35,28 @@ FEDERATION = "fed-secagg"
 MODEL = packed_global()
 
 
+def _with_pki(tmp_path: Path, names: list[str], policy: SitePolicy) -> dict[str, SitePolicy]:
+    """``policy`` for each site, naming its own signing key and one roster of them all."""
+    folder = tmp_path / "pki"
+    folder.mkdir(exist_ok=True)
+    roster = folder / "roster.json"
+    private = {name: generate_key(folder / f"{name}.key") for name in names}
+    write_roster(roster, {name: public_text(key) for name, key in private.items()})
+    return {name: dataclasses.replace(policy, secure_aggregation=dataclasses.replace(
+        policy.secure_aggregation, roster=str(roster), signing_key=str(folder / f"{name}.key")))
+        for name in names}
+
+
 def sites(tmp_path: Path, count: int, policy: SitePolicy | None = None) -> list[Site]:
-    """``count`` sites ``hospital-1..count``, each with its own state dir under ``tmp_path``."""
-    return [dataclasses.replace(site(tmp_path / f"h{i}", policy), name=f"hospital-{i}")
-            for i in range(1, count + 1)]
+    """``count`` sites ``hospital-1..count``, each with its own state dir under ``tmp_path``,
+    their data folders in one data root (so simulation's PKI gives them one roster); a
+    ``policy`` other than the permissive one is given each site's key and the roster."""
+    names = [f"hospital-{i}" for i in range(1, count + 1)]
+    policies = (_with_pki(tmp_path, names, policy) if policy not in (None,
+                SitePolicy.permissive()) else dict.fromkeys(names, policy))
+    return [dataclasses.replace(site(tmp_path / f"h{i}", policies[name]), name=name,
+                                data_path=tmp_path / "hospitals" / name)
+            for i, name in enumerate(names, start=1)]
 
 
 def instruction(entries: dict, run: SiteRunSettings, codec: str = "none",
@@ -113,11 +132,13 @@ def run_round(monkeypatch, members: list[Site], tasks: SiteTasks, *, server_roun
         return replies
 
     for node, reply in ask(keys.SECAGG_SETUP, server.setup_entries).items():
-        server.take_keys(node, reply.secagg)
+        server.take_keys(node, {**reply.secagg, keys.SITE_NAME: by_node[node].name})
     for node, reply in ask(keys.SECAGG_SHARE_KEYS, server.share_keys_entries).items():
         server.take_shares(node, reply.secagg)
     for node, reply in ask(keys.SECAGG_COLLECT, server.collect_entries).items():
         server.take_masked(node, reply.update[keys.SECAGG_MASKED])
+    for node, reply in ask(keys.SECAGG_CONSISTENCY, server.consistency_entries).items():
+        server.take_consistency(node, reply.secagg)
     for node, reply in ask(keys.SECAGG_UNMASK, server.unmask_entries).items():
         server.take_unmask(node, reply.secagg)
     record.result = server.finish()

@@ -1,4 +1,4 @@
-"""The site's side of SecAgg+: four stages through the site's round against the core's coordinator.
+"""The site's side of SecAgg+: five stages through the site's round against the core's coordinator.
 
 Found (#30): a site sent every update in the clear, with its per-site residual norm;
 nothing at a site could take part in a securely aggregated round.
@@ -20,6 +20,7 @@ from clients.site.site_feature import LocalUpdate
 from clients.site.site_round import answer
 from clients.site.state_retention import expire_federation_states
 from strategies.wire import message_keys as keys
+from strategies.wire.secure_aggregation.crypto import KeyPair
 from strategies.wire.secure_aggregation.errors import SecAggError
 from strategies.wire.secure_aggregation.settings import SecAggSettings
 from tests.clients.site.secure_federation import (FEDERATION, MODEL, instruction, run_round,
@@ -46,8 +47,26 @@ def test_three_sites_unmask_to_the_sum_of_what_they_quantised(tmp_path, tasks, m
         assert reply.secagg is None
     for reply in record.replies[keys.SECAGG_SETUP].values():
         assert reply.metrics == {keys.NUM_EXAMPLES: 12} and reply.update is None
-        assert set(reply.secagg) == {keys.SECAGG_KEY_C, keys.SECAGG_KEY_S}
+        assert set(reply.secagg) == {keys.SECAGG_KEY_C, keys.SECAGG_KEY_S,
+                                     keys.SECAGG_KEY_SIGNATURE}
     assert not any((m.state_dir / FEDERATION / STATE_FILE).exists() for m in members)
+
+
+def test_a_substituted_key_makes_the_site_leave_the_round(tmp_path, tasks, monkeypatch):
+    """#46 found 2 through the site's round: a neighbour key the coordinator swapped for its
+    own is refused, naming the neighbour, and the site's round (its secrets) is deleted."""
+    members = sites(tmp_path, 3)
+    fake = KeyPair()
+
+    def substitute(name, entries):
+        if name == "hospital-1" and entries[keys.SECAGG_STAGE] == keys.SECAGG_SHARE_KEYS:
+            entries[keys.SECAGG_PEER_KEYS_S] = [fake.public,
+                                                *entries[keys.SECAGG_PEER_KEYS_S][1:]]
+
+    with pytest.raises(SecAggError, match="site 'hospital-[23]': the signature does not "
+                                          "verify"):
+        run_round(monkeypatch, members, tasks, tamper=substitute)
+    assert not (members[0].state_dir / FEDERATION / STATE_FILE).exists()
 
 
 def test_a_site_dropping_after_its_shares_is_unmasked_out(tmp_path, tasks, monkeypatch):

@@ -72,7 +72,8 @@ def test_a_setup_within_the_policy_is_answered(tmp_path, untouched):
     run = run_settings()
     [member] = sites(tmp_path, 1, POLICY)
     reply = answer(instruction(_stage(keys.SECAGG_SETUP), run), MODEL, member, run, tasks)
-    assert set(reply.secagg) == {keys.SECAGG_KEY_C, keys.SECAGG_KEY_S} and len(loads) == 1
+    assert set(reply.secagg) == {keys.SECAGG_KEY_C, keys.SECAGG_KEY_S,
+                                 keys.SECAGG_KEY_SIGNATURE} and len(loads) == 1
 
 
 @pytest.mark.usefixtures("site_identity")
