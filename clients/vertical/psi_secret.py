@@ -28,6 +28,7 @@ from __future__ import annotations
 import fcntl
 import os
 import secrets
+from collections.abc import Callable
 from pathlib import Path
 
 from clients.site.policy import PolicyRefusal, SitePolicy
@@ -69,8 +70,9 @@ def create_secret(path: Path) -> bool:
     return True
 
 
-def load_secret(path: str | Path) -> bytes:
-    """The secret key in ``path``, its bytes as they are.
+def load_secret(path: str | Path, read: Callable[[str | Path], bytes] | None = None) -> bytes:
+    """The secret key in ``path``, its bytes as they are (``read``: how to get a file's
+    bytes, :meth:`clients.site.site.Site.read_policy_file`; default: from disk).
 
     Raises
     ------
@@ -79,7 +81,7 @@ def load_secret(path: str | Path) -> bytes:
         :data:`MIN_SECRET_BYTES` (the detail never names the path).
     """
     try:
-        secret = Path(path).read_bytes()
+        secret = read(path) if read is not None else Path(path).read_bytes()
     except OSError as error:
         raise PolicyRefusal(SECRET_RULE, f"the PSI secret file is unreadable "
                                          f"({type(error).__name__})") from None
@@ -111,9 +113,9 @@ def site_secret(site: Site) -> bytes:
         file that is unreadable or too short.
     """
     named = site.policy.vertical.psi_secret
-    if named:
-        return load_secret(named)
-    if site.policy.fingerprint == SitePolicy.permissive().fingerprint:
+    if named:  # as the site runtime handed it to its sandboxed worker, else from disk
+        return load_secret(named, site.read_policy_file)
+    if site.policy == SitePolicy.permissive():
         return _simulation_secret(Path(site.data_path))
     raise PolicyRefusal(SECRET_RULE, "the site's policy names no PSI secret; the federation "
                         "name alone is a salt the coordinator knows (it could probe which "

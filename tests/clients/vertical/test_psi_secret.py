@@ -72,3 +72,16 @@ def test_make_psi_secret_writes_once_and_never_overwrites(tmp_path, capsys):
     assert out.read_bytes() == first and "exists" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["--out", "relative/psi.secret"])
+
+
+def test_the_secret_the_runtime_hands_its_sandboxed_worker_is_used(tmp_path):
+    """Under the runtime the worker runs as another user and cannot read the 0600 file: the
+    runtime reads it and hands it over in memory (node_config policy-files)."""
+    secret = tmp_path / "psi.secret"
+    policy = load_policy(write_policy(tmp_path, f'[vertical]\nallowed = true\n'
+                                                f'psi-secret = "{secret}"\n'))
+    site = site_with(tmp_path, policy)
+    assert refusal(site).rule == "vertical.psi-secret"  # not on this disk
+    handed = Site(site.name, site.data_path, site.state_dir, policy,
+                  policy_files=((str(secret), b"s" * 32),))
+    assert site_secret(handed) == b"s" * 32
