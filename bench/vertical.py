@@ -17,15 +17,29 @@ model of its own.
   SplitNN, with the sites' mean test AUC, the bytes of training on the wire (FedAvg: its
   train messages serialised; split learning: the arrays of its training stages; split
   learning's evaluation bytes apart, in ``bytes_with_evaluation``) and the wall time.
+- **Label DP against the gradient attack** (issue #46): U-shaped split learning on the same
+  set, every site's policy keeping its labels (``share-labels = false``) with
+  ``vertical.label-dp-epsilon`` = 4, 2, 1, 0.5 (randomised response, Ghazi et al.,
+  NeurIPS 2021: :mod:`clients.vertical.label_dp`) and, as ``none``, no label DP (the
+  behaviour before issue #46; the product now runs it only where ``share-labels = true``,
+  which this arm's policy says). The coordinator's attack is run on every ``split-head``
+  reply (:class:`GradientAttack`): each example's dL/da2 by least squares on the head
+  weights it last sent (``c = argmin ||W^T c - g||``; label 1 where c < 0); the row gives
+  its accuracy against the site's true labels (all sites, rounds and batches) and the
+  sites' mean test AUC, each over 3 seeds, 5 rounds (half the split rows' 10: 15
+  federations fit in about 20 min on 2 busy cores).
 
 Usage::
 
-    python bench/vertical.py [--quick] [--seeds 5] [--only pvfed|split]
+    python bench/vertical.py [--quick] [--seeds 5] [--only pvfed|split|label-dp]
 
 It writes ``bench/results/vertical.json``: ``{"pvfed": [{"set", "department", "method",
 "metric", "mean", "sd", "seeds"}], "split": [{"set", "method", "metric", "bytes",
-"seconds", "sd", "seeds", "values"}], ...}`` (``metric`` names the measure, ``mean`` /
-``sd`` over the seeds; a split row's ``metric`` is its mean test AUC).
+"seconds", "sd", "seeds", "values"}], "label_dp": [{"set", "method", "epsilon",
+"keep_probability", "attack_accuracy", "attack_sd", "attack_values", "metric", "sd",
+"values", "seconds", "seeds"}], ...}`` (``metric`` names the measure, ``mean`` / ``sd``
+over the seeds; a split or label-DP row's ``metric`` is its mean test AUC; a label-DP
+row's ``epsilon`` is null for ``none``).
 """
 
 from __future__ import annotations
@@ -34,21 +48,27 @@ from single_thread import BENCH  # noqa: I001 - first: one BLAS thread
 
 import argparse  # noqa: E402
 import json  # noqa: E402
+import math  # noqa: E402
 import statistics  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
 from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
 
 from engine_runs import DATA, SHARED, run_product, shared_sites  # noqa: E402
 from report import Column, environment, print_table, write_report  # noqa: E402
 from stats import mean_sd, pm  # noqa: E402
 
-__all__ = ["GRID", "QUICK", "main", "pvfed_rows", "split_rows"]
+__all__ = ["GRID", "QUICK", "GradientAttack", "label_dp_rows", "main", "pvfed_rows",
+           "split_rows"]
 
 DEFAULT_OUTPUT = BENCH / "results" / "vertical.json"
 GRID = {"seeds": 5, "pvfed_sets": ("heart-disease", "cohort"), "pvfed_rounds": 3,
-        "aggregations": ("mean", "ae", "pca"), "split_rounds": 10, "split_steps": 20}
+        "aggregations": ("mean", "ae", "pca"), "split_rounds": 10, "split_steps": 20,
+        "label_dp_seeds": 3, "label_dp_rounds": 5, "epsilons": ("none", 4.0, 2.0, 1.0, 0.5)}
 QUICK = {"seeds": 1, "pvfed_sets": ("heart-disease",), "pvfed_rounds": 1,
-         "aggregations": ("pca",), "split_rounds": 1, "split_steps": 2}
+         "aggregations": ("pca",), "split_rounds": 1, "split_steps": 2,
+         "label_dp_seeds": 1, "label_dp_rounds": 1, "epsilons": ("none", 1.0)}
 #: pvFed's run config (the vertical.* epochs are pyproject.toml's unless --quick).
 PVFED = {"federation.kind": "vertical", "vertical.method": "pvfed", "min-nodes": 3,
          "batch-size": 32, "image-size": 32, "volume-depth": 16, "model-size": "small",
@@ -163,6 +183,122 @@ def _split(method: str, seed: int, grid: dict, workdir: Path) -> tuple[float, in
     return statistics.fmean(aucs), int(train), wall, int(traffic)
 
 
+class GradientAttack:
+    """A site's ClientApp, watched by the coordinator that attacks its labels (issue #46).
+
+    The coordinator knows the head weights W it sent (``part/head.0.weight`` of a
+    ``split-train`` that carries the site part: the start of every round's turn); from
+    each ``split-head`` reply's dL/da2_j = W^T c_j, c_j = (sigmoid(z_j) - y_j) / (B L),
+    it reads label 1 where the least-squares c_j < 0. The bench's truth (never the
+    coordinator's) is the batch's training indices in the site's state file and the
+    site's true labels (the task loaded from its folder by the product's task class).
+    """
+
+    def __init__(self) -> None:
+        from app.engine.virtual_site import default_handler  # noqa: PLC0415 - loads torch
+
+        self.handler = default_handler()
+        self.weight: np.ndarray | None = None
+        self.labels: np.ndarray | None = None
+        self.right = self.total = 0
+
+    def _true_labels(self, context) -> np.ndarray:
+        from clients.registry import task_class  # noqa: PLC0415
+        from clients.site.instruction import SiteRunSettings  # noqa: PLC0415
+
+        if self.labels is None:
+            run = SiteRunSettings.from_run_config(context.run_config)
+            task = task_class(run.task)(Path(str(context.node_config["data-path"])), run.sizes)
+            data = task.require_training()
+            self.labels = np.stack([data[i][1].numpy() for i in range(len(data))])
+        return self.labels
+
+    def __call__(self, message, context):
+        from clients.vertical.split_state import STATE_FILE  # noqa: PLC0415
+        from safetensors.numpy import load_file  # noqa: PLC0415
+        from strategies.wire import message_keys as keys  # noqa: PLC0415
+
+        reply = self.handler(message, context)
+        stage = str(message.content[keys.CONFIG].get(keys.VERTICAL_STAGE, ""))
+        sent = message.content[keys.ARRAYS] if keys.ARRAYS in message.content else {}
+        if stage == "split-train" and "part/head.0.weight" in sent:
+            self.weight = sent["part/head.0.weight"].numpy()
+        if stage != "split-head" or not reply.has_content() or self.weight is None:
+            return reply
+        state = next(Path(str(context.node_config["state-dir"])).rglob(STATE_FILE))
+        pending = load_file(state)["pending-indices"]
+        truth = self._true_labels(context)
+        for j, indices in enumerate(pending):
+            gradient = reply.content[keys.VERTICAL][f"gradient-{j}"].numpy()
+            c = np.linalg.lstsq(self.weight.T, gradient.T, rcond=None)[0].T
+            guessed = (c < 0).astype(np.float32)
+            self.right += int(np.sum(guessed == truth[indices]))
+            self.total += guessed.size
+        return reply
+
+    @property
+    def accuracy(self) -> float:
+        return self.right / self.total if self.total else math.nan
+
+
+#: The label-DP arms' site policy: vertical federations allowed, the labels kept unless
+#: ``share-labels`` (the ``none`` arm: no label DP, the pre-#46 behaviour), an evaluation per
+#: round well inside ``max-evaluations``.
+LABEL_DP_POLICY = ("[vertical]\nallowed = true\nshare-labels = {share}\n"
+                   "label-dp-epsilon = {epsilon}\nmax-evaluations = 1000\n")
+
+
+def _label_dp_run(epsilon: float | str, seed: int, grid: dict,
+                  workdir: Path) -> tuple[float, float, float]:
+    """One U-shaped federation whose sites keep their labels at ``epsilon`` (``"none"``: no
+    label DP); the sites' mean test AUC, the attack's accuracy, seconds."""
+    from app.engine import VirtualSite  # noqa: PLC0415
+
+    folders = shared_sites("cxr-cls", "pneumoniamnist", 3, seed, root=DATA / "vertical-split")
+    arm = f"label-dp-{epsilon}-{seed}"
+    policy = workdir / "policies" / f"{arm}.toml"
+    policy.parent.mkdir(parents=True, exist_ok=True)
+    none = epsilon == "none"
+    policy.write_text(LABEL_DP_POLICY.format(share="true" if none else "false",
+                                             epsilon="inf" if none else repr(float(epsilon))))
+    attacks = [GradientAttack() for _ in folders]
+    sites = [VirtualSite.folder(folder, site_name=folder.name, policy_path=policy,
+                                state_dir=workdir / "state" / arm / folder.name, handler=attack)
+             for folder, attack in zip(folders, attacks)]
+    overrides = {**SPLIT, "seed": seed, "num-server-rounds": grid["label_dp_rounds"],
+                 "local-steps": grid["split_steps"], "federation.kind": "vertical",
+                 "vertical.method": "splitnn-u", **SPLIT_CUT,
+                 "vertical.batches-per-message": SPLIT_BATCHES["splitnn-u"]}
+    outcome, wall = run_product(overrides, sites, workdir)
+    aucs = [m["test-auc"] for m in outcome.result.site_metrics.values() if "test-auc" in m]
+    right, total = sum(a.right for a in attacks), sum(a.total for a in attacks)
+    return statistics.fmean(aucs), right / total, wall
+
+
+def label_dp_rows(grid: dict, workdir: Path) -> list[dict]:
+    """One row per epsilon (``none`` first): the attack's accuracy and the test AUC, mean and
+    sd over the seeds, and RR's keep probability (the attack's expected accuracy)."""
+    from clients.vertical.label_dp import label_keep_probability  # noqa: PLC0415
+
+    rows = []
+    for epsilon in grid["epsilons"]:
+        runs = [_label_dp_run(epsilon, seed, grid, workdir)
+                for seed in range(grid["label_dp_seeds"])]
+        auc, auc_sd = mean_sd(r[0] for r in runs)
+        attack, attack_sd = mean_sd(r[1] for r in runs)
+        rows.append({"set": "pneumoniamnist", "method": "splitnn-u",
+                     "epsilon": None if epsilon == "none" else float(epsilon),
+                     "keep_probability": (1.0 if epsilon == "none"
+                                          else label_keep_probability(float(epsilon), 1)),
+                     "attack_accuracy": attack, "attack_sd": attack_sd,
+                     "attack_values": [r[1] for r in runs], "metric": auc, "sd": auc_sd,
+                     "values": [r[0] for r in runs],
+                     "seconds": statistics.fmean(r[2] for r in runs), "seeds": len(runs),
+                     "rounds": grid["label_dp_rounds"], "steps": grid["split_steps"]})
+        print(rows[-1], flush=True)
+    return rows
+
+
 def split_rows(grid: dict, workdir: Path) -> list[dict]:
     """One row per method: mean test AUC, bytes and seconds over the seeds."""
     rows = []
@@ -186,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/fedmed_bench_vertical"))
     parser.add_argument("--quick", action="store_true", help="the test's tiny grid")
     parser.add_argument("--seeds", type=int, default=None, help="seeds (default 5)")
-    parser.add_argument("--only", choices=("pvfed", "split"), default=None)
+    parser.add_argument("--only", choices=("pvfed", "split", "label-dp"), default=None)
     parser.add_argument("--sets", default=None,
                         help="pvFed's sets, comma-separated (default heart-disease,cohort)")
     args = parser.parse_args(argv)
@@ -198,16 +334,26 @@ def main(argv: list[str] | None = None) -> int:
     report = {"environment": environment(), "grid": {k: list(v) if isinstance(v, tuple) else v
                                                      for k, v in grid.items()},
               "settings": {"pvfed": PVFED, "pvfed_sets": SET_SETTINGS,
-                           "split": {**SPLIT, **SPLIT_CUT}}, "pvfed": [], "split": []}
+                           "split": {**SPLIT, **SPLIT_CUT},
+                           "label_dp": {"policy": LABEL_DP_POLICY}},
+              "pvfed": [], "split": [], "label_dp": []}
     earlier = json.loads(args.output.read_text()) if args.output.is_file() else {}
     if args.only is not None or args.sets:  # keep what this run does not redo
         report["split"] = earlier.get("split", [])
+        report["label_dp"] = earlier.get("label_dp", [])
         report["pvfed"] = [row for row in earlier.get("pvfed", [])
-                           if args.only == "split" or row["set"] not in grid["pvfed_sets"]]
+                           if args.only in ("split", "label-dp")
+                           or row["set"] not in grid["pvfed_sets"]]
+        if args.only == "label-dp":  # its settings beside the earlier grid's
+            report["grid"] = {**earlier.get("grid", {}), **{
+                key: list(grid[key]) if key == "epsilons" else grid[key]
+                for key in ("label_dp_seeds", "label_dp_rounds", "epsilons")}}
     if args.only in (None, "pvfed"):
         report["pvfed"] += pvfed_rows(grid, args.workdir, args.quick)
     if args.only in (None, "split"):
         report["split"] = split_rows(grid, args.workdir)
+    if args.only in (None, "label-dp"):
+        report["label_dp"] = label_dp_rows(grid, args.workdir)
     write_report(args.output, report)
     print_table("pvFed vs local-best (test AUC, mean ± sd over seeds)", [
         Column("set", "<14", lambda r: r["set"]),
@@ -219,6 +365,13 @@ def main(argv: list[str] | None = None) -> int:
         Column("test AUC", ">15", lambda r: pm(r["metric"], r["sd"], ".4f")),
         Column("MB", ">8", lambda r: f"{r['bytes'] / 1e6:.2f}"),
         Column("seconds", ">8", lambda r: f"{r['seconds']:.1f}")], report["split"])
+    print_table("Label DP against the gradient attack (U-shaped, share-labels = false)", [
+        Column("epsilon", "<8", lambda r: "none" if r["epsilon"] is None else f"{r['epsilon']:g}"),
+        Column("RR keep", ">8", lambda r: f"{r['keep_probability']:.3f}"),
+        Column("attack accuracy", ">17", lambda r: pm(r["attack_accuracy"], r["attack_sd"],
+                                                      ".3f")),
+        Column("test AUC", ">15", lambda r: pm(r["metric"], r["sd"], ".4f")),
+        Column("seconds", ">8", lambda r: f"{r['seconds']:.1f}")], report["label_dp"])
     return 0
 
 

@@ -44,3 +44,16 @@ def test_split_rows_compare_fedavg_and_both_split_variants_with_bytes_and_time(r
         assert 0.0 <= row["metric"] <= 1.0 and row["bytes"] > 0 and row["seconds"] > 0
     # U-shaped: the middle's outputs come back and their gradients go up, on top of vanilla's
     assert rows["splitnn-u"]["bytes"] > rows["splitnn"]["bytes"]
+
+
+def test_label_dp_rows_give_the_attack_and_the_auc_per_epsilon(report):
+    """Issue #46: without label DP the gradient attack reads (nearly) every label; at
+    epsilon = 1 it is right about as often as randomised response keeps a label."""
+    rows = {r["epsilon"]: r for r in report["label_dp"]}
+    assert set(rows) == {None, 1.0}
+    for row in rows.values():
+        assert {"set", "method", "epsilon", "keep_probability", "attack_accuracy", "metric",
+                "seconds", "seeds"} <= set(row)
+        assert row["method"] == "splitnn-u" and 0.0 <= row["metric"] <= 1.0
+    assert rows[None]["attack_accuracy"] >= 0.95 and rows[None]["keep_probability"] == 1.0
+    assert rows[1.0]["attack_accuracy"] <= rows[1.0]["keep_probability"] + 0.15
