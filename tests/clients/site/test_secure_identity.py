@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,8 @@ from clients.site.policy import PolicyRefusal, SecAggRules, SitePolicy
 from clients.site.secure_identity import SIMULATION_PKI, site_identity
 from clients.site.site import Site
 from strategies.wire.secure_aggregation.signing import load_roster, roster_fingerprint
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _keygen(site: str, key: Path) -> str:
@@ -113,3 +117,24 @@ def test_the_roster_tooling_refuses_a_changed_key_and_prints_the_fingerprint(tmp
     assert secagg_keys.main(["keygen", "--site", "hospital-a",
                              "--out", str(keys["hospital-a"])]) == 0  # kept, not overwritten
     assert "left as it is" in capsys.readouterr().err
+
+
+def _make_n(*args: str) -> str:
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    done = subprocess.run(["make", "-n", "--no-print-directory", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_the_make_targets_call_the_tooling():
+    assert "app.tooling.secagg_keys keygen --site hospital-a --out /srv/k.key" in _make_n(
+        "secagg-key", "SITE=hospital-a", "KEY=/srv/k.key")
+    added = _make_n("secagg-roster-add", "SECAGG_ROSTER=/srv/r.json", "SITE=hospital-a",
+                    "PUBLIC=abc=")
+    assert "add --roster /srv/r.json --site hospital-a" in added and "--replace" not in added
+    assert "--replace" in _make_n("secagg-roster-add", "SECAGG_ROSTER=/srv/r.json",
+                                  "SITE=hospital-a", "PUBLIC=abc=", "REPLACE=1")
+    assert "list --roster /srv/r.json" in _make_n("secagg-roster-list",
+                                                  "SECAGG_ROSTER=/srv/r.json")
