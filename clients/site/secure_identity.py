@@ -33,10 +33,19 @@ __all__ = ["SIMULATION_PKI", "site_identity"]
 SIMULATION_PKI = ".fedmed-secagg-pki"
 
 
+#: The permissive policy (simulation's), made once.
+_PERMISSIVE = SitePolicy.permissive()
+
+
 def _simulation_identity(site: Site) -> SiteIdentity:
     folder = Path(site.data_path).resolve().parent / SIMULATION_PKI
-    folder.mkdir(parents=True, exist_ok=True)
     key_path, roster_path = folder / f"{site.name}.key", folder / "roster.json"
+    if key_path.is_file() and roster_path.is_file():
+        try:  # the common case: both made, the roster holds this site (no lock)
+            return SiteIdentity.load(site.name, key_path, roster_path)
+        except SecAggConfigError:
+            pass  # not yet in the roster, or a roster being written: under the lock
+    folder.mkdir(parents=True, exist_ok=True)
     with open(folder / "roster.lock", "a", encoding="utf-8") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not key_path.exists():
@@ -61,7 +70,7 @@ def site_identity(site: Site) -> SiteIdentity:
     """
     rules = site.policy.secure_aggregation
     if not rules.roster and not rules.signing_key:
-        if site.policy == SitePolicy.permissive():
+        if site.policy == _PERMISSIVE:
             return _simulation_identity(site)
         raise PolicyRefusal("secure-aggregation.roster", "SecAgg+ needs the federation's "
                             "roster of site signing keys and this site's signing key "

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hashlib
 import json
 import os
@@ -126,9 +127,13 @@ def load_roster(path: Path, data: bytes | None = None) -> dict[str, Ed25519Publi
 
 
 def write_roster(path: Path, roster: Mapping[str, str]) -> None:
-    """Write ``roster`` (site name -> :func:`public_text`) to ``path``, sorted by name."""
-    Path(path).write_text(json.dumps({"sites": dict(sorted(roster.items()))}, indent=2) + "\n",
-                          encoding="utf-8")
+    """Write ``roster`` (site name -> :func:`public_text`) to ``path``, sorted by name, in
+    one step (a reader sees the old roster or the new one, never part of one)."""
+    path = Path(path)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    partial.write_text(json.dumps({"sites": dict(sorted(roster.items()))}, indent=2) + "\n",
+                       encoding="utf-8")
+    partial.replace(path)
 
 
 def roster_fingerprint(roster: Mapping[str, Ed25519PublicKey]) -> str:
@@ -164,8 +169,8 @@ class SiteIdentity:
             except OSError as exc:
                 raise SecAggConfigError(f"secure-aggregation.{rule} {path}: unreadable "
                                         f"({type(exc).__name__})") from None
-        return cls(name, load_key(Path(key_path), files["signing-key"]),
-                   load_roster(Path(roster_path), files["roster"]))
+        return _parsed(cls, name, str(key_path), files["signing-key"], str(roster_path),
+                       files["roster"])
 
     def sign(self, statement: bytes) -> bytes:
         """This site's signature of ``statement``."""
@@ -185,3 +190,12 @@ class SiteIdentity:
         except InvalidSignature:
             raise SecAggError(f"site {site!r}: the signature does not verify against its "
                               "roster key (a substituted key or survivor set)") from None
+
+
+@functools.lru_cache(maxsize=32)
+def _parsed(cls: type[SiteIdentity], name: str, key_path: str, key_data: bytes,
+            roster_path: str, roster_data: bytes) -> SiteIdentity:
+    """The identity of these exact files' bytes, parsed once per process (every stage of
+    every round loads it; a changed file is a new entry)."""
+    return cls(name, load_key(Path(key_path), key_data),
+               load_roster(Path(roster_path), roster_data))
