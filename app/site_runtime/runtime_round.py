@@ -42,8 +42,8 @@ from app.site_runtime.runtime_ledger import Reservation, reserve
 from app.site_runtime.sandbox import (SandboxLimits, WorkerMounts, bubblewrap,
                                       sandboxed_command, SANDBOX_SCRIPT, worker_owner)
 from app.site_runtime.worker_pool import WORKER_SCRIPT, WorkerLaunch, WorkerPool, plain_launch
-from app.site_runtime.worker_view import (prepare_worker_state, returned_context, runtime_dir,
-                                          worker_context, worker_policy_path,
+from app.site_runtime.worker_view import (policy_files, prepare_worker_state, returned_context,
+                                          runtime_dir, worker_context, worker_policy_path,
                                           worker_state_dir, write_worker_policy)
 from clients.site.policy import SitePolicy, load_policy
 from strategies.wire import message_keys as keys
