@@ -130,3 +130,23 @@ def test_the_shares_are_flowers_format_without_its_thread_pool():
     assert rebuild_secret([ours[0], ours[4], ours[2]]) == secret
     with pytest.raises(SecAggError, match="do not combine"):
         rebuild_secret([ours[0], ours[1][:-16]])
+
+
+def test_signatures_under_another_round_plan_do_not_count():
+    """A coordinator that told some sites a smaller n (fewer signatures needed) cannot use
+    their signatures where the plan is the real one: the plan is in the signed statement."""
+    from strategies.wire.secure_aggregation.signing import survivor_statement
+    nodes = [1, 2, 3, 4]
+    coordinator, sites, ids = _masked(nodes, random_levels(nodes, 4))
+    for node in nodes:
+        coordinator.take_consistency(node, sites[node].consistency(
+            coordinator.consistency_entries(node), ids[node]))
+    entries = coordinator.unmask_entries(1)
+    node_of = {index: node for node, index in coordinator.index.items()}
+    plan = sites[1].plan
+    survivors = list(zip(entries[keys.SECAGG_SURVIVORS], entries[keys.SECAGG_SURVIVOR_NAMES]))
+    smaller = survivor_statement("fed-test", plan.server_round, survivors, 3, plan.threshold)
+    forged = [ids[node_of[i]].sign(smaller) for i in entries[keys.SECAGG_SIGNERS]]
+    with pytest.raises(SecAggError, match="the signature does not verify"):
+        sites[1].unmask({**entries, keys.SECAGG_SIGNATURES: forged}, 2, ids[1])
+    assert sites[1].unmask(entries, 2, ids[1])[keys.SECAGG_SEED_SHARES_OF] == [1, 2, 3, 4]

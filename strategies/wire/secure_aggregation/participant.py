@@ -224,7 +224,8 @@ class Participant:
         if wrong:
             raise SecAggError(f"survivors {wrong} did not mask with this site under those names")
         self.survivors = survivors
-        statement = survivor_statement(self.federation, self.plan.server_round, survivors)
+        statement = survivor_statement(self.federation, self.plan.server_round, survivors,
+                                       self.plan.participants, self.plan.threshold)
         return {keys.SECAGG_SURVIVOR_SIGNATURE: identity.sign(statement)}
 
     # ----------------------------------------------------------------- unmask
@@ -244,7 +245,8 @@ class Participant:
         if len(signers) < needed:
             raise SecAggError(f"{len(signers)} signatures of the survivor set, fewer than "
                               f"{needed}: nothing is revealed")
-        statement = survivor_statement(self.federation, self.plan.server_round, self.survivors)
+        statement = survivor_statement(self.federation, self.plan.server_round, self.survivors,
+                                       self.plan.participants, self.plan.threshold)
         for signer, signature in zip(signers, signatures):
             identity.verify(named[signer], statement, signature)
 

@@ -60,11 +60,14 @@ def key_statement(federation: str, server_round: int, index: int, site: str,
 
 
 def survivor_statement(federation: str, server_round: int,
-                       survivors: Sequence[tuple[int, str]]) -> bytes:
-    """What a site signs at the consistency stage: the whole survivor set ``U3``."""
+                       survivors: Sequence[tuple[int, str]], participants: int,
+                       threshold: int) -> bytes:
+    """What a site signs at the consistency stage: the whole survivor set ``U3`` and the
+    round plan's ``n`` and ``t`` (signers of one set agree on the plan too: a coordinator
+    that told some sites a smaller ``n`` cannot lower the signatures they need)."""
     return _canonical("secagg-survivors", {
-        "federation": federation, "round": server_round,
-        "survivors": [[i, name] for i, name in sorted(survivors)]})
+        "federation": federation, "round": server_round, "participants": participants,
+        "threshold": threshold, "survivors": [[i, name] for i, name in sorted(survivors)]})
 
 
 def generate_key(path: Path) -> Ed25519PrivateKey:
