@@ -15,7 +15,7 @@ Measured per run (one JSON row per sites x drop-out, the plain arm shared):
   a discarded warm-up federation loads each site count's data first; the engine
   runs the sites one after another in one process, so the protocol's work at every
   site adds up; a drop-out also costs the ``round.deadline`` wait at the unmask stage);
-* ``bytes_up_*``: mean serialised bytes one site sends in a round (secure: all four
+* ``bytes_up_*``: mean serialised bytes one site sends in a round (secure: all five
   stages), and ``*_ratio``: over the model's dense float32 bytes;
 * ``sum_exact``: every round's unmasked sum equals the sum mod ``m`` of the levels
   the sites quantised, bit for bit (observed in this process: the sites' levels as
