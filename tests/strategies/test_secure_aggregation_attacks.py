@@ -150,3 +150,15 @@ def test_signatures_under_another_round_plan_do_not_count():
     with pytest.raises(SecAggError, match="the signature does not verify"):
         sites[1].unmask({**entries, keys.SECAGG_SIGNATURES: forged}, 2, ids[1])
     assert sites[1].unmask(entries, 2, ids[1])[keys.SECAGG_SEED_SHARES_OF] == [1, 2, 3, 4]
+
+
+def test_drop_outs_at_the_consistency_stage_stay_in_the_sum_while_enough_sign():
+    nodes = list(range(1, 11))
+    levels = random_levels(nodes, 6)
+    coordinator, secure = run_round(levels, SHIPPED, drop={keys.SECAGG_CONSISTENCY: [3, 7]},
+                                    min_participants=3)
+    assert len(coordinator.survivor_signatures) == 8  # 8 >= max(t, 10 // 2 + 1) = 6
+    assert secure.exact.tolist() == sum(levels.values()).tolist()  # all 10 inputs arrived
+    with pytest.raises(SecAggError, match="5 signatures .* fewer than 6"):  # nobody reveals
+        run_round(levels, SHIPPED, drop={keys.SECAGG_CONSISTENCY: [1, 2, 3, 4, 5]},
+                  min_participants=3)
