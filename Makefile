@@ -119,6 +119,8 @@ endif
 TRACKING_URI ?= $(if $(MLFLOW_TRACKING_URI),$(MLFLOW_TRACKING_URI),sqlite:///$(CURDIR)/mlflow.db)
 ARTIFACT_ROOT ?= $(CURDIR)/mlartifacts
 MLFLOW_PORT  ?= 5000
+# `make mlflow-ui`'s uvicorn workers (MLflow's default 4 died on a loaded 2-core machine)
+MLFLOW_WORKERS ?= 1
 PYTEST_ARGS  ?=
 TEST_WORKERS ?= 2
 
@@ -209,8 +211,9 @@ test-ray-cluster: install
 mlflow-ui: install
 	@uri="$(TRACKING_URI)"; case "$$uri" in sqlite:///*) test -f "$${uri#sqlite:///}" || { echo "mlflow-ui: the tracking store $$uri does not exist; name the store the federation used: make mlflow-ui TRACKING_URI=... ARTIFACT_ROOT=... (its summary prints the line)" >&2; exit 2; };; esac
 	@echo "MLflow UI on http://127.0.0.1:$(MLFLOW_PORT)/#/experiments?workflowType=machine_learning (its Model training view; store $(TRACKING_URI), artifacts $(ARTIFACT_ROOT))"
-	$(VENV)/bin/mlflow ui --backend-store-uri "$(TRACKING_URI)" \
-		--default-artifact-root $(ARTIFACT_ROOT) --host 127.0.0.1 --port $(MLFLOW_PORT)
+	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false $(VENV)/bin/mlflow ui --backend-store-uri "$(TRACKING_URI)" \
+		--default-artifact-root $(ARTIFACT_ROOT) --host 127.0.0.1 --port $(MLFLOW_PORT) \
+		--workers $(MLFLOW_WORKERS)
 
 # After an MLflow outage at the end of a federation: send what its checkpoint folder kept
 # (the rounds MLflow lacks, the final and best model, their registration, the run's status).

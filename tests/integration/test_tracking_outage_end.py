@@ -22,6 +22,7 @@ from app.engine import partition_sites, run_federation
 from app.server_app import RoundRecorder
 from app.tracking import flush
 from app.tracking.outbox import OUTBOX_FILE, Outbox
+from app.tooling.process_tree import descendants
 from app.tracking.run_end import END_FILE
 from tests.fixtures.mlflow_server import MlflowServerProcess
 from tests.integration.conftest import write_small_hospitals
@@ -158,3 +159,16 @@ def test_the_bounded_wait_at_the_end_sends_everything_once_mlflow_is_back(
         "mlflow_restart_seconds": round(restarted["back"] - restarted["at"], 2),
         "end_after_mlflow_back_seconds": round(ends[ROUNDS] + end_seconds - restarted["back"],
                                                2)}))
+
+
+def test_the_tests_mlflow_server_starts_no_job_runner(mlflow_server):
+    """Issue 47, found 2: MLflow 3's ``mlflow server`` starts 4-5 huey consumers unless told
+    not to; on 2 cores they competed with the federation under test."""
+    server = mlflow_server["server"]
+    commands = []
+    for pid, _ in descendants(server.process.pid):
+        try:
+            commands.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" "))
+        except OSError:
+            continue  # ended meanwhile
+    assert commands and not any(b"huey" in c for c in commands), commands
