@@ -35,6 +35,7 @@ ALLOW_NO_ROSTER=1``) runs without one anyway; ``make simulate`` needs none.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -70,9 +71,23 @@ NO_ROSTER = ("a deployment needs the coordinator's site roster: pass ROSTER=/abs
 # --- command line ---------------------------------------------------------------------
 
 
+def _say(text: str) -> None:
+    """Write ``text`` to stdout; a closed pipe (``| tee`` gone after Ctrl-C) only silences us."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except (BrokenPipeError, ValueError):  # ValueError: a stdout already closed
+        sys.stdout = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - for good
+
+
 def _foreground(daemon: DaemonProcess, banner: str, log_file: Path) -> int:
-    """Print ``banner`` and the daemon's log as it grows until it exits or we are interrupted."""
-    print(f"{banner}\n  log      {log_file}\nCtrl-C stops it.", flush=True)
+    """Print ``banner`` and the daemon's log as it grows until it exits or we are interrupted.
+
+    The daemon is stopped whatever happens to our output: with the output piped
+    (``make superlink | tee log``), Ctrl-C ends ``tee`` too, and a write to the closed pipe
+    must not skip the stop (it left the SuperLink and SuperNodes running as orphans).
+    """
+    _say(f"{banner}\n  log      {log_file}\nCtrl-C stops it.\n")
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda *_: stop.set())
@@ -87,16 +102,17 @@ def _foreground(daemon: DaemonProcess, banner: str, log_file: Path) -> int:
             except OSError:
                 chunk = b""
             if chunk:
-                sys.stdout.write(chunk.decode("utf-8", errors="replace"))
-                sys.stdout.flush()
+                _say(chunk.decode("utf-8", errors="replace"))
             if daemon.process.poll() is not None:
-                print(f"{daemon.name} exited with code {daemon.process.returncode}")
+                _say(f"{daemon.name} exited with code {daemon.process.returncode}\n")
                 return daemon.process.returncode or 1
             stop.wait(0.5)
     finally:
-        if daemon.process.poll() is None:
-            print(f"\nstopping {daemon.name} (pid {daemon.pid})...", flush=True)
-        daemon.stop()
+        try:
+            if daemon.process.poll() is None:
+                _say(f"\nstopping {daemon.name} (pid {daemon.pid})...\n")
+        finally:
+            daemon.stop()
     return 0
 
 

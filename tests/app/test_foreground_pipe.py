@@ -1,0 +1,54 @@
+"""Ctrl-C with the output piped stops the foreground daemon (issue 47, walkthrough 3).
+
+``make superlink | tee log``: Ctrl-C ends ``tee`` too, and the "stopping ..." line went to a
+closed pipe; its BrokenPipeError skipped the stop and left the SuperLink (and SuperNodes)
+running as orphans.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import sys
+import threading
+import time
+
+from app.tooling import deployment
+from app.tooling.daemon import spawn_daemon
+
+
+class ClosedPipe(io.TextIOBase):
+    """A stdout whose reader has gone."""
+
+    def write(self, text: str) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def flush(self) -> None:
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+def test_ctrl_c_with_a_closed_pipe_still_stops_the_daemon(tmp_path, monkeypatch):
+    log = tmp_path / "sleeper.log"
+    daemon = spawn_daemon([sys.executable, "-c",
+                           "import time; print('up', flush=True); time.sleep(600)"],
+                          dict(os.environ), log, "sleeper", cwd=tmp_path)
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+
+    def interrupt_once_up() -> None:  # Ctrl-C once the daemon has written its first line
+        deadline = time.monotonic() + 120
+        while b"up" not in log.read_bytes() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(sys, "stdout", ClosedPipe())
+    threading.Thread(target=interrupt_once_up, daemon=True).start()
+    try:
+        assert deployment._foreground(daemon, "sleeper", log) == 0
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+        if daemon.process.poll() is None:
+            daemon.stop()
+            raise AssertionError("the daemon was left running")
+    assert daemon.process.poll() is not None
