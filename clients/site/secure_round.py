@@ -1,4 +1,4 @@
-"""The site's side of a SecAgg+ round (Bell et al., CCS 2020): its four stages.
+"""The site's side of a SecAgg+ round (Bell et al., CCS 2020): its five stages.
 
 A securely aggregated train round is five train messages told apart by
 ``secagg-stage`` (:data:`~strategies.wire.message_keys.SECAGG_STAGES`). The site's round

@@ -1,6 +1,6 @@
 """A site's SecAgg+ round between its stages: one file in its state dir, never only in memory.
 
-The four stages of a securely aggregated round are four messages, and in deployment
+The five stages of a securely aggregated round are five messages, and in deployment
 each may be served by a fresh process (the site runner's warm worker or not). What the
 site needs from one stage to the next, its two private keys, its self-mask seed, its
 neighbours' public keys and the shares it holds

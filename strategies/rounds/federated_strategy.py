@@ -8,7 +8,7 @@ Built on :class:`flwr.serverapp.strategy.Strategy` (Message API) and composed of
 * a **client selector** (``uniform``), a **round policy** (deadline and quorum),
 * a **server optimizer** (``sgd`` | ``avgm`` | ``adagrad`` | ``adam`` | ``yogi``),
 * **secure aggregation** (``none`` | ``secagg+``): with SecAgg+ the train half of a round is
-  :class:`~strategies.rounds.secure_train.SecureTrain`'s four exchanges and the coordinator learns
+  :class:`~strategies.rounds.secure_train.SecureTrain`'s five exchanges and the coordinator learns
   only the sum of the sites' updates,
 
 each chosen by name from the run config (:mod:`strategies.wire.registry`), and the run's active
@@ -226,7 +226,7 @@ class FederatedStrategy(Strategy):
         Raises
         ------
         FederationError
-            Under secure aggregation: its round is four exchanges (:meth:`start`), and one
+            Under secure aggregation: its round is five exchanges (:meth:`start`), and one
             plain exchange would collect each site's update in the clear.
         """
         if self.secure is not None:
