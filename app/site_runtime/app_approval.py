@@ -325,6 +325,10 @@ def _cmd_hash(args: argparse.Namespace) -> None:
 
 def _cmd_sign(args: argparse.Namespace) -> None:
     _private_key(args.key)  # a wrong key fails before the (slow) FAB build
+    if args.expires is not None and args.expires < _today():
+        raise AppApprovalError(f"--expires {args.expires.isoformat()} is in the past (today is "
+                               f"{_today().isoformat()} UTC): every site would refuse the "
+                               "signature; give a later date")
     digest = fab_sha256(project_fab(args.app))
     signature = sign_app(digest, args.key, args.expires)
     print(f"sha256    {digest}\nexpires   {signature.split(':', 1)[0]}\nsignature {signature}")

@@ -232,3 +232,13 @@ def test_command_line_sign_with_an_expiry(tmp_path, keys, capsys):
                      today=date(2031, 1, 31)).startswith("key ")
     with pytest.raises(SystemExit):
         main(["sign", "--key", str(private), "--expires", "31/01/2031"])
+
+
+def test_signing_with_an_expiry_in_the_past_is_refused(tmp_path, keys, capsys):
+    """Issue 47, walkthrough 6: it signed without a warning; every site refused it."""
+    private, _ = keys
+    project = write_tiny_app(tmp_path / "tiny", "app = None\n")
+    assert main(["sign", "--key", str(private), "--app", str(project),
+                 "--expires", "2020-01-31"]) == 1
+    captured = capsys.readouterr()
+    assert "--expires 2020-01-31 is in the past" in captured.err and not captured.out
