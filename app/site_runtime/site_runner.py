@@ -39,6 +39,7 @@ used one is stopped to make room.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from pathlib import Path
@@ -59,6 +60,7 @@ from flwr.supernode.runtime.run_clientapp import push_message, push_task_output
 
 from app.site_runtime.app_approval import SIGNATURE_KEY, AppNotApproved, check_app
 from app.site_runtime.audit_record import message_record
+from app.site_runtime.egress_records import policy_rules
 from app.site_runtime.installed_app import verified_install
 from app.site_runtime.node_signals import NodeSignals
 from app.site_runtime.one_policy import policy_mismatch
@@ -106,6 +108,18 @@ def expire_state(node_config: Any) -> list[Path]:
                  "(state-retention-days): %s", node.name, len(removed), node.state_retention_days,
                  ", ".join(path.name for path in removed))
     return removed
+
+
+def _broken_rule(error: ConfigError) -> tuple[str, str]:
+    """The policy rule a policy file's error names (``'min-val-items' must be ...``) and
+    what is wrong with it, told to the coordinator instead of the file's path (issue 47,
+    walkthrough 7); ("", the error's kind) when it names no key."""
+    named = re.findall(r"'([a-z0-9.-]+)'", str(error).split("; known:")[0])
+    known = policy_rules()
+    rule = next((name for name in named if name in known), "")
+    if rule:
+        return rule, f"its {rule!r} is invalid"
+    return "", f"unknown key {named[0]!r}" if named else type(error).__name__
 
 
 def _refusal(message: Message, context: Context, site: str, rule: str, why: str
@@ -320,12 +334,15 @@ class SiteRunner:
                 audit.policy_in_force(policy.fingerprint, policy.audit)
             how = check_app(policy.apps, fab.hash_str, fab.content, signature)
             self._approvals[message.metadata.message_id] = how
-        except (AppNotApproved, ConfigError) as refusal:
+        except AppNotApproved as refusal:
             log.warning("site %s refused app %s: %s", site, fab.hash_str[:12], refusal)
-            why = (refusal if isinstance(refusal, AppNotApproved) else
-                   f"the site policy cannot be read ({type(refusal).__name__}, details in "
-                   "the site's log)")  # its text names the file: it stays here
-            return _refusal(message, context, site, "apps", str(why))
+            return _refusal(message, context, site, "apps", str(refusal))
+        except ConfigError as refusal:  # its text names the file: it stays in the log
+            log.warning("site %s refused app %s: %s", site, fab.hash_str[:12], refusal)
+            rule, what = _broken_rule(refusal)
+            return _refusal(message, context, site, rule or "apps",
+                            f"the site policy cannot be read: {what} (details in the site's "
+                            "log)")
         app_dir, changed = verified_install(fab.content)
         if changed:
             self.pool.discard(fab.hash_str)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -103,3 +104,26 @@ def test_a_warm_supernode_needs_a_policy(tmp_path):
     with pytest.raises(FlowerProcessError, match="policy"):
         SuperNodeProcess.start(DeployLayout(tmp_path / "deploy"), "hospital-a", "127.0.0.1:1",
                                site)
+
+
+@pytest.mark.parametrize("broken, rule, said", [
+    ("min-val-items = -1", "min-val-items", "its 'min-val-items' is invalid"),
+    ("min-val-itmes = 5", "apps", "unknown key 'min-val-itmes'")])
+def test_a_broken_policy_file_is_refused_naming_the_key_not_the_path(
+        tmp_path, monkeypatch, broken, rule, said):
+    """Issue 47, walkthrough 7: it said 'policy rule apps (refused): the site policy cannot
+    be read' when the typo was in min-val-items."""
+    for name, value in (("_task_id", 3), ("_run_id", 1), ("_node_id", 7)):
+        monkeypatch.setattr(TaskIdentity, name, value)
+    ours = _policy_copy(tmp_path, "a.toml")
+    runner = SiteRunner("127.0.0.1:9", ours)
+    text = ours.read_text()  # the hospital's edit, with its mistake
+    assert text.count("\nmin-val-items = ") == 1
+    ours.write_text(re.sub(r"\nmin-val-items = [^\n]*", "\n" + broken, text))
+    fab = SimpleNamespace(hash_str=fab_sha256(FAB), content=FAB)
+    context = Context(run_id=1, node_id=7, node_config={"site-name": "h",
+                      "policy-path": str(ours)}, state=RecordDict(), run_config={})
+    answer = runner._answer(instruction("train"), context, SimpleNamespace(), fab)
+    reason = answer.reply.error.reason
+    assert f"{keys.POLICY_RULE_PREFIX}{rule} (refused)" in reason and said in reason
+    assert "/" not in reason.split(":", 1)[1]
