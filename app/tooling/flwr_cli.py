@@ -92,9 +92,12 @@ def run_status(flwr_home: Path, connection: str, run_id: int) -> str:
         payload = json.loads(result.stdout)
         return str(payload["runs"][0]["status"])
     except (json.JSONDecodeError, KeyError, IndexError) as exc:
-        raise FlowerProcessError(
-            f"cannot read the status of run {run_id}: {result.stdout or result.stderr}"
-        ) from exc
+        said = result.stdout or result.stderr
+        hint = (" (the SuperLink is not answering: start it again, `make superlink`, then "
+                "continue the federation from its checkpoint with `make federate ... "
+                "RESUME=1`)" if "unavailable" in said.lower() else "")
+        raise FlowerProcessError(f"cannot read the status of run {run_id}: {said}{hint}") \
+            from exc
 
 
 def list_supernodes(flwr_home: Path, connection: str = CONNECTION) -> list[dict]:

@@ -1,8 +1,9 @@
-"""Ctrl-C with the output piped stops the foreground daemon (issue 47, walkthrough 3).
+"""What the deployment tooling does for its operator when things go wrong (issue 47).
 
-``make superlink | tee log``: Ctrl-C ends ``tee`` too, and the "stopping ..." line went to a
-closed pipe; its BrokenPipeError skipped the stop and left the SuperLink (and SuperNodes)
-running as orphans.
+Walkthrough 3: ``make superlink | tee log``: Ctrl-C ends ``tee`` too, and the "stopping ..."
+line went to a closed pipe; its BrokenPipeError skipped the stop and left the SuperLink
+(and SuperNodes) running as orphans. Walkthrough 7: a SuperLink that does not answer is
+named with what to do.
 """
 
 from __future__ import annotations
@@ -10,12 +11,16 @@ from __future__ import annotations
 import io
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
 
-from app.tooling import deployment
+import pytest
+
+from app.tooling import deployment, flwr_cli
 from app.tooling.daemon import spawn_daemon
+from app.tooling.errors import FlowerProcessError
 
 
 class ClosedPipe(io.TextIOBase):
@@ -52,3 +57,13 @@ def test_ctrl_c_with_a_closed_pipe_still_stops_the_daemon(tmp_path, monkeypatch)
             daemon.stop()
             raise AssertionError("the daemon was left running")
     assert daemon.process.poll() is not None
+
+
+def test_a_superlink_that_does_not_answer_is_named_with_what_to_do(tmp_path, monkeypatch):
+    """Issue 47, walkthrough 7: 'cannot read the status of run ...: Connection to the
+    SuperLink is unavailable' gave no hint to restart it and resume."""
+    said = "Connection to the SuperLink is unavailable.\n"
+    monkeypatch.setattr(flwr_cli, "flwr", lambda *a, **k: subprocess.CompletedProcess(
+        ["flwr"], 1, stdout=said, stderr=""))
+    with pytest.raises(FlowerProcessError, match=r"make superlink.*RESUME=1"):
+        flwr_cli.run_status(tmp_path, "conn", 7)
