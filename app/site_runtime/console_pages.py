@@ -390,6 +390,7 @@ def data_reports(state_dir: Path) -> list[dict[str, Any]]:
             reports.append({"dataset": path.stem, "error": problem or "not a data report"})
             continue
         splits = [{"name": str(name), "loaded": split.get("loaded"),
+                   "studies": split.get("studies", "—"),  # reports before issue 47: items only
                    "skipped": _skipped(split.get("skipped"))}
                   for name, split in report["splits"].items() if isinstance(split, dict)]
         skipped = [(split["name"], item, reason) for split in splits

@@ -1,4 +1,5 @@
-"""The site's own view of its data, for the hospital's console: items per split, skipped items.
+"""The site's own view of its data, for the hospital's console: items and studies per split,
+skipped items.
 
 When a task loads a site's data (:class:`clients.site.site_round.SiteTasks`), the
 counts of each split and every skipped item with its reason
@@ -7,7 +8,8 @@ counts of each split and every skipped item with its reason
 privacy ledger's, :func:`~clients.site.privacy_ledger.dataset_id`)::
 
     {"task": "cxr-cls", "dataset": "3f2a...", "time": "2026-11-27T10:00:00Z",
-     "splits": {"train": {"loaded": 120}, "val": {"loaded": 30}, "test": {"loaded": 0}},
+     "splits": {"train": {"loaded": 289, "studies": 8}, "val": {"loaded": 30, "studies": 1},
+                "test": {"loaded": 0, "studies": 0}},
      "skipped": {"study-0042": "unreadable DICOM series ..."}}
 
 The reasons may name files and item ids: the file stays at the site (the
@@ -34,9 +36,13 @@ DATA_REPORT_DIR = "data-report"
 def data_report(task: SiteTask, data_path: str | Path) -> dict[str, Any]:
     """The report of ``task``'s loaded data (see the module docstring)."""
     splits = {}
+    studies_of = getattr(task, "split_studies", None)
     for name in ("train", "val", "test"):  # a split the task never set has no items
         data = getattr(task, f"{name}_set", None)
-        splits[name] = {"loaded": 0 if data is None else len(data)}
+        loaded = 0 if data is None else len(data)
+        # items are the task's examples (a PE study is many slabs): the studies beside them
+        splits[name] = {"loaded": loaded, "studies": loaded if data is None or studies_of is
+                        None else int(studies_of(name))}
     report = getattr(task, "report", None)
     return {"task": task.name, "dataset": dataset_id(data_path),
             "time": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),

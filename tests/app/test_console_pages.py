@@ -201,8 +201,8 @@ def test_data_page_lists_splits_and_skipped_items(site):
     folder.mkdir()
     (folder / "0123456789abcdef.json").write_text(json.dumps({
         "task": "cxr-cls", "dataset": "0123456789abcdef", "time": "2026-11-27T10:00:00Z",
-        "splits": {"train": {"loaded": 120}, "val": {"loaded": 30,
-                                                    "skipped": {"img-9": "not a PNG"}}},
+        "splits": {"train": {"loaded": 289, "studies": 8},
+                   "val": {"loaded": 30, "skipped": {"img-9": "not a PNG"}}},  # an old one
         "skipped": {"study-0042": "unreadable DICOM series"}}))
     (folder / "broken.json").write_text("[]")
     reports = data_reports(site["state"])
@@ -211,7 +211,8 @@ def test_data_page_lists_splits_and_skipped_items(site):
     assert reports[1]["error"]
     html = client_of(site).get("/data").text
     splits = re.search(r'id="splits-0123456789abcdef">(.*?)</table>', html, re.S).group(1)
-    assert "120" in splits and "30" in splits
+    assert re.search(r"<td>train</td><td[^>]*>8</td><td[^>]*>289</td>", splits)  # studies too
+    assert re.search(r"<td>val</td><td[^>]*>—</td><td[^>]*>30</td>", splits)
     skipped = re.search(r'id="skipped-0123456789abcdef">(.*?)</table>', html, re.S).group(1)
     assert "study-0042" in skipped and "unreadable DICOM series" in skipped
 
