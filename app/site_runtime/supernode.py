@@ -24,9 +24,14 @@ from app.tooling.daemon import DaemonProcess, spawn_daemon
 from app.tooling.environment import flower_env, free_port
 from app.tooling.errors import FlowerProcessError
 from app.tooling.layout import DeployLayout
+from clients.ct3d_cls.manifest import MANIFEST_NAME as CT3D_MANIFEST
+from clients.cxr_cls.manifest import MANIFEST_NAME as CXR_MANIFEST
+from clients.datagen.vertical_sets import SITE_FILE as VERTICAL_SITE_FILE
+from clients.pe_seg.manifest import MANIFEST_NAME as PE_MANIFEST
 from clients.site.policy import load_policy
+from clients.tabular.table import TABLE_NAME
 
-__all__ = ["SuperNodeProcess", "node_config_string"]
+__all__ = ["SITE_INDEX_FILES", "SuperNodeProcess", "node_config_string", "site_folder_problem"]
 
 
 def node_config_string(data_path: Path, state_dir: Path, site: str,
@@ -49,6 +54,24 @@ def node_config_string(data_path: Path, state_dir: Path, site: str,
             + (f" state-retention-days={float(state_retention_days)}"
                if state_retention_days is not None else ""))
 
+
+#: The index file of each task's site folder (a vertical site declares itself in a file).
+SITE_INDEX_FILES = {PE_MANIFEST: "pe-seg", CXR_MANIFEST: "cxr-cls", CT3D_MANIFEST: "ct3d-cls",
+                    TABLE_NAME: "tabular", VERTICAL_SITE_FILE: "a vertical set"}
+
+
+def site_folder_problem(data_path: Path) -> str | None:
+    """Why ``data_path`` cannot be a site's data folder (``None``: it can): missing, not a
+    folder, or without the index file of any task (:data:`SITE_INDEX_FILES`)."""
+    if not data_path.exists():
+        return f"site data folder {data_path} does not exist"
+    if not data_path.is_dir():
+        return f"site data folder {data_path} is not a folder"
+    if any((data_path / name).is_file() for name in SITE_INDEX_FILES):
+        return None
+    known = ", ".join(f"{name} ({task})" for name, task in SITE_INDEX_FILES.items())
+    return (f"{data_path} holds no site index file: a site folder holds one of {known} "
+            "(docs/DATA.md)")
 
 @dataclass
 class SuperNodeProcess(DaemonProcess):
@@ -120,8 +143,9 @@ class SuperNodeProcess(DaemonProcess):
                                      "configs/site-policy.toml)")
         if policy is not None:
             load_policy(policy)
-        if not (data_path / "manifest.csv").is_file():
-            raise FlowerProcessError(f"{data_path} has no manifest.csv (not a site data folder)")
+        problem = site_folder_problem(data_path)
+        if problem is not None:
+            raise FlowerProcessError(problem)
         folder = layout.supernode_dir(site)
         state_dir = Path(state_dir) if state_dir else folder / "state"
         key = Path(private_key) if private_key else layout.private_key(site)

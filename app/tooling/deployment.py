@@ -241,7 +241,9 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("supernode", help="run a site's SuperNode (foreground)")
     common(p, cli=False)
     p.add_argument("--site", required=True)
-    p.add_argument("--data", type=Path, required=True, help="site folder with manifest.csv")
+    p.add_argument("--data", type=Path, required=True,
+                   help="site data folder (manifest.csv, images.csv, labels.csv, table.csv or "
+                   "vertical-site.toml)")
     p.add_argument("--state", type=Path, default=None)
     p.add_argument("--runtime-port", type=int, default=None,
                    help="the SuperNode's local runtime API port (default: a free one)")

@@ -17,7 +17,7 @@ from flwr.supercore.task_identity import TaskIdentity
 from app.site_runtime import site_node
 from app.site_runtime.app_approval import fab_sha256
 from app.site_runtime.site_runner import SiteRunner
-from app.site_runtime.supernode import SuperNodeProcess
+from app.site_runtime.supernode import SITE_INDEX_FILES, SuperNodeProcess, site_folder_problem
 from app.tooling.errors import FlowerProcessError
 from app.tooling.layout import DeployLayout
 from strategies.wire import message_keys as keys
@@ -127,3 +127,17 @@ def test_a_broken_policy_file_is_refused_naming_the_key_not_the_path(
     reason = answer.reply.error.reason
     assert f"{keys.POLICY_RULE_PREFIX}{rule} (refused)" in reason and said in reason
     assert "/" not in reason.split(":", 1)[1]
+
+
+@pytest.mark.parametrize("index", sorted(SITE_INDEX_FILES))
+def test_every_tasks_site_folder_can_be_deployed(tmp_path, index):
+    """Issue 47, walkthrough 1: only pe-seg folders (manifest.csv) could be deployed; the
+    cxr-cls, ct3d-cls, tabular and vertical ones were refused as "not a site data folder"."""
+    (tmp_path / index).write_text("")
+    assert site_folder_problem(tmp_path) is None
+
+
+def test_a_missing_folder_and_one_without_an_index_are_told_apart(tmp_path):
+    assert "does not exist" in site_folder_problem(tmp_path / "nope")
+    problem = site_folder_problem(tmp_path)
+    assert "holds no site index file" in problem and "images.csv (cxr-cls)" in problem
