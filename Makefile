@@ -449,14 +449,15 @@ ADMIN_TOKEN_FILE ?=
 .PHONY: console
 
 console: install
-	@test -n "$(SITE)" -a -n "$(STATE)" -a -n "$(POLICY)" || { echo "usage: make console SITE=<name> STATE=/abs/state POLICY=/abs/policy.toml [CONSOLE_HOST=127.0.0.1] [CONSOLE_PORT=8470] [TLS_CERT=/abs/cert.pem TLS_KEY=/abs/key.pem] [ADMIN_TOKEN_FILE=/abs/token] [ARCHIVE=/abs/folder]" >&2; exit 2; }
+	@test -n "$(SITE)" -a -n "$(STATE)" -a -n "$(POLICY)" || { echo "usage: make console SITE=<name> STATE=/abs/state POLICY=/abs/policy.toml [CONSOLE_HOST=127.0.0.1] [CONSOLE_PORT=8470] [TLS_CERT=/abs/cert.pem TLS_KEY=/abs/key.pem] [ADMIN_TOKEN_FILE=/abs/token] [ARCHIVE=/abs/folder] [DATASETS=\"name=/abs/folder ...\"]" >&2; exit 2; }
 	$(PY) -m app.site_runtime.console --site $(SITE) --state $(abspath $(STATE)) \
 		--policy $(abspath $(POLICY)) $(if $(CONSOLE_HOST),--host $(CONSOLE_HOST)) \
 		$(if $(CONSOLE_PORT),--port $(CONSOLE_PORT)) \
 		$(if $(TLS_CERT),--tls-cert $(abspath $(TLS_CERT))) \
 		$(if $(TLS_KEY),--tls-key $(abspath $(TLS_KEY))) \
 		$(if $(ADMIN_TOKEN_FILE),--admin-token-file $(abspath $(ADMIN_TOKEN_FILE))) \
-		$(if $(ARCHIVE),--audit-archive $(abspath $(ARCHIVE)))
+		$(if $(ARCHIVE),--audit-archive $(abspath $(ARCHIVE))) \
+		$(foreach ds,$(DATASETS),--data $(ds))
 
 # --- Real shared data as federated sites (../shared/data, see clients/datagen/shared.py) ---
 #   make shared-data TASK=cxr-cls|ct3d-cls|pe-seg|tabular-cls [SET=ctpa|msd-lung] [SITES=3]

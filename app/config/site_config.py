@@ -144,6 +144,9 @@ class SiteConfig:
     runtime_ledger: bool = False
     local_steps_cap: int = 0
     policy_files: tuple[tuple[str, bytes], ...] = ()
+    #: node_config ``dataset-name``: what the hospital calls this data (its console shows
+    #: it beside the dataset's id); default: the data folder's name.
+    dataset_name: str = ""
 
     @classmethod
     def from_node_config(cls, node_config: Mapping[str, Any], data_root: str,
@@ -171,7 +174,8 @@ class SiteConfig:
                                                                   DEFAULT_RETENTION_DAYS)),
                        runtime_ledger=_runtime_ledger(node_config.get(RUNTIME_LEDGER[0], "")),
                        local_steps_cap=_steps_cap(node_config),
-                       policy_files=_policy_files(node_config.get(POLICY_FILES, "")))
+                       policy_files=_policy_files(node_config.get(POLICY_FILES, "")),
+                       dataset_name=str(node_config.get("dataset-name", "")) or data_path.name)
         if "partition-id" in node_config:
             if not data_root:
                 raise SiteConfigError(

@@ -59,6 +59,7 @@ import logging
 import sys
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
@@ -81,6 +82,7 @@ from app.site_runtime.console_pages import (AuditView, activity_csv, activity_ro
                                             policy_sections)
 from app.site_runtime.console_privacy import PrivacyView
 from app.site_runtime.policy_edit import apply_edit, plan_edit
+from clients.site.privacy_ledger import dataset_id
 from strategies.wire.errors import ConfigError, FedMedError
 
 __all__ = ["create_console", "main", "serve_console", "start_console_thread"]
@@ -297,9 +299,20 @@ def _parser() -> argparse.ArgumentParser:
                              f"<state>/{CONSOLE_DIR}/{TOKEN_NAME}, made at the first start")
     parser.add_argument("--origin", action="append", default=[],
                         help="https://name:port browsers use (required for 0.0.0.0 / ::)")
+    parser.add_argument("--data", action="append", default=[], metavar="NAME=/abs/folder",
+                        help="a dataset's name and its data folder: the pages show the name "
+                             "beside the dataset's id (repeatable)")
     parser.add_argument("--audit-archive", help="folder of archived audit segments (the "
                                                 "Overview's chain check reads them)")
     return parser
+
+
+def _named_dataset(item: str) -> tuple[str, str]:
+    """``--data NAME=/abs/folder`` as (dataset id, name)."""
+    name, equals, folder = item.partition("=")
+    if not equals or not name or not Path(folder).is_absolute():
+        raise ConfigError(f"console --data must be NAME=/abs/folder, got {item!r}")
+    return dataset_id(folder), name
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -309,7 +322,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = ConsoleSettings(args.site, args.state, args.policy, args.host, args.port,
                                    args.tls_cert, args.tls_key, args.admin_token_file,
-                                   tuple(args.origin), args.audit_archive)
+                                   tuple(args.origin), args.audit_archive,
+                                   tuple(_named_dataset(item) for item in args.data))
     except ConfigError as exc:
         print(f"console: {exc}", file=sys.stderr)
         return 2

@@ -197,6 +197,9 @@ class ConsoleSettings:
     audit_archive : Path, optional
         The folder the hospital moves rotated audit segments to (``make audit-verify
         ARCHIVE=``): the Overview's chain check reads them as if in place.
+    datasets : tuple of (str, str)
+        (dataset id, the name the site gave it): the pages show the name with the id
+        beside it (node_config ``dataset-name``, default the data folder's name).
 
     Attributes
     ----------
@@ -222,6 +225,7 @@ class ConsoleSettings:
     admin_token_file: Path | None = None
     origins: tuple[str, ...] = ()
     audit_archive: Path | None = None
+    datasets: tuple[tuple[str, str], ...] = ()
     admin_token: str = field(default="", init=False, repr=False, compare=False)
     admin_token_made: bool = field(default=False, init=False, compare=False)
 

@@ -66,6 +66,7 @@ def render(request: Request, name: str, status: int = 200, **context: Any) -> Re
     policy, _ = current_policy(state.settings)
     return state.templates.TemplateResponse(request, name, {
         "site": state.settings.site, "chain_alert": chain_banner(chain),
+        "dataset_names": dict(state.settings.datasets),
         "unsandboxed": policy is not None and policy.sandbox == "off",
         "csrf": state.signer.csrf_token(session) if session else "",
         "logged_in": bool(session and session.admin),

@@ -189,8 +189,11 @@ def _start_console(node: SiteConfig, policy: Path, port: int, stop: threading.Ev
     """The hospital's console on loopback in this process (fastapi is imported only then)."""
     from app.site_runtime.console import start_console_thread  # pylint: disable=C0415
     from app.site_runtime.console_access import ConsoleSettings  # pylint: disable=C0415
+    from clients.site.privacy_ledger import dataset_id  # pylint: disable=C0415
     node.state_dir.mkdir(parents=True, exist_ok=True)
-    start_console_thread(ConsoleSettings(node.name, node.state_dir, policy, port=port), stop)
+    named = ((dataset_id(node.data_path), node.dataset_name),)
+    start_console_thread(ConsoleSettings(node.name, node.state_dir, policy, port=port,
+                                         datasets=named), stop)
 
 
 def main(argv: list[str] | None = None) -> None:

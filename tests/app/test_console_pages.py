@@ -15,13 +15,14 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.site_runtime.audit_log import AuditLog, audit_dir
-from app.site_runtime.console import create_console
+from app.site_runtime.console import _named_dataset, create_console
 from app.site_runtime.console_access import ConsoleSettings
 from app.site_runtime.console_pages import activity_csv, activity_rows, data_reports, node_status
 from app.site_runtime.console_privacy import PrivacyView, policy_delta
 from app.site_runtime.policy_edit import apply_edit
 from clients.site.policy import load_policy
-from clients.site.privacy_ledger import PrivacyLedger
+from clients.site.privacy_ledger import PrivacyLedger, dataset_id
+from strategies.wire.errors import ConfigError
 from tests.app.console_site import log_in, site_folder
 
 BASE = "http://127.0.0.1:8470"
@@ -299,3 +300,34 @@ def test_a_site_without_the_sandbox_is_shown_in_red_on_every_page(site):
     for page in ("/", "/policy", "/activity", "/privacy"):
         html = client_of(site).get(page).text
         assert 'id="sandbox-off" class="banner broken"' in html, page
+
+
+def test_datasets_are_shown_by_the_sites_name_with_the_id_beside_it(site):
+    """Issue 47, item 8: the console named each dataset by a hash only."""
+    folder = site["state"] / "data-report"
+    folder.mkdir()
+    (folder / "0123456789abcdef.json").write_text(json.dumps({
+        "task": "cxr-cls", "dataset": "0123456789abcdef", "time": "2026-11-27T10:00:00Z",
+        "splits": {"train": {"loaded": 12, "studies": 12}}, "skipped": {}}))
+    client = client_of(site, datasets=(("0123456789abcdef", "chest-xray-2026"),))
+    html = client.get("/data").text
+    heading = re.search(r'id="data-0123456789abcdef">\s*<h2>(.*?)</h2>', html, re.S).group(1)
+    assert "chest-xray-2026" in heading and "0123456789abcdef" in heading
+    assert "chest-xray-2026" not in client_of(site).get("/data").text  # unnamed: the id only
+    (site["state"] / "privacy" / "0123456789abcdef").mkdir(parents=True)
+    row = re.search(r'id="ds-0123456789abcdef">(.*?)</tr>', client.get("/privacy").text,
+                    re.S).group(1)
+    assert "chest-xray-2026" in row and "0123456789abcdef" in row
+
+
+def test_the_console_command_names_a_dataset_by_its_folder(tmp_path):
+    assert _named_dataset(f"ward-7={tmp_path}") == (dataset_id(tmp_path), "ward-7")
+    with pytest.raises(ConfigError, match="NAME=/abs/folder"):
+        _named_dataset("ward-7=relative/folder")
+
+
+def test_a_sites_dataset_name_comes_from_its_node_config_or_its_folder():
+    from app.config.site_config import SiteConfig
+    assert SiteConfig.from_node_config({"data-path": "/srv/ward-7"}, "").dataset_name == "ward-7"
+    named = SiteConfig.from_node_config({"data-path": "/srv/x", "dataset-name": "CT 2026"}, "")
+    assert named.dataset_name == "CT 2026"
