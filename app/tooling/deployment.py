@@ -80,8 +80,22 @@ def _say(text: str) -> None:
         sys.stdout = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - for good
 
 
-def _foreground(daemon: DaemonProcess, banner: str, log_file: Path) -> int:
-    """Print ``banner`` and the daemon's log as it grows until it exits or we are interrupted.
+def supernode_hints(site: str) -> dict[str, str]:
+    """Flower's SuperNode lines that do not say what to do, and what to do (issue 47,
+    walkthrough 7: the reason of a refused activation is only in the coordinator's log)."""
+    return {"Failed to activate SuperNode": (
+        f"hint: the SuperLink refused this SuperNode's key. Is it registered? At the "
+        f"coordinator: make register SITE={site} PUBKEY=<this site's .pub> (docs/DEPLOYMENT.md "
+        "section 3); then start the SuperNode again"),
+        "Connection attempt failed, retrying": (
+        "note: Flower says this while the SuperLink is not answering yet; it is harmless at "
+        "start, a fault if it goes on (check the SuperLink address and that it runs)")}
+
+
+def _foreground(daemon: DaemonProcess, banner: str, log_file: Path,
+                hints: dict[str, str] | None = None) -> int:
+    """Print ``banner`` and the daemon's log as it grows until it exits or we are interrupted;
+    after the first line holding a ``hints`` key, its hint (once).
 
     The daemon is stopped whatever happens to our output: with the output piped
     (``make superlink | tee log``), Ctrl-C ends ``tee`` too, and a write to the closed pipe
@@ -92,6 +106,7 @@ def _foreground(daemon: DaemonProcess, banner: str, log_file: Path) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda *_: stop.set())
     position = daemon.log_offset
+    pending = dict(hints or {})
     try:
         while not stop.is_set():
             try:
@@ -102,7 +117,10 @@ def _foreground(daemon: DaemonProcess, banner: str, log_file: Path) -> int:
             except OSError:
                 chunk = b""
             if chunk:
-                _say(chunk.decode("utf-8", errors="replace"))
+                text = chunk.decode("utf-8", errors="replace")
+                _say(text)
+                for key in [k for k in pending if k in text]:
+                    _say(f"{pending.pop(key)}\n")
             if daemon.process.poll() is not None:
                 _say(f"{daemon.name} exited with code {daemon.process.returncode}\n")
                 return daemon.process.returncode or 1
@@ -162,7 +180,7 @@ def _cmd_supernode(args: argparse.Namespace) -> int:
     return _foreground(node, f"SuperNode {args.site} -> {_superlink_address(args)} (pid "
                        f"{node.pid}, runtime API 127.0.0.1:{node.port})\n  data     "
                        f"{args.data.resolve()}\n  policy   {args.policy.resolve()}",
-                       node.log_file)
+                       node.log_file, supernode_hints(args.site))
 
 
 def _cmd_nodes(args: argparse.Namespace) -> int:

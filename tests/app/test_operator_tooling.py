@@ -67,3 +67,24 @@ def test_a_superlink_that_does_not_answer_is_named_with_what_to_do(tmp_path, mon
         ["flwr"], 1, stdout=said, stderr=""))
     with pytest.raises(FlowerProcessError, match=r"make superlink.*RESUME=1"):
         flwr_cli.run_status(tmp_path, "conn", 7)
+
+
+def test_a_refused_supernode_activation_is_followed_by_what_to_do(tmp_path, monkeypatch):
+    """Issue 47, walkthrough 7: '[code: 2004] Failed to activate SuperNode.' gave no reason."""
+    log = tmp_path / "node.log"
+    daemon = spawn_daemon([sys.executable, "-c", "print('ERROR: [code: 2004] Failed to "
+                           "activate SuperNode.', flush=True)"], dict(os.environ), log,
+                          "node", cwd=tmp_path)
+    daemon.process.wait(timeout=60)
+    shown = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", shown)
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        assert deployment._foreground(daemon, "node", log,
+                                      deployment.supernode_hints("hospital-a")) == 1
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+    text = shown.getvalue()
+    assert text.count("make register SITE=hospital-a") == 1
+    assert text.index("Failed to activate") < text.index("make register")
