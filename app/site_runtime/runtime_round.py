@@ -41,6 +41,7 @@ from app.site_runtime.runtime_gate import Admission, SiteFacts, admit
 from app.site_runtime.runtime_ledger import Reservation, reserve
 from app.site_runtime.sandbox import (SandboxLimits, WorkerMounts, bubblewrap,
                                       sandboxed_command, SANDBOX_SCRIPT, worker_owner)
+from app.site_runtime.supernode import SITE_INDEX_FILES
 from app.site_runtime.worker_pool import WORKER_SCRIPT, WorkerLaunch, WorkerPool, plain_launch
 from app.site_runtime.worker_view import (policy_files, prepare_worker_state, returned_context,
                                           runtime_dir, worker_context, worker_policy_path,
@@ -107,6 +108,26 @@ def _withhold(reply: Message, withheld: dict[str, str]) -> None:
         said = {rule for rule in str(site.get(keys.WITHHELD, "")).split(",") if rule}
         site[keys.WITHHELD] = ",".join(sorted(said | removed))
         reply.content[keys.SITE] = site
+
+
+def data_version(data_path: Path) -> tuple[tuple[str, int, int], ...]:
+    """(name, mtime in ns, size) of the site folder's index files (manifest.csv, images.csv,
+    ...): a warm worker that loaded another version of them reads the data again (issue 47,
+    walkthrough 5: an edited manifest was ignored until the SuperNode restarted)."""
+    version = []
+    for name in sorted(SITE_INDEX_FILES):
+        try:
+            stat = (Path(data_path) / name).stat()
+        except OSError:
+            continue
+        version.append((name, stat.st_mtime_ns, stat.st_size))
+    return tuple(version)
+
+
+def worker_key(fab_hash: str, task: str, data_path: Path, sandbox: str) -> tuple:
+    """The warm worker a message goes to: bundle, task, data folder, sandbox mode, and the
+    version of the data's index files (:func:`data_version`)."""
+    return (fab_hash, task, str(data_path), sandbox, data_version(data_path))
 
 
 class RuntimeRound:
@@ -193,8 +214,11 @@ class RuntimeRound:
             log.error("site %s: no worker can start: %s", site, exc)
             return _failed(message, context, site, type(exc).__name__)
         worker = worker_context(context, node.state_dir, policy_copy, policy_files(policy))
-        key = (job["fab_hash"], str(context.run_config.get("task", "")), str(node.data_path),
-               policy.sandbox)
+        key = worker_key(job["fab_hash"], str(context.run_config.get("task", "")),
+                         node.data_path, policy.sandbox)
+        if pool.retire(lambda k: k[:4] == key[:4] and k != key):
+            log.warning("site %s: the data's index file changed since its warm worker loaded "
+                        "it: the worker was stopped and the data is read again", site)
         started = time.monotonic()
         outcome = pool.run(key, {**job, "message": message, "context": worker}, launch)
         worker_s = time.monotonic() - started

@@ -134,6 +134,13 @@ class WorkerPool:
             self._workers[key] = worker
         return outcome
 
+    def retire(self, stale: Callable[[Hashable], bool]) -> int:
+        """Stop every worker whose key is ``stale``; how many were stopped."""
+        keys = [key for key in self._workers if stale(key)]
+        for key in keys:
+            self._workers.pop(key).stop()
+        return len(keys)
+
     def discard(self, fab_hash: str) -> None:
         """Stop every worker of the bundle ``fab_hash`` (its code may have changed)."""
         for key in [key for key in self._workers if key[0] == fab_hash]:

@@ -39,6 +39,9 @@ class _Pool:
     def discard(self, fab_hash: str) -> None:
         self.discarded.append(fab_hash)
 
+    def retire(self, stale) -> int:  # no workers: none is stale
+        return 0
+
 
 def _answerer(tmp_path: Path, monkeypatch) -> tuple[Callable[[], Any], _Pool, str]:
     """``answer()`` (a train message's answer from a runner with a recording pool), the

@@ -59,7 +59,8 @@ def test_the_runner_expires_state_before_each_run(tmp_path, monkeypatch, caplog)
 
     runner = SiteRunner("127.0.0.1:9", PERMISSIVE)
     runner.pool = SimpleNamespace(run=lambda key, job, launch: ("done", job["message"],
-                                                                job["context"]))
+                                                                job["context"]),
+                                  retire=lambda stale: 0)
     context = Context(run_id=1, node_id=7, node_config=_node_config(
         tmp_path, **{"state-retention-days": 10}), state=RecordDict(), run_config={})
     first = _old_state(tmp_path / "state", "fed-a", 11)

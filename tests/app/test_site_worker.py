@@ -105,3 +105,29 @@ def test_the_pool_keeps_at_most_max_workers(installed_app, tmp_path):
         pool.close()
     with pytest.raises(ValueError):
         WorkerPool(max_workers=0)
+
+
+def test_an_edited_site_index_sends_the_next_message_to_a_fresh_worker(installed_app,
+                                                                      tmp_path):
+    """Issue 47, walkthrough 5: data edited while a SuperNode ran was ignored until a
+    restart (the warm worker kept what it had loaded)."""
+    import os
+
+    from app.site_runtime.runtime_round import worker_key
+    site = tmp_path / "site"
+    site.mkdir()
+    manifest = site / "manifest.csv"
+    manifest.write_text("study_id,split,image,mask\n")
+    before = worker_key(installed_app, "pe-seg", site, "on")
+    assert worker_key(installed_app, "pe-seg", site, "on") == before  # unchanged: same worker
+    manifest.write_text("study_id,split,image,mask\ns1,train,a,b\n")
+    os.utime(manifest, ns=(manifest.stat().st_atime_ns, manifest.stat().st_mtime_ns + 10**9))
+    after = worker_key(installed_app, "pe-seg", site, "on")
+    assert after != before and after[:4] == before[:4]
+    pool = WorkerPool(max_workers=2)
+    try:
+        pool.run(before, _job(installed_app, "train"))
+        assert pool.retire(lambda k: k[:4] == after[:4] and k != after) == 1
+        assert not pool._workers
+    finally:
+        pool.close()
