@@ -10,13 +10,13 @@ simulate`` needs none.
 from __future__ import annotations
 
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from app.tooling import deployment
 from app.tooling.run_submission import RunOutcome
+from tests.make_dry_run import make_n
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -56,17 +56,8 @@ def test_federate_runs_with_a_roster_or_when_allowed_without(tmp_path, submitted
     assert len(submitted) == 2 and f"federation.roster=\"{roster}\"" in submitted[0]
 
 
-def _make_n(*args: str) -> str:
-    if shutil.which("make") is None:
-        pytest.skip("make is not installed")
-    done = subprocess.run(["make", "-n", "--no-print-directory", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    return done.stdout
-
-
 def test_make_passes_the_flag_only_when_asked():
-    assert "--allow-no-roster" not in _make_n("federate")
-    assert "--allow-no-roster" in _make_n("federate", "ALLOW_NO_ROSTER=1")
-    assert "--allow-no-roster" not in _make_n("federate", "ALLOW_NO_ROSTER=0")
-    assert "federation.roster" not in _make_n("simulate")
+    assert "--allow-no-roster" not in make_n("federate")
+    assert "--allow-no-roster" in make_n("federate", "ALLOW_NO_ROSTER=1")
+    assert "--allow-no-roster" not in make_n("federate", "ALLOW_NO_ROSTER=0")
+    assert "federation.roster" not in make_n("simulate")

@@ -42,9 +42,15 @@ class TinyTask(ClassificationTask):
     item_noun = "image"
     preprocessing = "none"
 
+    #: Images per split (a subclass may draw more).
+    sizes = SIZES
+
+    def _seed(self, split: str) -> list[int]:
+        return [len(self.site_dir.name), len(split)]
+
     def _load_split(self, split: str) -> tuple[LabelledTensors, LoadReport]:
-        rng = np.random.default_rng([len(self.site_dir.name), len(split)])
-        images = rng.random((SIZES[split], 4, 4), dtype=np.float32)
+        rng = np.random.default_rng(self._seed(split))
+        images = rng.random((self.sizes[split], 4, 4), dtype=np.float32)
         labels = (images[:, :, :2].mean((1, 2)) > images[:, :, 2:].mean((1, 2))).astype(np.float32)
         report = LoadReport()
         report.loaded.extend(f"{split}-{i}" for i in range(len(images)))

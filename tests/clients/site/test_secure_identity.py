@@ -10,11 +10,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
+from flwr.app import Context, RecordDict
 
 from app.config.site_config import SiteConfig, SiteConfigError, encode_policy_files
 from app.site_runtime.worker_view import policy_files, worker_context
@@ -23,8 +22,7 @@ from clients.site.policy import PolicyRefusal, SecAggRules, SitePolicy
 from clients.site.secure_identity import SIMULATION_PKI, site_identity
 from clients.site.site import Site
 from strategies.wire.secure_aggregation.signing import load_roster, roster_fingerprint
-
-ROOT = Path(__file__).resolve().parents[3]
+from tests.make_dry_run import make_n
 
 
 def _keygen(site: str, key: Path) -> str:
@@ -73,7 +71,6 @@ def test_the_runtime_hands_its_worker_the_files_the_policy_names(tmp_path, pki):
     site = _site(tmp_path, roster=str(roster), signing_key=str(keys["hospital-a"]))
     files = policy_files(site.policy)
     assert set(files) == {str(roster), str(keys["hospital-a"])}
-    from flwr.app import Context, RecordDict
     context = Context(run_id=1, node_id=1, node_config={"data-path": str(site.data_path)},
                       state=RecordDict(), run_config={})
     worker = worker_context(context, tmp_path / "state", tmp_path / "copy.toml", files)
@@ -119,22 +116,13 @@ def test_the_roster_tooling_refuses_a_changed_key_and_prints_the_fingerprint(tmp
     assert "left as it is" in capsys.readouterr().err
 
 
-def _make_n(*args: str) -> str:
-    if shutil.which("make") is None:
-        pytest.skip("make is not installed")
-    done = subprocess.run(["make", "-n", "--no-print-directory", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    return done.stdout
-
-
 def test_the_make_targets_call_the_tooling():
-    assert "app.tooling.secagg_keys keygen --site hospital-a --out /srv/k.key" in _make_n(
+    assert "app.tooling.secagg_keys keygen --site hospital-a --out /srv/k.key" in make_n(
         "secagg-key", "SITE=hospital-a", "KEY=/srv/k.key")
-    added = _make_n("secagg-roster-add", "SECAGG_ROSTER=/srv/r.json", "SITE=hospital-a",
+    added = make_n("secagg-roster-add", "SECAGG_ROSTER=/srv/r.json", "SITE=hospital-a",
                     "PUBLIC=abc=")
     assert "add --roster /srv/r.json --site hospital-a" in added and "--replace" not in added
-    assert "--replace" in _make_n("secagg-roster-add", "SECAGG_ROSTER=/srv/r.json",
+    assert "--replace" in make_n("secagg-roster-add", "SECAGG_ROSTER=/srv/r.json",
                                   "SITE=hospital-a", "PUBLIC=abc=", "REPLACE=1")
-    assert "list --roster /srv/r.json" in _make_n("secagg-roster-list",
+    assert "list --roster /srv/r.json" in make_n("secagg-roster-list",
                                                   "SECAGG_ROSTER=/srv/r.json")

@@ -31,16 +31,13 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 from safetensors.numpy import load_file
-from torch import nn
 
 from app.site_runtime.dataset_census import DatasetCensus
 from app.site_runtime.runtime_gate import SiteFacts, admit
-from clients.manifests.load_report import LoadReport
 from clients.site.policy import PolicyRefusal, SitePolicy, VerticalRules, load_policy
 from clients.site.query_budget import EVALUATIONS, QUERY_COUNTS, answered
 from clients.site.site import Site
 from clients.site.site_round import SiteTasks
-from clients.training.classification import ClassificationTask, LabelledTensors
 from clients.training.site_task import SiteTask, TaskSettings
 from clients.training.trainer import ComputeDevice
 from clients.vertical import label_dp
@@ -50,6 +47,7 @@ from clients.vertical.stages import VerticalRequest, VerticalSite, answer_vertic
 from strategies.wire import message_keys as keys
 from strategies.wire.vertical_options import VerticalOptions
 from tests.clients.policy_files import write_policy
+from tests.clients.test_split_site import TinyTask
 from tests.clients.small_sites import small_cxr_site
 
 CPU = ComputeDevice(torch.device("cpu"), None)
@@ -61,38 +59,16 @@ BATCH = 32
 PRIVATE = VerticalRules(allowed=True, share_labels=False)
 
 
-class LeakTask(ClassificationTask):
-    """4 x 4 images; label: whether the left half is brighter than the right (one sigmoid)."""
+class LeakTask(TinyTask):
+    """The tiny 4 x 4 task (label: whether the left half is brighter than the right; one
+    sigmoid), with more training images."""
 
     name = "leak-cls"
     manifest_name = "leak.csv"
-    item_noun = "image"
-    preprocessing = "none"
+    sizes = SIZES
 
-    def _load_split(self, split: str) -> tuple[LabelledTensors, LoadReport]:
-        rng = np.random.default_rng([len(split), 46])
-        images = rng.random((SIZES[split], 4, 4), dtype=np.float32)
-        labels = (images[:, :, :2].mean((1, 2)) > images[:, :, 2:].mean((1, 2))).astype(np.float32)
-        report = LoadReport()
-        report.loaded.extend(f"{split}-{i}" for i in range(len(images)))
-        return LabelledTensors(list(images), [[y] for y in labels]), report
-
-    @classmethod
-    def model_for(cls, settings: TaskSettings) -> nn.Module:
-        return nn.Sequential(nn.Flatten(), nn.Linear(16, 16), nn.BatchNorm1d(16), nn.ReLU(),
-                             nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 1))
-
-    @classmethod
-    def read_image(cls, path, settings):
-        raise NotImplementedError
-
-    @classmethod
-    def manifest_items(cls, site_dir, split, settings):
-        return []
-
-    @classmethod
-    def example_input(cls, settings):
-        return np.zeros((1, 1, 4, 4), np.float32)
+    def _seed(self, split: str) -> list[int]:
+        return [len(split), 46]
 
 
 @dataclass
