@@ -144,9 +144,9 @@ class SiteConfig:
     runtime_ledger: bool = False
     local_steps_cap: int = 0
     policy_files: tuple[tuple[str, bytes], ...] = ()
-    #: node_config ``dataset-name``: what the hospital calls this data (its console shows
-    #: it beside the dataset's id); default: the data folder's name.
-    dataset_name: str = ""
+    #: node_config ``dataset-name``: what the hospital calls this data ("": unnamed,
+    #: :attr:`dataset_name` is then the data folder's name).
+    dataset_label: str = ""
 
     @classmethod
     def from_node_config(cls, node_config: Mapping[str, Any], data_root: str,
@@ -175,7 +175,7 @@ class SiteConfig:
                        runtime_ledger=_runtime_ledger(node_config.get(RUNTIME_LEDGER[0], "")),
                        local_steps_cap=_steps_cap(node_config),
                        policy_files=_policy_files(node_config.get(POLICY_FILES, "")),
-                       dataset_name=str(node_config.get("dataset-name", "")) or data_path.name)
+                       dataset_label=str(node_config.get("dataset-name", "")))
         if "partition-id" in node_config:
             if not data_root:
                 raise SiteConfigError(
@@ -191,6 +191,12 @@ class SiteConfig:
         raise SiteConfigError(
             "node_config has neither 'data-path' (deployment) nor 'partition-id' "
             f"(simulation): {dict(node_config)}")
+
+    @property
+    def dataset_name(self) -> str:
+        """The name the hospital's console shows beside the dataset's id: node_config
+        ``dataset-name``, else the data folder's name."""
+        return self.dataset_label or self.data_path.name
 
     def policy(self) -> SitePolicy:
         """The site policy to enforce: read from ``policy_path``, else the permissive one.

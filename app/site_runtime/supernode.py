@@ -55,9 +55,9 @@ def node_config_string(data_path: Path, state_dir: Path, site: str,
                if state_retention_days is not None else ""))
 
 
-#: The index file of each task's site folder (a vertical site declares itself in a file).
-SITE_INDEX_FILES = {PE_MANIFEST: "pe-seg", CXR_MANIFEST: "cxr-cls", CT3D_MANIFEST: "ct3d-cls",
-                    TABLE_NAME: "tabular", VERTICAL_SITE_FILE: "a vertical set"}
+#: The index file of each task's site folder, from the tasks' own modules (a vertical
+#: site declares itself in a file).
+SITE_INDEX_FILES = (PE_MANIFEST, CXR_MANIFEST, CT3D_MANIFEST, TABLE_NAME, VERTICAL_SITE_FILE)
 
 
 def site_folder_problem(data_path: Path) -> str | None:
@@ -69,9 +69,8 @@ def site_folder_problem(data_path: Path) -> str | None:
         return f"site data folder {data_path} is not a folder"
     if any((data_path / name).is_file() for name in SITE_INDEX_FILES):
         return None
-    known = ", ".join(f"{name} ({task})" for name, task in SITE_INDEX_FILES.items())
-    return (f"{data_path} holds no site index file: a site folder holds one of {known} "
-            "(docs/DATA.md)")
+    return (f"{data_path} holds no site index file: a site folder holds one of "
+            f"{', '.join(SITE_INDEX_FILES)} (docs/DATA.md)")
 
 @dataclass
 class SuperNodeProcess(DaemonProcess):
