@@ -36,7 +36,7 @@ class ClosedPipe(io.TextIOBase):
 def test_ctrl_c_with_a_closed_pipe_still_stops_the_daemon(tmp_path, monkeypatch):
     log = tmp_path / "sleeper.log"
     daemon = spawn_daemon([sys.executable, "-c",
-                           "import time; print('up', flush=True); time.sleep(600)"],
+                           "import signal; print('up', flush=True); signal.pause()"],
                           dict(os.environ), log, "sleeper", cwd=tmp_path)
     saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
 
