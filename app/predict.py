@@ -45,6 +45,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TextIO
 
+from app.config.product_paths import work_root
 from app.model_source import LoggedModel, load_logged_model
 from app.prediction.inputs import discover_items
 from app.prediction.output import SKIPPED, prepare_out, write_table
@@ -57,7 +58,7 @@ from strategies.wire.errors import ConfigError, FedMedError, ItemError
 __all__ = ["PredictSummary", "predict", "main"]
 
 #: The MLflow store ``make simulate`` writes to (the Makefile's TRACKING_URI default).
-DEFAULT_TRACKING_URI = f"sqlite:///{Path(__file__).resolve().parents[1] / 'mlflow.db'}"
+DEFAULT_TRACKING_URI = f"sqlite:///{work_root() / 'mlflow.db'}"
 
 
 @dataclass

@@ -25,6 +25,7 @@ from flwr.common.config import flatten_dict, get_project_config
 from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.supercore.task_identity import TaskIdentity
 
+from app.config.product_paths import PROJECT_ROOT
 from app.config.roster import load_roster
 from app.config.run_config import RunConfig, RunConfigError
 from app.engine.grid import InProcessGrid
@@ -35,8 +36,6 @@ if TYPE_CHECKING:  # the ServerApp imports torch and MLflow: loaded when a feder
 
 __all__ = ["PROJECT_ROOT", "full_run_config", "new_run_id", "run_federation", "server_identity"]
 
-#: The project folder (its pyproject.toml holds the run config's defaults).
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
 def full_run_config(overrides: Mapping[str, Any]) -> dict[str, Any]:

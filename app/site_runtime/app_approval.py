@@ -46,7 +46,7 @@ from cryptography.hazmat.primitives.serialization import (Encoding, NoEncryption
                                                           load_pem_private_key)
 
 from app.site_runtime.app_bundle import build_project_fab
-from app.tooling.run_submission import PROJECT_ROOT
+from app.config.product_paths import PROJECT_ROOT
 from clients.site.app_rules import (SHA256_HEX, AppApprovalError, AppRules, key_fingerprint,
                                     load_public_key, read_approved_file)
 from clients.site.atomic_file import write_atomic

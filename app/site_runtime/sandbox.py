@@ -53,8 +53,9 @@ PASSED_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
               "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "FEDMED_LOADER_WORKERS",
               "FEDMED_TORCH_THREADS",
               "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "LANG", "TZ")
-#: The product's own top-level packages: the hospital's copy, never shown to the worker.
-_PRODUCT_PACKAGES = ("app", "clients", "strategies", "models")
+#: The product's own packages (a checkout's four, an installed wheel's namespace): the
+#: hospital's copy, never shown to the worker.
+_PRODUCT_PACKAGES = ("app", "clients", "strategies", "models", "fedmed")
 #: System files a Python process reads (libraries' cache, users, time zone, alternatives).
 _ETC = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives",
         "/etc/localtime", "/etc/passwd", "/etc/group", "/etc/nsswitch.conf")

@@ -43,6 +43,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from app.config.product_paths import PROJECT_ROOT, work_root
 from app.site_runtime.app_approval import SIGNATURE_KEY, fab_sha256, project_fab, sign_app
 from app.tooling.certs import CertError
 from app.tooling.daemon import DaemonProcess
@@ -51,7 +52,7 @@ from app.tooling.flwr_cli import CONNECTION, list_supernodes, write_connection
 from app.tooling.layout import DeployLayout
 from app.tooling.registration import read_registry, register_site
 from app.tooling.run_config_string import build_run_config, checked_run_config
-from app.tooling.run_submission import PROJECT_ROOT, submit_run
+from app.tooling.run_submission import submit_run
 from app.tooling.superlink import DEFAULT_PORT, SuperLinkProcess
 from app.site_runtime.supernode import SuperNodeProcess
 from clients.site.app_rules import AppApprovalError
@@ -235,14 +236,14 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     def common(p: argparse.ArgumentParser, cli: bool = True) -> None:
-        p.add_argument("--deploy-dir", type=Path, default=PROJECT_ROOT / "deploy")
+        p.add_argument("--deploy-dir", type=Path, default=work_root() / "deploy")
         p.add_argument("--port", type=int, default=DEFAULT_PORT,
                        help="the SuperLink's HTTPS port")
         p.add_argument("--superlink", default=None,
                        help="host:port the SuperLink is dialled at (a name in its "
                             "certificate); default 127.0.0.1:PORT")
         if cli:
-            p.add_argument("--flwr-home", type=Path, default=PROJECT_ROOT / ".flwr-deploy")
+            p.add_argument("--flwr-home", type=Path, default=work_root() / ".flwr-deploy")
 
     p = sub.add_parser("superlink", help="run the TLS SuperLink (foreground)")
     common(p)
@@ -288,7 +289,7 @@ def _parser() -> argparse.ArgumentParser:
     common(p)
     p.add_argument("--tracking-uri", required=True)
     p.add_argument("--artifact-root", type=Path, required=True)
-    p.add_argument("--data-root", type=Path, default=PROJECT_ROOT / "data",
+    p.add_argument("--data-root", type=Path, default=work_root() / "data",
                    help="run-config data-root (simulation only; sites use node_config)")
     p.add_argument("--preset", type=Path, default=None)
     p.add_argument("--timeout", type=float, default=3600.0)

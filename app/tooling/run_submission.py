@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from app.config.product_paths import PROJECT_ROOT
 from app.site_runtime.app_bundle import staged_project
 from app.tooling.environment import flower_env
 from app.tooling.flwr_cli import CONNECTION, flwr, run_status
@@ -21,7 +22,6 @@ from app.tooling.process_tree import stop_process_group
 
 __all__ = ["PROJECT_ROOT", "RunOutcome", "submit_run"]
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
 _RUN_ID = re.compile(r"Successfully started run (\d+)")
 
 

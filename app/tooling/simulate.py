@@ -36,13 +36,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from app.config.product_paths import work_root
 from app.tooling.environment import flower_env
 from app.tooling.errors import FlowerProcessError
 from app.tooling.flwr_cli import write_connection
 from app.tooling.local_ray import local_ray
 from app.tooling.ray_cluster import require_reachable
 from app.tooling.run_config_string import build_run_config, checked_run_config
-from app.tooling.run_submission import PROJECT_ROOT, submit_run
+from app.tooling.run_submission import submit_run
 from app.tooling.superlink import SuperLinkProcess
 from strategies.wire.errors import ConfigError, FedMedError
 from clients.datagen.federation import hospital_name
@@ -64,8 +65,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--sites", type=int, default=3, help="virtual SuperNodes")
     parser.add_argument("--tracking-uri", required=True)
     parser.add_argument("--artifact-root", type=Path, required=True)
-    parser.add_argument("--flwr-home", type=Path, default=PROJECT_ROOT / ".flwr")
-    parser.add_argument("--log-dir", type=Path, default=PROJECT_ROOT / "runs" / "simulate")
+    parser.add_argument("--flwr-home", type=Path, default=work_root() / ".flwr")
+    parser.add_argument("--log-dir", type=Path, default=work_root() / "runs" / "simulate")
     parser.add_argument("--engine", choices=("ray", "local"), default="ray",
                         help="ray: Flower's simulation engine (SuperLink + Ray); local: the "
                              "in-process engine (app.engine), for small fast runs")

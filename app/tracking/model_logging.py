@@ -36,6 +36,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.models import infer_signature
 from torch import nn
 
+from app.config.product_paths import PROJECT_ROOT
 from app.tracking.model_folder import (METADATA_KEY, WEIGHTS_ARTIFACT, WEIGHTS_FILE,
                                        WEIGHTS_FORMAT, save_weights)
 from clients.registry import task_class
@@ -46,13 +47,11 @@ __all__ = ["MODEL_REQUIREMENTS", "log_task_model", "model_metadata", "product_re
 #: Pinned requirements recorded with the model, so MLflow does not run its slow (and
 #: network-hungry) requirement inference; the pyfunc also needs the product importable.
 MODEL_REQUIREMENTS = ["torch==2.13.0", "monai", "numpy", "safetensors"]
-#: The product's root folder (its pyproject.toml; a git checkout or an installed app bundle).
-_ROOT = Path(__file__).resolve().parents[2]
 #: The models-from-code file MLflow logs as the model's code (:mod:`app.tracking.task_pyfunc`).
 _MODEL_CODE = Path(__file__).with_name("task_pyfunc.py")
 
 
-def product_release(root: Path = _ROOT) -> dict[str, str]:
+def product_release(root: Path = PROJECT_ROOT) -> dict[str, str]:
     """The product's ``version`` (pyproject.toml) and ``commit`` (when ``root`` is a git checkout)."""
     release: dict[str, str] = {}
     try:

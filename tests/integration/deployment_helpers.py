@@ -126,6 +126,17 @@ class BackgroundRun:
         self._pool.shutdown(wait=False)
 
 
+def interrupt_group(process: subprocess.Popen, timeout: float = 60.0) -> None:
+    """Ctrl-C in a terminal: SIGINT to ``process``'s group, bounded; then SIGKILL."""
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGINT)
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=30)
+
+
 def wait_for(check: Callable[[], bool], timeout: float, what: str,
               run: BackgroundRun | None = None,
               watch: Iterable[DaemonProcess] = (), interval: float = 0.5) -> None:

@@ -26,7 +26,6 @@ import math
 import os
 import re
 import shutil
-import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -38,6 +37,7 @@ from mlflow.tracking import MlflowClient
 from app.tooling.environment import free_port
 from app.tooling.flwr_cli import CONNECTION, list_supernodes, run_status
 from tests.integration.conftest import processes_mentioning
+from tests.integration.deployment_helpers import interrupt_group
 
 pytestmark = pytest.mark.integration
 
@@ -132,13 +132,7 @@ class Terminals:
     def stop(self) -> None:
         """Ctrl-C in every terminal (SIGINT to its process group), newest first; then SIGKILL."""
         for process, _ in reversed(self.daemons):
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGINT)
-                try:
-                    process.wait(timeout=60)
-                except subprocess.TimeoutExpired:
-                    os.killpg(process.pid, signal.SIGKILL)
-                    process.wait(timeout=30)
+            interrupt_group(process)
 
 
 @pytest.fixture

@@ -1,0 +1,195 @@
+"""The product as a hospital gets it: a wheel, installed into a fresh venv, no checkout (#47).
+
+The wheel is built from this checkout by its own backend (``app/tooling/wheel_build.py``)
+into a local wheelhouse and installed with ``pip install --no-index --find-links``. The
+fresh venv sees the product's dependencies (torch, flwr, MLflow, ...) through one ``.pth``
+that points at links to the test venv's installed distributions, so pip resolves them as
+installed and nothing is downloaded or copied; the checkout itself is never on its path.
+
+Then, in folders outside the checkout: the coordinator makes its certificates and starts
+the TLS SuperLink with ``fedmed certs`` and ``fedmed superlink``; the hospital writes its
+data with ``fedmed data``, makes its site folder with ``fedmed site init``; the
+coordinator registers the key it was sent (``fedmed register``); ``fedmed site start``
+starts the SuperNode, and ``fedmed nodes`` shows it online.
+"""
+
+from __future__ import annotations
+
+import configparser
+import subprocess
+import sys
+import sysconfig
+import time
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from app.tooling.environment import free_port
+from tests.integration.deployment_helpers import interrupt_group
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+SITE = "hospital-00"
+#: Bounded waits for a loaded 2-core machine (events, not timers: each polls a condition).
+START_TIMEOUT = 300.0
+
+
+def _excluded(name: str) -> bool:
+    """Entries of the test venv the fresh venv must not see: the product, pip, .pth files
+    (its setuptools is seen: torch requires one, and the fresh venv's own is removed)."""
+    return (name.startswith(("fedmed", "__editable__", "pip"))
+            or name.endswith(".pth") or name == "__pycache__")
+
+
+def _console_scripts(deps: Path, bin_dir: Path) -> None:
+    """The linked distributions' commands in the fresh venv (``flower-superlink``, ``flwr``,
+    ...), as pip writes them when it installs a distribution."""
+    for entry_points in deps.glob("*.dist-info/entry_points.txt"):
+        parser = configparser.ConfigParser(interpolation=None)
+        parser.optionxform = str  # command names keep their case
+        parser.read(entry_points)
+        for name, target in (parser["console_scripts"].items()
+                             if parser.has_section("console_scripts") else []):
+            module, _, function = target.strip().partition(":")
+            script = bin_dir / name
+            if not script.exists():
+                script.write_text(f"#!{bin_dir / 'python'}\nimport sys\nfrom {module} import "
+                                  f"{function.split('.')[0]}\nsys.exit({function}())\n")
+                script.chmod(0o755)
+
+
+@pytest.fixture(scope="module")
+def fresh(tmp_path_factory) -> dict:
+    """A fresh venv with the fedmed wheel installed from a local wheelhouse."""
+    tmp = tmp_path_factory.mktemp("wheel")
+    wheelhouse = tmp / "wheelhouse"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
+                    "--no-build-isolation", "--disable-pip-version-check", "-w", str(wheelhouse),
+                    str(ROOT)], check=True, cwd=tmp, timeout=600)
+    venv = tmp / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=600)
+    python = venv / "bin" / "python"
+    subprocess.run([str(python), "-m", "pip", "uninstall", "--quiet", "-y", "setuptools"],
+                   check=False, timeout=600)
+    deps = tmp / "deps"
+    deps.mkdir()
+    ours = Path(sysconfig.get_paths()["purelib"])
+    for entry in ours.iterdir():
+        if not _excluded(entry.name):
+            (deps / entry.name).symlink_to(entry)
+    site_packages = Path(subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True, capture_output=True, text=True).stdout.strip())
+    (site_packages / "fedmed-test-deps.pth").write_text(f"{deps}\n")
+    _console_scripts(deps, venv / "bin")
+    env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(tmp), "LANG": "C.UTF-8",
+           "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
+    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-index",
+                    "--disable-pip-version-check", "--find-links", str(wheelhouse), "fedmed"],
+                   check=True, env=env, cwd=tmp, timeout=600)
+    return {"tmp": tmp, "venv": venv, "python": python, "env": env,
+            "wheel": next(wheelhouse.glob("fedmed-*.whl"))}
+
+
+def fedmed(fresh: dict, *args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([str(fresh["venv"] / "bin" / "fedmed"), *args], cwd=cwd,
+                          env=fresh["env"], capture_output=True, text=True, timeout=timeout)
+
+
+def test_the_wheel_installs_one_namespace_and_its_command(fresh):
+    python, env, tmp = str(fresh["python"]), fresh["env"], fresh["tmp"]
+    shown = fedmed(fresh, "--help", cwd=tmp)
+    assert shown.returncode == 0, shown.stderr
+    assert "fedmed site init" in shown.stdout and "fedmed federate" in shown.stdout
+    for name in ("app", "strategies", "clients", "models"):
+        found = subprocess.run([python, "-c", f"import {name}"], env=env, cwd=tmp,
+                               capture_output=True, text=True)
+        assert found.returncode != 0, f"the wheel installed a top-level {name!r}"
+    where = subprocess.run(
+        [python, "-c", "import fedmed.app.tooling.cli as c, fedmed.app.config.product_paths as p; "
+                       "print(c.__file__); print(p.INSTALLED, p.PROJECT_ROOT)"],
+        env=env, cwd=tmp, capture_output=True, text=True, check=True).stdout.split("\n")
+    assert str(fresh["venv"]) in where[0] and str(ROOT) not in where[0]
+    installed, bundle = where[1].split(" ", 1)
+    assert installed == "True"
+    assert (Path(bundle) / "pyproject.toml").is_file() and (Path(bundle) / "configs").is_dir()
+    wrong = fedmed(fresh, "site", "begin", cwd=tmp)
+    assert wrong.returncode == 2 and "fedmed site init" in wrong.stderr
+
+
+def _start(fresh: dict, *args: str, cwd: Path, log: Path) -> subprocess.Popen:
+    with log.open("w") as out:
+        return subprocess.Popen([str(fresh["venv"] / "bin" / "fedmed"), *args], cwd=cwd,
+                                env=fresh["env"], stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
+def _wait_for(what: str, check, processes: list[subprocess.Popen], logs: list[Path]) -> str:
+    """Poll ``check()`` until it returns text; fail with the logs if a process exits."""
+    deadline = time.monotonic() + START_TIMEOUT
+    while time.monotonic() < deadline:
+        text = check()
+        if text:
+            return text
+        if any(p.poll() is not None for p in processes):
+            break
+        time.sleep(0.5)
+    tails = "\n".join(f"--- {log}\n{log.read_text()[-3000:]}" for log in logs if log.exists())
+    pytest.fail(f"{what} did not happen\n{tails}")
+
+
+def test_a_hospital_inits_and_starts_its_site_from_the_wheel(fresh):
+    tmp = fresh["tmp"]
+    coordinator, hospital = tmp / "coordinator", tmp / "hospital"
+    coordinator.mkdir()
+    hospital.mkdir()
+    port = free_port()
+    made = fedmed(fresh, "certs", "--out", "deploy/certs", "--hosts", "127.0.0.1,localhost",
+                  cwd=coordinator)
+    assert made.returncode == 0, made.stdout + made.stderr
+    data = fedmed(fresh, "data", "synthetic", "--task", "pe-seg", "--out", str(hospital / "data"),
+                  "--sites", "1", "--image-size", "32", cwd=hospital)
+    assert data.returncode == 0, data.stdout + data.stderr
+    folder = next(p for p in (hospital / "data").iterdir() if p.is_dir())
+    init = fedmed(fresh, "site", "init", "--site", SITE, "--data", str(folder), "--superlink",
+                  f"127.0.0.1:{port}", "--ca", str(coordinator / "deploy/certs/ca.crt"),
+                  cwd=hospital)
+    assert init.returncode == 0, init.stdout + init.stderr
+    home = hospital / "fedmed-site"
+    public_key = home / "certs" / "sites" / SITE / "supernode.pub"
+    assert str(public_key) in init.stdout and (home / "site.toml").is_file()
+    settings = tomllib.loads((home / "site.toml").read_text())
+    assert settings["site"] == SITE and Path(settings["data"]) == folder.resolve()
+    state, policy = Path(settings["state"]), Path(settings["policy"])
+    assert state.stat().st_mode & 0o077 == 0 and policy.is_file()
+    again = fedmed(fresh, "site", "init", "--site", SITE, "--data", str(folder), "--superlink",
+                   f"127.0.0.1:{port}", cwd=hospital)
+    assert again.returncode == 0 and "nothing new" in again.stdout
+
+    logs = [tmp / "superlink.out", tmp / "supernode.out"]
+    link = _start(fresh, "superlink", "--port", str(port), cwd=coordinator, log=logs[0])
+    node = None
+    try:
+        _wait_for("the SuperLink start", lambda: "SuperLink on https://" in logs[0].read_text()
+                  if logs[0].exists() else "", [link], logs)
+        registered = fedmed(fresh, "register", "--site", SITE, "--public-key", str(public_key),
+                            "--port", str(port), cwd=coordinator)
+        assert registered.returncode == 0, registered.stdout + registered.stderr
+        node = _start(fresh, "site", "start", cwd=hospital, log=logs[1])
+
+        def online() -> str:
+            listed = fedmed(fresh, "nodes", "--port", str(port), cwd=coordinator)
+            rows = [line for line in listed.stdout.splitlines() if line.startswith(SITE)]
+            return rows[0] if rows and rows[0].split()[-1] == "online" else ""
+
+        row = _wait_for("the site online", online, [link, node], logs)
+        assert row.split()[0] == SITE
+    finally:
+        for process in (node, link):
+            if process is not None:
+                interrupt_group(process, timeout=120)
+    verified = fedmed(fresh, "audit", "verify", "--state", str(state), "--policy", str(policy),
+                      cwd=hospital)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
