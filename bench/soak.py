@@ -31,8 +31,9 @@ slope of ``fds``, ``state_mb``, ``audit_mb`` and ``superlink_db_mb`` is under
 ``slopes_per_100_rounds``.
 
 Run: ``.venv/bin/python bench/soak.py [--rounds 200] [--sites 4]`` -> ``bench/results/soak.json``
-(``--out`` elsewhere). If the run stops early (a failure, Ctrl-C) the rounds measured
-so far are written, ``rounds`` saying how many ran and ``status`` how it ended.
+(``--out`` elsewhere; ``--work DIR`` keeps the deployment's folder). If the run stops
+early (a failure, Ctrl-C) the rounds measured so far are written, ``rounds`` saying
+how many ran and ``status`` how it ended.
 ``tests/integration/test_soak.py`` runs :func:`soak` at 20 rounds.
 """
 
@@ -66,6 +67,7 @@ from app.tooling.process_tree import descendants, start_time  # noqa: E402
 from app.tooling.registration import register_site  # noqa: E402
 from app.tooling.run_submission import RunOutcome, submit_run  # noqa: E402
 from app.tooling.superlink import SuperLinkProcess  # noqa: E402
+from clients.datagen.federation import hospital_name  # noqa: E402
 from clients.pe_seg.manifest import read_manifest, write_manifest  # noqa: E402
 from clients.pe_seg.synthetic import generate_federation  # noqa: E402
 
@@ -100,15 +102,37 @@ def folder_bytes(path: Path) -> int:
     return total
 
 
+#: A descendant's kind, by a word of its command line (first match; else ``other``).
+KINDS = (("flwr-serverapp", "serverapp"), ("superexec", "superexec"), ("bwrap", "sandbox"),
+         ("site_worker", "worker"))
+
+
+def process_kind(pid: int, daemon_kind: str | None = None) -> str:
+    """``superlink``/``supernode`` for a daemon itself, else its kind by :data:`KINDS`."""
+    if daemon_kind is not None:
+        return daemon_kind
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return "other"
+    return next((kind for word, kind in KINDS if word in command), "other")
+
+
 def deployment_pids(daemons: list[DaemonProcess]) -> list[tuple[int, str]]:
     """(pid, start time) of each daemon and every live process it started."""
-    pids = []
+    return [(pid, started) for pid, started, _ in deployment_processes(daemons)]
+
+
+def deployment_processes(daemons: list[DaemonProcess]) -> list[tuple[int, str, str]]:
+    """(pid, start time, kind) of each daemon and every live process it started."""
+    found = []
     for daemon in daemons:
         started = start_time(daemon.pid)
         if started is not None:
-            pids.append((daemon.pid, started))
-        pids.extend(descendants(daemon.pid))
-    return pids
+            kind = "superlink" if daemon.name == "flower-superlink" else "supernode"
+            found.append((daemon.pid, started, kind))
+        found.extend((pid, began, process_kind(pid)) for pid, began in descendants(daemon.pid))
+    return found
 
 
 def _kilobytes(path: Path, field: str) -> int:
@@ -122,19 +146,27 @@ def _kilobytes(path: Path, field: str) -> int:
     return 0
 
 
-def process_usage(pids: list[tuple[int, str]]) -> dict[str, float]:
-    """Summed RSS and PSS (MB) and open descriptors of ``pids``."""
+def process_usage(processes: list[tuple[int, str, str]]) -> dict:
+    """Summed RSS and PSS (MB) and open descriptors of ``processes``, and the RSS and
+    descriptors of each kind apart (``rss_mb_by_kind``, ``fds_by_kind``)."""
     rss = pss = fds = 0
-    for pid, _ in pids:
+    rss_by_kind: dict[str, float] = {}
+    fds_by_kind: dict[str, int] = {}
+    for pid, _, kind in processes:
         proc = Path(f"/proc/{pid}")
-        rss += _kilobytes(proc / "status", "VmRSS")
+        kilobytes = _kilobytes(proc / "status", "VmRSS")
+        rss += kilobytes
         pss += _kilobytes(proc / "smaps_rollup", "Pss")
         try:
-            fds += len(os.listdir(proc / "fd"))
+            opened = len(os.listdir(proc / "fd"))
         except OSError:
-            pass
+            opened = 0
+        fds += opened
+        rss_by_kind[kind] = rss_by_kind.get(kind, 0.0) + kilobytes * 1024 / MB
+        fds_by_kind[kind] = fds_by_kind.get(kind, 0) + opened
     return {"rss_mb": rss * 1024 / MB, "pss_mb": pss * 1024 / MB, "fds": fds,
-            "processes": len(pids)}
+            "processes": len(processes), "rss_mb_by_kind": rss_by_kind,
+            "fds_by_kind": fds_by_kind}
 
 
 def slope_per_100(rounds: list[int], values: list[float]) -> float | None:
@@ -151,7 +183,7 @@ class Deployment:
 
     def __init__(self, root: Path, sites: int) -> None:
         self.root = root
-        self.sites = [f"hospital-{chr(ord('a') + i)}" for i in range(sites)]
+        self.sites = [hospital_name(i) for i in range(sites)]
         self.layout = DeployLayout(root / "deploy")
         self.flwr_home = root / "flwr-cli"
         self.state = root / "state"
@@ -186,7 +218,7 @@ class Deployment:
         site_state = folder_bytes(self.state)
         checkpoint = folder_bytes(self.checkpoints)
         mlflow = folder_bytes(self.mlflow)
-        return {"round": server_round, **process_usage(deployment_pids(self.daemons)),
+        return {"round": server_round, **process_usage(deployment_processes(self.daemons)),
                 "state_mb": (site_state + checkpoint + mlflow) / MB,
                 "superlink_db_mb": sum(p.stat().st_size for p in db.glob("state.db*")) / MB,
                 "site_state_mb": site_state / MB, "audit_mb": audit / MB,
@@ -264,9 +296,13 @@ def summary(rounds: int, sites: int, per_round: list[dict]) -> dict:
     slopes = {key: slope_per_100(steps, [row[key] for row in after])
               for key in ("rss_mb", "pss_mb", "fds", "state_mb", "audit_mb", "site_state_mb",
                           "checkpoint_mb", "mlflow_mb", "superlink_db_mb")}
+    kinds = sorted({kind for row in after for kind in row["rss_mb_by_kind"]})
+    by_kind = {kind: slope_per_100(steps, [row["rss_mb_by_kind"].get(kind, 0.0) for row in after])
+               for kind in kinds}
     return {"rounds": len(per_round), "sites": sites, "per_round": per_round,
             "rss_slope_mb_per_100_rounds": slopes["rss_mb"],
             "warm_up_rounds": warm, "slopes_per_100_rounds": slopes,
+            "rss_slope_by_kind_mb_per_100_rounds": by_kind,
             "rounds_requested": rounds}
 
 
@@ -294,6 +330,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--sites", type=int, default=4)
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--work", type=Path, default=None,
+                        help="the deployment's folder, kept (default: a temporary one)")
     args = parser.parse_args(argv)
     measured_at = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     load_before = os.getloadavg()[0]
@@ -301,11 +339,15 @@ def main(argv: list[str] | None = None) -> int:
     def show(row: dict) -> None:
         print(f"round {row['round']}: rss {row['rss_mb']:.0f} MB, pss {row['pss_mb']:.0f} MB, "
               f"{row['fds']} fds, {row['processes']} processes, state {row['state_mb']:.2f} MB, "
-              f"superlink db {row['superlink_db_mb']:.2f} MB, {row['elapsed_s']:.0f} s",
+              f"superlink db {row['superlink_db_mb']:.2f} MB, {row['elapsed_s']:.0f} s; rss "
+              + ", ".join(f"{kind} {mb:.0f}" for kind, mb in sorted(row["rss_mb_by_kind"].items())),
               flush=True)
 
-    with tempfile.TemporaryDirectory(prefix="fedmed-soak-") as tmp:
-        result = soak(Path(tmp), args.rounds, args.sites, on_round=show)
+    if args.work is not None:
+        result = soak(args.work, args.rounds, args.sites, on_round=show)
+    else:
+        with tempfile.TemporaryDirectory(prefix="fedmed-soak-") as tmp:
+            result = soak(Path(tmp), args.rounds, args.sites, on_round=show)
     result.update({"flwr": flwr.__version__, "measured_at": measured_at,
                    "load_average": f"{load_before:.1f} at start, "
                                    f"{os.getloadavg()[0]:.1f} at end"})
