@@ -76,6 +76,7 @@ from strategies.plugins.registries import (
 )
 from strategies.rounds.round_policy import RoundPolicy
 from strategies.rounds.round_report import RoundReport
+from strategies.rounds.site_coverage import SiteCoverage, check_setting, site_coverage
 
 app = ServerApp()
 
@@ -218,6 +219,8 @@ class FederationOutcome:
         The logged models' URIs and registry versions.
     cross_site : CrossSiteResult or None
         The held-out test and cross-site matrix (``None``: final evaluation off or no site).
+    coverage : SiteCoverage
+        The sites behind the final and the best model (a partial run: fewer than required).
     """
 
     mlflow_run_id: str
@@ -226,6 +229,7 @@ class FederationOutcome:
     best_round: int
     models: FederationModels
     cross_site: CrossSiteResult | None
+    coverage: SiteCoverage
 
 
 @app.main()
@@ -250,6 +254,7 @@ def federate(grid: Grid, context: Context) -> FederationOutcome | VerticalOutcom
     if config.federation_kind == "vertical":  # pvFed or split learning: app/vertical/
         return federate_vertical(grid, context)
     roster = load_roster(config.federation_roster) if config.federation_roster else None
+    check_setting(config.federation_min_contributing_sites, roster)
     run_config = config.as_params()
     torch.manual_seed(config.seed)
     task = task_class(config.task)
@@ -320,11 +325,16 @@ def federate(grid: Grid, context: Context) -> FederationOutcome | VerticalOutcom
         # over the whole federation (a resume's checkpointed rounds are not in its reports);
         # else FederationError: FAILED, nothing logged
         require_aggregation(strategy.reports, aggregated_rounds)
+        coverage = site_coverage(strategy.reports, roster,
+                                 config.federation_min_contributing_sites,
+                                 config.fraction_train, best.round if best.found else 0)
         end = RunEnd.of(  # on disk before MLflow is asked (an outage loses nothing)
             tracker, run_config, _score(strategy, last_round, metric), best,
             (list(result.arrays.keys()), result.arrays.to_numpy_ndarrays()),
-            {"early-stopped-at-round": str(last_round)} if stopped_early else {},
-            None if checkpoint_path is None else checkpoint_path.parent)
+            {**({"early-stopped-at-round": str(last_round)} if stopped_early else {}),
+             **coverage.tags()},
+            None if checkpoint_path is None else checkpoint_path.parent,
+            metrics=coverage.metrics(), register_best=coverage.register_best)
         cross_site = report_federation_end(grid, strategy, selected_arrays(best, result.arrays),
                                            tracker, config, task.main_metric)
         status = "FINISHED"
@@ -337,6 +347,9 @@ def federate(grid: Grid, context: Context) -> FederationOutcome | VerticalOutcom
     log(INFO, "Federation finished in %.1f s", time.monotonic() - started)
     for server_round, report in sorted(strategy.reports.items()):
         log(INFO, "  round %d: %s", server_round, metric_text(report, metric))
+    log(WARNING if coverage.partial or not coverage.register_best else INFO, "Sites: %s%s",
+        coverage.text(), "" if coverage.register_best else
+        f"; the best round {coverage.best_round}'s model is not registered as the best one")
     if stopped_early:
         log(INFO, "Early stopping after round %d: no %s gain of %g in %d evaluated rounds",
             last_round, metric, config.early_stopping_min_delta, config.early_stopping_patience)
@@ -355,7 +368,7 @@ def federate(grid: Grid, context: Context) -> FederationOutcome | VerticalOutcom
     log(INFO, "MLflow run %s (experiment '%s', store %s)", run_id, tracker.experiment_name,
         tracker.tracking_uri)
     return FederationOutcome(run_id, result.arrays, dict(strategy.reports), models.best_round,
-                             models, cross_site)
+                             models, cross_site, coverage)
 
 
 def _score(strategy: FederatedStrategy, server_round: int, metric: str) -> RoundScore:

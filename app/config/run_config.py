@@ -133,6 +133,8 @@ class RunConfig:
     round_max_held_mb: float = run_key("round.max-held-mb")
     federation_roster: str = run_key("federation.roster")
     federation_max_size_ratio: float = run_key("federation.max-size-ratio")
+    #: Sites a model needs to be complete (strategies/rounds/site_coverage.py).
+    federation_min_contributing_sites: int = run_key("federation.min-contributing-sites")
     federation_kind: str = run_key("federation.kind")
     dp_noise_multiplier: float = run_key("privacy.noise-multiplier")
     dp_max_grad_norm: float = run_key("privacy.max-grad-norm")

@@ -25,6 +25,11 @@ Command line (what the make targets call)::
 ``superlink`` and ``supernode`` run in the foreground (their log is echoed)
 until Ctrl-C, then stop their daemon and everything it started.
 
+``federate`` exits 0 for a complete federation, 1 for a run that did not complete, 2 for
+a run config it refuses, and :data:`EXIT_PARTIAL` (3) for a *partial* one: it completed,
+but its final model has fewer contributing sites than run config
+``federation.min-contributing-sites`` asks (a hospital revoked the app or went away).
+
 ``federate`` needs the coordinator's site roster (run config ``federation.roster``,
 ``make federate ROSTER=/abs/roster.toml``): without one, a registered site's first
 ``num-examples`` sets its weight, capped only relative to the other sites'
@@ -59,7 +64,11 @@ from clients.site.app_rules import AppApprovalError
 from clients.site.policy import SitePolicyError
 from strategies.wire.errors import ConfigError
 
-__all__ = ["NO_ROSTER", "main"]
+__all__ = ["EXIT_PARTIAL", "NO_ROSTER", "main"]
+
+#: ``federate``'s exit status for a run that completed with fewer contributing sites than
+#: run config ``federation.min-contributing-sites`` asks (strategies/rounds/site_coverage.py).
+EXIT_PARTIAL = 3
 
 #: Why ``federate`` refuses a run config without ``federation.roster``.
 NO_ROSTER = ("a deployment needs the coordinator's site roster: pass ROSTER=/abs/roster.toml "
@@ -226,8 +235,13 @@ def _cmd_federate(args: argparse.Namespace) -> int:
         return 1
     from app.tooling.federation_summary import print_summary  # noqa: PLC0415 - MLflow
 
-    print_summary(args.tracking_uri, outcome.run_id, time.monotonic() - started,
-                  args.artifact_root)
+    partial = print_summary(args.tracking_uri, outcome.run_id, time.monotonic() - started,
+                            args.artifact_root)
+    if partial:
+        print(f"error: a partial federation (fewer sites contributed than run config "
+              f"'federation.min-contributing-sites' asks; the summary's 'sites:' line): exit "
+              f"{EXIT_PARTIAL}", file=sys.stderr)
+        return EXIT_PARTIAL
     return 0
 
 

@@ -13,6 +13,8 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 from app.round_progress import ratio_phrase
+from strategies.rounds.site_coverage import (BEST_UNREGISTERED_TAG, CONTRIBUTED_TAG,
+                                             MISSING_TAG, PARTIAL_TAG, REQUIRED_TAG, SITES_TAG)
 
 __all__ = ["MODEL_TRAINING_VIEW", "print_summary"]
 
@@ -24,13 +26,17 @@ MODEL_TRAINING_VIEW = "workflowType=machine_learning"
 
 
 def print_summary(tracking_uri: str, flwr_run_id: int, seconds: float,
-                  artifact_root: str | Path) -> None:
+                  artifact_root: str | Path) -> bool | None:
     """Per-round validation metric, the selected model and its held-out test, the MLflow
     location and the commands that open it and apply the model: read back from MLflow.
 
     MLflow is asked with bounded requests (no retries, :func:`bounded_requests`); when it
     does not answer, one line says so and names ``make tracking-flush`` (the federation's
     result waits in its checkpoint folder, :mod:`app.tracking.run_end`): never an error.
+
+    Returns whether the run was *partial* (its final model from fewer sites than run config
+    ``federation.min-contributing-sites`` asks, the run's tag ``federation.partial``,
+    :mod:`strategies.rounds.site_coverage`); ``None`` when MLflow did not tell.
 
     Parameters
     ----------
@@ -49,17 +55,19 @@ def print_summary(tracking_uri: str, flwr_run_id: int, seconds: float,
 
     try:
         with bounded_requests():
-            _print_from_mlflow(tracking_uri, flwr_run_id, seconds, artifact_root)
+            return _print_from_mlflow(tracking_uri, flwr_run_id, seconds, artifact_root)
     except MlflowException as exc:
         print(f"\nMLflow at {tracking_uri} does not answer ({str(exc).splitlines()[0][:200]}): "
               "no summary. What the federation left for it waits in its checkpoint folder; "
               "once MLflow answers, send it with the command the ServerApp printed: make "
               f"tracking-flush RUN_DIR=<that folder> TRACKING_URI={shlex.quote(tracking_uri)}")
+        return None
 
 
 def _print_from_mlflow(tracking_uri: str, flwr_run_id: int, seconds: float,
-                       artifact_root: str | Path) -> None:
-    """:func:`print_summary`'s lines, read from MLflow (raises what MLflow raises)."""
+                       artifact_root: str | Path) -> bool | None:
+    """:func:`print_summary`'s lines and partial flag, read from MLflow (raises what MLflow
+    raises)."""
     import mlflow  # noqa: PLC0415 - heavy import, only needed at the end
     from mlflow.tracking import MlflowClient  # noqa: PLC0415
 
@@ -71,7 +79,7 @@ def _print_from_mlflow(tracking_uri: str, flwr_run_id: int, seconds: float,
     print(f"wall time: {seconds:.1f} s")
     if not runs:
         print(f"no MLflow run found with tag flwr.run-id={flwr_run_id} in {tracking_uri}")
-        return
+        return None
     run = runs[0]
     metric = run.data.tags.get("selection-metric") or _selection_metric(run.data.metrics)
     for key, label in ((f"eval/{metric}", metric), ("train/train-loss", "train loss")):
@@ -93,6 +101,7 @@ def _print_from_mlflow(tracking_uri: str, flwr_run_id: int, seconds: float,
               f"({ratio_phrase(dense * sent['down'], down)}); one dense fp32 update: "
               f"{dense / 1e6:.2f} MB")
     experiment = client.get_experiment(run.info.experiment_id)
+    partial = _print_sites_line(run.data.tags)
     _print_model_lines(client, run, experiment.name, metric, tracking_uri)
     skipped = {key.split("/")[1]: int(value) for key, value in run.data.metrics.items()
                if key.startswith("site/") and key.endswith("/studies-skipped")}
@@ -106,6 +115,26 @@ def _print_from_mlflow(tracking_uri: str, flwr_run_id: int, seconds: float,
           f"ARTIFACT_ROOT={shlex.quote(str(artifact_root))}")
     print(f"its runs: http://127.0.0.1:5000/#/experiments/{experiment.experiment_id}?"
           f"{MODEL_TRAINING_VIEW} (MLflow's Model training view; the port: MLFLOW_PORT)")
+    return partial
+
+
+def _print_sites_line(tags: dict[str, str]) -> bool | None:
+    """``sites: partial: 1 of 2 sites contributed (missing: site-b; ...)`` or ``complete``,
+    from the run's coverage tags; whether the run was partial (``None``: a run without them)."""
+    if PARTIAL_TAG not in tags:
+        return None
+    sites = [s for s in tags.get(SITES_TAG, "").split(",") if s]
+    contributed = [s for s in tags.get(CONTRIBUTED_TAG, "").split(",") if s]
+    partial = tags[PARTIAL_TAG] == "true"
+    counted = f"{len(contributed)} of {len(sites)} sites contributed to the final model"
+    if partial:
+        print(f"sites: partial: {counted} (missing: {tags.get(MISSING_TAG) or 'none'}; "
+              f"federation.min-contributing-sites needs {tags.get(REQUIRED_TAG, '?')})")
+    else:
+        print(f"sites: complete: {counted}")
+    if BEST_UNREGISTERED_TAG in tags:
+        print(f"best model not registered: {tags[BEST_UNREGISTERED_TAG]}")
+    return partial
 
 
 def _selection_metric(metrics: dict[str, float]) -> str:

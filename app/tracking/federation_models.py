@@ -18,7 +18,10 @@ metrics already logged are kept, not logged twice.
 A federation in which no round was evaluated (``fraction-evaluate = 0``) has no
 best round: nothing is logged or registered as the best model (an unscored model
 is not the best of anything; the run gets no ``best-round`` tag), a warning says
-so, and its final model is registered as ``<experiment>-final`` as always.
+so, and its final model is registered as ``<experiment>-final`` as always. A best round
+too few sites contributed to (run config ``federation.min-contributing-sites``,
+:mod:`strategies.rounds.site_coverage`) is logged as ``best-model`` but not registered: a
+partial federation's model never becomes the newest ``<experiment>-best``.
 """
 
 from __future__ import annotations
@@ -117,7 +120,8 @@ def log_federation_models(run_id: str, experiment: str, model: nn.Module,
                           final: tuple[list[str], list[np.ndarray]], last: RoundScore,
                           best: BestRound, input_example: np.ndarray,
                           metadata: dict[str, Any], codec: str,
-                          reuse_logged: bool = False) -> FederationModels:
+                          reuse_logged: bool = False,
+                          register_best: bool = True) -> FederationModels:
     """Log and register the best and the final model of the active run ``run_id``.
 
     Parameters
@@ -138,6 +142,9 @@ def log_federation_models(run_id: str, experiment: str, model: nn.Module,
     reuse_logged : bool
         Keep what the run already holds (a send repeated after an outage): a model
         of the same name, a version made from it, the ``best-round`` metrics.
+    register_best : bool
+        Whether the best model is registered as ``<experiment>-best`` (false: logged only,
+        ``best_version`` empty).
     """
     run = MlflowClient().get_run(run_id)
     epsilon = dp_epsilon(run.data.metrics)
@@ -157,7 +164,8 @@ def log_federation_models(run_id: str, experiment: str, model: nn.Module,
     if not (reuse_logged and "best-round" in run.data.metrics):
         mlflow.log_metrics({"best-round": float(best.round), f"best-{best.metric}": best.value})
     mlflow.set_tag("best-round", str(score.server_round))
-    best_version = _version(run_id, best_uri, f"{experiment}-best",
-                            version_tags(run_id, score, codec, epsilon))
+    best_version = (_version(run_id, best_uri, f"{experiment}-best",
+                             version_tags(run_id, score, codec, epsilon))
+                    if register_best else "")
     return FederationModels(best_uri=best_uri, final_uri=final_uri, best_version=best_version,
                             final_version=final_version, best_round=score.server_round)

@@ -88,11 +88,17 @@ class RunEnd:
     final, best_weights : dict[str, numpy.ndarray]
         The final and the best round's global model, by state-dict key.
     tags : dict[str, str]
-        Run tags set at the end (``early-stopped-at-round``).
+        Run tags set at the end (``early-stopped-at-round``, the sites' coverage:
+        :meth:`strategies.rounds.site_coverage.SiteCoverage.tags`).
     status : str
         The run's final status, ``FINISHED`` or ``FAILED``.
     folder : Path or None
         The federation's checkpoint folder holding it (``None``: memory only).
+    metrics : dict[str, float]
+        Run metrics logged at the end (``federation/contributing-sites``).
+    register_best : bool
+        Whether the best model is registered as ``<experiment>-best`` (false: too few
+        sites contributed to it; it is logged in the run only).
     """
 
     run_id: str
@@ -106,18 +112,21 @@ class RunEnd:
     tags: dict[str, str] = field(default_factory=dict)
     status: str = "FINISHED"
     folder: Path | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    register_best: bool = True
 
     @classmethod
     def of(cls, tracker: FederationTracker, run_config: dict[str, Any], last: RoundScore,
            best: BestRound, final: tuple[list[str], list[np.ndarray]],
-           tags: dict[str, str], folder: Path | None) -> RunEnd:
+           tags: dict[str, str], folder: Path | None, metrics: dict[str, float] | None = None,
+           register_best: bool = True) -> RunEnd:
         """The end of ``tracker``'s run, written to ``folder`` (when given) before it returns."""
         score = (RoundScore(best.round, best.metric, best.value, list(best.sites))
                  if best.found else None)
         end = cls(tracker.run_id, tracker.experiment_name,
                   tracker.tracking_uri, dict(run_config), last, score, _weights(*final),
                   _weights(best.keys, best.arrays) if best.found else {}, dict(tags),
-                  folder=folder)
+                  folder=folder, metrics=dict(metrics or {}), register_best=register_best)
         end.save()
         return end
 
@@ -187,6 +196,8 @@ class RunEnd:
         with bounded_requests(END_REQUEST_TIMEOUT), _in_run(self.run_id):
             if self.tags:
                 mlflow.set_tags(self.tags)
+            if self.metrics:  # the same values again after a cut-short send: harmless
+                mlflow.log_metrics(self.metrics)
             if pruned:  # the logged model's sparsity (params kept, FLOPs, bytes)
                 metadata[METADATA_KEY]["pruning"] = pruned
                 mlflow.log_metrics({f"model/{k}": v for k, v in pruned.items()
@@ -195,7 +206,7 @@ class RunEnd:
                 self.run_id, self.experiment, task.model_for_run(settings, private=private),
                 (list(self.final), list(self.final.values())), self.last, self.best_round(),
                 task.example_input(settings), metadata, config.strategy_codec,
-                reuse_logged=True)
+                reuse_logged=True, register_best=self.register_best)
             mlflow.end_run(status=self.status)
         self.forget()
         return models

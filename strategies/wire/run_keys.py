@@ -195,6 +195,8 @@ RUN_KEYS: Mapping[str, RunKey] = _keys(
     RunKey("round.max-held-mb", 4096.0, "server", _POSITIVE),
     RunKey("federation.roster", "", "server"),
     RunKey("federation.max-size-ratio", 3.0, "server", Range(1, off=True)),
+    RunKey("federation.min-contributing-sites", 0, "server",
+           Range(0, note="(0 = every site a round trains)")),
     RunKey("federation.kind", "horizontal", "server", choices=FEDERATION_KINDS),
     RunKey("privacy.noise-multiplier", 0.0, "both", Range(0, note="(0 = no DP-SGD)")),
     RunKey("privacy.max-grad-norm", 1.0, "site", _POSITIVE),
