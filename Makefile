@@ -273,6 +273,9 @@ predict: install
 #                 (the site roster, docs/DEPLOYMENT.md section 3, is required:
 #                  ALLOW_NO_ROSTER=1 runs without one; make simulate needs none)
 #                 [SIGN_KEY=/abs/app-signing.key]  (sends the app's signature: -c app-signature=...)
+#                 [ALLOW_SAME_NAME=1]  (submit although a federation of the same name is
+#                                       running; exits 3 when the run was partial: fewer
+#                                       sites than federation.min-contributing-sites)
 # Approving an app (docs/DEPLOYMENT.md, "Approving an app"):
 #   make signing-key OUT=/abs/dir                  (coordinator: app-signing.key + .pub)
 #   make sign-app KEY=/abs/app-signing.key [EXPIRES=YYYY-MM-DD]
@@ -297,6 +300,7 @@ PUBKEY            ?=
 MIN_NODES         ?=
 ROSTER            ?=
 ALLOW_NO_ROSTER   ?=
+ALLOW_SAME_NAME   ?=
 SIGN_KEY          ?=
 DEPLOY_ARGS       = --deploy-dir $(DEPLOY_DIR) --port $(SUPERLINK_PORT) --superlink $(SUPERLINK_ADDRESS)
 
@@ -342,6 +346,7 @@ federate: install
 		$(if $(MIN_NODES),-c min-nodes=$(MIN_NODES)) \
 		$(if $(ROSTER),-c federation.roster=$(abspath $(ROSTER))) \
 		$(if $(filter 1 true yes,$(ALLOW_NO_ROSTER)),--allow-no-roster) \
+		$(if $(filter 1 true yes,$(ALLOW_SAME_NAME)),--allow-same-name) \
 		-c checkpoint-dir=$(DEPLOY_DIR)/checkpoints $(if $(RESUME),-c resume=true) \
 		$(if $(SIGN_KEY),--sign-key $(abspath $(SIGN_KEY))) \
 		$(foreach kv,$(RUN_CONFIG),-c $(kv))

@@ -15,6 +15,7 @@ concept:
 ``layout.py``               DeployLayout: the paths of a deployment folder
 ``flwr_cli.py``             the ``flwr`` CLI: connections, run status, SuperNode list
 ``run_submission.py``       submit_run: ``flwr run --stream`` and its final status
+``same_name.py``            check_same_name: a running federation of the same name, refused
 ``registration.py``         register_site: site keys at the SuperLink, ``sites.json``
 ``run_config_string.py``    the ``--run-config`` string (absolute paths, preset, overrides)
 ``federation_summary.py``   the summary printed after a run, read back from MLflow

@@ -25,7 +25,10 @@ Command line (what the make targets call)::
 ``superlink`` and ``supernode`` run in the foreground (their log is echoed)
 until Ctrl-C, then stop their daemon and everything it started.
 
-``federate`` exits 0 for a complete federation, 1 for a run that did not complete, 2 for
+``federate`` refuses to submit while a federation of the same name (its MLflow
+experiment) is running on the SuperLink (:mod:`~app.tooling.same_name`;
+``--allow-same-name``, ``make federate ALLOW_SAME_NAME=1``, submits anyway).
+It exits 0 for a complete federation, 1 for a run that did not complete, 2 for
 a run config it refuses, and :data:`EXIT_PARTIAL` (3) for a *partial* one: it completed,
 but its final model has fewer contributing sites than run config
 ``federation.min-contributing-sites`` asks (a hospital revoked the app or went away).
@@ -58,6 +61,7 @@ from app.tooling.layout import DeployLayout
 from app.tooling.registration import read_registry, register_site
 from app.tooling.run_config_string import build_run_config, checked_run_config
 from app.tooling.run_submission import submit_run
+from app.tooling.same_name import check_same_name, experiment_name
 from app.tooling.superlink import DEFAULT_PORT, SuperLinkProcess
 from app.site_runtime.supernode import SuperNodeProcess
 from clients.site.app_rules import AppApprovalError
@@ -215,6 +219,14 @@ def _cmd_federate(args: argparse.Namespace) -> int:
         print(f"error: {NO_ROSTER}", file=sys.stderr)
         return 2
     layout = _connected_layout(args)
+    if not args.allow_same_name:  # two runs of one name race for <experiment>-best
+        experiment = experiment_name(values)
+        found = check_same_name(args.flwr_home, args.tracking_uri, experiment)
+        for warning in found.warnings():
+            print(f"warning: {warning}", file=sys.stderr)
+        if found.refusal(experiment):
+            print(f"error: {found.refusal(experiment)}", file=sys.stderr)
+            return 2
     if args.sign_key is not None:  # the signature of the FAB flwr run submits
         digest = fab_sha256(project_fab(PROJECT_ROOT))
         signature = sign_app(digest, args.sign_key)
@@ -314,6 +326,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-no-roster", action="store_true",
                    help="run without the coordinator's site roster (run config "
                         "'federation.roster'), which a deployment needs otherwise")
+    p.add_argument("--allow-same-name", action="store_true",
+                   help="submit even while a federation of the same name (MLflow "
+                        "experiment) is running (app.tooling.same_name)")
     p.set_defaults(func=_cmd_federate)
     return parser
 

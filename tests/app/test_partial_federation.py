@@ -105,8 +105,8 @@ def test_make_federate_exits_3_on_a_partial_run(monkeypatch, tmp_path, capsys):
 
     for partial, status in ((True, deployment.EXIT_PARTIAL), (False, 0), (None, 0)):
         monkeypatch.setattr(federation_summary, "print_summary", lambda *a, p=partial: p)
-        assert deployment.main(["federate", "--allow-no-roster", "--deploy-dir",
-                                str(tmp_path), "--flwr-home", str(tmp_path),
+        assert deployment.main(["federate", "--allow-no-roster", "--allow-same-name",
+                                "--deploy-dir", str(tmp_path), "--flwr-home", str(tmp_path),
                                 "--tracking-uri", "sqlite:///x.db",
                                 "--artifact-root", str(tmp_path)]) == status
     assert "a partial federation" in capsys.readouterr().err
