@@ -22,13 +22,15 @@ Routes and the element ids the browser tests rely on (every page: ``nav`` with l
                         policy-vertical, policy-apps
     GET  /apps          apps-any, apps-table (approved digests; row app-<digest>),
                         keys-table, revoked-table (row revoked-<digest>, form
-                        approve-<digest>), seen-table (row seen-<digest>, forms
-                        seen-revoke-<digest> / seen-approve-<digest>), forms
+                        undo-revoke-<digest>), seen-table (row seen-<digest>, forms
+                        seen-revoke-<digest> / seen-undo-revoke-<digest>), history-table
+                        (row change-<seq>: time, change, app, who, reason), forms
                         revoke-<digest> (button revoke-button-<digest>),
                         approve-form (input approve-digest, button approve-button)
     POST /apps/confirm  action, app -> the confirmation page: confirm-changes (list),
                         confirm-form (input reason, button confirm-button), cancel-link
-    POST /apps/apply    action, app, fingerprint, reason -> 303 to /apps (flash)
+    POST /apps/apply    action (approve, revoke, undo-revoke), app, fingerprint, reason ->
+                        303 to /apps (flash); the audit record's ``by``: :func:`actor`
     GET  /privacy       privacy-table (row ds-<id>; cells eps-<id>, budget-<id>,
                         left-<id>; error-<id> for an unreadable ledger), chart-<id> (inline
                         SVG), admin-log
@@ -55,6 +57,7 @@ Command line (``make console``)::
 from __future__ import annotations
 
 import argparse
+import hashlib
 import logging
 import sys
 import threading
@@ -81,11 +84,11 @@ from app.site_runtime.console_pages import (AuditView, activity_csv, activity_ro
                                             chain_banner, data_reports, node_status, overview,
                                             policy_sections)
 from app.site_runtime.console_privacy import PrivacyView
-from app.site_runtime.policy_edit import apply_edit, plan_edit
+from app.site_runtime.policy_edit import DONE, apply_edit, plan_edit
 from clients.site.privacy_ledger import dataset_id
 from strategies.wire.errors import ConfigError, FedMedError
 
-__all__ = ["create_console", "main", "serve_console", "start_console_thread"]
+__all__ = ["actor", "create_console", "main", "serve_console", "start_console_thread"]
 
 log = logging.getLogger("fedmed.console")
 
@@ -93,6 +96,14 @@ log = logging.getLogger("fedmed.console")
 PAGE_ROWS = 200
 #: How long a stop waits for open requests and keep-alive connections (seconds).
 GRACE_SECONDS = 3
+
+
+def actor(settings: ConsoleSettings, request: Request) -> str:
+    """Who makes a console change, as the audit log records it: the admin token's id (the
+    first 8 hex of its SHA-256: which token, never the token) and the client's address."""
+    token_id = hashlib.sha256(settings.admin_token.encode()).hexdigest()[:8]
+    host = request.client.host if request.client else "unknown client"
+    return f"console admin (token {token_id}) from {host}"
 
 
 def create_console(settings: ConsoleSettings) -> FastAPI:
@@ -180,7 +191,8 @@ def create_console(settings: ConsoleSettings) -> FastAPI:
         fields = await read_form(request)
         action, digest = fields.get("action", ""), fields.get("app", "").strip().lower()
         try:
-            edit = await run_in_threadpool(plan_edit, settings.policy_path, action, digest)
+            edit = await run_in_threadpool(plan_edit, settings.policy_path, action, digest,
+                                           settings.state_dir)
         except FedMedError as exc:
             return render(request, "error.html", status=400, message=str(exc))
         return render(request, "apps_confirm.html", edit=edit)
@@ -192,11 +204,12 @@ def create_console(settings: ConsoleSettings) -> FastAPI:
         try:
             edit = await run_in_threadpool(
                 apply_edit, settings.policy_path, settings.state_dir, action, digest,
-                fields.get("reason", "").strip()[:500], fields.get("fingerprint") or None)
+                fields.get("reason", "").strip()[:500], fields.get("fingerprint") or None,
+                actor(settings, request))
         except FedMedError as exc:
             return render(request, "error.html", status=409, message=str(exc))
-        done = (f"{action}d {digest[:12]}: " + "; ".join(edit.changes)) if edit.changes \
-            else f"nothing to change: {digest[:12]} was already {action}d"
+        done = (f"{DONE[action]} {digest[:12]}: " + "; ".join(edit.changes)) if edit.changes \
+            else f"nothing to change for {digest[:12]} ({action})"
         log.warning("console: %s", done)
         return RedirectResponse("/apps?" + urlencode(
             {"done": done, "mac": app.state.signer.sign_text(done)}), status_code=303)

@@ -10,7 +10,12 @@ audit log's message records:
   force treats them now. A bundle approved only by a trusted key's signature runs
   through the expiry date signed with it (the run's ``app-signature``,
   :mod:`app.site_runtime.app_approval`): the runtime's audit record of its last
-  message holds that date and the key that approved it.
+  message holds that date and the key that approved it;
+* the history of the changes to the apps: each approve, revoke and undone revoke (made in
+  the console or by ``make approve-app``) and each ``policy-change``, with when, who
+  (``by``) and why, newest first (:data:`HISTORY_ROWS` at most). A revoked app is offered
+  "Undo revoke" (:mod:`app.site_runtime.policy_edit`), which restores its approval before
+  the revoke instead of adding a digest approval.
 """
 
 from __future__ import annotations
@@ -21,7 +26,14 @@ from typing import Any
 from clients.site.app_rules import (SHA256_HEX, AppApprovalError, AppRules, key_fingerprint,
                                     load_public_key)
 
-__all__ = ["apps_view", "approved_file_lines", "standing"]
+__all__ = ["HISTORY_KINDS", "HISTORY_ROWS", "apps_view", "approved_file_lines", "history",
+           "standing"]
+
+#: The audit records of a change to the apps, and how the page names each.
+HISTORY_KINDS = {"app-approved": "approved", "app-revoked": "revoked",
+                 "app-revoke-undone": "revoke undone", "policy-change": "policy changed"}
+#: Changes the page lists (the Activity page has them all).
+HISTORY_ROWS = 50
 
 
 def approved_file_lines(path: str) -> tuple[list[dict[str, str]], str]:
@@ -56,6 +68,16 @@ def standing(rules: AppRules, app: str, in_file: set[str]) -> str:
         return ("not approved by digest: runs only with a trusted key's signature, valid "
                 "through the expiry date it was signed with")
     return "not approved"
+
+
+def history(records: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """The changes to the apps, newest first: seq, time, change, app, who, reason, detail."""
+    rows = [{"seq": str(record.get("seq", "")), "time": str(record.get("time", "")),
+             "change": HISTORY_KINDS[record["kind"]], "app": str(record.get("app") or ""),
+             "by": str(record.get("by") or "unknown"), "reason": str(record.get("reason") or ""),
+             "detail": str(record.get("changes") or record.get("fingerprint") or "")}
+            for record in records if record.get("kind") in HISTORY_KINDS]
+    return rows[::-1][:HISTORY_ROWS]
 
 
 def apps_view(rules: AppRules, records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -95,4 +117,5 @@ def apps_view(rules: AppRules, records: list[dict[str, Any]]) -> dict[str, Any]:
     return {"any": rules.any, "approved": approved, "approved_file": rules.approved_file,
             "approved_file_error": file_error, "trusted_keys": keys,
             "revoked": list(rules.revoked_sha256), "revoked_keys": list(rules.revoked_keys),
-            "seen": sorted(seen.values(), key=lambda r: str(r["last_seen"]), reverse=True)}
+            "seen": sorted(seen.values(), key=lambda r: str(r["last_seen"]), reverse=True),
+            "history": history(records)}

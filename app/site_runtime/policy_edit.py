@@ -15,8 +15,17 @@ or the new ones, never half a file.
   (revocation would win otherwise). Under ``any = true`` only that removal applies.
 * **revoke** a digest: it is added to ``revoked-sha256`` and removed from
   ``approved-sha256`` (an approved-file entry stays: revocation wins over it).
+* **undo-revoke**: the revocation is taken back, restoring the approval the app had
+  before it, never adding one: the digest leaves ``revoked-sha256`` and goes back into
+  ``approved-sha256`` only when the revoke being undone took it out of there (its audit
+  record's ``changes``, :func:`last_revoke`). An app approved by a trusted key's
+  signature, or by the approved-file, runs on that approval again; "approve" instead
+  adds a digest approval that never expires.
 
-Each applied edit appends ``app-approved`` / ``app-revoked`` to the audit log and,
+Each applied edit appends ``app-approved`` / ``app-revoked`` / ``app-revoke-undone`` (the
+revoke's ``seq`` in ``undoes``) to the audit log, with ``by`` (who: the console's admin
+session, :func:`app.site_runtime.console.actor`), the ``reason`` and the ``changes`` (one
+string, ``; ``-separated), and,
 when the policy's fingerprint is not the last one audited, ``policy-change``
 (:mod:`app.site_runtime.site_audit`, which every writer of the log goes through).
 """
@@ -37,11 +46,14 @@ from clients.site.app_rules import SHA256_HEX, read_approved_file
 from clients.site.policy import SitePolicy, load_policy
 from strategies.wire.errors import ConfigError, FedMedError, SiteError
 
-__all__ = ["ACTIONS", "AuditNotWritten", "PolicyEdit", "apply_edit", "plan_edit",
-           "set_apps_list"]
+__all__ = ["ACTIONS", "AuditNotWritten", "DONE", "PolicyEdit", "apply_edit", "last_revoke",
+           "plan_edit", "set_apps_list"]
 
 #: The edits the console offers.
-ACTIONS = ("approve", "revoke")
+ACTIONS = ("approve", "revoke", "undo-revoke")
+#: Each action as done (the flash line), and its audit record's kind.
+DONE = {"approve": "approved", "revoke": "revoked", "undo-revoke": "revoke undone"}
+_KINDS = {"approve": "app-approved", "revoke": "app-revoked", "undo-revoke": "app-revoke-undone"}
 _EDIT_LOCK = threading.Lock()
 _TABLE = re.compile(r"^\s*\[\s*(\[?)\s*([^\]]*?)\s*\]")
 _BLANK_OR_COMMENT = re.compile(r"^\s*(#.*)?$")
@@ -67,6 +79,9 @@ class PolicyEdit:
         The approved-file the digest is appended to ("" for none).
     before, after : str
         The policy's fingerprint before and after.
+    undoes : int or None
+        undo-revoke: the audit ``seq`` of the revoke it takes back (None: a revoke not made
+        in the console, or none).
     """
 
     action: str
@@ -76,6 +91,7 @@ class PolicyEdit:
     append_to_file: str
     before: str
     after: str
+    undoes: int | None = None
 
 
 def _key_pattern(key: str) -> re.Pattern[str]:
@@ -167,8 +183,28 @@ def _load_text(text: str, source: Path) -> SitePolicy:
                               f"({str(exc).replace(str(path), source.name)})") from None
 
 
-def plan_edit(policy_path: Path, action: str, app: str) -> PolicyEdit:
-    """What ``action`` on ``app`` would change in the policy (nothing is written).
+def last_revoke(state_dir: Path | None, app: str) -> dict[str, Any] | None:
+    """The audit log's last console ``app-revoked`` record of ``app`` not undone since (None:
+    none, or no ``state_dir``)."""
+    if state_dir is None:
+        return None
+    from app.site_runtime.audit_log import AuditLog
+
+    found = None
+    for record in AuditLog(state_dir).records():
+        if record.get("app") != app:
+            continue
+        if record.get("kind") == "app-revoked":
+            found = record
+        elif record.get("kind") in ("app-revoke-undone", "app-approved"):
+            found = None
+    return found
+
+
+def plan_edit(policy_path: Path, action: str, app: str,
+              state_dir: Path | None = None) -> PolicyEdit:
+    """What ``action`` on ``app`` would change in the policy (nothing is written); an
+    undo-revoke reads the revoke it takes back from ``state_dir``'s audit log.
 
     Raises
     ------
@@ -187,8 +223,19 @@ def plan_edit(policy_path: Path, action: str, app: str) -> PolicyEdit:
     text = policy_path.read_text(encoding="utf-8")
     approved, revoked = list(rules.approved_sha256), list(rules.revoked_sha256)
     changes: list[str] = []
-    append_to = ""
-    if action == "revoke":
+    append_to, undoes = "", None
+    if action == "undo-revoke":
+        revoke = last_revoke(state_dir, app) if app in revoked else None
+        undoes = None if revoke is None else int(revoke["seq"])
+        if app in revoked:
+            revoked.remove(app)
+            changes.append(f"apps.revoked-sha256: remove {app}")
+        took_out = f"apps.approved-sha256: remove {app}"
+        if revoke is not None and took_out in str(revoke.get("changes", "")).split("; ") \
+                and app not in approved:
+            approved = sorted(approved + [app])
+            changes.append(f"apps.approved-sha256: add {app} (back, as before the revoke)")
+    elif action == "revoke":
         if app not in revoked:
             revoked = sorted(revoked + [app])
             changes.append(f"apps.revoked-sha256: add {app}")
@@ -215,7 +262,7 @@ def plan_edit(policy_path: Path, action: str, app: str) -> PolicyEdit:
     after = _load_text(new_text, policy_path).fingerprint if new_text != text \
         else policy.fingerprint
     return PolicyEdit(action, app, tuple(changes), new_text if new_text != text else "",
-                      append_to, policy.fingerprint, after)
+                      append_to, policy.fingerprint, after, undoes)
 
 
 def _replace_atomically(path: Path, text: str) -> None:
@@ -270,7 +317,7 @@ def apply_edit(policy_path: Path, state_dir: Path, action: str, app: str, reason
         The fingerprint the admin confirmed; another one means the policy changed
         meanwhile and nothing is done.
     by : str
-        Who acted (``console``).
+        Who acted (the console's admin session and client: ``console admin ...``).
 
     Raises
     ------
@@ -280,7 +327,7 @@ def apply_edit(policy_path: Path, state_dir: Path, action: str, app: str, reason
         The edit is applied but the audit log could not record it (its message says so).
     """
     with _EDIT_LOCK:
-        edit = plan_edit(policy_path, action, app)
+        edit = plan_edit(policy_path, action, app, Path(state_dir))
         if expect_fingerprint is not None and edit.before != expect_fingerprint:
             raise ConfigError(f"site policy {policy_path} changed since the confirmation "
                               f"(fingerprint {expect_fingerprint}, now {edit.before}); nothing "
@@ -294,9 +341,12 @@ def apply_edit(policy_path: Path, state_dir: Path, action: str, app: str, reason
                 approve(Path(policy_path), app)
             except FedMedError as exc:
                 raise ConfigError(f"approved-file {edit.append_to_file}: {exc}") from exc
+        record = {"kind": _KINDS[action], "app": app, "by": by,
+                  "reason": reason or "no reason given", "changes": "; ".join(edit.changes)}
+        if edit.undoes is not None:
+            record["undoes"] = edit.undoes
         try:
-            _audit(Path(state_dir), {"kind": f"app-{action}d", "app": app, "by": by,
-                                     "reason": reason or "no reason given"}, edit, by)
+            _audit(Path(state_dir), record, edit, by)
         except (FedMedError, OSError) as exc:
             raise AuditNotWritten(f"the {action} of app {app[:12]} IS applied to {policy_path}, "
                                   f"but the audit log of {state_dir} could not record it "

@@ -111,11 +111,20 @@ def test_a_revoke_from_the_apps_page_refuses_the_next_run_of_that_app(console, p
     assert (written["decision"], written["rule"], written["app"]) == ("refused", "apps",
                                                                        fab.hash_str)
     revoked = [r for r in AuditLog(console.state).records() if r["kind"] == "app-revoked"]
-    assert [(r["app"], r["by"], r["reason"]) for r in revoked] == [
-        (fab.hash_str, "console", "release 2 withdrawn by the coordinator")]
+    (who,) = {r["by"] for r in revoked}
+    assert who.startswith("console admin (token ") and who.endswith(" from 127.0.0.1")
+    assert [(r["app"], r["reason"]) for r in revoked] == [
+        (fab.hash_str, "release 2 withdrawn by the coordinator")]
     changes = [r for r in AuditLog(console.state).records() if r["kind"] == "policy-change"]
     assert (changes[-1]["fingerprint"], changes[-1]["by"]) == (
-        load_policy(console.policy).fingerprint, "console")  # the edit's new rules, audited
+        load_policy(console.policy).fingerprint, who)  # the edit's new rules, audited
+    assert who in page.inner_text(f"#change-{revoked[0]['seq']}")
+    page.click(f"#undo-revoke-button-{fab.hash_str}")  # the undo, not a new approval
+    assert "revoked-sha256: remove" in page.inner_text("#confirm-changes")
+    page.click("#confirm-button")
+    page.wait_for_url(re.compile(r"/apps(\?.*)?$"))
+    assert page.locator(f"#revoked-{fab.hash_str}").count() == 0
+    assert check_app(load_policy(console.policy).apps, fab.hash_str, fab.content, "") == "sha256"
     _filtered_activity(page, kind="app-revoked")
     assert page.locator(f"#row-{revoked[0]['seq']}").count() == 1
     assert _column(page, "kind") == ["app-revoked"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import os
@@ -16,7 +17,7 @@ from fastapi.testclient import TestClient
 
 from app.site_runtime.audit_log import AuditLog, audit_dir
 from app.site_runtime.console import _named_dataset, create_console
-from app.site_runtime.console_access import ConsoleSettings
+from app.site_runtime.console_access import ConsoleSettings, admin_token_path
 from app.site_runtime.console_pages import activity_csv, activity_rows, data_reports, node_status
 from app.site_runtime.console_privacy import PrivacyView, policy_delta
 from app.site_runtime.policy_edit import apply_edit
@@ -257,9 +258,37 @@ def test_revoke_through_the_pages_is_confirmed_applied_and_audited(site):
     assert done.url.path == "/apps" and cell(done.text, "flash").startswith("revoked aaaaaaaaaaaa")
     assert APP_A in load_policy(site["policy"]).apps.revoked_sha256
     revoked = [r for r in site["log"].records() if r["kind"] == "app-revoked"]
-    assert [(r["app"], r["by"], r["reason"]) for r in revoked] == [(APP_A, "console", "recall")]
+    token = admin_token_path(site["state"]).read_text().strip()
+    token_id = hashlib.sha256(token.encode()).hexdigest()[:8]
+    who = f"console admin (token {token_id}) from 127.0.0.1"
+    assert [(r["app"], r["by"], r["reason"]) for r in revoked] == [(APP_A, who, "recall")]
     assert 'id="flash"' not in client.get("/apps", params={"done": "call 555-0100 now",
                                                            "mac": "0" * 64}).text
+    apps = client.get("/apps").text  # the revoke is offered its undo, not a new approval
+    assert f'id="undo-revoke-{APP_A}"' in apps and f'id="approve-{APP_A}"' not in apps
+    assert _row_words(apps, f"change-{revoked[0]['seq']}") == [
+        revoked[0]["time"], "revoked", APP_A[:12], *who.split(), "recall",
+        "apps.revoked-sha256:", "add", APP_A]
+    confirm = client.post("/apps/confirm", data={"csrf": csrf, "action": "undo-revoke",
+                                                 "app": APP_A}, headers={"Origin": BASE})
+    assert f"audit record {revoked[0]['seq']}" in cell(confirm.text, "confirm-undo")
+    assert cell(confirm.text, "confirm-changes") == f"apps.revoked-sha256: remove {APP_A}"
+    fingerprint = re.search(r'name="fingerprint" value="([0-9a-f]+)"', confirm.text).group(1)
+    done = client.post("/apps/apply", data={"csrf": csrf, "action": "undo-revoke", "app": APP_A,
+                                            "fingerprint": fingerprint, "reason": "wrong app"},
+                       headers={"Origin": BASE})
+    assert cell(done.text, "flash").startswith("revoke undone aaaaaaaaaaaa")
+    apps_rules = load_policy(site["policy"]).apps
+    assert APP_A not in apps_rules.revoked_sha256 and APP_A not in apps_rules.approved_sha256
+    (undone,) = [r for r in site["log"].records() if r["kind"] == "app-revoke-undone"]
+    assert (undone["undoes"], undone["by"]) == (revoked[0]["seq"], who)
+    assert _row_words(done.text, f"change-{undone['seq']}")[1:3] == ["revoke", "undone"]
+
+
+def _row_words(html: str, row_id: str) -> list[str]:
+    """The words of table row ``row_id``, its tags stripped."""
+    row = re.search(rf'<tr id="{row_id}">(.*?)</tr>', html, re.S).group(1)
+    return re.sub(r"<[^>]+>", " ", row).split()
 
 
 def test_a_line_that_is_not_json_is_reported_not_a_500(site):

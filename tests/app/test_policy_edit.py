@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from app.site_runtime.app_approval import AppNotApproved, check_app
+from app.site_runtime.app_approval import AppNotApproved, check_app, keygen, sign_app
 from app.site_runtime.audit_chain import verify_chain
 from app.site_runtime.audit_log import AuditLog
-from app.site_runtime.policy_edit import AuditNotWritten, apply_edit, plan_edit, set_apps_list
+from app.site_runtime.policy_edit import (AuditNotWritten, apply_edit, last_revoke, plan_edit,
+                                          set_apps_list)
 from clients.site.policy import load_policy
 from strategies.wire.errors import ConfigError
 from tests.app.console_site import site_folder
@@ -80,6 +81,7 @@ def test_approve_by_digest_makes_the_app_run_and_is_audited(site):
     assert [(r["kind"], r.get("app"), r["by"]) for r in records] == [
         ("app-approved", DIGEST, "console"), ("policy-change", None, "console")]
     assert records[0]["reason"] == "ethics ok" and records[1]["fingerprint"] == edit.after
+    assert records[0]["changes"] == f"apps.approved-sha256: add {DIGEST}"
     assert verify_chain(site["state"]).ok
 
 
@@ -101,6 +103,40 @@ def test_approving_a_revoked_app_lifts_the_revocation(site):
     assert set(edit.changes) == {f"apps.revoked-sha256: remove {DIGEST}",
                                  f"apps.approved-sha256: add {DIGEST}"}
     assert check_app(load_policy(site["policy"]).apps, DIGEST, FAB, "") == "sha256"
+
+
+def test_undo_revoke_restores_a_digest_approval_the_revoke_took_out(site):
+    apply_edit(site["policy"], site["state"], "approve", DIGEST, "")
+    apply_edit(site["policy"], site["state"], "revoke", DIGEST, "recall", by="console admin x")
+    seq = last_revoke(site["state"], DIGEST)["seq"]
+    edit = apply_edit(site["policy"], site["state"], "undo-revoke", DIGEST, "wrong app",
+                      by="console admin y")
+    assert edit.changes == (f"apps.revoked-sha256: remove {DIGEST}",
+                            f"apps.approved-sha256: add {DIGEST} (back, as before the revoke)")
+    assert check_app(load_policy(site["policy"]).apps, DIGEST, FAB, "") == "sha256"
+    undone = [r for r in AuditLog(site["state"]).records() if r["kind"] == "app-revoke-undone"]
+    assert [(r["undoes"], r["by"], r["reason"]) for r in undone] == [
+        (seq, "console admin y", "wrong app")]
+    assert last_revoke(site["state"], DIGEST) is None
+    assert plan_edit(site["policy"], "undo-revoke", DIGEST, site["state"]).changes == ()
+
+
+def test_undo_revoke_of_a_signed_app_adds_no_digest_approval(site, tmp_path):
+    private, public = keygen(tmp_path / "keys")
+    site["policy"].write_text(site["policy"].read_text().replace(
+        "trusted-keys = []", f'trusted-keys = ["{public}"]'))
+    signature = sign_app(DIGEST, private)
+    assert check_app(load_policy(site["policy"]).apps, DIGEST, FAB, signature).startswith("key ")
+    before = site["policy"].read_text()
+    apply_edit(site["policy"], site["state"], "revoke", DIGEST, "")
+    edit = apply_edit(site["policy"], site["state"], "undo-revoke", DIGEST, "")
+    assert edit.changes == (f"apps.revoked-sha256: remove {DIGEST}",)
+    assert site["policy"].read_text() == before  # exactly the policy before the revoke
+    rules = load_policy(site["policy"]).apps
+    assert DIGEST not in rules.approved_sha256
+    assert check_app(rules, DIGEST, FAB, signature).startswith("key ")
+    with pytest.raises(AppNotApproved):  # still only by the signature, until it expires
+        check_app(rules, DIGEST, FAB, "")
 
 
 def test_approve_appends_to_the_approved_file_when_the_policy_names_one(site, tmp_path):
