@@ -34,17 +34,13 @@ def _fake_ls(monkeypatch, payload: dict) -> None:
 def store(tmp_path_factory, mlflow_store):
     """MLflow runs of Flower runs 10 and 11 in fedmed-pe-seg, of run 12 in another one."""
     uri = mlflow_store(tmp_path_factory.mktemp("same-name"))
-    previous = mlflow.get_tracking_uri()
-    mlflow.set_tracking_uri(uri)
-    try:
-        for experiment, run_id in (("fedmed-pe-seg", 10), ("fedmed-pe-seg", 11),
-                                   ("a-study", 12)):
-            mlflow.set_experiment(experiment)
-            with mlflow.start_run(run_name=f"pe-seg-{run_id}",
-                                  tags={"flwr.run-id": str(run_id)}):
-                pass
-    finally:
-        mlflow.set_tracking_uri(previous)
+    client = mlflow.MlflowClient(uri)  # no fluent API: its active experiment is process-global
+    for experiment, run_id in (("fedmed-pe-seg", 10), ("fedmed-pe-seg", 11), ("a-study", 12)):
+        found = client.get_experiment_by_name(experiment)
+        experiment_id = found.experiment_id if found else client.create_experiment(experiment)
+        run = client.create_run(experiment_id, run_name=f"pe-seg-{run_id}",
+                                tags={"flwr.run-id": str(run_id)})
+        client.set_terminated(run.info.run_id)
     return uri
 
 
