@@ -22,7 +22,7 @@ At the coordinator::
 
     fedmed certs --out deploy/certs --hosts fl.example.org --sites hospital-a,hospital-b
     fedmed superlink | register --site NAME --public-key F | nodes
-    fedmed federate [-c key=value ...]    (tracking: ./mlflow.db, ./mlartifacts by default)
+    fedmed federate [--resume] [-c key=value ...]   (./mlflow.db, ./mlartifacts, ./deploy/checkpoints)
     fedmed app keygen --out DIR | app sign --key KEY [--expires YYYY-MM-DD]
     fedmed secagg roster-add ... | roster-list ...
     fedmed simulate --data-root /abs/hospitals   |   fedmed data synthetic --task pe-seg --out DIR
@@ -120,7 +120,18 @@ def _site_start(argv: list[str]) -> int:
 
 
 def _federate(argv: list[str]) -> int:
-    return _entry("app.tooling.deployment:main")(["federate", *_tracking_defaults(argv), *argv])
+    """``fedmed federate [--resume] [deployment federate options]``: the server checkpoints
+    under ``./deploy/checkpoints`` unless ``-c checkpoint-dir=...`` is given; ``--resume``
+    (``make federate RESUME=1``) continues the newest interrupted federation from them."""
+    args = list(argv)
+    resume = "--resume" in args
+    args = [a for a in args if a != "--resume"]
+    extra = _tracking_defaults(args)
+    if not any(a.startswith("checkpoint-dir=") for a in args):
+        extra += ["-c", f"checkpoint-dir={work_root() / 'deploy' / 'checkpoints'}"]
+    if resume:
+        extra += ["-c", "resume=true"]
+    return _entry("app.tooling.deployment:main")(["federate", *extra, *args])
 
 
 def _simulate(argv: list[str]) -> int:

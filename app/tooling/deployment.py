@@ -257,14 +257,25 @@ def _cmd_federate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _env_port() -> int:
+    """``$SUPERLINK_PORT`` (as ``make`` reads it), else the default port."""
+    text = os.environ.get("SUPERLINK_PORT", "").strip()
+    if not text:
+        return DEFAULT_PORT
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise SystemExit(f"error: SUPERLINK_PORT={text!r} is not a TCP port (1-65535)")
+    return int(text)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
     def common(p: argparse.ArgumentParser, cli: bool = True) -> None:
         p.add_argument("--deploy-dir", type=Path, default=work_root() / "deploy")
-        p.add_argument("--port", type=int, default=DEFAULT_PORT,
-                       help="the SuperLink's HTTPS port")
+        p.add_argument("--port", type=int, default=_env_port(),
+                       help=f"the SuperLink's HTTPS port (default $SUPERLINK_PORT, else "
+                            f"{DEFAULT_PORT})")
         p.add_argument("--superlink", default=None,
                        help="host:port the SuperLink is dialled at (a name in its "
                             "certificate); default 127.0.0.1:PORT")
