@@ -24,6 +24,7 @@ from app.tooling.daemon import DaemonProcess, spawn_daemon
 from app.tooling.environment import flower_env, free_port
 from app.tooling.errors import FlowerProcessError
 from app.tooling.layout import DeployLayout
+from app.site_runtime.site_proxy import check_proxy, proxy_env
 from clients.ct3d_cls.manifest import MANIFEST_NAME as CT3D_MANIFEST
 from clients.cxr_cls.manifest import MANIFEST_NAME as CXR_MANIFEST
 from clients.datagen.vertical_sets import SITE_FILE as VERTICAL_SITE_FILE
@@ -87,7 +88,8 @@ class SuperNodeProcess(DaemonProcess):
               runner: str = "warm", poll_interval: float = 0.25,
               state_retention_days: float | None = None,
               console_port: int | None = None,
-              worker_uid: int | None = None) -> SuperNodeProcess:
+              worker_uid: int | None = None,
+              proxy: str | None = None) -> SuperNodeProcess:
         """Start the SuperNode of ``site`` (returns at once; it connects in the background).
 
         Parameters
@@ -130,6 +132,10 @@ class SuperNodeProcess(DaemonProcess):
         worker_uid : int, optional
             With the site runner started as root: the uid of its sandboxed workers
             (``make supernode WORKER_UID=``; default the site node's, 65534).
+        proxy : str, optional
+            ``http://host:port`` of the hospital's HTTP(S) proxy: the SuperNode's
+            HTTPS to the SuperLink is tunnelled through it with CONNECT
+            (:mod:`app.site_runtime.site_proxy`; None: the inherited environment).
         """
         if runner not in ("warm", "flower"):
             raise FlowerProcessError(f"runner must be 'warm' or 'flower', got {runner!r}")
@@ -142,6 +148,8 @@ class SuperNodeProcess(DaemonProcess):
                                      "configs/site-policy.toml)")
         if policy is not None:
             load_policy(policy)
+        if proxy is not None:
+            check_proxy(proxy)
         problem = site_folder_problem(data_path)
         if problem is not None:
             raise FlowerProcessError(problem)
@@ -176,6 +184,7 @@ class SuperNodeProcess(DaemonProcess):
                        *(["--worker-uid", str(worker_uid)] if worker_uid else []),
                        "--", *command]
         extra = {"FEDMED_TORCH_THREADS": str(torch_threads)} if torch_threads else {}
+        extra.update(proxy_env(proxy) if proxy is not None else {})
         daemon = spawn_daemon(command, flower_env(folder / "flwr-home", extra),
                               folder / "supernode.log", f"flower-supernode {site}", cwd=folder)
         return cls(process=daemon.process, log_file=daemon.log_file, name=daemon.name,

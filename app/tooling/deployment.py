@@ -190,8 +190,9 @@ def _cmd_supernode(args: argparse.Namespace) -> int:
                                   policy=args.policy.resolve(),
                                   state_retention_days=args.state_retention_days,
                                   console_port=args.console_port,
-                                  worker_uid=args.worker_uid)
-    return _foreground(node, f"SuperNode {args.site} -> {_superlink_address(args)} (pid "
+                                  worker_uid=args.worker_uid, proxy=args.proxy)
+    via = f" via proxy {args.proxy}" if args.proxy else ""
+    return _foreground(node, f"SuperNode {args.site} -> {_superlink_address(args)}{via} (pid "
                        f"{node.pid}, runtime API 127.0.0.1:{node.port})\n  data     "
                        f"{args.data.resolve()}\n  policy   {args.policy.resolve()}",
                        node.log_file, supernode_hints(args.site))
@@ -316,6 +317,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--worker-uid", type=int, default=None,
                    help="a node started as root runs its sandboxed app workers as this uid "
                         "(default 65534; give a dedicated one)")
+    p.add_argument("--proxy", default=None,
+                   help="http://HOST:PORT of the hospital's HTTP(S) proxy: the SuperNode's "
+                        "HTTPS to the SuperLink goes through it (CONNECT)")
     p.set_defaults(func=_cmd_supernode)
 
     p = sub.add_parser("nodes", help="list SuperNodes with their site names")

@@ -41,7 +41,9 @@ from pathlib import Path
 
 from app.config.product_paths import PROJECT_ROOT
 from app.site_runtime.console_access import ensure_admin_token
+from app.site_runtime.site_proxy import check_proxy
 from app.tooling.certs import CertError, check_site_name, ensure_site_keys
+from app.tooling.errors import FlowerProcessError
 from app.tooling.layout import DeployLayout
 from strategies.wire.errors import ConfigError
 from strategies.wire.secure_aggregation.signing import generate_key, load_key, public_text
@@ -93,7 +95,7 @@ def _write_policy(home: SiteHome) -> bool:
 
 
 def init_site(root: Path, site: str, data: Path, superlink: str, ca: Path | None = None,
-              out=sys.stdout) -> SiteHome:
+              out=sys.stdout, proxy: str | None = None) -> SiteHome:
     """Make (or complete) the site folder ``root``; returns its paths.
 
     Raises
@@ -103,6 +105,11 @@ def init_site(root: Path, site: str, data: Path, superlink: str, ca: Path | None
         another site; the message names the file or option.
     """
     home = SiteHome(root, site)
+    if proxy is not None:
+        try:
+            check_proxy(proxy)
+        except FlowerProcessError as exc:
+            raise ConfigError(f"--proxy: {exc}") from None
     data = Path(data).resolve()
     if not data.is_dir():
         raise ConfigError(f"--data {data}: no such folder (the site's data folder)")
@@ -139,7 +146,8 @@ def init_site(root: Path, site: str, data: Path, superlink: str, ca: Path | None
             "# `fedmed site start` reads this file; an option on its command line wins.\n"
             f"site = {json.dumps(home.site)}\ndata = {json.dumps(str(data))}\n"
             f"superlink = {json.dumps(superlink)}\npolicy = {json.dumps(str(home.policy))}\n"
-            f"state = {json.dumps(str(home.state))}\n")
+            f"state = {json.dumps(str(home.state))}\n"
+            + (f"proxy = {json.dumps(proxy)}\n" if proxy else ""))
         made.append(f"site settings {home.settings}")
     print(f"site {home.site}: folder {home.root}", file=out)
     for line in made or ["nothing new: every file existed and was kept"]:
@@ -173,7 +181,7 @@ def start_argv(root: Path, extra: Sequence[str]) -> list[str]:
     settings = read_settings(root)
     given = {arg.split("=", 1)[0] for arg in extra if arg.startswith("--")}
     argv = ["supernode", "--deploy-dir", str(Path(root).resolve())]
-    for key in ("site", "data", "superlink", "policy", "state"):
+    for key in ("site", "data", "superlink", "policy", "state", "proxy"):
         if f"--{key}" not in given and settings.get(key):
             argv += [f"--{key}", str(settings[key])]
     return [*argv, *extra]
@@ -191,9 +199,11 @@ def init_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, required=True, help="the site's data folder")
     parser.add_argument("--superlink", required=True, help="HOST:PORT of the SuperLink")
     parser.add_argument("--ca", type=Path, default=None, help="the coordinator's ca.crt")
+    parser.add_argument("--proxy", default=None, help="http://HOST:PORT of the hospital's "
+                        "HTTP(S) proxy to the SuperLink (site.toml key proxy)")
     args = parser.parse_args(argv)
     try:
-        init_site(args.home, args.site, args.data, args.superlink, args.ca)
+        init_site(args.home, args.site, args.data, args.superlink, args.ca, proxy=args.proxy)
     except (ConfigError, CertError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
