@@ -11,7 +11,15 @@ The same apps, policy and tracking as a horizontal federation, other messages
    local encoders in, a global encoder out; or split learning's batches of cut-layer
    activations and gradients;
 4. log every round to one MLflow run (per site ``site/<department>/<metric>``, the mean over
-   sites under ``vertical/<metric>``), the traffic, and the sites' final metrics.
+   sites under ``vertical/<metric>``), the traffic, and the sites' final metrics;
+5. with a ``checkpoint-dir``, checkpoint after every round
+   (:mod:`app.vertical.vertical_checkpoint`, the horizontal federation's file and folder);
+   ``resume = true`` continues after the newest checkpoint of the same run config, in the
+   same MLflow run, without a new alignment.
+
+A required stage some sites leave unanswered within ``round-timeout`` stops the federation
+with one line (:func:`app.vertical.messages.timeout_error`): the round, the stage, those
+sites, the key to raise and the sizes to lower.
 
 Every stage's replies are taken once by the reply intake (:mod:`app.vertical.messages`): a
 stage that needs every site (``describe``, the PSI, split learning's training) stops the
@@ -25,7 +33,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from logging import INFO
+from logging import ERROR, INFO
 
 import numpy as np
 from flwr.app import Context
@@ -36,7 +44,9 @@ from app.config.run_config import RunConfig
 from app.tracking import FederationTracker
 from app.tracking.outbox import RoundRecord
 from app.tracking.tracker import metric_key
-from app.vertical.messages import StageAnswer, StageRequest, Traffic, send_stage
+from app.vertical.messages import StageAnswer, StageRequest, Traffic, VerticalError, send_stage
+from app.vertical.vertical_checkpoint import (VerticalCheckpoint, open_checkpoint,
+                                              resumed_checkpoint)
 from strategies.rounds.instructions import wait_for_nodes
 from strategies.rounds.site_book import SiteBook
 from strategies.wire.registry import Registry
@@ -77,6 +87,30 @@ class VerticalContext:
     traffic: Traffic = field(default_factory=Traffic)
     #: The names the sites' replies declared, bound to their nodes (the intake's check).
     book: SiteBook = field(default_factory=SiteBook)
+    #: Where the rounds are checkpointed, and what a resume continues from.
+    checkpoint: VerticalCheckpoint | None = None
+    #: Patients shared by every site (the PSI's; 0 before it or without one).
+    intersection: int = 0
+
+    @property
+    def first_round(self) -> int:
+        """The first round to run (after the resumed checkpoint's, else 1)."""
+        return 1 if self.checkpoint is None else self.checkpoint.first_round
+
+    def resumed_state(self) -> tuple[dict[str, np.ndarray], dict]:
+        """The resumed checkpoint's coordinator arrays and method state (empty: fresh)."""
+        if self.checkpoint is None:
+            return {}, {}
+        return self.checkpoint.arrays(), self.checkpoint.state()
+
+    def save_round(self, server_round: int, arrays: Mapping[str, np.ndarray],
+                   state: dict, site_metrics: Mapping[str, Mapping[str, float]]) -> None:
+        """Checkpoint round ``server_round`` (after its metrics were queued for MLflow):
+        the coordinator's ``arrays``, the method's ``state``, the sites' metrics."""
+        if self.checkpoint is not None:
+            self.checkpoint.save(server_round, dict(arrays), {
+                **state, "site-metrics": {k: dict(v) for k, v in site_metrics.items()},
+                "intersection": self.intersection})
 
     @property
     def seed(self) -> int:
@@ -155,15 +189,22 @@ def federate_vertical(grid: Grid, context: Context) -> VerticalOutcome:
     options = config.vertical_options
     tracker = FederationTracker(config.task, config.tracking_uri, config.artifact_root,
                                 config.experiment)
-    run_id = tracker.start(
-        run_name=f"vertical-{options.method}-{time.strftime('%Y%m%d-%H%M%S')}",
-        params=config.as_params(),
-        tags={"flwr.run-id": str(context.run_id), "task": config.task,
-              "federation.kind": "vertical", "vertical.method": options.method})
+    checkpoint = resumed_checkpoint(config, tracker, str(context.run_id))
+    if checkpoint is None:
+        checkpoint = open_checkpoint(config, tracker, tracker.start(
+            run_name=f"vertical-{options.method}-{time.strftime('%Y%m%d-%H%M%S')}",
+            params=config.as_params(),
+            tags={"flwr.run-id": str(context.run_id), "task": config.task,
+                  "federation.kind": "vertical", "vertical.method": options.method}))
+    else:
+        log(INFO, "Resuming the vertical federation after round %d from %s",
+            checkpoint.first_round - 1, checkpoint.path)
+    run_id = checkpoint.run_id
     started, status = time.monotonic(), "FAILED"
     try:
         nodes = wait_for_nodes(grid, config.min_nodes, config.node_wait_timeout)
-        ctx = VerticalContext(grid, nodes, config, options, run_id, tracker)
+        ctx = VerticalContext(grid, nodes, config, options, run_id, tracker,
+                              checkpoint=checkpoint)
         described = ctx.send("describe", {node: ({}, {}) for node in nodes}, 0)
         ctx.departments = {node: described[node].info.get("department", ctx.department(node))
                            for node in nodes}
@@ -171,14 +212,20 @@ def federate_vertical(grid: Grid, context: Context) -> VerticalOutcome:
             ctx.departments = {node: f"{name}-{node}" for node, name in ctx.departments.items()}
         log(INFO, "Vertical federation (%s) over %s", options.method,
             ", ".join(ctx.departments[n] for n in nodes))
-        intersection = align(ctx) if options.needs_alignment else 0
-        if intersection:
-            ctx.log(0, {"psi-size": intersection})
+        if checkpoint.resumed is not None:  # the sites keep the alignment of this federation
+            ctx.intersection = int(checkpoint.state().get("intersection", 0))
+        elif options.needs_alignment:
+            ctx.intersection = align(ctx)
+            if ctx.intersection:
+                ctx.log(0, {"psi-size": ctx.intersection})
         result = VERTICAL_RUNNERS.get(options.method)(ctx)
         ctx.log_sites(config.num_server_rounds + 1, {
             department: {f"final-{name}": value for name, value in values.items()}
             for department, values in result.site_metrics.items()})
         status = "FINISHED"
+    except VerticalError as exc:  # one line that says what to do, before Flower's traceback
+        log(ERROR, "%s", exc)
+        raise
     finally:
         tracker.flush()
         tracker.finish(status)
@@ -186,4 +233,5 @@ def federate_vertical(grid: Grid, context: Context) -> VerticalOutcome:
     log(INFO, "Vertical federation finished in %.1f s: %d messages, %.2f MB down, %.2f MB up",
         seconds, ctx.traffic.messages, ctx.traffic.downlink_bytes / 1e6,
         ctx.traffic.uplink_bytes / 1e6)
-    return VerticalOutcome(run_id, result, ctx.traffic, seconds, intersection, ctx.departments)
+    return VerticalOutcome(run_id, result, ctx.traffic, seconds, ctx.intersection,
+                           ctx.departments)

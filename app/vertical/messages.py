@@ -13,6 +13,9 @@ horizontal round. A stage the protocol cannot finish without every site (``requi
 the PSI, ``describe``, split learning's training) then stops the federation with a
 :class:`VerticalError` naming the site and the reason (a policy refusal names the rule);
 one it can (pvFed's rounds, split learning's evaluation) goes on with the answers it got.
+A required stage some sites did not answer within ``round-timeout`` raises
+:class:`VerticalTimeout`, one line naming the round, the stage, the silent sites, the
+run-config key to raise and the sizes that make the stage long (:data:`STAGE_SIZES`).
 :class:`Traffic` counts the arrays' bytes each way, the figure the split-learning
 benchmark compares with FedAvg's.
 """
@@ -27,14 +30,15 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
 from strategies.rounds.instructions import exchange
-from strategies.rounds.reply_intake import ReplyIntake
+from strategies.rounds.reply_intake import NO_REPLY, ReplyIntake
 from strategies.rounds.round_policy import RoundPolicy
 from strategies.rounds.site_book import SiteBook
 from strategies.vertical.stage_answer import StageAnswer, parse_stage_answer
 from strategies.wire import message_keys as keys
 from strategies.wire.errors import FederationError
 
-__all__ = ["Scalar", "StageAnswer", "StageRequest", "Traffic", "VerticalError", "send_stage"]
+__all__ = ["STAGE_SIZES", "Scalar", "StageAnswer", "StageRequest", "Traffic", "VerticalError",
+           "VerticalTimeout", "send_stage", "timeout_error"]
 
 #: Seconds between two pulls of the replies.
 _POLL_SECONDS = 0.02
@@ -46,6 +50,34 @@ StageRequest = tuple[Mapping[str, Scalar], Mapping[str, np.ndarray]]
 
 class VerticalError(FederationError):
     """A stage that needs every site lacks one's usable answer (the site and reason named)."""
+
+
+class VerticalTimeout(VerticalError):
+    """A stage that needs every site did not hear from some within ``round-timeout``."""
+
+
+#: Stage name prefix -> the run-config sizes that make a site's answer to it take long.
+STAGE_SIZES: dict[str, str] = {
+    "describe": "none (the site did not start answering: check its SuperNode's log)",
+    "psi-": "the sites' patient counts (rows of table.csv)",
+    "pvfed-local": "vertical.local-epochs, vertical.encoder-epochs, batch-size",
+    "pvfed-round": "vertical.head-epochs, vertical.encoder-epochs",
+    "split-train": "local-steps, vertical.batches-per-message, batch-size, image-size, "
+                   "model-size",
+    "split-head": "vertical.batches-per-message, batch-size, image-size, model-size",
+    "split-eval": "the sites' val/test splits, image-size, model-size",
+}
+
+
+def timeout_error(stage: str, server_round: int, sites: list[str],
+                  timeout: float) -> VerticalTimeout:
+    """The one-line error of ``stage`` in ``server_round`` left unanswered by ``sites``."""
+    sizes = next((text for prefix, text in STAGE_SIZES.items() if stage.startswith(prefix)),
+                 "the stage's sizes")
+    return VerticalTimeout(
+        f"vertical federation timed out in round {server_round}, stage {stage!r}: no answer "
+        f"from {', '.join(sites)} within round-timeout={timeout:g} s; raise run-config "
+        f"'round-timeout' or lower {sizes} (docs/VERTICAL.md, 'Sizes and time per round')")
 
 
 @dataclass
@@ -94,10 +126,12 @@ def send_stage(grid: Grid, stage: str, requests: Mapping[int, StageRequest], *,
 
     Raises
     ------
+    VerticalTimeout
+        With ``required``: some sites did not answer within ``timeout`` seconds
+        (:func:`timeout_error`: the round, the stage, those sites, what to change).
     VerticalError
         With ``required``: naming each site whose reply was unusable (the intake's reason:
-        the rule of a refusal, the exception's type, the malformed record) or did not come
-        within ``timeout`` seconds.
+        the rule of a refusal, the exception's type, the malformed record).
     """
     names = dict(names or {})
     book = book or SiteBook()
@@ -119,6 +153,10 @@ def send_stage(grid: Grid, stage: str, requests: Mapping[int, StageRequest], *,
         traffic.count(stage, sizes[node], sum(int(a.nbytes) for a in up))
     if required and taken.dropped:
         labels = {label: node for node, label in taken.labels.items()}
+        silent = [names.get(labels.get(label, -1), label)
+                  for label, reason in taken.dropped.items() if reason == NO_REPLY]
+        if silent:
+            raise timeout_error(stage, server_round, silent, timeout)
         raise VerticalError("; ".join(
             f"vertical stage {stage!r}: {names.get(labels.get(label, -1), label)} gave no "
             f"usable reply and the stage needs every site: {reason}"

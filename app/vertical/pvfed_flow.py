@@ -114,8 +114,19 @@ def _site_metrics(ctx: VerticalContext, answers: Mapping[int, StageAnswer]) -> d
     return {ctx.department(node): dict(answer.metrics) for node, answer in answers.items()}
 
 
+def _encoders(ctx: VerticalContext,
+              answers: Mapping[int, StageAnswer]) -> dict[str, dict[str, np.ndarray]]:
+    """Department -> the local encoder its answer carries, in the sites' order."""
+    return {ctx.department(node): dict(answers[node].arrays)
+            for node in ctx.nodes if node in answers}
+
+
 def run_pvfed(ctx: VerticalContext) -> VerticalResult:
     """pvFed's rounds over the aligned sites (see the module docstring).
+
+    After each round the global encoder and the local encoders that came back are
+    checkpointed (:meth:`VerticalContext.save_round`); a resumed federation starts from
+    them, after the round they were kept in, without the local stage again.
 
     Raises
     ------
@@ -125,22 +136,35 @@ def run_pvfed(ctx: VerticalContext) -> VerticalResult:
         From :func:`global_step`.
     """
     rounds = ctx.config.num_server_rounds
-    answers = ctx.send("pvfed-local", {node: ({}, {}) for node in ctx.nodes}, 0, required=False)
-    site_metrics = _site_metrics(ctx, answers)
-    ctx.log_sites(0, site_metrics)
+    arrays, state = ctx.resumed_state()
     encoder = None
-    for server_round in range(1, rounds + 1):
-        if not answers:
+    if state:  # resumed: the global encoder and the local encoders of the checkpoint
+        local_encoders, site_metrics = state["local-encoders"], state["site-metrics"]
+        kept = {k.removeprefix(GLOBAL_PREFIX): v for k, v in arrays.items()}
+        encoder = encoder_from_arrays(kept) if kept else None
+    else:
+        answers = ctx.send("pvfed-local", {node: ({}, {}) for node in ctx.nodes}, 0,
+                           required=False)
+        local_encoders, site_metrics = _encoders(ctx, answers), _site_metrics(ctx, answers)
+        ctx.log_sites(0, site_metrics)
+    for server_round in range(ctx.first_round, rounds + 1):
+        if not local_encoders:
             raise VerticalError(f"pvFed round {server_round}: no site's local encoder came "
                                 "back (every reply of the previous stage was dropped)")
-        step = global_step({ctx.department(node): answers[node].arrays
-                            for node in ctx.nodes if node in answers},
-                           ctx.options, ctx.seed, server_round, encoder)
+        step = global_step(local_encoders, ctx.options, ctx.seed, server_round, encoder)
         encoder, arrays = step.encoder, encoder_arrays(step.encoder)
         answers = ctx.send("pvfed-round", {node: ({ENCODE: server_round < rounds}, arrays)
                                            for node in ctx.nodes}, server_round, required=False)
         site_metrics = _site_metrics(ctx, answers)
         ctx.log_sites(server_round, site_metrics, {"global-encoder-loss": step.loss})
-    kept = {} if encoder is None else {f"{GLOBAL_PREFIX}{name}": value
+        local_encoders = {department: arrays for department, arrays
+                          in _encoders(ctx, answers).items() if arrays}
+        ctx.save_round(server_round, _global_arrays(encoder),
+                       {"local-encoders": local_encoders}, site_metrics)
+    return VerticalResult(site_metrics=site_metrics, arrays=_global_arrays(encoder))
+
+
+def _global_arrays(encoder: IdEncoder | None) -> dict[str, np.ndarray]:
+    """The global encoder's weights under :data:`GLOBAL_PREFIX` (``{}``: none yet)."""
+    return {} if encoder is None else {f"{GLOBAL_PREFIX}{name}": value
                                        for name, value in encoder_arrays(encoder).items()}
-    return VerticalResult(site_metrics=site_metrics, arrays=kept)

@@ -45,6 +45,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -60,6 +61,7 @@ from clients.vertical.split_model import (PART, U_SHAPED, batch_key, cut_task_ne
 from models.split_network import buffers_kept
 from strategies.aggregation import fedavg_delta
 from strategies.wire.errors import ReplyError
+from strategies.wire.seeds import round_seed
 
 __all__ = ["run_split", "message_sizes"]
 
@@ -233,9 +235,37 @@ def _part_of(answer: StageAnswer) -> Arrays:
     return {k: v for k, v in answer.arrays.items() if k.startswith(PART)}
 
 
+def _optimiser_state(optimiser: torch.optim.Optimizer) -> dict[int, dict[str, Any]]:
+    """The optimiser's per-parameter state (momentum buffers, Adam's moments), as numpy."""
+    return {int(index): {name: value.detach().cpu().numpy().copy()
+                         if isinstance(value, torch.Tensor) else value
+                         for name, value in entries.items()}
+            for index, entries in optimiser.state_dict()["state"].items()}
+
+
+def _restore(coordinator: _Coordinator, arrays: Arrays, state: Mapping[str, Any]) -> Arrays:
+    """Put a checkpoint's middle weights and optimiser state back; the site part it kept."""
+    middle = {k.removeprefix("middle/"): torch.from_numpy(np.array(v))
+              for k, v in arrays.items() if k.startswith("middle/")}
+    coordinator.middle.load_state_dict(middle)
+    saved = coordinator.optimiser.state_dict()
+    saved["state"] = {int(index): {name: torch.from_numpy(np.array(value))
+                                   if isinstance(value, np.ndarray) else value
+                                   for name, value in entries.items()}
+                      for index, entries in state["optimiser"].items()}
+    coordinator.optimiser.load_state_dict(saved)
+    return {k: v for k, v in arrays.items() if k.startswith(PART)}
+
+
 def run_split(ctx: VerticalContext) -> VerticalResult:
     """Split learning over ``ctx.nodes`` (see the module docstring); the sites' last metrics and
-    the trained network's parts (``middle/*`` at the coordinator, ``part/*`` the sites')."""
+    the trained network's parts (``middle/*`` at the coordinator, ``part/*`` the sites').
+
+    Each round starts from torch's seed for that round (the run seed's), and ends with
+    a checkpoint of the coordinator's part, its optimiser's state and the site part
+    (:meth:`VerticalContext.save_round`), so a resumed federation continues as the
+    uninterrupted one would.
+    """
     task, settings = task_class(ctx.config.task), ctx.config.task_settings()
     torch.manual_seed(ctx.seed)
     split = cut_task_network(task.model_for_run(settings), ctx.options)
@@ -247,10 +277,14 @@ def run_split(ctx: VerticalContext) -> VerticalResult:
         ctx.config.optimizer, split.middle.parameters(), ctx.config.lr, ctx.config.momentum),
         task.loss_fn(), device, cut_shape[1:])
     part = part_arrays(split.site_part())
+    kept, state = ctx.resumed_state()
+    site_metrics: dict[str, dict[str, float]] = dict(state.get("site-metrics", {}))
+    if state:
+        part = _restore(coordinator, kept, state)
     sequential = ctx.options.split_mode == "sequential"
-    site_metrics: dict[str, dict[str, float]] = {}
     started = time.monotonic()
-    for server_round in range(1, ctx.config.num_server_rounds + 1):
+    for server_round in range(ctx.first_round, ctx.config.num_server_rounds + 1):
+        torch.manual_seed(round_seed(ctx.seed, server_round, 0))
         coordinator.losses.clear()
         turns = [[node] for node in ctx.nodes] if sequential else [list(ctx.nodes)]
         returned: dict[int, StageAnswer] = {}
@@ -268,5 +302,11 @@ def run_split(ctx: VerticalContext) -> VerticalResult:
                 metrics["train-loss"] = float(np.mean(losses))
             site_metrics[ctx.department(node)] = metrics
         ctx.log_sites(server_round, site_metrics, {"seconds": time.monotonic() - started})
-    arrays = {f"middle/{k}": v.detach().cpu().numpy() for k, v in split.middle.state_dict().items()}
-    return VerticalResult(site_metrics, {**arrays, **part})
+        ctx.save_round(server_round, {**_middle_arrays(split.middle), **part},
+                       {"optimiser": _optimiser_state(coordinator.optimiser)}, site_metrics)
+    return VerticalResult(site_metrics, {**_middle_arrays(split.middle), **part})
+
+
+def _middle_arrays(middle: nn.Module) -> Arrays:
+    """The coordinator's part by ``middle/<state-dict name>`` (weights and buffers)."""
+    return {f"middle/{k}": v.detach().cpu().numpy() for k, v in middle.state_dict().items()}

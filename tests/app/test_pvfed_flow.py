@@ -63,6 +63,7 @@ class RoutedContext:
         self.config = type("Config", (), {"num_server_rounds": rounds})()
         self.logged: list[tuple[int, dict[str, float]]] = []
         self.stages: list[str] = []
+        self.checkpoint, self.intersection = None, 0
 
     def send(self, stage, requests, server_round, required=True):
         self.stages.append(stage)
@@ -79,6 +80,9 @@ class RoutedContext:
 
     department = VerticalContext.department
     log_sites = VerticalContext.log_sites
+    first_round = VerticalContext.first_round
+    resumed_state = VerticalContext.resumed_state
+    save_round = VerticalContext.save_round
 
 
 def test_pvfed_rounds_give_a_site_the_information_another_holds(tmp_path):

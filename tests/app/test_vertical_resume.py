@@ -1,0 +1,119 @@
+"""A vertical federation checkpoints each round and resumes in the same MLflow run (#47 item 7).
+
+pvFed (three departments) and U-shaped split learning (two chest X-ray hospitals) through the
+in-process engine: one run of 3 rounds uninterrupted; another whose coordinator "dies" right
+after round 1's checkpoint was written, then ``resume = true``. Both are deterministic (the
+sites' and the coordinator's seeds are functions of the run seed and the round, and what a
+site keeps lives in its state folder of the federation), so the resumed federation ends bit
+for bit where the uninterrupted one ends. One thing differs between two federations by
+design: the PSI salts the ids with the federation id and the sites' secret (each site
+folder's own here), so the aligned patients' order (and with it pvFed's batches) is another
+in each; the comparison salts both federations' ids with one constant key and name, which
+makes their orders equal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from mlflow.tracking import MlflowClient
+
+import clients.vertical.psi_stages as psi_stages
+from app.engine import VirtualSite, partition_sites, run_federation
+from app.vertical.vertical_checkpoint import VerticalCheckpoint
+from clients.cxr_cls.synthetic import generate_site, site_profiles
+from strategies.rounds.checkpoint import CHECKPOINT_FILE, load_checkpoint
+from tests.app.test_pvfed_federation import DEPARTMENTS, write_department
+
+pytestmark = pytest.mark.usefixtures("server_identity", "one_torch_thread")
+
+PVFED = {"federation.kind": "vertical", "vertical.method": "pvfed", "task": "tabular-cls",
+         "vertical.aggregation": "pca", "vertical.dim": 4, "vertical.local-epochs": 3,
+         "vertical.encoder-epochs": 10, "vertical.global-epochs": 10, "vertical.head-epochs": 3,
+         "batch-size": 16, "min-nodes": 3, "node-wait-timeout": 10}
+SPLIT = {"federation.kind": "vertical", "vertical.method": "splitnn-u", "task": "cxr-cls",
+         "model-size": "small", "image-size": 32, "batch-size": 4, "local-steps": 2,
+         "vertical.batches-per-message": 1, "optimizer": "sgd", "momentum": 0.9,
+         "min-nodes": 2, "node-wait-timeout": 10}
+
+
+class _Crash(Exception):
+    """The coordinator's process 'dies' right after round 1's checkpoint."""
+
+
+def _sites(kind: str, folder: Path) -> list[VirtualSite]:
+    if kind == "pvfed":
+        return [VirtualSite.folder(write_department(folder / name, name, patients, signal),
+                                   site_name=f"hospital-{name}",
+                                   state_dir=folder / f"state-{name}")
+                for name, (patients, signal) in DEPARTMENTS.items()]
+    for profile in site_profiles(2, seed=5):
+        generate_site(folder / "data" / profile.name,
+                      dataclasses.replace(profile, num_images=16), seed=5, image_size=32,
+                      val_fraction=0.25)
+    return partition_sites(2)
+
+
+def _config(kind: str, folder: Path, store: str) -> dict[str, Any]:
+    return {**(PVFED if kind == "pvfed" else SPLIT), "num-server-rounds": 3,
+            "experiment": f"vertical-resume-{kind}", "tracking-uri": store,
+            "artifact-root": str(folder / "artifacts"), "checkpoint-dir": str(folder / "ckpt"),
+            "data-root": str(folder / "data")}
+
+
+def _interrupted(kind: str, folder: Path, store: str, monkeypatch) -> Any:
+    """Round 1, a crash after its checkpoint, then the resume to round 3."""
+    sites, config = _sites(kind, folder), _config(kind, folder, store)
+    save = VerticalCheckpoint.save
+
+    def save_then_crash(self, server_round, arrays, state):
+        save(self, server_round, arrays, state)
+        if server_round == 1:
+            raise _Crash
+    with monkeypatch.context() as patch:
+        patch.setattr(VerticalCheckpoint, "save", save_then_crash)
+        with pytest.raises(_Crash):
+            run_federation(config, sites)
+    return run_federation({**config, "resume": True}, sites)
+
+
+@pytest.mark.parametrize("kind", ["pvfed", "split"])
+def test_a_resumed_vertical_federation_ends_where_an_uninterrupted_one_ends(
+        kind, tmp_path, mlflow_store, monkeypatch):
+    salted = psi_stages.salted_items
+    monkeypatch.setattr(psi_stages, "salted_items",
+                        lambda secret, federation, ids: salted(b"one-key", "one-order", ids))
+    store = mlflow_store(tmp_path / "mlflow")
+    whole = run_federation(_config(kind, tmp_path / "whole", store),
+                           _sites(kind, tmp_path / "whole"))
+    resumed = _interrupted(kind, tmp_path / "cut", store, monkeypatch)
+    assert sorted(whole.result.arrays) == sorted(resumed.result.arrays)
+    assert whole.result.arrays  # the coordinator's part / the global encoder
+    for name, value in whole.result.arrays.items():
+        np.testing.assert_array_equal(resumed.result.arrays[name], value, err_msg=name)
+    assert resumed.result.site_metrics == whole.result.site_metrics
+    assert resumed.intersection == whole.intersection
+    client = MlflowClient(tracking_uri=store)
+    runs = client.search_runs([client.get_experiment_by_name(f"vertical-resume-{kind}")
+                               .experiment_id])
+    assert len(runs) == 2  # the resume continued the interrupted run, no third one
+    run = client.get_run(resumed.mlflow_run_id)
+    assert run.info.status == "FINISHED" and "resumed-after-round-1" in run.data.tags
+    department = sorted(resumed.result.site_metrics)[0]
+    metric = "pvfed-test-auc" if kind == "pvfed" else "test-auc"
+    steps = [m.step for m in client.get_metric_history(run.info.run_id,
+                                                       f"site/{department}/{metric}")]
+    assert sorted(steps) == [1, 2, 3]  # each round once, round 1 from before the crash
+    checkpoint = load_checkpoint(tmp_path / "cut" / "ckpt" / resumed.mlflow_run_id
+                                 / CHECKPOINT_FILE, None)
+    assert checkpoint.server_round == 3 and checkpoint.mlflow_run_id == resumed.mlflow_run_id
+
+
+def test_a_vertical_resume_without_a_checkpoint_names_the_folder(tmp_path, mlflow_store):
+    config = {**_config("pvfed", tmp_path, mlflow_store(tmp_path / "mlflow")), "resume": True}
+    with pytest.raises(Exception, match="no checkpoint to resume from"):
+        run_federation(config, _sites("pvfed", tmp_path))
