@@ -19,6 +19,7 @@ is recorded as failed at hospital-b and round 3 has it again; the run completes.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -160,12 +161,15 @@ def test_node_behind_proxy_only_route_loses_network_and_rejoins(
             wait_for(lambda: node_status(d.flwr_home, node_ids["hospital-b"]) == "offline",
                      300, "offline status of hospital-b", run=run, watch=nodes.values(),
                      interval=5.0)
+            offline_after = time.monotonic() - cut_at
             time.sleep(max(0.0, OUTAGE_S - (time.monotonic() - cut_at)))  # the outage itself
             outage = time.monotonic() - cut_at
             before = relay.connections
             relay.restore()
+            restored_at = time.monotonic()
             wait_online(d.flwr_home, [node_ids["hospital-b"]], timeout=300,
                         watch=nodes.values())
+            online_after = time.monotonic() - restored_at
             assert relay.connections > before
 
             outcome = run.result(timeout=1860)
@@ -179,8 +183,10 @@ def test_node_behind_proxy_only_route_loses_network_and_rejoins(
                 node.stop()
             relay.cut()
     assert all(node.process.poll() is not None for node in nodes.values())
-    print(f"outage {outage:.0f} s (FEDMED_NET_OUTAGE_S={OUTAGE_S:g}), "
-          f"{relay.connections} proxied connections")
+    connects = proxy_log.read_text().count(f"CONNECT 127.0.0.1:{link_port} ")
+    print(f"outage {outage:.0f} s (FEDMED_NET_OUTAGE_S={OUTAGE_S:g}): offline seen after "
+          f"{offline_after:.0f} s, online again {online_after:.0f} s after the restore; "
+          f"{relay.connections} relayed connections, {connects} CONNECTs in the proxy log")
 
     client = MlflowClient(tracking_uri=tracking)
     mlflow_run = only_run(client, "proxy")
@@ -192,3 +198,6 @@ def test_node_behind_proxy_only_route_loses_network_and_rejoins(
     # again in round 3 through the proxy, with the same process.
     assert history(client, run_id, "site/hospital-b/failed") == {1: 0.0, 2: 1.0, 3: 0.0}
     assert sorted(history(client, run_id, "site/hospital-b/steps")) == [1, 3]
+    local = client.download_artifacts(run_id, "rounds/round-002-dropped.json", str(tmp_path))
+    dropped = json.loads(Path(local).read_text())
+    assert list(dropped) == ["train/hospital-b"], dropped
