@@ -149,6 +149,22 @@ def _python_roots() -> list[Path]:
     return sorted(roots)
 
 
+def _dependency_folders() -> list[Path]:
+    """Folders of ``sys.path`` outside the Python roots (dependencies a ``.pth`` file or
+    ``PYTHONPATH`` adds), and the real folders their symlinked entries point into; never
+    a folder holding the product's own packages (the worker runs the approved bundle's)."""
+    roots, found = _python_roots(), set()
+    for entry in sys.path:
+        folder = Path(entry or ".").absolute()
+        if (not entry or not folder.is_dir() or any(r == folder or r in folder.parents
+                                                   for r in roots)
+                or any((folder / name).exists() for name in _PRODUCT_PACKAGES)):
+            continue
+        found.add(folder)
+        found.update(child.resolve().parent for child in folder.iterdir() if child.is_symlink())
+    return sorted(f for f in found if not any((f / n).is_dir() for n in _PRODUCT_PACKAGES))
+
+
 class _Args:
     """bubblewrap arguments, with every mount point's parents made traversable."""
 
@@ -187,7 +203,7 @@ def _system(args: _Args) -> None:
 
 
 def _python(args: _Args) -> None:
-    for root in _python_roots():
+    for root in (*_python_roots(), *_dependency_folders()):
         args.bind("--ro-bind", root)
     hidden = [Path(p) for p in glob.glob(os.path.join(sys.prefix, "lib", "python*",
                                                       "site-packages", "__editable__*"))]

@@ -48,7 +48,8 @@ def register_site(layout: DeployLayout, flwr_home: Path, site: str,
     another key, is refused with the command that would undo it.
     """
     check_site_name(site)
-    public_key = Path(public_key) if public_key else layout.public_key(site)
+    # absolute: `flwr supernode register` runs in another folder than the caller
+    public_key = Path(public_key).resolve() if public_key else layout.public_key(site)
     if not public_key.is_file():
         raise FlowerProcessError(f"public key {public_key} not found; the hospital sends "
                                  "its supernode.pub (never its private key)")

@@ -54,3 +54,18 @@ def test_the_mounts_come_in_an_order_that_keeps_them(tmp_path, monkeypatch):
 def test_limits_are_checked_naming_what_is_wrong(limits):
     with pytest.raises(FlowerProcessError):
         SandboxLimits(**limits)
+
+
+def test_dependencies_a_pth_file_adds_are_mounted_with_what_their_links_point_to(tmp_path,
+                                                                                monkeypatch):
+    """A venv whose dependencies come from a ``.pth`` folder of links (the wheel test's
+    venv; a site's system packages): the worker sees that folder and the links' targets,
+    never a folder of the product's own packages."""
+    real, deps, ours = tmp_path / "real", tmp_path / "deps", tmp_path / "checkout"
+    (real / "torch").mkdir(parents=True)
+    deps.mkdir()
+    (deps / "torch").symlink_to(real / "torch")
+    (ours / "app").mkdir(parents=True)
+    monkeypatch.setattr(sys, "path", [*sys.path, str(deps), str(ours)])
+    found = sandbox._dependency_folders()
+    assert deps in found and real in found and ours not in found
