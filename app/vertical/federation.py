@@ -15,7 +15,10 @@ The same apps, policy and tracking as a horizontal federation, other messages
 5. with a ``checkpoint-dir``, checkpoint after every round
    (:mod:`app.vertical.vertical_checkpoint`, the horizontal federation's file and folder);
    ``resume = true`` continues after the newest checkpoint of the same run config, in the
-   same MLflow run, without a new alignment.
+   same MLflow run, without a new alignment;
+6. log the coordinator's arrays (pvFed's global encoder, split learning's parts) as the
+   run's model with its metadata and register it as ``<experiment>-final``
+   (:mod:`app.tracking.vertical_model`).
 
 A required stage some sites leave unanswered within ``round-timeout`` stops the federation
 with one line (:func:`app.vertical.messages.timeout_error`): the round, the stage, those
@@ -44,6 +47,7 @@ from app.config.run_config import RunConfig
 from app.tracking import FederationTracker
 from app.tracking.outbox import RoundRecord
 from app.tracking.tracker import metric_key
+from app.tracking.vertical_model import VerticalModel, log_vertical_model, vertical_metadata
 from app.vertical.messages import StageAnswer, StageRequest, Traffic, VerticalError, send_stage
 from app.vertical.vertical_checkpoint import (VerticalCheckpoint, open_checkpoint,
                                               resumed_checkpoint)
@@ -179,6 +183,8 @@ class VerticalOutcome:
     #: Patients shared by every site (PSI; 0: no alignment, split learning).
     intersection: int = 0
     departments: dict[int, str] = field(default_factory=dict)
+    #: The logged and registered model (``None``: the method left no arrays).
+    model: VerticalModel | None = None
 
 
 def federate_vertical(grid: Grid, context: Context) -> VerticalOutcome:
@@ -222,6 +228,15 @@ def federate_vertical(grid: Grid, context: Context) -> VerticalOutcome:
         ctx.log_sites(config.num_server_rounds + 1, {
             department: {f"final-{name}": value for name, value in values.items()}
             for department, values in result.site_metrics.items()})
+        tracker.flush()
+        model = None if not result.arrays else log_vertical_model(
+            run_id, tracker.experiment_name, result.arrays, vertical_metadata(
+                config.task, options.method, config.num_server_rounds,
+                [ctx.departments[n] for n in nodes], result.arrays, config.task_settings(),
+                ctx.intersection))
+        if model is not None:
+            log(INFO, "Vertical model: %s, registered %s", model.uri,
+                model.version or "(not registered)")
         status = "FINISHED"
     except VerticalError as exc:  # one line that says what to do, before Flower's traceback
         log(ERROR, "%s", exc)
@@ -234,4 +249,4 @@ def federate_vertical(grid: Grid, context: Context) -> VerticalOutcome:
         seconds, ctx.traffic.messages, ctx.traffic.downlink_bytes / 1e6,
         ctx.traffic.uplink_bytes / 1e6)
     return VerticalOutcome(run_id, result, ctx.traffic, seconds, ctx.intersection,
-                           ctx.departments)
+                           ctx.departments, model)

@@ -1,4 +1,5 @@
-"""A vertical federation checkpoints each round and resumes in the same MLflow run (#47 item 7).
+"""A vertical federation checkpoints each round, resumes in the same MLflow run and registers
+its model (#47 item 7).
 
 pvFed (three departments) and U-shaped split learning (two chest X-ray hospitals) through the
 in-process engine: one run of 3 rounds uninterrupted; another whose coordinator "dies" right
@@ -9,18 +10,23 @@ for bit where the uninterrupted one ends. One thing differs between two federati
 design: the PSI salts the ids with the federation id and the sites' secret (each site
 folder's own here), so the aligned patients' order (and with it pvFed's batches) is another
 in each; the comparison salts both federations' ids with one constant key and name, which
-makes their orders equal.
+makes their orders equal. The resumed run's end logs the coordinator's arrays (pvFed's
+global encoder, split learning's parts) with their metadata, registered as
+``<experiment>-final``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from mlflow.artifacts import download_artifacts
 from mlflow.tracking import MlflowClient
+from safetensors.numpy import load_file
 
 import clients.vertical.psi_stages as psi_stages
 from app.engine import VirtualSite, partition_sites, run_federation
@@ -111,6 +117,26 @@ def test_a_resumed_vertical_federation_ends_where_an_uninterrupted_one_ends(
     checkpoint = load_checkpoint(tmp_path / "cut" / "ckpt" / resumed.mlflow_run_id
                                  / CHECKPOINT_FILE, None)
     assert checkpoint.server_round == 3 and checkpoint.mlflow_run_id == resumed.mlflow_run_id
+    _check_registered(client, resumed, kind)
+
+
+def _check_registered(client: MlflowClient, outcome: Any, kind: str) -> None:
+    """The run's model: the coordinator's arrays and their metadata, a registry version."""
+    name = f"vertical-resume-{kind}-final"
+    assert outcome.model.version.startswith(f"models:/{name}/")
+    version = client.get_model_version(name, outcome.model.version.rsplit("/", 1)[1])
+    assert version.tags["run-id"] == outcome.mlflow_run_id and version.tags["rounds"] == "3"
+    folder = Path(download_artifacts(outcome.model.uri))
+    weights = load_file(str(folder / "model.safetensors"))
+    assert sorted(weights) == sorted(outcome.result.arrays)
+    for array_name, value in outcome.result.arrays.items():
+        np.testing.assert_array_equal(weights[array_name], value)
+    meta = json.loads((folder / "fedmed.json").read_text())["fedmed"]
+    assert meta["flow"] == ("pvfed" if kind == "pvfed" else "splitnn-u")
+    assert meta["rounds"] == 3 and sorted(meta["sites"]) == sorted(outcome.result.site_metrics)
+    assert meta["task"] == ("tabular-cls" if kind == "pvfed" else "cxr-cls")
+    assert {k: tuple(v) for k, v in meta["input-sizes"].items()} == {
+        k: v.shape for k, v in weights.items()}
 
 
 def test_a_vertical_resume_without_a_checkpoint_names_the_folder(tmp_path, mlflow_store):
