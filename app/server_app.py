@@ -190,7 +190,7 @@ class RoundRecorder:
         if self.checkpoint_path is not None:
             save_checkpoint(self.checkpoint_path, ServerCheckpoint(
                 server_round=report.server_round, keys=keys_, arrays=values,
-                strategy=self.strategy.snapshot(), mlflow_run_id=self.tracker.run_id,
+                strategy=self.strategy.snapshot(), mlflow_run_id=self.tracker.federation,
                 run_config=self.run_config, best={} if self.best is None else self.best.state(),
                 aggregated_rounds=self.aggregated_rounds))
         self.tracker.flush()
@@ -301,7 +301,8 @@ def federate(grid: Grid, context: Context) -> FederationOutcome | VerticalOutcom
             folder = run_folder(Path(config.checkpoint_dir), run_id)
             tracker.use_outbox(folder)
             checkpoint_path = folder / CHECKPOINT_FILE
-    log(INFO, "MLflow run %s in experiment '%s' at %s", run_id, tracker.experiment_name,
+    log(INFO, "Federation %s: MLflow run %s in experiment '%s' at %s", run_id,
+        tracker.run_id or "(opened when MLflow answers)", tracker.experiment_name,
         tracker.tracking_uri)
     initial = prune_initial(strategy, initial, model, task, config)
     on_round_end = RoundRecorder(
@@ -365,10 +366,11 @@ def federate(grid: Grid, context: Context) -> FederationOutcome | VerticalOutcom
         log(WARNING, "Best round %d (%s) and the final model wait on disk for MLflow; send "
             "them with: %s", models.best_round, score,
             flush_command(end.folder, tracker.tracking_uri))
-    log(INFO, "MLflow run %s (experiment '%s', store %s)", run_id, tracker.experiment_name,
+    log(INFO, "MLflow run %s (experiment '%s', store %s)",
+        tracker.run_id or f"not opened yet (federation {run_id})", tracker.experiment_name,
         tracker.tracking_uri)
-    return FederationOutcome(run_id, result.arrays, dict(strategy.reports), models.best_round,
-                             models, cross_site, coverage)
+    return FederationOutcome(tracker.run_id, result.arrays, dict(strategy.reports),
+                             models.best_round, models, cross_site, coverage)
 
 
 def _score(strategy: FederatedStrategy, server_round: int, metric: str) -> RoundScore:

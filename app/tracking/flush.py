@@ -61,6 +61,7 @@ def flush_folder(folder: Path, tracking_uri: str = "") -> str:
     if not tracker.flush():
         raise ConnectionError(f"MLflow at {end.tracking_uri} did not take the rounds "
                               f"{[r.step for r in tracker.outbox.pending]} of run {end.run_id}")
+    end.opened_as(tracker.run_id)  # a start that waited with the rounds
     try:
         models = end.send()
     finally:

@@ -167,6 +167,13 @@ class RunEnd:
             self.save()
         return self
 
+    def opened_as(self, run_id: str) -> None:
+        """The MLflow run of a federation whose start reached MLflow only after its end
+        was written (saved again)."""
+        if run_id and run_id != self.run_id:
+            self.run_id = run_id
+            self.save()
+
     def waiting(self) -> FederationModels:
         """The models while they wait on disk: no URI, no version yet."""
         best_round = 0 if self.best is None else self.best.server_round  # 0: none evaluated
@@ -258,6 +265,7 @@ def finish_run(tracker: FederationTracker, end: RunEnd, wait_s: float,
     while True:
         tries += 1
         if tracker.flush(quiet=tries > 1):  # one warning, not one per try
+            end.opened_as(tracker.run_id)
             try:
                 models = end.send()
                 if tries > 1:

@@ -22,6 +22,14 @@ with MLflow's HTTP retries off and a short request timeout
 never raises: while MLflow is unreachable a round costs at most one failed
 request and its record waits for the next flush.
 
+MLflow down at the start does not stop the federation either: :meth:`start`
+asks once (bounded) and, without an answer, gives the federation an id of its
+own and keeps the start as a :class:`~app.tracking.run_start.RunStart`
+(``tracking-run.json``); the first flush that reaches MLflow opens the run
+before it sends the rounds. :attr:`federation` is the federation's id (its
+checkpoint folder), :attr:`run_id` its MLflow run (empty until opened); they
+are the same when MLflow answered at the start.
+
 MLflow refuses a name over 250 characters, with other characters than its own
 rules allow, or that would resolve to another name as a path
 (``mlflow.utils.validation``). A site's name is part of the product's metric
@@ -71,6 +79,7 @@ from mlflow.utils.validation import (
 )
 
 from app.tracking.outbox import OUTBOX_FILE, Outbox, RoundRecord
+from app.tracking.run_start import RunStart, experiment_id, new_federation_id
 from strategies.rounds.round_report import RoundReport
 from strategies.rounds.withheld import refused_rule, withheld_text
 from strategies.wire import message_keys as keys
@@ -262,19 +271,17 @@ class FederationTracker:
             mlflow.set_tracking_uri(uri)
         self.tracking_uri = mlflow.get_tracking_uri()
         self.experiment_name = experiment or f"fedmed-{task}"
-        client = MlflowClient()
-        found = client.get_experiment_by_name(self.experiment_name)
-        if found is None:
-            location = Path(artifact_root).as_uri() if artifact_root else None
-            self.experiment_id = client.create_experiment(self.experiment_name,
-                                                          artifact_location=location,
-                                                          tags=EXPERIMENT_TAGS)
-        else:
-            self.experiment_id = found.experiment_id
-            for name, value in EXPERIMENT_TAGS.items():
-                if found.tags.get(name) != value:
-                    client.set_experiment_tag(self.experiment_id, name, value)
-        self.run_id = ""
+        self.artifact_root = artifact_root
+        try:  # bounded: a federation starts while MLflow is down (RunStart)
+            with bounded_requests():
+                self.experiment_id = experiment_id(self.experiment_name, artifact_root,
+                                                   EXPERIMENT_TAGS)
+        except Exception as exc:  # noqa: BLE001 - tracking must never stop the federation
+            log(WARNING, "MLflow at %s not reachable (%s); the experiment '%s' is made when "
+                "it answers", self.tracking_uri, type(exc).__name__, self.experiment_name)
+            self.experiment_id = ""
+        self.run_id = self.federation = ""
+        self.run_start: RunStart | None = None
         self.outbox = Outbox()
         self._policies: dict[str, str] = {}
 
@@ -282,53 +289,89 @@ class FederationTracker:
     def of_run(cls, run_id: str, tracking_uri: str, experiment: str,
                outbox_dir: Path) -> FederationTracker:
         """The tracker of the existing run ``run_id`` with its outbox in ``outbox_dir``, made
-        without asking MLflow anything (``make tracking-flush``, :mod:`app.tracking.flush`)."""
+        without asking MLflow anything (``make tracking-flush``, :mod:`app.tracking.flush`);
+        a start still waiting in ``outbox_dir`` (``run_id`` empty) is opened by the flush."""
         tracker = cls.__new__(cls)
         tracker.tracking_uri, tracker.experiment_name = tracking_uri, experiment
-        tracker.experiment_id, tracker.run_id = "", run_id
+        tracker.experiment_id, tracker.artifact_root = "", ""
+        tracker.run_start = RunStart.load(outbox_dir)
+        tracker.run_id = run_id or (tracker.run_start.mlflow_run_id if tracker.run_start else "")
+        tracker.federation = Path(outbox_dir).name
         tracker.outbox = Outbox(Path(outbox_dir) / OUTBOX_FILE)
         tracker._policies = {}
         return tracker
 
     def start(self, run_name: str, params: dict[str, Any], tags: dict[str, str],
               outbox_dir: Path | None = None) -> str:
-        """Open the federation's MLflow run and log its params; returns the run id.
+        """Open the federation's MLflow run and log its params; returns the federation's id.
 
-        ``outbox_dir`` (the federation's checkpoint folder) keeps rounds not yet
-        in MLflow on disk; see :meth:`use_outbox` when it depends on the run id.
+        The id is the MLflow run's id; while MLflow does not answer it is one of
+        our own (:func:`new_federation_id`) and the start waits as a
+        :class:`RunStart` (in ``tracking-run.json`` once the outbox has a folder),
+        opened by the first flush that reaches MLflow. ``outbox_dir`` (the
+        federation's checkpoint folder) keeps rounds not yet in MLflow on disk;
+        see :meth:`use_outbox` when it depends on the id.
         """
-        run = mlflow.start_run(experiment_id=self.experiment_id, run_name=run_name, tags=tags)
-        self.run_id = run.info.run_id
-        mlflow.log_params({k: str(v) for k, v in params.items()})
+        self.run_start = RunStart("", self.experiment_name, self.artifact_root, run_name,
+                                  {k: str(v) for k, v in params.items()}, dict(tags),
+                                  dict(EXPERIMENT_TAGS))
+        try:
+            with bounded_requests():
+                self.run_id = self.federation = self.run_start.open()
+        except Exception as exc:  # noqa: BLE001 - the federation starts anyway
+            self.run_id = self.run_start.mlflow_run_id  # set: opened, its params not sent
+            self.run_start.federation = self.federation = self.run_id or new_federation_id()
+            log(WARNING, "MLflow at %s not reachable (%s); federation %s starts without its "
+                "MLflow run, which is opened when MLflow answers", self.tracking_uri,
+                type(exc).__name__, self.federation)
+        else:
+            self.run_start = None  # opened: nothing waits
         if outbox_dir is not None:
             self.use_outbox(outbox_dir)
-        return self.run_id
+        return self.federation
 
     def use_outbox(self, folder: Path) -> None:
-        """Keep pending rounds in ``folder``/``tracking-outbox.jsonl`` from now on."""
+        """Keep pending rounds (and a start MLflow has not had) in ``folder`` from now on."""
         pending = self.outbox.pending
         self.outbox = Outbox(Path(folder) / OUTBOX_FILE)
         for record in pending:
             self.outbox.append(record)
+        if self.run_start is not None:
+            self.run_start.folder = Path(folder)
+            self.run_start.save()
 
     def resume(self, run_id: str, after_round: int, flwr_run_id: str,
                outbox_dir: Path | None = None) -> str:
-        """Reopen the federation's MLflow run after a crash; returns its id.
+        """Reopen the federation ``run_id``'s MLflow run after a crash; returns ``run_id``.
 
         Rounds of the outbox past ``after_round`` (not checkpointed: they run
         again) and steps MLflow already has are dropped, so no step is logged
-        twice; the others are sent now.
+        twice; the others are sent now. A federation started while MLflow was
+        down has its MLflow run in ``tracking-run.json`` (:class:`RunStart`), or,
+        still not opened, keeps waiting for it.
         """
-        run = mlflow.start_run(run_id=run_id)
+        self.federation = run_id
+        resumed = {f"resumed-after-round-{after_round}": flwr_run_id, "flwr.run-id": flwr_run_id}
+        self.run_start = None if outbox_dir is None else RunStart.load(outbox_dir)
+        if self.run_start is not None and not self.run_start.mlflow_run_id:
+            self.run_start.tags.update(resumed)  # sent with the run when MLflow answers
+            self.run_start.save()
+            self.outbox = Outbox(Path(outbox_dir) / OUTBOX_FILE)
+            self.outbox.keep(after_round, set())
+            self.flush()
+            return run_id
+        mlflow_run = self.run_start.mlflow_run_id if self.run_start else run_id
+        self.run_start = None
+        run = mlflow.start_run(run_id=mlflow_run)
         self.run_id = run.info.run_id
-        mlflow.set_tags({f"resumed-after-round-{after_round}": flwr_run_id,
-                         "flwr.run-id": flwr_run_id})
+        mlflow.set_tags(resumed)
         if outbox_dir is not None:
             self.outbox = Outbox(Path(outbox_dir) / OUTBOX_FILE)
-            history = MlflowClient(self.tracking_uri).get_metric_history(run_id, _STEP_MARKER)
+            history = MlflowClient(self.tracking_uri).get_metric_history(self.run_id,
+                                                                         _STEP_MARKER)
             self.outbox.keep(after_round, {m.step for m in history})
             self.flush()
-        return self.run_id
+        return run_id
 
     def record(self, report: RoundReport) -> None:
         """Queue one round for MLflow (on disk before this returns)."""
@@ -363,6 +406,7 @@ class FederationTracker:
         pending = self.outbox.pending
         try:
             with bounded_requests(timeout):
+                self._open_waiting_run()
                 for record in pending:
                     try:
                         self._send(client, record)
@@ -380,7 +424,17 @@ class FederationTracker:
         finally:
             if sent:
                 self.outbox.done(sent)
-        return not self.outbox.pending
+        return not self.outbox.pending and self.run_start is None
+
+    def _open_waiting_run(self) -> None:
+        """Open the MLflow run of a federation started while MLflow was down (raises what
+        MLflow raises; the start keeps waiting then)."""
+        if self.run_start is None:
+            return
+        self.run_id = self.run_start.open()
+        self.run_start = None
+        log(WARNING, "MLflow answers: federation %s is MLflow run %s from now on",
+            self.federation, self.run_id)
 
     def _send(self, client: MlflowClient, record: RoundRecord) -> None:
         """Log one record: its params, tags, artifacts, tables and files, then its metrics
@@ -425,7 +479,7 @@ class FederationTracker:
         With MLflow unreachable the run stays open and the rounds stay in the
         outbox (a resume sends them); nothing raises.
         """
-        if mlflow.active_run() is None:
+        if mlflow.active_run() is None and self.run_start is None:
             return
         if not self.flush():
             log(WARNING, "MLflow run %s left open: %d round(s) not sent, kept in %s",

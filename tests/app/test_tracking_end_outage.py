@@ -79,6 +79,8 @@ def test_an_unreachable_mlflow_at_the_end_fails_nothing_and_the_flush_sends_it_o
 class _Tracker:
     """The outbox side of a tracker: MLflow answers from try ``answer_from`` on."""
 
+    run_id = "r"
+
     def __init__(self, answer_from: int) -> None:
         self.answer_from, self.tries, self.outbox = answer_from, 0, Outbox()
 
@@ -91,6 +93,9 @@ class _End:
     """An end whose send succeeds (MLflow answers once the outbox went through)."""
 
     tracking_uri, run_id, status, folder, sent = "http://mlflow", "r", "FINISHED", None, 0
+
+    def opened_as(self, run_id: str) -> None:
+        assert run_id == self.run_id  # opened at the start: nothing changes
 
     def send(self) -> str:
         self.sent += 1

@@ -124,7 +124,7 @@ class _Strategy:
 class _Tracker:
     """Notes, at each call, which round the checkpoint holds."""
 
-    run_id = "fed"
+    run_id = federation = "fed"
 
     def __init__(self, path: Path) -> None:
         self.path, self.events = path, []

@@ -24,6 +24,7 @@ from app.tracking import flush
 from app.tracking.outbox import OUTBOX_FILE, Outbox
 from app.tooling.process_tree import descendants
 from app.tracking.run_end import END_FILE
+from app.tracking.run_start import RUN_FILE, RunStart
 from tests.fixtures.mlflow_server import MlflowServerProcess
 from tests.integration.conftest import write_small_hospitals
 
@@ -100,6 +101,24 @@ def _assert_everything_in_mlflow(uri: str, run_id: str, experiment: str) -> None
     assert len(client.get_metric_history(run_id, "best-round")) == 1
 
 
+def _restart_once(mlflow_server: dict[str, MlflowServerProcess], checkpoints: Path,
+                  waiting_file: str) -> tuple[threading.Thread, dict[str, float]]:
+    """A thread that starts the (stopped) server again once a federation's folder under
+    ``checkpoints`` holds ``waiting_file``; the times it was asked and answered."""
+    server, restarted = mlflow_server["server"], {}
+
+    def restart() -> None:
+        while not list(checkpoints.glob(f"*/{waiting_file}")):
+            time.sleep(0.2)
+        restarted["at"] = time.monotonic()
+        mlflow_server["server"] = server.restart(startup_timeout=STARTUP_TIMEOUT)
+        restarted["back"] = time.monotonic()
+
+    thread = threading.Thread(target=restart, daemon=True)
+    thread.start()
+    return thread, restarted
+
+
 def test_the_flush_command_sends_what_an_outage_across_the_end_left(
         tmp_path, data_root, mlflow_server, monkeypatch):
     """Found: the end of the run needed MLflow and raised; the federation failed, the run
@@ -134,17 +153,7 @@ def test_the_bounded_wait_at_the_end_sends_everything_once_mlflow_is_back(
     the ServerApp itself sends the rounds, the models, their versions and the status."""
     server = mlflow_server["server"]
     checkpoints = tmp_path / "checkpoints"
-    restarted: dict[str, float] = {}
-
-    def restart_once_the_end_waits() -> None:
-        while not list(checkpoints.glob(f"*/{END_FILE}")):
-            time.sleep(0.2)
-        restarted["at"] = time.monotonic()
-        mlflow_server["server"] = server.restart(startup_timeout=STARTUP_TIMEOUT)
-        restarted["back"] = time.monotonic()
-
-    thread = threading.Thread(target=restart_once_the_end_waits, daemon=True)
-    thread.start()
+    thread, restarted = _restart_once(mlflow_server, checkpoints, END_FILE)
     outcome, end_seconds, ends = _federate(tmp_path, data_root, server, STARTUP_TIMEOUT + 60,
                                            monkeypatch, "outage-wait")
     thread.join(timeout=STARTUP_TIMEOUT)
@@ -172,3 +181,37 @@ def test_the_tests_mlflow_server_starts_no_job_runner(mlflow_server):
         except OSError:
             continue  # ended meanwhile
     assert commands and not any(b"huey" in c for c in commands), commands
+
+
+def test_a_federation_started_while_mlflow_is_down_sends_its_run_once_mlflow_answers(
+        tmp_path, data_root, mlflow_server):
+    """Issue 47, item 4: MLflow down at the start of the run. The federation starts under an
+    id of its own; the real server, started only once the start waits in
+    ``tracking-run.json``, gets the run, its params, every round and the end from the
+    ServerApp itself. Found: the tracker raised before round 1."""
+    server = mlflow_server["server"]
+    server.kill()
+    checkpoints = tmp_path / "checkpoints"
+    thread, restarted = _restart_once(mlflow_server, checkpoints, RUN_FILE)
+    outcome = run_federation({
+        "num-server-rounds": ROUNDS, "local-steps": 2, "image-size": 32, "batch-size": 4,
+        "node-wait-timeout": 5, "experiment": "outage-start", "data-root": str(data_root),
+        "tracking-uri": server.uri, "checkpoint-dir": str(checkpoints),
+        "cross-site.finetune-steps": 0, "tracking.end-wait-s": STARTUP_TIMEOUT + 60},
+        partition_sites(2), run_id=47)
+    thread.join(timeout=STARTUP_TIMEOUT)
+    (folder,) = checkpoints.iterdir()
+    opened = RunStart.load(folder)
+    assert opened is not None and opened.mlflow_run_id == outcome.mlflow_run_id != folder.name
+    assert outcome.models.best_version == "models:/outage-start-best/1"
+    _assert_everything_in_mlflow(mlflow_server["server"].uri, outcome.mlflow_run_id,
+                                 "outage-start")
+    client = MlflowClient(mlflow_server["server"].uri)
+    run = client.get_run(outcome.mlflow_run_id)
+    assert run.data.params["num-server-rounds"] == str(ROUNDS)
+    assert run.data.tags["flwr.run-id"] == "47"
+    assert len(client.search_runs([run.info.experiment_id])) == 1
+    assert not (folder / END_FILE).exists() and not Outbox(folder / OUTBOX_FILE).pending
+    print("\nMLflow down at the start, started once the federation ran: " + json.dumps({
+        "round_seconds": _round_seconds(outcome),
+        "mlflow_start_seconds": round(restarted["back"] - restarted["at"], 2)}))
