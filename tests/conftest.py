@@ -23,6 +23,7 @@ PROCESS_GROUPS = {
     "tests/integration/test_deployment_resume.py": "ray",
     "tests/integration/test_deployment.py": "deployment",
     "tests/integration/test_deployment_faults.py": "deployment",
+    "tests/integration/test_deployment_vertical.py": "deployment",
     # not a shared process, but minutes of real `mlflow server` starts: scheduled first
     "tests/integration/test_tracking_outage_end.py": "mlflow-outage",
 }
