@@ -252,11 +252,11 @@ predict: install
 		$(if $(OVERWRITE),--overwrite) $(if $(DEVICE),--device $(DEVICE)) \
 		$(if $(PERSONAL),--personal $(abspath $(PERSONAL)))
 
-# --- Deployment: TLS SuperLink with SuperNode authentication (docs/DEPLOYMENT.md) ---
+# --- Deployment: TLS SuperLink with SuperNode authentication (docs/DEPLOYMENT-REFERENCE.md) ---
 #   make certs [HOSTS=localhost,127.0.0.1] [SITES_LIST=hospital-a,hospital-b]
 #   make superlink [SUPERLINK_PORT=8000]           (foreground; Ctrl-C stops it)
 #   make register SITE=hospital-a [PUBKEY=path/to/supernode.pub]
-#   make supernode SITE=hospital-a DATA=/abs/site [STATE=/abs/state] [SUPERNODE_PORT=9094]
+#   make supernode SITE=hospital-a DATA=/abs/site [STATE=/abs/state] [SUPERNODE_PORT=9094] [PROXY=URL]
 #                  [POLICY=/abs/policy.toml]   (the site policy; default configs/site-policy.toml)
 #                  [RETAIN_DAYS=30]  (a federation's state folder is removed after RETAIN_DAYS
 #                                     days untouched; 0 keeps all)
@@ -267,16 +267,16 @@ predict: install
 #                                     made at its first start, mode 0600)
 #                  [WORKER_UID=uid]  (a node started as root runs the approved app in its
 #                                     bubblewrap sandbox as this uid, default 65534; the
-#                                     data must be readable by it; docs/DEPLOYMENT.md)
+#                                     data must be readable by it; docs/DEPLOYMENT-REFERENCE.md)
 #   make supernodes                                (which sites are online)
 #   make federate ROSTER=/abs/roster.toml [ROUNDS=2] [RUN_CONFIG="local-steps=20 min-nodes=2"]
-#                 (the site roster, docs/DEPLOYMENT.md section 3, is required:
+#                 (the site roster, docs/DEPLOYMENT-REFERENCE.md section 3, is required:
 #                  ALLOW_NO_ROSTER=1 runs without one; make simulate needs none)
 #                 [SIGN_KEY=/abs/app-signing.key]  (sends the app's signature: -c app-signature=...)
 #                 [ALLOW_SAME_NAME=1]  (submit although a federation of the same name is
 #                                       running; exits 3 when the run was partial: fewer
 #                                       sites than federation.min-contributing-sites)
-# Approving an app (docs/DEPLOYMENT.md, "Approving an app"):
+# Approving an app (docs/DEPLOYMENT-REFERENCE.md, "Approving an app"):
 #   make signing-key OUT=/abs/dir                  (coordinator: app-signing.key + .pub)
 #   make sign-app KEY=/abs/app-signing.key [EXPIRES=YYYY-MM-DD]
 #                                                  (coordinator: the app's sha256 and signature,
@@ -325,14 +325,15 @@ register: install
 		--site $(SITE) $(if $(PUBKEY),--public-key $(abspath $(PUBKEY)))
 
 supernode: install
-	@test -n "$(SITE)" -a -n "$(DATA)" || { echo "usage: make supernode SITE=<name> DATA=/abs/site/folder [STATE=/abs/dir] [SUPERNODE_PORT=port] [POLICY=/abs/policy.toml] [RETAIN_DAYS=30] [CONSOLE=1 [CONSOLE_PORT=8470]] [WORKER_UID=uid]" >&2; exit 2; }
+	@test -n "$(SITE)" -a -n "$(DATA)" || { echo "usage: make supernode SITE=<name> DATA=/abs/site/folder [STATE=/abs/dir] [SUPERNODE_PORT=port] [POLICY=/abs/policy.toml] [RETAIN_DAYS=30] [CONSOLE=1 [CONSOLE_PORT=8470]] [WORKER_UID=uid] [PROXY=http://proxy:3128]" >&2; exit 2; }
 	$(PY) -m app.tooling.deployment supernode $(DEPLOY_ARGS) --site $(SITE) --data $(abspath $(DATA)) \
 		$(if $(STATE),--state $(abspath $(STATE))) \
 		$(if $(SUPERNODE_PORT),--runtime-port $(SUPERNODE_PORT)) \
 		--policy $(if $(POLICY),$(abspath $(POLICY)),$(CURDIR)/configs/site-policy.toml) \
 		$(if $(RETAIN_DAYS),--state-retention-days $(RETAIN_DAYS)) \
 		$(if $(filter 1 true yes,$(CONSOLE)),--console-port $(or $(CONSOLE_PORT),8470)) \
-		$(if $(WORKER_UID),--worker-uid $(WORKER_UID))
+		$(if $(WORKER_UID),--worker-uid $(WORKER_UID)) \
+		$(if $(PROXY),--proxy $(PROXY))
 
 supernodes: install
 	@$(PY) -m app.tooling.deployment nodes $(DEPLOY_ARGS) --flwr-home $(DEPLOY_FLWR_HOME)
@@ -366,7 +367,7 @@ approve-app: install
 		$(if $(STATE),--state $(abspath $(STATE))) \
 		$(if $(SHA256),--sha256 $(SHA256),--fab $(abspath $(FAB)))
 
-# --- The SecAgg+ PKI (Bell et al. 2020; app/tooling/secagg_keys.py, docs/DEPLOYMENT.md) ---
+# --- The SecAgg+ PKI (Bell et al. 2020; app/tooling/secagg_keys.py, docs/DEPLOYMENT-REFERENCE.md) ---
 #   make secagg-key SITE=<name> KEY=/abs/secagg.key     (at a hospital: prints its public line)
 #   make secagg-roster-add SECAGG_ROSTER=/abs/secagg-roster.json SITE=<name> PUBLIC=<text|file>  (coordinator)
 #   make secagg-roster-list SECAGG_ROSTER=/abs/secagg-roster.json     (every hospital: compare the fingerprint)
@@ -425,7 +426,7 @@ privacy-budget: install
 # reordered or truncated record by file:line and seq, and the first anchor that does not
 # match (a chain rewritten whole), exit 1; 2: a missing folder, an unreadable policy or
 # anchors. POLICY defaults to configs/site-policy.toml, as for make supernode.
-# docs/DEPLOYMENT.md.
+# docs/DEPLOYMENT-REFERENCE.md.
 .PHONY: audit-verify
 
 audit-verify: install
@@ -436,7 +437,7 @@ audit-verify: install
 		$(if $(JOURNAL),--journal $(abspath $(JOURNAL))) \
 		$(if $(ARCHIVE),--archive $(abspath $(ARCHIVE)))
 
-# --- The hospital's console (app/site_runtime/console.py; docs/DEPLOYMENT.md) ---
+# --- The hospital's console (app/site_runtime/console.py; docs/DEPLOYMENT-REFERENCE.md) ---
 #   make console SITE=hospital-a STATE=/abs/state POLICY=/abs/policy.toml
 #                [CONSOLE_HOST=127.0.0.1] [CONSOLE_PORT=8470]
 #                [TLS_CERT=/abs/cert.pem TLS_KEY=/abs/key.pem] [ADMIN_TOKEN_FILE=/abs/token]

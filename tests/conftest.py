@@ -23,7 +23,11 @@ PROCESS_GROUPS = {
     "tests/integration/test_deployment_resume.py": "ray",
     "tests/integration/test_deployment.py": "deployment",
     "tests/integration/test_deployment_faults.py": "deployment",
+    "tests/integration/test_deployment_proxy.py": "deployment",
     "tests/integration/test_deployment_vertical.py": "deployment",
+    # one wheel built and installed into a fresh venv (tests/integration/wheel_venv.py)
+    "tests/integration/test_wheel_install.py": "wheel",
+    "tests/integration/test_deployment_walkthrough.py": "wheel",
     # not a shared process, but minutes of real `mlflow server` starts: scheduled first
     "tests/integration/test_tracking_outage_end.py": "mlflow-outage",
 }

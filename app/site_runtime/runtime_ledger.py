@@ -23,7 +23,7 @@ fine-tune, an evaluate message's personalisation adaptation) the runtime
 
 What approval of the code must still guarantee: that the noise is really added and the
 gradients really clipped (a bundle that skips them is charged the epsilon it asked for,
-but its update is not private). ``docs/DEPLOYMENT.md`` says so rule by rule.
+but its update is not private). ``docs/DEPLOYMENT-REFERENCE.md`` says so rule by rule.
 """
 
 from __future__ import annotations

@@ -36,7 +36,9 @@ import glob
 import importlib.util
 import os
 import shutil
+import site
 import sys
+import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -150,18 +152,23 @@ def _python_roots() -> list[Path]:
 
 
 def _dependency_folders() -> list[Path]:
-    """Folders of ``sys.path`` outside the Python roots (dependencies a ``.pth`` file or
-    ``PYTHONPATH`` adds), and the real folders their symlinked entries point into; never
-    a folder holding the product's own packages (the worker runs the approved bundle's)."""
-    roots, found = _python_roots(), set()
-    for entry in sys.path:
-        folder = Path(entry or ".").absolute()
-        if (not entry or not folder.is_dir() or any(r == folder or r in folder.parents
-                                                   for r in roots)
-                or any((folder / name).exists() for name in _PRODUCT_PACKAGES)):
-            continue
-        found.add(folder)
-        found.update(child.resolve().parent for child in folder.iterdir() if child.is_symlink())
+    """The folders ``PYTHONPATH`` and the path lines of the Python roots' ``.pth`` files add
+    (dependencies installed outside the venv), and the real folders their symlinked entries
+    point into; never one holding the product's own packages (the worker runs the approved
+    bundle's), never the process's working folder."""
+    roots, listed = _python_roots(), os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    for site_dir in {*site.getsitepackages(), sysconfig.get_paths()["purelib"]}:
+        for pth in sorted(Path(site_dir).glob("*.pth")):
+            lines = pth.read_text(encoding="utf-8", errors="replace").splitlines()
+            listed += [str(Path(site_dir) / line.strip()) for line in lines
+                       if line.strip() and not line.startswith(("#", "import ", "import\t"))]
+    found: set[Path] = set()
+    for entry in filter(None, listed):
+        folder = Path(entry).resolve()
+        if (folder.is_dir() and folder != Path.cwd().resolve()
+                and not any(r == folder or r in folder.parents for r in roots)):
+            found.add(folder)
+            found.update(c.resolve().parent for c in folder.iterdir() if c.is_symlink())
     return sorted(f for f in found if not any((f / n).is_dir() for n in _PRODUCT_PACKAGES))
 
 

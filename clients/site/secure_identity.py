@@ -1,7 +1,7 @@
 """Which signing key and roster a site's SecAgg+ round uses (the PKI of Bell et al. 2020).
 
 A site's policy names both files (``[secure-aggregation] signing-key`` and ``roster``,
-docs/DEPLOYMENT.md, ``make secagg-key`` / ``make secagg-roster-add``): the round signs its keys and
+docs/DEPLOYMENT-REFERENCE.md, ``make secagg-key`` / ``make secagg-roster-add``): the round signs its keys and
 survivor set with that key and checks every neighbour against that roster
 (:class:`~strategies.wire.secure_aggregation.signing.SiteIdentity`). A policy file that
 names neither refuses every SecAgg+ stage under ``secure-aggregation.roster``: keys relayed

@@ -6,6 +6,7 @@ What the sandboxed worker can and cannot reach is played by the malicious-app su
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -59,13 +60,20 @@ def test_limits_are_checked_naming_what_is_wrong(limits):
 def test_dependencies_a_pth_file_adds_are_mounted_with_what_their_links_point_to(tmp_path,
                                                                                 monkeypatch):
     """A venv whose dependencies come from a ``.pth`` folder of links (the wheel test's
-    venv; a site's system packages): the worker sees that folder and the links' targets,
-    never a folder of the product's own packages."""
-    real, deps, ours = tmp_path / "real", tmp_path / "deps", tmp_path / "checkout"
+    venv) or ``PYTHONPATH``: the worker sees that folder and the links' targets, never a
+    folder of the product's own packages nor the working folder."""
+    real, deps, ours, here = (tmp_path / n for n in ("real", "deps", "checkout", "here"))
     (real / "torch").mkdir(parents=True)
     deps.mkdir()
     (deps / "torch").symlink_to(real / "torch")
     (ours / "app").mkdir(parents=True)
-    monkeypatch.setattr(sys, "path", [*sys.path, str(deps), str(ours)])
-    found = sandbox._dependency_folders()
-    assert deps in found and real in found and ours not in found
+    here.mkdir()
+    monkeypatch.chdir(here)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(map(str, (deps, ours, here))))
+    assert sandbox._dependency_folders() == sorted([deps, real])
+    site_dir = tmp_path / "site-packages"
+    site_dir.mkdir()
+    (site_dir / "deps.pth").write_text(f"# a comment\nimport os\n{deps}\n")
+    monkeypatch.setenv("PYTHONPATH", "")
+    monkeypatch.setattr(sandbox.site, "getsitepackages", lambda: [str(site_dir)])
+    assert sandbox._dependency_folders() == sorted([deps, real])

@@ -28,6 +28,7 @@ from app.tooling.layout import DeployLayout
 from app.tooling.superlink import SuperLinkProcess
 from clients.pe_seg.manifest import read_manifest, write_manifest
 from clients.pe_seg.synthetic import generate_federation
+from tests.integration.wheel_venv import WheelVenv, build_wheel_venv
 
 DEPLOYMENT_SITES = ("hospital-a", "hospital-b", "rogue")
 
@@ -42,6 +43,12 @@ def write_small_hospitals(root: Path, seed: int, num_sites: int = 2) -> list[Pat
                 + [e for e in entries if e.split == "test"][:1])
         write_manifest(site, keep)
     return sites
+
+
+@pytest.fixture(scope="session")
+def wheel_venv(tmp_path_factory) -> WheelVenv:
+    """A fresh venv with the fedmed wheel installed from a local wheelhouse (built once)."""
+    return build_wheel_venv(tmp_path_factory.mktemp("wheel"))
 
 
 @pytest.fixture(scope="session")

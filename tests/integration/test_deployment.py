@@ -59,7 +59,7 @@ def _tail(*daemons) -> str:
 
 
 def _secagg_pki(folder: Path) -> dict[str, str]:
-    """Each site's signing key and one roster of them, made as docs/DEPLOYMENT.md says
+    """Each site's signing key and one roster of them, made as docs/DEPLOYMENT-REFERENCE.md says
     (``make secagg-key``, ``make secagg-roster-add``); site -> its policy lines."""
     roster, lines = folder / "secagg-roster.json", {}
     for site in SITES:

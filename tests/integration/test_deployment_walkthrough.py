@@ -1,33 +1,32 @@
-"""docs/DEPLOYMENT.md's one-machine walkthrough (section 8), run command by command as written.
+"""docs/DEPLOYMENT.md's role guides, run from the installed wheel in step order, as written.
 
-The ``$ `` lines of the section's console blocks (a line ending in a backslash goes on
-on the next one) run in order with bash in a temporary copy of the repository (the
-files git tracks and the untracked ones it does not ignore; the virtual environment
-linked), so that ``$PWD/deploy`` and the Makefile's ``DEPLOY_DIR`` are that copy's and
-nothing is written into the repository. ``make superlink`` and ``make supernode ...``
-run in the foreground in the walkthrough's terminals: here they start in the
-background in their own process groups, and the next command waits (bounded) until
-the SuperLink has printed its banner or every SuperNode started so far is ``online``.
-Two settings come from the environment, as make reads them: a free ``SUPERLINK_PORT``,
-and a ``STAMP`` that is up to date (the install target never runs from the copy).
+Each ``console`` block of the guides follows a ``<!-- step N -->`` marker; its ``$ `` lines
+run with bash in one empty folder, blocks sorted by step (stable: within a step, in the
+page's order), with the fresh venv of ``tests/integration/wheel_venv.py`` first on
+``PATH`` and its wheelhouse at ``./wheelhouse``. ``fedmed superlink`` and ``fedmed site
+start ...`` run in the foreground in the guides' terminals: here they start in the
+background in their own process groups, and the next command waits (bounded) until the
+SuperLink printed its banner, or ``fedmed nodes`` lists every site started so far
+``online``. Two numbers are replaced by free ports: the SuperLink's 8000 (``$SUPERLINK_PORT``,
+as the commands read it, and ``127.0.0.1:8000``) and the console's 8470.
 
-The run is checked as an operator would: ``make federate`` exits 0, the run's status in
-``flwr ls --format json`` is ``finished:completed``, the end-of-run test line gives the
-test metric or says the sites' policy withheld it (never NaN), each site's cross-site
-fine-tune is withheld under the shipped ``share-finetuned-model = false``, the SuperLink
-activated the registered node ids, and the MLflow run the walkthrough tracked to is
-``FINISHED`` with each site's validation metric in every round.
+The run is checked as each role would: the federation's status is ``finished:completed``,
+its test line gives the metric or says the sites' policy withheld it (never NaN), each
+site's cross-site fine-tune is withheld under the shipped ``share-finetuned-model =
+false``, the MLflow run in ``./mlflow.db`` is ``FINISHED`` with each site's validation
+metric in every round; hospital A's console answers on its port; the DPO's privacy budget
+and audit verification succeed. Every ``$`` line of docs/QUICKSTART.md is among the
+commands run, so the quickstart is the guides' run on one page.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import re
-import shutil
 import subprocess
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,62 +34,62 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from app.tooling.environment import free_port
-from app.tooling.flwr_cli import CONNECTION, list_supernodes, run_status
 from tests.integration.conftest import processes_mentioning
 from tests.integration.deployment_helpers import interrupt_group
+from tests.integration.wheel_venv import WheelVenv
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
-SECTION = "## 8. One-machine walkthrough"
-_BACKGROUND = re.compile(r"make (superlink|supernode)\b(?!s)")
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+_STEP = re.compile(r"<!-- step (\d+) -->\n```console\n(.*?)```", flags=re.S)
+_BACKGROUND = re.compile(r"fedmed (superlink|site start)\b")
 _RUN = re.compile(r"run (\d+) status: (\S+)")
 _TEST_LINE = re.compile(r"test test-(\w+): (\d+\.\d{4}|withheld by site policy \(.+?\)) over")
+SITES = ("hospital-a", "hospital-b")
 #: Bounds for a loaded 2-core machine; a healthy run never waits for them.
 STARTUP_SECONDS, COMMAND_SECONDS = 300, 1500
 
 
-def walkthrough_commands(text: str) -> list[str]:
-    """The ``$ `` commands of the walkthrough section's console blocks, continuations joined."""
-    section = text.split(SECTION, 1)[1].split("\n## ", 1)[0]
+def _dollar_lines(block: str) -> list[str]:
+    """A console block's ``$ `` commands, a line ending in a backslash joined to the next."""
     commands: list[str] = []
-    for block in re.findall(r"```console\n(.*?)```", section, flags=re.S):
-        pending: str | None = None
-        for line in block.splitlines():
-            if pending is not None:
-                pending += "\n" + line
-            elif line.startswith("$ "):
-                pending = line[2:]
-            if pending is not None and not pending.endswith("\\"):
-                commands.append(pending)
-                pending = None
+    pending: str | None = None
+    for line in block.splitlines():
+        if pending is not None:
+            pending += "\n" + line
+        elif line.startswith("$ "):
+            pending = line[2:]
+        if pending is not None and not pending.endswith("\\"):
+            commands.append(pending)
+            pending = None
     return commands
 
 
-def _copy_repository(target: Path) -> Path:
-    """The repository's files (tracked, and untracked but not ignored) under ``target``."""
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                            cwd=ROOT, capture_output=True, check=True).stdout.decode()
-    for name in filter(None, listed.split("\0")):
-        source = ROOT / name
-        if source.is_file():
-            (target / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, target / name)
-    (target / ".venv").symlink_to(ROOT / ".venv")
-    return target
+def guide_commands(text: str) -> list[str]:
+    """The guides' commands in step order; every console block must carry a step."""
+    unmarked = text.count("```console") - len(_STEP.findall(text))
+    assert unmarked == 0, f"{unmarked} console block(s) of DEPLOYMENT.md without <!-- step N -->"
+    steps = sorted(((int(n), block) for n, block in _STEP.findall(text)), key=lambda s: s[0])
+    return [command for _, block in steps for command in _dollar_lines(block)]
+
+
+def quickstart_commands(text: str) -> list[str]:
+    return [c for block in re.findall(r"```console\n(.*?)```", text, flags=re.S)
+            for c in _dollar_lines(block)]
 
 
 class Terminals:
-    """The walkthrough's terminals: foreground commands, and the daemons left running."""
+    """The guides' terminals in one folder: foreground commands, and the daemons left running."""
 
-    def __init__(self, repo: Path, env: dict[str, str], logs: Path) -> None:
-        self.repo, self.env, self.logs = repo, env, logs
+    def __init__(self, folder: Path, env: dict[str, str], logs: Path) -> None:
+        self.folder, self.env, self.logs = folder, env, logs
         self.daemons: list[tuple[subprocess.Popen, Path]] = []
+        self.started: list[str] = []
         self.transcript: list[str] = []
 
     def run(self, command: str) -> str:
         """Run ``command`` to its end (it must exit 0); its output."""
-        done = subprocess.run(["bash", "-c", command], cwd=self.repo, env=self.env,
+        done = subprocess.run(["bash", "-c", command], cwd=self.folder, env=self.env,
                               capture_output=True, text=True, timeout=COMMAND_SECONDS)
         output = done.stdout + done.stderr
         self.transcript.append(f"$ {command}\n{output}")
@@ -98,26 +97,26 @@ class Terminals:
         return output
 
     def start(self, command: str) -> None:
-        """Start a foreground daemon (``make superlink``, ``make supernode ...``) and wait for it."""
+        """Start a foreground daemon (the SuperLink, a site) and wait until it is up."""
         log = self.logs / f"terminal-{len(self.daemons)}.log"
         with log.open("w") as out:
-            process = subprocess.Popen(["bash", "-c", command], cwd=self.repo, env=self.env,
+            process = subprocess.Popen(["bash", "-c", command], cwd=self.folder, env=self.env,
                                        stdout=out, stderr=subprocess.STDOUT,
                                        start_new_session=True)
         self.daemons.append((process, log))
+        self.started.append(command)
         self.transcript.append(f"$ {command}  (background, log {log})")
-        if "superlink" in _BACKGROUND.search(command).group(1):
+        if _BACKGROUND.match(command).group(1) == "superlink":
             self._wait(lambda: "SuperLink on https://" in log.read_text(), "the SuperLink")
         else:
-            nodes = sum("make supernode " in c for c in self.transcript)
-            self._wait(lambda: sum(n["status"] == "online" for n in self._nodes()) >= nodes,
-                       f"{nodes} SuperNode(s) online")
+            sites = sum("fedmed site start" in c for c in self.started)
+            self._wait(lambda: self._online() >= sites, f"{sites} site(s) online")
 
-    def _nodes(self) -> list[dict]:
-        try:
-            return list_supernodes(self.repo / ".flwr-deploy")
-        except Exception:  # noqa: BLE001 - not reachable yet: poll again
-            return []
+    def _online(self) -> int:
+        listed = subprocess.run(["fedmed", "nodes"], cwd=self.folder, env=self.env,
+                                capture_output=True, text=True, timeout=COMMAND_SECONDS)
+        return sum(line.split()[-1] == "online" for line in listed.stdout.splitlines()[1:]
+                   if line.strip())
 
     def _wait(self, ready, what: str) -> None:
         deadline = time.monotonic() + STARTUP_SECONDS
@@ -136,56 +135,68 @@ class Terminals:
 
 
 @pytest.fixture
-def terminals(tmp_path: Path) -> Iterator[Terminals]:
-    repo = _copy_repository(tmp_path / "repo")
-    stamp = tmp_path / "installed"
-    stamp.touch()
-    env = {**os.environ, "SUPERLINK_PORT": str(free_port()), "MAKEFLAGS": f"STAMP={stamp}"}
-    env.pop("MLFLOW_TRACKING_URI", None)
+def terminals(tmp_path: Path, wheel_venv: WheelVenv) -> Iterator[Terminals]:
+    folder = tmp_path / "walkthrough"
+    folder.mkdir()
+    (folder / "wheelhouse").symlink_to(wheel_venv.wheelhouse)
+    env = {**wheel_venv.env, "SUPERLINK_PORT": str(free_port())}
     (tmp_path / "logs").mkdir()
-    opened = Terminals(repo, env, tmp_path / "logs")
+    opened = Terminals(folder, env, tmp_path / "logs")
     try:
         yield opened
     finally:
         opened.stop()
         print("\n".join(opened.transcript))
     deadline = time.monotonic() + 30
-    while processes_mentioning(str(repo)) and time.monotonic() < deadline:
+    while processes_mentioning(str(folder)) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert processes_mentioning(str(repo)) == []
+    assert processes_mentioning(str(folder)) == []
 
 
-def test_the_walkthrough_runs_as_written(terminals: Terminals):
-    commands = walkthrough_commands((ROOT / "docs" / "DEPLOYMENT.md").read_text())
-    assert any(c.startswith("make federate") for c in commands), commands
-    assert any("cp configs/site-policy.toml" in c for c in commands), commands
-    outputs = {}
-    for command in commands:
+def test_the_quickstart_is_among_the_guides_commands():
+    guides = guide_commands((DOCS / "DEPLOYMENT.md").read_text())
+    quickstart = quickstart_commands((DOCS / "QUICKSTART.md").read_text())
+    assert quickstart and [c for c in quickstart if c not in guides] == []
+    assert guide_commands("<!-- step 2 -->\n```console\n$ b\n```\n<!-- step 1 -->\n"
+                          "```console\n$ a\n```\n") == ["a", "b"]
+    with pytest.raises(AssertionError, match="without <!-- step N -->"):
+        guide_commands("```console\n$ a\n```\n")
+
+
+def test_the_role_guides_run_as_written(terminals: Terminals):
+    port, console = terminals.env["SUPERLINK_PORT"], free_port()
+    commands = guide_commands((DOCS / "DEPLOYMENT.md").read_text())
+    assert any(c.startswith("fedmed federate") for c in commands), commands
+    outputs: dict[str, str] = {}
+    for written in commands:
+        command = written.replace("127.0.0.1:8000", f"127.0.0.1:{port}").replace(
+            "--console-port 8470", f"--console-port {console}")
         if _BACKGROUND.match(command):
             terminals.start(command)
         else:
-            outputs[command] = terminals.run(command)
-    federate = next(out for command, out in outputs.items() if command.startswith("make federate"))
+            outputs[written.split()[1]] = outputs.get(written.split()[1], "") \
+                + terminals.run(command)
+    federate = outputs["federate"]
     run_id, status = _RUN.search(federate).groups()
     assert status == "finished:completed", federate[-4000:]
-    assert run_status(terminals.repo / ".flwr-deploy", CONNECTION, int(run_id)) \
-        == "finished:completed"
     test_line = _TEST_LINE.search(federate)
-    assert test_line is not None, federate[-4000:]
-    assert "nan" not in test_line.group(0).lower()
-    # The shipped policy keeps each site's fine-tuned model at home: withheld, not dropped.
-    for site in ("hospital-a", "hospital-b"):
+    assert test_line is not None and "nan" not in test_line.group(0).lower(), federate[-4000:]
+    for site in SITES:  # the shipped policy keeps each site's fine-tuned model at home
         assert f"{site}-finetuned: withheld by site policy (share-finetuned-model)" in federate
-    # The SuperNodes spoke TLS with the identities registered for them.
-    deploy = terminals.repo / "deploy"
-    flower_log = (deploy / "superlink" / "superlink.log").read_text()
-    for entry in json.loads((deploy / "superlink" / "sites.json").read_text()).values():
-        assert f"Activated node_id={entry['node-id']}" in flower_log
-    client = MlflowClient(f"sqlite:///{terminals.repo / 'deploy' / 'mlflow.db'}")
+    client = MlflowClient(f"sqlite:///{terminals.folder / 'mlflow.db'}")
     run = client.search_runs([client.get_experiment_by_name("fedmed-pe-seg").experiment_id])[0]
-    assert run.info.status == "FINISHED"
-    for site in ("hospital-a", "hospital-b"):  # the node config's site-name, every round
+    assert run.info.status == "FINISHED" and run.data.tags["flwr.run-id"] == run_id
+    for site in SITES:  # the node config's site-name, every round
         history = client.get_metric_history(run.info.run_id, f"site/{site}/val-dice")
         assert sorted(m.step for m in history) == [1, 2], site
     value = run.data.metrics.get(f"test/{test_line.group(1)}")
     assert (value is not None and math.isfinite(value)) or "test/withheld" in run.data.tags
+    # Hospital A's console answers on its port (its login page, or a redirect to it).
+    try:
+        answered = urllib.request.urlopen(f"http://127.0.0.1:{console}/", timeout=60).status
+    except urllib.error.HTTPError as refused:
+        answered = refused.code
+    assert answered in (200, 302, 303, 401), answered
+    # The DPO's checks: nothing spent without DP-SGD, an intact audit chain.
+    assert "epsilon spent 0 " in outputs["privacy"], outputs["privacy"]
+    assert "audit log OK:" in outputs["audit"], outputs["audit"]

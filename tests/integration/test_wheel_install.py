@@ -1,24 +1,17 @@
 """The product as a hospital gets it: a wheel, installed into a fresh venv, no checkout (#47).
 
-The wheel is built from this checkout by its own backend (``app/tooling/wheel_build.py``)
-into a local wheelhouse and installed with ``pip install --no-index --find-links``. The
-fresh venv sees the product's dependencies (torch, flwr, MLflow, ...) through one ``.pth``
-that points at links to the test venv's installed distributions, so pip resolves them as
-installed and nothing is downloaded or copied; the checkout itself is never on its path.
-
-Then, in folders outside the checkout: the coordinator makes its certificates and starts
-the TLS SuperLink with ``fedmed certs`` and ``fedmed superlink``; the hospital writes its
-data with ``fedmed data``, makes its site folder with ``fedmed site init``; the
-coordinator registers the key it was sent (``fedmed register``); ``fedmed site start``
-starts the SuperNode, and ``fedmed nodes`` shows it online.
+The fresh venv is ``tests/integration/wheel_venv.py``'s (the wheel built from this
+checkout, installed from a local wheelhouse with ``pip install --no-index``). Then, in
+folders outside the checkout: the coordinator makes its certificates and starts the TLS
+SuperLink with ``fedmed certs`` and ``fedmed superlink``; the hospital writes its data
+with ``fedmed data``, makes its site folder with ``fedmed site init``; the coordinator
+registers the key it was sent (``fedmed register``); ``fedmed site start`` starts the
+SuperNode, and ``fedmed nodes`` shows it online.
 """
 
 from __future__ import annotations
 
-import configparser
 import subprocess
-import sys
-import sysconfig
 import time
 import tomllib
 from pathlib import Path
@@ -27,6 +20,7 @@ import pytest
 
 from app.tooling.environment import free_port
 from tests.integration.deployment_helpers import interrupt_group
+from tests.integration.wheel_venv import WheelVenv
 
 pytestmark = pytest.mark.integration
 
@@ -36,70 +30,18 @@ SITE = "hospital-00"
 START_TIMEOUT = 300.0
 
 
-def _excluded(name: str) -> bool:
-    """Entries of the test venv the fresh venv must not see: the product, pip, .pth files
-    (its setuptools is seen: torch requires one, and the fresh venv's own is removed)."""
-    return (name.startswith(("fedmed", "__editable__", "pip"))
-            or name.endswith(".pth") or name == "__pycache__")
+@pytest.fixture
+def fresh(wheel_venv: WheelVenv) -> WheelVenv:
+    return wheel_venv
 
 
-def _console_scripts(deps: Path, bin_dir: Path) -> None:
-    """The linked distributions' commands in the fresh venv (``flower-superlink``, ``flwr``,
-    ...), as pip writes them when it installs a distribution."""
-    for entry_points in deps.glob("*.dist-info/entry_points.txt"):
-        parser = configparser.ConfigParser(interpolation=None)
-        parser.optionxform = str  # command names keep their case
-        parser.read(entry_points)
-        for name, target in (parser["console_scripts"].items()
-                             if parser.has_section("console_scripts") else []):
-            module, _, function = target.strip().partition(":")
-            script = bin_dir / name
-            if not script.exists():
-                script.write_text(f"#!{bin_dir / 'python'}\nimport sys\nfrom {module} import "
-                                  f"{function.split('.')[0]}\nsys.exit({function}())\n")
-                script.chmod(0o755)
-
-
-@pytest.fixture(scope="module")
-def fresh(tmp_path_factory) -> dict:
-    """A fresh venv with the fedmed wheel installed from a local wheelhouse."""
-    tmp = tmp_path_factory.mktemp("wheel")
-    wheelhouse = tmp / "wheelhouse"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
-                    "--no-build-isolation", "--disable-pip-version-check", "-w", str(wheelhouse),
-                    str(ROOT)], check=True, cwd=tmp, timeout=600)
-    venv = tmp / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=600)
-    python = venv / "bin" / "python"
-    subprocess.run([str(python), "-m", "pip", "uninstall", "--quiet", "-y", "setuptools"],
-                   check=False, timeout=600)
-    deps = tmp / "deps"
-    deps.mkdir()
-    ours = Path(sysconfig.get_paths()["purelib"])
-    for entry in ours.iterdir():
-        if not _excluded(entry.name):
-            (deps / entry.name).symlink_to(entry)
-    site_packages = Path(subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        check=True, capture_output=True, text=True).stdout.strip())
-    (site_packages / "fedmed-test-deps.pth").write_text(f"{deps}\n")
-    _console_scripts(deps, venv / "bin")
-    env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(tmp), "LANG": "C.UTF-8",
-           "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
-    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-index",
-                    "--disable-pip-version-check", "--find-links", str(wheelhouse), "fedmed"],
-                   check=True, env=env, cwd=tmp, timeout=600)
-    return {"tmp": tmp, "venv": venv, "python": python, "env": env,
-            "wheel": next(wheelhouse.glob("fedmed-*.whl"))}
-
-
-def fedmed(fresh: dict, *args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([str(fresh["venv"] / "bin" / "fedmed"), *args], cwd=cwd,
-                          env=fresh["env"], capture_output=True, text=True, timeout=timeout)
+def fedmed(fresh: WheelVenv, *args: str, cwd: Path,
+           timeout: float = 600) -> subprocess.CompletedProcess:
+    return fresh.fedmed(*args, cwd=cwd, timeout=timeout)
 
 
 def test_the_wheel_installs_one_namespace_and_its_command(fresh):
-    python, env, tmp = str(fresh["python"]), fresh["env"], fresh["tmp"]
+    python, env, tmp = str(fresh.python), fresh.env, fresh.tmp
     shown = fedmed(fresh, "--help", cwd=tmp)
     assert shown.returncode == 0, shown.stderr
     assert "fedmed site init" in shown.stdout and "fedmed federate" in shown.stdout
@@ -111,7 +53,7 @@ def test_the_wheel_installs_one_namespace_and_its_command(fresh):
         [python, "-c", "import fedmed.app.tooling.cli as c, fedmed.app.config.product_paths as p; "
                        "print(c.__file__); print(p.INSTALLED, p.PROJECT_ROOT)"],
         env=env, cwd=tmp, capture_output=True, text=True, check=True).stdout.split("\n")
-    assert str(fresh["venv"]) in where[0] and str(ROOT) not in where[0]
+    assert str(fresh.venv) in where[0] and str(ROOT) not in where[0]
     installed, bundle = where[1].split(" ", 1)
     assert installed == "True"
     assert (Path(bundle) / "pyproject.toml").is_file() and (Path(bundle) / "configs").is_dir()
@@ -121,8 +63,8 @@ def test_the_wheel_installs_one_namespace_and_its_command(fresh):
 
 def _start(fresh: dict, *args: str, cwd: Path, log: Path) -> subprocess.Popen:
     with log.open("w") as out:
-        return subprocess.Popen([str(fresh["venv"] / "bin" / "fedmed"), *args], cwd=cwd,
-                                env=fresh["env"], stdout=out, stderr=subprocess.STDOUT,
+        return subprocess.Popen([str(fresh.venv / "bin" / "fedmed"), *args], cwd=cwd,
+                                env=fresh.env, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
 
 
@@ -141,7 +83,7 @@ def _wait_for(what: str, check, processes: list[subprocess.Popen], logs: list[Pa
 
 
 def test_a_hospital_inits_and_starts_its_site_from_the_wheel(fresh):
-    tmp = fresh["tmp"]
+    tmp = fresh.tmp
     coordinator, hospital = tmp / "coordinator", tmp / "hospital"
     coordinator.mkdir()
     hospital.mkdir()
