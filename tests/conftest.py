@@ -21,6 +21,7 @@ PROCESS_GROUPS = {
     "tests/integration/test_simulation_scaffold.py": "ray",
     "tests/integration/test_ray_cluster.py": "ray",
     "tests/integration/test_deployment_resume.py": "ray",
+    "tests/integration/test_deployment_superlink_faults.py": "ray",
     "tests/integration/test_deployment.py": "deployment",
     "tests/integration/test_deployment_faults.py": "deployment",
     "tests/integration/test_deployment_proxy.py": "deployment",

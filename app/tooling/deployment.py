@@ -61,7 +61,8 @@ from app.tooling.layout import DeployLayout
 from app.tooling.registration import read_registry, register_site
 from app.tooling.run_config_string import build_run_config, checked_run_config
 from app.tooling.run_submission import submit_run
-from app.tooling.same_name import check_same_name, experiment_name
+from app.tooling.same_name import (LOST_RUN_WAIT_S, check_same_name, experiment_name,
+                                   wait_for_lost_runs)
 from app.tooling.superlink import DEFAULT_PORT, SuperLinkProcess
 from app.site_runtime.supernode import SuperNodeProcess
 from clients.site.app_rules import AppApprovalError
@@ -223,6 +224,12 @@ def _cmd_federate(args: argparse.Namespace) -> int:
     if not args.allow_same_name:  # two runs of one name race for <experiment>-best
         experiment = experiment_name(values)
         found = check_same_name(args.flwr_home, args.tracking_uri, experiment)
+        if found.clashes and values.get("resume"):  # after a crash: the lost run, still listed
+            print(f"waiting up to {LOST_RUN_WAIT_S:.0f} s for the SuperLink to mark run(s) "
+                  f"{sorted(found.clashes)} lost (their ServerApp's heartbeat running out)",
+                  flush=True)
+            found = wait_for_lost_runs(
+                lambda: check_same_name(args.flwr_home, args.tracking_uri, experiment))
         for warning in found.warnings():
             print(f"warning: {warning}", file=sys.stderr)
         if found.refusal(experiment):

@@ -13,18 +13,33 @@ an MLflow run yet (pending, starting) has no known name: a warning, not a refusa
 MLflow or the SuperLink does not answer, the check cannot be made and says so: MLflow
 down at the start of a run must not stop it (the ServerApp keeps its records until MLflow
 answers), and ``flwr run`` reports an unreachable SuperLink itself.
+
+A resume (``make federate RESUME=1``, ``fedmed federate --resume``) right after the
+SuperLink crashed and was restarted finds the lost run still listed as running: the
+restarted SuperLink marks it ``finished:failed`` only once its ServerApp's heartbeat
+has run out (about a minute in Flower 1.42). A resume therefore checks again every
+few seconds for at most :data:`LOST_RUN_WAIT_S` (:func:`wait_for_lost_runs`) and
+refuses only a run still active then: one whose ServerApp is alive.
 """
 
 from __future__ import annotations
 
 import subprocess
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from app.tooling.errors import FlowerProcessError
 from app.tooling.flwr_cli import CONNECTION, cli_error, flwr, json_out
 
-__all__ = ["NameCheck", "active_runs", "check_same_name", "experiment_name"]
+__all__ = ["LOST_RUN_WAIT_S", "NameCheck", "active_runs", "check_same_name",
+           "experiment_name", "wait_for_lost_runs"]
+
+#: Seconds a resume waits for a restarted SuperLink to mark a crashed run failed.
+LOST_RUN_WAIT_S = 180.0
+#: Seconds between two checks while a resume waits.
+_RECHECK_S = 5.0
 
 
 def experiment_name(values: dict) -> str:
@@ -111,3 +126,16 @@ def check_same_name(flwr_home: Path, tracking_uri: str, experiment: str,
     clashes = {int(run.data.tags["flwr.run-id"]): run.info.run_name for run in runs
                if wanted is not None and run.info.experiment_id == wanted.experiment_id}
     return NameCheck(clashes, [run_id for run_id in active if run_id not in named])
+
+
+def wait_for_lost_runs(check: Callable[[], NameCheck], wait_s: float = LOST_RUN_WAIT_S,
+                       sleep: Callable[[float], None] = time.sleep,
+                       clock: Callable[[], float] = time.monotonic) -> NameCheck:
+    """``check()`` again every few seconds while it finds clashes, for at most ``wait_s``
+    seconds; returns the last result (clashes left: their ServerApps are alive)."""
+    deadline = clock() + wait_s
+    found = check()
+    while found.clashes and clock() < deadline:
+        sleep(min(_RECHECK_S, max(0.0, deadline - clock())))
+        found = check()
+    return found

@@ -73,16 +73,21 @@ def test_nothing_active_asks_no_mlflow_and_mlflow_down_is_a_warning(monkeypatch,
     assert unlisted.refusal("x") == "" and "SuperLink unavailable" in unlisted.warnings()[0]
 
 
-def test_make_federate_refuses_unless_allowed(monkeypatch, store, tmp_path, capsys):
-    _fake_ls(monkeypatch, LS)
-    monkeypatch.setattr(deployment, "checked_run_config",
-                        lambda config: {"experiment": "", "task": "pe-seg"})
+def _federate_argv(monkeypatch, tmp_path, store: str, values: dict) -> list[str]:
+    """``deployment federate``'s argv with its run config ``values`` and a faked submission
+    (exit 1: submitted, no run)."""
+    monkeypatch.setattr(deployment, "checked_run_config", lambda config: values)
     monkeypatch.setattr(deployment, "_connected_layout",
                         lambda args: SimpleNamespace(superlink_dir=tmp_path))
     monkeypatch.setattr(deployment, "submit_run", lambda *a, **k: SimpleNamespace(
         run_id=None, status="not-started"))
-    argv = ["federate", "--allow-no-roster", "--deploy-dir", str(tmp_path), "--flwr-home",
+    return ["federate", "--allow-no-roster", "--deploy-dir", str(tmp_path), "--flwr-home",
             str(tmp_path), "--tracking-uri", store, "--artifact-root", str(tmp_path)]
+
+
+def test_make_federate_refuses_unless_allowed(monkeypatch, store, tmp_path, capsys):
+    _fake_ls(monkeypatch, LS)
+    argv = _federate_argv(monkeypatch, tmp_path, store, {"experiment": "", "task": "pe-seg"})
     assert deployment.main(argv) == 2
     assert "error: a federation named 'fedmed-pe-seg' is already running" in \
         capsys.readouterr().err
@@ -95,3 +100,34 @@ def test_make_passes_the_override_only_when_asked():
 
     assert "--allow-same-name" not in make_n("federate")
     assert "--allow-same-name" in make_n("federate", "ALLOW_SAME_NAME=1")
+
+
+def test_a_resume_waits_for_the_lost_run_to_be_marked_failed_and_no_longer():
+    """Issue 47, item 4: right after a SuperLink crash and restart the lost run is still
+    listed as running (until its ServerApp's heartbeat runs out); ``federate --resume``
+    refused it as a clash. The resume checks again; a run still active past the bound is
+    refused (its ServerApp is alive)."""
+    now, answers = [0.0], iter([NameCheck({7: "r"}, []), NameCheck({7: "r"}, []),
+                                NameCheck({}, [])])
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    found = same_name.wait_for_lost_runs(lambda: next(answers), 60.0, sleep, lambda: now[0])
+    assert found.clashes == {} and now[0] == 10.0
+    now[0] = 0.0
+    alive = same_name.wait_for_lost_runs(lambda: NameCheck({7: "r"}, []), 12.0, sleep,
+                                         lambda: now[0])
+    assert alive.clashes == {7: "r"} and now[0] == 12.0
+
+
+def test_federate_resume_submits_once_the_lost_run_is_marked_failed(monkeypatch, store,
+                                                                    tmp_path, capsys):
+    checks = iter([NameCheck({7: "r"}, []), NameCheck({}, [])])
+    monkeypatch.setattr(deployment, "check_same_name", lambda *a: next(checks))
+    monkeypatch.setattr(same_name, "_RECHECK_S", 0.0)
+    argv = _federate_argv(monkeypatch, tmp_path, store,
+                          {"experiment": "", "task": "pe-seg", "resume": True})
+    assert deployment.main(argv) == 1  # submitted (faked: no run), not refused (2)
+    assert "waiting up to 180 s for the SuperLink to mark run(s) [7] lost" in \
+        capsys.readouterr().out

@@ -16,10 +16,11 @@ from mlflow.tracking import MlflowClient
 
 from app.tooling.daemon import DaemonProcess
 from app.tooling.environment import flower_env, free_port
-from app.tooling.flwr_cli import CONNECTION, list_supernodes
+from app.tooling.flwr_cli import CONNECTION, list_supernodes, wait_online
 from app.tooling.process_tree import descendants, start_time
 from app.tooling.run_submission import RunOutcome, submit_run
 from app.site_runtime.supernode import SuperNodeProcess
+from app.tooling.superlink import SuperLinkProcess
 
 SITES = ("hospital-a", "hospital-b")
 #: The development policy (any app bundle, every request): the site runner needs a policy file.
@@ -181,3 +182,18 @@ def history(client: MlflowClient, run_id: str, key: str) -> dict[int, float]:
     return {m.step: m.value for m in client.get_metric_history(run_id, key)}
 
 
+
+
+def restart_superlink(deployment, nodes: list[SuperNodeProcess], reconnects: list[int],
+                      node_ids: Iterable[int]) -> None:
+    """Start the (crashed) SuperLink of ``deployment`` again on its database and port, then
+    wait for the running ``nodes`` to reconnect by themselves (each log's "Connection
+    successful" count past ``reconnects``) and be listed online."""
+    old = deployment.link
+    deployment.link = SuperLinkProcess.start_tls(deployment.layout, host=old.host,
+                                                 port=old.port, startup_timeout=300)
+    assert all(n.process.poll() is None for n in nodes), tail(*nodes)
+    wait_for(lambda: all(n.log_text().count("Connection successful") > before
+                         for n, before in zip(nodes, reconnects)), 300,
+             "SuperNode reconnection", watch=nodes)
+    wait_online(deployment.flwr_home, node_ids, timeout=300, watch=nodes)

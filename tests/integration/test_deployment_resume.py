@@ -26,10 +26,9 @@ from mlflow.tracking import MlflowClient
 from app.model_source import load_logged_model
 from app.tooling.flwr_cli import wait_online
 from app.tooling.registration import register_site
-from app.tooling.superlink import SuperLinkProcess
 from strategies.rounds.checkpoint import load_checkpoint
 from tests.integration.deployment_helpers import (SITES, BackgroundRun, crash, only_run,
-                                                  start_node, tail, wait_for)
+                                                  restart_superlink, start_node, tail, wait_for)
 
 pytestmark = pytest.mark.integration
 
@@ -64,8 +63,7 @@ def test_server_killed_after_round_1_resumes_in_the_same_mlflow_run(private_depl
         wait_for(lambda: checkpoint_file() is not None, 1200, "round-1 checkpoint", run=first,
                   watch=nodes)
         reconnects = [n.log_text().count("Connection successful") for n in nodes]
-        old = d.link
-        killed = crash(old)
+        killed = crash(d.link)
         killed_at = time.time()
         assert any("flwr-serverapp" in c for c in killed.values()), killed
         at_kill = load_checkpoint(checkpoint_file(), None)
@@ -76,14 +74,8 @@ def test_server_killed_after_round_1_resumes_in_the_same_mlflow_run(private_depl
             pass
         assert first.done(), first.output()
 
-        d.link = SuperLinkProcess.start_tls(d.layout, host=old.host, port=old.port,
-                                            startup_timeout=300)
         # The SuperNodes kept retrying and reconnect by themselves.
-        assert all(n.process.poll() is None for n in nodes), tail(*nodes)
-        wait_for(lambda: all(n.log_text().count("Connection successful") > before
-                              for n, before in zip(nodes, reconnects)), 300,
-                  "SuperNode reconnection", watch=nodes)
-        wait_online(d.flwr_home, node_ids.values(), timeout=300, watch=nodes)
+        restart_superlink(d, nodes, reconnects, node_ids.values())
 
         resumed = BackgroundRun(d.flwr_home, run_config + " resume=true", timeout=1500)
         outcome = resumed.result(timeout=1560)
