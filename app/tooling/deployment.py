@@ -77,7 +77,7 @@ EXIT_PARTIAL = 3
 
 #: Why ``federate`` refuses a run config without ``federation.roster``.
 NO_ROSTER = ("a deployment needs the coordinator's site roster: pass ROSTER=/abs/roster.toml "
-             "(run config 'federation.roster'; docs/DEPLOYMENT.md section 3); without one a "
+             "(run config 'federation.roster'; docs/DEPLOYMENT-REFERENCE.md section 3); without one a "
              "registered site's first num-examples sets its weight (capped only at "
              "'federation.max-size-ratio' x the others' median). To run without a roster "
              "anyway: make federate ALLOW_NO_ROSTER=1 (--allow-no-roster)")
@@ -100,8 +100,8 @@ def supernode_hints(site: str) -> dict[str, str]:
     walkthrough 7: the reason of a refused activation is only in the coordinator's log)."""
     return {"Failed to activate SuperNode": (
         f"hint: the SuperLink refused this SuperNode's key. Is it registered? At the "
-        f"coordinator: make register SITE={site} PUBKEY=<this site's .pub> (docs/DEPLOYMENT.md "
-        "section 3); then start the SuperNode again"),
+        f"coordinator: fedmed register --site {site} --public-key <this site's .pub> "
+        "(make register; docs/DEPLOYMENT.md step 5); then start the SuperNode again"),
         "Connection attempt failed, retrying": (
         "note: Flower says this while the SuperLink is not answering yet; it is harmless at "
         "start, a fault if it goes on (check the SuperLink address and that it runs)")}

@@ -86,5 +86,5 @@ def test_a_refused_supernode_activation_is_followed_by_what_to_do(tmp_path, monk
         for sig, handler in saved.items():
             signal.signal(sig, handler)
     text = shown.getvalue()
-    assert text.count("make register SITE=hospital-a") == 1
-    assert text.index("Failed to activate") < text.index("make register")
+    assert text.count("fedmed register --site hospital-a") == 1
+    assert text.index("Failed to activate") < text.index("fedmed register")
