@@ -32,7 +32,7 @@ def _report(server_round: int, dice: float | None) -> RoundReport:
 
 
 class _Tracker:
-    run_id = "fed"
+    run_id = federation = "fed"
 
     def __init__(self) -> None:
         self.recorded: list[int] = []
