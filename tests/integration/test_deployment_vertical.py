@@ -23,7 +23,8 @@ from app.tooling.flwr_cli import wait_online
 from app.tooling.registration import register_site
 from app.tooling.run_submission import submit_run
 from clients.cxr_cls.synthetic import generate_site, site_profiles
-from tests.integration.deployment_helpers import SITES, history, only_run, start_node, tail
+from tests.integration.deployment_helpers import (SITES, history, node_status, only_run,
+                                                  start_node, tail, wait_for)
 
 pytestmark = pytest.mark.integration
 
@@ -36,6 +37,10 @@ def test_a_split_learning_federation_completes_over_tls(deployment, tmp_path, ml
         generate_site(folders[-1], dataclasses.replace(profile, num_images=16), seed=5,
                       image_size=32, val_fraction=0.25)
     node_ids = {site: register_site(d.layout, d.flwr_home, site) for site in SITES}
+    # An earlier test of the session's SuperLink stopped these sites' nodes: the SuperLink
+    # refuses to activate a key it still counts online until its heartbeat runs out.
+    wait_for(lambda: all(node_status(d.flwr_home, n) != "online" for n in node_ids.values()),
+             timeout=300, what="the earlier tests' SuperNodes offline")
     tracking = mlflow_store(tmp_path)
     run_config = (
         'federation.kind="vertical" vertical.method="splitnn-u" task="cxr-cls" '
