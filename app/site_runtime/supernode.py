@@ -24,6 +24,7 @@ from app.tooling.daemon import DaemonProcess, spawn_daemon
 from app.tooling.environment import flower_env, free_port
 from app.tooling.errors import FlowerProcessError
 from app.tooling.layout import DeployLayout
+from app.tooling.state_migrations import SITE_STATE, migrate_folder
 from app.site_runtime.site_proxy import check_proxy, proxy_env
 from clients.ct3d_cls.manifest import MANIFEST_NAME as CT3D_MANIFEST
 from clients.cxr_cls.manifest import MANIFEST_NAME as CXR_MANIFEST
@@ -163,6 +164,7 @@ class SuperNodeProcess(DaemonProcess):
         if not layout.ca_cert.is_file():
             raise FlowerProcessError(f"missing {layout.ca_cert} (the coordinator's ca.crt)")
         state_dir.mkdir(parents=True, exist_ok=True)
+        migrate_folder(state_dir, SITE_STATE)  # a previous release's folder: its migrations
         port = port or free_port()
         command = [
             "--superlink", superlink,

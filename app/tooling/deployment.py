@@ -63,6 +63,7 @@ from app.tooling.run_config_string import build_run_config, checked_run_config
 from app.tooling.run_submission import submit_run
 from app.tooling.same_name import (LOST_RUN_WAIT_S, check_same_name, experiment_name,
                                    wait_for_lost_runs)
+from app.tooling.state_migrations import StateFormatError
 from app.tooling.superlink import DEFAULT_PORT, SuperLinkProcess
 from app.site_runtime.supernode import SuperNodeProcess
 from clients.site.app_rules import AppApprovalError
@@ -363,7 +364,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             setattr(args, name, getattr(args, name).resolve())
     try:
         return int(args.func(args))
-    except (FlowerProcessError, CertError, SitePolicyError, AppApprovalError) as exc:
+    except (FlowerProcessError, CertError, SitePolicyError, AppApprovalError,
+            StateFormatError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
 

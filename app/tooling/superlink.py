@@ -22,6 +22,7 @@ from app.tooling.daemon import DaemonProcess, spawn_daemon, wait_until_healthy
 from app.tooling.environment import flower_env, free_port
 from app.tooling.errors import FlowerProcessError
 from app.tooling.layout import DeployLayout
+from app.tooling.state_migrations import COORDINATOR, migrate_folder
 
 __all__ = ["SuperLinkProcess", "DEFAULT_PORT"]
 
@@ -59,7 +60,9 @@ class SuperLinkProcess(DaemonProcess):
         """Start the deployment's TLS SuperLink on ``host:port`` (a free port if None).
 
         Uses the certificates of ``layout.certs`` (``make certs``), enables
-        SuperNode authentication and keeps its state in ``superlink/state.db``.
+        SuperNode authentication and keeps its state in ``superlink/state.db``; a
+        folder of an older release is migrated first, one of a newer release refused
+        (:func:`~app.tooling.state_migrations.migrate_folder`).
         """
         certs = cert_paths(layout.certs)
         missing = [p for p in (certs.ca_cert, certs.server_cert, certs.server_key)
@@ -67,6 +70,8 @@ class SuperLinkProcess(DaemonProcess):
         if missing:
             raise FlowerProcessError(f"missing {', '.join(map(str, missing))}; run `make certs`")
         folder = layout.superlink_dir
+        folder.mkdir(parents=True, exist_ok=True)
+        migrate_folder(folder, COORDINATOR)  # a previous release's folder: its migrations
         options = [
             "--ssl-certfile", str(certs.server_cert),
             "--ssl-keyfile", str(certs.server_key),
