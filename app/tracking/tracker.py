@@ -353,7 +353,8 @@ class FederationTracker:
         self.federation = run_id
         resumed = {f"resumed-after-round-{after_round}": flwr_run_id, "flwr.run-id": flwr_run_id}
         self.run_start = None if outbox_dir is None else RunStart.load(outbox_dir)
-        if self.run_start is not None and not self.run_start.mlflow_run_id:
+        # Not opened, or opened and crashed before its params: the flush opens the rest.
+        if self.run_start is not None and not self.run_start.params_sent:
             self.run_start.tags.update(resumed)  # sent with the run when MLflow answers
             self.run_start.save()
             self.outbox = Outbox(Path(outbox_dir) / OUTBOX_FILE)

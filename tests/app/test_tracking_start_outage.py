@@ -88,3 +88,25 @@ def test_a_resume_opens_the_run_that_waited_and_a_later_resume_reopens_the_same_
     (run,) = client.search_runs([client.get_experiment_by_name("resume-start").experiment_id])
     assert run.info.run_id == opened and run.data.params == {"lr": "0.1"}
     assert run.data.tags["flwr.run-id"] == "3" and "resumed-after-round-0" in run.data.tags
+
+
+def test_a_resume_sends_the_params_of_a_run_opened_just_before_a_crash(tmp_path, mlflow_store):
+    """Found in review: ``RunStart.open`` saves the MLflow run id before it logs the params;
+    a crash between the two left a resume that reopened the run and dropped the start, so
+    the run never got its params."""
+    store = mlflow_store(tmp_path / "mlflow")
+    mlflow.set_tracking_uri(store)
+    run = mlflow.start_run(experiment_id=mlflow.create_experiment("half-open"), run_name="r")
+    mlflow.end_run()
+    folder = tmp_path / "federation"
+    RunStart("federation", "half-open", "", "r", {"lr": "0.1"}, {"flwr.run-id": "1"},
+             mlflow_run_id=run.info.run_id, folder=folder).save()  # crashed: params unsent
+
+    tracker = FederationTracker("pe-seg", store, experiment="half-open")
+    tracker.resume("federation", after_round=0, flwr_run_id="2", outbox_dir=folder)
+    mlflow.end_run()
+    assert tracker.run_id == run.info.run_id
+    reopened = MlflowClient(store).get_run(run.info.run_id)
+    assert reopened.data.params == {"lr": "0.1"}
+    assert reopened.data.tags["flwr.run-id"] == "2"
+    assert RunStart.load(folder).params_sent
