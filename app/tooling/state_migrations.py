@@ -10,7 +10,7 @@ Two folders outlive an upgrade of the product (docs/DEPLOYMENT-REFERENCE.md, "Up
 Each holds its format version in :data:`FORMAT_FILE` (``{"kind", "version", ...}``);
 **no file is version 0**, the layout of release 054dc2f, which wrote none. Version ``N``
 is reached by the migration of that kind registered with ``version = N`` (a
-:class:`Migration` in :data:`MIGRATIONS`); this release's version of a kind is the
+:class:`Migration` in :data:`MIGRATIONS`, one module of :mod:`app.tooling.migrations`); this release's version of a kind is the
 highest version registered for it (0 while none is). The first real format change
 registers the first migration and so stamps its folders.
 
@@ -82,8 +82,10 @@ class Migration(Protocol):
         """Rewrite ``folder`` from format ``version - 1`` to ``version``."""
 
 
-#: Every migration of the product, registered as ``"<kind>:<version>"``.
-MIGRATIONS: Registry[Migration] = Registry("state migration", "state-format")
+#: Every migration of the product, registered as ``"<kind>:<version>"`` by the modules of
+#: :mod:`app.tooling.migrations` (one per format change), imported on the first lookup.
+MIGRATIONS: Registry[Migration] = Registry("state migration", "state-format",
+                                           package="app.tooling.migrations")
 
 
 @dataclass(frozen=True)
