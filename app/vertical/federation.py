@@ -36,7 +36,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from logging import ERROR, INFO
+from logging import ERROR, INFO, WARNING
 
 import numpy as np
 from flwr.app import Context
@@ -228,15 +228,10 @@ def federate_vertical(grid: Grid, context: Context) -> VerticalOutcome:
         ctx.log_sites(config.num_server_rounds + 1, {
             department: {f"final-{name}": value for name, value in values.items()}
             for department, values in result.site_metrics.items()})
-        tracker.flush()
-        model = None if not result.arrays else log_vertical_model(
-            run_id, tracker.experiment_name, result.arrays, vertical_metadata(
-                config.task, options.method, config.num_server_rounds,
-                [ctx.departments[n] for n in nodes], result.arrays, config.task_settings(),
-                ctx.intersection))
-        if model is not None:
-            log(INFO, "Vertical model: %s, registered %s", model.uri,
-                model.version or "(not registered)")
+        model = _logged_model(tracker, checkpoint, result, vertical_metadata(
+            config.task, options.method, config.num_server_rounds,
+            [ctx.departments[n] for n in nodes], result.arrays, config.task_settings(),
+            ctx.intersection))
         status = "FINISHED"
     except VerticalError as exc:  # one line that says what to do, before Flower's traceback
         log(ERROR, "%s", exc)
@@ -248,5 +243,29 @@ def federate_vertical(grid: Grid, context: Context) -> VerticalOutcome:
     log(INFO, "Vertical federation finished in %.1f s: %d messages, %.2f MB down, %.2f MB up",
         seconds, ctx.traffic.messages, ctx.traffic.downlink_bytes / 1e6,
         ctx.traffic.uplink_bytes / 1e6)
-    return VerticalOutcome(run_id, result, ctx.traffic, seconds, ctx.intersection,
+    return VerticalOutcome(tracker.run_id, result, ctx.traffic, seconds, ctx.intersection,
                            ctx.departments, model)
+
+
+def _logged_model(tracker: FederationTracker, checkpoint: VerticalCheckpoint,
+                  result: VerticalResult, metadata: dict) -> VerticalModel | None:
+    """Log and register the coordinator's arrays in the federation's MLflow run, once MLflow
+    has every round; ``None`` (a warning: the arrays stay in the checkpoint) when MLflow
+    does not answer, as a round never waits for tracking."""
+    if not result.arrays:
+        return None
+    kept = checkpoint.path or "memory only (no checkpoint-dir)"
+    if not tracker.flush() or not tracker.run_id:
+        log(WARNING, "The vertical model is not logged: MLflow does not have the run yet; "
+            "its arrays are in %s", kept)
+        return None
+    try:
+        model = log_vertical_model(tracker.run_id, tracker.experiment_name, result.arrays,
+                                   metadata)
+    except Exception as exc:  # noqa: BLE001 - tracking must never fail the federation
+        log(WARNING, "The vertical model is not logged (MLflow: %s); its arrays are in %s",
+            type(exc).__name__, kept)
+        return None
+    log(INFO, "Vertical model: %s, registered %s", model.uri,
+        model.version or "(not registered)")
+    return model

@@ -34,6 +34,7 @@ from app.vertical.vertical_checkpoint import VerticalCheckpoint
 from clients.cxr_cls.synthetic import generate_site, site_profiles
 from strategies.rounds.checkpoint import CHECKPOINT_FILE, load_checkpoint
 from tests.app.test_pvfed_federation import DEPARTMENTS, write_department
+from tests.app.test_tracking_outbox import _closed_port_uri
 
 pytestmark = pytest.mark.usefixtures("server_identity", "one_torch_thread")
 
@@ -143,3 +144,18 @@ def test_a_vertical_resume_without_a_checkpoint_names_the_folder(tmp_path, mlflo
     config = {**_config("pvfed", tmp_path, mlflow_store(tmp_path / "mlflow")), "resume": True}
     with pytest.raises(Exception, match="no checkpoint to resume from"):
         run_federation(config, _sites("pvfed", tmp_path))
+
+
+def test_a_vertical_federation_with_mlflow_down_completes_and_keeps_its_arrays(
+        tmp_path, monkeypatch):
+    """Found in review: the end logged the model under the federation's id (not an MLflow
+    run while MLflow had not answered) and unguarded, so a vertical federation with MLflow
+    down failed after its last round."""
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    config = {**_config("pvfed", tmp_path, _closed_port_uri()), "num-server-rounds": 1}
+    outcome = run_federation(config, _sites("pvfed", tmp_path))
+    assert outcome.mlflow_run_id == "" and outcome.model is None
+    (folder,) = (tmp_path / "ckpt").iterdir()
+    checkpoint = load_checkpoint(folder / CHECKPOINT_FILE, None)
+    assert checkpoint.server_round == 1 and checkpoint.mlflow_run_id == folder.name
+    assert checkpoint.keys  # the coordinator's arrays wait on its disk
