@@ -10,8 +10,8 @@ import torch
 #: The real-process test files in two groups, each run by one xdist worker and started
 #: first (they run longest), so at most two of them run at a time beside the unit tests.
 #: "ray": the files that start a local Ray (two Rays starting at once on two loaded cores
-#: once missed Ray's hard-coded 30 s raylet start in CI), with the resume test (a
-#: SuperLink of its own) to even out the two; "deployment": the files that share one
+#: once missed Ray's hard-coded 30 s raylet start in CI), with the SuperLink-faults test
+#: (a SuperLink of its own) to even out the two; "deployment": the files that share one
 #: TLS SuperLink. Every other file is its own group.
 PROCESS_GROUPS = {
     "tests/integration/test_simulation.py": "ray",
@@ -20,7 +20,6 @@ PROCESS_GROUPS = {
     "tests/integration/test_simulation_pruning.py": "ray",
     "tests/integration/test_simulation_scaffold.py": "ray",
     "tests/integration/test_ray_cluster.py": "ray",
-    "tests/integration/test_deployment_resume.py": "ray",
     "tests/integration/test_deployment_superlink_faults.py": "ray",
     "tests/integration/test_deployment.py": "deployment",
     "tests/integration/test_deployment_faults.py": "deployment",

@@ -182,18 +182,22 @@ def history(client: MlflowClient, run_id: str, key: str) -> dict[int, float]:
     return {m.step: m.value for m in client.get_metric_history(run_id, key)}
 
 
-
-
 def restart_superlink(deployment, nodes: list[SuperNodeProcess], reconnects: list[int],
                       node_ids: Iterable[int]) -> None:
     """Start the (crashed) SuperLink of ``deployment`` again on its database and port, then
-    wait for the running ``nodes`` to reconnect by themselves (each log's "Connection
-    successful" count past ``reconnects``) and be listed online."""
+    :func:`wait_reconnected`."""
     old = deployment.link
     deployment.link = SuperLinkProcess.start_tls(deployment.layout, host=old.host,
                                                  port=old.port, startup_timeout=300)
+    wait_reconnected(deployment.flwr_home, nodes, reconnects, node_ids)
+
+
+def wait_reconnected(flwr_home: Path, nodes: list[SuperNodeProcess], reconnects: list[int],
+                     node_ids: Iterable[int]) -> None:
+    """Wait for the running ``nodes`` to reconnect by themselves to a restarted SuperLink
+    (each log's "Connection successful" count past ``reconnects``) and be listed online."""
     assert all(n.process.poll() is None for n in nodes), tail(*nodes)
     wait_for(lambda: all(n.log_text().count("Connection successful") > before
                          for n, before in zip(nodes, reconnects)), 300,
              "SuperNode reconnection", watch=nodes)
-    wait_online(deployment.flwr_home, node_ids, timeout=300, watch=nodes)
+    wait_online(flwr_home, node_ids, timeout=300, watch=nodes)

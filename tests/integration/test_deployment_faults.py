@@ -8,7 +8,8 @@ node unavailable, or at the round deadline with a quorum of one), the other
 site's update is applied, MLflow records the site as failed in that round,
 the run completes, and the SuperNode restarted under the same key is used
 again in the next rounds. The SuperLink's own death and the resume are in
-``test_deployment_resume.py`` (run by the other test worker, beside this file).
+``test_deployment_superlink_faults.py`` (run by the other test worker, beside this
+file).
 
 Every process is started by ``app.tooling`` in its own process group and
 stopped (or killed) by PID; every wait is bounded. The SuperLink comes from the

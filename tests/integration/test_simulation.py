@@ -27,8 +27,9 @@ exactly once. (This was a second federation of its own, which cost CI minutes.)
 
 Resuming from the checkpoint (``resume=true``, ``make simulate RESUME=1``) runs
 the same ServerApp code as a deployment's resume, which
-``tests/integration/test_deployment_resume.py`` checks after killing the
-SuperLink (same MLflow run, rounds continued, the model trained on).
+``tests/integration/test_deployment_superlink_faults.py`` checks after killing the
+SuperLink and after a coordinator reboot (same MLflow run, rounds continued, the model
+trained on).
 """
 
 from __future__ import annotations
