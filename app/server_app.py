@@ -208,7 +208,8 @@ class FederationOutcome:
     Attributes
     ----------
     mlflow_run_id : str
-        The federation's MLflow run (its params, metrics, models and artefacts).
+        The federation's MLflow run (its params, metrics, models and artefacts; ``""``
+        when MLflow never answered, the run then waits in the checkpoint folder).
     arrays : ArrayRecord
         The final global model.
     reports : dict[int, RoundReport]

@@ -25,7 +25,7 @@ from app.tooling.environment import flower_env, free_port
 from app.tooling.errors import FlowerProcessError
 from app.tooling.layout import DeployLayout
 from app.tooling.state_migrations import SITE_STATE, migrate_folder
-from app.site_runtime.site_proxy import check_proxy, proxy_env
+from app.site_runtime.site_proxy import proxy_env
 from clients.ct3d_cls.manifest import MANIFEST_NAME as CT3D_MANIFEST
 from clients.cxr_cls.manifest import MANIFEST_NAME as CXR_MANIFEST
 from clients.datagen.vertical_sets import SITE_FILE as VERTICAL_SITE_FILE
@@ -149,8 +149,7 @@ class SuperNodeProcess(DaemonProcess):
                                      "configs/site-policy.toml)")
         if policy is not None:
             load_policy(policy)
-        if proxy is not None:
-            check_proxy(proxy)
+        proxied = proxy_env(proxy) if proxy is not None else {}  # checked before anything
         problem = site_folder_problem(data_path)
         if problem is not None:
             raise FlowerProcessError(problem)
@@ -186,7 +185,7 @@ class SuperNodeProcess(DaemonProcess):
                        *(["--worker-uid", str(worker_uid)] if worker_uid else []),
                        "--", *command]
         extra = {"FEDMED_TORCH_THREADS": str(torch_threads)} if torch_threads else {}
-        extra.update(proxy_env(proxy) if proxy is not None else {})
+        extra.update(proxied)
         daemon = spawn_daemon(command, flower_env(folder / "flwr-home", extra),
                               folder / "supernode.log", f"flower-supernode {site}", cwd=folder)
         return cls(process=daemon.process, log_file=daemon.log_file, name=daemon.name,

@@ -2,7 +2,7 @@
 
 A federation whose MLflow was unreachable at its end finishes anyway
 (:func:`app.tracking.run_end.finish_run`) and keeps, in its checkpoint folder
-``<checkpoint-dir>/<MLflow run id>/``, the rounds MLflow lacks
+``<checkpoint-dir>/<federation id>/``, the rounds MLflow lacks
 (``tracking-outbox.jsonl``) and the end of the run (``tracking-end.json`` and the
 two models' weights). Once MLflow answers again::
 

@@ -24,8 +24,6 @@ lost when the wait runs out (as the outbox is).
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -48,6 +46,7 @@ from app.tracking.model_logging import model_metadata
 from app.tracking.model_sparsity import sparsity
 from app.tracking.tracker import FederationTracker, bounded_requests
 from clients.registry import task_class
+from clients.site.atomic_file import write_atomic
 
 __all__ = ["BEST_WEIGHTS", "END_FILE", "FINAL_WEIGHTS", "RETRY_SECONDS", "RunEnd", "leave_open",
            "finish_run", "flush_command"]
@@ -139,12 +138,8 @@ class RunEnd:
             save_file(self.best_weights, str(self.folder / BEST_WEIGHTS))
         described = {name: value for name, value in asdict(self).items()
                      if name not in ("final", "best_weights", "folder")}
-        fd, tmp = tempfile.mkstemp(dir=self.folder, suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(described, handle, default=str)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, self.folder / END_FILE)
+        write_atomic(self.folder / END_FILE,
+                     lambda h: h.write(json.dumps(described, default=str).encode()))
 
     @classmethod
     def load(cls, folder: Path) -> RunEnd | None:

@@ -17,14 +17,14 @@ file (:meth:`RunStart.load`), so one federation stays one MLflow run.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import mlflow
 from mlflow.tracking import MlflowClient
+
+from clients.site.atomic_file import write_atomic
 
 __all__ = ["RUN_FILE", "RunStart", "experiment_id", "new_federation_id"]
 
@@ -111,18 +111,8 @@ class RunStart:
         """Write ``tracking-run.json`` atomically (nothing without a folder)."""
         if self.folder is None:
             return
-        self.folder.mkdir(parents=True, exist_ok=True)
         described = {k: v for k, v in asdict(self).items() if k != "folder"}
-        fd, tmp = tempfile.mkstemp(dir=self.folder, suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                json.dump(described, handle)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, self.folder / RUN_FILE)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_atomic(self.folder / RUN_FILE, lambda h: h.write(json.dumps(described).encode()))
 
     @classmethod
     def load(cls, folder: Path) -> RunStart | None:

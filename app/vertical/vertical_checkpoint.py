@@ -1,7 +1,7 @@
 """A vertical federation's checkpoint after each round, and its resume (``resume = true``).
 
 The horizontal federation's checkpoint, reused as it is (:mod:`strategies.rounds.checkpoint`):
-the same folder ``<checkpoint-dir>/<MLflow run id>/`` (0700), the same file
+the same folder ``<checkpoint-dir>/<federation id>/`` (0700), the same file
 (:data:`~strategies.rounds.checkpoint.CHECKPOINT_FILE`, one ``.npz`` read without pickle),
 the same run-config check on resume (only ``resume`` and ``num-server-rounds`` may
 differ), and the same MLflow outbox beside it. What a vertical round leaves:
@@ -14,7 +14,9 @@ differ), and the same MLflow outbox beside it. What a vertical round leaves:
   state), the sites' last metrics and the PSI's intersection size.
 
 What the sites keep between rounds lives in their own state folders, keyed by the
-federation (the MLflow run id): a resume in the same MLflow run finds it there.
+federation id (the MLflow run id when MLflow answered at the start; one of the
+federation's own otherwise, :mod:`app.tracking.run_start`): a resume of the same
+federation finds it there.
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ class VerticalCheckpoint:
     path : Path or None
         The checkpoint file (``None``: no ``checkpoint-dir``, nothing is kept).
     run_id : str
-        The federation's MLflow run.
+        The federation id (its checkpoint folder's name; the MLflow run id when MLflow
+        answered at the start).
     run_config : dict
         The run config it was started with (:meth:`RunConfig.as_params`).
     resumed : ServerCheckpoint or None

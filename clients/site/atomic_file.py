@@ -2,7 +2,8 @@
 
 A crash (or a SuperNode killed mid-write) leaves either the old file or the new
 one, never a truncated file, because ``os.replace`` within one folder is atomic
-on POSIX file systems.
+on POSIX file systems; the new file's data is on the disk (``fsync``) before the
+rename, so a power loss cannot leave it renamed but empty.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ def write_atomic(path: Path, write: Callable[[BinaryIO], None]) -> Path:
     try:
         with os.fdopen(fd, "wb") as handle:
             write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

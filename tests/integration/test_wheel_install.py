@@ -30,19 +30,9 @@ SITE = "hospital-00"
 START_TIMEOUT = 300.0
 
 
-@pytest.fixture
-def fresh(wheel_venv: WheelVenv) -> WheelVenv:
-    return wheel_venv
-
-
-def fedmed(fresh: WheelVenv, *args: str, cwd: Path,
-           timeout: float = 600) -> subprocess.CompletedProcess:
-    return fresh.fedmed(*args, cwd=cwd, timeout=timeout)
-
-
-def test_the_wheel_installs_one_namespace_and_its_command(fresh):
-    python, env, tmp = str(fresh.python), fresh.env, fresh.tmp
-    shown = fedmed(fresh, "--help", cwd=tmp)
+def test_the_wheel_installs_one_namespace_and_its_command(wheel_venv):
+    python, env, tmp = str(wheel_venv.python), wheel_venv.env, wheel_venv.tmp
+    shown = wheel_venv.fedmed("--help", cwd=tmp)
     assert shown.returncode == 0, shown.stderr
     assert "fedmed site init" in shown.stdout and "fedmed federate" in shown.stdout
     for name in ("app", "strategies", "clients", "models"):
@@ -53,18 +43,18 @@ def test_the_wheel_installs_one_namespace_and_its_command(fresh):
         [python, "-c", "import fedmed.app.tooling.cli as c, fedmed.app.config.product_paths as p; "
                        "print(c.__file__); print(p.INSTALLED, p.PROJECT_ROOT)"],
         env=env, cwd=tmp, capture_output=True, text=True, check=True).stdout.split("\n")
-    assert str(fresh.venv) in where[0] and str(ROOT) not in where[0]
+    assert str(wheel_venv.venv) in where[0] and str(ROOT) not in where[0]
     installed, bundle = where[1].split(" ", 1)
     assert installed == "True"
     assert (Path(bundle) / "pyproject.toml").is_file() and (Path(bundle) / "configs").is_dir()
-    wrong = fedmed(fresh, "site", "begin", cwd=tmp)
+    wrong = wheel_venv.fedmed("site", "begin", cwd=tmp)
     assert wrong.returncode == 2 and "fedmed site init" in wrong.stderr
 
 
-def _start(fresh: dict, *args: str, cwd: Path, log: Path) -> subprocess.Popen:
+def _start(wheel_venv: WheelVenv, *args: str, cwd: Path, log: Path) -> subprocess.Popen:
     with log.open("w") as out:
-        return subprocess.Popen([str(fresh.venv / "bin" / "fedmed"), *args], cwd=cwd,
-                                env=fresh.env, stdout=out, stderr=subprocess.STDOUT,
+        return subprocess.Popen([str(wheel_venv.venv / "bin" / "fedmed"), *args], cwd=cwd,
+                                env=wheel_venv.env, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
 
 
@@ -82,22 +72,23 @@ def _wait_for(what: str, check, processes: list[subprocess.Popen], logs: list[Pa
     pytest.fail(f"{what} did not happen\n{tails}")
 
 
-def test_a_hospital_inits_and_starts_its_site_from_the_wheel(fresh):
-    tmp = fresh.tmp
+def test_a_hospital_inits_and_starts_its_site_from_the_wheel(wheel_venv):
+    tmp = wheel_venv.tmp
     coordinator, hospital = tmp / "coordinator", tmp / "hospital"
     coordinator.mkdir()
     hospital.mkdir()
     port = free_port()
-    made = fedmed(fresh, "certs", "--out", "deploy/certs", "--hosts", "127.0.0.1,localhost",
-                  cwd=coordinator)
+    made = wheel_venv.fedmed("certs", "--out", "deploy/certs", "--hosts", "127.0.0.1,localhost",
+                             cwd=coordinator)
     assert made.returncode == 0, made.stdout + made.stderr
-    data = fedmed(fresh, "data", "synthetic", "--task", "pe-seg", "--out", str(hospital / "data"),
-                  "--sites", "1", "--image-size", "32", cwd=hospital)
+    data = wheel_venv.fedmed("data", "synthetic", "--task", "pe-seg", "--out",
+                             str(hospital / "data"), "--sites", "1", "--image-size", "32",
+                             cwd=hospital)
     assert data.returncode == 0, data.stdout + data.stderr
     folder = next(p for p in (hospital / "data").iterdir() if p.is_dir())
-    init = fedmed(fresh, "site", "init", "--site", SITE, "--data", str(folder), "--superlink",
-                  f"127.0.0.1:{port}", "--ca", str(coordinator / "deploy/certs/ca.crt"),
-                  cwd=hospital)
+    init = wheel_venv.fedmed("site", "init", "--site", SITE, "--data", str(folder), "--superlink",
+                             f"127.0.0.1:{port}", "--ca", str(coordinator / "deploy/certs/ca.crt"),
+                             cwd=hospital)
     assert init.returncode == 0, init.stdout + init.stderr
     home = hospital / "fedmed-site"
     public_key = home / "certs" / "sites" / SITE / "supernode.pub"
@@ -106,23 +97,23 @@ def test_a_hospital_inits_and_starts_its_site_from_the_wheel(fresh):
     assert settings["site"] == SITE and Path(settings["data"]) == folder.resolve()
     state, policy = Path(settings["state"]), Path(settings["policy"])
     assert state.stat().st_mode & 0o077 == 0 and policy.is_file()
-    again = fedmed(fresh, "site", "init", "--site", SITE, "--data", str(folder), "--superlink",
-                   f"127.0.0.1:{port}", cwd=hospital)
+    again = wheel_venv.fedmed("site", "init", "--site", SITE, "--data", str(folder), "--superlink",
+                              f"127.0.0.1:{port}", cwd=hospital)
     assert again.returncode == 0 and "nothing new" in again.stdout
 
     logs = [tmp / "superlink.out", tmp / "supernode.out"]
-    link = _start(fresh, "superlink", "--port", str(port), cwd=coordinator, log=logs[0])
+    link = _start(wheel_venv, "superlink", "--port", str(port), cwd=coordinator, log=logs[0])
     node = None
     try:
         _wait_for("the SuperLink start", lambda: "SuperLink on https://" in logs[0].read_text()
                   if logs[0].exists() else "", [link], logs)
-        registered = fedmed(fresh, "register", "--site", SITE, "--public-key", str(public_key),
-                            "--port", str(port), cwd=coordinator)
+        registered = wheel_venv.fedmed("register", "--site", SITE, "--public-key", str(public_key),
+                                       "--port", str(port), cwd=coordinator)
         assert registered.returncode == 0, registered.stdout + registered.stderr
-        node = _start(fresh, "site", "start", cwd=hospital, log=logs[1])
+        node = _start(wheel_venv, "site", "start", cwd=hospital, log=logs[1])
 
         def online() -> str:
-            listed = fedmed(fresh, "nodes", "--port", str(port), cwd=coordinator)
+            listed = wheel_venv.fedmed("nodes", "--port", str(port), cwd=coordinator)
             rows = [line for line in listed.stdout.splitlines() if line.startswith(SITE)]
             return rows[0] if rows and rows[0].split()[-1] == "online" else ""
 
@@ -132,6 +123,6 @@ def test_a_hospital_inits_and_starts_its_site_from_the_wheel(fresh):
         for process in (node, link):
             if process is not None:
                 interrupt_group(process, timeout=120)
-    verified = fedmed(fresh, "audit", "verify", "--state", str(state), "--policy", str(policy),
-                      cwd=hospital)
+    verified = wheel_venv.fedmed("audit", "verify", "--state", str(state), "--policy", str(policy),
+                                 cwd=hospital)
     assert verified.returncode == 0, verified.stdout + verified.stderr

@@ -34,10 +34,6 @@ class WheelVenv:
     def python(self) -> Path:
         return self.venv / "bin" / "python"
 
-    @property
-    def wheel(self) -> Path:
-        return next(self.wheelhouse.glob("fedmed-*.whl"))
-
     def fedmed(self, *args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
         """``fedmed ARGS`` in ``cwd``, its output captured."""
         return subprocess.run([str(self.venv / "bin" / "fedmed"), *args], cwd=cwd, env=self.env,
