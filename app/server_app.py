@@ -50,7 +50,6 @@ from strategies.rounds.cross_site import CrossSiteResult
 from strategies.wire import message_keys as keys
 from strategies.rounds.checkpoint import (
     CHECKPOINT_FILE,
-    CheckpointError,
     ServerCheckpoint,
     find_checkpoint,
     load_checkpoint,
@@ -278,9 +277,6 @@ def federate(grid: Grid, context: Context) -> FederationOutcome | VerticalOutcom
                                   roster=roster)
         checkpoint = load_checkpoint(checkpoint_path, run_config, template=strategy.snapshot(),
                                      defaults=defaults)
-        if checkpoint.mlflow_run_id != checkpoint_path.parent.name:
-            raise CheckpointError(f"{checkpoint_path}: holds MLflow run "
-                                  f"{checkpoint.mlflow_run_id!r}, not its folder's")
         run_id = tracker.resume(checkpoint.mlflow_run_id, checkpoint.server_round,
                                 flwr_run_id=str(context.run_id),
                                 outbox_dir=checkpoint_path.parent)

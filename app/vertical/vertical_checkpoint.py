@@ -29,7 +29,7 @@ import numpy as np
 
 from app.config.run_config import RunConfig
 from app.tracking import FederationTracker
-from strategies.rounds.checkpoint import (CHECKPOINT_FILE, CheckpointError, ServerCheckpoint,
+from strategies.rounds.checkpoint import (CHECKPOINT_FILE, ServerCheckpoint,
                                           find_checkpoint, load_checkpoint, run_folder,
                                           save_checkpoint)
 
@@ -98,9 +98,6 @@ def resumed_checkpoint(config: RunConfig, tracker: FederationTracker,
     run_config, defaults = config.as_params(), RunConfig().as_params()
     path = find_checkpoint(Path(config.checkpoint_dir), run_config, defaults)
     checkpoint = load_checkpoint(path, run_config, defaults=defaults)
-    if checkpoint.mlflow_run_id != path.parent.name:
-        raise CheckpointError(f"{path}: holds MLflow run {checkpoint.mlflow_run_id!r}, not its "
-                              "folder's")
     run_id = tracker.resume(checkpoint.mlflow_run_id, checkpoint.server_round,
                             flwr_run_id=flwr_run_id, outbox_dir=path.parent)
     return VerticalCheckpoint(path, run_id, run_config, checkpoint)

@@ -359,8 +359,9 @@ def load_checkpoint(path: Path, run_config: dict[str, Any] | None,
         The checkpoint file (in its federation's :func:`run_folder`).
     run_config : dict or None
         The run config of the resume (:meth:`RunConfig.as_params`); a key
-        that differs (other than :data:`RESUME_KEYS`) is refused. ``None``
-        reads without this check (inspection, tests).
+        that differs (other than :data:`RESUME_KEYS`) is refused, and so is a
+        checkpoint whose federation id is not its folder's name. ``None`` reads
+        without these checks (inspection, tests).
     template : dict, optional
         A fresh :meth:`FederatedStrategy.snapshot` of the run config's
         plug-ins; their saved state is restored onto these objects. Without it
@@ -382,6 +383,9 @@ def load_checkpoint(path: Path, run_config: dict[str, Any] | None,
     if difference:
         raise CheckpointError(f"{path}: made with another run config ({'; '.join(difference)});"
                               " resume with the run config the federation was started with")
+    if run_config is not None and meta.get("mlflow_run_id") != path.parent.name:
+        raise CheckpointError(f"{path}: holds federation {meta.get('mlflow_run_id')!r}, not "
+                              "its folder's")
     state = {k[len("state-"):]: v for k, v in arrays.items() if k.startswith("state-")}
     best = {k[len("best-"):]: v for k, v in arrays.items() if k.startswith("best-")}
     try:

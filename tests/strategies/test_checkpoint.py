@@ -111,6 +111,15 @@ def test_resume_refuses_another_run_config_naming_the_keys(tmp_path: Path):
     assert "lr: 0.01 -> 0.1" in str(info.value)
 
 
+def test_resume_refuses_a_checkpoint_in_another_federations_folder(tmp_path: Path):
+    """The horizontal and the vertical resume both rely on this check (one place)."""
+    path = run_folder(tmp_path / "ckpt", "other") / CHECKPOINT_FILE
+    save_checkpoint(path, _checkpoint("abc"))
+    with pytest.raises(CheckpointError, match="holds federation 'abc', not its folder's"):
+        load_checkpoint(path, CONFIG, template=_plugins())
+    assert load_checkpoint(path, None).mlflow_run_id == "abc"  # inspection reads it
+
+
 def test_a_checkpoint_older_than_a_new_key_resumes_while_the_key_keeps_its_default(
         tmp_path: Path):
     """Found in review: a key added by a later version of the app made every older
