@@ -348,7 +348,7 @@ federate: install
 		$(if $(ROSTER),-c federation.roster=$(abspath $(ROSTER))) \
 		$(if $(filter 1 true yes,$(ALLOW_NO_ROSTER)),--allow-no-roster) \
 		$(if $(filter 1 true yes,$(ALLOW_SAME_NAME)),--allow-same-name) \
-		-c checkpoint-dir=$(DEPLOY_DIR)/checkpoints $(if $(RESUME),-c resume=true) \
+		$(if $(RESUME),--resume) \
 		$(if $(SIGN_KEY),--sign-key $(abspath $(SIGN_KEY))) \
 		$(foreach kv,$(RUN_CONFIG),-c $(kv))
 

@@ -121,17 +121,11 @@ def _site_start(argv: list[str]) -> int:
 
 def _federate(argv: list[str]) -> int:
     """``fedmed federate [--resume] [deployment federate options]``: the server checkpoints
-    under ``./deploy/checkpoints`` unless ``-c checkpoint-dir=...`` is given; ``--resume``
-    (``make federate RESUME=1``) continues the newest interrupted federation from them."""
+    under ``<deploy-dir>/checkpoints`` unless the preset or ``-c checkpoint-dir=...`` says
+    where; ``--resume`` (``make federate RESUME=1``) continues the newest interrupted
+    federation from them (:func:`app.tooling.deployment.main`)."""
     args = list(argv)
-    resume = "--resume" in args
-    args = [a for a in args if a != "--resume"]
-    extra = _tracking_defaults(args)
-    if not any(a.startswith("checkpoint-dir=") for a in args):
-        extra += ["-c", f"checkpoint-dir={work_root() / 'deploy' / 'checkpoints'}"]
-    if resume:
-        extra += ["-c", "resume=true"]
-    return _entry("app.tooling.deployment:main")(["federate", *extra, *args])
+    return _entry("app.tooling.deployment:main")(["federate", *_tracking_defaults(args), *args])
 
 
 def _simulate(argv: list[str]) -> int:

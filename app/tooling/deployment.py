@@ -20,7 +20,11 @@ Command line (what the make targets call)::
     python -m app.tooling.deployment federate   --deploy-dir D --flwr-home H
                                                   --tracking-uri U --artifact-root A [-c k=v]
                                                   [--sign-key /abs/app-signing.key]
-                                                  [--allow-no-roster]
+                                                  [--allow-no-roster] [--resume]
+
+``federate`` checkpoints under ``D/checkpoints`` unless the preset or ``-c
+checkpoint-dir=`` says where; ``--resume`` continues the newest interrupted
+federation of the same run config from there.
 
 ``superlink`` and ``supernode`` run in the foreground (their log is echoed)
 until Ctrl-C, then stop their daemon and everything it started.
@@ -211,8 +215,11 @@ def _cmd_nodes(args: argparse.Namespace) -> int:
 
 
 def _cmd_federate(args: argparse.Namespace) -> int:
-    run_config = build_run_config(args.run_config, args.data_root, args.tracking_uri,
-                                  args.artifact_root, args.preset)
+    items = [*args.run_config, *(["resume=true"] if args.resume else [])]
+    # A deployment checkpoints beside its folder unless the preset or -c says where.
+    base = {"checkpoint-dir": str((args.deploy_dir / "checkpoints").resolve())}
+    run_config = build_run_config(items, args.data_root, args.tracking_uri, args.artifact_root,
+                                  args.preset, base)
     try:
         values = checked_run_config(run_config)  # before anything is signed or submitted
     except ConfigError as exc:
@@ -239,9 +246,9 @@ def _cmd_federate(args: argparse.Namespace) -> int:
     if args.sign_key is not None:  # the signature of the FAB flwr run submits
         digest = fab_sha256(project_fab(PROJECT_ROOT))
         signature = sign_app(digest, args.sign_key)
-        run_config = build_run_config([*args.run_config, f"{SIGNATURE_KEY}={signature}"],
+        run_config = build_run_config([*items, f"{SIGNATURE_KEY}={signature}"],
                                       args.data_root, args.tracking_uri, args.artifact_root,
-                                      args.preset)
+                                      args.preset, base)
         print(f"app {digest[:12]} signed with {args.sign_key}", flush=True)
     started = time.monotonic()
     outcome = submit_run(args.flwr_home, run_config, args.timeout,
@@ -343,6 +350,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", type=Path, default=None)
     p.add_argument("--timeout", type=float, default=3600.0)
     p.add_argument("-c", "--run-config", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the newest interrupted federation of this run config from "
+                        "its checkpoint (-c resume=true; make federate RESUME=1)")
     p.add_argument("--sign-key", type=Path, default=None,
                    help="the coordinator's app-signing key: adds -c app-signature=<signature "
                         "of the project's FAB> (app.site_runtime.app_approval)")

@@ -39,10 +39,12 @@ def _toml_literal(value: object) -> str:
 
 
 def build_run_config(overrides: list[str], data_root: Path, tracking_uri: str,
-                     artifact_root: Path, preset: Path | None = None) -> str:
-    """The ``--run-config`` string: absolute paths, then the preset file, then overrides."""
+                     artifact_root: Path, preset: Path | None = None,
+                     base: dict[str, str] | None = None) -> str:
+    """The ``--run-config`` string: absolute paths and ``base`` (the caller's defaults),
+    then the preset file, then overrides."""
     values = {"data-root": str(data_root.resolve()), "tracking-uri": tracking_uri,
-              "artifact-root": str(artifact_root.resolve())}
+              "artifact-root": str(artifact_root.resolve()), **(base or {})}
     if preset is not None:
         with open(preset, "rb") as handle:
             values.update({k: _toml_literal(v) for k, v in tomllib.load(handle).items()})

@@ -61,3 +61,20 @@ def test_make_passes_the_flag_only_when_asked():
     assert "--allow-no-roster" in make_n("federate", "ALLOW_NO_ROSTER=1")
     assert "--allow-no-roster" not in make_n("federate", "ALLOW_NO_ROSTER=0")
     assert "federation.roster" not in make_n("simulate")
+
+
+def test_federate_checkpoints_in_the_deployment_unless_told_and_resume_is_a_flag(
+        tmp_path, submitted):
+    """Found in review: the checkpoint folder and ``--resume`` were added twice (the
+    ``fedmed`` command and the Makefile), and the command's ``-c checkpoint-dir`` overrode
+    a preset's."""
+    assert _federate(tmp_path, "--allow-no-roster") == 1
+    assert f'checkpoint-dir="{(tmp_path / "deploy" / "checkpoints").resolve()}"' in submitted[0]
+    assert "resume" not in submitted[0]
+    preset = tmp_path / "preset.toml"
+    preset.write_text(f'checkpoint-dir = "{tmp_path / "mine"}"\n')
+    assert _federate(tmp_path, "--allow-no-roster", "--preset", str(preset), "--resume") == 1
+    assert f'checkpoint-dir="{tmp_path / "mine"}"' in submitted[1]
+    assert "resume=true" in submitted[1] and str(tmp_path / "deploy") not in submitted[1]
+    assert "--resume" in make_n("federate", "RESUME=1")
+    assert "checkpoint-dir" not in make_n("federate")
