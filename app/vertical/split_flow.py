@@ -45,7 +45,6 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import torch
@@ -56,6 +55,7 @@ from app.vertical.messages import StageAnswer
 from clients.registry import task_class
 from clients.training.trainer import select_device
 from clients.training.site_task import make_optimizer
+from clients.vertical.split_state import OPTIMISER, load_optimisers, optimiser_tensors
 from clients.vertical.split_model import (PART, U_SHAPED, batch_key, cut_task_network,
                                           part_arrays, tensor_of)
 from models.split_network import buffers_kept
@@ -235,25 +235,21 @@ def _part_of(answer: StageAnswer) -> Arrays:
     return {k: v for k, v in answer.arrays.items() if k.startswith(PART)}
 
 
-def _optimiser_state(optimiser: torch.optim.Optimizer) -> dict[int, dict[str, Any]]:
-    """The optimiser's per-parameter state (momentum buffers, Adam's moments), as numpy."""
-    return {int(index): {name: value.detach().cpu().numpy().copy()
-                         if isinstance(value, torch.Tensor) else value
-                         for name, value in entries.items()}
-            for index, entries in optimiser.state_dict()["state"].items()}
+def _optimiser_arrays(optimiser: torch.optim.Optimizer) -> Arrays:
+    """The coordinator optimiser's per-parameter state (momentum buffers, Adam's moments)
+    as ``optimiser/middle/<i>/<name>`` arrays, as a site keeps its own
+    (:func:`clients.vertical.split_state.optimiser_tensors`)."""
+    return {k: v.numpy().copy() for k, v in optimiser_tensors({"middle": optimiser}).items()}
 
 
-def _restore(coordinator: _Coordinator, arrays: Arrays, state: Mapping[str, Any]) -> Arrays:
+def _restore(coordinator: _Coordinator, arrays: Arrays) -> Arrays:
     """Put a checkpoint's middle weights and optimiser state back; the site part it kept."""
     middle = {k.removeprefix("middle/"): torch.from_numpy(np.array(v))
               for k, v in arrays.items() if k.startswith("middle/")}
     coordinator.middle.load_state_dict(middle)
-    saved = coordinator.optimiser.state_dict()
-    saved["state"] = {int(index): {name: torch.from_numpy(np.array(value))
-                                   if isinstance(value, np.ndarray) else value
-                                   for name, value in entries.items()}
-                      for index, entries in state["optimiser"].items()}
-    coordinator.optimiser.load_state_dict(saved)
+    load_optimisers({"middle": coordinator.optimiser},
+                    {k: torch.from_numpy(np.array(v)) for k, v in arrays.items()
+                     if k.startswith(OPTIMISER)})
     return {k: v for k, v in arrays.items() if k.startswith(PART)}
 
 
@@ -280,7 +276,7 @@ def run_split(ctx: VerticalContext) -> VerticalResult:
     kept, state = ctx.resumed_state()
     site_metrics: dict[str, dict[str, float]] = dict(state.get("site-metrics", {}))
     if state:
-        part = _restore(coordinator, kept, state)
+        part = _restore(coordinator, kept)
     sequential = ctx.options.split_mode == "sequential"
     started = time.monotonic()
     for server_round in range(ctx.first_round, ctx.config.num_server_rounds + 1):
@@ -302,8 +298,9 @@ def run_split(ctx: VerticalContext) -> VerticalResult:
                 metrics["train-loss"] = float(np.mean(losses))
             site_metrics[ctx.department(node)] = metrics
         ctx.log_sites(server_round, site_metrics, {"seconds": time.monotonic() - started})
-        ctx.save_round(server_round, {**_middle_arrays(split.middle), **part},
-                       {"optimiser": _optimiser_state(coordinator.optimiser)}, site_metrics)
+        ctx.save_round(server_round, {**_middle_arrays(split.middle), **part,
+                                      **_optimiser_arrays(coordinator.optimiser)}, {},
+                       site_metrics)
     return VerticalResult(site_metrics, {**_middle_arrays(split.middle), **part})
 
 

@@ -7,11 +7,12 @@ the same run-config check on resume (only ``resume`` and ``num-server-rounds`` m
 differ), and the same MLflow outbox beside it. What a vertical round leaves:
 
 - the checkpoint's model arrays: the coordinator's own arrays, by name (pvFed: the global
-  encoder, ``global-encoder.*``; split learning: its part ``middle/*`` and the sites' part
-  ``part/*`` it hands out);
+  encoder, ``global-encoder.*``; split learning: its part ``middle/*``, the sites' part
+  ``part/*`` it hands out and its optimiser's state ``optimiser/middle/*``, named as a
+  site keeps its own);
 - its ``strategy`` state tree: the method's state between rounds (pvFed: the local
-  encoders that came back, by department; split learning: the coordinator optimiser's
-  state), the sites' last metrics and the PSI's intersection size.
+  encoders that came back, by department), the sites' last metrics and the PSI's
+  intersection size.
 
 What the sites keep between rounds lives in their own state folders, keyed by the
 federation id (the MLflow run id when MLflow answered at the start; one of the

@@ -31,11 +31,12 @@ from clients.vertical.stages import VerticalRequest
 from models.split_network import SplitNetwork
 from strategies.wire.errors import SiteError
 
-__all__ = ["STATE_FILE", "SplitSiteState", "open_state", "save_state"]
+__all__ = ["OPTIMISER", "STATE_FILE", "SplitSiteState", "load_optimisers", "open_state",
+           "optimiser_tensors", "save_state"]
 
 #: The site's split-learning state, in its vertical state folder.
 STATE_FILE = "split-site.safetensors"
-_OPTIMISER = "optimiser/"
+OPTIMISER = "optimiser/"
 _PENDING = "pending-indices"
 _SEEDS = "pending-seeds"
 
@@ -75,21 +76,22 @@ def _optimisers(part: nn.ModuleDict, request: VerticalRequest) -> dict[str, torc
             for name, module in part.items()}
 
 
-def _optimiser_tensors(optimisers: Mapping[str, torch.optim.Optimizer]) -> dict[str, torch.Tensor]:
+def optimiser_tensors(optimisers: Mapping[str, torch.optim.Optimizer]) -> dict[str, torch.Tensor]:
     """Every tensor of the optimisers' per-parameter state, as ``optimiser/<part>/<i>/<name>``."""
     tensors = {}
     for part, optimiser in optimisers.items():
         for index, values in optimiser.state_dict()["state"].items():
-            tensors.update({f"{_OPTIMISER}{part}/{index}/{name}": value.detach().cpu()
+            tensors.update({f"{OPTIMISER}{part}/{index}/{name}": value.detach().cpu()
                             for name, value in values.items() if isinstance(value, torch.Tensor)})
     return tensors
 
 
-def _load_optimisers(optimisers: Mapping[str, torch.optim.Optimizer],
-                     tensors: Mapping[str, torch.Tensor]) -> None:
+def load_optimisers(optimisers: Mapping[str, torch.optim.Optimizer],
+                    tensors: Mapping[str, torch.Tensor]) -> None:
+    """Put :func:`optimiser_tensors`' tensors back into ``optimisers`` (by part name)."""
     for part, optimiser in optimisers.items():
         state: dict[int, dict[str, torch.Tensor]] = {}
-        prefix = f"{_OPTIMISER}{part}/"
+        prefix = f"{OPTIMISER}{part}/"
         for key, value in tensors.items():
             if key.startswith(prefix):
                 index, name = key[len(prefix):].split("/", 1)
@@ -123,7 +125,7 @@ def open_state(request: VerticalRequest) -> SplitSiteState:
         tensors = load_tensors(path.read_bytes())
         part.load_state_dict({name[len(PART):]: value for name, value in tensors.items()
                               if name.startswith(PART)})
-        _load_optimisers(optimisers, tensors)
+        load_optimisers(optimisers, tensors)
         state.pending, state.seeds = tensors[_PENDING].numpy(), tensors[_SEEDS].numpy()
     return state
 
@@ -132,7 +134,7 @@ def save_state(request: VerticalRequest, state: SplitSiteState) -> None:
     """Write ``state`` to the site's state folder (atomically)."""
     tensors = {PART + name: value.detach().cpu().contiguous()
                for name, value in state.part.state_dict().items()}
-    tensors.update(_optimiser_tensors(state.optimisers))
+    tensors.update(optimiser_tensors(state.optimisers))
     tensors[_PENDING] = torch.from_numpy(np.ascontiguousarray(state.pending, np.int64))
     tensors[_SEEDS] = torch.from_numpy(np.ascontiguousarray(state.seeds, np.int64))
     payload = save_tensors(tensors)
