@@ -34,6 +34,7 @@ from mlflow.tracking import MlflowClient
 
 import app.site_runtime.supernode as supernode_module
 from app.site_runtime.supernode import SuperNodeProcess
+from app.tooling.daemon import spawn_daemon
 from app.tooling.environment import free_port
 from app.tooling.flwr_cli import wait_online
 from app.tooling.registration import register_site
@@ -79,21 +80,13 @@ def tinyproxy(folder: Path) -> Iterator[tuple[int, Path]]:
     config = folder / "tinyproxy.conf"
     config.write_text(f'Port {port}\nListen 127.0.0.1\nTimeout 600\nLogFile "{log}"\n'
                       "LogLevel Info\nMaxClients 100\nAllow 127.0.0.1\n")
-    with open(folder / "tinyproxy.out", "ab") as out:
-        process = subprocess.Popen(["tinyproxy", "-d", "-c", str(config)], stdout=out,
-                                   stderr=subprocess.STDOUT, start_new_session=True)
+    proxy = spawn_daemon(["tinyproxy", "-d", "-c", str(config)], dict(os.environ),
+                         folder / "tinyproxy.out", "tinyproxy", cwd=folder)
     try:
-        wait_for(lambda: _answers(port) or process.poll() is not None, 60,
-                 "tinyproxy listening")
-        assert process.poll() is None, (folder / "tinyproxy.out").read_text()
+        wait_for(lambda: _answers(port), 60, "tinyproxy listening", watch=[proxy])
         yield port, log
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=15)
+        proxy.stop()
 
 
 def in_netns(monkeypatch, relay_port: int, unix_socket: Path, link_port: int,
