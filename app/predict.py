@@ -19,7 +19,11 @@ on CUDA with autocast when present (CPU otherwise) by the task's predictor
 Outputs (:mod:`app.prediction.output`): a segmentation task writes one NIfTI
 mask per study on the series' grid plus ``findings.csv``; a classifier writes
 ``predictions.csv``; unreadable items are skipped and listed in
-``skipped.csv``. With references (the site's masks or labels) the task's
+``skipped.csv``. Each item also goes back as DICOM, in its source's study
+(:mod:`app.prediction.dicom_output`): a segmentation as a DICOM-SEG, a
+classifier's probabilities as a TID 1500 measurement report, in ``dicom/``
+with their index ``dicom.csv`` (a source that is not DICOM gets none, the
+reason in the index). With references (the site's masks or labels) the task's
 metric is printed at the end (Dice: mean over studies on the series' own grid;
 ROC AUC: macro over labels), and so is the time per item.
 
@@ -36,6 +40,7 @@ Exit status: 0 when at least one item was predicted, 1 when none could be,
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import logging
 import os
 import statistics
@@ -47,6 +52,7 @@ from typing import TextIO
 
 from app.config.product_paths import work_root
 from app.model_source import LoggedModel, load_logged_model
+from app.prediction.dicom_output import DicomResults, model_identity
 from app.prediction.inputs import discover_items
 from app.prediction.output import SKIPPED, prepare_out, write_table
 from app.prediction.personalised import federation_of, personalise, site_of
@@ -134,6 +140,7 @@ def predict(logged: LoggedModel, data: Path, out: Path, split: str | None = None
     compute = compute or select_device()
     logged.model.to(compute.device).eval()
     predictor = task.predictor(logged.model, logged.settings, compute, out)
+    dicom = DicomResults(out, model_identity(logged, _product_version()))
     summary = PredictSummary(logged.task, out, metric=task.main_metric)
     rows: list[list[object]] = []
     skipped_rows: list[list[object]] = []
@@ -150,13 +157,23 @@ def predict(logged: LoggedModel, data: Path, out: Path, split: str | None = None
         seconds = time.perf_counter() - started
         summary.seconds.append(seconds)
         rows.append([item.item_id, item.split, _shown(item.image, data), *result.cells, seconds])
-        print(f"[{k}/{len(items)}] {item.item_id}: {result.note} ({seconds:.2f} s)", file=stream,
-              flush=True)
+        note = dicom.write(item, result.dicom)
+        print(f"[{k}/{len(items)}] {item.item_id}: {result.note} ({seconds:.2f} s)"
+              + (f"; {note}" if note else ""), file=stream, flush=True)
     summary.predicted = len(rows)
     write_table(out / predictor.table, ["id", "split", "image", *predictor.columns, "seconds"], rows)
     write_table(out / SKIPPED, ["id", "image", "reason"], skipped_rows)
+    dicom.finish()
     summary.value = predictor.metric()
     return summary
+
+
+def _product_version() -> str:
+    """The product's installed version (the DICOM objects' Software Versions)."""
+    try:
+        return importlib.metadata.version("fedmed")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def _shown(path: Path, data: Path) -> str:

@@ -68,3 +68,8 @@ class VolumeError(StudyError):
 
 class RadiographError(StudyError):
     """A radiograph file is unreadable, corrupt, or not a single 2D grayscale image."""
+
+
+class DicomResultError(StudyError):
+    """A DICOM result (a SEG, an SR) cannot be made from its source: the source file or folder is
+    not DICOM, or its instances do not fit the prediction; names the source."""

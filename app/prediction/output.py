@@ -2,8 +2,9 @@
 
 ``OUT`` holds the task's predictor's outputs (a segmentation task's
 ``masks/<study>.nii.gz`` and ``findings.csv``, a classifier's
-``predictions.csv``; :data:`clients.prediction.predictor.OUTPUTS`) and
-``skipped.csv`` (every item that could not be read, with the reason). An
+``predictions.csv``, the DICOM results in ``dicom/``;
+:data:`clients.prediction.predictor.OUTPUTS`), ``skipped.csv`` (every item that
+could not be read, with the reason) and ``dicom.csv`` (the DICOM results' index). An
 existing non-empty ``OUT`` is refused unless ``overwrite``; then only these
 outputs are replaced. ``OUT`` may not be ``DATA``, lie inside it or hold it: the
 input folder is only read, and replacing OUT's outputs must never reach it.
@@ -19,11 +20,13 @@ from pathlib import Path
 from clients.prediction import predictor
 from strategies.wire.errors import ConfigError
 
-__all__ = ["SKIPPED", "OUTPUTS", "prepare_out", "write_table"]
+__all__ = ["SKIPPED", "DICOM_INDEX", "OUTPUTS", "prepare_out", "write_table"]
 
 SKIPPED = "skipped.csv"
+#: The index of the DICOM results (:mod:`app.prediction.dicom_output`).
+DICOM_INDEX = "dicom.csv"
 #: Everything ``make predict`` writes into OUT (what ``overwrite`` replaces).
-OUTPUTS = (*predictor.OUTPUTS, SKIPPED)
+OUTPUTS = (*predictor.OUTPUTS, SKIPPED, DICOM_INDEX)
 
 
 def prepare_out(out: Path, data: Path, overwrite: bool) -> Path:

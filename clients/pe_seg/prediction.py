@@ -10,15 +10,16 @@ validation) and written as a NIfTI mask on the series' affine
 viewer (3D Slicer, ITK-SNAP) and reads back voxel for voxel.
 :class:`SegmentationPredictor` is the task's predictor for ``make predict``:
 ``masks/<study>.nii.gz`` plus a ``findings.csv`` row per study, scored by the
-mean Dice over the studies with a reference mask.
+mean Dice over the studies with a reference mask; the same mask goes back to the
+PACS as a DICOM-SEG of one "Pulmonary embolism" segment over the source series
+(:class:`clients.prediction.dicom_seg.SegmentationContent`, written by ``make predict``).
 """
 
 from __future__ import annotations
 
 import logging
-import re
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +32,8 @@ from clients.io.dicom_series import CTVolume, read_dicom_series
 from clients.io.nifti import read_nifti_mask, write_nifti_mask
 from clients.pe_seg.data import Item
 from clients.pe_seg.task import SlabDataset
-from clients.prediction.items import PredictionItem
+from clients.prediction.dicom_seg import PULMONARY_EMBOLISM, SegmentationContent
+from clients.prediction.items import PredictionItem, output_name
 from clients.prediction.predictor import FINDINGS, MASKS, ItemResult
 from clients.training.trainer import ComputeDevice
 from clients.training.site_task import TaskSettings
@@ -44,20 +46,21 @@ log = logging.getLogger(__name__)
 
 #: Slabs per forward pass.
 BATCH = 16
-_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 @dataclass(frozen=True)
 class Findings:
     """What one study's predicted mask says (a row of ``findings.csv``).
 
-    ``dice`` is ``None`` without a usable reference mask.
+    ``dice`` is ``None`` without a usable reference mask; ``mask`` is the predicted
+    binary mask ``(z, y, x)`` on the series' grid (what its DICOM-SEG holds).
     """
 
     voxels: int
     volume_ml: float
     max_probability: float
     dice: float | None
+    mask: np.ndarray | None = field(default=None, compare=False, repr=False)
 
 
 @torch.no_grad()
@@ -132,18 +135,12 @@ def segment_study(model: nn.Module, series: Path, reference: Path | None, mask_p
     voxels = int(mask.sum())
     return Findings(voxels=voxels, volume_ml=voxels * dz * dy * dx / 1000.0,
                     max_probability=float(probability.max()) if probability.size else 0.0,
-                    dice=score)
+                    dice=score, mask=mask)
 
 
 def mask_name(item_id: str, taken: set[str]) -> str:
     """A file name ``<id>.nii.gz`` for a study's mask: unsafe characters replaced, unique in ``taken``."""
-    stem = _UNSAFE.sub("_", item_id).strip("._") or "study"
-    name, n = f"{stem}.nii.gz", 1
-    while name in taken:
-        n += 1
-        name = f"{stem}-{n}.nii.gz"
-    taken.add(name)
-    return name
+    return output_name(item_id, ".nii.gz", taken)
 
 
 class SegmentationPredictor:
@@ -179,7 +176,8 @@ class SegmentationPredictor:
                               self.settings, self.compute)
         self._dices += [] if found.dice is None else [found.dice]
         return ItemResult([f"{MASKS}/{name}", found.voxels, found.volume_ml, found.max_probability,
-                           found.dice], f"{found.voxels} voxels ({found.volume_ml:.2f} ml)")
+                           found.dice], f"{found.voxels} voxels ({found.volume_ml:.2f} ml)",
+                          SegmentationContent(found.mask, item.image, PULMONARY_EMBOLISM))
 
     def metric(self) -> float | None:
         """Mean Dice over the studies with a usable reference mask."""

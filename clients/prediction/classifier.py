@@ -3,9 +3,12 @@
 Each item is read and preprocessed exactly as in training by the task's
 ``read`` function (a radiograph scaled to [0, 1] and squared, a CT volume in
 a lung window on the task's grid...), given a batch and a channel axis, and
-scored with one sigmoid per label. The row holds the probabilities and the
-item's reference labels (empty cells without); the metric is the macro ROC
-AUC over the items with labels.
+scored with one sigmoid per label. The row holds the probabilities, the
+item's reference labels (empty cells without) and the predicted labels (1 when
+the probability is at least 0.5, :func:`~clients.prediction.dicom_sr.predicted_label`);
+the item's DICOM result is a TID 1500 measurement report of the same
+(:class:`~clients.prediction.dicom_sr.EvaluationContent`). The metric is the
+macro ROC AUC over the items with labels.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from clients.prediction.dicom_sr import EvaluationContent, predicted_label
 from clients.prediction.items import PredictionItem
 from clients.prediction.predictor import PREDICTIONS, ItemResult
 from clients.training.trainer import ComputeDevice
@@ -52,18 +56,22 @@ class ClassifierPredictor:
         Path -> the item's image as the task's training data holds it (``float32``
         ``(H, W)`` or ``(D, H, W)``); raises an ``ItemError`` when unreadable.
     num_labels : int
-        Labels of the task (one probability column and one label column each).
+        Labels of the task (one probability, one reference label and one predicted label
+        column each).
     compute : ComputeDevice
         Where to run (autocast on CUDA).
     """
 
     table = PREDICTIONS
+    #: Whether each item gets a DICOM SR (its source may be DICOM); a table row has no study.
+    dicom_results = True
 
     def __init__(self, model: nn.Module, read: Callable[[Path], np.ndarray], num_labels: int,
                  compute: ComputeDevice) -> None:
         self.model, self.read, self.num_labels, self.compute = model, read, num_labels, compute
         suffixes = [""] if num_labels == 1 else [f"_{j}" for j in range(num_labels)]
-        self.columns = tuple(f"probability{s}" for s in suffixes) + tuple(f"label{s}" for s in suffixes)
+        self.columns = (tuple(f"probability{s}" for s in suffixes) + tuple(f"label{s}" for s in suffixes)
+                        + tuple(f"predicted{s}" for s in suffixes))
         self._scored: list[tuple[np.ndarray, np.ndarray]] = []
 
     @torch.no_grad()
@@ -88,8 +96,10 @@ class ClassifierPredictor:
         else:
             labels = [int(v) for v in item.labels]
             self._scored.append((scores, item.labels))
-        return ItemResult([float(s) for s in scores] + labels,
-                          "p = " + ", ".join(f"{s:.3f}" for s in scores))
+        probabilities = tuple(float(s) for s in scores)
+        return ItemResult([*probabilities, *labels, *(predicted_label(s) for s in probabilities)],
+                          "p = " + ", ".join(f"{s:.3f}" for s in scores),
+                          EvaluationContent(probabilities, item.image) if self.dicom_results else None)
 
     def metric(self) -> float | None:
         """Macro ROC AUC over the items with labels (:func:`macro_auc`)."""

@@ -14,18 +14,20 @@ is read here: an unreadable item is skipped later, when it is predicted.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-__all__ = ["PredictionItem", "NOT_IMAGES", "VOLUME_FILES", "plain_folder_items"]
+__all__ = ["PredictionItem", "NOT_IMAGES", "VOLUME_FILES", "plain_folder_items", "output_name"]
 
 #: Files never taken for images in a plain folder (notes, tables, exports' side files).
 NOT_IMAGES = (".csv", ".txt", ".json", ".md", ".log", ".xml", ".html", ".pdf", ".zip")
 #: Volume files (NIfTI, NumPy); in a folder of DICOM slices they are masks or derived data.
 VOLUME_FILES = (".nii", ".nii.gz", ".npy")
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 @dataclass(frozen=True)
@@ -93,3 +95,15 @@ def plain_folder_items(data: Path, item_files: tuple[str, ...], series: bool) ->
         if series and any(not _has_suffix(f, others) for f in files):
             items.append(PredictionItem(_item_id(data, folder), folder))
     return items
+
+
+def output_name(item_id: str, suffix: str, taken: set[str]) -> str:
+    """A file name ``<id><suffix>`` for an item's output: unsafe characters replaced, unique in
+    ``taken`` (``-2``, ``-3``... appended), and added to it."""
+    stem = _UNSAFE.sub("_", item_id).strip("._") or "study"
+    name, n = f"{stem}{suffix}", 1
+    while name in taken:
+        n += 1
+        name = f"{stem}-{n}{suffix}"
+    taken.add(name)
+    return name

@@ -14,19 +14,54 @@ study on the series' grid, ``findings.csv``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
+from pydicom.dataset import Dataset
+
+from clients.prediction.dicom_source import ModelIdentity
 from clients.prediction.items import PredictionItem
 
-__all__ = ["FINDINGS", "PREDICTIONS", "MASKS", "OUTPUTS", "ItemResult", "Predictor"]
+__all__ = ["FINDINGS", "PREDICTIONS", "MASKS", "DICOM", "OUTPUTS", "DicomContent", "ItemResult",
+           "Predictor"]
 
 FINDINGS = "findings.csv"
 PREDICTIONS = "predictions.csv"
 MASKS = "masks"
+#: The folder of the DICOM results (a SEG or an SR per item; docs/DEPLOYMENT-REFERENCE.md).
+DICOM = "dicom"
 #: Every file or folder a predictor may write into the output folder (the ones an
 #: ``--overwrite`` run replaces); a predictor of a new kind adds its own here.
-OUTPUTS = (FINDINGS, PREDICTIONS, MASKS)
+OUTPUTS = (FINDINGS, PREDICTIONS, MASKS, DICOM)
+
+
+class DicomContent(Protocol):
+    """What one item's DICOM result is made of: the prediction and its source.
+
+    :class:`~clients.prediction.dicom_seg.SegmentationContent` (a DICOM-SEG, PS3.3 A.51)
+    and :class:`~clients.prediction.dicom_sr.EvaluationContent` (a TID 1500 measurement
+    report, PS3.16) are the two kinds.
+
+    Attributes
+    ----------
+    kind : str
+        ``SEG`` or ``SR``.
+    suffix : str
+        Its file's suffix (``.seg.dcm``, ``.sr.dcm``).
+    """
+
+    kind: str
+    suffix: str
+
+    def dataset(self, identity: ModelIdentity) -> Dataset:
+        """The DICOM object, made by ``identity``'s model.
+
+        Raises
+        ------
+        DicomResultError
+            If the source is not DICOM or does not fit the prediction (names it).
+        """
+        ...
 
 
 @dataclass(frozen=True)
@@ -39,10 +74,14 @@ class ItemResult:
         Its row's cells in the order of :attr:`Predictor.columns` (``None`` for an empty cell).
     note : str
         Its progress line's note, e.g. ``"p = 0.731"``.
+    dicom : DicomContent | None
+        What its DICOM result is made of (``make predict`` writes it into :data:`DICOM`);
+        ``None`` when the task has no DICOM result.
     """
 
     cells: list[object]
     note: str
+    dicom: DicomContent | None = field(default=None, compare=False, repr=False)
 
 
 class Predictor(Protocol):

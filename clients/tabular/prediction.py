@@ -37,6 +37,9 @@ class TableRowPredictor(ClassifierPredictor):
         Where to run.
     """
 
+    #: A table row belongs to no DICOM study: no SR is written for it.
+    dicom_results = False
+
     def __init__(self, model: nn.Module, read_table: Callable[[Path], dict[str, np.ndarray]],
                  num_labels: int, compute: ComputeDevice) -> None:
         super().__init__(model, read_table, num_labels, compute)  # type: ignore[arg-type]

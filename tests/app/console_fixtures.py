@@ -20,7 +20,6 @@ from __future__ import annotations
 import io
 import os
 import re
-import shutil
 import socket
 import threading
 import time
@@ -51,6 +50,7 @@ from clients.site.policy import PolicyRefusal, load_policy
 from clients.site.privacy_ledger import PrivacyLedger
 from strategies.wire import message_keys as keys
 from tests.app.site_messages import instruction
+from tests.debian_tools import debian_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 POLICY = ROOT / "configs" / "site-policy.toml"
@@ -64,13 +64,7 @@ VIEWPORT = {"width": 1280, "height": 800}
 
 def chromium_executable() -> str:
     """Debian's chromium; skip without it, fail under CI (which must run the browser tests)."""
-    found = shutil.which("chromium")
-    if found:
-        return found
-    why = "Debian's chromium is not installed (apt-get install chromium; .ci/run does it as root)"
-    if os.environ.get("CI"):
-        pytest.fail(f"CI is set but {why}: the console's browser tests must run", pytrace=False)
-    pytest.skip(why)
+    return debian_tool("chromium", "chromium", "the console's browser tests must run")
 
 
 def bundle(text: str) -> SimpleNamespace:

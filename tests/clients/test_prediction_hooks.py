@@ -73,18 +73,20 @@ def test_manifest_items_keep_rows_with_bad_labels_without_a_reference(tmp_path: 
 def test_the_classifier_predictor_scores_rows_and_the_macro_auc() -> None:
     images = {f"i{k}": np.full((4, 4), k / 10, np.float32) for k in range(4)}
     predictor = ClassifierPredictor(_MeanLogit(2), lambda path: images[path.name], 2, CPU)
-    assert predictor.columns == ("probability_0", "probability_1", "label_0", "label_1")
+    assert predictor.columns == ("probability_0", "probability_1", "label_0", "label_1",
+                                 "predicted_0", "predicted_1")
     labels = {"i0": [0, 0], "i1": [0, 1], "i2": [1, 0], "i3": [1, 1]}
     rows = [predictor.predict(PredictionItem(k, Path(k), labels=np.array(v, np.float32)))
             for k, v in labels.items()]
-    assert rows[0].cells[:2] == pytest.approx([0.5, 0.5]) and rows[0].cells[2:] == [0, 0]
+    assert rows[0].cells[:2] == pytest.approx([0.5, 0.5]) and rows[0].cells[2:4] == [0, 0]
+    assert rows[0].cells[4:] == [1, 1]  # predicted: probability >= 0.5
     assert rows[3].cells[:2] == pytest.approx([1 / (1 + np.exp(-0.3))] * 2)
-    assert rows[3].cells[2:] == [1, 1] and rows[3].note == "p = 0.574, 0.574"
+    assert rows[3].cells[2:] == [1, 1, 1, 1] and rows[3].note == "p = 0.574, 0.574"
     # label 0: positives i2, i3 score above negatives i0, i1 (AUC 1); label 1: i1, i3 vs i0, i2
     # (pairs i1>i0, i1<i2, i3>i0, i3>i2: AUC 3/4); macro = 7/8
     assert predictor.metric() == pytest.approx(0.875)
     unlabelled = predictor.predict(PredictionItem("i0", Path("i0")))
-    assert unlabelled.cells[2:] == [None, None] and predictor.metric() == pytest.approx(0.875)
+    assert unlabelled.cells[2:4] == [None, None] and predictor.metric() == pytest.approx(0.875)
 
 
 def test_app_names_no_task() -> None:
