@@ -6,7 +6,7 @@ stores every series in an :class:`~app.tooling.orthanc.OrthancProcess` through i
 REST ``/instances``, and writes next to it what a hospital would hold outside its PACS:
 
     <out>/labels.csv     study_instance_uid,split,mask,study_id (the manifest's masks and ids)
-    <out>/cohort.toml    the cohort file (clients/pacs/cohort.py) over DICOMweb or DIMSE
+    <out>/<name>.toml    the cohort file (clients/pacs/cohort.py) over DICOMweb or DIMSE
 
 so syncing the cohort (:func:`clients.pacs.sync.sync_cohort`) gives back the folder's
 manifest, study for study.
@@ -52,7 +52,7 @@ def load_hospital(orthanc: OrthancProcess, site_dir: Path, out_dir: Path) -> Pat
 
 def write_cohort_file(orthanc: OrthancProcess, out_dir: Path, transport: str = "dicomweb",
                       name: str = "cohort", extra: str = "") -> Path:
-    """Write ``out_dir/cohort.toml`` for ``orthanc`` (``transport``: ``dicomweb`` or ``dimse``).
+    """Write ``out_dir/<name>.toml``, the cohort file ``name`` for ``orthanc`` (``transport``: ``dicomweb`` or ``dimse``).
 
     ``extra`` is appended as it is (more sections: ``[query]``, ``[series]``).
     """
@@ -62,7 +62,7 @@ def write_cohort_file(orthanc: OrthancProcess, out_dir: Path, transport: str = "
         "dimse": f'[pacs.dimse]\ncalled-aet = "{orthanc.aet}"\nhost = "127.0.0.1"\n'
                  f'port = {orthanc.dicom_port}\ncalling-aet = "{SYNC_AET}"\n',
     }
-    path = Path(out_dir) / "cohort.toml"
+    path = Path(out_dir) / f"{name}.toml"
     path.write_text(f'name = "{name}"\ntask = "pe-seg"\n\n{sections[transport]}\n'
                     '[labels]\ncsv = "labels.csv"\nkey = "study-instance-uid"\n\n'
                     '[sync]\nretries = 2\nbackoff-s = 0.1\n' + extra, encoding="utf-8")

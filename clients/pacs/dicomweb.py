@@ -47,6 +47,7 @@ class DicomWebTransport:
         session.request = _with_timeout(session.request)  # type: ignore[method-assign]
         self.session = session
         self.client = DICOMwebClient(connection.url, session=session)
+        self.client.set_http_retry_params(retry=False)  # one back-off policy: the cohort's [sync]
 
     def _call(self, call: Callable[[], T], what: str) -> T:
         def attempt() -> T:
