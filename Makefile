@@ -10,6 +10,9 @@
 #                   are the sets' own, see each site's SOURCE.txt). DATA=synthetic or
 #                   unset: synthetic hospitals. configs/<task>-<set>.toml, if present,
 #                   is the preset of a shared set (PRESET= overrides it).
+#   make simulate DATA=pacs   the synthetic hospitals loaded into one Orthanc each (Debian's
+#                   orthanc + orthanc-dicomweb), synced over DICOMweb into runs/simulate-pacs/,
+#                   federated from the synced folders; every Orthanc stopped at the end
 #   make test       install if needed, run all tests
 #   make console-screenshots   the console's browser tests (Debian's chromium), saving a
 #                   screenshot of each page into docs/console/ (the README's pictures)
@@ -112,8 +115,8 @@ ifeq ($(PVFED_DATA),1)
 RUN_PRESET   := $(if $(PRESET),$(PRESET),$(wildcard configs/vertical-$(VERTICAL_SET).toml))
 endif
 ifneq ($(filter simulate data,$(MAKECMDGOALS)),)
-ifneq ($(filter-out synthetic shared,$(DATA)),)
-$(error DATA=$(DATA): `make simulate` and `make data` take DATA=synthetic (default) or DATA=shared; give a folder of sites with DATA_DIR=/abs/folder (DATA=/abs/site is for `make supernode`))
+ifneq ($(filter-out synthetic shared pacs,$(DATA)),)
+$(error DATA=$(DATA): `make simulate` and `make data` take DATA=synthetic (default), DATA=shared or DATA=pacs; give a folder of sites with DATA_DIR=/abs/folder (DATA=/abs/site is for `make supernode`))
 endif
 endif
 TRACKING_URI ?= $(if $(MLFLOW_TRACKING_URI),$(MLFLOW_TRACKING_URI),sqlite:///$(CURDIR)/mlflow.db)
@@ -184,7 +187,7 @@ simulate: install data
 		-c seed=$(SEED) -c min-nodes=$(SITES) -c checkpoint-dir=$(CHECKPOINT_DIR) $(VERTICAL_RUN) \
 		$(if $(RESUME),-c resume=true) $(if $(POLICY),-c site-policy=$(abspath $(POLICY))) \
 		--engine $(ENGINE) $(if $(filter ray,$(ENGINE)),$(if $(RAY_ADDRESS),--ray-address $(RAY_ADDRESS))) \
-		$(foreach kv,$(RUN_CONFIG),-c $(kv))
+		$(if $(filter pacs,$(DATA)),--data-source pacs) $(foreach kv,$(RUN_CONFIG),-c $(kv))
 
 # pytest's exit code 5 (no test collected) is reported, not treated as a failure.
 # pytest-xdist workers take one test file at a time (module fixtures are shared within

@@ -9,6 +9,11 @@ this process: the real ServerApp against one virtual site per synthetic
 hospital (:mod:`app.engine`), no SuperLink, no Ray; the same progress lines and
 summary. Small runs start in seconds.
 
+``--data-source pacs`` (``make simulate DATA=pacs``) first loads each synthetic
+hospital into an Orthanc of its own, syncs its cohort over DICOMweb into a folder under
+``--pacs-dir`` and federates over the synced site folders; every Orthanc is stopped
+at the end (:mod:`app.tooling.pacs_simulation`).
+
 ``--engine ray`` (the default) starts a
 local Ray (tried again when Ray's start times out on a loaded machine,
 :mod:`app.tooling.local_ray`), then a
@@ -80,6 +85,12 @@ def _parser() -> argparse.ArgumentParser:
                         help="(ray) seconds before the run is abandoned")
     parser.add_argument("--preset", type=Path, default=None,
                         help="TOML file of run-config values (e.g. configs/pe-seg-quick.toml)")
+    parser.add_argument("--data-source", choices=("folders", "pacs"), default="folders",
+                        help="pacs (make simulate DATA=pacs): load each hospital into an Orthanc "
+                             "of its own, sync its cohort over DICOMweb, federate from the "
+                             "synced site folders (app.tooling.pacs_simulation)")
+    parser.add_argument("--pacs-dir", type=Path, default=work_root() / "runs" / "simulate-pacs",
+                        help="(pacs) the work folder of the Orthancs and the synced sites")
     parser.add_argument("-c", "--run-config", action="append", default=[],
                         metavar="KEY=VALUE", help="run-config override (repeatable)")
     return parser
@@ -105,6 +116,28 @@ def main(argv: list[str] | None = None) -> int:
         print(f"missing synthetic hospitals under {args.data_root}: {missing}; "
               "run `make data` (or `make simulate`, which generates them)", file=sys.stderr)
         return 2
+    if args.data_source == "pacs":
+        return _from_pacs(args)
+    return _run(args, run_config, values)
+
+
+def _from_pacs(args: argparse.Namespace) -> int:
+    """The hospitals into their Orthancs, synced; the federation over the synced folders."""
+    from app.tooling.pacs_simulation import pacs_sites  # noqa: PLC0415 - pydicom, dicomweb-client
+
+    try:
+        with pacs_sites(args.data_root, args.sites, args.pacs_dir, _echo) as synced:
+            args.data_root = synced
+            run_config = build_run_config(args.run_config, synced, args.tracking_uri,
+                                          args.artifact_root, args.preset)
+            return _run(args, run_config, checked_run_config(run_config))
+    except FlowerProcessError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+def _run(args: argparse.Namespace, run_config: str, values: dict[str, Any]) -> int:
+    """The federation over ``args.data_root`` (in this process or on Ray), then the summary."""
     if args.engine == "local":
         return _federate_in_process(args, values)
     ray_address = args.ray_address or os.environ.get("RAY_ADDRESS") or None
