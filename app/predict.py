@@ -5,6 +5,7 @@
     python -m app.predict --model models:/fedmed-pe-seg-best/1 --data /abs/site --out /abs/out
                           [--split test] [--overwrite] [--device auto|cpu|cuda] [--tracking-uri URI]
                           [--personal /abs/site-folder-or-node-config.toml]
+                          [--store-to /abs/cohort.toml --policy /abs/site-policy.toml]
 
 The model (an MLflow URI, looked up in ``--tracking-uri``, which must exist: it is
 never created, and an error names it; or a local model folder, such as a copy handed
@@ -33,7 +34,14 @@ global one: FedBN's kept normalisation layers from the site's state dir, or the
 model adapted ``personalisation.finetune-steps`` steps on the site's training data
 (:mod:`app.prediction.personalised`).
 
-Exit status: 0 when at least one item was predicted, 1 when none could be,
+With ``--store-to`` (``make predict STORE_TO=...``) the DICOM objects written are then
+stored in the PACS of that cohort file (STOW-RS or C-STORE, :mod:`clients.pacs.store`),
+only where the site policy (``--policy``) sets ``[pacs] write-back = true``: otherwise
+nothing is predicted and one line names the rule ``pacs.write-back``. An object not stored
+gets one line and stays in ``dicom/``; a summary line counts them.
+
+Exit status: 0 when at least one item was predicted (and every object asked to be
+stored was), 1 when none could be or an object was not stored,
 2 on a usage or configuration error (the message names the folder, file or URI).
 """
 
@@ -52,12 +60,15 @@ from typing import TextIO
 
 from app.config.product_paths import work_root
 from app.model_source import LoggedModel, load_logged_model
-from app.prediction.dicom_output import DicomResults, model_identity
+from app.prediction.dicom_output import DicomResults, model_identity, written_files
 from app.prediction.inputs import discover_items
 from app.prediction.output import SKIPPED, prepare_out, write_table
 from app.prediction.personalised import federation_of, personalise, site_of
 from app.tracking.model_sparsity import runnable_network
+from clients.pacs.cohort import Cohort, load_cohort
+from clients.pacs.store import check_write_back, store_results
 from clients.registry import task_class
+from clients.site.policy import load_policy
 from clients.training.trainer import ComputeDevice, select_device
 from strategies.wire.errors import ConfigError, FedMedError, ItemError
 
@@ -203,7 +214,22 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--personal", default=None, type=Path,
                         help="apply this site's personalised model: its site folder or its "
                              "SuperNode's node-config TOML (data-path, state-dir, site-name)")
+    parser.add_argument("--store-to", default=None, type=Path,
+                        help="store the DICOM results in this cohort file's PACS (STOW-RS or "
+                             "C-STORE); needs --policy with [pacs] write-back = true")
+    parser.add_argument("--policy", default=None, type=Path,
+                        help="the site policy that must allow --store-to ([pacs] write-back)")
     return parser
+
+
+def _destination(store_to: Path | None, policy: Path | None) -> Cohort | None:
+    """The results destination of ``--store-to``, checked against the site policy first."""
+    if store_to is None:
+        return None
+    if policy is None:
+        raise ConfigError("--store-to needs --policy (the site policy must allow [pacs] write-back)")
+    check_write_back(load_policy(policy))
+    return load_cohort(store_to)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -211,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s", stream=sys.stderr)
     try:
+        destination = _destination(args.store_to, args.policy)
         import mlflow
 
         mlflow.set_tracking_uri(args.tracking_uri)
@@ -234,7 +261,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for line in summary.lines():
         print(line)
-    return 0 if summary.predicted else 1
+    if destination is None:
+        return 0 if summary.predicted else 1
+    stored = store_results(destination, written_files(summary.out))
+    for line in stored.lines():
+        print(line)
+    return 0 if summary.predicted and stored.stored == stored.total else 1
 
 
 if __name__ == "__main__":

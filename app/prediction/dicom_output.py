@@ -11,10 +11,13 @@ PACS client to send (STOW-RS, C-STORE); ``dicom.csv`` lists every item with its 
 UIDs, or, for an item whose source is not DICOM (a PNG radiograph, a NIfTI volume) or
 does not fit the prediction, the reason no object was written (one line naming the
 file or folder). The NIfTI masks and CSV tables are written as before.
+:func:`written_files` lists the objects of ``dicom.csv``, what ``--store-to`` stores
+(:mod:`clients.pacs.store`).
 """
 
 from __future__ import annotations
 
+import csv
 import re
 from pathlib import Path
 
@@ -25,7 +28,7 @@ from clients.prediction.dicom_source import ModelIdentity
 from clients.prediction.items import PredictionItem, output_name
 from clients.prediction.predictor import DICOM, DicomContent
 
-__all__ = ["DICOM_INDEX", "model_identity", "DicomResults"]
+__all__ = ["DICOM_INDEX", "model_identity", "DicomResults", "written_files"]
 
 _REGISTERED = re.compile(r"^models:/(?P<name>[^/@]+)(?:/(?P<version>[^/]+)|@(?P<alias>[^/]+))$")
 
@@ -115,3 +118,12 @@ class DicomResults:
         if not self.rows:
             return None
         return write_table(self.out / DICOM_INDEX, self.header, self.rows)
+
+
+def written_files(out: Path) -> list[Path]:
+    """The DICOM objects ``dicom.csv`` in ``out`` lists, in its order (none without it)."""
+    index = Path(out) / DICOM_INDEX
+    if not index.is_file():
+        return []
+    with index.open(newline="", encoding="utf-8") as handle:
+        return [Path(out) / row["file"] for row in csv.DictReader(handle) if row["file"]]

@@ -1,4 +1,4 @@
-"""DICOMweb transport: QIDO-RS to find, WADO-RS to fetch, with ``dicomweb-client``.
+"""DICOMweb transport: QIDO-RS to find, WADO-RS to fetch, STOW-RS to store, with ``dicomweb-client``.
 
 Studies are searched at study level (``ModalitiesInStudy``, ``StudyDate`` range,
 ``StudyDescription`` wildcard, or one search per listed StudyInstanceUID or
@@ -8,6 +8,8 @@ instance into the sync's store; a resumed series fetches only its missing instan
 Instances are asked for in the PACS's own transfer syntax (``transfer-syntax=*``), so
 nothing is transcoded on the way; compressed ones are decoded later by pydicom's
 maintained plugins (pylibjpeg).
+A result is stored one object per STOW-RS request (``POST {url}/studies``); an answer
+listing it in the FailedSOPSequence (0008,1198), or an HTTP 4xx, refuses that object.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from dicomweb_client.session_utils import create_session_from_user_pass
 from pydicom.dataset import Dataset
 
 from clients.pacs.cohort import DicomWebConnection, StudyQuery, SyncOptions
-from clients.pacs.errors import PacsError
+from clients.pacs.errors import PacsError, Unreachable
 from clients.pacs.transport import SeriesRecord, StudyRecord, Transient, with_retries
 
 __all__ = ["DicomWebTransport"]
@@ -53,7 +55,9 @@ class DicomWebTransport:
         def attempt() -> T:
             try:
                 return call()
-            except (requests.ConnectionError, requests.Timeout) as exc:
+            except requests.ConnectionError as exc:
+                raise Unreachable(f"{type(exc).__name__}") from exc
+            except requests.Timeout as exc:
                 raise Transient(f"{type(exc).__name__}") from exc
             except requests.HTTPError as exc:
                 status = exc.response.status_code if exc.response is not None else 0
@@ -115,6 +119,14 @@ class DicomWebTransport:
         for sop_uid in sop_uids:
             store(self._call(lambda s=sop_uid: self.client.retrieve_instance(
                 study_uid, series_uid, s, media_types=_AS_STORED), "WADO instance"))
+
+    def store(self, dataset: Dataset) -> None:
+        """STOW-RS of one object; refused when the answer lists it as failed."""
+        answer = self._call(lambda: self.client.store_instances([dataset]), "STOW-RS")
+        for failed in answer.get("FailedSOPSequence", []):
+            reason = failed.get("FailureReason", "")
+            raise PacsError(f"DICOMweb {self.url} STOW-RS refused {failed.get('ReferencedSOPInstanceUID', '')}"
+                            + (f": failure reason 0x{int(reason):04X}" if reason != "" else ""))
 
     def close(self) -> None:
         """Close the HTTP session."""

@@ -1,4 +1,4 @@
-"""DIMSE transport: C-FIND to find, C-GET to fetch, with ``pynetdicom``.
+"""DIMSE transport: C-FIND to find, C-GET to fetch, C-STORE to store, with ``pynetdicom``.
 
 Many hospital PACS speak only DIMSE. The sync calls from ``calling-aet`` (the PACS
 admin must list it, with C-GET allowed; Orthanc: ``DicomModalities``) and asks the
@@ -9,6 +9,9 @@ or AccessionNumber), at SERIES level (``SliceThickness``, ``BodyPartExamined``,
 of a whole series, or of the missing instances one by one when a series is resumed.
 C-GET returns the instances on the same association (no storage port for the PACS to
 reach, unlike C-MOVE), for CT Image Storage in the transfer syntaxes pydicom decodes.
+A result (a SEG, an SR) is stored by C-STORE on an association of its own, proposing
+just the object's SOP class in its own transfer syntax (the PACS admin must allow
+``calling-aet`` to store); a failure status refuses that object.
 
 Each operation opens its own association; one that is not accepted, aborted or that
 times out is :class:`~clients.pacs.transport.Transient` (retried); a rejected
@@ -25,13 +28,13 @@ from pydicom.dataset import Dataset
 from pydicom.uid import (ExplicitVRLittleEndian, ImplicitVRLittleEndian, JPEG2000, JPEG2000Lossless,
                          JPEGBaseline8Bit, JPEGExtended12Bit, JPEGLosslessSV1, JPEGLSLossless,
                          JPEGLSNearLossless, RLELossless)
-from pynetdicom import AE, build_role, evt
+from pynetdicom import AE, build_context, build_role, evt
 from pynetdicom.association import Association
 from pynetdicom.sop_class import (CTImageStorage, StudyRootQueryRetrieveInformationModelFind,
                                   StudyRootQueryRetrieveInformationModelGet)
 
 from clients.pacs.cohort import DimseConnection, StudyQuery, SyncOptions
-from clients.pacs.errors import PacsError
+from clients.pacs.errors import PacsError, Unreachable
 from clients.pacs.transport import SeriesRecord, StudyRecord, Transient, with_retries
 
 __all__ = ["DimseTransport"]
@@ -58,22 +61,28 @@ class DimseTransport:
         self.ae.add_requested_context(CTImageStorage, _SYNTAXES)
         self.where = f"DIMSE {connection.called_aet}@{connection.host}:{connection.port}"
 
-    def _associate(self, store: Callable[[Dataset], None] | None = None) -> Association:
-        handlers = [] if store is None else [(evt.EVT_C_STORE, _store_handler(store))]
-        association = self.ae.associate(self.peer.host, self.peer.port, ae_title=self.peer.called_aet,
-                                        ext_neg=[build_role(CTImageStorage, scp_role=True)],
-                                        evt_handlers=handlers)
+    def _associate(self, store: Callable[[Dataset], None] | None = None,
+                   sending: Dataset | None = None) -> Association:
+        if sending is not None:  # C-STORE of one object: its SOP class and transfer syntax only
+            association = self.ae.associate(
+                self.peer.host, self.peer.port, ae_title=self.peer.called_aet,
+                contexts=[build_context(sending.SOPClassUID, sending.file_meta.TransferSyntaxUID)])
+        else:
+            handlers = [] if store is None else [(evt.EVT_C_STORE, _store_handler(store))]
+            association = self.ae.associate(self.peer.host, self.peer.port, ae_title=self.peer.called_aet,
+                                            ext_neg=[build_role(CTImageStorage, scp_role=True)],
+                                            evt_handlers=handlers)
         if association.is_rejected:
             raise PacsError(f"{self.where} rejected the association from AE title "
                             f"{self.peer.calling_aet} (not allowed by the PACS?)")
         if not association.is_established:
-            raise Transient("association not established (PACS down or unreachable)")
+            raise Unreachable("association not established (PACS down or unreachable)")
         return association
 
     def _run(self, operation: Callable[[Association], T], what: str,
-             store: Callable[[Dataset], None] | None = None) -> T:
+             store: Callable[[Dataset], None] | None = None, sending: Dataset | None = None) -> T:
         def attempt() -> T:
-            association = self._associate(store)
+            association = self._associate(store, sending)
             try:
                 result = operation(association)
             finally:
@@ -150,6 +159,20 @@ class DimseTransport:
                     if status.Status not in (0x0000, *_PENDING):
                         raise PacsError(f"{self.where} C-GET: status 0x{status.Status:04X}")
         self._run(get, "C-GET", store)
+
+    def store(self, dataset: Dataset) -> None:
+        """C-STORE of one object (a warning status is stored; a failure refuses it)."""
+        def send(association: Association) -> None:
+            if not association.accepted_contexts:
+                raise PacsError(f"{self.where} C-STORE: the PACS accepts no {dataset.SOPClassUID.name} "
+                                f"in {dataset.file_meta.TransferSyntaxUID.name}")
+            status = association.send_c_store(dataset)
+            if not status:
+                raise Transient("no C-STORE response (timeout)")
+            if status.Status != 0x0000 and not 0xB000 <= status.Status <= 0xBFFF:
+                raise PacsError(f"{self.where} C-STORE refused {dataset.SOPInstanceUID}: "
+                                f"status 0x{status.Status:04X}")
+        self._run(send, "C-STORE", sending=dataset)
 
     def close(self) -> None:
         """Nothing held between operations (each opens its own association)."""

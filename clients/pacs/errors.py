@@ -5,7 +5,8 @@
 - :class:`PacsError` (a :class:`~strategies.wire.errors.SiteError`): the PACS cannot be
   used at all (down, refusing the credentials or the AE title, answering errors after
   every retry); the sync stops, nothing already synced is lost. Its :class:`Transient`
-  branch is what is retried with back-off first.
+  branch is what is retried with back-off first, and :class:`Unreachable` the transient
+  failure of a PACS that does not answer at all (a store of results then stops at once).
 - :class:`StudySkipped` (an :class:`~strategies.wire.errors.ItemError`): one study cannot
   join the cohort (no matching series, missing label, gaps in the slices, unsupported
   transfer syntax); it is skipped with that one reason and counted in the load report.
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 from strategies.wire.errors import ConfigError, ItemError, SiteError
 
-__all__ = ["CohortError", "PacsError", "Transient", "StudySkipped"]
+__all__ = ["CohortError", "PacsError", "Transient", "Unreachable", "StudySkipped"]
 
 
 class CohortError(ConfigError):
@@ -30,6 +31,11 @@ class Transient(PacsError):
     """A failure worth retrying (refused connection, timeout, server error, aborted
     association); :func:`~clients.pacs.transport.with_retries` retries it, then raises it
     as a plain :class:`PacsError`."""
+
+
+class Unreachable(Transient):
+    """A PACS that does not answer at all (refused connection, no association): retried as
+    any :class:`Transient`; the store of results stops after it (the rest stay local)."""
 
 
 class StudySkipped(ItemError):

@@ -1,15 +1,18 @@
-"""What the sync asks of a PACS, whatever it speaks: find studies, their series, fetch instances.
+"""What the product asks of a PACS, whatever it speaks: find studies, their series, fetch
+instances, and store results back.
 
 A transport is a :class:`PacsTransport` (``find_studies``, ``find_series``,
-``instance_uids``, ``fetch``); :data:`TRANSPORTS`, the one registry of them, maps the
+``instance_uids``, ``fetch`` for the sync; ``store`` for :mod:`clients.pacs.store`, STOW-RS or
+C-STORE of one DICOM object); :data:`TRANSPORTS`, the one registry of them, maps the
 cohort file's ``[pacs.<name>]`` section to its class, imported on use:
-``dicomweb`` (:mod:`clients.pacs.dicomweb`, QIDO-RS + WADO-RS with dicomweb-client)
-and ``dimse`` (:mod:`clients.pacs.dimse`, C-FIND + C-GET with pynetdicom).
+``dicomweb`` (:mod:`clients.pacs.dicomweb`, QIDO-RS + WADO-RS + STOW-RS with dicomweb-client)
+and ``dimse`` (:mod:`clients.pacs.dimse`, C-FIND + C-GET + C-STORE with pynetdicom).
 
 Every request goes through :func:`with_retries`: a :class:`Transient` failure (refused
 or reset connection, timeout, HTTP 5xx, a DIMSE association that did not come up) is
 retried with exponential back-off (``backoff-s``, doubled each time, ``retries`` times),
-then raised as :class:`~clients.pacs.errors.PacsError`; a refusal (HTTP 401/403, an AE
+then raised as :class:`~clients.pacs.errors.PacsError` (from the last failure; a PACS that
+never answered is an :class:`~clients.pacs.errors.Unreachable` one); a refusal (HTTP 401/403, an AE
 title the PACS does not know) is a :class:`~clients.pacs.errors.PacsError` at once.
 """
 
@@ -72,6 +75,10 @@ class PacsTransport(Protocol):
     def fetch(self, study_uid: str, series_uid: str, sop_uids: Iterable[str] | None,
               store: Callable[[Dataset], None]) -> None:
         """Hand every instance of the series (only ``sop_uids`` when given) to ``store``."""
+        ...
+
+    def store(self, dataset: Dataset) -> None:
+        """Store one DICOM object in the PACS (STOW-RS, C-STORE); a refusal is a PacsError."""
         ...
 
     def close(self) -> None:

@@ -1,0 +1,107 @@
+"""Results back to the PACS: ``make predict``'s DICOM objects stored by STOW-RS or C-STORE.
+
+The destination is the PACS of a cohort file (:mod:`clients.pacs.cohort`): its
+``[pacs.dicomweb]`` section stores by STOW-RS, its ``[pacs.dimse]`` section by C-STORE
+from ``calling-aet`` (the connection details live in that one place). Writing into a
+PACS needs the site's consent: :func:`check_write_back` refuses, naming the rule
+``pacs.write-back``, unless the site policy's ``[pacs]`` section sets ``write-back = true``
+(default false; a policy without the section refuses too).
+
+:func:`store_results` stores each file as one request through the transport's
+:func:`~clients.pacs.transport.with_retries` (the cohort's ``[sync]`` back-off). An object
+the PACS refuses, or that fails after its retries, gives one line naming its file, and the
+others are still stored; a PACS that does not answer at all stops the store with one line
+(the objects not sent are counted). Nothing is deleted: every object stays in its folder
+(``OUT/dicom``), so a later run can store it again (a PACS keeps one copy per SOP Instance UID).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pydicom
+from pydicom.errors import InvalidDicomError
+
+from clients.pacs.cohort import Cohort, DicomWebConnection
+from clients.pacs.errors import PacsError, Unreachable
+from clients.pacs.transport import open_transport
+from clients.site.policy import PolicyRefusal
+
+__all__ = ["WRITE_BACK_RULE", "StoreReport", "check_write_back", "destination", "store_results"]
+
+logger = logging.getLogger(__name__)
+#: The site policy's rule that allows storing results in the PACS.
+WRITE_BACK_RULE = "pacs.write-back"
+
+
+def check_write_back(policy: Any) -> None:
+    """Refuse unless the site policy's ``[pacs] write-back`` is true.
+
+    Raises
+    ------
+    PolicyRefusal
+        ``policy rule pacs.write-back: ...`` (one line).
+    """
+    rules = getattr(policy, "pacs", None)  # a policy without a [pacs] section: no consent
+    if not getattr(rules, "write_back", False):
+        raise PolicyRefusal(WRITE_BACK_RULE, "storing results in the PACS is not allowed by the "
+                                             "site policy (set [pacs] write-back = true to allow it)")
+
+
+def destination(cohort: Cohort) -> str:
+    """The results destination in words: ``STOW-RS <url>`` or ``C-STORE <aet>@<host>:<port>``."""
+    link = cohort.connection
+    if isinstance(link, DicomWebConnection):
+        return f"STOW-RS {link.url}"
+    return f"C-STORE {link.called_aet}@{link.host}:{link.port} from {link.calling_aet}"
+
+
+@dataclass
+class StoreReport:
+    """What one store did: the objects stored, one reason per file not stored, those not sent."""
+
+    destination: str
+    total: int = 0
+    stored: int = 0
+    failed: dict[str, str] = field(default_factory=dict)
+    not_sent: int = 0
+    stopped: str = ""
+
+    def lines(self) -> list[str]:
+        """One line per file not stored, the stop reason (if any), then the summary count."""
+        lines = [f"not stored: {reason}" for reason in self.failed.values()]
+        if self.stopped:
+            lines.append(f"store stopped: {self.stopped}; {self.not_sent} object(s) not sent")
+        kept = self.total - self.stored
+        lines.append(f"stored {self.stored} of {self.total} DICOM object(s) to {self.destination}"
+                     + (f"; {kept} not stored stay in their folder" if kept else ""))
+        return lines
+
+
+def store_results(cohort: Cohort, files: list[Path]) -> StoreReport:
+    """Store every file of ``files`` (DICOM Part 10) in the cohort's PACS (module docstring)."""
+    report = StoreReport(destination(cohort), total=len(files))
+    transport = open_transport(cohort)
+    try:
+        for k, path in enumerate(files):
+            try:
+                dataset = pydicom.dcmread(path)
+            except (OSError, InvalidDicomError) as exc:
+                report.failed[str(path)] = f"{path}: unreadable ({exc})"
+                continue
+            try:
+                transport.store(dataset)
+            except PacsError as exc:
+                if isinstance(exc.__cause__, Unreachable):
+                    report.stopped, report.not_sent = f"{path.name}: {exc}", len(files) - k
+                    break
+                report.failed[str(path)] = f"{path}: {exc}"
+                continue
+            report.stored += 1
+            logger.info("stored %s (%d/%d)", path.name, k + 1, len(files))
+    finally:
+        transport.close()
+    return report
