@@ -6,7 +6,9 @@ site state persists across restarts), ``site-name`` and optionally
 ``cache-decoded`` (``false``: no decoded copy of the data in ``state-dir``),
 ``state-retention-days`` (days a federation's state folder is kept after its
 last change, default 30, 0 = keep: :mod:`clients.site.state_retention`),
-``local-steps-cap`` (the most local steps this site trains a round, whatever tau the
+``cohort`` (the absolute path of a PACS cohort file, :mod:`clients.pacs.cohort`; the
+site runtime syncs it into ``data-path`` = ``<state-dir>/pacs/<name>`` before the app
+sees the data, :mod:`app.site_runtime.pacs_sync`), ``local-steps-cap`` (the most local steps this site trains a round, whatever tau the
 server asks: a compute budget, trained to the cap and reported as the steps done; 0 =
 none; not a privacy rule: the policy's ``max-local-steps`` refuses instead) and
 ``policy-path`` (the absolute path of the hospital's site policy TOML,
@@ -46,13 +48,16 @@ from strategies.rounds.site_book import site_name_problem
 from strategies.wire.errors import ConfigError
 from clients.datagen.federation import hospital_name
 
-__all__ = ["POLICY_FILES", "RUNTIME_LEDGER", "SiteConfig", "SiteConfigError", "encode_policy_files"]
+__all__ = ["COHORT", "POLICY_FILES", "RUNTIME_LEDGER", "SiteConfig", "SiteConfigError", "encode_policy_files"]
 
 #: node_config ``privacy-ledger``: the value the site runtime sets for its worker.
 RUNTIME_LEDGER = ("privacy-ledger", "site-runtime")
 #: node_config key of the files the policy names, as the site runtime read them for its
 #: sandboxed worker (JSON: path -> base64 of the bytes; :func:`encode_policy_files`).
 POLICY_FILES = "policy-files"
+#: node_config key of the site's PACS cohort file (absolute; ``data-path`` is then the folder
+#: the site runtime syncs it into, :mod:`app.site_runtime.pacs_sync`).
+COHORT = "cohort"
 
 
 class SiteConfigError(ConfigError):

@@ -7,7 +7,9 @@ of the site's state dir (:mod:`app.site_runtime.audit_log`):
 - ``policy-change`` whenever the policy in force has another fingerprint than the
   last one audited (an edit by hand between two messages, or by the console);
 - ``message``, one per message received, after its reply is pushed
-  (:mod:`app.site_runtime.audit_record`).
+  (:mod:`app.site_runtime.audit_record`);
+- ``pacs-sync``, one per sync of the site's PACS cohort (:mod:`app.site_runtime.pacs_sync`):
+  counts and bytes only, never an identifier (:meth:`SiteAudit.pacs_sync`).
 
 It anchors the log's head (:mod:`app.site_runtime.audit_anchor`) where the site
 policy's ``[audit] anchor`` names: when the node starts, every ``anchor-every``
@@ -135,11 +137,22 @@ class SiteAudit:
         """Append the ``message`` record of one message (and an anchor when one is due:
         ``anchor-every`` records since the last); the record as written (None: not)."""
         self.run = record.get("run", self.run)
+        written = self._append(record)
+        self.status(reached=True, force=True)
+        return written
+
+    def pacs_sync(self, counts: dict[str, int | float | str]) -> dict[str, Any] | None:
+        """Append the ``pacs-sync`` record of one cohort sync: ``counts`` holds numbers (and
+        the refusing rule, if any), never a study's UID, accession number or a name."""
+        return self._append({"kind": "pacs-sync", "site": self.site, **counts})
+
+    def _append(self, record: dict[str, Any]) -> dict[str, Any] | None:
+        """Append ``record``, and an anchor when one is due (``anchor-every`` records since
+        the last); the record as written (None: not)."""
         written = self._guarded(lambda: audit_event(self.state_dir, record))
         if written is not None and (self._anchored is None or written["seq"] - self._anchored
                                     >= self.anchoring.anchor_every):
             self._anchor(written["seq"], written["hash"])
-        self.status(reached=True, force=True)
         return written
 
     def anchor_now(self) -> Anchor | None:

@@ -13,6 +13,9 @@
   approved apps in warm workers inside the sandbox (:mod:`app.site_runtime.sandbox`:
   ``--worker-uid`` when the node runs as root, ``--worker-memory-gb``,
   ``--worker-processes``, ``--worker-timeout-hours``), filtering every reply, and
+* with a PACS cohort as its dataset (node config ``cohort``), the first sync of it, before
+  the runner answers anything (:mod:`app.site_runtime.pacs_sync`; a ``[pacs]`` rule that
+  refuses it stops the node with one line), and
 * with ``--console-port PORT`` (``make supernode CONSOLE=1``), the hospital's console
   (:mod:`app.site_runtime.console`) on ``127.0.0.1:PORT`` in another thread.
 
@@ -54,6 +57,7 @@ from app.config.site_config import SiteConfig
 from app.tooling.errors import FlowerProcessError
 from app.site_runtime.node_signals import NodeSignals
 from app.site_runtime.one_policy import node_config_of, policy_mismatch
+from app.site_runtime.pacs_sync import cohort_file, start_sync
 from app.site_runtime.sandbox import DEFAULT_WORKER_UID, SandboxLimits
 from app.site_runtime.site_runner import SiteRunner, expire_state
 from clients.site.policy import load_policy
@@ -251,6 +255,12 @@ def main(argv: list[str] | None = None) -> None:
     runner = SiteRunner(_runtime_address(supernode_args), args.policy, poll_interval=1.0,
                         max_workers=args.max_workers, signals=signals, node=node,
                         limits=limits, job_timeout=args.worker_timeout_hours * 3600)
+    if cohort_file(node_config) is not None:  # a PACS cohort: its first sync, before any message
+        try:
+            start_sync(node_config, node.state_dir, load_policy(args.policy), runner.node_audit)
+        except FlowerProcessError:
+            runner.close()
+            raise
     stop = threading.Event()
     threading.Thread(target=runner.serve, args=(stop,), name="site-runner", daemon=True).start()
     if args.console_port:

@@ -28,7 +28,9 @@ runner replaces it at a hospital, in a process the hospital starts
 Before the first message of each run (and when the site node starts,
 :func:`expire_state`) the federation state folders untouched for longer than
 the node option ``state-retention-days`` are removed
-(:mod:`clients.site.state_retention`).
+(:mod:`clients.site.state_retention`), and a site whose dataset is a PACS cohort syncs
+it under the policy's ``[pacs]`` rules (:mod:`app.site_runtime.pacs_sync`; a refusal
+holds for every message of the run).
 
 A worker that dies is answered for (an error reply with the fixed code
 :data:`~strategies.wire.message_keys.WORKER_FAILURE_CODE`) and started afresh on the
@@ -64,6 +66,7 @@ from app.site_runtime.egress_records import policy_rules
 from app.site_runtime.installed_app import verified_install
 from app.site_runtime.node_signals import NodeSignals
 from app.site_runtime.one_policy import policy_mismatch
+from app.site_runtime.pacs_sync import CohortSyncs
 from app.site_runtime.site_audit import SiteAudit
 from app.site_runtime.runtime_gate import QUERIES_DIR
 from app.site_runtime.runtime_round import RuntimeAnswer, RuntimeRound
@@ -77,7 +80,7 @@ from app.site_runtime.runtime_channel import (
     withdrawn,
 )
 from app.config.site_config import SiteConfig
-from clients.site.policy import AuditRules, SitePolicy, load_policy
+from clients.site.policy import AuditRules, PolicyRefusal, SitePolicy, load_policy
 from clients.site.state_retention import expire_federation_states
 from app.tooling.errors import FlowerProcessError
 from strategies.wire import message_keys as keys
@@ -173,6 +176,7 @@ class SiteRunner:
         self.signals = signals
         self._installed: set[str] = set()
         self._runs: set[int] = set()
+        self.cohorts = CohortSyncs()
         self._audits: dict[Path, SiteAudit] = {}
         self._approvals: dict[str, str] = {}  # message id -> how its bundle was approved
         self.node_audit = None if node is None else self._audit_at(node.state_dir, node.name)
@@ -312,6 +316,18 @@ class SiteRunner:
         return audit.message(message_record(message, reply, context, fab_hash, seconds,
                                             epsilon, approval))
 
+    def _cohort_refusal(self, run_id: int, context: Context, policy: SitePolicy
+                        ) -> PolicyRefusal | None:
+        """The sync of the site's PACS cohort at the run's first message (``None``: the
+        message may go on, or the data is a folder); the refusal of every message of a run
+        whose cohort a ``[pacs]`` rule refused."""
+        try:
+            node = SiteConfig.from_node_config(context.node_config, data_root="")
+        except ConfigError:  # the runtime's round answers a bad node config itself
+            return None
+        return self.cohorts.for_run(run_id, context.node_config, node.state_dir, policy,
+                                    self._audit_of(context))
+
     def _receipt(self, message_id: str, started: float) -> str:
         """`` (receipt X s)``: when, after the pull started, the SuperNode had every object."""
         received = self.signals.received_at(message_id) if self.signals else None
@@ -358,6 +374,9 @@ class SiteRunner:
                 expire_state(context.node_config)
             except ConfigError as exc:  # the runtime answers a bad node config itself
                 log.warning("site %s: federation state not expired: %s", site, exc)
+        refused = self._cohort_refusal(run.run_id, context, policy)
+        if refused is not None:
+            return _refusal(message, context, site, refused.rule, refused.detail)
         job = {"task_id": TaskIdentity.task_id, "run_id": run.run_id, "node_id": context.node_id,
                "fab_id": run.fab_id, "fab_version": run.fab_version, "fab_hash": fab.hash_str}
         return self.runtime.answer(message, context, policy, site, Path(app_dir), job,

@@ -10,7 +10,10 @@ The site's data folder and state folder reach the ClientApp as node_config
 (``data-path``, ``state-dir``, ``site-name``, ``policy-path``: the hospital's site
 policy, :mod:`clients.site.policy`, and, when given, ``state-retention-days``,
 :mod:`clients.site.state_retention`); they are absolute because the daemon does
-not run in the project directory.
+not run in the project directory. A site whose dataset is a PACS cohort is started with
+its cohort file as ``data_path`` (``make supernode DATA=/abs/cohort.toml``): the node config
+then names it as ``cohort`` and, as ``data-path``, the folder the site runtime syncs it
+into, ``<state-dir>/pacs/<name>`` (:mod:`app.site_runtime.pacs_sync`).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from app.config.site_config import COHORT
 from app.tooling.certs import check_site_name
 from app.tooling.daemon import DaemonProcess, spawn_daemon
 from app.tooling.environment import flower_env, free_port
@@ -26,6 +30,8 @@ from app.tooling.errors import FlowerProcessError
 from app.tooling.layout import DeployLayout
 from app.tooling.state_migrations import SITE_STATE, migrate_folder
 from app.site_runtime.site_proxy import proxy_env
+from clients.pacs.cohort import load_cohort
+from clients.pacs.sync import store_dir
 from clients.ct3d_cls.manifest import MANIFEST_NAME as CT3D_MANIFEST
 from clients.cxr_cls.manifest import MANIFEST_NAME as CXR_MANIFEST
 from clients.datagen.vertical_sets import SITE_FILE as VERTICAL_SITE_FILE
@@ -38,9 +44,11 @@ __all__ = ["SITE_INDEX_FILES", "SuperNodeProcess", "node_config_string", "site_f
 
 def node_config_string(data_path: Path, state_dir: Path, site: str,
                        policy: Path | None = None,
-                       state_retention_days: float | None = None) -> str:
+                       state_retention_days: float | None = None,
+                     cohort: Path | None = None) -> str:
     """``--node-config`` value for a hospital SuperNode (absolute paths, quoted)."""
     paths = [("data", data_path), ("state", state_dir)] + ([("policy", policy)] if policy else [])
+    paths += [("cohort", cohort)] if cohort else []
     for label, path in paths:
         if not Path(path).is_absolute():
             raise FlowerProcessError(f"{label} path must be absolute, got {str(path)!r}")
@@ -53,6 +61,7 @@ def node_config_string(data_path: Path, state_dir: Path, site: str,
     return (f'data-path="{data_path}" state-dir="{state_dir}" '
             f'site-name="{check_site_name(site)}"'
             + (f' policy-path="{policy}"' if policy else "")
+            + (f' {COHORT}="{cohort}"' if cohort else "")
             + (f" state-retention-days={float(state_retention_days)}"
                if state_retention_days is not None else ""))
 
@@ -102,8 +111,10 @@ class SuperNodeProcess(DaemonProcess):
         superlink : str
             ``host:port`` of the SuperLink; the host must be one of its certificate's names.
         data_path, state_dir : Path
-            Absolute site data folder (with ``manifest.csv``) and state folder
-            (default ``supernodes/<site>/state``).
+            Absolute site data folder (with ``manifest.csv``), or PACS cohort file
+            (``*.toml``, :mod:`clients.pacs.cohort`: synced by the site runner into
+            ``<state_dir>/pacs/<name>``), and state folder (default
+            ``supernodes/<site>/state``).
         port : int, optional
             Port of the SuperNode's own runtime API on 127.0.0.1 (free port if None);
             several SuperNodes on one machine need distinct ports.
@@ -150,11 +161,17 @@ class SuperNodeProcess(DaemonProcess):
         if policy is not None:
             load_policy(policy)
         proxied = proxy_env(proxy) if proxy is not None else {}  # checked before anything
-        problem = site_folder_problem(data_path)
-        if problem is not None:
-            raise FlowerProcessError(problem)
         folder = layout.supernode_dir(site)
         state_dir = Path(state_dir) if state_dir else folder / "state"
+        cohort = data_path if data_path.suffix == ".toml" and data_path.is_file() else None
+        if cohort is not None:
+            if runner != "warm":
+                raise FlowerProcessError("a PACS cohort is synced by the site runner: runner "
+                                         "must be 'warm'")
+            data_path = store_dir(load_cohort(cohort), state_dir)  # the file checked here
+        problem = site_folder_problem(data_path) if cohort is None else None
+        if problem is not None:
+            raise FlowerProcessError(problem)
         key = Path(private_key) if private_key else layout.private_key(site)
         if not key.is_file():
             raise FlowerProcessError(
@@ -170,7 +187,7 @@ class SuperNodeProcess(DaemonProcess):
             "--root-certificates", str(layout.ca_cert),
             "--auth-supernode-private-key", str(key),
             "--node-config", node_config_string(data_path, state_dir, site, policy,
-                                                state_retention_days),
+                                                state_retention_days, cohort),
             "--host", "127.0.0.1", "--port", str(port),
         ]
         if max_wait_time is not None:

@@ -34,9 +34,10 @@ from typing import Any
 
 from flwr.app import Context
 
-from app.config.site_config import POLICY_FILES, RUNTIME_LEDGER, encode_policy_files
+from app.config.site_config import COHORT, POLICY_FILES, RUNTIME_LEDGER, encode_policy_files
 from app.site_runtime.audit_format import AUDIT_DIR
 from app.site_runtime.console_access import CONSOLE_DIR
+from clients.pacs.sync import STORE_DIR as PACS_DIR
 from clients.site.atomic_file import write_atomic
 from clients.site.data_report import DATA_REPORT_DIR
 from clients.site.policy import SitePolicy
@@ -54,13 +55,14 @@ log = logging.getLogger("fedmed.site_runner")
 RUNTIME_DIR = "runtime"
 #: ``<state-dir>/worker/``: the worker's state dir.
 WORKER_DIR = "worker"
-#: What of the state dir is the runtime's: never mounted in the sandbox, never migrated.
+#: What of the state dir is the runtime's: never mounted in the sandbox (but a synced PACS
+#: cohort, ``pacs/<name>``, read-only as the data folder), never migrated.
 RUNTIME_NAMES = frozenset({AUDIT_DIR, PRIVACY_DIR, CONSOLE_DIR, RUNTIME_DIR, WORKER_DIR,
-                           DATA_REPORT_DIR})
+                           DATA_REPORT_DIR, PACS_DIR})
 #: The data rules the worker reads, in :func:`runtime_dir`.
 WORKER_POLICY_NAME = "worker-policy.toml"
 #: Policy fields the worker is not given (the runtime's business alone).
-_RUNTIME_RULES = frozenset({"apps", "audit", "sandbox", "fingerprint"})
+_RUNTIME_RULES = frozenset({"apps", "audit", "sandbox", "pacs", "fingerprint"})
 
 
 def worker_state_dir(state_dir: Path) -> Path:
@@ -177,12 +179,14 @@ def worker_context(context: Context, state_dir: Path, policy_copy: Path,
     ``state-dir`` = the worker's folder, ``policy-path`` = the data rules' copy,
     ``policy-files`` = ``files`` (:func:`policy_files`, in memory: the worker's context
     travels over its pipe, never to disk),
-    ``privacy-ledger`` = the runtime's (the runtime charged it); the runtime's
+    ``privacy-ledger`` = the runtime's (the runtime charged it), and no ``cohort`` (the
+    runtime syncs it; the worker sees only ``data-path``, the synced folder); the runtime's
     ``context`` is untouched (what goes back to the SuperNode is it, with the worker's
     ``state``: :func:`returned_context`).
     """
     worker = copy.copy(context)
-    worker.node_config = {**context.node_config, "state-dir": str(worker_state_dir(state_dir)),
+    node_config = {key: value for key, value in context.node_config.items() if key != COHORT}
+    worker.node_config = {**node_config, "state-dir": str(worker_state_dir(state_dir)),
                           "policy-path": str(policy_copy), RUNTIME_LEDGER[0]: RUNTIME_LEDGER[1],
                           **({POLICY_FILES: encode_policy_files(files)} if files else {})}
     return worker

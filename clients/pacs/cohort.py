@@ -164,6 +164,15 @@ class Cohort:
     labels: Labels
     sync: SyncOptions
 
+    @property
+    def endpoint(self) -> str:
+        """The PACS as the site policy's ``[pacs] endpoints`` names it: the DICOMweb base URL,
+        or ``AET@host:port`` of the DIMSE peer (:mod:`clients.site.pacs_rules`)."""
+        link = self.connection
+        if isinstance(link, DicomWebConnection):
+            return link.url
+        return f"{link.called_aet}@{link.host}:{link.port}"
+
 
 class _Table:
     """One TOML table of the cohort file: typed getters whose errors name the file and key."""

@@ -64,11 +64,13 @@ from clients.pacs.transport import PacsTransport, SeriesRecord, StudyRecord, ope
 from clients.pe_seg.manifest import ManifestRow, write_manifest
 from clients.site.atomic_file import write_atomic
 
-__all__ = ["SyncReport", "sync_cohort", "store_dir", "INDEX_NAME", "REPORT_NAME"]
+__all__ = ["SyncReport", "sync_cohort", "store_dir", "INDEX_NAME", "REPORT_NAME", "STORE_DIR"]
 
 logger = logging.getLogger(__name__)
 INDEX_NAME = "pacs-index.json"
 REPORT_NAME = "pacs-report.json"
+#: The folder of the state dir that holds the synced cohorts.
+STORE_DIR = "pacs"
 _COMPLETE, _PARTIAL, _SKIPPED = "complete", "partial", "skipped"
 
 
@@ -93,7 +95,7 @@ class SyncReport:
 
 def store_dir(cohort: Cohort, state_dir: Path) -> Path:
     """The cohort's site folder under ``state_dir`` (``pacs/<name>``)."""
-    return Path(state_dir) / "pacs" / cohort.name
+    return Path(state_dir) / STORE_DIR / cohort.name
 
 
 def _private_folder(path: Path) -> Path:

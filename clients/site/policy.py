@@ -64,6 +64,12 @@ File format (every key optional; a missing key takes the permissive value of
 
     [apps]                       # which app bundles run: clients/site/app_rules.py
     any = true                   # false: only approved-sha256 / approved-file / trusted-keys
+
+    [pacs]                       # the PACS the runtime syncs a cohort from: clients/site/pacs_rules.py
+    endpoints = []               # DICOMweb base URLs and DIMSE peers "AET@host:port"; "*": any
+                                 # (a file without [pacs]: none)
+    max-cohort = inf             # the most studies a synced cohort may hold
+    write-back = false           # results may be stored back into the PACS
 """
 
 from __future__ import annotations
@@ -79,12 +85,13 @@ from typing import Any
 
 from clients.registry import TASKS
 from clients.site.app_rules import AppApprovalError, AppRules, parse_app_rules
+from clients.site.pacs_rules import PERMISSIVE_PACS, PacsRules, parse_endpoints
 from clients.training.dp_accountants import ACCOUNTANTS
 from strategies.wire.codecs.registry import CODECS
 from strategies.wire.errors import ConfigError, SiteError
 
 __all__ = ["PolicyRefusal", "SitePolicyError", "AppRules", "AuditRules", "DpRules",
-           "SecAggRules", "VerticalRules", "SitePolicy", "load_policy", "ANY", "SANDBOX_MODES",
+           "SecAggRules", "VerticalRules", "PacsRules", "SitePolicy", "load_policy", "ANY", "SANDBOX_MODES",
            "SYSLOG_ANCHOR"]
 
 ANY = "*"
@@ -109,6 +116,7 @@ class PolicyRefusal(SiteError):
     def __init__(self, rule: str, detail: str) -> None:
         super().__init__(f"policy rule {rule}: {detail}")
         self.rule = rule
+        self.detail = detail
 
 
 class SitePolicyError(ConfigError):
@@ -244,6 +252,7 @@ class SitePolicy:
     secure_aggregation: SecAggRules = field(default_factory=SecAggRules)
     vertical: VerticalRules = field(default_factory=lambda: PERMISSIVE_VERTICAL)
     audit: AuditRules = field(default_factory=AuditRules)
+    pacs: PacsRules = field(default_factory=lambda: PERMISSIVE_PACS)
     apps: AppRules = field(default_factory=AppRules)
     fingerprint: str = ""
 
@@ -298,7 +307,8 @@ def _names(value: Any, where: str, known: tuple[str, ...]) -> tuple[str, ...]:
 
 #: Limits that are whole numbers although their default is ``inf``.
 _WHOLE_LIMITS = ("max_local_steps", "max_image_size", "max_queries", "max_volume_depth",
-                 "max_slab_slices", "max_study_bytes", "max_psi_requests", "max_evaluations")
+                 "max_slab_slices", "max_study_bytes", "max_psi_requests", "max_evaluations",
+                 "max_cohort")
 #: Settings that are "" or an absolute path.
 _PATHS = ("roster", "signing_key", "psi_secret")
 #: Sizes and counts that must be at least 1.
@@ -313,6 +323,11 @@ def _typed(name: str, value: Any, default: Any, where: str) -> Any:
         return _names(value, where, tuple(CODECS))
     if name == "accountants":
         return _names(value, where, tuple(ACCOUNTANTS))
+    if name == "endpoints":
+        try:
+            return parse_endpoints(value, where)
+        except ValueError as exc:
+            raise SitePolicyError(str(exc)) from None
     if name == "sandbox":
         if value not in SANDBOX_MODES:
             raise SitePolicyError(f"{where} must be one of {list(SANDBOX_MODES)}, got {value!r}")
@@ -347,10 +362,11 @@ def _typed(name: str, value: Any, default: Any, where: str) -> Any:
     return number
 
 
-#: The policy's tables: ``[dp]``, ``[secure-aggregation]``, ``[vertical]`` and ``[audit]``
-#: (``[apps]``: parse_app_rules). A file without ``[vertical]`` refuses vertical federations.
+#: The policy's tables: ``[dp]``, ``[secure-aggregation]``, ``[vertical]``, ``[audit]`` and
+#: ``[pacs]`` (``[apps]``: parse_app_rules). A file without ``[vertical]`` refuses vertical
+#: federations, one without ``[pacs]`` every PACS endpoint.
 _TABLES = {"dp": DpRules, "secure-aggregation": SecAggRules, "vertical": VerticalRules,
-           "audit": AuditRules}
+           "audit": AuditRules, "pacs": PacsRules}
 
 
 def _section(cls: type, table: Mapping[str, Any], prefix: str, source: str) -> dict[str, Any]:

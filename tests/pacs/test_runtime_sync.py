@@ -1,0 +1,148 @@
+"""The site policy governs the PACS: the runtime syncs, under ``[pacs]``, audited, outside the worker's view."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pydicom
+import pytest
+
+from app.site_runtime.audit_chain import verify_chain
+from app.site_runtime.audit_log import AuditLog
+from app.site_runtime.one_policy import node_config_of
+from app.site_runtime.pacs_sync import CohortSyncs, start_sync, sync_site
+from app.site_runtime.sandbox import WorkerMounts, sandboxed_command, SandboxLimits, bubblewrap
+from app.site_runtime.site_audit import SiteAudit
+from app.site_runtime.supernode import node_config_string
+from app.site_runtime.worker_view import data_rules_toml, worker_context, worker_state_dir
+from app.tooling.errors import FlowerProcessError
+from clients.io.dicom_series import list_series_files
+from clients.pacs.cohort import load_cohort
+from clients.pacs.sync import store_dir
+from clients.pe_seg.manifest import read_manifest
+from clients.site.policy import PolicyRefusal, load_policy
+from flwr.app import Context, RecordDict
+
+
+def policy(tmp_path: Path, pacs: str) -> object:
+    path = tmp_path / "policy.toml"
+    path.write_text(f"[pacs]\n{pacs}\n", encoding="utf-8")
+    return load_policy(path)
+
+
+def pacs_records(state: Path) -> list[dict]:
+    return [r for r in AuditLog(state).records() if r["kind"] == "pacs-sync"]
+
+
+def identifiers(site_dir: Path) -> set[str]:
+    """Every UID, accession number and patient name of the hospital's studies."""
+    found = set()
+    for row in read_manifest(site_dir):
+        for file in list_series_files(row.image_dir):
+            ds = pydicom.dcmread(file, stop_before_pixels=True)
+            found |= {ds.StudyInstanceUID, ds.SeriesInstanceUID, ds.SOPInstanceUID}
+            found |= {str(v) for v in (ds.get("AccessionNumber"), ds.get("PatientName"),
+                                       ds.get("PatientID")) if v}
+    return found
+
+
+def test_an_endpoint_the_policy_does_not_list_is_refused_before_any_contact(hospital, tmp_path):
+    cohort = hospital.cohort_file(name="refused-endpoint")
+    rules = policy(tmp_path, 'endpoints = ["http://127.0.0.1:1/dicom-web", "OTHER@127.0.0.1:104"]')
+    state = tmp_path / "state"
+    with pytest.raises(PolicyRefusal) as refused:
+        sync_site(cohort, state, rules, SiteAudit(state, "hospital-a"))
+    assert refused.value.rule == "pacs.endpoints"
+    assert not store_dir(load_cohort(cohort), state).exists()  # nothing fetched
+    assert [r.get("refused") for r in pacs_records(state)] == ["pacs.endpoints"]
+    config = {"cohort": str(cohort)}
+    with pytest.raises(FlowerProcessError, match=r"^site_node: policy rule pacs\.endpoints: [^\n]*$"):
+        start_sync(config, state, rules, None)
+    empty = policy(tmp_path, "max-cohort = 10")  # a [pacs] without endpoints: no PACS
+    with pytest.raises(PolicyRefusal, match="pacs.endpoints"):
+        sync_site(cohort, state, empty, None)
+
+
+def test_a_dimse_peer_is_named_aet_at_host_port(hospital, tmp_path):
+    cohort = load_cohort(hospital.cohort_file("dimse", name="dimse-endpoint"))
+    peer = f"{hospital.orthanc.aet}@127.0.0.1:{hospital.orthanc.dicom_port}"
+    assert cohort.endpoint == peer
+    policy(tmp_path, f'endpoints = ["{peer}"]').pacs.check_endpoint(cohort.endpoint)
+
+
+def test_a_cohort_over_max_cohort_is_refused_for_the_whole_federation(hospital, tmp_path):
+    cohort = hospital.cohort_file(name="too-large")
+    rules = policy(tmp_path, f'endpoints = ["{hospital.orthanc.dicomweb_url}/"]\nmax-cohort = 2')
+    state = tmp_path / "state"
+    syncs = CohortSyncs()
+    refused = syncs.for_run(1, {"cohort": str(cohort)}, state, rules, SiteAudit(state, "h"))
+    assert refused is not None and refused.rule == "pacs.max-cohort"
+    assert "3 studies, more than the policy's max-cohort 2" in str(refused)
+    assert syncs.for_run(1, {"cohort": str(cohort)}, state, rules, None) is refused  # no re-sync
+    assert [r.get("refused") for r in pacs_records(state)] == ["pacs.max-cohort"]
+
+
+def test_each_sync_is_audited_with_counts_and_no_identifier(hospital, tmp_path):
+    cohort = hospital.cohort_file(name="audited")
+    rules = policy(tmp_path, f'endpoints = ["{hospital.orthanc.dicomweb_url}"]\nmax-cohort = 3')
+    state = tmp_path / "state"
+    audit = SiteAudit(state, "hospital-a")
+    first = sync_site(cohort, state, rules, audit)
+    sync_site(cohort, state, rules, audit)
+    records = pacs_records(state)
+    assert [(r["synced"], r["fetched-studies"], r["skipped"], r["removed"]) for r in records] == [
+        (3, 3, 0, 0), (3, 0, 0, 0)]
+    assert records[0]["fetched-instances"] == first.fetched_instances
+    assert records[0]["fetched-bytes"] == first.fetched_bytes > 0
+    text = json.dumps(records)
+    assert not [i for i in identifiers(hospital.site_dir) if i in text]
+    assert "refused" not in records[0] and str(cohort) not in text
+    assert verify_chain(state).ok
+
+
+def test_the_worker_sees_the_synced_folder_and_never_the_cohort_or_credentials(hospital, tmp_path):
+    cohort_path = hospital.cohort_file(name="view")
+    state = tmp_path / "state"
+    data = store_dir(load_cohort(cohort_path), state)
+    node_config = node_config_of(["--node-config", node_config_string(
+        data, state, "hospital-a", tmp_path / "policy.toml", cohort=cohort_path)])
+    assert (node_config["data-path"], node_config["cohort"]) == (str(data), str(cohort_path))
+    rules = policy(tmp_path, f'endpoints = ["{hospital.orthanc.dicomweb_url}"]')
+    assert start_sync(node_config, state, rules, None).synced == 3
+    context = Context(run_id=1, node_id=7, node_config=node_config, state=RecordDict(),
+                      run_config={})
+    worker = worker_context(context, state, tmp_path / "copy.toml")
+    secrets = (str(cohort_path), str(hospital.orthanc.credentials_file))
+    assert "cohort" not in worker.node_config
+    assert not [v for v in worker.node_config.values() if any(s in str(v) for s in secrets)]
+    assert "[pacs]" not in data_rules_toml(rules)
+    bubblewrap()
+    mounts = WorkerMounts(data, state, worker_state_dir(state), tmp_path / "app",
+                          tmp_path, tmp_path / "copy.toml", tmp_path / "worker.py")
+    argv = sandboxed_command([sys.executable], mounts, SandboxLimits(), {})
+    binds = [Path(argv[i + 1]) for i, arg in enumerate(argv[:-1])
+             if arg in ("--bind", "--ro-bind", "--dev-bind")]
+    assert data in binds
+    for secret in (cohort_path, hospital.orthanc.credentials_file):
+        assert not [b for b in binds if b == secret or b in secret.parents], secret
+
+
+def test_a_study_added_to_the_pacs_joins_the_next_federation(own_hospital, tmp_path):
+    newcomer = read_manifest(own_hospital.site_dir)[-1]
+    files = list_series_files(newcomer.image_dir)
+    own_hospital.orthanc.delete_study(pydicom.dcmread(files[0]).StudyInstanceUID)
+    cohort = own_hospital.cohort_file()
+    rules = policy(tmp_path, f'endpoints = ["{own_hospital.orthanc.dicomweb_url}"]')
+    state = tmp_path / "state"
+    data = store_dir(load_cohort(cohort), state)
+    syncs, config, audit = CohortSyncs(), {"cohort": str(cohort)}, SiteAudit(state, "h")
+    assert syncs.for_run(1, config, state, rules, audit) is None
+    assert len(read_manifest(data)) == 2
+    own_hospital.orthanc.upload(files)
+    assert syncs.for_run(1, config, state, rules, audit) is None  # same federation: no sync
+    assert len(read_manifest(data)) == 2 and len(pacs_records(state)) == 1
+    assert syncs.for_run(2, config, state, rules, audit) is None
+    assert len(read_manifest(data)) == 3
+    assert [(r["synced"], r["fetched-studies"]) for r in pacs_records(state)] == [(2, 2), (3, 1)]
