@@ -8,7 +8,10 @@ or AccessionNumber), at SERIES level (``SliceThickness``, ``BodyPartExamined``,
 ``NumberOfSeriesRelatedInstances``) and at IMAGE level (SOPInstanceUIDs); C-GET
 of a whole series, or of the missing instances one by one when a series is resumed.
 C-GET returns the instances on the same association (no storage port for the PACS to
-reach, unlike C-MOVE), for CT Image Storage in the transfer syntaxes pydicom decodes.
+reach, unlike C-MOVE), for CT Image Storage in the transfer syntaxes pydicom decodes,
+each proposed in a presentation context of its own: a PACS accepts one transfer syntax
+per context, so a single context would make it transcode (and fail on a syntax it cannot
+transcode, such as JPEG 2000 in Orthanc) instead of sending the instance as it is stored.
 A result (a SEG, an SR) is stored by C-STORE on an association of its own, proposing
 just the object's SOP class in its own transfer syntax (the PACS admin must allow
 ``calling-aet`` to store); a failure status refuses that object.
@@ -58,7 +61,8 @@ class DimseTransport:
             setattr(self.ae, timeout, _TIMEOUT_S)
         self.ae.add_requested_context(StudyRootQueryRetrieveInformationModelFind)
         self.ae.add_requested_context(StudyRootQueryRetrieveInformationModelGet)
-        self.ae.add_requested_context(CTImageStorage, _SYNTAXES)
+        for syntax in _SYNTAXES:  # one context each: the PACS sends every instance as it is stored
+            self.ae.add_requested_context(CTImageStorage, syntax)
         self.where = f"DIMSE {connection.called_aet}@{connection.host}:{connection.port}"
 
     def _associate(self, store: Callable[[Dataset], None] | None = None,
