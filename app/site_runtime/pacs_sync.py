@@ -18,7 +18,9 @@ syncs it (:func:`sync_site`):
   identifier (:meth:`~app.site_runtime.site_audit.SiteAudit.pacs_sync`).
 
 The worker is handed the synced folder read-only, as any data folder
-(:mod:`app.site_runtime.sandbox`), and a node config without ``cohort``
+(:mod:`app.site_runtime.sandbox`; a node run as root gives it to the worker's uid, as it
+gives the worker's state folder, so that the sandboxed worker can read it), and a node
+config without ``cohort``
 (:func:`~app.site_runtime.worker_view.worker_context`): the cohort file and the PACS
 credentials it names stay outside its view. A PACS that is down, or a cohort file that no
 longer reads, leaves the last synced folder as it was (logged); the next sync retries.
@@ -32,7 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from app.config.site_config import COHORT
+from app.site_runtime.sandbox import SandboxLimits, worker_owner
 from app.site_runtime.site_audit import SiteAudit
+from app.site_runtime.worker_view import chown_tree
 from app.tooling.errors import FlowerProcessError
 from clients.pacs.cohort import load_cohort
 from clients.pacs.errors import CohortError, PacsError
@@ -59,10 +63,16 @@ def _counts(report: SyncReport) -> dict[str, int | float]:
             "seconds": round(report.seconds, 3)}
 
 
+def _owner(policy: SitePolicy, limits: SandboxLimits | None) -> tuple[int, int] | None:
+    """Who must own the synced folder for the worker to read it (None: the runtime)."""
+    return worker_owner(limits) if limits is not None and policy.sandbox == "on" else None
+
+
 def sync_site(cohort_path: Path, state_dir: Path, policy: SitePolicy,
-              audit: SiteAudit | None) -> SyncReport:
+              audit: SiteAudit | None, limits: SandboxLimits | None = None) -> SyncReport:
     """Sync the cohort of ``cohort_path`` into ``state_dir`` under ``policy``'s ``[pacs]``
-    rules; audit it (see the module docstring).
+    rules; audit it (see the module docstring); ``limits``: the sandbox's (its worker uid
+    is given the synced folder when the node runs as root).
 
     Raises
     ------
@@ -99,11 +109,15 @@ def sync_site(cohort_path: Path, state_dir: Path, policy: SitePolicy,
         record({**_counts(report), "refused": refusal.rule})
         raise
     record(_counts(report))
+    owner = _owner(policy, limits)
+    if owner is not None:
+        chown_tree(store_dir(cohort, state_dir), *owner)
     return report
 
 
 def start_sync(node_config: Mapping[str, Any], state_dir: Path, policy: SitePolicy,
-               audit: SiteAudit | None) -> SyncReport | None:
+               audit: SiteAudit | None, limits: SandboxLimits | None = None
+               ) -> SyncReport | None:
     """The sync when the site node starts (None: no cohort, or the PACS is not answering,
     logged: the node serves the last synced folder and syncs again at the next federation).
 
@@ -116,7 +130,7 @@ def start_sync(node_config: Mapping[str, Any], state_dir: Path, policy: SitePoli
     if path is None:
         return None
     try:
-        return sync_site(path, state_dir, policy, audit)
+        return sync_site(path, state_dir, policy, audit, limits)
     except (PolicyRefusal, CohortError) as exc:
         raise FlowerProcessError(f"site_node: {exc}") from None
     except PacsError as exc:
@@ -126,9 +140,11 @@ def start_sync(node_config: Mapping[str, Any], state_dir: Path, policy: SitePoli
 
 
 class CohortSyncs:
-    """The sync at the first message of each federation, and its refusal for the others."""
+    """The sync at the first message of each federation, and its refusal for the others
+    (``limits``: the sandbox's, see :func:`sync_site`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, limits: SandboxLimits | None = None) -> None:
+        self.limits = limits
         self._runs: dict[int, PolicyRefusal | None] = {}
 
     def for_run(self, run_id: int, node_config: Mapping[str, Any], state_dir: Path,
@@ -141,7 +157,7 @@ class CohortSyncs:
         if run_id not in self._runs:
             refusal = None
             try:
-                sync_site(path, state_dir, policy, audit)
+                sync_site(path, state_dir, policy, audit, self.limits)
             except PolicyRefusal as exc:
                 refusal = exc
             except (CohortError, PacsError) as exc:

@@ -257,7 +257,8 @@ def main(argv: list[str] | None = None) -> None:
                         limits=limits, job_timeout=args.worker_timeout_hours * 3600)
     if cohort_file(node_config) is not None:  # a PACS cohort: its first sync, before any message
         try:
-            start_sync(node_config, node.state_dir, load_policy(args.policy), runner.node_audit)
+            start_sync(node_config, node.state_dir, load_policy(args.policy), runner.node_audit,
+                       limits)
         except FlowerProcessError:
             runner.close()
             raise

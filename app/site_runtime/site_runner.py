@@ -176,7 +176,7 @@ class SiteRunner:
         self.signals = signals
         self._installed: set[str] = set()
         self._runs: set[int] = set()
-        self.cohorts = CohortSyncs()
+        self.cohorts = CohortSyncs(self.runtime.limits)
         self._audits: dict[Path, SiteAudit] = {}
         self._approvals: dict[str, str] = {}  # message id -> how its bundle was approved
         self.node_audit = None if node is None else self._audit_at(node.state_dir, node.name)

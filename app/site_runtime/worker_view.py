@@ -46,7 +46,7 @@ from clients.site.privacy_ledger import PRIVACY_DIR
 __all__ = ["RUNTIME_DIR", "WORKER_DIR", "RUNTIME_NAMES", "WORKER_POLICY_NAME",
            "worker_state_dir", "runtime_dir", "prepare_worker_state", "data_rules_toml",
            "worker_policy_path", "write_worker_policy", "policy_files", "worker_context",
-           "returned_context"]
+           "returned_context", "chown_tree"]
 
 log = logging.getLogger("fedmed.site_runner")
 
@@ -96,11 +96,11 @@ def prepare_worker_state(state_dir: Path, owner: tuple[int, int] | None = None) 
         log.info("site state %s: moved %d entries of the app's state into %s/ (%s)",
                  state_dir, len(moved), WORKER_DIR, ", ".join(moved[:10]))
     if owner is not None:
-        _chown_tree(worker, *owner)
+        chown_tree(worker, *owner)
     return worker
 
 
-def _chown_tree(folder: Path, uid: int, gid: int) -> None:
+def chown_tree(folder: Path, uid: int, gid: int) -> None:
     """Give ``folder`` and what it holds to ``uid``/``gid`` (only what is not theirs yet)."""
     for path in (folder, *folder.rglob("*")):
         stat = path.lstat()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from app.site_runtime.one_policy import node_config_of
 from app.site_runtime.pacs_sync import CohortSyncs, start_sync, sync_site
 from app.site_runtime.sandbox import WorkerMounts, sandboxed_command, SandboxLimits, bubblewrap
 from app.site_runtime.site_audit import SiteAudit
+from app.site_runtime.site_runner import SiteRunner
 from app.site_runtime.supernode import node_config_string
 from app.site_runtime.worker_view import data_rules_toml, worker_context, worker_state_dir
 from app.tooling.errors import FlowerProcessError
@@ -137,12 +139,23 @@ def test_a_study_added_to_the_pacs_joins_the_next_federation(own_hospital, tmp_p
     rules = policy(tmp_path, f'endpoints = ["{own_hospital.orthanc.dicomweb_url}"]')
     state = tmp_path / "state"
     data = store_dir(load_cohort(cohort), state)
-    syncs, config, audit = CohortSyncs(), {"cohort": str(cohort)}, SiteAudit(state, "h")
-    assert syncs.for_run(1, config, state, rules, audit) is None
+    runner = SiteRunner("127.0.0.1:1", tmp_path / "policy.toml")  # the runner's own hook
+    node_config = node_config_of(["--node-config", node_config_string(
+        data, state, "hospital-a", tmp_path / "policy.toml", cohort=cohort)])
+
+    def first_message_of(run_id: int) -> object:
+        context = Context(run_id=run_id, node_id=7, node_config=node_config,
+                          state=RecordDict(), run_config={})
+        return runner._cohort_refusal(run_id, context, rules)  # pylint: disable=W0212
+
+    assert first_message_of(1) is None
     assert len(read_manifest(data)) == 2
     own_hospital.orthanc.upload(files)
-    assert syncs.for_run(1, config, state, rules, audit) is None  # same federation: no sync
+    assert first_message_of(1) is None  # the same federation: no sync
     assert len(read_manifest(data)) == 2 and len(pacs_records(state)) == 1
-    assert syncs.for_run(2, config, state, rules, audit) is None
+    assert first_message_of(2) is None
     assert len(read_manifest(data)) == 3
     assert [(r["synced"], r["fetched-studies"]) for r in pacs_records(state)] == [(2, 2), (3, 1)]
+    if os.geteuid() == 0:  # the sandboxed worker's uid can read what the runtime synced
+        uid = SandboxLimits().worker_uid
+        assert {p.stat().st_uid for p in (data, *data.rglob("*"))} == {uid}
