@@ -36,8 +36,9 @@ model adapted ``personalisation.finetune-steps`` steps on the site's training da
 
 With ``--store-to`` (``make predict STORE_TO=...``) the DICOM objects written are then
 stored in the PACS of that cohort file (STOW-RS or C-STORE, :mod:`clients.pacs.store`),
-only where the site policy (``--policy``) sets ``[pacs] write-back = true``: otherwise
-nothing is predicted and one line names the rule ``pacs.write-back``. An object not stored
+only where the site policy (``--policy``) sets ``[pacs] write-back = true`` and lists that
+PACS in its ``endpoints``: otherwise nothing is predicted and one line names the rule
+(``pacs.write-back``, ``pacs.endpoints``). An object not stored
 gets one line and stays in ``dicom/``; a summary line counts them.
 
 Exit status: 0 when at least one item was predicted (and every object asked to be
@@ -228,8 +229,9 @@ def _destination(store_to: Path | None, policy: Path | None) -> Cohort | None:
         return None
     if policy is None:
         raise ConfigError("--store-to needs --policy (the site policy must allow [pacs] write-back)")
-    check_write_back(load_policy(policy))
-    return load_cohort(store_to)
+    rules, cohort = load_policy(policy), load_cohort(store_to)
+    check_write_back(rules, cohort)
+    return cohort
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,8 +4,9 @@ The destination is the PACS of a cohort file (:mod:`clients.pacs.cohort`): its
 ``[pacs.dicomweb]`` section stores by STOW-RS, its ``[pacs.dimse]`` section by C-STORE
 from ``calling-aet`` (the connection details live in that one place). Writing into a
 PACS needs the site's consent: :func:`check_write_back` refuses, naming the rule
-``pacs.write-back``, unless the site policy's ``[pacs]`` section sets ``write-back = true``
-(default false; a policy without the section refuses too).
+``pacs.write-back``, unless the site policy's ``[pacs]`` section
+(:mod:`clients.site.pacs_rules`) sets ``write-back = true`` (default false; a policy
+without the section refuses too), and ``pacs.endpoints`` unless it lists the destination.
 
 :func:`store_results` stores each file as one request through the transport's
 :func:`~clients.pacs.transport.with_retries` (the cohort's ``[sync]`` back-off). An object
@@ -20,7 +21,6 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pydicom
 from pydicom.errors import InvalidDicomError
@@ -28,35 +28,32 @@ from pydicom.errors import InvalidDicomError
 from clients.pacs.cohort import Cohort, DicomWebConnection
 from clients.pacs.errors import PacsError, Unreachable
 from clients.pacs.transport import open_transport
-from clients.site.policy import PolicyRefusal
+from clients.site.policy import SitePolicy
 
-__all__ = ["WRITE_BACK_RULE", "StoreReport", "check_write_back", "destination", "store_results"]
+__all__ = ["StoreReport", "check_write_back", "destination", "store_results"]
 
 logger = logging.getLogger(__name__)
-#: The site policy's rule that allows storing results in the PACS.
-WRITE_BACK_RULE = "pacs.write-back"
 
 
-def check_write_back(policy: Any) -> None:
-    """Refuse unless the site policy's ``[pacs] write-back`` is true.
+def check_write_back(policy: SitePolicy, cohort: Cohort) -> None:
+    """Refuse unless the site policy allows results into ``cohort``'s PACS.
 
     Raises
     ------
     PolicyRefusal
-        ``policy rule pacs.write-back: ...`` (one line).
+        One line naming the rule: ``pacs.write-back`` (not true) or ``pacs.endpoints`` (the
+        destination is not one the policy lists).
     """
-    rules = getattr(policy, "pacs", None)  # a policy without a [pacs] section: no consent
-    if not getattr(rules, "write_back", False):
-        raise PolicyRefusal(WRITE_BACK_RULE, "storing results in the PACS is not allowed by the "
-                                             "site policy (set [pacs] write-back = true to allow it)")
+    policy.pacs.check_write_back()
+    policy.pacs.check_endpoint(cohort.endpoint)
 
 
 def destination(cohort: Cohort) -> str:
-    """The results destination in words: ``STOW-RS <url>`` or ``C-STORE <aet>@<host>:<port>``."""
+    """The results destination in words: ``STOW-RS <url>`` or ``C-STORE <aet>@<host>:<port> from <aet>``."""
     link = cohort.connection
     if isinstance(link, DicomWebConnection):
-        return f"STOW-RS {link.url}"
-    return f"C-STORE {link.called_aet}@{link.host}:{link.port} from {link.calling_aet}"
+        return f"STOW-RS {cohort.endpoint}"
+    return f"C-STORE {cohort.endpoint} from {link.calling_aet}"
 
 
 @dataclass

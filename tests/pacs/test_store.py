@@ -107,14 +107,19 @@ def test_an_object_that_fails_is_named_and_the_others_are_stored(own_hospital, t
 
 
 def test_storing_needs_the_site_policys_consent(hospital, tmp_path, capsys):
+    cohort_file = hospital.cohort_file(name="refused")
+    cohort = load_cohort(cohort_file)
     with pytest.raises(PolicyRefusal, match=r"^policy rule pacs.write-back: "):
-        check_write_back(load_policy(ROOT / "configs" / "site-policy.toml"))
+        check_write_back(load_policy(ROOT / "configs" / "site-policy.toml"), cohort)
     consenting = tmp_path / "policy.toml"
-    consenting.write_text("[pacs]\nendpoints = [\"*\"]\nwrite-back = true\n")
-    check_write_back(load_policy(consenting))
+    consenting.write_text(f'[pacs]\nendpoints = ["{cohort.endpoint}"]\nwrite-back = true\n')
+    check_write_back(load_policy(consenting), cohort)
+    elsewhere = load_cohort(hospital.cohort_file("dimse", name="elsewhere"))
+    with pytest.raises(PolicyRefusal, match=r"^policy rule pacs.endpoints: "):
+        check_write_back(load_policy(consenting), elsewhere)
     out = tmp_path / "out"
     status = predict_main(["--model", str(tmp_path / "no-model"), "--data", str(hospital.site_dir),
-                           "--out", str(out), "--store-to", str(hospital.cohort_file(name="refused")),
+                           "--out", str(out), "--store-to", str(cohort_file),
                            "--policy", str(ROOT / "configs" / "site-policy.toml")])
     err = capsys.readouterr().err.strip().splitlines()
     assert status == 2 and len(err) == 1 and "policy rule pacs.write-back" in err[0]
