@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -14,11 +15,12 @@ from app.site_runtime.audit_chain import verify_chain
 from app.site_runtime.audit_log import AuditLog
 from app.site_runtime.one_policy import node_config_of
 from app.site_runtime.pacs_sync import CohortSyncs, start_sync, sync_site
-from app.site_runtime.sandbox import WorkerMounts, sandboxed_command, SandboxLimits, bubblewrap
+from app.site_runtime.sandbox import (SandboxLimits, WorkerMounts, bubblewrap, sandboxed_command,
+                                      worker_owner)
 from app.site_runtime.site_audit import SiteAudit
 from app.site_runtime.site_runner import SiteRunner
 from app.site_runtime.supernode import node_config_string
-from app.site_runtime.worker_view import data_rules_toml, worker_context, worker_state_dir
+from app.site_runtime.worker_view import data_rules_toml, prepare_worker_state, worker_context
 from app.tooling.errors import FlowerProcessError
 from clients.io.dicom_series import list_series_files
 from clients.pacs.cohort import load_cohort
@@ -112,7 +114,7 @@ def test_the_worker_sees_the_synced_folder_and_never_the_cohort_or_credentials(h
         data, state, "hospital-a", tmp_path / "policy.toml", cohort=cohort_path)])
     assert (node_config["data-path"], node_config["cohort"]) == (str(data), str(cohort_path))
     rules = policy(tmp_path, f'endpoints = ["{hospital.orthanc.dicomweb_url}"]')
-    assert start_sync(node_config, state, rules, None).synced == 3
+    assert start_sync(node_config, state, rules, None, SandboxLimits()).synced == 3
     context = Context(run_id=1, node_id=7, node_config=node_config, state=RecordDict(),
                       run_config={})
     worker = worker_context(context, state, tmp_path / "copy.toml")
@@ -120,15 +122,20 @@ def test_the_worker_sees_the_synced_folder_and_never_the_cohort_or_credentials(h
     assert "cohort" not in worker.node_config
     assert not [v for v in worker.node_config.values() if any(s in str(v) for s in secrets)]
     assert "[pacs]" not in data_rules_toml(rules)
-    bubblewrap()
-    mounts = WorkerMounts(data, state, worker_state_dir(state), tmp_path / "app",
+    bubblewrap()  # the worker's view, as the sandbox builds it: the data, not the secrets
+    (tmp_path / "app").mkdir()
+    for name in ("copy.toml", "worker.py"):
+        (tmp_path / name).write_text("", encoding="utf-8")
+    worker_state = prepare_worker_state(state, worker_owner(SandboxLimits()))
+    assert data.is_dir()  # the runtime's store stays where it is
+    mounts = WorkerMounts(data, state, worker_state, tmp_path / "app",
                           tmp_path, tmp_path / "copy.toml", tmp_path / "worker.py")
-    argv = sandboxed_command([sys.executable], mounts, SandboxLimits(), {})
-    binds = [Path(argv[i + 1]) for i, arg in enumerate(argv[:-1])
-             if arg in ("--bind", "--ro-bind", "--dev-bind")]
-    assert data in binds
-    for secret in (cohort_path, hospital.orthanc.credentials_file):
-        assert not [b for b in binds if b == secret or b in secret.parents], secret
+    code = ("import os, sys; print(len(open(sys.argv[1]).read().splitlines()), "
+            "*[os.path.exists(path) for path in sys.argv[2:]])")
+    command = sandboxed_command([sys.executable, "-c", code, str(data / "manifest.csv"),
+                                 *secrets], mounts, SandboxLimits(max_memory=0), {})
+    seen = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    assert (seen.returncode, seen.stdout.split()) == (0, ["4", "False", "False"]), seen.stderr
 
 
 def test_a_study_added_to_the_pacs_joins_the_next_federation(own_hospital, tmp_path):
