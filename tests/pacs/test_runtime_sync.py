@@ -19,11 +19,13 @@ from app.site_runtime.sandbox import (SandboxLimits, WorkerMounts, bubblewrap, s
                                       worker_owner)
 from app.site_runtime.site_audit import SiteAudit
 from app.site_runtime.site_runner import SiteRunner
-from app.site_runtime.supernode import node_config_string
+from app.site_runtime.supernode import SuperNodeProcess, node_config_string
 from app.site_runtime.worker_view import data_rules_toml, prepare_worker_state, worker_context
 from app.tooling.errors import FlowerProcessError
+from app.tooling.layout import DeployLayout
 from clients.io.dicom_series import list_series_files
 from clients.pacs.cohort import load_cohort
+from clients.pacs.errors import CohortError
 from clients.pacs.sync import store_dir
 from clients.pe_seg.manifest import read_manifest
 from clients.site.policy import PolicyRefusal, load_policy
@@ -166,3 +168,18 @@ def test_a_study_added_to_the_pacs_joins_the_next_federation(own_hospital, tmp_p
     if os.geteuid() == 0:  # the sandboxed worker's uid can read what the runtime synced
         uid = SandboxLimits().worker_uid
         assert {p.stat().st_uid for p in (data, *data.rglob("*"))} == {uid}
+
+
+def test_a_supernode_is_started_with_its_cohort_file_as_its_data(hospital, tmp_path):
+    cohort = hospital.cohort_file(name="started")
+    layout, rules = DeployLayout(tmp_path / "deploy"), tmp_path / "policy.toml"
+    rules.write_text("[pacs]\nendpoints = [\"*\"]\n", encoding="utf-8")
+    with pytest.raises(FlowerProcessError, match="synced by the site runner"):
+        SuperNodeProcess.start(layout, "hospital-a", "127.0.0.1:1", cohort, policy=rules,
+                               runner="flower")
+    with pytest.raises(FlowerProcessError, match="missing the SuperNode key"):  # past the data
+        SuperNodeProcess.start(layout, "hospital-a", "127.0.0.1:1", cohort, policy=rules)
+    (tmp_path / "bad.toml").write_text('name = "bad"\n', encoding="utf-8")
+    with pytest.raises(CohortError, match="bad.toml: key 'pacs'"):
+        SuperNodeProcess.start(layout, "hospital-a", "127.0.0.1:1", tmp_path / "bad.toml",
+                               policy=rules)
