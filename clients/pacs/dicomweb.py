@@ -124,8 +124,8 @@ class DicomWebTransport:
         """STOW-RS of one object; refused when the answer lists it as failed."""
         answer = self._call(lambda: self.client.store_instances([dataset]), "STOW-RS")
         for failed in answer.get("FailedSOPSequence", []):
-            reason = failed.get("FailureReason", "")
-            raise PacsError(f"DICOMweb {self.url} STOW-RS refused {failed.get('ReferencedSOPInstanceUID', '')}"
+            sop, reason = failed.get("ReferencedSOPInstanceUID", ""), failed.get("FailureReason", "")
+            raise PacsError(f"DICOMweb {self.url} STOW-RS refused {sop}"
                             + (f": failure reason 0x{int(reason):04X}" if reason != "" else ""))
 
     def close(self) -> None:

@@ -62,9 +62,9 @@ def test_the_seg_and_the_sr_are_stored_and_read_back_equal(own_hospital, tmp_pat
     cohort = load_cohort(own_hospital.cohort_file(transport, name=f"store-{transport}"))
     report = store_results(cohort, [seg_file, sr_file])
     assert (report.stored, report.failed, report.stopped) == (2, {}, "")
-    assert report.lines() == [f"stored 2 of 2 DICOM object(s) to "
-                              + ("STOW-RS " + own_hospital.orthanc.dicomweb_url if transport == "dicomweb"
-                                 else f"C-STORE HOSPITAL01@127.0.0.1:{own_hospital.orthanc.dicom_port} from FEDMED")]
+    where = (f"STOW-RS {own_hospital.orthanc.dicomweb_url}" if transport == "dicomweb" else
+             f"C-STORE HOSPITAL01@127.0.0.1:{own_hospital.orthanc.dicom_port} from FEDMED")
+    assert report.lines() == [f"stored 2 of 2 DICOM object(s) to {where}"]
     local_seg, local_sr = hd.seg.segread(seg_file), hd.sr.srread(sr_file)
     seg = hd.seg.Segmentation.from_dataset(_fetched(own_hospital, local_seg))
     sources = [ref.ReferencedSOPInstanceUID for ref in local_seg.ReferencedSeriesSequence[0]
