@@ -82,7 +82,7 @@ from app.site_runtime.console_http import (TEMPLATES, current_policy, error_page
 from app.site_runtime.console_apps import apps_view
 from app.site_runtime.console_pages import (AuditView, activity_csv, activity_rows,
                                             chain_banner, data_reports, node_status, overview,
-                                            policy_sections)
+                                            pacs_cohorts, policy_sections)
 from app.site_runtime.console_privacy import PrivacyView
 from app.site_runtime.policy_edit import DONE, apply_edit, plan_edit
 from clients.site.privacy_ledger import dataset_id
@@ -252,7 +252,8 @@ def create_console(settings: ConsoleSettings) -> FastAPI:
         if not is_loopback(client) or proxied:
             raise HTTPException(403, "the Data page is served to this machine only (loopback): "
                                      "it may name the site's files")
-        return render(request, "data.html", reports=data_reports(settings.state_dir))
+        return render(request, "data.html", reports=data_reports(settings.state_dir),
+                      cohorts=pacs_cohorts(settings.state_dir))
 
     return app
 

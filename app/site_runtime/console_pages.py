@@ -13,7 +13,9 @@ issue #33):
 * ``<state-dir>/audit/node-status.json``: the node counts as connected while the
   file is younger than :data:`CONNECTED_SECONDS` and its process is alive;
 * ``<state-dir>/data-report/<dataset-id>.json``: items per split, skipped items
-  with their reasons (they may name files: the Data page is local only).
+  with their reasons (they may name files: the Data page is local only);
+* ``<state-dir>/pacs/<cohort>/pacs-report.json``: a PACS cohort's last sync (its size,
+  counts, MB/s and skipped studies with their reasons, :mod:`clients.pacs.sync`).
 """
 
 from __future__ import annotations
@@ -37,13 +39,14 @@ from app.site_runtime.audit_chain import ChainReport
 from app.site_runtime.audit_follow import AuditFollower
 from app.site_runtime.audit_log import HEAD_NAME, AuditLog, audit_dir
 from app.site_runtime.site_audit import STATUS_NAME
+from clients.pacs.sync import REPORT_NAME, STORE_DIR
 from clients.site.data_report import DATA_REPORT_DIR
 from clients.site.policy import SitePolicy
 from strategies.wire.errors import FedMedError
 
 __all__ = ["ACTIVITY_COLUMNS", "ActivityRows", "AuditRecords", "AuditView", "CONNECTED_SECONDS",
            "DECISIONS", "FILTER_KEYS", "activity_csv", "activity_rows", "chain_banner",
-           "data_reports", "node_status", "overview", "policy_sections"]
+           "data_reports", "node_status", "overview", "pacs_cohorts", "policy_sections"]
 
 log = logging.getLogger("fedmed.console")
 
@@ -374,6 +377,28 @@ def activity_csv(rows: Sequence[dict[str, Any]]) -> str:
 
 def _skipped(value: Any) -> list[tuple[str, str]]:
     return sorted((str(k), str(v)) for k, v in value.items()) if isinstance(value, dict) else []
+
+
+def pacs_cohorts(state_dir: Path) -> list[dict[str, Any]]:
+    """Every PACS cohort the runtime synced (:mod:`clients.pacs.sync`): its name, the studies
+    in the PACS and in the site's store, the last sync's time, counts and MB/s, and the
+    skipped studies with their reasons (``pacs/<cohort>/pacs-report.json``)."""
+    cohorts = []
+    for path in sorted((Path(state_dir) / STORE_DIR).glob(f"*/{REPORT_NAME}")):
+        report, problem = _read_json(path)
+        name = path.parent.name
+        if not isinstance(report, dict):
+            cohorts.append({"name": name, "error": problem or "not a sync report"})
+            continue
+        synced = datetime.fromtimestamp(path.stat().st_mtime, timezone.utc)
+        cohorts.append({
+            "name": name, "error": "", "last_sync": synced.strftime("%Y-%m-%d %H:%M:%S UTC"),
+            **{key: report.get(key, "—") for key in ("studies_in_pacs", "synced",
+                                                     "fetched_studies", "removed")},
+            "mb": f"{float(report.get('fetched_bytes', 0)) / 1e6:.1f}",
+            "mb_per_s": f"{float(report.get('mb_per_s', 0)):.1f}",
+            "skipped": _skipped(report.get("skipped"))})
+    return cohorts
 
 
 def data_reports(state_dir: Path) -> list[dict[str, Any]]:

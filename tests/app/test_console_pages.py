@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shutil
+from dataclasses import asdict
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from app.site_runtime.console_access import ConsoleSettings, admin_token_path
 from app.site_runtime.console_pages import activity_csv, activity_rows, data_reports, node_status
 from app.site_runtime.console_privacy import PrivacyView, policy_delta
 from app.site_runtime.policy_edit import apply_edit
+from clients.pacs.sync import REPORT_NAME, STORE_DIR, SyncReport
 from clients.site.policy import load_policy
 from clients.site.privacy_ledger import PrivacyLedger, dataset_id
 from strategies.wire.errors import ConfigError
@@ -217,6 +219,24 @@ def test_data_page_lists_splits_and_skipped_items(site):
     assert re.search(r"<td>val</td><td[^>]*>—</td><td[^>]*>30</td>", splits)
     skipped = re.search(r'id="skipped-0123456789abcdef">(.*?)</table>', html, re.S).group(1)
     assert "study-0042" in skipped and "unreadable DICOM series" in skipped
+
+
+def test_data_page_shows_each_pacs_cohort_its_size_last_sync_and_skipped_studies(site):
+    """Issue 48 item 6: the cohort as the runtime's last sync left it."""
+    folder = site["state"] / STORE_DIR / "pe-cohort"
+    folder.mkdir(parents=True)
+    report = SyncReport(studies_in_pacs=5, synced=3, fetched_studies=1, fetched_bytes=2_500_000,
+                        removed=1, seconds=2.0, skipped={"1.2.3.4": "gaps in the slices",
+                                                         "1.2.3.5": "no matching series"})
+    (folder / REPORT_NAME).write_text(json.dumps({**asdict(report),
+                                                  "mb_per_s": report.mb_per_s}))
+    html = client_of(site).get("/data").text
+    row = re.search(r'id="cohort-sync-pe-cohort">(.*?)</table>', html, re.S).group(1)
+    cells = re.findall(r"<td[^>]*>([^<]*)</td>", row)
+    assert cells[1:] == ["5", "3", "1", "1", "2.5", "1.2"] and cells[0].endswith("UTC")
+    skipped = re.search(r'id="cohort-skipped-pe-cohort">(.*?)</table>', html, re.S).group(1)
+    assert "1.2.3.4" in skipped and "gaps in the slices" in skipped
+    assert "no matching series" in skipped
 
 
 def test_every_page_has_the_nav_and_no_script(site):
