@@ -12,8 +12,9 @@ syncs it (:func:`sync_site`):
   federation;
 * only with a PACS the site policy lists (``[pacs] endpoints``, refused: ``pacs.endpoints``,
   before anything is contacted), and only a cohort of at most ``[pacs] max-cohort``
-  studies once synced (refused: ``pacs.max-cohort``, the dataset refused for the whole
-  federation);
+  studies as the query finds them (refused: ``pacs.max-cohort``, right after the query,
+  before any instance is fetched, the store left as it was; the dataset refused for the
+  whole federation);
 * each sync appends a ``pacs-sync`` record to the site's audit log: counts and bytes, no
   identifier (:meth:`~app.site_runtime.site_audit.SiteAudit.pacs_sync`).
 
@@ -97,16 +98,20 @@ def sync_site(cohort_path: Path, state_dir: Path, policy: SitePolicy,
                     cohort.endpoint)
         record({"refused": refusal.rule})
         raise
+    found: list[int] = []
+
+    def check_size(studies: int) -> None:  # after the query, before any instance is fetched
+        found.append(studies)
+        policy.pacs.check_cohort(studies)
+
     try:
-        report = sync_cohort(cohort, state_dir)
+        report = sync_cohort(cohort, state_dir, check_size=check_size)
     except PacsError as exc:
         record({"failed": type(exc).__name__})
         raise
-    try:
-        policy.pacs.check_cohort(report.synced)
     except PolicyRefusal as refusal:
         log.warning("PACS sync of cohort %s refused: %s", cohort.name, refusal)
-        record({**_counts(report), "refused": refusal.rule})
+        record({"studies-in-pacs": found[-1], "refused": refusal.rule})
         raise
     record(_counts(report))
     owner = _owner(policy, limits)

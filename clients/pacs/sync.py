@@ -33,7 +33,9 @@ The sync is
   instances, MB/s) is logged after each study.
 
 A PACS that is down or refuses the sync raises :class:`~clients.pacs.errors.PacsError`
-and so does a query matching no study: the store is then left exactly as it was.
+and so does a query matching no study: the store is then left exactly as it was, as it is
+when the caller's ``check_size`` refuses the number of studies the query found (the
+runtime's ``pacs.max-cohort``), which is checked before any instance is fetched.
 The report holds study keys and is for the site's own logs: only counts may leave it.
 Not done yet: the decoded cache is filled by the loader on first use (not by the sync),
 and DICOM-SEG labels in the PACS (``labels.source = "seg"``) are refused.
@@ -48,6 +50,7 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -248,13 +251,10 @@ class _Sync:
         write_atomic(mask, lambda handle: handle.write(label.mask.read_bytes()))
         self.store.index[record.study_uid].update(state=_COMPLETE, instances=len(files))
 
-    def run(self) -> SyncReport:
-        """Sync every study of the cohort; write the manifest, the index and the report."""
+    def run(self, studies: list[StudyRecord]) -> SyncReport:
+        """Sync the cohort's ``studies`` (the query's answer); write the manifest, the index
+        and the report."""
         cohort, report = self.cohort, self.report
-        studies = self.transport.find_studies(cohort.query)
-        if not studies:
-            raise PacsError(f"cohort {cohort.path}: the query matches no study in the PACS "
-                            f"({cohort.query}); nothing changed")
         report.studies_in_pacs = len(studies)
         by_key = {(s.study_uid if cohort.labels.key == "study_instance_uid" else s.accession): s
                   for s in studies}
@@ -303,7 +303,8 @@ class _Sync:
         return report
 
 
-def sync_cohort(cohort: Cohort, state_dir: Path, transport: PacsTransport | None = None) -> SyncReport:
+def sync_cohort(cohort: Cohort, state_dir: Path, transport: PacsTransport | None = None,
+                check_size: Callable[[int], None] | None = None) -> SyncReport:
     """Sync ``cohort`` into ``store_dir(cohort, state_dir)`` (see the module docstring).
 
     Parameters
@@ -314,6 +315,10 @@ def sync_cohort(cohort: Cohort, state_dir: Path, transport: PacsTransport | None
         The site's state folder; the store is ``pacs/<cohort name>`` below it (0700).
     transport : PacsTransport, optional
         An open transport (default: one for the cohort's ``[pacs]`` section, closed after).
+    check_size : callable, optional
+        Called with the number of studies the query found, before the store is opened
+        and before any instance is fetched (the runtime's ``pacs.max-cohort`` rule): what
+        it raises leaves the store exactly as it was and propagates.
 
     Returns
     -------
@@ -326,11 +331,16 @@ def sync_cohort(cohort: Cohort, state_dir: Path, transport: PacsTransport | None
         The PACS is down, refuses the sync, or the query matches nothing; what was
         synced before stays.
     """
-    store = _Store(store_dir(cohort, state_dir))
     own = transport is None
     transport = open_transport(cohort) if transport is None else transport
     try:
-        return _Sync(cohort, store, transport).run()
+        studies = transport.find_studies(cohort.query)
+        if not studies:
+            raise PacsError(f"cohort {cohort.path}: the query matches no study in the PACS "
+                            f"({cohort.query}); nothing changed")
+        if check_size is not None:
+            check_size(len(studies))
+        return _Sync(cohort, _Store(store_dir(cohort, state_dir)), transport).run(studies)
     finally:
         if own:
             transport.close()

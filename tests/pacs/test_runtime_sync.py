@@ -25,6 +25,7 @@ from app.tooling.errors import FlowerProcessError
 from app.tooling.layout import DeployLayout
 from clients.io.dicom_series import list_series_files
 from clients.pacs.cohort import load_cohort
+from clients.pacs.dicomweb import DicomWebTransport
 from clients.pacs.errors import CohortError
 from clients.pacs.sync import store_dir
 from clients.pe_seg.manifest import read_manifest
@@ -78,6 +79,12 @@ def test_a_dimse_peer_is_named_aet_at_host_port(hospital, tmp_path):
     policy(tmp_path, f'endpoints = ["{peer}"]').pacs.check_endpoint(cohort.endpoint)
 
 
+def store_snapshot(folder: Path) -> dict[str, tuple[int, int]]:
+    """Every file of a store: its size and mtime (ns)."""
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in folder.rglob("*") if p.is_file()}
+
+
 def test_a_cohort_over_max_cohort_is_refused_for_the_whole_federation(hospital, tmp_path):
     cohort = hospital.cohort_file(name="too-large")
     rules = policy(tmp_path, f'endpoints = ["{hospital.orthanc.dicomweb_url}/"]\nmax-cohort = 2')
@@ -88,6 +95,28 @@ def test_a_cohort_over_max_cohort_is_refused_for_the_whole_federation(hospital, 
     assert "3 studies, more than the policy's max-cohort 2" in str(refused)
     assert syncs.for_run(1, {"cohort": str(cohort)}, state, rules, None) is refused  # no re-sync
     assert [r.get("refused") for r in pacs_records(state)] == ["pacs.max-cohort"]
+    assert pacs_records(state)[0]["studies-in-pacs"] == 3
+    data = store_dir(load_cohort(cohort), state)
+    assert not data.exists()  # refused after the query: not one instance fetched
+
+
+def test_max_cohort_is_checked_before_any_download_and_keeps_the_store(hospital, tmp_path):
+    cohort = hospital.cohort_file(name="shrunk-limit")
+    url = hospital.orthanc.dicomweb_url
+    state = tmp_path / "state"
+    assert sync_site(cohort, state, policy(tmp_path, f'endpoints = ["{url}"]'), None).synced == 3
+    data = store_dir(load_cohort(cohort), state)
+    before = store_snapshot(data)
+    asked = []
+    rules = policy(tmp_path, f'endpoints = ["{url}"]\nmax-cohort = 2')
+    with pytest.MonkeyPatch.context() as patch:
+        for name in ("find_series", "instance_uids", "fetch"):  # every request after the query
+            patch.setattr(DicomWebTransport, name,
+                          lambda self, *args, name=name: asked.append(name))
+        with pytest.raises(PolicyRefusal, match=r"^policy rule pacs\.max-cohort: the cohort holds "
+                                                r"3 studies, more than the policy's max-cohort 2"):
+            sync_site(cohort, state, rules, None)
+    assert asked == [] and store_snapshot(data) == before
 
 
 def test_each_sync_is_audited_with_counts_and_no_identifier(hospital, tmp_path):
