@@ -4,7 +4,7 @@
 
     [pacs]
     endpoints = ["https://pacs.example.org/dicom-web", "PACS01@10.0.0.5:104"]
-    max-cohort = 500      # the most studies a cohort may hold once synced (inf: no limit)
+    max-cohort = 500      # the most studies the cohort's query may find (inf: no limit)
     write-back = false    # whether results may be stored back into the PACS
 
 An endpoint is a DICOMweb base URL (``http(s)://...``, compared without a trailing
