@@ -246,16 +246,17 @@ distclean: clean
 # created; DATA is only read, and OUT may not hold it; an existing non-empty OUT is refused
 # unless OVERWRITE=1; PERSONAL=/abs/site-folder or the site's node-config TOML applies that
 # site's personalised model, docs/PERSONALISATION.md; STORE_TO=/abs/cohort.toml stores the DICOM
-# results in that cohort's PACS, STOW-RS or C-STORE, only if POLICY's [pacs] write-back = true)
+# results in that cohort's PACS, STOW-RS or C-STORE, only if POLICY's [pacs] write-back = true;
+# STATE=/abs/state, the site's state folder, is required with it: its audit log records the store)
 .PHONY: predict
 
 predict: install
-	@test -n "$(MODEL)" -a -n "$(DATA)" -a -n "$(OUT)" || { echo "usage: make predict MODEL=<MLflow model URI or /abs/model-folder> DATA=/abs/folder OUT=/abs/out [TRACKING_URI=...] [SPLIT=test] [OVERWRITE=1] [DEVICE=cpu|cuda] [PERSONAL=/abs/site-folder-or-node-config.toml] [STORE_TO=/abs/cohort.toml [POLICY=/abs/policy.toml]]" >&2; exit 2; }
+	@test -n "$(MODEL)" -a -n "$(DATA)" -a -n "$(OUT)" || { echo "usage: make predict MODEL=<MLflow model URI or /abs/model-folder> DATA=/abs/folder OUT=/abs/out [TRACKING_URI=...] [SPLIT=test] [OVERWRITE=1] [DEVICE=cpu|cuda] [PERSONAL=/abs/site-folder-or-node-config.toml] [STORE_TO=/abs/cohort.toml STATE=/abs/state [POLICY=/abs/policy.toml]]" >&2; exit 2; }
 	$(PY) -m app.predict --model "$(MODEL)" --data $(abspath $(DATA)) --out $(abspath $(OUT)) \
 		--tracking-uri "$(TRACKING_URI)" $(if $(SPLIT),--split $(SPLIT)) \
 		$(if $(OVERWRITE),--overwrite) $(if $(DEVICE),--device $(DEVICE)) \
 		$(if $(PERSONAL),--personal $(abspath $(PERSONAL))) \
-		$(if $(STORE_TO),--store-to $(abspath $(STORE_TO)) --policy $(if $(POLICY),$(abspath $(POLICY)),$(CURDIR)/configs/site-policy.toml))
+		$(if $(STORE_TO),--store-to $(abspath $(STORE_TO)) $(if $(STATE),--state $(abspath $(STATE))) --policy $(if $(POLICY),$(abspath $(POLICY)),$(CURDIR)/configs/site-policy.toml))
 
 # --- Deployment: TLS SuperLink with SuperNode authentication (docs/DEPLOYMENT-REFERENCE.md) ---
 #   make certs [HOSTS=localhost,127.0.0.1] [SITES_LIST=hospital-a,hospital-b]

@@ -5,7 +5,8 @@
     python -m app.predict --model models:/fedmed-pe-seg-best/1 --data /abs/site --out /abs/out
                           [--split test] [--overwrite] [--device auto|cpu|cuda] [--tracking-uri URI]
                           [--personal /abs/site-folder-or-node-config.toml]
-                          [--store-to /abs/cohort.toml --policy /abs/site-policy.toml]
+                          [--store-to /abs/cohort.toml --policy /abs/site-policy.toml
+                           --state /abs/site-state]
 
 The model (an MLflow URI, looked up in ``--tracking-uri``, which must exist: it is
 never created, and an error names it; or a local model folder, such as a copy handed
@@ -39,7 +40,13 @@ stored in the PACS of that cohort file (STOW-RS or C-STORE, :mod:`clients.pacs.s
 only where the site policy (``--policy``) sets ``[pacs] write-back = true`` and lists that
 PACS in its ``endpoints``: otherwise nothing is predicted and one line names the rule
 (``pacs.write-back``, ``pacs.endpoints``). An object not stored
-gets one line and stays in ``dicom/``; a summary line counts them.
+gets one line and stays in ``dicom/``; a summary line counts them. Each store is audited:
+``--state`` (``make predict STATE=...``, required with ``--store-to``) is the site's state
+folder, the one its SuperNode runs with (``fedmed site init``'s ``supernodes/<site>/state``),
+and a ``pacs-store`` record is appended to its audit log
+(:func:`~app.site_runtime.site_audit.audit_pacs_store`): the objects stored and not stored by
+kind (SEG, SR), bytes and the destination's kind (dicomweb, dimse), never a UID, a name or a
+path; ``make audit-verify STATE=...`` checks it with the rest of the chain.
 
 Exit status: 0 when at least one item was predicted (and every object asked to be
 stored was), 1 when none could be or an object was not stored,
@@ -65,15 +72,17 @@ from app.prediction.dicom_output import DicomResults, model_identity, written_fi
 from app.prediction.inputs import discover_items
 from app.prediction.output import SKIPPED, prepare_out, write_table
 from app.prediction.personalised import federation_of, personalise, site_of
+from app.site_runtime.audit_log import AuditLogError
+from app.site_runtime.site_audit import audit_pacs_store
 from app.tracking.model_sparsity import runnable_network
 from clients.pacs.cohort import Cohort, load_cohort
-from clients.pacs.store import check_write_back, store_results
+from clients.pacs.store import StoreReport, check_write_back, store_results
 from clients.registry import task_class
 from clients.site.policy import load_policy
 from clients.training.trainer import ComputeDevice, select_device
 from strategies.wire.errors import ConfigError, FedMedError, ItemError
 
-__all__ = ["PredictSummary", "predict", "main"]
+__all__ = ["PredictSummary", "predict", "store_audited", "main"]
 
 #: The MLflow store ``make simulate`` writes to (the Makefile's TRACKING_URI default).
 DEFAULT_TRACKING_URI = f"sqlite:///{work_root() / 'mlflow.db'}"
@@ -220,18 +229,47 @@ def _parser() -> argparse.ArgumentParser:
                              "C-STORE); needs --policy with [pacs] write-back = true")
     parser.add_argument("--policy", default=None, type=Path,
                         help="the site policy that must allow --store-to ([pacs] write-back)")
+    parser.add_argument("--state", default=None, type=Path,
+                        help="the site's state folder, whose audit log records the store "
+                             "(required with --store-to)")
     return parser
 
 
-def _destination(store_to: Path | None, policy: Path | None) -> Cohort | None:
-    """The results destination of ``--store-to``, checked against the site policy first."""
+def _destination(store_to: Path | None, policy: Path | None,
+                 state: Path | None) -> Cohort | None:
+    """The results destination of ``--store-to``, checked against the site policy first, and
+    the site's state folder that audits it."""
     if store_to is None:
         return None
     if policy is None:
         raise ConfigError("--store-to needs --policy (the site policy must allow [pacs] write-back)")
+    if state is None:
+        raise ConfigError("--store-to needs --state (the site's state folder: its audit log "
+                          "records the store)")
+    if not state.is_dir():
+        raise ConfigError(f"--state {state}: no such folder (the site's state folder, the one "
+                          "its SuperNode runs with)")
     rules, cohort = load_policy(policy), load_cohort(store_to)
     check_write_back(rules, cohort)
     return cohort
+
+
+def store_audited(destination: Cohort, out: Path, state: Path,
+                  stream: TextIO | None = None) -> StoreReport:
+    """Store ``out``'s DICOM objects in ``destination``'s PACS, print the report's lines to
+    ``stream`` (default ``sys.stdout``), and append the store's ``pacs-store`` record to
+    ``state``'s audit log (module docstring).
+
+    Raises
+    ------
+    AuditLogError
+        The record could not be written (the objects were stored, and said so).
+    """
+    stored = store_results(destination, written_files(out))
+    for line in stored.lines():
+        print(line, file=stream or sys.stdout)
+    audit_pacs_store(state, stored.counts())
+    return stored
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -239,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s", stream=sys.stderr)
     try:
-        destination = _destination(args.store_to, args.policy)
+        destination = _destination(args.store_to, args.policy, args.state)
         import mlflow
 
         mlflow.set_tracking_uri(args.tracking_uri)
@@ -265,9 +303,11 @@ def main(argv: list[str] | None = None) -> int:
         print(line)
     if destination is None:
         return 0 if summary.predicted else 1
-    stored = store_results(destination, written_files(summary.out))
-    for line in stored.lines():
-        print(line)
+    try:
+        stored = store_audited(destination, summary.out, args.state)
+    except AuditLogError as exc:
+        print(f"predict: error: the store was not audited in {args.state}: {exc}", file=sys.stderr)
+        return 1
     return 0 if summary.predicted and stored.stored == stored.total else 1
 
 

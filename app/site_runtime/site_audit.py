@@ -9,7 +9,10 @@ of the site's state dir (:mod:`app.site_runtime.audit_log`):
 - ``message``, one per message received, after its reply is pushed
   (:mod:`app.site_runtime.audit_record`);
 - ``pacs-sync``, one per sync of the site's PACS cohort (:mod:`app.site_runtime.pacs_sync`):
-  counts and bytes only, never an identifier (:meth:`SiteAudit.pacs_sync`).
+  counts and bytes only, never an identifier (:meth:`SiteAudit.pacs_sync`);
+- ``pacs-store``, one per store of ``make predict``'s results into the PACS (written by
+  ``make predict STORE_TO=... STATE=...``, :func:`audit_pacs_store`): counts by kind, bytes
+  and the destination's kind, never an identifier.
 
 It anchors the log's head (:mod:`app.site_runtime.audit_anchor`) where the site
 policy's ``[audit] anchor`` names: when the node starts, every ``anchor-every``
@@ -43,7 +46,8 @@ from app.site_runtime.audit_log import AuditLog, AuditLogError, audit_dir
 from clients.site.atomic_file import write_atomic
 from clients.site.policy import AuditRules
 
-__all__ = ["STATUS_NAME", "POLICY_SEEN_NAME", "SiteAudit", "audit_event", "audit_policy"]
+__all__ = ["STATUS_NAME", "POLICY_SEEN_NAME", "SiteAudit", "audit_event", "audit_pacs_store",
+           "audit_policy"]
 
 log = logging.getLogger("fedmed.site_runner")
 
@@ -68,6 +72,20 @@ def audit_event(state_dir: str | Path, record: dict[str, Any]) -> dict[str, Any]
         When the log cannot be written (the caller decides whether that stops it).
     """
     return AuditLog(state_dir).append(record)
+
+
+def audit_pacs_store(state_dir: str | Path, counts: dict[str, int | str]) -> dict[str, Any]:
+    """Append the ``pacs-store`` record of one store of results into the PACS: ``counts``
+    (:meth:`clients.pacs.store.StoreReport.counts`) holds numbers and the destination's kind,
+    never a UID, a name or a path. Like an admin command's record, it counts towards the next
+    anchor the node writes.
+
+    Raises
+    ------
+    app.site_runtime.audit_log.AuditLogError
+        When the log cannot be written.
+    """
+    return audit_event(state_dir, {"kind": "pacs-store", "by": "predict", **counts})
 
 
 def audit_policy(state_dir: str | Path, fingerprint: str, by: str) -> bool:

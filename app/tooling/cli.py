@@ -12,7 +12,7 @@ At a hospital::
     fedmed console --site NAME --state STATE --policy POLICY
     fedmed audit verify --state STATE --policy POLICY
     fedmed privacy budget --state STATE
-    fedmed predict --model URI --data /abs/folder --out /abs/out [--store-to /abs/cohort.toml --policy POLICY]
+    fedmed predict --model URI --data /abs/folder --out /abs/out [--store-to /abs/cohort.toml --policy POLICY --state /abs/state]
     fedmed app approve --policy POLICY --sha256 DIGEST [--state STATE]
     fedmed app revoke  --policy POLICY --sha256 DIGEST --state STATE [--reason TEXT]
     fedmed secagg key --site NAME --out /abs/secagg.key

@@ -14,6 +14,10 @@ the PACS refuses, or that fails after its retries, gives one line naming its fil
 others are still stored; a PACS that does not answer at all stops the store with one line
 (the objects not sent are counted). Nothing is deleted: every object stays in its folder
 (``OUT/dicom``), so a later run can store it again (a PACS keeps one copy per SOP Instance UID).
+
+:meth:`StoreReport.counts` is what the site's audit log keeps of a store: numbers by kind
+(``SEG``, ``SR``), bytes and the destination's kind (``dicomweb`` / ``dimse``), never a UID,
+a name or a path (``make predict`` appends it, :mod:`app.predict`).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from clients.pacs.errors import PacsError, Unreachable
 from clients.pacs.transport import open_transport
 from clients.site.policy import SitePolicy
 
-__all__ = ["StoreReport", "check_write_back", "destination", "store_results"]
+__all__ = ["StoreReport", "check_write_back", "destination", "object_kind", "store_results"]
 
 logger = logging.getLogger(__name__)
 
@@ -56,9 +60,18 @@ def destination(cohort: Cohort) -> str:
     return f"C-STORE {cohort.endpoint} from {link.calling_aet}"
 
 
+def object_kind(path: Path) -> str:
+    """``SEG`` or ``SR`` from a result's file name (``<item>.seg.dcm`` / ``<item>.sr.dcm``),
+    ``other`` for any other name."""
+    kind = Path(path).name.lower().removesuffix(".dcm").rpartition(".")[2]
+    return kind.upper() if kind in ("seg", "sr") else "other"
+
+
 @dataclass
 class StoreReport:
-    """What one store did: the objects stored, one reason per file not stored, those not sent."""
+    """What one store did: the objects stored, one reason per file not stored, those not sent;
+    ``transport``: ``dicomweb`` or ``dimse``; per kind (:func:`object_kind`) the objects stored and
+    those not stored (failed or not sent); ``bytes``: the stored files' size."""
 
     destination: str
     total: int = 0
@@ -66,6 +79,20 @@ class StoreReport:
     failed: dict[str, str] = field(default_factory=dict)
     not_sent: int = 0
     stopped: str = ""
+    transport: str = ""
+    bytes: int = 0
+    stored_by_kind: dict[str, int] = field(default_factory=dict)
+    failed_by_kind: dict[str, int] = field(default_factory=dict)
+
+    def counts(self) -> dict[str, int | str]:
+        """The store as the audit log keeps it: numbers and the destination's kind only."""
+        counts: dict[str, int | str] = {
+            "transport": self.transport, "objects": self.total, "stored": self.stored,
+            "failed": len(self.failed), "not-sent": self.not_sent, "stored-bytes": self.bytes}
+        for kind in sorted({*self.stored_by_kind, *self.failed_by_kind}):
+            counts[f"stored-{kind}"] = self.stored_by_kind.get(kind, 0)
+            counts[f"not-stored-{kind}"] = self.failed_by_kind.get(kind, 0)
+        return counts
 
     def lines(self) -> list[str]:
         """One line per file not stored, the stop reason (if any), then the summary count."""
@@ -80,24 +107,38 @@ class StoreReport:
 
 def store_results(cohort: Cohort, files: list[Path]) -> StoreReport:
     """Store every file of ``files`` (DICOM Part 10) in the cohort's PACS (module docstring)."""
-    report = StoreReport(destination(cohort), total=len(files))
+    web = isinstance(cohort.connection, DicomWebConnection)
+    report = StoreReport(destination(cohort), total=len(files),
+                         transport="dicomweb" if web else "dimse")
     transport = open_transport(cohort)
+
+    def not_stored(paths: list[Path]) -> None:
+        for path in paths:
+            kind = object_kind(path)
+            report.failed_by_kind[kind] = report.failed_by_kind.get(kind, 0) + 1
+
     try:
         for k, path in enumerate(files):
             try:
                 dataset = pydicom.dcmread(path)
             except (OSError, InvalidDicomError) as exc:
                 report.failed[str(path)] = f"{path}: unreadable ({exc})"
+                not_stored([path])
                 continue
             try:
                 transport.store(dataset)
             except PacsError as exc:
                 if isinstance(exc.__cause__, Unreachable):
                     report.stopped, report.not_sent = f"{path.name}: {exc}", len(files) - k
+                    not_stored(files[k:])
                     break
                 report.failed[str(path)] = f"{path}: {exc}"
+                not_stored([path])
                 continue
             report.stored += 1
+            kind = object_kind(path)
+            report.stored_by_kind[kind] = report.stored_by_kind.get(kind, 0) + 1
+            report.bytes += path.stat().st_size
             logger.info("stored %s (%d/%d)", path.name, k + 1, len(files))
     finally:
         transport.close()

@@ -120,7 +120,8 @@ def test_storing_needs_the_site_policys_consent(hospital, tmp_path, capsys):
     out = tmp_path / "out"
     status = predict_main(["--model", str(tmp_path / "no-model"), "--data", str(hospital.site_dir),
                            "--out", str(out), "--store-to", str(cohort_file),
-                           "--policy", str(ROOT / "configs" / "site-policy.toml")])
+                           "--policy", str(ROOT / "configs" / "site-policy.toml"),
+                           "--state", str(tmp_path)])
     err = capsys.readouterr().err.strip().splitlines()
     assert status == 2 and len(err) == 1 and "policy rule pacs.write-back" in err[0]
     assert not out.exists()  # refused before any prediction
