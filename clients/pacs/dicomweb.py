@@ -48,7 +48,7 @@ class DicomWebTransport:
         session = create_session_from_user_pass(connection.username, connection.password)
         session.request = _with_timeout(session.request)  # type: ignore[method-assign]
         self.session = session
-        self.client = DICOMwebClient(connection.url, session=session)
+        self.client = DICOMwebClient(connection.url, session=session, timeout=_TIMEOUT_S)
         self.client.set_http_retry_params(retry=False)  # one back-off policy: the cohort's [sync]
 
     def _call(self, call: Callable[[], T], what: str) -> T:
@@ -134,7 +134,8 @@ class DicomWebTransport:
 
 
 def _with_timeout(request: Callable[..., Any]) -> Callable[..., Any]:
-    """``requests.Session.request`` with a default timeout (dicomweb-client sets none)."""
+    """``requests.Session.request`` with a default timeout (for a call that sets none; the
+    client's own requests get ``_TIMEOUT_S`` from its ``timeout``)."""
     def bounded(*args: Any, **kwargs: Any) -> Any:
         kwargs.setdefault("timeout", _TIMEOUT_S)
         return request(*args, **kwargs)
