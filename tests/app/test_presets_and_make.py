@@ -59,9 +59,15 @@ def test_simulate_default_stays_synthetic() -> None:
     assert "--preset" not in out.stdout
 
 
+def test_simulate_data_pacs_federates_from_the_pacs() -> None:
+    out = _make_n("simulate", "DATA=pacs")
+    assert out.returncode == 0, out.stderr
+    assert "--data-source pacs" in out.stdout and "clients.datagen shared" not in out.stdout
+
+
 def test_data_path_is_refused_by_simulate_but_not_by_supernode() -> None:
     bad = _make_n("simulate", "DATA=/abs/site")
-    assert bad.returncode != 0 and "DATA=synthetic (default) or DATA=shared" in bad.stderr
+    assert bad.returncode != 0 and "DATA=synthetic (default), DATA=shared or DATA=pacs" in bad.stderr
     good = _make_n("supernode", "SITE=hospital-a", "DATA=/abs/site")
     assert good.returncode == 0, good.stderr
     assert "--data /abs/site" in good.stdout
