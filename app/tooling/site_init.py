@@ -19,7 +19,10 @@ use too), and never overwrites a file that exists::
 It prints what to send to the coordinator (the SuperNode's public key and the SecAgg+
 public line) and what to run next. ``start`` runs the SuperNode from ``site.toml``
 (:func:`app.tooling.deployment.main`'s ``supernode``), any option given on the command
-line overriding the file's.
+line overriding the file's. ``--data`` is the site's data folder, or a cohort file
+(``/abs/cohort.toml``, :mod:`clients.pacs.cohort`: the site's dataset is a cohort in its
+PACS), checked when written (an error names the file and key) and passed on by ``start``
+as the SuperNode's data: the runtime syncs it (:mod:`app.site_runtime.pacs_sync`).
 
 Example::
 
@@ -45,6 +48,7 @@ from app.site_runtime.site_proxy import check_proxy
 from app.tooling.certs import CertError, check_site_name, ensure_site_keys
 from app.tooling.errors import FlowerProcessError
 from app.tooling.layout import DeployLayout
+from clients.pacs.cohort import load_cohort
 from strategies.wire.errors import ConfigError
 from strategies.wire.secure_aggregation.signing import generate_key, load_key, public_text
 
@@ -101,8 +105,9 @@ def init_site(root: Path, site: str, data: Path, superlink: str, ca: Path | None
     Raises
     ------
     ConfigError
-        A bad site name, a missing data folder or CA file, or a ``site.toml`` that names
-        another site; the message names the file or option.
+        A bad site name, a missing data folder or CA file, a cohort file that does not
+        load (:class:`~clients.pacs.errors.CohortError`, naming the file and key), or a
+        ``site.toml`` that names another site; the message names the file or option.
     """
     home = SiteHome(root, site)
     if proxy is not None:
@@ -111,8 +116,11 @@ def init_site(root: Path, site: str, data: Path, superlink: str, ca: Path | None
         except FlowerProcessError as exc:
             raise ConfigError(f"--proxy: {exc}") from None
     data = Path(data).resolve()
-    if not data.is_dir():
-        raise ConfigError(f"--data {data}: no such folder (the site's data folder)")
+    if data.is_file():
+        load_cohort(data)  # a cohort in the site's PACS: checked now, naming the file and key
+    elif not data.is_dir():
+        raise ConfigError(f"--data {data}: no such folder or cohort file (the site's data "
+                          "folder, or its PACS cohort file)")
     if home.settings.exists():
         existing = read_settings(home.root)
         if existing.get("site") != home.site:
@@ -196,7 +204,8 @@ def init_main(argv: Sequence[str] | None = None) -> int:
                         help="the site folder (default ./fedmed-site)")
     parser.add_argument("--site", required=True, help="the site's name, as the coordinator "
                                                       "registers it")
-    parser.add_argument("--data", type=Path, required=True, help="the site's data folder")
+    parser.add_argument("--data", type=Path, required=True,
+                        help="the site's data folder, or its PACS cohort file (/abs/cohort.toml)")
     parser.add_argument("--superlink", required=True, help="HOST:PORT of the SuperLink")
     parser.add_argument("--ca", type=Path, default=None, help="the coordinator's ca.crt")
     parser.add_argument("--proxy", default=None, help="http://HOST:PORT of the hospital's "
