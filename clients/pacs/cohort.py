@@ -30,9 +30,12 @@ it is relative to the file's own folder. Keys are kebab-case, like the site poli
     choose = "thinnest"               # several match: the thinnest slices ("single": skip)
 
     [labels]                          # where the labels come from
-    source = "csv"                    # only "csv" for now; "seg" (DICOM-SEG in the PACS
-    csv = "labels.csv"                # referencing the series) is not supported yet
+    source = "csv"                    # "csv": the CSV names each mask; "seg": the DICOM-SEG
+                                      # in the PACS that references the chosen CT series
+    csv = "labels.csv"                # the label CSV (with source = "seg": the split CSV)
     key = "study-instance-uid"        # or "accession-number": the CSV's first column
+    segment = "Pulmonary embolism"    # source = "seg": the Segment Label to take (optional
+                                      # when each SEG holds one segment)
 
     [sync]
     retries = 4                       # attempts after the first, per request
@@ -43,6 +46,14 @@ The label CSV has the header ``<key>,split,mask`` and an optional fourth column
 ``split`` is ``train``/``val``/``test``, ``mask`` the study's NIfTI mask (relative to
 the CSV's folder) and ``study_id`` the site-unique id the manifest uses (default:
 ``study-`` + 12 hex digits of the SHA-256 of the StudyInstanceUID).
+
+With ``source = "seg"`` the masks are in the PACS, as DICOM-SEG objects referencing the
+series (:mod:`clients.pacs.seg_labels`: the SEG of the chosen CT series, its one segment
+or the one labelled ``segment``), and the CSV is the same file without its ``mask``
+column, ``<key>,split[,study_id]``: which studies are in the cohort and in which split
+stays the hospital's explicit choice (a test set is never drawn by the sync), as it is
+the list a research office keeps. A study the query finds but the CSV does not list is
+skipped ("missing label").
 
 Every check is eager: :func:`load_cohort` reads the file, its credentials and its
 label CSV, and raises :class:`~clients.pacs.errors.CohortError` naming the file and
@@ -70,6 +81,7 @@ _AET = re.compile(r"[\x20-\x5b\x5d-\x7e]{1,16}")  # printable, no backslash (PS3
 #: The cohort's ``labels.key`` -> the label CSV's key column.
 LABEL_KEYS = {"study-instance-uid": "study_instance_uid", "accession-number": "accession_number"}
 _CHOICES = ("thinnest", "single")
+_SOURCES = ("csv", "seg")
 
 
 @dataclass(frozen=True)
@@ -124,22 +136,27 @@ class SeriesRule:
 
 @dataclass(frozen=True)
 class LabelRow:
-    """One label CSV row: the study's key, split, mask file and site-unique study id (or "")."""
+    """One label CSV row: the study's key, split, mask file (None: the SEG in the PACS) and
+    site-unique study id (or "")."""
 
     key: str
     split: str
-    mask: Path
+    mask: Path | None
     study_id: str
     line: int
 
 
 @dataclass(frozen=True)
 class Labels:
-    """The label source: a CSV keyed by ``key`` (``study_instance_uid`` or ``accession_number``)."""
+    """The label source: a CSV keyed by ``key`` (``study_instance_uid`` or ``accession_number``);
+    ``source`` ``"csv"`` (its masks) or ``"seg"`` (DICOM-SEG in the PACS, ``segment``: the
+    Segment Label to take, "" for a SEG's one segment)."""
 
     csv: Path
     key: str
     rows: dict[str, LabelRow]
+    source: str = "csv"
+    segment: str = ""
 
 
 @dataclass(frozen=True)
@@ -272,20 +289,24 @@ def _query(table: _Table) -> StudyQuery:
 
 
 def _labels(table: _Table) -> Labels:
-    table.only("source", "csv", "key")
+    table.only("source", "csv", "key", "segment")
     source = table.text("source", "csv")
-    if source != "csv":
-        table.fail("source", f"must be 'csv' ({source!r}: DICOM-SEG labels in the PACS are not "
-                             "supported yet)")
+    if source not in _SOURCES:
+        table.fail("source", f"must be one of {', '.join(_SOURCES)}, got {source!r}")
+    segment = table.text("segment", "")
+    if segment and source != "seg":
+        table.fail("segment", "goes only with source = 'seg'")
     key = table.text("key", "study-instance-uid")
     if key not in LABEL_KEYS:
         table.fail("key", f"must be one of {', '.join(LABEL_KEYS)}, got {key!r}")
     path = table.file("csv")
-    return Labels(path, LABEL_KEYS[key], read_labels(path, LABEL_KEYS[key]))
+    return Labels(path, LABEL_KEYS[key], read_labels(path, LABEL_KEYS[key], masks=source == "csv"),
+                  source, segment)
 
 
-def read_labels(path: Path, key: str) -> dict[str, LabelRow]:
-    """The rows of a label CSV by key; errors name the file and the line."""
+def read_labels(path: Path, key: str, masks: bool = True) -> dict[str, LabelRow]:
+    """The rows of a label CSV by key (``masks``: with its ``mask`` column, else the split
+    CSV of ``source = "seg"``); errors name the file and the line."""
     def fail(line: int, reason: str) -> None:
         raise CohortError(f"label CSV {path}, line {line}: {reason}")
 
@@ -295,16 +316,18 @@ def read_labels(path: Path, key: str) -> dict[str, LabelRow]:
     except (OSError, UnicodeDecodeError) as exc:
         raise CohortError(f"label CSV {path}: unreadable ({exc})") from exc
     header = [name.strip() for name in lines[0]] if lines else []
-    if header not in ([key, "split", "mask"], [key, "split", "mask", "study_id"]):
-        fail(1, f"header must be '{key},split,mask[,study_id]', got {','.join(header)!r}")
+    columns = [key, "split", "mask"] if masks else [key, "split"]
+    if header not in (columns, [*columns, "study_id"]):
+        fail(1, f"header must be '{','.join(columns)}[,study_id]', got {','.join(header)!r}")
     rows: dict[str, LabelRow] = {}
     for number, values in enumerate(lines[1:], start=2):
         if not values:
             continue
         if len(values) != len(header):
             fail(number, f"{len(values)} fields, expected {len(header)}")
-        value, split, mask, *rest = (v.strip() for v in values)
-        if not value or not mask:
+        value, split, *rest = (v.strip() for v in values)
+        mask = rest.pop(0) if masks else None
+        if not value or mask == "":
             fail(number, f"empty {key if not value else 'mask'}")
         if split not in SPLITS:
             fail(number, f"split must be one of {', '.join(SPLITS)}, got {split!r}")
@@ -313,7 +336,8 @@ def read_labels(path: Path, key: str) -> dict[str, LabelRow]:
         study_id = rest[0] if rest else ""
         if study_id and not _NAME.fullmatch(study_id):
             fail(number, f"study_id {study_id!r} must match {_NAME.pattern}")
-        rows[value] = LabelRow(value, split, path.parent / mask, study_id, number)
+        rows[value] = LabelRow(value, split, None if mask is None else path.parent / mask,
+                               study_id, number)
     ids = [row.study_id for row in rows.values() if row.study_id]
     if len(ids) != len(set(ids)):
         fail(1, "a study_id appears twice")

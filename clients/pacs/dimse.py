@@ -33,7 +33,8 @@ from pydicom.uid import (ExplicitVRLittleEndian, ImplicitVRLittleEndian, JPEG200
                          JPEGLSNearLossless, RLELossless)
 from pynetdicom import AE, build_context, build_role, evt
 from pynetdicom.association import Association
-from pynetdicom.sop_class import (CTImageStorage, StudyRootQueryRetrieveInformationModelFind,
+from pynetdicom.sop_class import (CTImageStorage, SegmentationStorage,
+                                  StudyRootQueryRetrieveInformationModelFind,
                                   StudyRootQueryRetrieveInformationModelGet)
 
 from clients.pacs.cohort import DimseConnection, StudyQuery, SyncOptions
@@ -63,6 +64,8 @@ class DimseTransport:
         self.ae.add_requested_context(StudyRootQueryRetrieveInformationModelGet)
         for syntax in _SYNTAXES:  # one context each: the PACS sends every instance as it is stored
             self.ae.add_requested_context(CTImageStorage, syntax)
+        for syntax in _SYNTAXES[:2] + [RLELossless]:  # DICOM-SEG labels (labels.source = "seg")
+            self.ae.add_requested_context(SegmentationStorage, syntax)
         self.where = f"DIMSE {connection.called_aet}@{connection.host}:{connection.port}"
 
     def _associate(self, store: Callable[[Dataset], None] | None = None,
@@ -74,7 +77,8 @@ class DimseTransport:
         else:
             handlers = [] if store is None else [(evt.EVT_C_STORE, _store_handler(store))]
             association = self.ae.associate(self.peer.host, self.peer.port, ae_title=self.peer.called_aet,
-                                            ext_neg=[build_role(CTImageStorage, scp_role=True)],
+                                            ext_neg=[build_role(CTImageStorage, scp_role=True),
+                                                     build_role(SegmentationStorage, scp_role=True)],
                                             evt_handlers=handlers)
         if association.is_rejected:
             raise PacsError(f"{self.where} rejected the association from AE title "

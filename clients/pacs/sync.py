@@ -7,7 +7,8 @@ the site's state folder, mode 0700::
     <state-dir>/pacs/<cohort name>/        0700: the site folder of the cohort
         manifest.csv                       study_id,split,image,mask (clients.pe_seg.manifest)
         series/<hash of SeriesUID>/<hash of SOPInstanceUID>   one DICOM file per instance
-        masks/<study_id>.nii.gz            the label CSV's mask, copied in
+        masks/<study_id>.nii.gz            the label CSV's mask, copied in, or the mask of the
+                                           study's DICOM-SEG (labels.source = "seg")
         pacs-index.json                    per study: key, study_id, series, instances, state
         pacs-report.json                   the last sync: counts, bytes, MB/s, skipped reasons
 
@@ -37,8 +38,10 @@ and so does a query matching no study: the store is then left exactly as it was,
 when the caller's ``check_size`` refuses the number of studies the query found (the
 runtime's ``pacs.max-cohort``), which is checked before any instance is fetched.
 The report holds study keys and is for the site's own logs: only counts may leave it.
-Not done yet: the decoded cache is filled by the loader on first use (not by the sync),
-and DICOM-SEG labels in the PACS (``labels.source = "seg"``) are refused.
+With ``labels.source = "seg"`` a study's mask is read from the DICOM-SEG in the PACS that
+references its chosen CT series (:mod:`clients.pacs.seg_labels`) and written on the
+series' grid; a complete study is not asked for again, its SEG included.
+Not done yet: the decoded cache is filled by the loader on first use (not by the sync).
 """
 
 from __future__ import annotations
@@ -59,10 +62,11 @@ from pydicom.dataset import Dataset
 from pydicom.pixels import get_decoder
 
 from clients.errors import StudyError
-from clients.io.dicom_series import list_series_files, read_dicom_series
-from clients.io.nifti import read_nifti_mask
+from clients.io.dicom_series import CTVolume, list_series_files, read_dicom_series
+from clients.io.nifti import read_nifti_mask, write_nifti_mask
 from clients.pacs.cohort import Cohort, LabelRow
 from clients.pacs.errors import PacsError, StudySkipped
+from clients.pacs.seg_labels import seg_mask
 from clients.pacs.transport import PacsTransport, SeriesRecord, StudyRecord, open_transport
 from clients.pe_seg.manifest import ManifestRow, write_manifest
 from clients.site.atomic_file import write_atomic
@@ -239,17 +243,29 @@ class _Sync:
             volume = read_dicom_series(folder)
         except StudyError as exc:
             raise StudySkipped(f"study {key}: gaps in the slices or bad geometry ({exc.reason})") from exc
-        if not label.mask.is_file():
+        mask = self.store.mask_path(study_id)
+        _private_folder(mask.parent)
+        if label.mask is None:  # labels.source = "seg": the SEG in the PACS
+            labels = seg_mask(self.transport, record.study_uid, series.series_uid, folder,
+                              self.cohort.labels.segment, key)
+            partial = mask.with_name(f".partial-{mask.name}")
+            write_nifti_mask(partial, labels, volume)
+            os.replace(partial, mask)
+        else:
+            self.copy_mask(label, volume, key, mask)
+        self.store.index[record.study_uid].update(state=_COMPLETE, instances=len(files))
+
+    def copy_mask(self, label: LabelRow, volume: CTVolume, key: str, mask: Path) -> None:
+        """Copy the label CSV's mask of the study into the store, once read on ``volume``."""
+        if label.mask is None or not label.mask.is_file():
             raise StudySkipped(f"study {key}: missing label (mask {label.mask} of "
                                f"{self.cohort.labels.csv.name} line {label.line} does not exist)")
         try:
             read_nifti_mask(label.mask, reference=volume)
         except StudyError as exc:
             raise StudySkipped(f"study {key}: label mask unusable ({exc.reason})") from exc
-        mask = self.store.mask_path(study_id)
-        _private_folder(mask.parent)
-        write_atomic(mask, lambda handle: handle.write(label.mask.read_bytes()))
-        self.store.index[record.study_uid].update(state=_COMPLETE, instances=len(files))
+        source = label.mask
+        write_atomic(mask, lambda handle: handle.write(source.read_bytes()))
 
     def run(self, studies: list[StudyRecord]) -> SyncReport:
         """Sync the cohort's ``studies`` (the query's answer); write the manifest, the index
