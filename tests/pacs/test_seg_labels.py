@@ -5,6 +5,7 @@ a SEG of another series, no SEG, several segments: each one line naming the stud
 from __future__ import annotations
 
 import csv
+import json
 import re
 from pathlib import Path
 
@@ -15,6 +16,9 @@ import pytest
 from pydicom.sr.codedict import codes
 from pydicom.uid import generate_uid
 
+from app.site_runtime.audit_log import AuditLog
+from app.site_runtime.pacs_sync import sync_site
+from app.site_runtime.site_audit import SiteAudit
 from clients.io.dicom_series import read_dicom_series
 from clients.io.nifti import read_nifti_mask
 from clients.pacs.cohort import load_cohort
@@ -23,6 +27,7 @@ from clients.pacs.sync import store_dir, sync_cohort
 from clients.pe_seg.manifest import read_manifest
 from clients.prediction.dicom_seg import PULMONARY_EMBOLISM, SegmentTerms, segmentation
 from clients.prediction.dicom_source import ModelIdentity, read_source_instances
+from clients.site.policy import load_policy
 from tests.pacs.conftest import Hospital
 
 IDENTITY = ModelIdentity("fedmed-test-annotator", "1", "0.1.0")
@@ -106,9 +111,13 @@ def test_a_bad_seg_skips_its_study_with_one_line(own_hospital, tmp_path):
     upload(own_hospital, segmentation(mask_a, elsewhere, PULMONARY_EMBOLISM, IDENTITY, folder_a),
            tmp_path / "a.seg.dcm")
     upload(own_hospital, two_segments(mask_c, folder_c), tmp_path / "c.seg.dcm")
-    cohort = load_cohort(seg_cohort(own_hospital))
+    cohort_file = seg_cohort(own_hospital)
+    cohort = load_cohort(cohort_file)
     keys = {row.study_id: key for key, row in cohort.labels.rows.items()}
-    report = sync_cohort(cohort, tmp_path / "state")
+    state = tmp_path / "state"
+    rules = tmp_path / "policy.toml"
+    rules.write_text(f'[pacs]\nendpoints = ["{own_hospital.orthanc.dicomweb_url}"]\n')
+    report = sync_site(cohort_file, state, load_policy(rules), SiteAudit(state, "hospital-a"))
     assert report.synced == 0 and set(report.skipped) == set(keys.values())
     assert all("\n" not in line and line.startswith(f"study {key}: ")
                for key, line in report.skipped.items())
@@ -117,6 +126,9 @@ def test_a_bad_seg_skips_its_study_with_one_line(own_hospital, tmp_path):
                                            f"{foreign}, not the chosen CT series {chosen}")
     assert re.fullmatch(rf"study {keys[missing]}: missing label \(no SEG series in the study[^)]*\)",
                         report.skipped[keys[missing]])
+    (record,) = [r for r in AuditLog(state).records() if r["kind"] == "pacs-sync"]
+    assert record["skipped"] == 3  # counted; the reasons (and their UIDs) stay in the report
+    assert not [uid for uid in (foreign, chosen, *keys.values()) if uid in json.dumps(record)]
     assert report.skipped[keys[several]] == (
         f"study {keys[several]}: the SEG holds 2 segments (Pulmonary embolism, Lung) and "
         "labels.segment names none; set labels.segment to the segment's label")
