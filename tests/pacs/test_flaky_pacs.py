@@ -168,7 +168,9 @@ def test_503s_within_the_retries_are_retried_and_the_sync_completes(hospital, pr
 
 def test_a_slow_pacs_is_waited_for_and_one_past_the_timeout_is_retried(hospital, proxy_factory,
                                                                       tmp_path, monkeypatch):
-    monkeypatch.setattr(dicomweb, "_TIMEOUT_S", 1.0)
+    # A held request is answered after HOLD_CAP_S (10 s), past this timeout; a slow one
+    # (0.2 s) stays far within it even on a loaded machine.
+    monkeypatch.setattr(dicomweb, "_TIMEOUT_S", 5.0)
     proxy = proxy_factory(hospital.orthanc.http_port)
     proxy.rules.append(Rule(QIDO_STUDIES, count=1, hold_s=HOLD_CAP_S))  # past the timeout
     proxy.rules.append(Rule(WADO_SERIES, count=3, hold_s=0.2))  # slow, within it
