@@ -198,9 +198,11 @@ class _Sync:
         self.started = time.monotonic()
 
     def store_instance(self, folder: Path, dataset: Dataset) -> None:
-        """Write one fetched instance atomically (its name: a hash of its SOPInstanceUID)."""
+        """Write one fetched instance atomically (its name: a hash of its SOPInstanceUID); on
+        the disk once its study is complete (:meth:`sync_study` syncs once per study)."""
         path = folder / _digest(str(dataset.SOPInstanceUID))
-        write_atomic(path, lambda handle: dataset.save_as(handle, enforce_file_format=True))
+        write_atomic(path, lambda handle: dataset.save_as(handle, enforce_file_format=True),
+                     durable=False)
         self.report.fetched_instances += 1
         self.report.fetched_bytes += path.stat().st_size
 
@@ -253,6 +255,7 @@ class _Sync:
             os.replace(partial, mask)
         else:
             self.copy_mask(label, volume, key, mask)
+        os.sync()  # the study's instances and mask on the disk before the index says complete
         self.store.index[record.study_uid].update(state=_COMPLETE, instances=len(files))
 
     def copy_mask(self, label: LabelRow, volume: CTVolume, key: str, mask: Path) -> None:

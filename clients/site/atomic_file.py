@@ -17,10 +17,12 @@ from typing import BinaryIO
 __all__ = ["write_atomic"]
 
 
-def write_atomic(path: Path, write: Callable[[BinaryIO], None]) -> Path:
+def write_atomic(path: Path, write: Callable[[BinaryIO], None], durable: bool = True) -> Path:
     """Create ``path``'s folder, call ``write`` on a temporary file there, rename it to ``path``.
 
-    The temporary file is removed if ``write`` raises. Returns ``path``.
+    The temporary file is removed if ``write`` raises. Returns ``path``. ``durable=False``
+    skips the ``fsync``: for many files of one batch whose writer syncs once at the end
+    (``os.sync``) before it records them (the PACS sync's instances).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -28,8 +30,9 @@ def write_atomic(path: Path, write: Callable[[BinaryIO], None]) -> Path:
     try:
         with os.fdopen(fd, "wb") as handle:
             write(handle)
-            handle.flush()
-            os.fsync(handle.fileno())
+            if durable:
+                handle.flush()
+                os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
