@@ -20,6 +20,7 @@ intercept; an absent RescaleSlope is 1), or a size over :data:`MAX_SLICES` / :da
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +31,8 @@ from pydicom.multival import MultiValue
 
 from clients.errors import DicomSeriesError
 
-__all__ = ["CTVolume", "read_dicom_series", "list_series_files", "MAX_SLICES", "MAX_SLICE_PIXELS"]
+__all__ = ["CTVolume", "DecodedSlice", "decode_slice", "read_dicom_series", "list_series_files",
+           "MAX_SLICES", "MAX_SLICE_PIXELS"]
 
 #: Most slice files a series folder may hold (checked before any file is read).
 MAX_SLICES = 2048
@@ -136,8 +138,9 @@ def list_series_files(folder: Path) -> list[Path]:
 
 
 @dataclass(frozen=True, eq=False)
-class _Slice:
-    """One slice file: the header values the series needs and its pixels in HU."""
+class DecodedSlice:
+    """One slice file: the header values the series needs and its pixels in HU
+    (:func:`decode_slice`)."""
 
     uid: str
     orientation: np.ndarray
@@ -177,17 +180,24 @@ def _count(ds: FileDataset, keyword: str, default: int, path: Path) -> int:
     return int(value)
 
 
-def _read_slice(path: Path) -> _Slice:
-    """Read one slice file: its header values and its pixels rescaled to HU.
-
-    Header values are checked before the pixels are decoded (modality, size,
-    value counts); ``RescaleSlope`` / ``RescaleIntercept`` must be single finite
-    numbers (DICOM PS3.3 C.11.1.1.2), the slope non-zero.
-    """
+def _read_slice(path: Path) -> DecodedSlice:
+    """Read one slice file and decode it (:func:`decode_slice`)."""
     try:
         ds = pydicom.dcmread(path)
     except Exception as exc:  # pydicom raises many types for corrupt input
         raise DicomSeriesError(path, f"not a readable DICOM file ({type(exc).__name__}: {exc})") from exc
+    return decode_slice(ds, path)
+
+
+def decode_slice(ds: FileDataset, path: Path) -> DecodedSlice:
+    """One slice's header values and its pixels rescaled to HU, from its parsed file ``path``.
+
+    Header values are checked before the pixels are decoded (modality, size,
+    value counts); ``RescaleSlope`` / ``RescaleIntercept`` must be single finite
+    numbers (DICOM PS3.3 C.11.1.1.2), the slope non-zero. For a caller that has parsed
+    the file already (the PACS sync, as each instance arrives): pass the result to
+    :func:`read_dicom_series` as ``decoded`` so it is not read again.
+    """
     if "PixelData" not in ds:
         raise DicomSeriesError(path, "DICOM file has no pixel data (not an image)")
     modality = str(ds.get("Modality", "") or "").strip().upper()
@@ -228,7 +238,7 @@ def _read_slice(path: Path) -> _Slice:
     if not np.all(np.isfinite(hu)):
         raise DicomSeriesError(path, f"HU values are not finite (RescaleSlope {slope:g}, RescaleIntercept "
                                      f"{intercept:g} overflow float32)")
-    return _Slice(str(ds.get("SeriesInstanceUID", "")), orientation, position, spacing, thickness, hu)
+    return DecodedSlice(str(ds.get("SeriesInstanceUID", "")), orientation, position, spacing, thickness, hu)
 
 
 def _check_same(name: str, values: list[np.ndarray], files: list[Path], atol: float) -> None:
@@ -240,7 +250,8 @@ def _check_same(name: str, values: list[np.ndarray], files: list[Path], atol: fl
             )
 
 
-def read_dicom_series(folder: Path, *, spacing_tolerance: float = 0.02) -> CTVolume:
+def read_dicom_series(folder: Path, *, spacing_tolerance: float = 0.02,
+                      decoded: Mapping[str, DecodedSlice] | None = None) -> CTVolume:
     """Read a CT DICOM series folder into a sorted HU volume.
 
     Parameters
@@ -251,6 +262,9 @@ def read_dicom_series(folder: Path, *, spacing_tolerance: float = 0.02) -> CTVol
     spacing_tolerance : float, optional
         Largest allowed relative deviation of a slice step from the median
         step (plus 0.01 mm for float rounding). Default 2 %.
+    decoded : mapping of str to DecodedSlice, optional
+        Slices already decoded (:func:`decode_slice`) by file name: those files are
+        not read again; the folder's other files are.
 
     Returns
     -------
@@ -276,7 +290,8 @@ def read_dicom_series(folder: Path, *, spacing_tolerance: float = 0.02) -> CTVol
     if len(files) > MAX_SLICES:
         raise DicomSeriesError(folder, f"{len(files)} files in the series folder, over the limit of "
                                        f"{MAX_SLICES} slices (MAX_SLICES)")
-    slices = [_read_slice(path) for path in files]
+    known = decoded or {}
+    slices = [known[path.name] if path.name in known else _read_slice(path) for path in files]
 
     for item, path in zip(slices, files):
         if item.uid != slices[0].uid:

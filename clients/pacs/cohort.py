@@ -40,6 +40,7 @@ it is relative to the file's own folder. Keys are kebab-case, like the site poli
     [sync]
     retries = 4                       # attempts after the first, per request
     backoff-s = 0.5                   # first back-off; doubled after each failure
+    parallel = 4                      # studies fetched at a time, each on its own connection
 
 The label CSV has the header ``<key>,split,mask`` and an optional fourth column
 ``study_id``: the key column is ``study_instance_uid`` or ``accession_number``,
@@ -161,10 +162,12 @@ class Labels:
 
 @dataclass(frozen=True)
 class SyncOptions:
-    """Retries per request and the first back-off (s), doubled after each failure."""
+    """Retries per request and the first back-off (s), doubled after each failure; the
+    studies fetched at a time (each on its own connection)."""
 
     retries: int = 4
     backoff_s: float = 0.5
+    parallel: int = 4
 
 
 @dataclass(frozen=True)
@@ -370,10 +373,13 @@ def load_cohort(path: Path) -> Cohort:
     if rule.choose not in _CHOICES:
         series.fail("choose", f"must be one of {', '.join(_CHOICES)}, got {rule.choose!r}")
     sync = top.sub("sync")
-    sync.only("retries", "backoff-s")
-    options = SyncOptions(sync.get("retries", int, 4), float(sync.get("backoff-s", (int, float), 0.5)))
+    sync.only("retries", "backoff-s", "parallel")
+    options = SyncOptions(sync.get("retries", int, 4), float(sync.get("backoff-s", (int, float), 0.5)),
+                          sync.get("parallel", int, 4))
     if options.retries < 0 or options.backoff_s < 0:
         sync.fail("retries", "and backoff-s must be >= 0")
+    if not 1 <= options.parallel <= 32:
+        sync.fail("parallel", f"must be 1 to 32 studies at a time, got {options.parallel}")
     task = top.text("task", "pe-seg")
     if task != "pe-seg":
         top.fail("task", f"must be 'pe-seg' (the one task with a PACS sync so far), got {task!r}")

@@ -3,8 +3,9 @@
 Studies are searched at study level (``ModalitiesInStudy``, ``StudyDate`` range,
 ``StudyDescription`` wildcard, or one search per listed StudyInstanceUID or
 AccessionNumber), series at series level with ``SliceThickness`` included, instances
-by UID. A whole series is fetched as one WADO-RS multipart stream, instance by
-instance into the sync's store; a resumed series fetches only its missing instances.
+by UID. A whole series is fetched as one WADO-RS multipart stream, each part handed to the
+sync as the Part 10 bytes it holds (written as they are, parsed once by the sync); a
+resumed series fetches only its missing instances.
 Instances are asked for in the PACS's own transfer syntax (``transfer-syntax=*``), so
 nothing is transcoded on the way; compressed ones are decoded later by pydicom's
 maintained plugins (pylibjpeg).
@@ -30,7 +31,7 @@ __all__ = ["DicomWebTransport"]
 
 T = TypeVar("T")
 #: Ask for every instance as it is stored (no transcoding by the PACS).
-_AS_STORED = (("application/dicom", "*"),)
+_ACCEPT_AS_STORED = 'multipart/related; type="application/dicom"; transfer-syntax=*'
 _TIMEOUT_S = 30.0
 
 
@@ -57,7 +58,7 @@ class DicomWebTransport:
                 return call()
             except requests.ConnectionError as exc:
                 raise Unreachable(f"{type(exc).__name__}") from exc
-            except requests.Timeout as exc:
+            except (requests.Timeout, requests.exceptions.ChunkedEncodingError) as exc:
                 raise Transient(f"{type(exc).__name__}") from exc
             except requests.HTTPError as exc:
                 status = exc.response.status_code if exc.response is not None else 0
@@ -108,17 +109,28 @@ class DicomWebTransport:
         return [_value(item, "00080018") for item in answer]
 
     def fetch(self, study_uid: str, series_uid: str, sop_uids: Iterable[str] | None,
-              store: Callable[[Dataset], None]) -> None:
-        """WADO-RS: the whole series as one stream, or only ``sop_uids`` one by one."""
-        if sop_uids is None:
-            def whole() -> None:
-                for dataset in self.client.iter_series(study_uid, series_uid, media_types=_AS_STORED):
-                    store(dataset)
-            self._call(whole, "WADO series")
+              store: Callable[[bytes], None]) -> None:
+        """WADO-RS: the whole series as one multipart stream, or only ``sop_uids`` one by one;
+        each part handed to ``store`` as the Part 10 bytes it holds."""
+        series = f"{self.url}/studies/{study_uid}/series/{series_uid}"
+        urls = [series] if sop_uids is None else [f"{series}/instances/{uid}" for uid in sop_uids]
+        for url in urls:
+            self._call(lambda u=url: self._parts(u, store), "WADO series" if sop_uids is None
+                       else "WADO instance")
+
+    def _parts(self, url: str, store: Callable[[bytes], None]) -> None:
+        """GET ``url`` as ``multipart/related; type="application/dicom"``, streamed, and hand
+        each part to ``store``. The parts are split by dicomweb-client's own multipart decoder
+        (``DICOMwebClient._decode_multipart_message``, pinned 0.61.2), which its
+        ``iter_series`` uses before it parses each part: the bytes are kept as they are."""
+        response = self.session.get(url, headers={"Accept": _ACCEPT_AS_STORED}, stream=True,
+                                    timeout=_TIMEOUT_S)
+        response.raise_for_status()
+        if response.headers.get("Content-Type", "").startswith("application/dicom"):
+            store(response.content)  # a server that sends one part unencapsulated
             return
-        for sop_uid in sop_uids:
-            store(self._call(lambda s=sop_uid: self.client.retrieve_instance(
-                study_uid, series_uid, s, media_types=_AS_STORED), "WADO instance"))
+        for part in self.client._decode_multipart_message(response, stream=True):
+            store(bytes(part))
 
     def store(self, dataset: Dataset) -> None:
         """STOW-RS of one object; refused when the answer lists it as failed."""

@@ -28,10 +28,12 @@ audit log counts skipped studies, it never holds their reasons).
 
 from __future__ import annotations
 
+from io import BytesIO
 from pathlib import Path
 
 import highdicom as hd
 import numpy as np
+import pydicom
 from pydicom.dataset import Dataset
 
 from clients.errors import DicomResultError
@@ -55,7 +57,8 @@ def _fetch_segs(transport: PacsTransport, study_uid: str, key: str) -> list[Data
                            "labels.source = 'seg')")
     found: list[Dataset] = []
     for record in series:
-        transport.fetch(study_uid, record.series_uid, None, found.append)
+        transport.fetch(study_uid, record.series_uid, None,
+                        lambda raw: found.append(pydicom.dcmread(BytesIO(raw))))
     return found
 
 

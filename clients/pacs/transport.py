@@ -2,7 +2,8 @@
 instances, and store results back.
 
 A transport is a :class:`PacsTransport` (``find_studies``, ``find_series``,
-``instance_uids``, ``fetch`` for the sync; ``store`` for :mod:`clients.pacs.store`, STOW-RS or
+``instance_uids``, ``fetch`` for the sync (each instance as the Part 10 bytes the PACS
+sent: the sync writes them as they are and parses them once); ``store`` for :mod:`clients.pacs.store`, STOW-RS or
 C-STORE of one DICOM object); :data:`TRANSPORTS`, the one registry of them, maps the
 cohort file's ``[pacs.<name>]`` section to its class, imported on use:
 ``dicomweb`` (:mod:`clients.pacs.dicomweb`, QIDO-RS + WADO-RS + STOW-RS with dicomweb-client)
@@ -73,8 +74,9 @@ class PacsTransport(Protocol):
         ...
 
     def fetch(self, study_uid: str, series_uid: str, sop_uids: Iterable[str] | None,
-              store: Callable[[Dataset], None]) -> None:
-        """Hand every instance of the series (only ``sop_uids`` when given) to ``store``."""
+              store: Callable[[bytes], None]) -> None:
+        """Hand every instance of the series (only ``sop_uids`` when given) to ``store``, as
+        the DICOM Part 10 file the PACS sent (bytes, never decoded and re-encoded on the way)."""
         ...
 
     def store(self, dataset: Dataset) -> None:

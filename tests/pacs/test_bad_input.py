@@ -131,3 +131,8 @@ def test_a_cohort_file_error_names_the_file_and_the_key(hospital, tmp_path):
     with pytest.raises(CohortError, match=r"key 'labels.key' must be one of study-instance-uid, "
                                           "accession-number, got 'patient-id'"):
         load_cohort(bad)
+    for parallel in (0, 33):
+        bad = hospital.cohort_file(name="bad-parallel", extra=f"parallel = {parallel}\n")
+        with pytest.raises(CohortError, match=rf"key 'sync.parallel' must be 1 to 32 studies at a "
+                                              rf"time, got {parallel}$"):
+            load_cohort(bad)

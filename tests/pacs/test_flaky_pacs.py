@@ -137,11 +137,13 @@ def proxy_factory() -> Iterator[Callable[[int], FlakyProxy]]:
         assert not thread.is_alive()
 
 
-def _through(hospital, proxy: FlakyProxy, name: str) -> Path:
-    """A DICOMweb cohort file of ``hospital`` whose URL is the proxy's."""
+def _through(hospital, proxy: FlakyProxy, name: str, parallel: int = 1) -> Path:
+    """A DICOMweb cohort file of ``hospital`` whose URL is the proxy's; one study at a time
+    unless ``parallel`` (the rules count requests in the order they come)."""
     path = hospital.cohort_file("dicomweb", name=name)
     port = hospital.orthanc.http_port
-    path.write_text(path.read_text().replace(f":{port}/", f":{proxy.port}/"))
+    path.write_text(path.read_text().replace(f":{port}/", f":{proxy.port}/")
+                    .replace("[sync]\n", f"[sync]\nparallel = {parallel}\n"))
     assert f":{proxy.port}/" in path.read_text()
     return path
 
@@ -209,3 +211,20 @@ def test_more_503s_than_the_retries_stop_the_sync_in_one_line_and_the_next_conti
     again = sync_cohort(cohort, state)
     assert (again.synced, again.fetched_studies, again.removed) == (3, 0, 0)
     assert _manifest(cohort, state) == synced
+
+
+def test_a_study_failing_past_its_retries_stops_the_parallel_sync_and_the_next_continues(
+        hospital, proxy_factory, tmp_path):
+    proxy = proxy_factory(hospital.orthanc.http_port)
+    cohort = load_cohort(_through(hospital, proxy, "flaky-parallel", parallel=3))
+    assert cohort.sync.parallel == 3
+    state = tmp_path / "state"
+    proxy.rules.append(Rule(WADO_SERIES, count=100, after=1))  # only the first series answered
+    with pytest.raises(PacsError, match=r"WADO series: HTTP 503 \(after 3 attempts\)$"):
+        sync_cohort(cohort, state)
+    assert _manifest(cohort, state) is None
+    proxy.rules.clear()
+    then = sync_cohort(cohort, state)
+    assert (then.synced, then.skipped) == (3, {})
+    assert then.fetched_studies == 2  # the study fetched before the stop was kept
+    assert len(read_manifest(store_dir(cohort, state))) == 3

@@ -5,6 +5,8 @@ object that fails, gives one line and loses nothing (the files stay in OUT/dicom
 
 from __future__ import annotations
 
+from io import BytesIO
+
 from pathlib import Path
 
 import highdicom as hd
@@ -50,7 +52,8 @@ def _fetched(hospital, local: pydicom.Dataset) -> pydicom.Dataset:
     try:
         assert local.SOPInstanceUID in web.instance_uids(local.StudyInstanceUID, local.SeriesInstanceUID)
         found: list[pydicom.Dataset] = []
-        web.fetch(local.StudyInstanceUID, local.SeriesInstanceUID, [local.SOPInstanceUID], found.append)
+        web.fetch(local.StudyInstanceUID, local.SeriesInstanceUID, [local.SOPInstanceUID],
+                  lambda raw: found.append(pydicom.dcmread(BytesIO(raw))))
     finally:
         web.close()
     return found[0]

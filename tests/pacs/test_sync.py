@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import csv
+import json
 import stat
 
 import numpy as np
 import pydicom
 import pytest
 
+import clients.pacs.dimse as dimse
 from clients.io.dicom_series import list_series_files
 from clients.pacs.cohort import load_cohort
 from clients.pacs.sync import sync_cohort, store_dir
@@ -77,11 +79,11 @@ def test_an_interrupted_sync_resumes_fetching_only_what_it_lacks(hospital, tmp_p
     stored = []
 
     def fetch_then_die(study_uid, series_uid, sop_uids, store):
-        def counting(dataset):
+        def counting(raw):
             if len(stored) == 7:
                 raise Interrupted
-            store(dataset)
-            stored.append(dataset.SOPInstanceUID)
+            store(raw)
+            stored.append(raw)
         fetch(study_uid, series_uid, sop_uids, counting)
 
     transport.fetch = fetch_then_die
@@ -108,3 +110,43 @@ def test_the_index_forgets_a_study_the_label_csv_drops(hospital, tmp_path):
     dropped = next(csv.reader([lines[-1]]))[0]
     assert report.synced == 2 and report.skipped == {
         dropped: f"study {dropped}: missing label (not in labels.csv)"}
+
+
+@pytest.mark.parametrize("transport", ["dicomweb", "dimse"])
+def test_each_instance_is_kept_as_the_bytes_the_pacs_sent(hospital, tmp_path, transport):
+    """The store holds what the PACS serves, not a re-encoding by pydicom: over DICOMweb the
+    whole Part 10 file Orthanc serves; over DIMSE the data set the C-STORE sub-operation
+    carried (the file meta is the receiving side's, PS3.10 7.1)."""
+    cohort = load_cohort(hospital.cohort_file(transport, name=f"raw-{transport}"))
+    sync_cohort(cohort, tmp_path / "state")
+    stored = list_series_files(read_manifest(store_dir(cohort, tmp_path / "state"))[0].image_dir)
+    assert len(stored) > 1
+    orthanc = hospital.orthanc
+    for path in stored:
+        raw = path.read_bytes()
+        uid = pydicom.dcmread(path, stop_before_pixels=True).SOPInstanceUID
+        (item,) = json.loads(orthanc.request("/tools/lookup", data=uid.encode(), method="POST"))
+        served = orthanc.request(f"/instances/{item['ID']}/file")
+        if transport == "dicomweb":
+            assert raw == served
+        else:
+            assert raw[_dataset_offset(raw):] == served[_dataset_offset(served):]
+
+
+def _dataset_offset(raw: bytes) -> int:
+    """Where a Part 10 file's data set starts: after the 128-byte preamble, ``DICM`` and the
+    file meta group, whose first element (0002,0000) holds its length (PS3.10 7.1)."""
+    assert raw[128:132] == b"DICM" and raw[132:136] == b"\x02\x00\x00\x00"
+    return 144 + int.from_bytes(raw[140:144], "little")
+
+
+def test_the_dimse_sync_acknowledges_what_it_receives_at_once(hospital):
+    """Debian's Orthanc (DCMTK, Nagle's algorithm on) sends each C-GET sub-operation in two
+    writes and waits for the first one's ACK, which Linux delays 40 ms: the sync's socket
+    sets TCP_QUICKACK before each read (dimse._QuickAckSocket)."""
+    transport = open_transport(load_cohort(hospital.cohort_file("dimse", name="quickack")))
+    association = transport._associate()
+    try:
+        assert isinstance(association.dul.socket, dimse._QuickAckSocket)
+    finally:
+        association.release()
