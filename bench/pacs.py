@@ -1,8 +1,10 @@
 """The PACS sync against Orthanc on loopback: throughput against a plain WADO-RS loop, incremental cost.
 
-One synthetic pe-seg hospital of ``--studies`` studies (64 px, 32 slices: 32 CT instances
-a study) is loaded into an Orthanc started by the product
-(:class:`app.tooling.orthanc.OrthancProcess`, Debian's ``orthanc`` + ``orthanc-dicomweb``).
+Two synthetic pe-seg hospitals, each loaded into an Orthanc started by the product
+(:class:`app.tooling.orthanc.OrthancProcess`, Debian's ``orthanc`` + ``orthanc-dicomweb``):
+``--studies`` studies of 64 px x 32 slices (the per-instance and per-study costs), and
+``--clinical-studies`` studies of 512 px x 64 slices (a clinical slice size: 512 kB an
+instance, the per-byte costs).
 
 - **Throughput.** The measured side is the product's sync
   (:func:`clients.pacs.sync.sync_cohort`, a fresh state folder each time) over DICOMweb
@@ -95,7 +97,8 @@ def timed_sync(cohort_file: Path, state: Path) -> tuple[float, int, int]:
     return seconds, report.fetched_studies, report.fetched_bytes
 
 
-def measure(orthanc: OrthancProcess, site: Path, work: Path, repeat: int) -> list[dict]:
+def measure(orthanc: OrthancProcess, site: Path, work: Path, repeat: int, size: int,
+            slices: int) -> list[dict]:
     """One row per transport: medians over ``repeat`` alternations of the loop and the sync."""
     uids = [pydicom.dcmread(list_series_files(e.image_dir)[0], stop_before_pixels=True).StudyInstanceUID
             for e in read_manifest(site)]
@@ -119,7 +122,8 @@ def measure(orthanc: OrthancProcess, site: Path, work: Path, repeat: int) -> lis
         loop_s = statistics.median(s for s, _ in loops)
         mb = syncs[0][2] / 1e6
         mb_per_s, limit = mb / full_s, loops[0][1] / 1e6 / loop_s
-        rows.append({"transport": transport, "studies": len(uids), "mb_per_s": round(mb_per_s, 3),
+        rows.append({"transport": transport, "studies": len(uids), "image_size": size,
+                     "slices_per_study": slices, "mb_per_s": round(mb_per_s, 3),
                      "limit_mb_per_s": round(limit, 3), "ratio": round(mb_per_s / limit, 3),
                      "incremental_fraction": round(statistics.median(s for s, _, _ in increments) / full_s, 4),
                      "studies_per_min": round(len(uids) / full_s * 60, 1),
@@ -159,6 +163,7 @@ def round_trip(series_dir: Path, mask_path: Path, out: Path) -> dict:
 
 
 COLUMNS = (Column("transport", "<9", lambda r: r["transport"]),
+           Column("px", "4d", lambda r: r["image_size"]),
            Column("studies", "7d", lambda r: r["studies"]),
            Column("MB/s", "7.2f", lambda r: r["mb_per_s"]),
            Column("limit MB/s", "10.2f", lambda r: r["limit_mb_per_s"]),
@@ -167,34 +172,56 @@ COLUMNS = (Column("transport", "<9", lambda r: r["transport"]),
            Column("incremental", "11.3f", lambda r: r["incremental_fraction"]))
 
 
+def configuration(work: Path, name: str, studies: int, size: int, slices: int,
+                  repeat: int) -> tuple[list[dict], dict | None]:
+    """Generate one hospital, load it into its own Orthanc, measure; the round trip over
+    its first test study (``None`` unless ``name`` is ``small``)."""
+    site = make_hospital(work / name / "site" / "hospital-00", studies, size, slices)
+    orthanc = OrthancProcess.start(work / name / "orthanc", aet="BENCH", peers={"sync": (SYNC_AET, 104)})
+    try:
+        load_hospital(orthanc, site, work / name / "hospital")
+        rows = measure(orthanc, site, work / name, repeat, size, slices)
+        trip = None
+        if name == "small":
+            cohort = load_cohort(write_cohort_file(orthanc, work / name / "hospital", name="round-trip"))
+            sync_cohort(cohort, work / name / "state-rt")
+            entry = next(e for e in read_manifest(store_dir(cohort, work / name / "state-rt"))
+                         if e.split == "test")  # the test studies have emboli: a non-empty mask
+            trip = round_trip(entry.image_dir, entry.mask_path, work / name / "round-trip")
+    finally:
+        orthanc.stop()
+        shutil.rmtree(work / name / "orthanc", ignore_errors=True)
+    return rows, trip
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Start Orthanc, load the hospital, measure, check the round trip, write the JSON."""
+    """Start Orthanc, load the hospitals, measure, check the round trip, write the JSON."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--studies", type=int, default=100, help="studies in the PACS")
+    parser.add_argument("--studies", type=int, default=100, help="studies of 64 px x 32 slices")
+    parser.add_argument("--clinical-studies", type=int, default=10,
+                        help="studies of 512 px x 64 slices (0: none)")
     parser.add_argument("--repeat", type=int, default=3, help="alternations of loop and sync")
-    parser.add_argument("--quick", action="store_true", help="6 studies of 32 px x 8 slices, 1 repeat")
+    parser.add_argument("--quick", action="store_true",
+                        help="6 studies of 32 px x 8 slices and 2 of 128 px x 8, 1 repeat")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "pacs.json")
     args = parser.parse_args(argv)
     missing = orthanc_available() or ("" if shutil.which("dciodvfy") else "missing dciodvfy (dicom3tools)")
     if missing:
         raise SystemExit(f"bench/pacs.py: {missing}")
-    studies, size, slices, repeat = (6, 32, 8, 1) if args.quick else (args.studies, 64, 32, args.repeat)
+    if args.quick:
+        configs, repeat = [("small", 6, 32, 8), ("clinical", 2, 128, 8)], 1
+    else:
+        configs = [("small", args.studies, 64, 32)] + (
+            [("clinical", args.clinical_studies, 512, 64)] if args.clinical_studies else [])
+        repeat = args.repeat
+    rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
-        site = make_hospital(work / "site" / "hospital-00", studies, size, slices)
-        orthanc = OrthancProcess.start(work / "orthanc", aet="BENCH", peers={"sync": (SYNC_AET, 104)})
-        try:
-            load_hospital(orthanc, site, work / "hospital")
-            rows = measure(orthanc, site, work, repeat)
-            cohort = load_cohort(write_cohort_file(orthanc, work / "hospital", name="round-trip"))
-            sync_cohort(cohort, work / "state-rt")
-            entry = next(e for e in read_manifest(store_dir(cohort, work / "state-rt"))
-                         if e.split == "test")  # the test studies have emboli: a non-empty mask
-            trip = round_trip(entry.image_dir, entry.mask_path, work / "round-trip")
-        finally:
-            orthanc.stop()
+        for name, studies, size, slices in configs:
+            found, trip_here = configuration(Path(tmp), name, studies, size, slices, repeat)
+            rows += found
+            trip = trip_here if trip_here is not None else trip
     write_report(args.out, {"runs": rows, "round_trip_valid": trip["valid"], "round_trip": trip,
-                            "image_size": size, "slices_per_study": slices, "repeat": repeat,
+                            "repeat": repeat,
                             "targets": {"ratio": TARGET_RATIO, "incremental_fraction": TARGET_INCREMENTAL},
                             **environment(), "platform": platform.platform(), "cpus": os.cpu_count(),
                             "note": "Orthanc and the sync on loopback on one shared machine"})

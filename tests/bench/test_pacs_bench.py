@@ -23,10 +23,10 @@ def test_the_quick_bench_writes_the_issues_shape(tmp_path):
     assert importlib.import_module("pacs").main(["--quick", "--out", str(out)]) == 0
     report = json.loads(out.read_text())
     assert report["round_trip_valid"] is True
-    assert [run["transport"] for run in report["runs"]] == ["dicomweb", "dimse"]
+    assert [(run["transport"], run["image_size"], run["studies"]) for run in report["runs"]] == [
+        ("dicomweb", 32, 6), ("dimse", 32, 6), ("dicomweb", 128, 2), ("dimse", 128, 2)]
     for run in report["runs"]:
         assert RUN_KEYS <= set(run)
-        assert run["studies"] == 6
         assert run["mb_per_s"] > 0 and run["limit_mb_per_s"] > 0
         assert run["ratio"] == pytest.approx(run["mb_per_s"] / run["limit_mb_per_s"], rel=0.05, abs=0.002)
         assert 0 < run["incremental_fraction"] < 1
