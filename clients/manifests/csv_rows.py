@@ -20,6 +20,7 @@ folder (POSIX separators).
 from __future__ import annotations
 
 import csv
+import io
 import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -125,7 +126,9 @@ def write_manifest_rows(
     *,
     noun: str,
 ) -> Path:
-    """Write ``site_dir / name`` (the folder is created) and return its path.
+    """Write ``site_dir / name`` (the folder is created) and return its path; a file that
+    already holds the same rows is left as it is (its mtime too), a new one replaces it
+    whole (written beside it, then renamed).
 
     The file holds the ``columns`` header and one row per entry: the entry's id
     (its attribute named ``columns[0]``), its split (one of ``splits``), then
@@ -159,11 +162,17 @@ def write_manifest_rows(
             raise ValueError(f"empty or duplicate {id_column} {key!r}")
         seen.add(key)
         rows.append([key, entry.split, *fields(entry, relative)])
+    text = io.StringIO()
+    writer = csv.writer(text, lineterminator="\n")
+    writer.writerow(columns)
+    writer.writerows(rows)
+    data = text.getvalue().encode("utf-8")
     path = site_dir / name
-    with path.open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.writer(handle, lineterminator="\n")
-        writer.writerow(columns)
-        writer.writerows(rows)
+    if path.is_file() and path.read_bytes() == data:
+        return path  # unchanged: its mtime too, so a warm worker keyed by it stays warm
+    partial = path.with_name(f".{name}.partial")
+    partial.write_bytes(data)
+    os.replace(partial, path)  # never a half-written manifest
     return path
 
 

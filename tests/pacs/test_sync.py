@@ -150,3 +150,15 @@ def test_the_dimse_sync_acknowledges_what_it_receives_at_once(hospital):
         assert isinstance(association.dul.socket, dimse._QuickAckSocket)
     finally:
         association.release()
+
+
+def test_a_sync_that_changes_nothing_leaves_the_manifest_as_it_was(hospital, tmp_path):
+    """The runtime keys its warm worker by the manifest's mtime (runtime_round.data_version):
+    a federation whose sync brought nothing new keeps the worker and its loaded data."""
+    cohort = load_cohort(hospital.cohort_file(name="same-manifest"))
+    sync_cohort(cohort, tmp_path / "state")
+    manifest = store_dir(cohort, tmp_path / "state") / "manifest.csv"
+    before = manifest.stat().st_mtime_ns
+    again = sync_cohort(cohort, tmp_path / "state")
+    assert (again.synced, again.fetched_studies) == (3, 0)
+    assert manifest.stat().st_mtime_ns == before
