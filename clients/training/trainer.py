@@ -21,7 +21,10 @@ Knows nothing of Flower. Three parts, in the order a training round uses them:
   data", AISTATS 2017, Alg. 1), optionally stopping early at a wall-clock
   deadline, reporting what the server-side aggregation needs: examples seen, steps
   actually done, mean training loss, and the loss of the incoming global model
-  (the first batch's loss, measured before the first update).
+  (the first batch's loss, measured before the first update). A batch that runs out
+  of memory is trained in micro-batches with gradient accumulation, one step per
+  batch (:mod:`clients.training.micro_batches`, where it says when that is not the
+  same update).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import torch
 from torch import nn
 from torch.utils.data import WeightedRandomSampler
 
+from clients.training.micro_batches import MicroBatching, optimizer_step, scaled_backward
 from strategies.wire.errors import SiteError
 
 __all__ = ["ComputeDevice", "select_device", "THREADS_ENV", "WORKERS_ENV",
@@ -231,20 +235,21 @@ def backward_step(loss: torch.Tensor, optimizer: torch.optim.Optimizer,
     ``step_hooks`` (on ``model``) run around the step: ``before_step`` on the true-scale
     gradients (after ``scaler.unscale_``), ``after_step`` once the weights moved.
     """
-    if scaler is not None:
-        scaler.scale(loss).backward()
-        if step_hooks is not None:
-            scaler.unscale_(optimizer)
-            step_hooks.before_step(model)
-        scaler.step(optimizer)
-        scaler.update()
-    else:
-        loss.backward()
-        if step_hooks is not None:
-            step_hooks.before_step(model)
-        optimizer.step()
-    if step_hooks is not None:
-        step_hooks.after_step(model)
+    scaled_backward(loss, scaler)
+    optimizer_step(optimizer, scaler, model, step_hooks)
+
+
+def _proximal_term(model: nn.Module, anchor: list[torch.Tensor], mu: float) -> torch.Tensor:
+    """FedProx's ``mu/2 ||w - w_0||^2`` (Li et al. 2020, eq. 2)."""
+    return 0.5 * mu * sum((p - a).pow(2).sum() for p, a in zip(model.parameters(), anchor))
+
+
+def _first_loss(loss: torch.Tensor, label: str, step: int) -> float:
+    """The first batch's loss (the global model's), raising if it is not finite."""
+    value = float(loss.detach())
+    if not math.isfinite(value):
+        raise NonFiniteLossError(f"{label} non-finite loss {value} at step {step}")
+    return value
 
 
 def cycle_batches(batches: Iterable) -> Iterator:
@@ -315,10 +320,20 @@ def train_steps(
         Called on ``model`` around every optimiser step (:func:`backward_step`); an empty
         batch's step has no backward pass, so only its ``after_step`` runs.
 
+    A batch whose forward or backward pass raises :class:`torch.OutOfMemoryError` is
+    trained in micro-batches with gradient accumulation, still one optimiser step
+    (:class:`~clients.training.micro_batches.MicroBatching`; the micro-batch size is kept
+    for the later steps and logged once; it says where that is not the same update:
+    BatchNorm, pe-seg's batch Dice, dropout; the proximal term is added once; DP-SGD is
+    split the way Opacus's BatchMemoryManager does).
+
     Raises
     ------
     NonFiniteLossError
         If a loss is NaN or infinite.
+    BatchTooLargeError
+        If one training example alone runs out of memory
+        (:class:`clients.training.micro_batches.BatchTooLargeError`).
     """
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
@@ -334,6 +349,7 @@ def train_steps(
     examples = 0
     done = 0
     with_loss = 0
+    micro = MicroBatching(device, label)
     for x, y in cycle_batches(batches):
         if done >= steps or (deadline is not None and done > 0 and time.monotonic() >= deadline):
             break
@@ -349,16 +365,32 @@ def train_steps(
                  memory_format=layout if x.dim() == 4 else torch.preserve_format)
         y = y.to(device, non_blocking=non_blocking)
         optimizer.zero_grad(set_to_none=True)
-        with compute.autocast():
-            loss = loss_fn(model(x), y)
-        if anchor:
-            loss = loss + 0.5 * proximal_mu * sum(
-                (p - a).pow(2).sum() for p, a in zip(model.parameters(), anchor))
-        if with_loss == 0:
-            initial_loss = float(loss.detach())
-            if not math.isfinite(initial_loss):
-                raise NonFiniteLossError(f"{label} non-finite loss {initial_loss} at step {done + 1}")
-        backward_step(loss, optimizer, scaler, model, step_hooks)
+        loss = None
+        if micro.fits(int(x.shape[0])):
+            out_of_memory = False
+            try:
+                with compute.autocast():
+                    loss = loss_fn(model(x), y)
+                if anchor:
+                    loss = loss + _proximal_term(model, anchor, proximal_mu)
+                if with_loss == 0:
+                    initial_loss = _first_loss(loss, label, done + 1)
+                scaled_backward(loss, scaler)
+            except torch.OutOfMemoryError:
+                out_of_memory = True
+            if out_of_memory:  # outside the except: its traceback holds the activations
+                loss = None
+                micro.clear(model, optimizer)
+            else:
+                optimizer_step(optimizer, scaler, model, step_hooks)
+        if loss is None:
+            loss = micro.step(
+                model, x, y, loss_fn, optimizer, compute.autocast, scaler, step_hooks,
+                proximal=(lambda: _proximal_term(model, anchor, proximal_mu)) if anchor else None,
+                check=(lambda value: _first_loss(value, label, done + 1)) if with_loss == 0
+                else None)
+            if with_loss == 0:
+                initial_loss = float(loss)
         loss_sum += loss.detach().float()
         examples += int(x.shape[0])
         done += 1
