@@ -34,6 +34,15 @@ from clients.training.trainer import ComputeDevice, positive_share_sampler
 from models.monai_core import DiceCELoss, DiceMetric
 from models.unet25d import make_unet25d
 
+#: The 2.5D U-Net's widths by ``model-size``: ``small`` (the default, 0.21 M parameters,
+#: for CPU runs) and ``full`` (five levels of 64 to 1,024 feature maps with two residual
+#: units each, 26.0 M parameters: the width of Ronneberger et al.'s U-Net, MICCAI 2015,
+#: for a GPU at 512 px; the image size must be a multiple of 16).
+UNET_SIZES: dict[str, dict] = {
+    "small": {"channels": (16, 32, 64, 128), "num_res_units": 1},
+    "full": {"channels": (64, 128, 256, 512, 1024), "num_res_units": 2},
+}
+
 if TYPE_CHECKING:  # prediction.py cuts studies with SlabDataset: imported on use below
     from clients.pe_seg.prediction import SegmentationPredictor
 
@@ -238,8 +247,8 @@ class PESegTask(SiteTask):
 
     @classmethod
     def model_for(cls, settings: TaskSettings) -> nn.Module:
-        """A fresh 2.5D U-Net for the slab size."""
-        return make_unet25d(slab_slices=settings.slab_slices)
+        """A fresh 2.5D U-Net for the slab size, of ``model-size`` (:data:`UNET_SIZES`)."""
+        return make_unet25d(slab_slices=settings.slab_slices, **UNET_SIZES[settings.model_size])
 
     @classmethod
     def example_input(cls, settings: TaskSettings) -> np.ndarray:

@@ -44,8 +44,9 @@ class TaskSettings:
     absent from the batches): exactly that share for the classifiers (class
     balance), at least that share for segmentation (slabs with a mask are never
     down-weighted, see :func:`clients.training.trainer.positive_share_weights`).
-    ``num_labels`` and ``model_size`` (``small`` |
-    ``full``) are for the classifiers, ``volume_depth`` (slices) for 3D volumes.
+    ``num_labels`` is for the classifiers, ``model_size`` (``small`` | ``full``) sets the
+    network's width (the classifiers' DenseNet / ResNet, pe-seg's U-Net:
+    :data:`clients.pe_seg.task.UNET_SIZES`), ``volume_depth`` (slices) for 3D volumes.
     ``augmentation`` (``none`` | ``light`` | ``strong``,
     :mod:`clients.training.augmentation_levels`) randomly transforms the classifiers'
     training images (tasks whose registry entry is ``augmentable``).
