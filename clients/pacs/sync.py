@@ -232,8 +232,9 @@ def _sync_disk(folder: Path) -> None:
         os.close(fd)
 
 
-class _Stopped(Exception):
-    """Another study's failure stops the sync: this one's fetch ends at its next instance."""
+class _Stopped(PacsError):
+    """Another study's failure stops the sync: this one's fetch ends at its next instance
+    (never retried; the sync raises the other study's failure)."""
 
 
 class _Arrivals:
