@@ -20,6 +20,7 @@ restarts the reference from the global model (dense snapshots).
 
 from __future__ import annotations
 
+import numpy as np
 from flwr.app import MessageType
 
 from strategies.downlink import ServerDownlink
@@ -53,6 +54,19 @@ class DownlinkFeature(RoundFeature):
         instructions.records = dict(down.arrays)
         for node in instructions.node_ids:
             instructions.settings[node].update(down.headers[node].settings())
+
+    def trained_from(self) -> list[np.ndarray] | None:
+        """The reference :math:`\\hat x` this round's sites train from (every train
+        instruction, step or snapshot, stands for it); ``None`` before the first round.
+
+        The server's normalisation statistics rebase the sites' statistics updates onto
+        the global model with it (:meth:`RoundStatistics.rebase
+        <strategies.rounds.normalisation_statistics.RoundStatistics.rebase>`): a running
+        variance the top-k step left stale at the sites would otherwise be moved again
+        every round (issue 50, the top-k downlink's NaN).
+        """
+        reference = self.downlink.reference
+        return None if reference is None else list(reference.arrays)
 
     def observe(self, report: RoundReport, replies: RoundReplies) -> Info:
         """The accepted replies' acknowledgements; ``downlink-dense`` and ``downlink-ratio``

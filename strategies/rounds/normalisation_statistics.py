@@ -11,6 +11,20 @@ recognises them by the global model's array names (the ``ArrayRecord`` keys, a
 torch ``state_dict``'s names, :data:`VARIANCE`, :data:`MEAN`, :data:`COUNTER`)
 and, each round (:class:`RoundStatistics`):
 
+A. **rebased** first, when the sites started from another model than the global one
+   (:meth:`RoundStatistics.rebase`; a compressed downlink's reference
+   :math:`\hat x`, :mod:`strategies.downlink`): a site's statistics update is then
+   relative to :math:`\hat x`, and it is made relative to the global model :math:`x`
+   (``delta + x - hat x`` at the statistics), so that the new statistics are the
+   aggregate of what the sites measured, ``hat x - delta_i``, as with a dense downlink.
+   Why (issue 50, the top-k downlink's NaN, cxr-cls seed 1): a statistic is an
+   estimate, not a gradient step; after tau BatchNorm steps a site's variance is
+   ``a hat v + (1 - a) D`` (``a = (1 - momentum)^tau``, ``D`` its data's), so its update
+   says "go to D" from wherever :math:`\hat v` is. Applied to :math:`x` unrebased it moved
+   :math:`x` that far again each round the top-k step left the channel stale at the
+   sites (the server residual grew linearly), past the data's variance to below 0:
+   round 3 refused every honest reply (step 0) and the model's statistics were
+   garbage (AUC 0.41; before step 0 existed, every site's validation loss was NaN).
 0. **each reply**: an update that would make a variance of the round's model
    negative is refused whole (:meth:`RoundStatistics.reply_problem`): a site's own
    variances are >= 0, so no honest site sends it;
@@ -109,13 +123,47 @@ class RoundStatistics:
         self.robust = False
         self.kept: dict[int, list[np.ndarray]] = {}
         self.reference: list[np.ndarray] = []
+        self.offsets: dict[int, np.ndarray] = {}
 
     def start(self, keys: Sequence[str], reference: Sequence[np.ndarray], robust: bool) -> None:
         """A new round on the global model ``reference`` named ``keys``; ``robust``: a
         defence is on (the median rule)."""
         self.keys, self.robust, self.kept = list(keys), robust, {}
-        self.reference = list(reference)
+        self.reference, self.offsets = list(reference), {}
         self.positions = StatisticPositions.of(keys, reference)
+
+    def rebase(self, trained_from: Sequence[np.ndarray] | None) -> None:
+        """The model this round's sites start from when it is not the round's model
+        (rule A of the module docstring); ``None``: the round's model itself. Call after
+        :meth:`start`, before the first reply.
+
+        Raises
+        ------
+        ValueError
+            When ``trained_from`` does not have the round's model's arrays and shapes.
+        """
+        self.offsets = {}
+        if trained_from is None:
+            return
+        if len(trained_from) != len(self.reference) or any(
+                np.shape(a) != np.shape(b) for a, b in zip(trained_from, self.reference)):
+            raise ValueError("normalisation statistics: the model the sites train from "
+                             "does not have the round's model's arrays")
+        for j in self.positions.estimates:
+            offset = (self.reference[j].astype(np.float64)
+                      - np.asarray(trained_from[j]).astype(np.float64))
+            if np.any(offset != 0):
+                self.offsets[j] = offset
+
+    def rebased(self, reply: TrainReply) -> TrainReply:
+        """``reply`` with its statistics updates relative to the round's model (rule A)."""
+        if not self.offsets:
+            return reply
+        delta = list(reply.delta)
+        for j, offset in self.offsets.items():
+            if j < len(delta) and np.shape(delta[j]) == offset.shape:
+                delta[j] = (delta[j].astype(np.float64) + offset).astype(delta[j].dtype)
+        return replace(reply, delta=delta)
 
     def admit(self, reply: TrainReply) -> TrainReply | str:
         """``sink.admit(reply)``; under the robust rule its statistics updates are kept
@@ -128,6 +176,7 @@ class RoundStatistics:
         at many times the honest weights' norm (issue #29's attack table: x1000 at 3
         sites, clipped to 3x the median norm, still moved the weights 12x).
         """
+        reply = self.rebased(reply)
         problem = self.reply_problem(reply)
         if problem is not None:
             return problem

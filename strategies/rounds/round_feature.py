@@ -97,6 +97,12 @@ class RoundFeature(Protocol):
         """Add this feature's entries to ``instructions`` (a train or evaluate exchange's:
         :attr:`Instructions.message_type`), in place."""
 
+    def trained_from(self) -> list[np.ndarray] | None:
+        """The model this round's train instructions made the sites start from (after
+        :meth:`attach`), when it is not the global model their updates are applied to
+        (a compressed downlink's reference); ``None`` (the default): the global model."""
+        return None
+
     def observe(self, report: RoundReport, replies: RoundReplies) -> Info:
         """Read this feature's part of the round's accepted ``replies``; what to track
         (``report`` holds the round's drops so far)."""
