@@ -87,7 +87,7 @@ PRUNED_TASKS = ("pe-seg", "cxr-cls")
 PRUNING_DENSITY = 0.5
 #: ``--quick``: the sizes every preset is overridden with (CPU, CI).
 QUICK_SIZES: Mapping[str, Mapping[str, Any]] = {
-    "pe-seg": {"image-size": 32, "slab-slices": 3, "batch-size": 2},
+    "pe-seg": {"image-size": 32, "slab-slices": 3, "batch-size": 2, "model-size": "small"},
     "cxr-cls": {"image-size": 32, "model-size": "small", "batch-size": 2,
                 "augmentation": "none"},
     "ct3d-cls": {"image-size": 16, "volume-depth": 8, "model-size": "small", "batch-size": 2},

@@ -14,7 +14,7 @@ from clients.registry import task_class
 ROOT = Path(__file__).resolve().parents[2]
 #: Preset -> (task, image size, volume depth or None, parameters of its network).
 CLINICAL = {
-    "pe-seg-clinical.toml": ("pe-seg", 512, None, 207_508),
+    "pe-seg-clinical.toml": ("pe-seg", 512, None, 25_978_844),
     "cxr-cls-clinical.toml": ("cxr-cls", 224, None, 6_948_609),
     "cxr-cls-clinical-512.toml": ("cxr-cls", 512, None, 6_948_609),
     "ct3d-cls-clinical.toml": ("ct3d-cls", 128, 64, 896_225),
