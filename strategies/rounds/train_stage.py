@@ -222,7 +222,7 @@ class TrainStage:
         messages = train_messages(node_ids, self.outgoing(arrays), config, server_round,
                                   self.plan, self.uplink, self.features,
                                   reference=self.reference, sites=self.sites)
-        if self.statistics is not None:  # sites that start from another model (the downlink's)
+        if self.statistics is not None:  # a feature may have the sites start from another model
             bases = [b for b in (f.trained_from() for f in self.features) if b is not None]
             self.statistics.rebase(bases[-1] if bases else None)
         self.intake = self._intake({n: self.sites.label(n) for n in node_ids})
