@@ -27,9 +27,14 @@ the first round, and the first after a server restart, send :math:`x_t` exactly)
 
 The downlink takes ``none`` (today's dense downlink, no protocol), ``fp16`` and
 ``topk``: with these every coordinate of the reference is (up to fp16
-rounding) one of the global model's past values, so a normalisation layer's
-running variance stays positive; the unbiased or quantising codecs (``randk``,
-``qsgd``, ``sign``) could make it negative at the sites, and are refused.
+rounding of the step) one of the global model's past values, so a normalisation
+layer's running variance stays positive; the unbiased or quantising codecs
+(``randk``, ``qsgd``, ``sign``) could make it negative at the sites, and are refused.
+
+The sites' statistics updates are relative to :math:`\hat x`, not :math:`x`: the server
+rebases them onto :math:`x` (:meth:`~strategies.downlink_feature.DownlinkFeature.trained_from`,
+:mod:`strategies.rounds.normalisation_statistics`, rule A). Without that, a variance the
+step left stale at the sites was moved again every round, below 0 (issue 50's NaN).
 """
 
 from __future__ import annotations
