@@ -28,9 +28,11 @@ reduced scale its row's ``data_scale`` states (two CPU cores):
   MB/site) and the last segment's slope over the first's (> 1: growing faster than
   linear). Goal: linear or better.
 
-Results: ``bench/results/limits.json``. Run it alone (about 15 minutes)::
+Results: ``bench/results/limits.json``. Run it alone (``--skip-clinical``: about 7
+minutes on two cores; each clinical preset adds its own data generation and run)::
 
-    nice -n 19 .venv/bin/python bench/limits.py [--link-mbps 100] [--quick --out PATH]
+    nice -n 19 .venv/bin/python bench/limits.py [--skip-clinical] [--link-mbps 100]
+    .venv/bin/python bench/limits.py --quick --out /tmp/limits.json   # tiny, minutes
 """
 
 from __future__ import annotations
