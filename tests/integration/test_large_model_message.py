@@ -96,7 +96,7 @@ def test_mlflow_logged_and_registered_both_models(plain):
     assert client.get_run(result["mlflow_run_id"]).info.status == "FINISHED"
     assert result["best_round"] == 2
     for name in ("large-model-final", "large-model-best"):
-        assert [v.version for v in client.search_model_versions(f"name='{name}'")] == ["1"]
+        assert [str(v.version) for v in client.search_model_versions(f"name='{name}'")] == ["1"]
 
 
 def test_secagg_sums_both_sites_of_the_wide_model(secure):
