@@ -195,8 +195,7 @@ class RoundRecorder:
         self.tracker.flush()
         log(INFO, "%s", self.progress(report))
         if improved:
-            log(INFO, "New best round %d: %s %.4f", self.best.round, self.best.metric,
-                self.best.value)
+            log(INFO, "%s", self.best.line())
         return self.best is not None and self.best.exhausted
 
 
@@ -269,8 +268,7 @@ def federate(grid: Grid, context: Context) -> FederationOutcome | VerticalOutcom
     first_round, initial = 1, initial_arrays(model, "" if resuming else config.initial_model)
     metric = f"val-{task.main_metric}"
     best = BestRound(metric, config.early_stopping_patience, config.early_stopping_min_delta,
-                     score_rule(config.best_round_aggregate, config.strategy_defence,
-                                config.strategy_aggregator))
+                     score_rule(config.best_round_aggregate))
     aggregated_rounds: int | None = 0  # rounds that updated the model before this process
     if checkpoint_path is not None:
         strategy = build_strategy(config, federation=checkpoint_path.parent.name,
@@ -351,7 +349,8 @@ def federate(grid: Grid, context: Context) -> FederationOutcome | VerticalOutcom
     if stopped_early:
         log(INFO, "Early stopping after round %d: no %s gain of %g in %d evaluated rounds",
             last_round, metric, config.early_stopping_min_delta, config.early_stopping_patience)
-    score = f"{metric} {best.value:.4f}" if best.found else f"no round released {metric}"
+    score = (f"{metric} {best.value:.4f}, {best.value_label}; rule {best.aggregate}"
+             if best.found else f"no round released {metric}")
     if models.final_uri and not best.found:
         log(INFO, "No best round (%s): no model registered as the best one", score)
     elif models.final_uri:

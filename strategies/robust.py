@@ -90,7 +90,9 @@ metric:
   none below.
 
 With two sites every score rule is the mean of the two values: no rule can tell the
-honest site from the other.
+honest site from the other. With three the median and the trimmed mean are one site's
+value; the default rule, the paired site vote (:mod:`strategies.site_vote`), compares
+two rounds on every site that scored both.
 """
 
 from __future__ import annotations
@@ -407,6 +409,6 @@ def site_trimmed_mean(values: Sequence[float]) -> float:
     return float(np.mean(np.sort(np.asarray(values, np.float64))[cut:n - cut]))
 
 
-#: The choices of run config ``best-round.aggregate``: ``auto`` (robust behind a defence),
-#: ``mean`` (example-weighted) or a robust rule.
-SCORE_RULES = ("auto", "mean", *ROBUST_RULES)
+#: The choices of run config ``best-round.aggregate``: ``auto`` (the site vote),
+#: ``site-vote`` (:mod:`strategies.site_vote`), ``mean`` (example-weighted) or a robust rule.
+SCORE_RULES = ("auto", "site-vote", "mean", *ROBUST_RULES)

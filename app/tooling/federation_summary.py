@@ -168,7 +168,10 @@ def _print_model_lines(client, run, experiment: str, metric: str, tracking_uri: 
     uri = (_run_version(client, f"{experiment}-best", run.info.run_id)
            or f"runs:/{run.info.run_id}/best-model")
     value = run.data.metrics.get(f"best-{metric}")
-    score = f"{metric} {value:.4f}" if value is not None else f"no round released {metric}"
+    rule = run.data.tags.get("selection-aggregate", "")
+    label = "the round's value" if rule in ("site-vote", "mean") else f"the sites' {rule}"
+    score = (f"{metric} {value:.4f}{f', {label}; rule {rule}' if rule else ''}"
+             if value is not None else f"no round released {metric}")
     print(f"best round: r{best} ({score}), model {uri}")
     _print_test_lines(run, metric)
     _print_apply_line(uri, tracking_uri)

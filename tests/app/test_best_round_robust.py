@@ -2,9 +2,10 @@
 
 ``val-auc`` reported as 0.70, 0.72 and 1e6 aggregated (example-weighted) to
 333,333.8, so one site chose the round registered ``<experiment>-best``. Under
-the default (``best-round.aggregate = "auto"``: the median of the sites'
-values whenever a defence is on) a site reporting in-range but extreme values
-(0.99 against the honest 0.70 / 0.72 of a bad round) cannot pick the round.
+the default (``best-round.aggregate = "auto"``: the paired site vote, issue 50,
+item 5; before, the median of the sites' values behind a defence) a site reporting
+in-range but extreme values (0.99 against the honest 0.70 / 0.72 of a bad round)
+cannot pick the round.
 """
 
 from __future__ import annotations
@@ -44,32 +45,30 @@ def _best_round(tmp_path, best: BestRound) -> int:
     return best.round
 
 
-def test_the_default_run_config_selects_on_the_sites_median(tmp_path):
-    """The product's defaults (norm-bound defence) select round 1, whose median is 0.85."""
+def test_the_default_run_config_selects_by_the_site_vote(tmp_path):
+    """The product's defaults select round 1: round 2 is worse at both honest sites."""
     config = RunConfig.from_mapping({})
-    rule = score_rule(config.best_round_aggregate, config.strategy_defence,
-                      config.strategy_aggregator)
+    rule = score_rule(config.best_round_aggregate)
     best = BestRound("val-auc", aggregate=rule)
-    assert rule == "median" and _best_round(tmp_path, best) == 1
-    assert best.value == pytest.approx(0.85)  # the selecting value, logged as best-val-auc
+    assert rule == "site-vote" and _best_round(tmp_path, best) == 1
+    # the logged best-val-auc is round 1's own value, as its round line prints it
+    assert best.value == pytest.approx((0.85 + 0.86 + 0.0) / 3)
+
+
+@pytest.mark.parametrize("rule", ["median", "trimmed-mean", "site-vote"])
+def test_the_robust_rules_keep_the_liar_from_picking_the_round(tmp_path, rule):
+    assert _best_round(tmp_path, BestRound("val-auc", aggregate=rule)) == 1
 
 
 def test_the_mean_lets_one_site_pick_the_round(tmp_path):
-    """Without a defence, ``auto`` is today's example-weighted mean: the attacker picks."""
-    rule = score_rule("auto", "none", "fedavg")
-    assert rule == "mean" and _best_round(tmp_path, BestRound("val-auc", aggregate=rule)) == 2
+    """The example-weighted mean, still a choice: the attacker picks."""
+    assert _best_round(tmp_path, BestRound("val-auc", aggregate="mean")) == 2
 
 
-def test_auto_is_robust_behind_any_defence_or_a_robust_aggregator():
-    assert score_rule("auto", "multi-krum", "fednova") == "median"
-    assert score_rule("auto", "none", "trimmed-mean") == "median"
-    assert score_rule("auto", "none", "median") == "median"
-    assert score_rule("trimmed-mean", "none", "fedavg") == "trimmed-mean"
-    assert score_rule("mean", "norm-bound", "fedavg") == "mean"
-
-
-def test_an_extreme_value_cannot_pick_the_round_under_the_trimmed_mean(tmp_path):
-    assert _best_round(tmp_path, BestRound("val-auc", aggregate="trimmed-mean")) == 1
+def test_auto_is_the_site_vote_and_the_other_choices_are_themselves():
+    assert score_rule("auto") == "site-vote"
+    for choice in ("mean", "median", "trimmed-mean", "site-vote"):
+        assert score_rule(choice) == choice
 
 
 def test_the_robust_rules_on_the_sites_values():
@@ -126,6 +125,8 @@ def test_through_the_server_app_one_site_cannot_pick_the_registered_best_round(
     client = MlflowClient(store)
     assert client.get_model_version("robust-best", "1").tags["round"] == str(selected)
     run = client.get_run(outcome.mlflow_run_id)
-    assert run.data.tags["selection-aggregate"] == {"auto": "median", "mean": "mean"}[aggregate]
+    assert run.data.tags["selection-aggregate"] == {"auto": "site-vote",
+                                                    "mean": "mean"}[aggregate]
+    # the best value is the selected round's own val-dice (its round line's)
     assert run.data.metrics["best-val-dice"] == pytest.approx(
-        {"auto": 0.85, "mean": (0.70 + 0.72 + 0.99) / 3}[aggregate])
+        {"auto": (0.85 + 0.86 + 0.0) / 3, "mean": (0.70 + 0.72 + 0.99) / 3}[aggregate])
