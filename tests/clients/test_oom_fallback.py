@@ -149,7 +149,8 @@ def test_a_site_round_survives_the_cap_with_the_same_result(synthetic_site):
 
 
 def _dp_train(cap: int | None):
-    """DP-SGD with clipping (C = 0.05, well below the per-example norms) and no noise, over
+    """DP-SGD with clipping (C = 1: about half of the per-example norms, 0.85-1.4, clipped,
+    so the test sees a wrongly scaled per-example gradient) and no noise, over
     a fixed (non-Poisson) loader, so the runs can be compared."""
     model = _cnn()
     memory = MemoryCap(model, cap) if cap is not None else None
@@ -157,7 +158,7 @@ def _dp_train(cap: int | None):
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     _, dp_opt, loader = engine.make_private(
         module=model, optimizer=opt, data_loader=DataLoader(_images(), batch_size=10),
-        noise_multiplier=0.0, max_grad_norm=0.05, poisson_sampling=False, wrap_model=False)
+        noise_multiplier=0.0, max_grad_norm=1.0, poisson_sampling=False, wrap_model=False)
     result = train_steps(model, loader, nn.BCEWithLogitsLoss(), dp_opt, steps=3, compute=CPU)
     return model, result, engine.accountant.history, memory
 
