@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 
 from engine_runs import synthetic_sites
-from limits_worker import MARKER
+from limits_worker import MARKER, _best
 from report import Column, environment, print_table, write_report
 from single_thread import ROOT
 from strategies.wire.errors import FederationError
@@ -135,15 +135,6 @@ def federation_point(overrides: dict[str, Any], folders: list[Path], work: Path,
         raise FederationError(f"bench/limits.py: worker exited {done.returncode} without a "
                               f"result; see {work / 'worker.log'}")
     return json.loads(lines[-1][len(MARKER):])
-
-
-def _best(action, repeats: int) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        started = time.perf_counter()
-        action()
-        best = min(best, time.perf_counter() - started)
-    return best
 
 
 def study_decode(work: Path, image_size: int, repeats: int) -> dict[str, Any]:
