@@ -62,7 +62,7 @@ import torch  # noqa: E402
 import pruning_speed  # noqa: E402
 from engine_runs import run_product  # noqa: E402
 from report import Column, environment, print_table, write_report  # noqa: E402
-from trainer_throughput import LR, MOMENTUM, SEED, Run, _sync, run_ours  # noqa: E402
+from trainer_throughput import LR, MOMENTUM, SEED, Run, run_bare, run_ours  # noqa: E402
 
 from app.config.run_config import RunConfig  # noqa: E402
 from app.engine import VirtualSite  # noqa: E402
@@ -147,41 +147,12 @@ def few_study_sites(task: str, root: Path, num_sites: int, quick: bool) -> list[
 def run_bare_amp(task: SiteTask, steps: int, compute: ComputeDevice) -> Run:
     """A bare PyTorch AMP loop on the task's batches; (steps, samples, wall s, CPU s).
 
-    The PyTorch AMP recipe: autocast in ``compute``'s dtype, a GradScaler only for fp16,
-    channels-last 2D inputs and weights where the task allows it, the task's own loader (same
-    seed: the same batches as :func:`run_ours`; pinned memory and workers as ``compute`` says).
+    The PyTorch AMP recipe (:func:`trainer_throughput.run_bare` fed by ``compute``): autocast
+    in ``compute``'s dtype, a GradScaler only for fp16, channels-last 2D inputs and weights
+    where the task allows it, the task's own loader (same seed: the same batches as
+    :func:`run_ours`; pinned memory and workers as ``compute`` says).
     """
-    torch.manual_seed(SEED)
-    model = task.build_model()
-    device = compute.device
-    _sync(device)
-    start, cpu = time.perf_counter(), time.process_time()
-    torch.manual_seed(SEED)
-    layout = (torch.channels_last if compute.channels_last and task.channels_last_ok
-              else torch.preserve_format)
-    model.to(device, memory_format=layout)
-    model.train()
-    optimizer = torch.optim.Adam(model.parameters(), lr=LR, betas=(MOMENTUM, 0.999))
-    loader = task._train_loader(SEED, compute)  # pylint: disable=protected-access
-    loss_fn = task.loss_fn()
-    scaler = torch.amp.GradScaler("cuda", enabled=compute.needs_grad_scaler)
-    done = samples = 0
-    while done < steps:
-        for x, y in loader:
-            x = x.to(device, non_blocking=True, memory_format=layout)
-            y = y.to(device, non_blocking=True)
-            optimizer.zero_grad(set_to_none=True)
-            with compute.autocast():
-                loss = loss_fn(model(x), y)
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)
-            scaler.update()
-            done += 1
-            samples += x.shape[0]
-            if done == steps:
-                break
-    _sync(device)
-    return done, samples, time.perf_counter() - start, time.process_time() - cpu
+    return run_bare(task, steps, compute.device, feed=compute)
 
 
 def _pairs(first: Callable[[], Any], second: Callable[[], Any], pairs: int) -> list[tuple]:

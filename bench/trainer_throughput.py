@@ -110,10 +110,13 @@ def run_ours(task: SiteTask, steps: int, compute: ComputeDevice) -> Run:
 
 
 def run_bare(task: SiteTask, steps: int, device: torch.device,
-             amp_dtype: torch.dtype | None = None) -> Run:
+             amp_dtype: torch.dtype | None = None, feed: ComputeDevice | None = None) -> Run:
     """Plain PyTorch loop over the same model, loss, Adam and loader. Returns (steps, samples, wall s, CPU s).
 
     ``amp_dtype`` (CUDA only) wraps forward + loss in autocast (GradScaler for fp16).
+    ``feed``: the PyTorch AMP recipe of that device instead (its autocast dtype, a GradScaler
+    only for fp16, channels-last 2D inputs and weights where the task allows it, the task's
+    loader with pinned memory and workers as it says: ``bench/gpu.py``'s bare AMP loop).
     """
     torch.manual_seed(SEED)
     model = task.build_model()
@@ -121,21 +124,28 @@ def run_bare(task: SiteTask, steps: int, device: torch.device,
     start, cpu = time.perf_counter(), time.process_time()
     # Same per-call setup as SiteTask.train: seed, move, fresh Adam, fresh loader.
     torch.manual_seed(SEED)
-    model.to(device)
+    layout = (torch.channels_last if feed is not None and feed.channels_last and task.channels_last_ok
+              else torch.preserve_format)
+    model.to(device, memory_format=layout)
     model.train()
     optimizer = torch.optim.Adam(model.parameters(), lr=LR, betas=(MOMENTUM, 0.999))
-    # A plain loader: no pinned memory, no workers (what a bare loop would write).
-    loader = task._train_loader(SEED, ComputeDevice(torch.device("cpu"), None))
+    # A plain loader unless ``feed``: no pinned memory, no workers (what a bare loop would write).
+    loader = task._train_loader(SEED, feed or ComputeDevice(torch.device("cpu"), None))
     loss_fn = task.loss_fn()
-    autocast = (torch.autocast(device_type=device.type, dtype=amp_dtype)
-                if amp_dtype is not None else nullcontext())
+    if feed is not None:
+        autocast, fp16 = feed.autocast(), feed.needs_grad_scaler
+    else:
+        autocast = (torch.autocast(device_type=device.type, dtype=amp_dtype)
+                    if amp_dtype is not None else nullcontext())
+        fp16 = amp_dtype is torch.float16
     # The PyTorch AMP recipe: a disabled scaler passes the loss and the step through.
-    scaler = torch.amp.GradScaler("cuda", enabled=amp_dtype is torch.float16)
+    scaler = torch.amp.GradScaler("cuda", enabled=fp16)
     non_blocking = device.type == "cuda"
     done = samples = 0
     while done < steps:
         for x, y in loader:
-            x = x.to(device, non_blocking=non_blocking)
+            x = x.to(device, non_blocking=non_blocking,
+                     memory_format=layout if x.dim() == 4 else torch.preserve_format)
             y = y.to(device, non_blocking=non_blocking)
             optimizer.zero_grad(set_to_none=True)
             with autocast:
