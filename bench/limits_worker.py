@@ -50,6 +50,7 @@ from strategies.compression import decode, encode
 from strategies.wire import message_keys as keys
 from strategies.wire.model_layout import dense_update, pack_dense
 from strategies.wire.errors import ConfigError
+from clients.datagen.federation import hospital_name
 
 __all__ = ["RssSampler", "TimedSite", "round_parts", "server_throughput", "main"]
 
@@ -217,7 +218,7 @@ def _mean(rows: list[dict[str, float]], key: str) -> float:
 def run(spec: dict[str, Any]) -> dict[str, Any]:
     """The federation of ``spec`` (overrides, site folders, workdir); its measured parts."""
     sampler = RssSampler()
-    names = [f"hospital-{i:02d}" for i in range(len(spec["sites"]))]
+    names = [hospital_name(i) for i in range(len(spec["sites"]))]
     timed = {name: TimedSite(sampler) for name in names}
     work = Path(spec["workdir"])
     sites = [VirtualSite.folder(Path(folder), site_name=name, state_dir=work / "state" / name,
